@@ -1,0 +1,167 @@
+//! Batches: the only way items change. A batch is caller-owned and reusable:
+//! `clear` keeps its buffers, so building the next batch allocates nothing once
+//! the buffers have grown to the working size.
+
+use crate::value::Value;
+
+/// A value as stored inside a batch: strings point into the batch's text arena.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum StoredValue {
+    Null,
+    Bool(bool),
+    I64(i64),
+    U64(u64),
+    F64(f64),
+    Str { start: u32, len: u32 },
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StoredField {
+    pub(crate) name_start: u32,
+    pub(crate) name_len: u32,
+    pub(crate) value: StoredValue,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OpKind {
+    Upsert,
+    Remove,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StoredOp {
+    pub(crate) kind: OpKind,
+    pub(crate) id_start: u32,
+    pub(crate) id_len: u32,
+    pub(crate) fields_start: u32,
+    pub(crate) fields_len: u32,
+    /// `None`: keep the item's payload (partial update); a new item starts empty.
+    pub(crate) payload: Option<(u32, u32)>,
+}
+
+/// A list of upserts and removes, applied whole or rejected whole.
+#[derive(Default)]
+pub struct Batch {
+    pub(crate) ops: Vec<StoredOp>,
+    pub(crate) fields: Vec<StoredField>,
+    text: String,
+    payload_bytes: Vec<u8>,
+}
+
+impl Batch {
+    pub fn new() -> Batch {
+        Batch::default()
+    }
+
+    /// Empties the batch, keeping its buffers for the next one.
+    pub fn clear(&mut self) {
+        self.ops.clear();
+        self.fields.clear();
+        self.text.clear();
+        self.payload_bytes.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    fn push_text(&mut self, text: &str) -> (u32, u32) {
+        let start = self.text.len() as u32;
+        self.text.push_str(text);
+        (start, text.len() as u32)
+    }
+
+    /// Starts an upsert: a new item gets the fields set on the returned builder
+    /// (others null); an existing one keeps every field not set.
+    pub fn upsert(&mut self, id: &str) -> UpsertBuilder<'_> {
+        let (id_start, id_len) = self.push_text(id);
+        let fields_start = self.fields.len() as u32;
+        self.ops.push(StoredOp {
+            kind: OpKind::Upsert,
+            id_start,
+            id_len,
+            fields_start,
+            fields_len: 0,
+            payload: None,
+        });
+        UpsertBuilder { batch: self }
+    }
+
+    /// Removes an item; removing an absent id is a no-op.
+    pub fn remove(&mut self, id: &str) {
+        let (id_start, id_len) = self.push_text(id);
+        self.ops.push(StoredOp {
+            kind: OpKind::Remove,
+            id_start,
+            id_len,
+            fields_start: 0,
+            fields_len: 0,
+            payload: None,
+        });
+    }
+
+    pub(crate) fn id(&self, op: &StoredOp) -> &str {
+        &self.text[op.id_start as usize..(op.id_start + op.id_len) as usize]
+    }
+
+    pub(crate) fn op_fields(&self, op: &StoredOp) -> &[StoredField] {
+        &self.fields[op.fields_start as usize..(op.fields_start + op.fields_len) as usize]
+    }
+
+    pub(crate) fn field_name(&self, field: &StoredField) -> &str {
+        &self.text[field.name_start as usize..(field.name_start + field.name_len) as usize]
+    }
+
+    pub(crate) fn field_value(&self, field: &StoredField) -> Value<'_> {
+        match field.value {
+            StoredValue::Null => Value::Null,
+            StoredValue::Bool(flag) => Value::Bool(flag),
+            StoredValue::I64(number) => Value::I64(number),
+            StoredValue::U64(number) => Value::U64(number),
+            StoredValue::F64(number) => Value::F64(number),
+            StoredValue::Str { start, len } => Value::Str(&self.text[start as usize..(start + len) as usize]),
+        }
+    }
+
+    pub(crate) fn payload(&self, op: &StoredOp) -> Option<&[u8]> {
+        op.payload.map(|(start, len)| &self.payload_bytes[start as usize..(start + len) as usize])
+    }
+}
+
+/// Sets the fields and payload of the upsert just started.
+pub struct UpsertBuilder<'a> {
+    batch: &'a mut Batch,
+}
+
+impl UpsertBuilder<'_> {
+    /// Sets a field by name. Unknown names and wrong types are reported when the batch is applied.
+    pub fn set(self, field: &str, value: Value<'_>) -> Self {
+        let (name_start, name_len) = self.batch.push_text(field);
+        let value = match value {
+            Value::Null => StoredValue::Null,
+            Value::Bool(flag) => StoredValue::Bool(flag),
+            Value::I64(number) => StoredValue::I64(number),
+            Value::U64(number) => StoredValue::U64(number),
+            Value::F64(number) => StoredValue::F64(number),
+            Value::Str(text) => {
+                let (start, len) = self.batch.push_text(text);
+                StoredValue::Str { start, len }
+            }
+        };
+        self.batch.fields.push(StoredField { name_start, name_len, value });
+        self.batch.ops.last_mut().expect("an upsert was started").fields_len += 1;
+        self
+    }
+
+    /// Replaces the item's opaque payload.
+    pub fn payload(self, payload: &[u8]) -> Self {
+        let start = self.batch.payload_bytes.len() as u32;
+        self.batch.payload_bytes.extend_from_slice(payload);
+        self.batch.ops.last_mut().expect("an upsert was started").payload = Some((start, payload.len() as u32));
+        self
+    }
+}

@@ -1,0 +1,353 @@
+//! A keyed collection: typed hot columns kept apart from the cold payload.
+//!
+//! Items live in slots (`u32`). Each hot field is one column indexed by slot
+//! (structure of arrays), so filters and key encoders touch only the fields they
+//! read, and the payload, which is only ever carried, never shares a cache line
+//! with them. Slots freed by a remove are recycled only after the batch that
+//! freed them has delivered its diffs, so a diff may still borrow their data.
+
+use hashbrown::{DefaultHashBuilder, HashTable};
+use std::hash::BuildHasher;
+
+use crate::schema::{FieldId, FieldType, Schema};
+use crate::value::{OwnedValue, Value};
+
+/// Index of an item's storage inside its collection.
+pub(crate) type Slot = u32;
+
+/// `Bool` columns store one byte per slot: 0 false, 1 true, this for null.
+const BOOL_NULL: u8 = 2;
+
+pub(crate) enum Column {
+    Bool(Vec<u8>),
+    /// `I64`, `U64` and `F64` fields, stored as their 64 raw bits.
+    Word { bits: Vec<u64>, present: Vec<bool> },
+    Str { values: Vec<String>, present: Vec<bool> },
+}
+
+impl Column {
+    fn new(field_type: FieldType) -> Column {
+        match field_type {
+            FieldType::Bool => Column::Bool(Vec::new()),
+            FieldType::I64 | FieldType::U64 | FieldType::F64 => {
+                Column::Word { bits: Vec::new(), present: Vec::new() }
+            }
+            FieldType::String => Column::Str { values: Vec::new(), present: Vec::new() },
+        }
+    }
+
+    fn push_null(&mut self) {
+        match self {
+            Column::Bool(values) => values.push(BOOL_NULL),
+            Column::Word { bits, present } => {
+                bits.push(0);
+                present.push(false);
+            }
+            Column::Str { values, present } => {
+                values.push(String::new());
+                present.push(false);
+            }
+        }
+    }
+
+    fn set_null(&mut self, slot: usize) {
+        match self {
+            Column::Bool(values) => values[slot] = BOOL_NULL,
+            Column::Word { present, .. } | Column::Str { present, .. } => present[slot] = false,
+        }
+    }
+
+    /// Writes an already validated value (its type matches the column).
+    fn set(&mut self, slot: usize, value: Value<'_>) {
+        match (self, value) {
+            (column, Value::Null) => column.set_null(slot),
+            (Column::Bool(values), Value::Bool(flag)) => values[slot] = flag as u8,
+            (Column::Word { bits, present }, Value::I64(number)) => {
+                bits[slot] = number as u64;
+                present[slot] = true;
+            }
+            (Column::Word { bits, present }, Value::U64(number)) => {
+                bits[slot] = number;
+                present[slot] = true;
+            }
+            (Column::Word { bits, present }, Value::F64(number)) => {
+                bits[slot] = number.to_bits();
+                present[slot] = true;
+            }
+            (Column::Str { values, present }, Value::Str(text)) => {
+                // Reuses the slot's buffer: no allocation unless the new text is longer.
+                copy_reusing_capacity_str(&mut values[slot], text);
+                present[slot] = true;
+            }
+            (_, value) => unreachable!("batch validation lets no {} into this column", value.type_name()),
+        }
+    }
+}
+
+fn copy_reusing_capacity_str(target: &mut String, text: &str) {
+    target.clear();
+    if target.capacity() < text.len() {
+        // Round up so that small growth (a name edited, a longer preview) stays allocation-free.
+        target.reserve(text.len().next_power_of_two().max(16));
+    }
+    target.push_str(text);
+}
+
+pub(crate) fn copy_reusing_capacity_bytes(target: &mut Vec<u8>, bytes: &[u8]) {
+    target.clear();
+    if target.capacity() < bytes.len() {
+        target.reserve(bytes.len().next_power_of_two().max(16));
+    }
+    target.extend_from_slice(bytes);
+}
+
+pub struct Collection {
+    name: String,
+    schema: Schema,
+    columns: Vec<Column>,
+    ids: Vec<String>,
+    payloads: Vec<Vec<u8>>,
+    alive: Vec<bool>,
+    /// id -> slot; the table stores only slots and hashes `ids[slot]`.
+    id_index: HashTable<Slot>,
+    hasher: DefaultHashBuilder,
+    /// Slots ready for reuse.
+    free_slots: Vec<Slot>,
+    /// Slots removed by the batch being applied; they join `free_slots` once its diffs are out.
+    freed_this_batch: Vec<Slot>,
+    n_items: usize,
+}
+
+impl Collection {
+    pub(crate) fn new(name: &str, schema: Schema) -> Collection {
+        let columns = schema.fields().iter().map(|field| Column::new(field.field_type)).collect();
+        Collection {
+            name: name.to_owned(),
+            schema,
+            columns,
+            ids: Vec::new(),
+            payloads: Vec::new(),
+            alive: Vec::new(),
+            id_index: HashTable::new(),
+            hasher: DefaultHashBuilder::default(),
+            free_slots: Vec::new(),
+            freed_this_batch: Vec::new(),
+            n_items: 0,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    /// Number of live items.
+    pub fn len(&self) -> usize {
+        self.n_items
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n_items == 0
+    }
+
+    /// Number of slots ever allocated (live, freed and pending).
+    pub(crate) fn slot_capacity(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub(crate) fn find_slot(&self, id: &str) -> Option<Slot> {
+        let hash = self.hasher.hash_one(id);
+        self.id_index.find(hash, |&slot| self.ids[slot as usize] == id).copied()
+    }
+
+    pub fn get(&self, id: &str) -> Option<ItemRef<'_>> {
+        self.find_slot(id).map(|slot| self.item(slot))
+    }
+
+    pub(crate) fn item(&self, slot: Slot) -> ItemRef<'_> {
+        ItemRef { collection: self, slot }
+    }
+
+    pub(crate) fn is_alive(&self, slot: Slot) -> bool {
+        self.alive[slot as usize]
+    }
+
+    /// Live items in slot order (not a view order).
+    pub fn items(&self) -> impl Iterator<Item = ItemRef<'_>> + '_ {
+        (0..self.ids.len() as Slot).filter(|&slot| self.alive[slot as usize]).map(|slot| self.item(slot))
+    }
+
+    pub(crate) fn live_slots(&self) -> impl Iterator<Item = Slot> + '_ {
+        (0..self.ids.len() as Slot).filter(|&slot| self.alive[slot as usize])
+    }
+
+    pub(crate) fn column(&self, field_id: FieldId) -> &Column {
+        &self.columns[field_id.index()]
+    }
+
+    pub(crate) fn id_of(&self, slot: Slot) -> &str {
+        &self.ids[slot as usize]
+    }
+
+    /// Reads one field of a slot.
+    pub(crate) fn value(&self, slot: Slot, field_id: FieldId) -> Value<'_> {
+        let slot = slot as usize;
+        match (&self.columns[field_id.index()], self.schema.field(field_id).field_type) {
+            (Column::Bool(values), _) => match values[slot] {
+                BOOL_NULL => Value::Null,
+                flag => Value::Bool(flag == 1),
+            },
+            (Column::Word { present, .. }, _) if !present[slot] => Value::Null,
+            (Column::Word { bits, .. }, FieldType::I64) => Value::I64(bits[slot] as i64),
+            (Column::Word { bits, .. }, FieldType::U64) => Value::U64(bits[slot]),
+            (Column::Word { bits, .. }, _) => Value::F64(f64::from_bits(bits[slot])),
+            (Column::Str { present, .. }, _) if !present[slot] => Value::Null,
+            (Column::Str { values, .. }, _) => Value::Str(&values[slot]),
+        }
+    }
+
+    /// Allocates a slot for a new id, with every field null and an empty payload.
+    /// Reuses a freed slot when there is one, so steady-state churn allocates nothing
+    /// (except when the new id is longer than the recycled slot's buffer).
+    pub(crate) fn insert_slot(&mut self, id: &str) -> Slot {
+        let slot = match self.free_slots.pop() {
+            Some(slot) => {
+                let index = slot as usize;
+                copy_reusing_capacity_str(&mut self.ids[index], id);
+                self.payloads[index].clear();
+                for column in &mut self.columns {
+                    column.set_null(index);
+                }
+                slot
+            }
+            None => {
+                let slot = self.ids.len() as Slot;
+                self.ids.push(id.to_owned());
+                self.payloads.push(Vec::new());
+                self.alive.push(false);
+                for column in &mut self.columns {
+                    column.push_null();
+                }
+                slot
+            }
+        };
+        self.alive[slot as usize] = true;
+        let hash = self.hasher.hash_one(id);
+        let (ids, hasher) = (&self.ids, &self.hasher);
+        self.id_index.insert_unique(hash, slot, |&other| hasher.hash_one(ids[other as usize].as_str()));
+        self.n_items += 1;
+        slot
+    }
+
+    pub(crate) fn set_value(&mut self, slot: Slot, field_id: FieldId, value: Value<'_>) {
+        self.columns[field_id.index()].set(slot as usize, value);
+    }
+
+    pub(crate) fn set_payload(&mut self, slot: Slot, payload: &[u8]) {
+        copy_reusing_capacity_bytes(&mut self.payloads[slot as usize], payload);
+    }
+
+    /// Unlinks an item from the id index. Its data stays readable until
+    /// [`Collection::recycle_freed_slots`], because diffs of the current batch may reference it.
+    pub(crate) fn remove_slot(&mut self, slot: Slot) {
+        let hash = self.hasher.hash_one(self.ids[slot as usize].as_str());
+        match self.id_index.find_entry(hash, |&other| other == slot) {
+            Ok(entry) => {
+                entry.remove();
+            }
+            Err(_) => unreachable!("a live slot is always in the id index"),
+        }
+        self.alive[slot as usize] = false;
+        self.freed_this_batch.push(slot);
+        self.n_items -= 1;
+    }
+
+    pub(crate) fn recycle_freed_slots(&mut self) {
+        self.free_slots.append(&mut self.freed_this_batch);
+    }
+
+    /// Approximate heap bytes held, for memory accounting.
+    pub fn heap_bytes(&self) -> usize {
+        let mut total = self.ids.capacity() * std::mem::size_of::<String>()
+            + self.payloads.capacity() * std::mem::size_of::<Vec<u8>>()
+            + self.alive.capacity()
+            + self.id_index.capacity() * (std::mem::size_of::<Slot>() + 1)
+            + self.free_slots.capacity() * 4;
+        total += self.ids.iter().map(String::capacity).sum::<usize>();
+        total += self.payloads.iter().map(Vec::capacity).sum::<usize>();
+        for column in &self.columns {
+            total += match column {
+                Column::Bool(values) => values.capacity(),
+                Column::Word { bits, present } => bits.capacity() * 8 + present.capacity(),
+                Column::Str { values, present } => {
+                    values.capacity() * std::mem::size_of::<String>()
+                        + values.iter().map(String::capacity).sum::<usize>()
+                        + present.capacity()
+                }
+            };
+        }
+        total
+    }
+}
+
+/// A borrowed view of one item: what filters read and what diff sinks receive.
+#[derive(Clone, Copy)]
+pub struct ItemRef<'a> {
+    collection: &'a Collection,
+    slot: Slot,
+}
+
+impl<'a> ItemRef<'a> {
+    pub fn id(&self) -> &'a str {
+        self.collection.id_of(self.slot)
+    }
+
+    pub fn payload(&self) -> &'a [u8] {
+        &self.collection.payloads[self.slot as usize]
+    }
+
+    pub fn field(&self, field_id: FieldId) -> Value<'a> {
+        self.collection.value(self.slot, field_id)
+    }
+
+    /// Reads a field by name; `None` if the schema has no such field.
+    pub fn field_by_name(&self, name: &str) -> Option<Value<'a>> {
+        self.collection.schema.field_id(name).map(|field_id| self.field(field_id))
+    }
+
+    pub fn schema(&self) -> &'a Schema {
+        &self.collection.schema
+    }
+
+    pub(crate) fn slot(&self) -> Slot {
+        self.slot
+    }
+
+    /// Copies the item out, for callers that keep items beyond the borrow.
+    pub fn to_owned_item(&self) -> OwnedItem {
+        OwnedItem {
+            id: self.id().to_owned(),
+            fields: (0..self.collection.schema.len())
+                .map(|index| self.field(FieldId(index as u16)).to_owned_value())
+                .collect(),
+            payload: self.payload().to_vec(),
+        }
+    }
+}
+
+impl std::fmt::Debug for ItemRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ItemRef").field("id", &self.id()).finish_non_exhaustive()
+    }
+}
+
+/// An item copied out of a collection: its id, every field in schema order, and its payload.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OwnedItem {
+    pub id: String,
+    pub fields: Vec<OwnedValue>,
+    pub payload: Vec<u8>,
+}

@@ -1,0 +1,604 @@
+//! The engine: collections, views and windows, and the batch apply loop.
+//!
+//! Applying a batch has three phases. *Validate* checks every operation against
+//! the schema and the limits without touching anything, so a rejected batch leaves
+//! no trace. *Apply* changes items one operation at a time: for each view of the
+//! collection the item's old entry leaves the index, the item's fields are written,
+//! and its new entry enters the index; each window records, by slot, the diffs
+//! caused by that move. *Deliver* resolves each touched window's recorded diffs to
+//! borrowed item data (or a reset, when that is smaller) and hands them to the sink.
+//! All three phases use buffers owned by the engine and reused across batches.
+
+use std::collections::HashMap;
+
+use crate::batch::{Batch, OpKind, StoredOp};
+use crate::collection::{Collection, Slot};
+use crate::diff::{DiffRef, DiffSink, ItemList, WindowId};
+use crate::error::{BatchError, ViewError};
+use crate::filter::{CompiledFilter, FilterScratch};
+use crate::limits;
+use crate::list_diff::{emit_list_diff, ListDiffScratch};
+use crate::order_tree::Entry;
+use crate::schema::{FieldId, FieldType, Schema, SchemaError};
+use crate::sort::CompiledSort;
+use crate::value::Value;
+use crate::view::{compare_entries, View};
+use crate::view_def::ViewDef;
+use crate::window::{ViewChange, Window};
+use crate::OwnedItem;
+
+/// Identifies a collection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CollectionId(u32);
+
+impl CollectionId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+struct CollectionState {
+    collection: Collection,
+    /// Views on this collection (indices into `Engine::views`).
+    views: Vec<u32>,
+}
+
+struct WindowSlot {
+    generation: u32,
+    window: Option<Window>,
+}
+
+/// Buffers reused by every batch and window change.
+#[derive(Default)]
+struct Scratch {
+    filter: FilterScratch,
+    /// The resolved field of each `batch.fields` entry, filled by validation.
+    resolved_fields: Vec<FieldId>,
+    /// For the operation being applied: each view's old rank of the item.
+    old_ranks: Vec<Option<usize>>,
+    touched_windows: Vec<u32>,
+    old_slots: Vec<Slot>,
+    new_slots: Vec<Slot>,
+    list_diff: ListDiffScratch,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchSummary {
+    pub n_upserted: usize,
+    pub n_removed: usize,
+    /// Windows that received diffs.
+    pub n_windows_changed: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CreateCollectionError {
+    NameTaken { name: String },
+    Schema(SchemaError),
+}
+
+impl std::fmt::Display for CreateCollectionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CreateCollectionError::NameTaken { name } => write!(f, "a collection named `{name}` exists already"),
+            CreateCollectionError::Schema(error) => write!(f, "{error}"),
+        }
+    }
+}
+
+impl std::error::Error for CreateCollectionError {}
+
+/// Counts for monitoring.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub n_collections: usize,
+    pub n_items: usize,
+    pub n_views: usize,
+    pub n_windows: usize,
+}
+
+#[derive(Default)]
+pub struct Engine {
+    collections: Vec<CollectionState>,
+    collection_by_name: HashMap<String, CollectionId>,
+    views: Vec<Option<View>>,
+    free_views: Vec<u32>,
+    windows: Vec<WindowSlot>,
+    free_windows: Vec<u32>,
+    scratch: Scratch,
+}
+
+impl Engine {
+    pub fn new() -> Engine {
+        Engine::default()
+    }
+
+    pub fn create_collection(&mut self, name: &str, schema: Schema) -> Result<CollectionId, CreateCollectionError> {
+        if self.collection_by_name.contains_key(name) {
+            return Err(CreateCollectionError::NameTaken { name: name.to_owned() });
+        }
+        let collection_id = CollectionId(self.collections.len() as u32);
+        self.collections.push(CollectionState { collection: Collection::new(name, schema), views: Vec::new() });
+        self.collection_by_name.insert(name.to_owned(), collection_id);
+        Ok(collection_id)
+    }
+
+    pub fn collection_id(&self, name: &str) -> Option<CollectionId> {
+        self.collection_by_name.get(name).copied()
+    }
+
+    pub fn collection(&self, collection_id: CollectionId) -> Option<&Collection> {
+        self.collections.get(collection_id.index()).map(|state| &state.collection)
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            n_collections: self.collections.len(),
+            n_items: self.collections.iter().map(|state| state.collection.len()).sum(),
+            n_views: self.views.iter().filter(|view| view.is_some()).count(),
+            n_windows: self.windows.iter().filter(|slot| slot.window.is_some()).count(),
+        }
+    }
+
+    /// Applies a batch whole, or rejects it whole with the first error found.
+    /// Every window whose contents changed receives its diffs through `sink`.
+    pub fn apply_batch(
+        &mut self,
+        collection_id: CollectionId,
+        batch: &Batch,
+        sink: &mut dyn DiffSink,
+    ) -> Result<BatchSummary, BatchError> {
+        let Engine { collections, views, windows, scratch, .. } = self;
+        let state = collections.get_mut(collection_id.index()).ok_or(BatchError::UnknownCollection)?;
+        validate_batch(&state.collection, batch, &mut scratch.resolved_fields)?;
+
+        for &view_index in &state.views {
+            views[view_index as usize].as_mut().expect("live view").ensure_ready(&state.collection);
+        }
+        let mut summary = BatchSummary::default();
+        for op in &batch.ops {
+            match op.kind {
+                OpKind::Upsert => {
+                    apply_upsert(state, views, windows, scratch, batch, op);
+                    summary.n_upserted += 1;
+                }
+                OpKind::Remove => {
+                    if apply_remove(state, views, windows, scratch, batch.id(op)) {
+                        summary.n_removed += 1;
+                    }
+                }
+            }
+        }
+        summary.n_windows_changed = deliver_pending(&state.collection, views, windows, scratch, sink);
+        state.collection.recycle_freed_slots();
+        Ok(summary)
+    }
+
+    /// Opens a window on a view of a collection. Its first diff, delivered to
+    /// `sink` now, is a `Reset` with the window's contents.
+    pub fn open_window(
+        &mut self,
+        collection_id: CollectionId,
+        def: &ViewDef,
+        offset: usize,
+        limit: usize,
+        sink: &mut dyn DiffSink,
+    ) -> Result<WindowId, ViewError> {
+        check_window_limit(limit)?;
+        let view_index = self.find_or_create_view(collection_id, def, offset.saturating_add(limit))?;
+        let window_index = match self.free_windows.pop() {
+            Some(index) => index,
+            None => {
+                self.windows.push(WindowSlot { generation: 0, window: None });
+                (self.windows.len() - 1) as u32
+            }
+        };
+        let slot = &mut self.windows[window_index as usize];
+        slot.generation = slot.generation.wrapping_add(1);
+        slot.window = Some(Window {
+            view: view_index,
+            offset,
+            limit,
+            pending: Vec::new(),
+            needs_reset: false,
+        });
+        let window_id = WindowId { index: window_index, generation: slot.generation };
+        let view = self.views[view_index as usize].as_mut().expect("live view");
+        view.windows.push(window_index);
+        let collection = &self.collections[view.collection as usize].collection;
+        let slots = &mut self.scratch.new_slots;
+        slots.clear();
+        view.collect_range(collection, offset, limit, slots);
+        sink.diff(window_id, DiffRef::Reset { values: ItemList::new(collection, slots) });
+        sink.window_done(window_id);
+        Ok(window_id)
+    }
+
+    /// Moves or resizes a window ("load more"), emitting the smallest diff we can.
+    pub fn set_window_range(
+        &mut self,
+        window_id: WindowId,
+        offset: usize,
+        limit: usize,
+        sink: &mut dyn DiffSink,
+    ) -> Result<(), ViewError> {
+        check_window_limit(limit)?;
+        let window_index = self.live_window_index(window_id)?;
+        let window = self.windows[window_index].window.as_mut().expect("live window");
+        let (old_offset, old_limit) = (window.offset, window.limit);
+        window.offset = offset;
+        window.limit = limit;
+        let view = self.views[window.view as usize].as_mut().expect("live view");
+        let collection = &self.collections[view.collection as usize].collection;
+        let Scratch { old_slots, new_slots, list_diff, .. } = &mut self.scratch;
+        old_slots.clear();
+        new_slots.clear();
+        view.collect_range(collection, old_offset, old_limit, old_slots);
+        view.collect_range(collection, offset, limit, new_slots);
+        if emit_list_diff(old_slots, new_slots, collection, list_diff, window_id, sink) > 0 {
+            sink.window_done(window_id);
+        }
+        Ok(())
+    }
+
+    /// Points a window at another filter and sort of the same collection, keeping
+    /// its range, and emits the smallest diff we can from the old contents to the new.
+    pub fn set_window_view(&mut self, window_id: WindowId, def: &ViewDef, sink: &mut dyn DiffSink) -> Result<(), ViewError> {
+        let window_index = self.live_window_index(window_id)?;
+        let (old_view_index, offset, limit) = {
+            let window = self.windows[window_index].window.as_ref().expect("live window");
+            (window.view, window.offset, window.limit)
+        };
+        let collection_index = self.views[old_view_index as usize].as_ref().expect("live view").collection;
+        let new_view_index =
+            self.find_or_create_view(CollectionId(collection_index), def, offset.saturating_add(limit))?;
+        if new_view_index == old_view_index {
+            return Ok(());
+        }
+        {
+            let collection = &self.collections[collection_index as usize].collection;
+            let Scratch { old_slots, new_slots, .. } = &mut self.scratch;
+            old_slots.clear();
+            new_slots.clear();
+            let old_view = self.views[old_view_index as usize].as_mut().expect("live view");
+            old_view.collect_range(collection, offset, limit, old_slots);
+            let new_view = self.views[new_view_index as usize].as_mut().expect("live view");
+            new_view.collect_range(collection, offset, limit, new_slots);
+            new_view.windows.push(window_index as u32);
+        }
+        self.windows[window_index].window.as_mut().expect("live window").view = new_view_index;
+        self.detach_window(old_view_index, window_index as u32);
+        let collection = &self.collections[collection_index as usize].collection;
+        let Scratch { old_slots, new_slots, list_diff, .. } = &mut self.scratch;
+        if emit_list_diff(old_slots, new_slots, collection, list_diff, window_id, sink) > 0 {
+            sink.window_done(window_id);
+        }
+        Ok(())
+    }
+
+    pub fn close_window(&mut self, window_id: WindowId) -> Result<(), ViewError> {
+        let window_index = self.live_window_index(window_id)?;
+        let window = self.windows[window_index].window.take().expect("live window");
+        self.free_windows.push(window_index as u32);
+        self.detach_window(window.view, window_index as u32);
+        Ok(())
+    }
+
+    /// Copies a window's current contents out (a convenience; allocates).
+    pub fn window_items(&mut self, window_id: WindowId) -> Result<Vec<OwnedItem>, ViewError> {
+        let window_index = self.live_window_index(window_id)?;
+        let window = self.windows[window_index].window.as_ref().expect("live window");
+        let (offset, limit) = (window.offset, window.limit);
+        let view = self.views[window.view as usize].as_mut().expect("live view");
+        let collection = &self.collections[view.collection as usize].collection;
+        let mut slots = Vec::new();
+        view.collect_range(collection, offset, limit, &mut slots);
+        Ok(ItemList::new(collection, &slots).to_owned_items())
+    }
+
+    /// `(offset, limit)` of a window.
+    pub fn window_range(&self, window_id: WindowId) -> Result<(usize, usize), ViewError> {
+        let window_index = self.live_window_index(window_id)?;
+        let window = self.windows[window_index].window.as_ref().expect("live window");
+        Ok((window.offset, window.limit))
+    }
+
+    /// Number of items in the view a window looks at.
+    pub fn view_len(&self, window_id: WindowId) -> Result<usize, ViewError> {
+        let window_index = self.live_window_index(window_id)?;
+        let window = self.windows[window_index].window.as_ref().expect("live window");
+        Ok(self.views[window.view as usize].as_ref().expect("live view").len())
+    }
+
+    /// Heap bytes of the view (index and membership) behind a window.
+    pub fn view_heap_bytes(&self, window_id: WindowId) -> Result<usize, ViewError> {
+        let window_index = self.live_window_index(window_id)?;
+        let window = self.windows[window_index].window.as_ref().expect("live window");
+        Ok(self.views[window.view as usize].as_ref().expect("live view").heap_bytes())
+    }
+
+    /// Sorts a window's view completely now instead of at the first update
+    /// (views sort lazily: see `ViewIndex`).
+    pub fn prepare_window(&mut self, window_id: WindowId) -> Result<(), ViewError> {
+        let window_index = self.live_window_index(window_id)?;
+        let window = self.windows[window_index].window.as_ref().expect("live window");
+        let view = self.views[window.view as usize].as_mut().expect("live view");
+        view.ensure_ready(&self.collections[view.collection as usize].collection);
+        Ok(())
+    }
+
+    fn live_window_index(&self, window_id: WindowId) -> Result<usize, ViewError> {
+        match self.windows.get(window_id.index as usize) {
+            Some(WindowSlot { generation, window: Some(_) }) if *generation == window_id.generation => {
+                Ok(window_id.index as usize)
+            }
+            _ => Err(ViewError::UnknownWindow),
+        }
+    }
+
+    /// Identical definitions on one collection share a view and its index.
+    fn find_or_create_view(&mut self, collection_id: CollectionId, def: &ViewDef, n_first: usize) -> Result<u32, ViewError> {
+        let state = self.collections.get_mut(collection_id.index()).ok_or(ViewError::UnknownCollection)?;
+        for &view_index in &state.views {
+            if self.views[view_index as usize].as_ref().is_some_and(|view| view.def == *def) {
+                return Ok(view_index);
+            }
+        }
+        let filter = CompiledFilter::compile(&def.filter, state.collection.schema())?;
+        let sort = CompiledSort::compile(&def.sort, state.collection.schema())?;
+        let view = View::build(
+            collection_id.0,
+            def.clone(),
+            filter,
+            sort,
+            &state.collection,
+            &mut self.scratch.filter,
+            n_first,
+        );
+        let view_index = match self.free_views.pop() {
+            Some(index) => {
+                self.views[index as usize] = Some(view);
+                index
+            }
+            None => {
+                self.views.push(Some(view));
+                (self.views.len() - 1) as u32
+            }
+        };
+        state.views.push(view_index);
+        Ok(view_index)
+    }
+
+    /// Removes a window from its view, dropping the view when no window is left.
+    fn detach_window(&mut self, view_index: u32, window_index: u32) {
+        let view = self.views[view_index as usize].as_mut().expect("live view");
+        view.windows.retain(|&index| index != window_index);
+        if view.windows.is_empty() {
+            let collection = view.collection;
+            self.views[view_index as usize] = None;
+            self.free_views.push(view_index);
+            self.collections[collection as usize].views.retain(|&index| index != view_index);
+        }
+    }
+}
+
+fn check_window_limit(limit: usize) -> Result<(), ViewError> {
+    if limit > limits::MAX_WINDOW_LIMIT {
+        return Err(ViewError::WindowTooLarge { limit, limit_max: limits::MAX_WINDOW_LIMIT });
+    }
+    Ok(())
+}
+
+/// Converts a value to the field's type when that is lossless; `None` if it cannot be.
+fn coerce(value: Value<'_>, field_type: FieldType) -> Option<Value<'_>> {
+    match (value, field_type) {
+        (Value::Null, _) => Some(Value::Null),
+        (Value::Bool(_), FieldType::Bool)
+        | (Value::I64(_), FieldType::I64)
+        | (Value::U64(_), FieldType::U64)
+        | (Value::F64(_), FieldType::F64)
+        | (Value::Str(_), FieldType::String) => Some(value),
+        (Value::I64(number), FieldType::U64) => u64::try_from(number).ok().map(Value::U64),
+        (Value::U64(number), FieldType::I64) => i64::try_from(number).ok().map(Value::I64),
+        _ => None,
+    }
+}
+
+/// Checks a whole batch before anything changes. Fills `resolved_fields`.
+fn validate_batch(collection: &Collection, batch: &Batch, resolved_fields: &mut Vec<FieldId>) -> Result<(), BatchError> {
+    if batch.ops.len() > limits::MAX_OPS_PER_BATCH {
+        return Err(BatchError::TooManyOps { n_ops: batch.ops.len() });
+    }
+    let n_upserts = batch.ops.iter().filter(|op| op.kind == OpKind::Upsert).count();
+    if collection.len() + n_upserts > limits::MAX_ITEMS_PER_COLLECTION {
+        return Err(BatchError::CollectionFull { n_items_max: limits::MAX_ITEMS_PER_COLLECTION });
+    }
+    resolved_fields.clear();
+    let schema = collection.schema();
+    for (op_index, op) in batch.ops.iter().enumerate() {
+        let id = batch.id(op);
+        if id.is_empty() {
+            return Err(BatchError::IdEmpty { op_index });
+        }
+        if id.len() > limits::MAX_ID_BYTES {
+            return Err(BatchError::IdTooLong { op_index, id_bytes: id.len() });
+        }
+        if let Some(payload) = batch.payload(op) {
+            if payload.len() > limits::MAX_PAYLOAD_BYTES {
+                return Err(BatchError::PayloadTooLarge { op_index, payload_bytes: payload.len() });
+            }
+        }
+        for field in batch.op_fields(op) {
+            let name = batch.field_name(field);
+            let field_id = schema
+                .field_id(name)
+                .ok_or_else(|| BatchError::UnknownField { op_index, field: name.to_owned() })?;
+            let field_type = schema.field(field_id).field_type;
+            let value = batch.field_value(field);
+            match coerce(value, field_type) {
+                None => {
+                    return Err(BatchError::WrongType {
+                        op_index,
+                        field: name.to_owned(),
+                        expected: field_type.name(),
+                        found: value.type_name(),
+                    })
+                }
+                Some(Value::F64(number)) if number.is_nan() => {
+                    return Err(BatchError::NotANumber { op_index, field: name.to_owned() })
+                }
+                Some(Value::Str(text)) if text.len() > limits::MAX_STRING_FIELD_BYTES => {
+                    return Err(BatchError::StringTooLong { op_index, field: name.to_owned(), value_bytes: text.len() })
+                }
+                Some(_) => {}
+            }
+            resolved_fields.push(field_id);
+        }
+    }
+    Ok(())
+}
+
+/// Takes a slot's entry out of every view of its collection, recording old ranks.
+fn remove_from_views(state: &CollectionState, views: &mut [Option<View>], old_ranks: &mut Vec<Option<usize>>, slot: Slot) {
+    old_ranks.clear();
+    for &view_index in &state.views {
+        let view = views[view_index as usize].as_mut().expect("live view");
+        let old_rank = if view.is_member(slot) {
+            let entry = Entry { prefix: view.sort.encode_prefix(&state.collection, slot), slot };
+            let sort = &view.sort;
+            let collection = &state.collection;
+            let tree = view.index.tree_mut();
+            Some(tree.remove(entry, |left, right| compare_entries(sort, collection, left, right)))
+        } else {
+            None
+        };
+        old_ranks.push(old_rank);
+    }
+}
+
+/// Puts a slot's new entry into every view whose filter it passes, and records
+/// each affected window's diffs.
+fn insert_into_views(
+    state: &CollectionState,
+    views: &mut [Option<View>],
+    windows: &mut [WindowSlot],
+    scratch: &mut Scratch,
+    slot: Slot,
+    is_alive: bool,
+) {
+    for (position, &view_index) in state.views.iter().enumerate() {
+        let view = views[view_index as usize].as_mut().expect("live view");
+        let old_rank = scratch.old_ranks[position];
+        let is_member = is_alive && view.filter.matches(&state.collection, slot, &mut scratch.filter);
+        view.set_member(slot, is_member);
+        let new_rank = if is_member {
+            let entry = Entry { prefix: view.sort.encode_prefix(&state.collection, slot), slot };
+            let sort = &view.sort;
+            let collection = &state.collection;
+            let tree = view.index.tree_mut();
+            Some(tree.insert(entry, |left, right| compare_entries(sort, collection, left, right)))
+        } else {
+            None
+        };
+        if old_rank.is_none() && new_rank.is_none() {
+            continue;
+        }
+        let crate::view::ViewIndex::Ready(tree) = &view.index else {
+            unreachable!("views are ready during a batch")
+        };
+        let change = ViewChange { slot, old_rank, new_rank, len_after: tree.len() };
+        for &window_index in &view.windows {
+            let window = windows[window_index as usize].window.as_mut().expect("live window");
+            if window.record(change, |rank| tree.select(rank).slot) {
+                scratch.touched_windows.push(window_index);
+            }
+        }
+    }
+}
+
+fn apply_upsert(
+    state: &mut CollectionState,
+    views: &mut [Option<View>],
+    windows: &mut [WindowSlot],
+    scratch: &mut Scratch,
+    batch: &Batch,
+    op: &StoredOp,
+) {
+    let id = batch.id(op);
+    let slot = match state.collection.find_slot(id) {
+        Some(slot) => {
+            remove_from_views(state, views, &mut scratch.old_ranks, slot);
+            slot
+        }
+        None => {
+            scratch.old_ranks.clear();
+            scratch.old_ranks.resize(state.views.len(), None);
+            state.collection.insert_slot(id)
+        }
+    };
+    let fields = batch.op_fields(op);
+    let resolved = &scratch.resolved_fields[op.fields_start as usize..(op.fields_start + op.fields_len) as usize];
+    for (field, &field_id) in fields.iter().zip(resolved) {
+        let field_type = state.collection.schema().field(field_id).field_type;
+        let value = coerce(batch.field_value(field), field_type).expect("validated");
+        state.collection.set_value(slot, field_id, value);
+    }
+    if let Some(payload) = batch.payload(op) {
+        state.collection.set_payload(slot, payload);
+    }
+    insert_into_views(state, views, windows, scratch, slot, true);
+}
+
+/// Returns whether the id existed.
+fn apply_remove(
+    state: &mut CollectionState,
+    views: &mut [Option<View>],
+    windows: &mut [WindowSlot],
+    scratch: &mut Scratch,
+    id: &str,
+) -> bool {
+    let Some(slot) = state.collection.find_slot(id) else {
+        return false;
+    };
+    remove_from_views(state, views, &mut scratch.old_ranks, slot);
+    insert_into_views(state, views, windows, scratch, slot, false);
+    state.collection.remove_slot(slot);
+    true
+}
+
+/// Hands every touched window's diffs to the sink; returns how many windows changed.
+fn deliver_pending(
+    collection: &Collection,
+    views: &mut [Option<View>],
+    windows: &mut [WindowSlot],
+    scratch: &mut Scratch,
+    sink: &mut dyn DiffSink,
+) -> usize {
+    let n_windows = scratch.touched_windows.len();
+    for &window_index in &scratch.touched_windows {
+        let slot = &mut windows[window_index as usize];
+        let window_id = WindowId { index: window_index, generation: slot.generation };
+        let window = slot.window.as_mut().expect("live window");
+        let view = views[window.view as usize].as_mut().expect("live view");
+        let final_len = window.len_for(view.len());
+        // A reset costs one diff carrying `final_len` values; recorded diffs carry at most one each.
+        if window.needs_reset || window.pending.len() > final_len.max(1) {
+            if final_len == 0 {
+                sink.diff(window_id, DiffRef::Clear);
+            } else {
+                let slots = &mut scratch.new_slots;
+                slots.clear();
+                view.collect_range(collection, window.offset, window.limit, slots);
+                sink.diff(window_id, DiffRef::Reset { values: ItemList::new(collection, slots) });
+            }
+        } else {
+            for &pending in &window.pending {
+                sink.diff(window_id, pending.resolve(collection));
+            }
+        }
+        sink.window_done(window_id);
+        window.pending.clear();
+        window.needs_reset = false;
+    }
+    scratch.touched_windows.clear();
+    n_windows
+}

@@ -1,0 +1,124 @@
+//! Typed errors with messages a user can act on.
+
+use std::fmt;
+
+use crate::limits;
+
+/// Why a batch was rejected. A rejected batch changes nothing.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BatchError {
+    /// `op_index` is the position of the offending operation in the batch.
+    IdEmpty { op_index: usize },
+    IdTooLong { op_index: usize, id_bytes: usize },
+    UnknownField { op_index: usize, field: String },
+    WrongType { op_index: usize, field: String, expected: &'static str, found: &'static str },
+    NotANumber { op_index: usize, field: String },
+    StringTooLong { op_index: usize, field: String, value_bytes: usize },
+    PayloadTooLarge { op_index: usize, payload_bytes: usize },
+    TooManyOps { n_ops: usize },
+    CollectionFull { n_items_max: usize },
+    UnknownCollection,
+}
+
+impl fmt::Display for BatchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BatchError::IdEmpty { op_index } => write!(f, "op {op_index}: the item id is empty"),
+            BatchError::IdTooLong { op_index, id_bytes } => write!(
+                f,
+                "op {op_index}: the item id is {id_bytes} bytes; at most {} are allowed",
+                limits::MAX_ID_BYTES
+            ),
+            BatchError::UnknownField { op_index, field } => {
+                write!(f, "op {op_index}: the schema has no field `{field}`")
+            }
+            BatchError::WrongType { op_index, field, expected, found } => {
+                write!(f, "op {op_index}: field `{field}` is {expected}, got {found}")
+            }
+            BatchError::NotANumber { op_index, field } => {
+                write!(f, "op {op_index}: field `{field}` got NaN; f64 fields must be ordered, so NaN is refused")
+            }
+            BatchError::StringTooLong { op_index, field, value_bytes } => write!(
+                f,
+                "op {op_index}: field `{field}` is {value_bytes} bytes; at most {} are allowed",
+                limits::MAX_STRING_FIELD_BYTES
+            ),
+            BatchError::PayloadTooLarge { op_index, payload_bytes } => write!(
+                f,
+                "op {op_index}: the payload is {payload_bytes} bytes; at most {} are allowed",
+                limits::MAX_PAYLOAD_BYTES
+            ),
+            BatchError::TooManyOps { n_ops } => write!(
+                f,
+                "the batch has {n_ops} operations; at most {} are allowed",
+                limits::MAX_OPS_PER_BATCH
+            ),
+            BatchError::CollectionFull { n_items_max } => {
+                write!(f, "the collection would exceed {n_items_max} items")
+            }
+            BatchError::UnknownCollection => write!(f, "no such collection"),
+        }
+    }
+}
+
+impl std::error::Error for BatchError {}
+
+/// Why a view definition (filter or sort) or a window request was refused.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ViewError {
+    UnknownCollection,
+    UnknownWindow,
+    UnknownField { field: String },
+    /// A literal's type does not match its field's type.
+    WrongType { field: String, expected: &'static str, found: &'static str },
+    /// The operation does not apply to the field's type (e.g. `contains` on a number,
+    /// case-insensitive sort on a bool).
+    NotApplicable { field: String, operation: &'static str, field_type: &'static str },
+    /// A null literal in a comparison: use `IsNull`.
+    NullLiteral { field: String },
+    NotANumber { field: String },
+    FilterTooDeep { depth_max: usize },
+    FilterTooLarge { n_nodes_max: usize },
+    TooManyInValues { n_values_max: usize },
+    TooManySortKeys { n_keys_max: usize },
+    DuplicateSortKey { field: String },
+    WindowTooLarge { limit: usize, limit_max: usize },
+}
+
+impl fmt::Display for ViewError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ViewError::UnknownCollection => write!(f, "no such collection"),
+            ViewError::UnknownWindow => write!(f, "no such window"),
+            ViewError::UnknownField { field } => write!(f, "the schema has no field `{field}`"),
+            ViewError::WrongType { field, expected, found } => {
+                write!(f, "field `{field}` is {expected}, but the filter compares it with {found}")
+            }
+            ViewError::NotApplicable { field, operation, field_type } => {
+                write!(f, "`{operation}` does not apply to field `{field}` of type {field_type}")
+            }
+            ViewError::NullLiteral { field } => {
+                write!(f, "field `{field}` is compared with null; use `is null` instead")
+            }
+            ViewError::NotANumber { field } => write!(f, "field `{field}` is compared with NaN"),
+            ViewError::FilterTooDeep { depth_max } => {
+                write!(f, "the filter nests deeper than {depth_max} levels")
+            }
+            ViewError::FilterTooLarge { n_nodes_max } => {
+                write!(f, "the filter has more than {n_nodes_max} nodes")
+            }
+            ViewError::TooManyInValues { n_values_max } => {
+                write!(f, "an `in` list holds at most {n_values_max} values")
+            }
+            ViewError::TooManySortKeys { n_keys_max } => {
+                write!(f, "a sort has at most {n_keys_max} keys")
+            }
+            ViewError::DuplicateSortKey { field } => write!(f, "field `{field}` appears twice in the sort"),
+            ViewError::WindowTooLarge { limit, limit_max } => {
+                write!(f, "window limit {limit} is over the maximum of {limit_max}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ViewError {}

@@ -1,0 +1,878 @@
+//! Filters compiled against a schema.
+//!
+//! Compilation resolves field names to [`FieldId`]s, converts every literal to its
+//! field's type once, case-folds `contains` / `prefix` needles once, and checks the
+//! limits in [`crate::limits`]. What remains for evaluation is a flat, pre-order
+//! `Vec` of small nodes: a combinator records where its subtree ends, so children are
+//! visited by walking forward through one contiguous allocation instead of chasing
+//! boxed pointers. Strings, needles and `in` sets sit in side tables so that the
+//! nodes themselves stay small and several fit in one cache line.
+//!
+//! Evaluation never allocates once the caller's [`FilterScratch`] has grown to the
+//! longest case-folded haystack it meets: ASCII text is compared in place, and only
+//! non-ASCII haystacks of `contains` are folded, into the scratch buffer.
+
+use std::cmp::Ordering;
+
+use caseless::Caseless;
+
+use crate::collection::{Collection, ItemRef, Slot};
+use crate::error::ViewError;
+use crate::limits::{MAX_FILTER_DEPTH, MAX_FILTER_IN_VALUES, MAX_FILTER_NODES};
+use crate::schema::{FieldId, FieldType, Schema};
+use crate::value::{OwnedValue, Value};
+use crate::view_def::{CompareOp, Filter};
+
+/// A [`Filter`] compiled against a [`Schema`]; evaluate it only on items of a
+/// collection with that schema.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompiledFilter {
+    /// Pre-order: a node's children follow it directly. Never empty; node 0 is the root.
+    nodes: Vec<Node>,
+    /// String literals of `Compare` nodes, indexed by [`Literal::Str`].
+    texts: Vec<String>,
+    /// Case-folded needles of `Contains` / `Prefix` nodes.
+    needles: Vec<FoldedNeedle>,
+    /// Literal sets of `In` nodes.
+    in_sets: Vec<InSet>,
+    /// Every field any node reads, sorted and deduplicated.
+    fields_read: Vec<FieldId>,
+}
+
+/// Caller-owned buffers reused across evaluations, so that steady-state evaluation
+/// allocates nothing. One scratch serves any number of filters, one at a time.
+#[derive(Clone, Debug, Default)]
+pub struct FilterScratch {
+    /// The case-folded haystack of a non-ASCII `contains`; cleared, never shrunk.
+    folded_haystack: String,
+}
+
+/// Index into one of the side tables. `u32` rather than `usize` keeps nodes small;
+/// the node limit keeps every table far below `u32::MAX`.
+type TableIndex = u32;
+
+#[derive(Clone, Debug, PartialEq)]
+enum Node {
+    /// `True`, an empty `All` (true) or an empty `Any` (false).
+    Constant(bool),
+    Compare {
+        field_id: FieldId,
+        op: CompareOp,
+        literal: Literal,
+    },
+    In {
+        field_id: FieldId,
+        set: TableIndex,
+    },
+    IsNull {
+        field_id: FieldId,
+    },
+    Contains {
+        field_id: FieldId,
+        needle: TableIndex,
+    },
+    Prefix {
+        field_id: FieldId,
+        needle: TableIndex,
+    },
+    /// Children occupy `index + 1 .. subtree_end`.
+    All {
+        subtree_end: TableIndex,
+    },
+    Any {
+        subtree_end: TableIndex,
+    },
+    /// The one child is at `index + 1`; its subtree also ends at `subtree_end`.
+    Not {
+        subtree_end: TableIndex,
+    },
+}
+
+/// A literal already converted to its field's type, so evaluation compares like with like.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Literal {
+    Bool(bool),
+    I64(i64),
+    U64(u64),
+    F64(f64),
+    Str(TableIndex),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct FoldedNeedle {
+    /// The needle under full Unicode default case folding.
+    folded: String,
+    /// Whether `folded` is ASCII. A needle such as "ß" folds to ASCII ("ss"), so this
+    /// is a property of the folded form, not of what the user typed.
+    folded_is_ascii: bool,
+}
+
+/// The literals of one `in`, typed like the field and sorted for binary search.
+#[derive(Clone, Debug, PartialEq)]
+enum InSet {
+    Bool {
+        accepts_false: bool,
+        accepts_true: bool,
+    },
+    I64(Vec<i64>),
+    U64(Vec<u64>),
+    /// Sorted by `total_cmp`, with -0.0 stored as 0.0 (see [`normalize_zero`]).
+    F64(Vec<f64>),
+    Str(Vec<String>),
+}
+
+impl CompiledFilter {
+    /// Compiles `filter` against `schema`, refusing unknown fields, literals that do
+    /// not convert losslessly to their field's type, null and NaN literals, operations
+    /// that do not apply to a field's type, and filters over the size limits.
+    pub fn compile(filter: &Filter, schema: &Schema) -> Result<CompiledFilter, ViewError> {
+        let mut compiler = Compiler {
+            schema,
+            compiled: CompiledFilter {
+                nodes: Vec::new(),
+                texts: Vec::new(),
+                needles: Vec::new(),
+                in_sets: Vec::new(),
+                fields_read: Vec::new(),
+            },
+        };
+        compiler.compile_node(filter, 0)?;
+        let mut compiled = compiler.compiled;
+        compiled.fields_read.sort_unstable();
+        compiled.fields_read.dedup();
+        Ok(compiled)
+    }
+
+    /// Every field the filter reads, sorted and deduplicated. An update that changes
+    /// none of them cannot change whether its item matches.
+    pub fn reads_fields(&self) -> &[FieldId] {
+        &self.fields_read
+    }
+
+    /// Whether the item in `slot` passes. `collection` must have the schema the
+    /// filter was compiled against.
+    pub(crate) fn matches(
+        &self,
+        collection: &Collection,
+        slot: Slot,
+        scratch: &mut FilterScratch,
+    ) -> bool {
+        self.evaluate(0, &|field_id| collection.value(slot, field_id), scratch)
+    }
+
+    /// Whether `item` passes. Allocates a fresh scratch buffer when a non-ASCII
+    /// `contains` needs one; meant for tests and reference models, not hot paths.
+    ///
+    /// On an item of a collection with another schema the answer is meaningless, but
+    /// this does not panic: fields past the end of that schema read as null.
+    pub fn matches_item(&self, item: ItemRef<'_>) -> bool {
+        let n_fields = item.schema().len();
+        let read_field = |field_id: FieldId| {
+            if field_id.index() < n_fields {
+                item.field(field_id)
+            } else {
+                Value::Null
+            }
+        };
+        self.evaluate(0, &read_field, &mut FilterScratch::default())
+    }
+
+    /// Evaluates the subtree rooted at `node_index`. Recursion is bounded by
+    /// `MAX_FILTER_DEPTH`, which compilation enforces.
+    ///
+    /// Generic over how fields are read so that [`CompiledFilter::matches`] (collection
+    /// and slot) and [`CompiledFilter::matches_item`] (an `ItemRef`) share one evaluator.
+    fn evaluate<'value, ReadField>(
+        &self,
+        node_index: usize,
+        read_field: &ReadField,
+        scratch: &mut FilterScratch,
+    ) -> bool
+    where
+        ReadField: Fn(FieldId) -> Value<'value>,
+    {
+        match self.nodes[node_index] {
+            Node::Constant(result) => result,
+            Node::Compare {
+                field_id,
+                op,
+                literal,
+            } => compare_with_literal(read_field(field_id), op, literal, &self.texts),
+            Node::In { field_id, set } => {
+                is_in_set(read_field(field_id), &self.in_sets[set as usize])
+            }
+            Node::IsNull { field_id } => read_field(field_id).is_null(),
+            Node::Contains { field_id, needle } => match read_field(field_id) {
+                Value::Str(haystack) => {
+                    contains_case_insensitive(haystack, &self.needles[needle as usize], scratch)
+                }
+                _ => false,
+            },
+            Node::Prefix { field_id, needle } => match read_field(field_id) {
+                Value::Str(haystack) => {
+                    starts_with_case_insensitive(haystack, &self.needles[needle as usize])
+                }
+                _ => false,
+            },
+            Node::All { subtree_end } => {
+                let mut child_index = node_index + 1;
+                while child_index < subtree_end as usize {
+                    if !self.evaluate(child_index, read_field, scratch) {
+                        return false;
+                    }
+                    child_index = self.subtree_end(child_index);
+                }
+                true
+            }
+            Node::Any { subtree_end } => {
+                let mut child_index = node_index + 1;
+                while child_index < subtree_end as usize {
+                    if self.evaluate(child_index, read_field, scratch) {
+                        return true;
+                    }
+                    child_index = self.subtree_end(child_index);
+                }
+                false
+            }
+            Node::Not { .. } => !self.evaluate(node_index + 1, read_field, scratch),
+        }
+    }
+
+    /// One past the last node of the subtree rooted at `node_index`.
+    fn subtree_end(&self, node_index: usize) -> usize {
+        match self.nodes[node_index] {
+            Node::All { subtree_end } | Node::Any { subtree_end } | Node::Not { subtree_end } => {
+                subtree_end as usize
+            }
+            _ => node_index + 1,
+        }
+    }
+}
+
+struct Compiler<'schema> {
+    schema: &'schema Schema,
+    compiled: CompiledFilter,
+}
+
+impl Compiler<'_> {
+    /// Appends `filter`'s subtree in pre-order. `n_enclosing_combinators` counts the
+    /// `all` / `any` / `not` above it. Limits are checked on the way down, so a
+    /// hostile filter (very deep or very wide) is refused after bounded work and
+    /// bounded recursion.
+    fn compile_node(
+        &mut self,
+        filter: &Filter,
+        n_enclosing_combinators: usize,
+    ) -> Result<(), ViewError> {
+        if self.compiled.nodes.len() >= MAX_FILTER_NODES {
+            return Err(ViewError::FilterTooLarge {
+                n_nodes_max: MAX_FILTER_NODES,
+            });
+        }
+        let is_combinator = matches!(filter, Filter::All(_) | Filter::Any(_) | Filter::Not(_));
+        if is_combinator && n_enclosing_combinators >= MAX_FILTER_DEPTH {
+            return Err(ViewError::FilterTooDeep {
+                depth_max: MAX_FILTER_DEPTH,
+            });
+        }
+        match filter {
+            Filter::True => self.compiled.nodes.push(Node::Constant(true)),
+            Filter::Compare { field, op, value } => {
+                let (field_id, field_type) = self.resolve_field(field)?;
+                let applies =
+                    field_type != FieldType::Bool || matches!(op, CompareOp::Eq | CompareOp::Ne);
+                if !applies {
+                    return Err(ViewError::NotApplicable {
+                        field: field.clone(),
+                        operation: compare_op_symbol(*op),
+                        field_type: field_type.name(),
+                    });
+                }
+                let literal = match convert_literal(field, field_type, value)? {
+                    TypedLiteral::Bool(flag) => Literal::Bool(flag),
+                    TypedLiteral::I64(number) => Literal::I64(number),
+                    TypedLiteral::U64(number) => Literal::U64(number),
+                    TypedLiteral::F64(number) => Literal::F64(number),
+                    TypedLiteral::Str(text) => {
+                        let index = self.compiled.texts.len() as TableIndex;
+                        self.compiled.texts.push(text.to_owned());
+                        Literal::Str(index)
+                    }
+                };
+                self.compiled.nodes.push(Node::Compare {
+                    field_id,
+                    op: *op,
+                    literal,
+                });
+            }
+            Filter::In { field, values } => {
+                let (field_id, field_type) = self.resolve_field(field)?;
+                if values.len() > MAX_FILTER_IN_VALUES {
+                    return Err(ViewError::TooManyInValues {
+                        n_values_max: MAX_FILTER_IN_VALUES,
+                    });
+                }
+                let set = build_in_set(field, field_type, values)?;
+                let index = self.compiled.in_sets.len() as TableIndex;
+                self.compiled.in_sets.push(set);
+                self.compiled.nodes.push(Node::In {
+                    field_id,
+                    set: index,
+                });
+            }
+            Filter::IsNull { field } => {
+                let (field_id, _) = self.resolve_field(field)?;
+                self.compiled.nodes.push(Node::IsNull { field_id });
+            }
+            Filter::Contains { field, needle } => {
+                let (field_id, needle) = self.compile_needle(field, needle, "contains")?;
+                self.compiled
+                    .nodes
+                    .push(Node::Contains { field_id, needle });
+            }
+            Filter::Prefix { field, prefix } => {
+                let (field_id, needle) = self.compile_needle(field, prefix, "prefix")?;
+                self.compiled.nodes.push(Node::Prefix { field_id, needle });
+            }
+            Filter::All(children) | Filter::Any(children) if children.is_empty() => {
+                // The identities of `and` and `or`.
+                let result = matches!(filter, Filter::All(_));
+                self.compiled.nodes.push(Node::Constant(result));
+            }
+            Filter::All(children) | Filter::Any(children) => {
+                let combinator_index = self.compiled.nodes.len();
+                // Placeholder; the end is known once the children are in.
+                self.compiled.nodes.push(Node::Constant(false));
+                for child in children {
+                    self.compile_node(child, n_enclosing_combinators + 1)?;
+                }
+                let subtree_end = self.compiled.nodes.len() as TableIndex;
+                self.compiled.nodes[combinator_index] = if matches!(filter, Filter::All(_)) {
+                    Node::All { subtree_end }
+                } else {
+                    Node::Any { subtree_end }
+                };
+            }
+            Filter::Not(child) => {
+                let not_index = self.compiled.nodes.len();
+                self.compiled.nodes.push(Node::Constant(false));
+                self.compile_node(child, n_enclosing_combinators + 1)?;
+                let subtree_end = self.compiled.nodes.len() as TableIndex;
+                self.compiled.nodes[not_index] = Node::Not { subtree_end };
+            }
+        }
+        Ok(())
+    }
+
+    fn resolve_field(&mut self, name: &str) -> Result<(FieldId, FieldType), ViewError> {
+        let field_id = self
+            .schema
+            .field_id(name)
+            .ok_or_else(|| ViewError::UnknownField {
+                field: name.to_owned(),
+            })?;
+        self.compiled.fields_read.push(field_id);
+        Ok((field_id, self.schema.field(field_id).field_type))
+    }
+
+    /// Checks that `field` is a string field and stores the folded needle.
+    fn compile_needle(
+        &mut self,
+        field: &str,
+        needle: &str,
+        operation: &'static str,
+    ) -> Result<(FieldId, TableIndex), ViewError> {
+        let (field_id, field_type) = self.resolve_field(field)?;
+        if field_type != FieldType::String {
+            return Err(ViewError::NotApplicable {
+                field: field.to_owned(),
+                operation,
+                field_type: field_type.name(),
+            });
+        }
+        let folded = caseless::default_case_fold_str(needle);
+        let folded_is_ascii = folded.is_ascii();
+        let index = self.compiled.needles.len() as TableIndex;
+        self.compiled.needles.push(FoldedNeedle {
+            folded,
+            folded_is_ascii,
+        });
+        Ok((field_id, index))
+    }
+}
+
+fn compare_op_symbol(op: CompareOp) -> &'static str {
+    match op {
+        CompareOp::Eq => "=",
+        CompareOp::Ne => "!=",
+        CompareOp::Lt => "<",
+        CompareOp::Le => "<=",
+        CompareOp::Gt => ">",
+        CompareOp::Ge => ">=",
+    }
+}
+
+/// A literal converted to its field's type, borrowing its text from the filter.
+enum TypedLiteral<'filter> {
+    Bool(bool),
+    I64(i64),
+    U64(u64),
+    F64(f64),
+    Str(&'filter str),
+}
+
+/// Converts a literal to `field_type`. Integers convert when no information is
+/// lost, so that `count > 0` works whether the parser produced an i64 or a u64;
+/// anything else is a type error rather than a silent, surprising comparison.
+fn convert_literal<'filter>(
+    field: &str,
+    field_type: FieldType,
+    literal: &'filter OwnedValue,
+) -> Result<TypedLiteral<'filter>, ViewError> {
+    let wrong_type = || ViewError::WrongType {
+        field: field.to_owned(),
+        expected: field_type.name(),
+        found: literal.as_value().type_name(),
+    };
+    match (field_type, literal) {
+        // Null and NaN are refused whatever the field's type: neither can ever compare
+        // true, so a filter holding one is a mistake the user should hear about.
+        (_, OwnedValue::Null) => Err(ViewError::NullLiteral {
+            field: field.to_owned(),
+        }),
+        (_, OwnedValue::F64(number)) if number.is_nan() => Err(ViewError::NotANumber {
+            field: field.to_owned(),
+        }),
+        (FieldType::Bool, OwnedValue::Bool(flag)) => Ok(TypedLiteral::Bool(*flag)),
+        (FieldType::I64, OwnedValue::I64(number)) => Ok(TypedLiteral::I64(*number)),
+        (FieldType::I64, OwnedValue::U64(number)) => i64::try_from(*number)
+            .map(TypedLiteral::I64)
+            .map_err(|_| wrong_type()),
+        (FieldType::U64, OwnedValue::U64(number)) => Ok(TypedLiteral::U64(*number)),
+        (FieldType::U64, OwnedValue::I64(number)) => u64::try_from(*number)
+            .map(TypedLiteral::U64)
+            .map_err(|_| wrong_type()),
+        (FieldType::F64, OwnedValue::F64(number)) => Ok(TypedLiteral::F64(*number)),
+        (FieldType::F64, OwnedValue::I64(number)) => exact_f64(i128::from(*number))
+            .map(TypedLiteral::F64)
+            .ok_or_else(wrong_type),
+        (FieldType::F64, OwnedValue::U64(number)) => exact_f64(i128::from(*number))
+            .map(TypedLiteral::F64)
+            .ok_or_else(wrong_type),
+        (FieldType::String, OwnedValue::Str(text)) => Ok(TypedLiteral::Str(text)),
+        _ => Err(wrong_type()),
+    }
+}
+
+/// `integer` as an f64 if the conversion is exact. The round trip goes through i128
+/// because `i64::MAX as f64` is 2^63, which would saturate back to `i64::MAX` and
+/// look exact if converted back to i64.
+fn exact_f64(integer: i128) -> Option<f64> {
+    let converted = integer as f64;
+    (converted as i128 == integer).then_some(converted)
+}
+
+fn build_in_set(
+    field: &str,
+    field_type: FieldType,
+    values: &[OwnedValue],
+) -> Result<InSet, ViewError> {
+    let mut set = match field_type {
+        FieldType::Bool => InSet::Bool {
+            accepts_false: false,
+            accepts_true: false,
+        },
+        FieldType::I64 => InSet::I64(Vec::with_capacity(values.len())),
+        FieldType::U64 => InSet::U64(Vec::with_capacity(values.len())),
+        FieldType::F64 => InSet::F64(Vec::with_capacity(values.len())),
+        FieldType::String => InSet::Str(Vec::with_capacity(values.len())),
+    };
+    for value in values {
+        match (&mut set, convert_literal(field, field_type, value)?) {
+            (InSet::Bool { accepts_true, .. }, TypedLiteral::Bool(true)) => *accepts_true = true,
+            (InSet::Bool { accepts_false, .. }, TypedLiteral::Bool(false)) => *accepts_false = true,
+            (InSet::I64(numbers), TypedLiteral::I64(number)) => numbers.push(number),
+            (InSet::U64(numbers), TypedLiteral::U64(number)) => numbers.push(number),
+            (InSet::F64(numbers), TypedLiteral::F64(number)) => {
+                numbers.push(normalize_zero(number))
+            }
+            (InSet::Str(texts), TypedLiteral::Str(text)) => texts.push(text.to_owned()),
+            _ => unreachable!("convert_literal returns the field's type"),
+        }
+    }
+    match &mut set {
+        InSet::Bool { .. } => {}
+        InSet::I64(numbers) => {
+            numbers.sort_unstable();
+            numbers.dedup();
+        }
+        InSet::U64(numbers) => {
+            numbers.sort_unstable();
+            numbers.dedup();
+        }
+        InSet::F64(numbers) => {
+            numbers.sort_unstable_by(f64::total_cmp);
+            numbers.dedup();
+        }
+        InSet::Str(texts) => {
+            texts.sort_unstable();
+            texts.dedup();
+        }
+    }
+    Ok(set)
+}
+
+/// Maps -0.0 to 0.0. Filters compare floats numerically, where the two zeros are
+/// equal, but `total_cmp` (used to sort and search `in` sets) tells them apart.
+fn normalize_zero(number: f64) -> f64 {
+    if number == 0.0 {
+        0.0
+    } else {
+        number
+    }
+}
+
+/// `value <op> literal`; false when the value is null, for every op including `Ne`.
+fn compare_with_literal(
+    value: Value<'_>,
+    op: CompareOp,
+    literal: Literal,
+    texts: &[String],
+) -> bool {
+    let ordering = match (value, literal) {
+        (Value::Bool(value), Literal::Bool(literal)) => value.cmp(&literal),
+        (Value::I64(value), Literal::I64(literal)) => value.cmp(&literal),
+        (Value::U64(value), Literal::U64(literal)) => value.cmp(&literal),
+        (Value::F64(value), Literal::F64(literal)) => match value.partial_cmp(&literal) {
+            Some(ordering) => ordering,
+            // Unreachable: batches refuse NaN values and compilation NaN literals.
+            None => return false,
+        },
+        // `str` orders by bytes, which is what string comparisons promise.
+        (Value::Str(value), Literal::Str(index)) => value.cmp(texts[index as usize].as_str()),
+        // Null, or (on a collection with another schema) a value of the wrong type.
+        _ => return false,
+    };
+    match op {
+        CompareOp::Eq => ordering == Ordering::Equal,
+        CompareOp::Ne => ordering != Ordering::Equal,
+        CompareOp::Lt => ordering == Ordering::Less,
+        CompareOp::Le => ordering != Ordering::Greater,
+        CompareOp::Gt => ordering == Ordering::Greater,
+        CompareOp::Ge => ordering != Ordering::Less,
+    }
+}
+
+fn is_in_set(value: Value<'_>, set: &InSet) -> bool {
+    match (value, set) {
+        (
+            Value::Bool(flag),
+            InSet::Bool {
+                accepts_false,
+                accepts_true,
+            },
+        ) => {
+            if flag {
+                *accepts_true
+            } else {
+                *accepts_false
+            }
+        }
+        (Value::I64(number), InSet::I64(numbers)) => numbers.binary_search(&number).is_ok(),
+        (Value::U64(number), InSet::U64(numbers)) => numbers.binary_search(&number).is_ok(),
+        (Value::F64(number), InSet::F64(numbers)) => {
+            let number = normalize_zero(number);
+            numbers
+                .binary_search_by(|candidate| candidate.total_cmp(&number))
+                .is_ok()
+        }
+        (Value::Str(text), InSet::Str(texts)) => texts
+            .binary_search_by(|candidate| candidate.as_str().cmp(text))
+            .is_ok(),
+        _ => false,
+    }
+}
+
+/// Whether `fold(haystack)` contains `needle.folded`, under full Unicode case folding.
+fn contains_case_insensitive(
+    haystack: &str,
+    needle: &FoldedNeedle,
+    scratch: &mut FilterScratch,
+) -> bool {
+    let needle_bytes = needle.folded.as_bytes();
+    if needle_bytes.is_empty() {
+        return true;
+    }
+    if haystack.is_ascii() {
+        // An ASCII string folds to ASCII (only A-Z change), which cannot contain a
+        // non-ASCII needle.
+        if !needle.folded_is_ascii {
+            return false;
+        }
+        // The needle is folded, hence lowercase: comparing it case-insensitively with
+        // the raw haystack equals comparing it with the folded haystack.
+        return haystack
+            .as_bytes()
+            .windows(needle_bytes.len())
+            .any(|window| window.eq_ignore_ascii_case(needle_bytes));
+    }
+    // A non-ASCII haystack may fold to something of another length ("ß" -> "ss", "İ" ->
+    // "i̇"), so byte positions do not line up: fold it whole, into the reused buffer.
+    scratch.folded_haystack.clear();
+    scratch
+        .folded_haystack
+        .extend(haystack.chars().default_case_fold());
+    scratch.folded_haystack.contains(needle.folded.as_str())
+}
+
+/// Whether `fold(haystack)` starts with `needle.folded`. Needs no buffer: the folded
+/// haystack is streamed and compared with the needle one `char` at a time.
+fn starts_with_case_insensitive(haystack: &str, needle: &FoldedNeedle) -> bool {
+    let needle_bytes = needle.folded.as_bytes();
+    if haystack.is_ascii() {
+        if !needle.folded_is_ascii {
+            return false;
+        }
+        return haystack
+            .as_bytes()
+            .get(..needle_bytes.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(needle_bytes));
+    }
+    let mut folded_haystack = haystack.chars().default_case_fold();
+    needle
+        .folded
+        .chars()
+        .all(|needle_char| folded_haystack.next() == Some(needle_char))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn string_schema() -> Schema {
+        Schema::new().with_field("name", FieldType::String)
+    }
+
+    /// A collection with one string field holding `text` in slot 0.
+    fn collection_with_name(text: &str) -> Collection {
+        let mut collection = Collection::new("test", string_schema());
+        let slot = collection.insert_slot("item");
+        collection.set_value(slot, FieldId(0), Value::Str(text));
+        collection
+    }
+
+    fn name_matches(filter: &Filter, text: &str) -> bool {
+        let schema = string_schema();
+        let compiled = CompiledFilter::compile(filter, &schema).expect("filter compiles");
+        let collection = collection_with_name(text);
+        let slot = collection.find_slot("item").expect("item exists");
+        let by_item = compiled.matches_item(collection.item(slot));
+        let by_slot = compiled.matches(&collection, slot, &mut FilterScratch::default());
+        assert_eq!(
+            by_item, by_slot,
+            "matches and matches_item disagree on {filter:?} over {text:?}"
+        );
+        by_item
+    }
+
+    #[test]
+    fn filter_case_folding_examples() {
+        assert!(name_matches(&Filter::contains("name", "ß"), "STRASSE"));
+        assert!(name_matches(&Filter::contains("name", "ß"), "strasse"));
+        assert!(name_matches(&Filter::contains("name", "SS"), "straße"));
+        assert!(name_matches(&Filter::prefix("name", "STRAS"), "straße"));
+        assert!(name_matches(&Filter::prefix("name", "straß"), "STRASSE"));
+        assert!(name_matches(&Filter::contains("name", "éc"), "ÉCOLE"));
+        assert!(name_matches(&Filter::prefix("name", "éc"), "ÉCOLE"));
+        assert!(name_matches(&Filter::contains("name", "ÉC"), "école"));
+        assert!(name_matches(&Filter::contains("name", "σίσ"), "ΣΊΣΥΦΟΣ"));
+        // Final sigma folds like the other two.
+        assert!(name_matches(&Filter::contains("name", "ΟΣ"), "σίσυφος"));
+        assert!(name_matches(&Filter::contains("name", "MEGA"), "Ωmega"));
+        assert!(name_matches(&Filter::prefix("name", "ωM"), "Ωmega"));
+        // Kelvin sign folds to ASCII 'k'; long s to 's'.
+        assert!(name_matches(
+            &Filter::contains("name", "k"),
+            "\u{212A}elvin"
+        ));
+        assert!(name_matches(
+            &Filter::contains("name", "\u{212A}"),
+            "KELVIN"
+        ));
+        assert!(name_matches(&Filter::prefix("name", "ſ"), "Sun"));
+        // "İ" folds to "i" + combining dot above, so the dotless "is" does not follow "i".
+        assert!(name_matches(
+            &Filter::contains("name", "stanbul"),
+            "İstanbul"
+        ));
+        assert!(name_matches(&Filter::prefix("name", "i"), "İstanbul"));
+        assert!(!name_matches(&Filter::prefix("name", "ist"), "İstanbul"));
+        assert!(name_matches(&Filter::prefix("name", "İst"), "İSTANBUL"));
+
+        assert!(!name_matches(&Filter::contains("name", "ß"), "strase"));
+        assert!(!name_matches(&Filter::contains("name", "é"), "ECOLE"));
+        assert!(!name_matches(&Filter::prefix("name", "tras"), "straße"));
+        assert!(!name_matches(&Filter::prefix("name", "straßen"), "STRASSE"));
+        assert!(!name_matches(
+            &Filter::prefix("name", "ΣΊΣΥΦΟΣ!"),
+            "σίσυφος"
+        ));
+    }
+
+    #[test]
+    fn filter_ascii_fast_path() {
+        assert!(name_matches(
+            &Filter::contains("name", "WORLD"),
+            "hello world"
+        ));
+        assert!(name_matches(
+            &Filter::contains("name", "lo wo"),
+            "HELLO WORLD"
+        ));
+        assert!(!name_matches(
+            &Filter::contains("name", "worlds"),
+            "hello world"
+        ));
+        assert!(name_matches(&Filter::prefix("name", "HeL"), "hello"));
+        assert!(!name_matches(&Filter::prefix("name", "hello!"), "hello"));
+        assert!(!name_matches(&Filter::prefix("name", "ello"), "hello"));
+        // Non-letters are not folded.
+        assert!(!name_matches(&Filter::contains("name", "@"), "`"));
+        assert!(!name_matches(&Filter::contains("name", "["), "{"));
+    }
+
+    #[test]
+    fn filter_empty_needle_matches_every_string_but_not_null() {
+        for text in ["", "a", "Ωmega"] {
+            assert!(name_matches(&Filter::contains("name", ""), text));
+            assert!(name_matches(&Filter::prefix("name", ""), text));
+        }
+        let schema = string_schema();
+        let mut collection = Collection::new("test", schema.clone());
+        let slot = collection.insert_slot("null");
+        for filter in [Filter::contains("name", ""), Filter::prefix("name", "")] {
+            let compiled = CompiledFilter::compile(&filter, &schema).expect("filter compiles");
+            assert!(!compiled.matches_item(collection.item(slot)));
+            assert!(!compiled.matches(&collection, slot, &mut FilterScratch::default()));
+        }
+    }
+
+    #[test]
+    fn filter_scratch_is_reused_without_growing() {
+        let schema = string_schema();
+        let compiled =
+            CompiledFilter::compile(&Filter::contains("name", "ü"), &schema).expect("compiles");
+        let mut collection = Collection::new("test", schema);
+        let long = collection.insert_slot("long");
+        collection.set_value(
+            long,
+            FieldId(0),
+            Value::Str("Grüße aus München, Überlingen und Düsseldorf"),
+        );
+        let short = collection.insert_slot("short");
+        collection.set_value(short, FieldId(0), Value::Str("Ärger"));
+        let mut scratch = FilterScratch::default();
+        assert!(compiled.matches(&collection, long, &mut scratch));
+        let capacity = scratch.folded_haystack.capacity();
+        for _ in 0..100 {
+            assert!(compiled.matches(&collection, long, &mut scratch));
+            assert!(!compiled.matches(&collection, short, &mut scratch));
+        }
+        assert_eq!(scratch.folded_haystack.capacity(), capacity);
+    }
+
+    #[test]
+    fn filter_layout_is_flat_preorder() {
+        let schema = Schema::new()
+            .with_field("a", FieldType::I64)
+            .with_field("b", FieldType::Bool);
+        let filter = Filter::Any(vec![
+            Filter::All(vec![
+                Filter::eq("a", OwnedValue::I64(1)),
+                Filter::Not(Box::new(Filter::eq("b", OwnedValue::Bool(true)))),
+            ]),
+            Filter::All(vec![]),
+            Filter::is_null("a"),
+        ]);
+        let compiled = CompiledFilter::compile(&filter, &schema).expect("compiles");
+        assert_eq!(compiled.nodes.len(), 7);
+        assert_eq!(compiled.nodes[0], Node::Any { subtree_end: 7 });
+        assert_eq!(compiled.nodes[1], Node::All { subtree_end: 5 });
+        assert_eq!(compiled.nodes[3], Node::Not { subtree_end: 5 });
+        assert_eq!(compiled.nodes[5], Node::Constant(true));
+        assert_eq!(compiled.reads_fields(), &[FieldId(0), FieldId(1)]);
+    }
+
+    /// Every pool text against every needle, through `matches` with one shared scratch
+    /// (as the engine uses it) and through `matches_item`, against the naive definition:
+    /// fold both sides whole, then `str::contains` / `str::starts_with`.
+    #[test]
+    fn filter_shared_scratch_agrees_with_reference_folding() {
+        const TEXTS: [&str; 16] = [
+            "",
+            "hello",
+            "Strasse am See",
+            "straße",
+            "ÉCOLE",
+            "école",
+            "İstanbul",
+            "ΣΊΣΥΦΟΣ",
+            "\u{212A}elvin",
+            "ſun",
+            "ﬁne",
+            "Ωmega",
+            "x ss y",
+            "日本語のテキスト",
+            "Grüße aus München, Überlingen und Düsseldorf",
+            "ǅemal",
+        ];
+        const NEEDLES: [&str; 20] = [
+            "", "s", "SS", "ß", "e", "É", "éc", "i", "i\u{307}", "İ", "σ", "ς", "σίσ", "k",
+            "\u{212A}", "fi", "MEGA", "テキ", "ÜBER", "ǆ",
+        ];
+        let schema = string_schema();
+        let mut collection = Collection::new("test", schema.clone());
+        let slots: Vec<Slot> = TEXTS
+            .iter()
+            .enumerate()
+            .map(|(index, text)| {
+                let slot = collection.insert_slot(&format!("item-{index}"));
+                collection.set_value(slot, FieldId(0), Value::Str(text));
+                slot
+            })
+            .collect();
+        let mut scratch = FilterScratch::default();
+        for needle in NEEDLES {
+            let folded_needle = caseless::default_case_fold_str(needle);
+            let contains = CompiledFilter::compile(&Filter::contains("name", needle), &schema)
+                .expect("compiles");
+            let prefix = CompiledFilter::compile(&Filter::prefix("name", needle), &schema)
+                .expect("compiles");
+            for (text, &slot) in TEXTS.iter().zip(&slots) {
+                let folded_text = caseless::default_case_fold_str(text);
+                let expected_contains = folded_text.contains(folded_needle.as_str());
+                let expected_prefix = folded_text.starts_with(folded_needle.as_str());
+                assert_eq!(
+                    contains.matches(&collection, slot, &mut scratch),
+                    expected_contains,
+                    "{text:?} contains {needle:?}"
+                );
+                assert_eq!(
+                    contains.matches_item(collection.item(slot)),
+                    expected_contains,
+                    "{text:?} contains {needle:?}"
+                );
+                assert_eq!(
+                    prefix.matches(&collection, slot, &mut scratch),
+                    expected_prefix,
+                    "{text:?} prefix {needle:?}"
+                );
+                assert_eq!(
+                    prefix.matches_item(collection.item(slot)),
+                    expected_prefix,
+                    "{text:?} prefix {needle:?}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,791 @@
+//! A counted B+tree: the sorted index of one view.
+//!
+//! Entries are `(prefix, slot)` pairs (see `sort.rs`), ordered by prefix and, on
+//! equal prefixes, by a caller-supplied tie-breaker that reads the items. Inner
+//! nodes keep, per child, the child's entry count (so rank and select are
+//! O(log n)) and the child's exact first entry (so a search never compares with an
+//! entry that has left the tree, whose item data may since have changed).
+//!
+//! Leaves store prefixes and slots in two parallel arrays: 20 bytes per entry, and
+//! a binary search over a leaf reads one contiguous run of `u128`s.
+//!
+//! Nodes live in two arenas indexed by `u32` with free lists, so steady-state
+//! churn (an item leaving one place and entering another) reuses nodes and
+//! allocates nothing.
+
+use std::cmp::Ordering;
+
+use crate::collection::Slot;
+use crate::sort::Prefix;
+
+const LEAF_CAPACITY: usize = 64;
+const INNER_CAPACITY: usize = 64;
+/// A node below this many entries is merged with or refilled from a sibling.
+const LEAF_MIN: usize = LEAF_CAPACITY / 4;
+const INNER_MIN: usize = INNER_CAPACITY / 4;
+
+type NodeIndex = u32;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub(crate) prefix: Prefix,
+    pub(crate) slot: Slot,
+}
+
+struct Leaf {
+    len: u32,
+    prefixes: [Prefix; LEAF_CAPACITY],
+    slots: [Slot; LEAF_CAPACITY],
+}
+
+struct Inner {
+    len: u32,
+    /// Entries below each child.
+    counts: [u32; INNER_CAPACITY],
+    children: [NodeIndex; INNER_CAPACITY],
+    /// Each child's first entry.
+    first_prefixes: [Prefix; INNER_CAPACITY],
+    first_slots: [Slot; INNER_CAPACITY],
+}
+
+// The layout is part of the memory budget (≤ 40 bytes per room per view): pin it.
+const _: () = assert!(std::mem::size_of::<Leaf>() <= 16 + LEAF_CAPACITY * 20);
+
+impl Leaf {
+    fn empty() -> Leaf {
+        Leaf { len: 0, prefixes: [0; LEAF_CAPACITY], slots: [0; LEAF_CAPACITY] }
+    }
+
+    fn entry(&self, index: usize) -> Entry {
+        Entry { prefix: self.prefixes[index], slot: self.slots[index] }
+    }
+}
+
+impl Inner {
+    fn empty() -> Inner {
+        Inner {
+            len: 0,
+            counts: [0; INNER_CAPACITY],
+            children: [0; INNER_CAPACITY],
+            first_prefixes: [0; INNER_CAPACITY],
+            first_slots: [0; INNER_CAPACITY],
+        }
+    }
+
+    fn first(&self, index: usize) -> Entry {
+        Entry { prefix: self.first_prefixes[index], slot: self.first_slots[index] }
+    }
+
+    fn set_first(&mut self, index: usize, entry: Entry) {
+        self.first_prefixes[index] = entry.prefix;
+        self.first_slots[index] = entry.slot;
+    }
+
+    fn total(&self) -> u32 {
+        self.counts[..self.len as usize].iter().sum()
+    }
+
+    /// Removes child `index`, shifting the later ones left.
+    fn remove_child(&mut self, index: usize) {
+        let len = self.len as usize;
+        self.counts.copy_within(index + 1..len, index);
+        self.children.copy_within(index + 1..len, index);
+        self.first_prefixes.copy_within(index + 1..len, index);
+        self.first_slots.copy_within(index + 1..len, index);
+        self.len -= 1;
+    }
+
+    fn insert_child(&mut self, index: usize, child: NodeIndex, count: u32, first: Entry) {
+        let len = self.len as usize;
+        debug_assert!(len < INNER_CAPACITY);
+        self.counts.copy_within(index..len, index + 1);
+        self.children.copy_within(index..len, index + 1);
+        self.first_prefixes.copy_within(index..len, index + 1);
+        self.first_slots.copy_within(index..len, index + 1);
+        self.counts[index] = count;
+        self.children[index] = child;
+        self.set_first(index, first);
+        self.len += 1;
+    }
+}
+
+struct Split {
+    right: NodeIndex,
+    right_count: u32,
+    right_first: Entry,
+}
+
+pub(crate) struct OrderTree {
+    leaves: Vec<Leaf>,
+    inners: Vec<Inner>,
+    free_leaves: Vec<NodeIndex>,
+    free_inners: Vec<NodeIndex>,
+    root: NodeIndex,
+    /// 0: the root is a leaf.
+    height: u32,
+    len: usize,
+}
+
+impl OrderTree {
+    pub(crate) fn new() -> OrderTree {
+        OrderTree {
+            leaves: vec![Leaf::empty()],
+            inners: Vec::new(),
+            free_leaves: Vec::new(),
+            free_inners: Vec::new(),
+            root: 0,
+            height: 0,
+            len: 0,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Builds a tree from entries already in order, leaves filled completely: the
+    /// cheapest layout to create and the smallest in memory.
+    pub(crate) fn from_sorted(entries: &[Entry]) -> OrderTree {
+        let mut tree = OrderTree::new();
+        if entries.is_empty() {
+            return tree;
+        }
+        tree.leaves.clear();
+        tree.leaves.reserve(entries.len().div_ceil(LEAF_CAPACITY));
+        // (node, count, first entry) of the level being built.
+        let mut level: Vec<(NodeIndex, u32, Entry)> = Vec::new();
+        for chunk in balanced_chunks(entries.len(), LEAF_CAPACITY, LEAF_MIN) {
+            let mut leaf = Leaf::empty();
+            for (offset, entry) in entries[chunk.clone()].iter().enumerate() {
+                leaf.prefixes[offset] = entry.prefix;
+                leaf.slots[offset] = entry.slot;
+            }
+            leaf.len = chunk.len() as u32;
+            level.push((tree.leaves.len() as NodeIndex, leaf.len, entries[chunk.start]));
+            tree.leaves.push(leaf);
+        }
+        let mut height = 0;
+        while level.len() > 1 {
+            let mut next_level = Vec::with_capacity(level.len().div_ceil(INNER_CAPACITY));
+            for chunk in balanced_chunks(level.len(), INNER_CAPACITY, INNER_MIN) {
+                let mut inner = Inner::empty();
+                for (offset, &(child, count, first)) in level[chunk.clone()].iter().enumerate() {
+                    inner.children[offset] = child;
+                    inner.counts[offset] = count;
+                    inner.set_first(offset, first);
+                }
+                inner.len = chunk.len() as u32;
+                next_level.push((tree.inners.len() as NodeIndex, inner.total(), level[chunk.start].2));
+                tree.inners.push(inner);
+            }
+            level = next_level;
+            height += 1;
+        }
+        tree.root = level[0].0;
+        tree.height = height;
+        tree.len = entries.len();
+        tree
+    }
+
+    /// Inserts an entry that is not in the tree; returns its rank.
+    pub(crate) fn insert(&mut self, entry: Entry, compare: impl Fn(Entry, Entry) -> Ordering) -> usize {
+        let (rank, split) = self.insert_below(self.root, self.height, entry, &compare);
+        if let Some(split) = split {
+            let old_root = self.root;
+            let old_root_first = self.first_entry(old_root, self.height);
+            let total = self.len as u32 + 1;
+            let mut root = Inner::empty();
+            root.insert_child(0, old_root, total - split.right_count, old_root_first);
+            root.insert_child(1, split.right, split.right_count, split.right_first);
+            self.root = self.alloc_inner(root);
+            self.height += 1;
+        }
+        self.len += 1;
+        rank
+    }
+
+    /// Removes an entry that is in the tree; returns the rank it had.
+    pub(crate) fn remove(&mut self, entry: Entry, compare: impl Fn(Entry, Entry) -> Ordering) -> usize {
+        let rank = self.remove_below(self.root, self.height, entry, &compare);
+        self.len -= 1;
+        // A root with a single child is replaced by that child.
+        while self.height > 0 && self.inners[self.root as usize].len == 1 {
+            let old_root = self.root;
+            self.root = self.inners[old_root as usize].children[0];
+            self.free_inners.push(old_root);
+            self.height -= 1;
+        }
+        rank
+    }
+
+    /// The entry at `rank`.
+    pub(crate) fn select(&self, mut rank: usize) -> Entry {
+        debug_assert!(rank < self.len);
+        let mut node = self.root;
+        for _ in 0..self.height {
+            let inner = &self.inners[node as usize];
+            let mut child_index = 0;
+            while rank >= inner.counts[child_index] as usize {
+                rank -= inner.counts[child_index] as usize;
+                child_index += 1;
+            }
+            node = inner.children[child_index];
+        }
+        self.leaves[node as usize].entry(rank)
+    }
+
+    /// Appends the slots of ranks `start..end` (clipped to the tree) to `out`.
+    pub(crate) fn collect_range(&self, start: usize, end: usize, out: &mut Vec<Slot>) {
+        let end = end.min(self.len);
+        if start < end {
+            self.collect_below(self.root, self.height, start, end, out);
+        }
+    }
+
+    fn collect_below(&self, node: NodeIndex, height: u32, start: usize, end: usize, out: &mut Vec<Slot>) {
+        if height == 0 {
+            out.extend_from_slice(&self.leaves[node as usize].slots[start..end]);
+            return;
+        }
+        let inner = &self.inners[node as usize];
+        let mut child_start = 0;
+        for child_index in 0..inner.len as usize {
+            let child_end = child_start + inner.counts[child_index] as usize;
+            if child_end > start && child_start < end {
+                let from = start.max(child_start) - child_start;
+                let to = end.min(child_end) - child_start;
+                self.collect_below(inner.children[child_index], height - 1, from, to, out);
+            }
+            if child_end >= end {
+                break;
+            }
+            child_start = child_end;
+        }
+    }
+
+    fn first_entry(&self, node: NodeIndex, height: u32) -> Entry {
+        if height == 0 {
+            self.leaves[node as usize].entry(0)
+        } else {
+            self.inners[node as usize].first(0)
+        }
+    }
+
+    fn node_len(&self, node: NodeIndex, height: u32) -> usize {
+        if height == 0 {
+            self.leaves[node as usize].len as usize
+        } else {
+            self.inners[node as usize].len as usize
+        }
+    }
+
+    fn alloc_leaf(&mut self, leaf: Leaf) -> NodeIndex {
+        match self.free_leaves.pop() {
+            Some(index) => {
+                self.leaves[index as usize] = leaf;
+                index
+            }
+            None => {
+                self.leaves.push(leaf);
+                (self.leaves.len() - 1) as NodeIndex
+            }
+        }
+    }
+
+    fn alloc_inner(&mut self, inner: Inner) -> NodeIndex {
+        match self.free_inners.pop() {
+            Some(index) => {
+                self.inners[index as usize] = inner;
+                index
+            }
+            None => {
+                self.inners.push(inner);
+                (self.inners.len() - 1) as NodeIndex
+            }
+        }
+    }
+
+    /// Index of the child whose range holds `entry`: the last child whose first
+    /// entry is not after it (the first child when the entry precedes them all).
+    fn child_for(inner: &Inner, entry: Entry, compare: &impl Fn(Entry, Entry) -> Ordering) -> usize {
+        let len = inner.len as usize;
+        let mut child_index = 1;
+        // Linear scan: at most 64 children, prefixes decide almost always.
+        while child_index < len && compare(inner.first(child_index), entry) != Ordering::Greater {
+            child_index += 1;
+        }
+        child_index - 1
+    }
+
+    fn insert_below(
+        &mut self,
+        node: NodeIndex,
+        height: u32,
+        entry: Entry,
+        compare: &impl Fn(Entry, Entry) -> Ordering,
+    ) -> (usize, Option<Split>) {
+        if height == 0 {
+            return self.insert_into_leaf(node, entry, compare);
+        }
+        let (child_index, child) = {
+            let inner = &self.inners[node as usize];
+            let child_index = Self::child_for(inner, entry, compare);
+            (child_index, inner.children[child_index])
+        };
+        let (rank_in_child, split) = self.insert_below(child, height - 1, entry, compare);
+        let child_first = self.first_entry(child, height - 1);
+        let inner = &mut self.inners[node as usize];
+        let rank = inner.counts[..child_index].iter().map(|&count| count as usize).sum::<usize>() + rank_in_child;
+        inner.counts[child_index] += 1;
+        inner.set_first(child_index, child_first);
+        let Some(split) = split else {
+            return (rank, None);
+        };
+        inner.counts[child_index] -= split.right_count;
+        if (inner.len as usize) < INNER_CAPACITY {
+            inner.insert_child(child_index + 1, split.right, split.right_count, split.right_first);
+            return (rank, None);
+        }
+        // Split this inner node in two halves, then place the new child.
+        let mut right = Inner::empty();
+        let half = INNER_CAPACITY / 2;
+        let moved = INNER_CAPACITY - half;
+        right.counts[..moved].copy_from_slice(&inner.counts[half..]);
+        right.children[..moved].copy_from_slice(&inner.children[half..]);
+        right.first_prefixes[..moved].copy_from_slice(&inner.first_prefixes[half..]);
+        right.first_slots[..moved].copy_from_slice(&inner.first_slots[half..]);
+        right.len = moved as u32;
+        inner.len = half as u32;
+        if child_index < half {
+            inner.insert_child(child_index + 1, split.right, split.right_count, split.right_first);
+        } else {
+            right.insert_child(child_index + 1 - half, split.right, split.right_count, split.right_first);
+        }
+        let right_count = right.total();
+        let right_first = right.first(0);
+        let right = self.alloc_inner(right);
+        (rank, Some(Split { right, right_count, right_first }))
+    }
+
+    fn insert_into_leaf(
+        &mut self,
+        node: NodeIndex,
+        entry: Entry,
+        compare: &impl Fn(Entry, Entry) -> Ordering,
+    ) -> (usize, Option<Split>) {
+        let leaf = &mut self.leaves[node as usize];
+        let len = leaf.len as usize;
+        let position = partition_point_leaf(leaf, entry, compare);
+        if len < LEAF_CAPACITY {
+            leaf.prefixes.copy_within(position..len, position + 1);
+            leaf.slots.copy_within(position..len, position + 1);
+            leaf.prefixes[position] = entry.prefix;
+            leaf.slots[position] = entry.slot;
+            leaf.len += 1;
+            return (position, None);
+        }
+        let half = LEAF_CAPACITY / 2;
+        let mut right = Leaf::empty();
+        right.prefixes[..LEAF_CAPACITY - half].copy_from_slice(&leaf.prefixes[half..]);
+        right.slots[..LEAF_CAPACITY - half].copy_from_slice(&leaf.slots[half..]);
+        right.len = (LEAF_CAPACITY - half) as u32;
+        leaf.len = half as u32;
+        let target = if position <= half { leaf } else { &mut right };
+        let local = if position <= half { position } else { position - half };
+        let target_len = target.len as usize;
+        target.prefixes.copy_within(local..target_len, local + 1);
+        target.slots.copy_within(local..target_len, local + 1);
+        target.prefixes[local] = entry.prefix;
+        target.slots[local] = entry.slot;
+        target.len += 1;
+        let right_count = right.len;
+        let right_first = right.entry(0);
+        let right = self.alloc_leaf(right);
+        (position, Some(Split { right, right_count, right_first }))
+    }
+
+    fn remove_below(
+        &mut self,
+        node: NodeIndex,
+        height: u32,
+        entry: Entry,
+        compare: &impl Fn(Entry, Entry) -> Ordering,
+    ) -> usize {
+        if height == 0 {
+            let leaf = &mut self.leaves[node as usize];
+            let len = leaf.len as usize;
+            let position = partition_point_leaf(leaf, entry, compare);
+            assert!(
+                position < len && leaf.slots[position] == entry.slot,
+                "removed entry must be in the tree (index out of sync with item data)"
+            );
+            leaf.prefixes.copy_within(position + 1..len, position);
+            leaf.slots.copy_within(position + 1..len, position);
+            leaf.len -= 1;
+            return position;
+        }
+        let (child_index, child) = {
+            let inner = &self.inners[node as usize];
+            let child_index = Self::child_for(inner, entry, compare);
+            (child_index, inner.children[child_index])
+        };
+        let rank_in_child = self.remove_below(child, height - 1, entry, compare);
+        let rank = {
+            let inner = &mut self.inners[node as usize];
+            inner.counts[child_index] -= 1;
+            inner.counts[..child_index].iter().map(|&count| count as usize).sum::<usize>() + rank_in_child
+        };
+        let child_len = self.node_len(child, height - 1);
+        if child_len > 0 {
+            let child_first = self.first_entry(child, height - 1);
+            self.inners[node as usize].set_first(child_index, child_first);
+        }
+        let child_min = if height == 1 { LEAF_MIN } else { INNER_MIN };
+        if child_len < child_min && self.inners[node as usize].len > 1 {
+            self.rebalance_child(node, height, child_index);
+        }
+        rank
+    }
+
+    /// Merges an underfull child with a neighbour, or evens out their entries.
+    fn rebalance_child(&mut self, node: NodeIndex, height: u32, child_index: usize) {
+        let inner = &self.inners[node as usize];
+        let left_index = if child_index + 1 < inner.len as usize { child_index } else { child_index - 1 };
+        let (left, right) = (inner.children[left_index], inner.children[left_index + 1]);
+        if height == 1 {
+            self.rebalance_leaves(node, left_index, left, right);
+        } else {
+            self.rebalance_inners(node, left_index, left, right);
+        }
+    }
+
+    fn rebalance_leaves(&mut self, parent: NodeIndex, left_index: usize, left: NodeIndex, right: NodeIndex) {
+        let (left_leaf, right_leaf) = two_mut(&mut self.leaves, left as usize, right as usize);
+        let (left_len, right_len) = (left_leaf.len as usize, right_leaf.len as usize);
+        let total = left_len + right_len;
+        if total <= LEAF_CAPACITY {
+            left_leaf.prefixes[left_len..total].copy_from_slice(&right_leaf.prefixes[..right_len]);
+            left_leaf.slots[left_len..total].copy_from_slice(&right_leaf.slots[..right_len]);
+            left_leaf.len = total as u32;
+            right_leaf.len = 0;
+            let parent_inner = &mut self.inners[parent as usize];
+            parent_inner.counts[left_index] = total as u32;
+            parent_inner.remove_child(left_index + 1);
+            self.free_leaves.push(right);
+            return;
+        }
+        let left_target = total / 2;
+        if left_len < left_target {
+            let moved = left_target - left_len;
+            left_leaf.prefixes[left_len..left_target].copy_from_slice(&right_leaf.prefixes[..moved]);
+            left_leaf.slots[left_len..left_target].copy_from_slice(&right_leaf.slots[..moved]);
+            right_leaf.prefixes.copy_within(moved..right_len, 0);
+            right_leaf.slots.copy_within(moved..right_len, 0);
+        } else {
+            let moved = left_len - left_target;
+            right_leaf.prefixes.copy_within(0..right_len, moved);
+            right_leaf.slots.copy_within(0..right_len, moved);
+            right_leaf.prefixes[..moved].copy_from_slice(&left_leaf.prefixes[left_target..left_len]);
+            right_leaf.slots[..moved].copy_from_slice(&left_leaf.slots[left_target..left_len]);
+        }
+        left_leaf.len = left_target as u32;
+        right_leaf.len = (total - left_target) as u32;
+        let right_first = right_leaf.entry(0);
+        let parent_inner = &mut self.inners[parent as usize];
+        parent_inner.counts[left_index] = left_target as u32;
+        parent_inner.counts[left_index + 1] = (total - left_target) as u32;
+        parent_inner.set_first(left_index + 1, right_first);
+    }
+
+    fn rebalance_inners(&mut self, parent: NodeIndex, left_index: usize, left: NodeIndex, right: NodeIndex) {
+        let (left_inner, right_inner) = two_mut(&mut self.inners, left as usize, right as usize);
+        let (left_len, right_len) = (left_inner.len as usize, right_inner.len as usize);
+        let total = left_len + right_len;
+        if total <= INNER_CAPACITY {
+            left_inner.counts[left_len..total].copy_from_slice(&right_inner.counts[..right_len]);
+            left_inner.children[left_len..total].copy_from_slice(&right_inner.children[..right_len]);
+            left_inner.first_prefixes[left_len..total].copy_from_slice(&right_inner.first_prefixes[..right_len]);
+            left_inner.first_slots[left_len..total].copy_from_slice(&right_inner.first_slots[..right_len]);
+            left_inner.len = total as u32;
+            right_inner.len = 0;
+            let left_total = left_inner.total();
+            let parent_inner = &mut self.inners[parent as usize];
+            parent_inner.counts[left_index] = left_total;
+            parent_inner.remove_child(left_index + 1);
+            self.free_inners.push(right);
+            return;
+        }
+        let left_target = total / 2;
+        if left_len < left_target {
+            let moved = left_target - left_len;
+            left_inner.counts[left_len..left_target].copy_from_slice(&right_inner.counts[..moved]);
+            left_inner.children[left_len..left_target].copy_from_slice(&right_inner.children[..moved]);
+            left_inner.first_prefixes[left_len..left_target].copy_from_slice(&right_inner.first_prefixes[..moved]);
+            left_inner.first_slots[left_len..left_target].copy_from_slice(&right_inner.first_slots[..moved]);
+            right_inner.counts.copy_within(moved..right_len, 0);
+            right_inner.children.copy_within(moved..right_len, 0);
+            right_inner.first_prefixes.copy_within(moved..right_len, 0);
+            right_inner.first_slots.copy_within(moved..right_len, 0);
+        } else {
+            let moved = left_len - left_target;
+            right_inner.counts.copy_within(0..right_len, moved);
+            right_inner.children.copy_within(0..right_len, moved);
+            right_inner.first_prefixes.copy_within(0..right_len, moved);
+            right_inner.first_slots.copy_within(0..right_len, moved);
+            right_inner.counts[..moved].copy_from_slice(&left_inner.counts[left_target..left_len]);
+            right_inner.children[..moved].copy_from_slice(&left_inner.children[left_target..left_len]);
+            right_inner.first_prefixes[..moved].copy_from_slice(&left_inner.first_prefixes[left_target..left_len]);
+            right_inner.first_slots[..moved].copy_from_slice(&left_inner.first_slots[left_target..left_len]);
+        }
+        left_inner.len = left_target as u32;
+        right_inner.len = (total - left_target) as u32;
+        let (left_total, right_total, right_first) = (left_inner.total(), right_inner.total(), right_inner.first(0));
+        let parent_inner = &mut self.inners[parent as usize];
+        parent_inner.counts[left_index] = left_total;
+        parent_inner.counts[left_index + 1] = right_total;
+        parent_inner.set_first(left_index + 1, right_first);
+    }
+
+    /// Heap bytes held by the nodes.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.leaves.capacity() * std::mem::size_of::<Leaf>()
+            + self.inners.capacity() * std::mem::size_of::<Inner>()
+            + (self.free_leaves.capacity() + self.free_inners.capacity()) * 4
+    }
+
+    /// Checks every structural invariant; panics with a message on the first broken one.
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self, compare: impl Fn(Entry, Entry) -> Ordering) {
+        let mut all = Vec::new();
+        let count = self.check_below(self.root, self.height, true, &mut all);
+        assert_eq!(count, self.len, "root count");
+        for pair in all.windows(2) {
+            assert_eq!(compare(pair[0], pair[1]), Ordering::Less, "entries out of order");
+        }
+    }
+
+    #[cfg(test)]
+    fn check_below(&self, node: NodeIndex, height: u32, is_root: bool, all: &mut Vec<Entry>) -> usize {
+        if height == 0 {
+            let leaf = &self.leaves[node as usize];
+            assert!(is_root || leaf.len as usize >= LEAF_MIN, "underfull leaf: {}", leaf.len);
+            for index in 0..leaf.len as usize {
+                all.push(leaf.entry(index));
+            }
+            return leaf.len as usize;
+        }
+        let inner = &self.inners[node as usize];
+        assert!(inner.len >= 2 || !is_root || inner.len >= 1, "root inner without children");
+        assert!(is_root || inner.len as usize >= INNER_MIN, "underfull inner: {}", inner.len);
+        let mut total = 0;
+        for child_index in 0..inner.len as usize {
+            let child = inner.children[child_index];
+            let before = all.len();
+            let count = self.check_below(child, height - 1, false, all);
+            assert_eq!(count, inner.counts[child_index] as usize, "child count");
+            assert_eq!(all[before], inner.first(child_index), "child first entry");
+            total += count;
+        }
+        total
+    }
+}
+
+/// Number of entries of a leaf that precede `entry`.
+#[inline]
+fn partition_point_leaf(leaf: &Leaf, entry: Entry, compare: &impl Fn(Entry, Entry) -> Ordering) -> usize {
+    let len = leaf.len as usize;
+    // Binary search on prefixes first (plain u128 compares), then resolve the
+    // equal-prefix run, which is almost always empty, with the full comparison.
+    let low = leaf.prefixes[..len].partition_point(|&prefix| prefix < entry.prefix);
+    let mut position = low;
+    while position < len && leaf.prefixes[position] == entry.prefix {
+        if compare(leaf.entry(position), entry) != Ordering::Less {
+            break;
+        }
+        position += 1;
+    }
+    position
+}
+
+/// Splits `n` items into chunks of at most `capacity`, none (but a lone one) under `min`.
+fn balanced_chunks(n: usize, capacity: usize, min: usize) -> Vec<std::ops::Range<usize>> {
+    let mut chunks = Vec::with_capacity(n.div_ceil(capacity));
+    let mut start = 0;
+    while start < n {
+        let remaining = n - start;
+        let size = if remaining > capacity && remaining - capacity < min {
+            remaining / 2
+        } else {
+            remaining.min(capacity)
+        };
+        chunks.push(start..start + size);
+        start += size;
+    }
+    chunks
+}
+
+/// Two distinct elements of a slice, mutably, in the order asked (siblings may sit
+/// anywhere in the arena).
+fn two_mut<T>(items: &mut [T], first: usize, second: usize) -> (&mut T, &mut T) {
+    assert_ne!(first, second);
+    if first < second {
+        let (head, tail) = items.split_at_mut(second);
+        (&mut head[first], &mut tail[0])
+    } else {
+        let (head, tail) = items.split_at_mut(first);
+        (&mut tail[0], &mut head[second])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Splitmix64: a tiny seeded PRNG for reproducible model tests.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    /// Ties on prefix are broken by a secondary key held outside the tree, as the
+    /// engine does with item fields.
+    fn compare_with(secondary: &[u64]) -> impl Fn(Entry, Entry) -> Ordering + '_ {
+        move |left: Entry, right: Entry| {
+            left.prefix
+                .cmp(&right.prefix)
+                .then(secondary[left.slot as usize].cmp(&secondary[right.slot as usize]))
+                .then(left.slot.cmp(&right.slot))
+        }
+    }
+
+    #[test]
+    fn model_random_inserts_removes_match_sorted_vec() {
+        for seed in 0..40u64 {
+            let mut rng = Rng(seed);
+            let n_slots = [10usize, 200, 3000][seed as usize % 3];
+            // Few distinct prefixes so that ties (and the secondary key) matter.
+            let prefix_range = [3u64, 50, 1 << 40][(seed as usize / 3) % 3];
+            let secondary: Vec<u64> = (0..n_slots).map(|_| rng.below(5)).collect();
+            let compare = compare_with(&secondary);
+            let mut tree = if seed % 4 == 0 {
+                OrderTree::new()
+            } else {
+                let mut initial: Vec<Entry> = (0..n_slots / 2)
+                    .map(|slot| Entry { prefix: rng.below(prefix_range) as u128, slot: slot as Slot })
+                    .collect();
+                initial.sort_by(|&a, &b| compare(a, b));
+                OrderTree::from_sorted(&initial)
+            };
+            let mut model: Vec<Entry> = Vec::new();
+            let mut member: Vec<Option<Entry>> = vec![None; n_slots];
+            // Recover what from_sorted loaded.
+            let mut loaded = Vec::new();
+            tree.collect_range(0, tree.len(), &mut loaded);
+            for slot in loaded {
+                let rank = model.len();
+                let entry = tree.select(rank);
+                assert_eq!(entry.slot, slot);
+                member[slot as usize] = Some(entry);
+                model.push(entry);
+            }
+            let steps = 4 * n_slots;
+            for step in 0..steps {
+                let slot = rng.below(n_slots as u64) as usize;
+                match member[slot] {
+                    Some(entry) => {
+                        let expected = model.iter().position(|&e| e == entry).unwrap();
+                        let rank = tree.remove(entry, &compare);
+                        assert_eq!(rank, expected, "seed {seed} step {step}: remove rank");
+                        model.remove(expected);
+                        member[slot] = None;
+                    }
+                    None => {
+                        let entry = Entry { prefix: rng.below(prefix_range) as u128, slot: slot as Slot };
+                        let expected = model.partition_point(|&e| compare(e, entry) == Ordering::Less);
+                        let rank = tree.insert(entry, &compare);
+                        assert_eq!(rank, expected, "seed {seed} step {step}: insert rank");
+                        model.insert(expected, entry);
+                        member[slot] = Some(entry);
+                    }
+                }
+                assert_eq!(tree.len(), model.len());
+                if step % 64 == 0 || n_slots <= 200 {
+                    tree.check_invariants(&compare);
+                    let mut slots = Vec::new();
+                    tree.collect_range(0, tree.len(), &mut slots);
+                    let expected: Vec<Slot> = model.iter().map(|e| e.slot).collect();
+                    assert_eq!(slots, expected, "seed {seed} step {step}: contents");
+                    if !model.is_empty() {
+                        let rank = rng.below(model.len() as u64) as usize;
+                        assert_eq!(tree.select(rank), model[rank], "seed {seed}: select");
+                        // Ask past the end too: the range is clipped to the tree.
+                        let end = (rank + 28).min(model.len());
+                        let mut window = Vec::new();
+                        tree.collect_range(rank, rank + 28, &mut window);
+                        assert_eq!(window, expected[rank..end], "seed {seed}: range");
+                    }
+                }
+            }
+            // Drain completely: the tree must shrink back to an empty root leaf.
+            for slot in 0..n_slots {
+                if let Some(entry) = member[slot] {
+                    tree.remove(entry, &compare);
+                }
+            }
+            assert_eq!(tree.len(), 0);
+            assert_eq!(tree.height, 0, "seed {seed}: empty tree keeps inner nodes");
+        }
+    }
+
+    #[test]
+    fn from_sorted_builds_valid_trees_of_every_small_size() {
+        let secondary = vec![0u64; 5000];
+        let compare = compare_with(&secondary);
+        for n in (0..300).chain([4095, 4096, 4097, 4160]) {
+            let entries: Vec<Entry> = (0..n).map(|i| Entry { prefix: i as u128, slot: i as Slot }).collect();
+            let tree = OrderTree::from_sorted(&entries);
+            tree.check_invariants(&compare);
+            assert_eq!(tree.len(), n);
+        }
+    }
+
+    #[test]
+    fn steady_churn_reuses_nodes() {
+        // The new-message pattern: an entry leaves a random place and enters at the front.
+        let n = 20_000usize;
+        let mut prefixes: Vec<u128> = (0..n).map(|i| (n - i) as u128 * 10).collect();
+        let secondary = vec![0u64; n];
+        let compare = compare_with(&secondary);
+        let mut entries: Vec<Entry> = (0..n).map(|i| Entry { prefix: prefixes[i], slot: i as Slot }).collect();
+        entries.sort_by(|&a, &b| compare(a, b));
+        let mut tree = OrderTree::from_sorted(&entries);
+        let mut rng = Rng(7);
+        let mut top = (n as u128 + 1) * 10;
+        let mut warm_capacity = (0, 0);
+        for step in 0..200_000 {
+            let slot = rng.below(n as u64) as usize;
+            tree.remove(Entry { prefix: prefixes[slot], slot: slot as Slot }, &compare);
+            top += 1;
+            prefixes[slot] = top;
+            let rank = tree.insert(Entry { prefix: top, slot: slot as Slot }, &compare);
+            assert_eq!(rank, n - 1);
+            if step == 100_000 {
+                warm_capacity = (tree.leaves.len(), tree.inners.len());
+            }
+        }
+        tree.check_invariants(&compare);
+        // The arenas reach a working size and then recycle nodes: a little jitter
+        // in the peak is fine, steady growth is not.
+        assert!(tree.leaves.len() <= warm_capacity.0 + warm_capacity.0 / 100 + 2, "leaf arena kept growing");
+        assert!(tree.inners.len() <= warm_capacity.1 + 2, "inner arena kept growing");
+    }
+}

@@ -1,0 +1,169 @@
+//! Views: one filter and one sort over a collection, with the sorted index that
+//! every window of the view shares.
+
+use std::cmp::Ordering;
+
+use crate::collection::{Collection, Slot};
+use crate::filter::{CompiledFilter, FilterScratch};
+use crate::order_tree::{Entry, OrderTree};
+use crate::sort::CompiledSort;
+use crate::view_def::ViewDef;
+
+/// The sorted index, built lazily: creating a view sorts only what its first
+/// window needs; the rest is sorted when something else needs it.
+pub(crate) enum ViewIndex {
+    /// Every member, with `entries[..n_sorted]` the smallest `n_sorted` entries in order.
+    Partial { entries: Vec<Entry>, n_sorted: usize },
+    Ready(OrderTree),
+}
+
+impl ViewIndex {
+    pub(crate) fn tree_mut(&mut self) -> &mut OrderTree {
+        match self {
+            ViewIndex::Ready(tree) => tree,
+            ViewIndex::Partial { .. } => unreachable!("ensure_ready runs before every update"),
+        }
+    }
+}
+
+pub(crate) struct View {
+    pub(crate) collection: u32,
+    pub(crate) def: ViewDef,
+    pub(crate) filter: CompiledFilter,
+    pub(crate) sort: CompiledSort,
+    pub(crate) index: ViewIndex,
+    /// One bit per slot: is the item in the view? Saves re-running the filter on the
+    /// old item data at every update.
+    member_bits: Vec<u64>,
+    /// Windows open on this view.
+    pub(crate) windows: Vec<u32>,
+}
+
+impl View {
+    /// Creates a view, sorting just enough to serve `n_first` entries.
+    pub(crate) fn build(
+        collection_index: u32,
+        def: ViewDef,
+        filter: CompiledFilter,
+        sort: CompiledSort,
+        collection: &Collection,
+        filter_scratch: &mut FilterScratch,
+        n_first: usize,
+    ) -> View {
+        let mut member_bits = vec![0u64; collection.slot_capacity().div_ceil(64)];
+        let mut entries = Vec::with_capacity(collection.len());
+        for slot in collection.live_slots() {
+            if filter.matches(collection, slot, filter_scratch) {
+                member_bits[slot as usize / 64] |= 1 << (slot % 64);
+                entries.push(Entry { prefix: sort.encode_prefix(collection, slot), slot });
+            }
+        }
+        let mut view = View {
+            collection: collection_index,
+            def,
+            filter,
+            sort,
+            index: ViewIndex::Partial { entries, n_sorted: 0 },
+            member_bits,
+            windows: Vec::new(),
+        };
+        view.sort_first(collection, n_first);
+        view
+    }
+
+    pub(crate) fn is_member(&self, slot: Slot) -> bool {
+        self.member_bits
+            .get(slot as usize / 64)
+            .is_some_and(|word| word & (1 << (slot % 64)) != 0)
+    }
+
+    pub(crate) fn set_member(&mut self, slot: Slot, is_member: bool) {
+        let word_index = slot as usize / 64;
+        if word_index >= self.member_bits.len() {
+            if !is_member {
+                return;
+            }
+            // Grows only when the collection grows; amortised like a Vec push.
+            self.member_bits.resize(word_index + 1, 0);
+        }
+        if is_member {
+            self.member_bits[word_index] |= 1 << (slot % 64);
+        } else {
+            self.member_bits[word_index] &= !(1 << (slot % 64));
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        match &self.index {
+            ViewIndex::Partial { entries, .. } => entries.len(),
+            ViewIndex::Ready(tree) => tree.len(),
+        }
+    }
+
+    /// Makes sure the first `n_first` entries of a partial index are sorted.
+    fn sort_first(&mut self, collection: &Collection, n_first: usize) {
+        let sort = &self.sort;
+        let ViewIndex::Partial { entries, n_sorted } = &mut self.index else {
+            return;
+        };
+        let n_first = n_first.min(entries.len());
+        if n_first <= *n_sorted {
+            return;
+        }
+        let compare = |left: &Entry, right: &Entry| compare_entries(sort, collection, *left, *right);
+        let rest = &mut entries[*n_sorted..];
+        let n_wanted = n_first - *n_sorted;
+        if n_wanted < rest.len() {
+            // Partition around the n_wanted-th entry: O(n), then sort only the head.
+            rest.select_nth_unstable_by(n_wanted, compare);
+        }
+        rest[..n_wanted].sort_unstable_by(compare);
+        *n_sorted = n_first;
+    }
+
+    /// Turns a partial index into the full tree (sorting the remainder once).
+    pub(crate) fn ensure_ready(&mut self, collection: &Collection) {
+        let n_entries = match &self.index {
+            ViewIndex::Partial { entries, .. } => entries.len(),
+            ViewIndex::Ready(_) => return,
+        };
+        self.sort_first(collection, n_entries);
+        if let ViewIndex::Partial { entries, .. } = &self.index {
+            self.index = ViewIndex::Ready(OrderTree::from_sorted(entries));
+        }
+    }
+
+    /// Appends the slots of ranks `offset..offset + limit` to `out`.
+    pub(crate) fn collect_range(&mut self, collection: &Collection, offset: usize, limit: usize, out: &mut Vec<Slot>) {
+        let end = offset.saturating_add(limit);
+        if let ViewIndex::Partial { n_sorted, entries } = &self.index {
+            if end > *n_sorted && *n_sorted < entries.len() {
+                // A window past the sorted head: sort everything, it will be needed.
+                self.ensure_ready(collection);
+            }
+        }
+        match &self.index {
+            ViewIndex::Partial { entries, n_sorted } => {
+                let end = end.min(*n_sorted);
+                if offset < end {
+                    out.extend(entries[offset..end].iter().map(|entry| entry.slot));
+                }
+            }
+            ViewIndex::Ready(tree) => tree.collect_range(offset, end, out),
+        }
+    }
+
+    /// Heap bytes held by the view's index and membership bits.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let index_bytes = match &self.index {
+            ViewIndex::Partial { entries, .. } => entries.capacity() * std::mem::size_of::<Entry>(),
+            ViewIndex::Ready(tree) => tree.heap_bytes(),
+        };
+        index_bytes + self.member_bits.capacity() * 8 + self.windows.capacity() * 4
+    }
+}
+
+#[inline]
+pub(crate) fn compare_entries(sort: &CompiledSort, collection: &Collection, left: Entry, right: Entry) -> Ordering {
+    sort.compare_entries(collection, (left.prefix, left.slot), (right.prefix, right.slot))
+}

@@ -1,0 +1,132 @@
+//! The naive reference: a map of items, filtered, fully sorted and sliced on every
+//! read. Written independently of the engine (no engine code evaluates filters or
+//! orders here), so the model test compares two implementations.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+
+use ordo_core::{CompareOp, Direction, Filter, OwnedItem, OwnedValue, Schema, SortKey, ViewDef};
+
+#[derive(Clone, Default)]
+pub struct ReferenceCollection {
+    pub items: BTreeMap<String, OwnedItem>,
+}
+
+/// Splitmix64: small, seeded, reproducible.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    pub fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+}
+
+fn fold(text: &str) -> String {
+    caseless::default_case_fold_str(text)
+}
+
+fn field_index(schema: &Schema, name: &str) -> usize {
+    schema.field_id(name).expect("reference filters use known fields").index()
+}
+
+fn compare_values(left: &OwnedValue, right: &OwnedValue) -> Option<Ordering> {
+    match (left, right) {
+        (OwnedValue::Bool(a), OwnedValue::Bool(b)) => Some(a.cmp(b)),
+        (OwnedValue::I64(a), OwnedValue::I64(b)) => Some(a.cmp(b)),
+        (OwnedValue::U64(a), OwnedValue::U64(b)) => Some(a.cmp(b)),
+        (OwnedValue::F64(a), OwnedValue::F64(b)) => a.partial_cmp(b),
+        (OwnedValue::Str(a), OwnedValue::Str(b)) => Some(a.as_bytes().cmp(b.as_bytes())),
+        // Literals of another integer type, as the engine converts losslessly.
+        (OwnedValue::U64(a), OwnedValue::I64(b)) => Some((*a as i128).cmp(&(*b as i128))),
+        (OwnedValue::I64(a), OwnedValue::U64(b)) => Some((*a as i128).cmp(&(*b as i128))),
+        _ => None,
+    }
+}
+
+pub fn matches(filter: &Filter, schema: &Schema, item: &OwnedItem) -> bool {
+    match filter {
+        Filter::True => true,
+        Filter::Compare { field, op, value } => {
+            let field_value = &item.fields[field_index(schema, field)];
+            if matches!(field_value, OwnedValue::Null) {
+                return false;
+            }
+            let Some(ordering) = compare_values(field_value, value) else { return false };
+            match op {
+                CompareOp::Eq => ordering == Ordering::Equal,
+                CompareOp::Ne => ordering != Ordering::Equal,
+                CompareOp::Lt => ordering == Ordering::Less,
+                CompareOp::Le => ordering != Ordering::Greater,
+                CompareOp::Gt => ordering == Ordering::Greater,
+                CompareOp::Ge => ordering != Ordering::Less,
+            }
+        }
+        Filter::In { field, values } => {
+            let field_value = &item.fields[field_index(schema, field)];
+            !matches!(field_value, OwnedValue::Null)
+                && values.iter().any(|value| compare_values(field_value, value) == Some(Ordering::Equal))
+        }
+        Filter::IsNull { field } => matches!(item.fields[field_index(schema, field)], OwnedValue::Null),
+        Filter::Contains { field, needle } => match &item.fields[field_index(schema, field)] {
+            OwnedValue::Str(text) => fold(text).contains(&fold(needle)),
+            _ => false,
+        },
+        Filter::Prefix { field, prefix } => match &item.fields[field_index(schema, field)] {
+            OwnedValue::Str(text) => fold(text).starts_with(&fold(prefix)),
+            _ => false,
+        },
+        Filter::All(filters) => filters.iter().all(|filter| matches(filter, schema, item)),
+        Filter::Any(filters) => filters.iter().any(|filter| matches(filter, schema, item)),
+        Filter::Not(filter) => !matches(filter, schema, item),
+    }
+}
+
+pub fn compare_items(sort: &[SortKey], schema: &Schema, left: &OwnedItem, right: &OwnedItem) -> Ordering {
+    for key in sort {
+        let index = field_index(schema, &key.field);
+        let (a, b) = (&left.fields[index], &right.fields[index]);
+        let ordering = match (a, b) {
+            (OwnedValue::Null, OwnedValue::Null) => Ordering::Equal,
+            (OwnedValue::Null, _) => return Ordering::Greater,
+            (_, OwnedValue::Null) => return Ordering::Less,
+            (OwnedValue::Str(a), OwnedValue::Str(b)) if key.case_insensitive => fold(a).cmp(&fold(b)),
+            (OwnedValue::F64(a), OwnedValue::F64(b)) => a.total_cmp(b),
+            _ => compare_values(a, b).expect("same field, same type"),
+        };
+        let ordering = if key.direction == Direction::Descending { ordering.reverse() } else { ordering };
+        if ordering != Ordering::Equal {
+            return ordering;
+        }
+    }
+    left.id.as_bytes().cmp(right.id.as_bytes())
+}
+
+impl ReferenceCollection {
+    /// The whole view, naively: filter, full sort, no window.
+    pub fn view(&self, schema: &Schema, def: &ViewDef) -> Vec<OwnedItem> {
+        let mut items: Vec<OwnedItem> =
+            self.items.values().filter(|item| matches(&def.filter, schema, item)).cloned().collect();
+        items.sort_by(|a, b| compare_items(&def.sort, schema, a, b));
+        items
+    }
+
+    pub fn window(&self, schema: &Schema, def: &ViewDef, offset: usize, limit: usize) -> Vec<OwnedItem> {
+        self.view(schema, def).into_iter().skip(offset).take(limit).collect()
+    }
+}
