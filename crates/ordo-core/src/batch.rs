@@ -80,14 +80,7 @@ impl Batch {
     pub fn upsert(&mut self, id: &str) -> UpsertBuilder<'_> {
         let (id_start, id_len) = self.push_text(id);
         let fields_start = self.fields.len() as u32;
-        self.ops.push(StoredOp {
-            kind: OpKind::Upsert,
-            id_start,
-            id_len,
-            fields_start,
-            fields_len: 0,
-            payload: None,
-        });
+        self.ops.push(StoredOp { kind: OpKind::Upsert, id_start, id_len, fields_start, fields_len: 0, payload: None });
         UpsertBuilder { batch: self }
     }
 

@@ -21,17 +21,21 @@ const BOOL_NULL: u8 = 2;
 pub(crate) enum Column {
     Bool(Vec<u8>),
     /// `I64`, `U64` and `F64` fields, stored as their 64 raw bits.
-    Word { bits: Vec<u64>, present: Vec<bool> },
-    Str { values: Vec<String>, present: Vec<bool> },
+    Word {
+        bits: Vec<u64>,
+        present: Vec<bool>,
+    },
+    Str {
+        values: Vec<String>,
+        present: Vec<bool>,
+    },
 }
 
 impl Column {
     fn new(field_type: FieldType) -> Column {
         match field_type {
             FieldType::Bool => Column::Bool(Vec::new()),
-            FieldType::I64 | FieldType::U64 | FieldType::F64 => {
-                Column::Word { bits: Vec::new(), present: Vec::new() }
-            }
+            FieldType::I64 | FieldType::U64 | FieldType::F64 => Column::Word { bits: Vec::new(), present: Vec::new() },
             FieldType::String => Column::Str { values: Vec::new(), present: Vec::new() },
         }
     }
@@ -171,10 +175,6 @@ impl Collection {
         ItemRef { collection: self, slot }
     }
 
-    pub(crate) fn is_alive(&self, slot: Slot) -> bool {
-        self.alive[slot as usize]
-    }
-
     /// Live items in slot order (not a view order).
     pub fn items(&self) -> impl Iterator<Item = ItemRef<'_>> + '_ {
         (0..self.ids.len() as Slot).filter(|&slot| self.alive[slot as usize]).map(|slot| self.item(slot))
@@ -182,10 +182,6 @@ impl Collection {
 
     pub(crate) fn live_slots(&self) -> impl Iterator<Item = Slot> + '_ {
         (0..self.ids.len() as Slot).filter(|&slot| self.alive[slot as usize])
-    }
-
-    pub(crate) fn column(&self, field_id: FieldId) -> &Column {
-        &self.columns[field_id.index()]
     }
 
     pub(crate) fn id_of(&self, slot: Slot) -> &str {
@@ -320,10 +316,6 @@ impl<'a> ItemRef<'a> {
 
     pub fn schema(&self) -> &'a Schema {
         &self.collection.schema
-    }
-
-    pub(crate) fn slot(&self) -> Slot {
-        self.slot
     }
 
     /// Copies the item out, for callers that keep items beyond the borrow.

@@ -54,8 +54,8 @@ struct Scratch {
     filter: FilterScratch,
     /// The resolved field of each `batch.fields` entry, filled by validation.
     resolved_fields: Vec<FieldId>,
-    /// For the operation being applied: each view's old rank of the item.
-    old_ranks: Vec<Option<usize>>,
+    /// For the operation being applied: where the item was in each view.
+    old_ranks: Vec<OldRank>,
     touched_windows: Vec<u32>,
     old_slots: Vec<Slot>,
     new_slots: Vec<Slot>,
@@ -79,7 +79,9 @@ pub enum CreateCollectionError {
 impl std::fmt::Display for CreateCollectionError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CreateCollectionError::NameTaken { name } => write!(f, "a collection named `{name}` exists already"),
+            CreateCollectionError::NameTaken { name } => {
+                write!(f, "a collection named `{name}` exists already")
+            }
             CreateCollectionError::Schema(error) => write!(f, "{error}"),
         }
     }
@@ -194,13 +196,7 @@ impl Engine {
         };
         let slot = &mut self.windows[window_index as usize];
         slot.generation = slot.generation.wrapping_add(1);
-        slot.window = Some(Window {
-            view: view_index,
-            offset,
-            limit,
-            pending: Vec::new(),
-            needs_reset: false,
-        });
+        slot.window = Some(Window { view: view_index, offset, limit, pending: Vec::new(), needs_reset: false });
         let window_id = WindowId { index: window_index, generation: slot.generation };
         let view = self.views[view_index as usize].as_mut().expect("live view");
         view.windows.push(window_index);
@@ -242,7 +238,12 @@ impl Engine {
 
     /// Points a window at another filter and sort of the same collection, keeping
     /// its range, and emits the smallest diff we can from the old contents to the new.
-    pub fn set_window_view(&mut self, window_id: WindowId, def: &ViewDef, sink: &mut dyn DiffSink) -> Result<(), ViewError> {
+    pub fn set_window_view(
+        &mut self,
+        window_id: WindowId,
+        def: &ViewDef,
+        sink: &mut dyn DiffSink,
+    ) -> Result<(), ViewError> {
         let window_index = self.live_window_index(window_id)?;
         let (old_view_index, offset, limit) = {
             let window = self.windows[window_index].window.as_ref().expect("live window");
@@ -336,7 +337,12 @@ impl Engine {
     }
 
     /// Identical definitions on one collection share a view and its index.
-    fn find_or_create_view(&mut self, collection_id: CollectionId, def: &ViewDef, n_first: usize) -> Result<u32, ViewError> {
+    fn find_or_create_view(
+        &mut self,
+        collection_id: CollectionId,
+        def: &ViewDef,
+        n_first: usize,
+    ) -> Result<u32, ViewError> {
         let state = self.collections.get_mut(collection_id.index()).ok_or(ViewError::UnknownCollection)?;
         for &view_index in &state.views {
             if self.views[view_index as usize].as_ref().is_some_and(|view| view.def == *def) {
@@ -404,7 +410,11 @@ fn coerce(value: Value<'_>, field_type: FieldType) -> Option<Value<'_>> {
 }
 
 /// Checks a whole batch before anything changes. Fills `resolved_fields`.
-fn validate_batch(collection: &Collection, batch: &Batch, resolved_fields: &mut Vec<FieldId>) -> Result<(), BatchError> {
+fn validate_batch(
+    collection: &Collection,
+    batch: &Batch,
+    resolved_fields: &mut Vec<FieldId>,
+) -> Result<(), BatchError> {
     if batch.ops.len() > limits::MAX_OPS_PER_BATCH {
         return Err(BatchError::TooManyOps { n_ops: batch.ops.len() });
     }
@@ -429,9 +439,8 @@ fn validate_batch(collection: &Collection, batch: &Batch, resolved_fields: &mut 
         }
         for field in batch.op_fields(op) {
             let name = batch.field_name(field);
-            let field_id = schema
-                .field_id(name)
-                .ok_or_else(|| BatchError::UnknownField { op_index, field: name.to_owned() })?;
+            let field_id =
+                schema.field_id(name).ok_or_else(|| BatchError::UnknownField { op_index, field: name.to_owned() })?;
             let field_type = schema.field(field_id).field_type;
             let value = batch.field_value(field);
             match coerce(value, field_type) {
@@ -458,21 +467,47 @@ fn validate_batch(collection: &Collection, batch: &Batch, resolved_fields: &mut 
 }
 
 /// Takes a slot's entry out of every view of its collection, recording old ranks.
-fn remove_from_views(state: &CollectionState, views: &mut [Option<View>], old_ranks: &mut Vec<Option<usize>>, slot: Slot) {
+/// `changed_fields` lists the fields the operation writes (`None`: all of them, as
+/// for a remove); a view that reads none of them keeps the entry where it is.
+fn remove_from_views(
+    state: &CollectionState,
+    views: &mut [Option<View>],
+    old_ranks: &mut Vec<OldRank>,
+    slot: Slot,
+    changed_fields: Option<&[FieldId]>,
+) {
     old_ranks.clear();
     for &view_index in &state.views {
         let view = views[view_index as usize].as_mut().expect("live view");
-        let old_rank = if view.is_member(slot) {
-            let entry = Entry { prefix: view.sort.encode_prefix(&state.collection, slot), slot };
-            let sort = &view.sort;
-            let collection = &state.collection;
-            let tree = view.index.tree_mut();
-            Some(tree.remove(entry, |left, right| compare_entries(sort, collection, left, right)))
+        if !view.is_member(slot) {
+            old_ranks.push(OldRank::NotMember);
+            continue;
+        }
+        let entry = Entry { prefix: view.sort.encode_prefix(&state.collection, slot), slot };
+        let (sort, collection) = (&view.sort, &state.collection);
+        let compare = |left, right| compare_entries(sort, collection, left, right);
+        let keeps_place = changed_fields.is_some_and(|fields| {
+            fields
+                .iter()
+                .all(|&field_id| !sort.reads_field(field_id) && !view.filter.reads_fields().contains(&field_id))
+        });
+        let tree = view.index.tree_mut();
+        old_ranks.push(if keeps_place {
+            OldRank::Unchanged(tree.rank_of(entry, compare))
         } else {
-            None
-        };
-        old_ranks.push(old_rank);
+            OldRank::Removed(tree.remove(entry, compare))
+        });
     }
+}
+
+/// Where an item was in a view before the operation being applied.
+#[derive(Clone, Copy, Debug)]
+enum OldRank {
+    NotMember,
+    /// Taken out of the index at this rank; it re-enters if it still passes the filter.
+    Removed(usize),
+    /// The operation changes nothing the view reads: same membership, same rank.
+    Unchanged(usize),
 }
 
 /// Puts a slot's new entry into every view whose filter it passes, and records
@@ -487,24 +522,17 @@ fn insert_into_views(
 ) {
     for (position, &view_index) in state.views.iter().enumerate() {
         let view = views[view_index as usize].as_mut().expect("live view");
-        let old_rank = scratch.old_ranks[position];
-        let is_member = is_alive && view.filter.matches(&state.collection, slot, &mut scratch.filter);
-        view.set_member(slot, is_member);
-        let new_rank = if is_member {
-            let entry = Entry { prefix: view.sort.encode_prefix(&state.collection, slot), slot };
-            let sort = &view.sort;
-            let collection = &state.collection;
-            let tree = view.index.tree_mut();
-            Some(tree.insert(entry, |left, right| compare_entries(sort, collection, left, right)))
-        } else {
-            None
+        let (old_rank, new_rank) = match scratch.old_ranks[position] {
+            OldRank::Unchanged(rank) => (Some(rank), Some(rank)),
+            OldRank::NotMember => (None, insert_entry(view, &state.collection, &mut scratch.filter, slot, is_alive)),
+            OldRank::Removed(rank) => {
+                (Some(rank), insert_entry(view, &state.collection, &mut scratch.filter, slot, is_alive))
+            }
         };
         if old_rank.is_none() && new_rank.is_none() {
             continue;
         }
-        let crate::view::ViewIndex::Ready(tree) = &view.index else {
-            unreachable!("views are ready during a batch")
-        };
+        let crate::view::ViewIndex::Ready(tree) = &view.index else { unreachable!("views are ready during a batch") };
         let change = ViewChange { slot, old_rank, new_rank, len_after: tree.len() };
         for &window_index in &view.windows {
             let window = windows[window_index as usize].window.as_mut().expect("live window");
@@ -512,6 +540,26 @@ fn insert_into_views(
                 scratch.touched_windows.push(window_index);
             }
         }
+    }
+}
+
+/// Enters a slot into a view if it is alive and passes the filter; returns its rank.
+fn insert_entry(
+    view: &mut View,
+    collection: &Collection,
+    filter_scratch: &mut FilterScratch,
+    slot: Slot,
+    is_alive: bool,
+) -> Option<usize> {
+    let is_member = is_alive && view.filter.matches(collection, slot, filter_scratch);
+    view.set_member(slot, is_member);
+    if is_member {
+        let entry = Entry { prefix: view.sort.encode_prefix(collection, slot), slot };
+        let sort = &view.sort;
+        let tree = view.index.tree_mut();
+        Some(tree.insert(entry, |left, right| compare_entries(sort, collection, left, right)))
+    } else {
+        None
     }
 }
 
@@ -526,12 +574,14 @@ fn apply_upsert(
     let id = batch.id(op);
     let slot = match state.collection.find_slot(id) {
         Some(slot) => {
-            remove_from_views(state, views, &mut scratch.old_ranks, slot);
+            let changed_fields =
+                &scratch.resolved_fields[op.fields_start as usize..(op.fields_start + op.fields_len) as usize];
+            remove_from_views(state, views, &mut scratch.old_ranks, slot, Some(changed_fields));
             slot
         }
         None => {
             scratch.old_ranks.clear();
-            scratch.old_ranks.resize(state.views.len(), None);
+            scratch.old_ranks.resize(state.views.len(), OldRank::NotMember);
             state.collection.insert_slot(id)
         }
     };
@@ -559,7 +609,7 @@ fn apply_remove(
     let Some(slot) = state.collection.find_slot(id) else {
         return false;
     };
-    remove_from_views(state, views, &mut scratch.old_ranks, slot);
+    remove_from_views(state, views, &mut scratch.old_ranks, slot, None);
     insert_into_views(state, views, windows, scratch, slot, false);
     state.collection.remove_slot(slot);
     true

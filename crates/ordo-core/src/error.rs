@@ -8,15 +8,42 @@ use crate::limits;
 #[derive(Clone, Debug, PartialEq)]
 pub enum BatchError {
     /// `op_index` is the position of the offending operation in the batch.
-    IdEmpty { op_index: usize },
-    IdTooLong { op_index: usize, id_bytes: usize },
-    UnknownField { op_index: usize, field: String },
-    WrongType { op_index: usize, field: String, expected: &'static str, found: &'static str },
-    NotANumber { op_index: usize, field: String },
-    StringTooLong { op_index: usize, field: String, value_bytes: usize },
-    PayloadTooLarge { op_index: usize, payload_bytes: usize },
-    TooManyOps { n_ops: usize },
-    CollectionFull { n_items_max: usize },
+    IdEmpty {
+        op_index: usize,
+    },
+    IdTooLong {
+        op_index: usize,
+        id_bytes: usize,
+    },
+    UnknownField {
+        op_index: usize,
+        field: String,
+    },
+    WrongType {
+        op_index: usize,
+        field: String,
+        expected: &'static str,
+        found: &'static str,
+    },
+    NotANumber {
+        op_index: usize,
+        field: String,
+    },
+    StringTooLong {
+        op_index: usize,
+        field: String,
+        value_bytes: usize,
+    },
+    PayloadTooLarge {
+        op_index: usize,
+        payload_bytes: usize,
+    },
+    TooManyOps {
+        n_ops: usize,
+    },
+    CollectionFull {
+        n_items_max: usize,
+    },
     UnknownCollection,
 }
 
@@ -48,11 +75,9 @@ impl fmt::Display for BatchError {
                 "op {op_index}: the payload is {payload_bytes} bytes; at most {} are allowed",
                 limits::MAX_PAYLOAD_BYTES
             ),
-            BatchError::TooManyOps { n_ops } => write!(
-                f,
-                "the batch has {n_ops} operations; at most {} are allowed",
-                limits::MAX_OPS_PER_BATCH
-            ),
+            BatchError::TooManyOps { n_ops } => {
+                write!(f, "the batch has {n_ops} operations; at most {} are allowed", limits::MAX_OPS_PER_BATCH)
+            }
             BatchError::CollectionFull { n_items_max } => {
                 write!(f, "the collection would exceed {n_items_max} items")
             }
@@ -68,21 +93,48 @@ impl std::error::Error for BatchError {}
 pub enum ViewError {
     UnknownCollection,
     UnknownWindow,
-    UnknownField { field: String },
+    UnknownField {
+        field: String,
+    },
     /// A literal's type does not match its field's type.
-    WrongType { field: String, expected: &'static str, found: &'static str },
+    WrongType {
+        field: String,
+        expected: &'static str,
+        found: &'static str,
+    },
     /// The operation does not apply to the field's type (e.g. `contains` on a number,
     /// case-insensitive sort on a bool).
-    NotApplicable { field: String, operation: &'static str, field_type: &'static str },
+    NotApplicable {
+        field: String,
+        operation: &'static str,
+        field_type: &'static str,
+    },
     /// A null literal in a comparison: use `IsNull`.
-    NullLiteral { field: String },
-    NotANumber { field: String },
-    FilterTooDeep { depth_max: usize },
-    FilterTooLarge { n_nodes_max: usize },
-    TooManyInValues { n_values_max: usize },
-    TooManySortKeys { n_keys_max: usize },
-    DuplicateSortKey { field: String },
-    WindowTooLarge { limit: usize, limit_max: usize },
+    NullLiteral {
+        field: String,
+    },
+    NotANumber {
+        field: String,
+    },
+    FilterTooDeep {
+        depth_max: usize,
+    },
+    FilterTooLarge {
+        n_nodes_max: usize,
+    },
+    TooManyInValues {
+        n_values_max: usize,
+    },
+    TooManySortKeys {
+        n_keys_max: usize,
+    },
+    DuplicateSortKey {
+        field: String,
+    },
+    WindowTooLarge {
+        limit: usize,
+        limit_max: usize,
+    },
 }
 
 impl fmt::Display for ViewError {
@@ -113,7 +165,9 @@ impl fmt::Display for ViewError {
             ViewError::TooManySortKeys { n_keys_max } => {
                 write!(f, "a sort has at most {n_keys_max} keys")
             }
-            ViewError::DuplicateSortKey { field } => write!(f, "field `{field}` appears twice in the sort"),
+            ViewError::DuplicateSortKey { field } => {
+                write!(f, "field `{field}` appears twice in the sort")
+            }
             ViewError::WindowTooLarge { limit, limit_max } => {
                 write!(f, "window limit {limit} is over the maximum of {limit_max}")
             }

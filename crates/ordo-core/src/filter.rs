@@ -151,12 +151,7 @@ impl CompiledFilter {
 
     /// Whether the item in `slot` passes. `collection` must have the schema the
     /// filter was compiled against.
-    pub(crate) fn matches(
-        &self,
-        collection: &Collection,
-        slot: Slot,
-        scratch: &mut FilterScratch,
-    ) -> bool {
+    pub(crate) fn matches(&self, collection: &Collection, slot: Slot, scratch: &mut FilterScratch) -> bool {
         self.evaluate(0, &|field_id| collection.value(slot, field_id), scratch)
     }
 
@@ -193,25 +188,17 @@ impl CompiledFilter {
     {
         match self.nodes[node_index] {
             Node::Constant(result) => result,
-            Node::Compare {
-                field_id,
-                op,
-                literal,
-            } => compare_with_literal(read_field(field_id), op, literal, &self.texts),
-            Node::In { field_id, set } => {
-                is_in_set(read_field(field_id), &self.in_sets[set as usize])
+            Node::Compare { field_id, op, literal } => {
+                compare_with_literal(read_field(field_id), op, literal, &self.texts)
             }
+            Node::In { field_id, set } => is_in_set(read_field(field_id), &self.in_sets[set as usize]),
             Node::IsNull { field_id } => read_field(field_id).is_null(),
             Node::Contains { field_id, needle } => match read_field(field_id) {
-                Value::Str(haystack) => {
-                    contains_case_insensitive(haystack, &self.needles[needle as usize], scratch)
-                }
+                Value::Str(haystack) => contains_case_insensitive(haystack, &self.needles[needle as usize], scratch),
                 _ => false,
             },
             Node::Prefix { field_id, needle } => match read_field(field_id) {
-                Value::Str(haystack) => {
-                    starts_with_case_insensitive(haystack, &self.needles[needle as usize])
-                }
+                Value::Str(haystack) => starts_with_case_insensitive(haystack, &self.needles[needle as usize]),
                 _ => false,
             },
             Node::All { subtree_end } => {
@@ -241,9 +228,7 @@ impl CompiledFilter {
     /// One past the last node of the subtree rooted at `node_index`.
     fn subtree_end(&self, node_index: usize) -> usize {
         match self.nodes[node_index] {
-            Node::All { subtree_end } | Node::Any { subtree_end } | Node::Not { subtree_end } => {
-                subtree_end as usize
-            }
+            Node::All { subtree_end } | Node::Any { subtree_end } | Node::Not { subtree_end } => subtree_end as usize,
             _ => node_index + 1,
         }
     }
@@ -259,28 +244,19 @@ impl Compiler<'_> {
     /// `all` / `any` / `not` above it. Limits are checked on the way down, so a
     /// hostile filter (very deep or very wide) is refused after bounded work and
     /// bounded recursion.
-    fn compile_node(
-        &mut self,
-        filter: &Filter,
-        n_enclosing_combinators: usize,
-    ) -> Result<(), ViewError> {
+    fn compile_node(&mut self, filter: &Filter, n_enclosing_combinators: usize) -> Result<(), ViewError> {
         if self.compiled.nodes.len() >= MAX_FILTER_NODES {
-            return Err(ViewError::FilterTooLarge {
-                n_nodes_max: MAX_FILTER_NODES,
-            });
+            return Err(ViewError::FilterTooLarge { n_nodes_max: MAX_FILTER_NODES });
         }
         let is_combinator = matches!(filter, Filter::All(_) | Filter::Any(_) | Filter::Not(_));
         if is_combinator && n_enclosing_combinators >= MAX_FILTER_DEPTH {
-            return Err(ViewError::FilterTooDeep {
-                depth_max: MAX_FILTER_DEPTH,
-            });
+            return Err(ViewError::FilterTooDeep { depth_max: MAX_FILTER_DEPTH });
         }
         match filter {
             Filter::True => self.compiled.nodes.push(Node::Constant(true)),
             Filter::Compare { field, op, value } => {
                 let (field_id, field_type) = self.resolve_field(field)?;
-                let applies =
-                    field_type != FieldType::Bool || matches!(op, CompareOp::Eq | CompareOp::Ne);
+                let applies = field_type != FieldType::Bool || matches!(op, CompareOp::Eq | CompareOp::Ne);
                 if !applies {
                     return Err(ViewError::NotApplicable {
                         field: field.clone(),
@@ -299,26 +275,17 @@ impl Compiler<'_> {
                         Literal::Str(index)
                     }
                 };
-                self.compiled.nodes.push(Node::Compare {
-                    field_id,
-                    op: *op,
-                    literal,
-                });
+                self.compiled.nodes.push(Node::Compare { field_id, op: *op, literal });
             }
             Filter::In { field, values } => {
                 let (field_id, field_type) = self.resolve_field(field)?;
                 if values.len() > MAX_FILTER_IN_VALUES {
-                    return Err(ViewError::TooManyInValues {
-                        n_values_max: MAX_FILTER_IN_VALUES,
-                    });
+                    return Err(ViewError::TooManyInValues { n_values_max: MAX_FILTER_IN_VALUES });
                 }
                 let set = build_in_set(field, field_type, values)?;
                 let index = self.compiled.in_sets.len() as TableIndex;
                 self.compiled.in_sets.push(set);
-                self.compiled.nodes.push(Node::In {
-                    field_id,
-                    set: index,
-                });
+                self.compiled.nodes.push(Node::In { field_id, set: index });
             }
             Filter::IsNull { field } => {
                 let (field_id, _) = self.resolve_field(field)?;
@@ -326,9 +293,7 @@ impl Compiler<'_> {
             }
             Filter::Contains { field, needle } => {
                 let (field_id, needle) = self.compile_needle(field, needle, "contains")?;
-                self.compiled
-                    .nodes
-                    .push(Node::Contains { field_id, needle });
+                self.compiled.nodes.push(Node::Contains { field_id, needle });
             }
             Filter::Prefix { field, prefix } => {
                 let (field_id, needle) = self.compile_needle(field, prefix, "prefix")?;
@@ -365,12 +330,7 @@ impl Compiler<'_> {
     }
 
     fn resolve_field(&mut self, name: &str) -> Result<(FieldId, FieldType), ViewError> {
-        let field_id = self
-            .schema
-            .field_id(name)
-            .ok_or_else(|| ViewError::UnknownField {
-                field: name.to_owned(),
-            })?;
+        let field_id = self.schema.field_id(name).ok_or_else(|| ViewError::UnknownField { field: name.to_owned() })?;
         self.compiled.fields_read.push(field_id);
         Ok((field_id, self.schema.field(field_id).field_type))
     }
@@ -384,19 +344,12 @@ impl Compiler<'_> {
     ) -> Result<(FieldId, TableIndex), ViewError> {
         let (field_id, field_type) = self.resolve_field(field)?;
         if field_type != FieldType::String {
-            return Err(ViewError::NotApplicable {
-                field: field.to_owned(),
-                operation,
-                field_type: field_type.name(),
-            });
+            return Err(ViewError::NotApplicable { field: field.to_owned(), operation, field_type: field_type.name() });
         }
         let folded = caseless::default_case_fold_str(needle);
         let folded_is_ascii = folded.is_ascii();
         let index = self.compiled.needles.len() as TableIndex;
-        self.compiled.needles.push(FoldedNeedle {
-            folded,
-            folded_is_ascii,
-        });
+        self.compiled.needles.push(FoldedNeedle { folded, folded_is_ascii });
         Ok((field_id, index))
     }
 }
@@ -437,28 +390,24 @@ fn convert_literal<'filter>(
     match (field_type, literal) {
         // Null and NaN are refused whatever the field's type: neither can ever compare
         // true, so a filter holding one is a mistake the user should hear about.
-        (_, OwnedValue::Null) => Err(ViewError::NullLiteral {
-            field: field.to_owned(),
-        }),
-        (_, OwnedValue::F64(number)) if number.is_nan() => Err(ViewError::NotANumber {
-            field: field.to_owned(),
-        }),
+        (_, OwnedValue::Null) => Err(ViewError::NullLiteral { field: field.to_owned() }),
+        (_, OwnedValue::F64(number)) if number.is_nan() => Err(ViewError::NotANumber { field: field.to_owned() }),
         (FieldType::Bool, OwnedValue::Bool(flag)) => Ok(TypedLiteral::Bool(*flag)),
         (FieldType::I64, OwnedValue::I64(number)) => Ok(TypedLiteral::I64(*number)),
-        (FieldType::I64, OwnedValue::U64(number)) => i64::try_from(*number)
-            .map(TypedLiteral::I64)
-            .map_err(|_| wrong_type()),
+        (FieldType::I64, OwnedValue::U64(number)) => {
+            i64::try_from(*number).map(TypedLiteral::I64).map_err(|_| wrong_type())
+        }
         (FieldType::U64, OwnedValue::U64(number)) => Ok(TypedLiteral::U64(*number)),
-        (FieldType::U64, OwnedValue::I64(number)) => u64::try_from(*number)
-            .map(TypedLiteral::U64)
-            .map_err(|_| wrong_type()),
+        (FieldType::U64, OwnedValue::I64(number)) => {
+            u64::try_from(*number).map(TypedLiteral::U64).map_err(|_| wrong_type())
+        }
         (FieldType::F64, OwnedValue::F64(number)) => Ok(TypedLiteral::F64(*number)),
-        (FieldType::F64, OwnedValue::I64(number)) => exact_f64(i128::from(*number))
-            .map(TypedLiteral::F64)
-            .ok_or_else(wrong_type),
-        (FieldType::F64, OwnedValue::U64(number)) => exact_f64(i128::from(*number))
-            .map(TypedLiteral::F64)
-            .ok_or_else(wrong_type),
+        (FieldType::F64, OwnedValue::I64(number)) => {
+            exact_f64(i128::from(*number)).map(TypedLiteral::F64).ok_or_else(wrong_type)
+        }
+        (FieldType::F64, OwnedValue::U64(number)) => {
+            exact_f64(i128::from(*number)).map(TypedLiteral::F64).ok_or_else(wrong_type)
+        }
         (FieldType::String, OwnedValue::Str(text)) => Ok(TypedLiteral::Str(text)),
         _ => Err(wrong_type()),
     }
@@ -472,16 +421,9 @@ fn exact_f64(integer: i128) -> Option<f64> {
     (converted as i128 == integer).then_some(converted)
 }
 
-fn build_in_set(
-    field: &str,
-    field_type: FieldType,
-    values: &[OwnedValue],
-) -> Result<InSet, ViewError> {
+fn build_in_set(field: &str, field_type: FieldType, values: &[OwnedValue]) -> Result<InSet, ViewError> {
     let mut set = match field_type {
-        FieldType::Bool => InSet::Bool {
-            accepts_false: false,
-            accepts_true: false,
-        },
+        FieldType::Bool => InSet::Bool { accepts_false: false, accepts_true: false },
         FieldType::I64 => InSet::I64(Vec::with_capacity(values.len())),
         FieldType::U64 => InSet::U64(Vec::with_capacity(values.len())),
         FieldType::F64 => InSet::F64(Vec::with_capacity(values.len())),
@@ -493,9 +435,7 @@ fn build_in_set(
             (InSet::Bool { accepts_false, .. }, TypedLiteral::Bool(false)) => *accepts_false = true,
             (InSet::I64(numbers), TypedLiteral::I64(number)) => numbers.push(number),
             (InSet::U64(numbers), TypedLiteral::U64(number)) => numbers.push(number),
-            (InSet::F64(numbers), TypedLiteral::F64(number)) => {
-                numbers.push(normalize_zero(number))
-            }
+            (InSet::F64(numbers), TypedLiteral::F64(number)) => numbers.push(normalize_zero(number)),
             (InSet::Str(texts), TypedLiteral::Str(text)) => texts.push(text.to_owned()),
             _ => unreachable!("convert_literal returns the field's type"),
         }
@@ -533,12 +473,7 @@ fn normalize_zero(number: f64) -> f64 {
 }
 
 /// `value <op> literal`; false when the value is null, for every op including `Ne`.
-fn compare_with_literal(
-    value: Value<'_>,
-    op: CompareOp,
-    literal: Literal,
-    texts: &[String],
-) -> bool {
+fn compare_with_literal(value: Value<'_>, op: CompareOp, literal: Literal, texts: &[String]) -> bool {
     let ordering = match (value, literal) {
         (Value::Bool(value), Literal::Bool(literal)) => value.cmp(&literal),
         (Value::I64(value), Literal::I64(literal)) => value.cmp(&literal),
@@ -565,13 +500,7 @@ fn compare_with_literal(
 
 fn is_in_set(value: Value<'_>, set: &InSet) -> bool {
     match (value, set) {
-        (
-            Value::Bool(flag),
-            InSet::Bool {
-                accepts_false,
-                accepts_true,
-            },
-        ) => {
+        (Value::Bool(flag), InSet::Bool { accepts_false, accepts_true }) => {
             if flag {
                 *accepts_true
             } else {
@@ -582,23 +511,17 @@ fn is_in_set(value: Value<'_>, set: &InSet) -> bool {
         (Value::U64(number), InSet::U64(numbers)) => numbers.binary_search(&number).is_ok(),
         (Value::F64(number), InSet::F64(numbers)) => {
             let number = normalize_zero(number);
-            numbers
-                .binary_search_by(|candidate| candidate.total_cmp(&number))
-                .is_ok()
+            numbers.binary_search_by(|candidate| candidate.total_cmp(&number)).is_ok()
         }
-        (Value::Str(text), InSet::Str(texts)) => texts
-            .binary_search_by(|candidate| candidate.as_str().cmp(text))
-            .is_ok(),
+        (Value::Str(text), InSet::Str(texts)) => {
+            texts.binary_search_by(|candidate| candidate.as_str().cmp(text)).is_ok()
+        }
         _ => false,
     }
 }
 
 /// Whether `fold(haystack)` contains `needle.folded`, under full Unicode case folding.
-fn contains_case_insensitive(
-    haystack: &str,
-    needle: &FoldedNeedle,
-    scratch: &mut FilterScratch,
-) -> bool {
+fn contains_case_insensitive(haystack: &str, needle: &FoldedNeedle, scratch: &mut FilterScratch) -> bool {
     let needle_bytes = needle.folded.as_bytes();
     if needle_bytes.is_empty() {
         return true;
@@ -611,17 +534,12 @@ fn contains_case_insensitive(
         }
         // The needle is folded, hence lowercase: comparing it case-insensitively with
         // the raw haystack equals comparing it with the folded haystack.
-        return haystack
-            .as_bytes()
-            .windows(needle_bytes.len())
-            .any(|window| window.eq_ignore_ascii_case(needle_bytes));
+        return haystack.as_bytes().windows(needle_bytes.len()).any(|window| window.eq_ignore_ascii_case(needle_bytes));
     }
     // A non-ASCII haystack may fold to something of another length ("ß" -> "ss", "İ" ->
     // "i̇"), so byte positions do not line up: fold it whole, into the reused buffer.
     scratch.folded_haystack.clear();
-    scratch
-        .folded_haystack
-        .extend(haystack.chars().default_case_fold());
+    scratch.folded_haystack.extend(haystack.chars().default_case_fold());
     scratch.folded_haystack.contains(needle.folded.as_str())
 }
 
@@ -639,10 +557,7 @@ fn starts_with_case_insensitive(haystack: &str, needle: &FoldedNeedle) -> bool {
             .is_some_and(|head| head.eq_ignore_ascii_case(needle_bytes));
     }
     let mut folded_haystack = haystack.chars().default_case_fold();
-    needle
-        .folded
-        .chars()
-        .all(|needle_char| folded_haystack.next() == Some(needle_char))
+    needle.folded.chars().all(|needle_char| folded_haystack.next() == Some(needle_char))
 }
 
 #[cfg(test)]
@@ -668,10 +583,7 @@ mod tests {
         let slot = collection.find_slot("item").expect("item exists");
         let by_item = compiled.matches_item(collection.item(slot));
         let by_slot = compiled.matches(&collection, slot, &mut FilterScratch::default());
-        assert_eq!(
-            by_item, by_slot,
-            "matches and matches_item disagree on {filter:?} over {text:?}"
-        );
+        assert_eq!(by_item, by_slot, "matches and matches_item disagree on {filter:?} over {text:?}");
         by_item
     }
 
@@ -691,20 +603,11 @@ mod tests {
         assert!(name_matches(&Filter::contains("name", "MEGA"), "Ωmega"));
         assert!(name_matches(&Filter::prefix("name", "ωM"), "Ωmega"));
         // Kelvin sign folds to ASCII 'k'; long s to 's'.
-        assert!(name_matches(
-            &Filter::contains("name", "k"),
-            "\u{212A}elvin"
-        ));
-        assert!(name_matches(
-            &Filter::contains("name", "\u{212A}"),
-            "KELVIN"
-        ));
+        assert!(name_matches(&Filter::contains("name", "k"), "\u{212A}elvin"));
+        assert!(name_matches(&Filter::contains("name", "\u{212A}"), "KELVIN"));
         assert!(name_matches(&Filter::prefix("name", "ſ"), "Sun"));
         // "İ" folds to "i" + combining dot above, so the dotless "is" does not follow "i".
-        assert!(name_matches(
-            &Filter::contains("name", "stanbul"),
-            "İstanbul"
-        ));
+        assert!(name_matches(&Filter::contains("name", "stanbul"), "İstanbul"));
         assert!(name_matches(&Filter::prefix("name", "i"), "İstanbul"));
         assert!(!name_matches(&Filter::prefix("name", "ist"), "İstanbul"));
         assert!(name_matches(&Filter::prefix("name", "İst"), "İSTANBUL"));
@@ -713,26 +616,14 @@ mod tests {
         assert!(!name_matches(&Filter::contains("name", "é"), "ECOLE"));
         assert!(!name_matches(&Filter::prefix("name", "tras"), "straße"));
         assert!(!name_matches(&Filter::prefix("name", "straßen"), "STRASSE"));
-        assert!(!name_matches(
-            &Filter::prefix("name", "ΣΊΣΥΦΟΣ!"),
-            "σίσυφος"
-        ));
+        assert!(!name_matches(&Filter::prefix("name", "ΣΊΣΥΦΟΣ!"), "σίσυφος"));
     }
 
     #[test]
     fn filter_ascii_fast_path() {
-        assert!(name_matches(
-            &Filter::contains("name", "WORLD"),
-            "hello world"
-        ));
-        assert!(name_matches(
-            &Filter::contains("name", "lo wo"),
-            "HELLO WORLD"
-        ));
-        assert!(!name_matches(
-            &Filter::contains("name", "worlds"),
-            "hello world"
-        ));
+        assert!(name_matches(&Filter::contains("name", "WORLD"), "hello world"));
+        assert!(name_matches(&Filter::contains("name", "lo wo"), "HELLO WORLD"));
+        assert!(!name_matches(&Filter::contains("name", "worlds"), "hello world"));
         assert!(name_matches(&Filter::prefix("name", "HeL"), "hello"));
         assert!(!name_matches(&Filter::prefix("name", "hello!"), "hello"));
         assert!(!name_matches(&Filter::prefix("name", "ello"), "hello"));
@@ -760,15 +651,10 @@ mod tests {
     #[test]
     fn filter_scratch_is_reused_without_growing() {
         let schema = string_schema();
-        let compiled =
-            CompiledFilter::compile(&Filter::contains("name", "ü"), &schema).expect("compiles");
+        let compiled = CompiledFilter::compile(&Filter::contains("name", "ü"), &schema).expect("compiles");
         let mut collection = Collection::new("test", schema);
         let long = collection.insert_slot("long");
-        collection.set_value(
-            long,
-            FieldId(0),
-            Value::Str("Grüße aus München, Überlingen und Düsseldorf"),
-        );
+        collection.set_value(long, FieldId(0), Value::Str("Grüße aus München, Überlingen und Düsseldorf"));
         let short = collection.insert_slot("short");
         collection.set_value(short, FieldId(0), Value::Str("Ärger"));
         let mut scratch = FilterScratch::default();
@@ -783,9 +669,7 @@ mod tests {
 
     #[test]
     fn filter_layout_is_flat_preorder() {
-        let schema = Schema::new()
-            .with_field("a", FieldType::I64)
-            .with_field("b", FieldType::Bool);
+        let schema = Schema::new().with_field("a", FieldType::I64).with_field("b", FieldType::Bool);
         let filter = Filter::Any(vec![
             Filter::All(vec![
                 Filter::eq("a", OwnedValue::I64(1)),
@@ -827,8 +711,8 @@ mod tests {
             "ǅemal",
         ];
         const NEEDLES: [&str; 20] = [
-            "", "s", "SS", "ß", "e", "É", "éc", "i", "i\u{307}", "İ", "σ", "ς", "σίσ", "k",
-            "\u{212A}", "fi", "MEGA", "テキ", "ÜBER", "ǆ",
+            "", "s", "SS", "ß", "e", "É", "éc", "i", "i\u{307}", "İ", "σ", "ς", "σίσ", "k", "\u{212A}", "fi", "MEGA",
+            "テキ", "ÜBER", "ǆ",
         ];
         let schema = string_schema();
         let mut collection = Collection::new("test", schema.clone());
@@ -844,10 +728,8 @@ mod tests {
         let mut scratch = FilterScratch::default();
         for needle in NEEDLES {
             let folded_needle = caseless::default_case_fold_str(needle);
-            let contains = CompiledFilter::compile(&Filter::contains("name", needle), &schema)
-                .expect("compiles");
-            let prefix = CompiledFilter::compile(&Filter::prefix("name", needle), &schema)
-                .expect("compiles");
+            let contains = CompiledFilter::compile(&Filter::contains("name", needle), &schema).expect("compiles");
+            let prefix = CompiledFilter::compile(&Filter::prefix("name", needle), &schema).expect("compiles");
             for (text, &slot) in TEXTS.iter().zip(&slots) {
                 let folded_text = caseless::default_case_fold_str(text);
                 let expected_contains = folded_text.contains(folded_needle.as_str());
@@ -867,11 +749,7 @@ mod tests {
                     expected_prefix,
                     "{text:?} prefix {needle:?}"
                 );
-                assert_eq!(
-                    prefix.matches_item(collection.item(slot)),
-                    expected_prefix,
-                    "{text:?} prefix {needle:?}"
-                );
+                assert_eq!(prefix.matches_item(collection.item(slot)), expected_prefix, "{text:?} prefix {needle:?}");
             }
         }
     }

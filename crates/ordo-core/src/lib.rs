@@ -9,16 +9,16 @@ mod batch;
 mod collection;
 mod diff;
 mod engine;
-mod list_diff;
-mod view;
-mod window;
-mod order_tree;
-mod sort;
 mod error;
 mod filter;
+mod list_diff;
+mod order_tree;
 mod schema;
+mod sort;
 mod value;
+mod view;
 mod view_def;
+mod window;
 
 pub mod limits;
 
@@ -28,7 +28,7 @@ pub use diff::{CollectingSink, DiffRef, DiffSink, ItemList, NullSink, OwnedDiff,
 pub use engine::{BatchSummary, CollectionId, CreateCollectionError, Engine, EngineStats};
 pub use error::{BatchError, ViewError};
 pub use filter::CompiledFilter;
-pub use sort::CompiledSort;
 pub use schema::{FieldDef, FieldId, FieldType, Schema, SchemaError};
+pub use sort::CompiledSort;
 pub use value::{OwnedValue, Value};
 pub use view_def::{CompareOp, Direction, Filter, SortKey, ViewDef};

@@ -218,6 +218,25 @@ impl OrderTree {
         rank
     }
 
+    /// The rank of an entry that is in the tree.
+    pub(crate) fn rank_of(&self, entry: Entry, compare: impl Fn(Entry, Entry) -> Ordering) -> usize {
+        let mut node = self.root;
+        let mut rank = 0;
+        for _ in 0..self.height {
+            let inner = &self.inners[node as usize];
+            let child_index = Self::child_for(inner, entry, &compare);
+            rank += inner.counts[..child_index].iter().map(|&count| count as usize).sum::<usize>();
+            node = inner.children[child_index];
+        }
+        let leaf = &self.leaves[node as usize];
+        let position = partition_point_leaf(leaf, entry, &compare);
+        assert!(
+            position < leaf.len as usize && leaf.slots[position] == entry.slot,
+            "entry must be in the tree (index out of sync with item data)"
+        );
+        rank + position
+    }
+
     /// The entry at `rank`.
     pub(crate) fn select(&self, mut rank: usize) -> Entry {
         debug_assert!(rank < self.len);
@@ -307,14 +326,19 @@ impl OrderTree {
 
     /// Index of the child whose range holds `entry`: the last child whose first
     /// entry is not after it (the first child when the entry precedes them all).
+    #[inline]
     fn child_for(inner: &Inner, entry: Entry, compare: &impl Fn(Entry, Entry) -> Ordering) -> usize {
         let len = inner.len as usize;
-        let mut child_index = 1;
-        // Linear scan: at most 64 children, prefixes decide almost always.
-        while child_index < len && compare(inner.first(child_index), entry) != Ordering::Greater {
-            child_index += 1;
+        // Binary search on the cached prefixes (plain u128 compares); only children
+        // whose first prefix equals the entry's need the full comparison.
+        let mut n_not_after = inner.first_prefixes[..len].partition_point(|&prefix| prefix < entry.prefix);
+        while n_not_after < len
+            && inner.first_prefixes[n_not_after] == entry.prefix
+            && compare(inner.first(n_not_after), entry) != Ordering::Greater
+        {
+            n_not_after += 1;
         }
-        child_index - 1
+        n_not_after.max(1) - 1
     }
 
     fn insert_below(
@@ -613,11 +637,8 @@ fn balanced_chunks(n: usize, capacity: usize, min: usize) -> Vec<std::ops::Range
     let mut start = 0;
     while start < n {
         let remaining = n - start;
-        let size = if remaining > capacity && remaining - capacity < min {
-            remaining / 2
-        } else {
-            remaining.min(capacity)
-        };
+        let size =
+            if remaining > capacity && remaining - capacity < min { remaining / 2 } else { remaining.min(capacity) };
         chunks.push(start..start + size);
         start += size;
     }
@@ -703,6 +724,7 @@ mod tests {
                 match member[slot] {
                     Some(entry) => {
                         let expected = model.iter().position(|&e| e == entry).unwrap();
+                        assert_eq!(tree.rank_of(entry, &compare), expected, "seed {seed} step {step}: rank_of");
                         let rank = tree.remove(entry, &compare);
                         assert_eq!(rank, expected, "seed {seed} step {step}: remove rank");
                         model.remove(expected);
@@ -736,10 +758,8 @@ mod tests {
                 }
             }
             // Drain completely: the tree must shrink back to an empty root leaf.
-            for slot in 0..n_slots {
-                if let Some(entry) = member[slot] {
-                    tree.remove(entry, &compare);
-                }
+            for entry in member.iter().flatten() {
+                tree.remove(*entry, &compare);
             }
             assert_eq!(tree.len(), 0);
             assert_eq!(tree.height, 0, "seed {seed}: empty tree keeps inner nodes");

@@ -47,10 +47,9 @@ impl std::fmt::Display for SchemaError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SchemaError::DuplicateField { name } => write!(f, "field `{name}` is declared twice"),
-            SchemaError::FieldNameInvalid { name } => write!(
-                f,
-                "field name `{name}` is invalid: it must be 1..={MAX_FIELD_NAME_BYTES} bytes"
-            ),
+            SchemaError::FieldNameInvalid { name } => {
+                write!(f, "field name `{name}` is invalid: it must be 1..={MAX_FIELD_NAME_BYTES} bytes")
+            }
             SchemaError::TooManyFields { n_fields_max } => {
                 write!(f, "a schema holds at most {n_fields_max} fields")
             }

@@ -45,9 +45,8 @@ impl CompiledSort {
         }
         let mut keys: Vec<CompiledSortKey> = Vec::with_capacity(sort.len());
         for key in sort {
-            let field_id = schema
-                .field_id(&key.field)
-                .ok_or_else(|| ViewError::UnknownField { field: key.field.clone() })?;
+            let field_id =
+                schema.field_id(&key.field).ok_or_else(|| ViewError::UnknownField { field: key.field.clone() })?;
             if keys.iter().any(|existing| existing.field_id == field_id) {
                 return Err(ViewError::DuplicateSortKey { field: key.field.clone() });
             }
@@ -101,9 +100,7 @@ impl CompiledSort {
                 (FieldType::Bool, Value::Bool(flag)) => writer.push(flag as u64 ^ invert as u64, 1),
                 (FieldType::Bool, _) => writer.push(0, 1),
                 (_, Value::U64(number)) => writer.push(maybe_invert(number, invert), 64),
-                (_, Value::I64(number)) => {
-                    writer.push(maybe_invert((number as u64) ^ (1 << 63), invert), 64)
-                }
+                (_, Value::I64(number)) => writer.push(maybe_invert((number as u64) ^ (1 << 63), invert), 64),
                 (_, Value::F64(number)) => writer.push(maybe_invert(f64_order_bits(number), invert), 64),
                 // Null numbers write a filler of the same width, so that both-null
                 // items keep the following keys aligned.
@@ -195,32 +192,37 @@ pub(crate) fn compare_case_insensitive(left: &str, right: &str) -> Ordering {
     left.chars().default_case_fold().cmp(right.chars().default_case_fold())
 }
 
+/// Writes a string key: the rest of the prefix is filled with its first bytes (after
+/// case folding when asked), zero-padded; descending keys invert everything,
+/// padding included, so a string that is a prefix of another still sorts on the
+/// correct side (non-strictly) of it.
 fn write_string(writer: &mut BitWriter, text: &str, case_insensitive: bool, invert: bool) {
-    let invert_byte = if invert { 0xff } else { 0 };
+    let mut head = [0u8; 16];
+    let n_bytes_room = (128 - writer.n_bits_used).div_ceil(8) as usize;
     if !case_insensitive || text.is_ascii() {
-        for &byte in text.as_bytes() {
-            if writer.is_full() {
-                break;
-            }
-            let byte = if case_insensitive { byte.to_ascii_lowercase() } else { byte };
-            writer.push((byte ^ invert_byte) as u64, 8);
+        let n_bytes = text.len().min(n_bytes_room);
+        head[..n_bytes].copy_from_slice(&text.as_bytes()[..n_bytes]);
+        if case_insensitive {
+            head.make_ascii_lowercase();
         }
     } else {
+        let mut n_bytes = 0;
         let mut utf8 = [0u8; 4];
-        for folded in text.chars().default_case_fold() {
-            if writer.is_full() {
-                break;
-            }
+        'fold: for folded in text.chars().default_case_fold() {
             for &byte in folded.encode_utf8(&mut utf8).as_bytes() {
-                writer.push((byte ^ invert_byte) as u64, 8);
+                if n_bytes == n_bytes_room {
+                    break 'fold;
+                }
+                head[n_bytes] = byte;
+                n_bytes += 1;
             }
         }
     }
-    // Padding: zeros ascending; ones descending, so that a string that is a prefix of
-    // another still sorts on the correct side (non-strictly) of it.
+    let mut chunk = u128::from_be_bytes(head);
     if invert {
-        writer.fill_ones();
+        chunk = !chunk;
     }
+    writer.fill_with(chunk);
 }
 
 /// Writes bit fields most-significant first into a `u128`, dropping what does not fit.
@@ -246,11 +248,10 @@ impl BitWriter {
         self.n_bits_used += width;
     }
 
-    fn fill_ones(&mut self) {
-        let room = 128 - self.n_bits_used;
-        if room > 0 {
-            let mask = if room == 128 { u128::MAX } else { (1u128 << room) - 1 };
-            self.bits |= mask;
+    /// Fills the remaining bits with the top bits of `chunk`.
+    fn fill_with(&mut self, chunk: u128) {
+        if self.n_bits_used < 128 {
+            self.bits |= chunk >> self.n_bits_used;
             self.n_bits_used = 128;
         }
     }

@@ -13,7 +13,10 @@ use crate::view_def::ViewDef;
 /// window needs; the rest is sorted when something else needs it.
 pub(crate) enum ViewIndex {
     /// Every member, with `entries[..n_sorted]` the smallest `n_sorted` entries in order.
-    Partial { entries: Vec<Entry>, n_sorted: usize },
+    Partial {
+        entries: Vec<Entry>,
+        n_sorted: usize,
+    },
     Ready(OrderTree),
 }
 
@@ -72,9 +75,7 @@ impl View {
     }
 
     pub(crate) fn is_member(&self, slot: Slot) -> bool {
-        self.member_bits
-            .get(slot as usize / 64)
-            .is_some_and(|word| word & (1 << (slot % 64)) != 0)
+        self.member_bits.get(slot as usize / 64).is_some_and(|word| word & (1 << (slot % 64)) != 0)
     }
 
     pub(crate) fn set_member(&mut self, slot: Slot, is_member: bool) {

@@ -21,16 +21,31 @@ pub enum Filter {
     True,
     /// `field <op> value`. Strings compare by bytes (case-sensitive); the literal's
     /// type must match the field's (integers convert when lossless).
-    Compare { field: String, op: CompareOp, value: OwnedValue },
+    Compare {
+        field: String,
+        op: CompareOp,
+        value: OwnedValue,
+    },
     /// `field in [values]`.
-    In { field: String, values: Vec<OwnedValue> },
+    In {
+        field: String,
+        values: Vec<OwnedValue>,
+    },
     /// `field is null`.
-    IsNull { field: String },
+    IsNull {
+        field: String,
+    },
     /// Case-insensitive substring test on a string field (ASCII fast path, full
     /// Unicode case folding otherwise).
-    Contains { field: String, needle: String },
+    Contains {
+        field: String,
+        needle: String,
+    },
     /// Case-insensitive prefix test on a string field.
-    Prefix { field: String, prefix: String },
+    Prefix {
+        field: String,
+        prefix: String,
+    },
     All(Vec<Filter>),
     Any(Vec<Filter>),
     Not(Box<Filter>),

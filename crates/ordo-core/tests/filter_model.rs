@@ -8,8 +8,8 @@ use std::cmp::Ordering;
 
 use ordo_core::limits::{MAX_FILTER_DEPTH, MAX_FILTER_IN_VALUES, MAX_FILTER_NODES};
 use ordo_core::{
-    Batch, CollectionId, CompareOp, CompiledFilter, Engine, FieldId, FieldType, Filter, NullSink,
-    OwnedValue, Schema, ViewError,
+    Batch, CollectionId, CompareOp, CompiledFilter, Engine, FieldId, FieldType, Filter, NullSink, OwnedValue, Schema,
+    ViewError,
 };
 
 /// splitmix64: tiny, seedable, good enough to drive a test generator.
@@ -51,19 +51,7 @@ fn model_schema() -> Schema {
 
 const SIGNED_POOL: [i64; 9] = [i64::MIN, -1_000_000, -3, -1, 0, 1, 2, 7, i64::MAX];
 const UNSIGNED_POOL: [u64; 8] = [0, 1, 2, 7, 1 << 40, 1 << 63, u64::MAX - 1, u64::MAX];
-const FLOAT_POOL: [f64; 11] = [
-    f64::NEG_INFINITY,
-    -1e300,
-    -2.5,
-    -1.0,
-    -0.0,
-    0.0,
-    1.0,
-    2.0,
-    7.0,
-    1e300,
-    f64::INFINITY,
-];
+const FLOAT_POOL: [f64; 11] = [f64::NEG_INFINITY, -1e300, -2.5, -1.0, -0.0, 0.0, 1.0, 2.0, 7.0, 1e300, f64::INFINITY];
 const TEXT_POOL: [&str; 22] = [
     "",
     "a",
@@ -107,9 +95,7 @@ fn random_value(prng: &mut Prng, field_type: FieldType) -> OwnedValue {
 fn random_literal(prng: &mut Prng, field_type: FieldType) -> OwnedValue {
     match field_type {
         FieldType::Bool => OwnedValue::Bool(prng.chance(1, 2)),
-        FieldType::I64 if prng.chance(1, 4) => {
-            OwnedValue::U64(*prng.pick(&[0, 1, 7, i64::MAX as u64]))
-        }
+        FieldType::I64 if prng.chance(1, 4) => OwnedValue::U64(*prng.pick(&[0, 1, 7, i64::MAX as u64])),
         FieldType::I64 => OwnedValue::I64(*prng.pick(&SIGNED_POOL)),
         FieldType::U64 if prng.chance(1, 4) => OwnedValue::I64(*prng.pick(&[0, 1, 7, i64::MAX])),
         FieldType::U64 => OwnedValue::U64(*prng.pick(&UNSIGNED_POOL)),
@@ -131,10 +117,7 @@ fn random_needle(prng: &mut Prng) -> String {
     match prng.below(5) {
         0 => piece.to_uppercase(),
         1 => piece.to_lowercase(),
-        2 => (*prng.pick(&[
-            "ß", "SS", "σ", "ς", "İ", "i\u{307}", "é", "k", "\u{212A}", "FI", "z",
-        ]))
-        .to_owned(),
+        2 => (*prng.pick(&["ß", "SS", "σ", "ς", "İ", "i\u{307}", "é", "k", "\u{212A}", "FI", "z"])).to_owned(),
         _ => piece,
     }
 }
@@ -143,63 +126,34 @@ fn random_op(prng: &mut Prng, field_type: FieldType) -> CompareOp {
     if field_type == FieldType::Bool {
         *prng.pick(&[CompareOp::Eq, CompareOp::Ne])
     } else {
-        *prng.pick(&[
-            CompareOp::Eq,
-            CompareOp::Ne,
-            CompareOp::Lt,
-            CompareOp::Le,
-            CompareOp::Gt,
-            CompareOp::Ge,
-        ])
+        *prng.pick(&[CompareOp::Eq, CompareOp::Ne, CompareOp::Lt, CompareOp::Le, CompareOp::Gt, CompareOp::Ge])
     }
 }
 
 fn random_filter(prng: &mut Prng, schema: &Schema, depth_left: usize) -> Filter {
     if depth_left > 0 && prng.chance(2, 5) {
         return match prng.below(3) {
-            0 => Filter::All(
-                (0..prng.below(4))
-                    .map(|_| random_filter(prng, schema, depth_left - 1))
-                    .collect(),
-            ),
-            1 => Filter::Any(
-                (0..prng.below(4))
-                    .map(|_| random_filter(prng, schema, depth_left - 1))
-                    .collect(),
-            ),
+            0 => Filter::All((0..prng.below(4)).map(|_| random_filter(prng, schema, depth_left - 1)).collect()),
+            1 => Filter::Any((0..prng.below(4)).map(|_| random_filter(prng, schema, depth_left - 1)).collect()),
             _ => Filter::Not(Box::new(random_filter(prng, schema, depth_left - 1))),
         };
     }
     let field_name = *prng.pick(&FIELD_NAMES);
-    let field_type = schema
-        .field(schema.field_id(field_name).expect("pool names exist"))
-        .field_type;
+    let field_type = schema.field(schema.field_id(field_name).expect("pool names exist")).field_type;
     let field = field_name.to_owned();
     match prng.below(12) {
         0 => Filter::True,
         1 => Filter::IsNull { field },
-        2 | 3 => Filter::In {
-            field,
-            values: (0..prng.below(5))
-                .map(|_| random_literal(prng, field_type))
-                .collect(),
-        },
+        2 | 3 => Filter::In { field, values: (0..prng.below(5)).map(|_| random_literal(prng, field_type)).collect() },
         4..=7 if field_type == FieldType::String => {
             let needle = random_needle(prng);
             if prng.chance(1, 2) {
                 Filter::Contains { field, needle }
             } else {
-                Filter::Prefix {
-                    field,
-                    prefix: needle,
-                }
+                Filter::Prefix { field, prefix: needle }
             }
         }
-        _ => Filter::Compare {
-            field,
-            op: random_op(prng, field_type),
-            value: random_literal(prng, field_type),
-        },
+        _ => Filter::Compare { field, op: random_op(prng, field_type), value: random_literal(prng, field_type) },
     }
 }
 
@@ -225,9 +179,7 @@ fn reference_ordering(value: &OwnedValue, literal: &OwnedValue) -> Option<Orderi
     match (value, literal) {
         (OwnedValue::Null, _) => None,
         (OwnedValue::Bool(value), OwnedValue::Bool(literal)) => Some(value.cmp(literal)),
-        (OwnedValue::Str(value), OwnedValue::Str(literal)) => {
-            Some(value.as_bytes().cmp(literal.as_bytes()))
-        }
+        (OwnedValue::Str(value), OwnedValue::Str(literal)) => Some(value.as_bytes().cmp(literal.as_bytes())),
         _ => match (reference_integer(value), reference_integer(literal)) {
             (Some(value), Some(literal)) => Some(value.cmp(&literal)),
             // Float literals against float fields; integer literals for floats are
@@ -241,39 +193,35 @@ fn reference_matches(filter: &Filter, schema: &Schema, row: &[OwnedValue]) -> bo
     let field_value = |name: &str| &row[schema.field_id(name).expect("known field").index()];
     match filter {
         Filter::True => true,
-        Filter::Compare { field, op, value } => {
-            match reference_ordering(field_value(field), value) {
-                None => false,
-                Some(ordering) => match op {
-                    CompareOp::Eq => ordering.is_eq(),
-                    CompareOp::Ne => ordering.is_ne(),
-                    CompareOp::Lt => ordering.is_lt(),
-                    CompareOp::Le => ordering.is_le(),
-                    CompareOp::Gt => ordering.is_gt(),
-                    CompareOp::Ge => ordering.is_ge(),
-                },
-            }
+        Filter::Compare { field, op, value } => match reference_ordering(field_value(field), value) {
+            None => false,
+            Some(ordering) => match op {
+                CompareOp::Eq => ordering.is_eq(),
+                CompareOp::Ne => ordering.is_ne(),
+                CompareOp::Lt => ordering.is_lt(),
+                CompareOp::Le => ordering.is_le(),
+                CompareOp::Gt => ordering.is_gt(),
+                CompareOp::Ge => ordering.is_ge(),
+            },
+        },
+        Filter::In { field, values } => {
+            values.iter().any(|literal| reference_ordering(field_value(field), literal) == Some(Ordering::Equal))
         }
-        Filter::In { field, values } => values.iter().any(|literal| {
-            reference_ordering(field_value(field), literal) == Some(Ordering::Equal)
-        }),
         Filter::IsNull { field } => matches!(field_value(field), OwnedValue::Null),
         Filter::Contains { field, needle } => match field_value(field) {
-            OwnedValue::Str(text) => caseless::default_case_fold_str(text)
-                .contains(caseless::default_case_fold_str(needle).as_str()),
+            OwnedValue::Str(text) => {
+                caseless::default_case_fold_str(text).contains(caseless::default_case_fold_str(needle).as_str())
+            }
             _ => false,
         },
         Filter::Prefix { field, prefix } => match field_value(field) {
-            OwnedValue::Str(text) => caseless::default_case_fold_str(text)
-                .starts_with(caseless::default_case_fold_str(prefix).as_str()),
+            OwnedValue::Str(text) => {
+                caseless::default_case_fold_str(text).starts_with(caseless::default_case_fold_str(prefix).as_str())
+            }
             _ => false,
         },
-        Filter::All(children) => children
-            .iter()
-            .all(|child| reference_matches(child, schema, row)),
-        Filter::Any(children) => children
-            .iter()
-            .any(|child| reference_matches(child, schema, row)),
+        Filter::All(children) => children.iter().all(|child| reference_matches(child, schema, row)),
+        Filter::Any(children) => children.iter().any(|child| reference_matches(child, schema, row)),
         Filter::Not(child) => !reference_matches(child, schema, row),
     }
 }
@@ -286,9 +234,9 @@ fn collect_field_names<'a>(filter: &'a Filter, names: &mut Vec<&'a str>) {
         | Filter::IsNull { field }
         | Filter::Contains { field, .. }
         | Filter::Prefix { field, .. } => names.push(field),
-        Filter::All(children) | Filter::Any(children) => children
-            .iter()
-            .for_each(|child| collect_field_names(child, names)),
+        Filter::All(children) | Filter::Any(children) => {
+            children.iter().for_each(|child| collect_field_names(child, names))
+        }
         Filter::Not(child) => collect_field_names(child, names),
     }
 }
@@ -296,9 +244,7 @@ fn collect_field_names<'a>(filter: &'a Filter, names: &mut Vec<&'a str>) {
 /// A fresh engine holding one collection with `rows` (item ids `item-<index>`).
 fn engine_with_rows(schema: &Schema, rows: &[Vec<OwnedValue>]) -> (Engine, CollectionId) {
     let mut engine = Engine::new();
-    let collection_id = engine
-        .create_collection("model", schema.clone())
-        .expect("collection is created");
+    let collection_id = engine.create_collection("model", schema.clone()).expect("collection is created");
     let mut batch = Batch::new();
     for (item_index, row) in rows.iter().enumerate() {
         let mut upsert = batch.upsert(&format!("item-{item_index}"));
@@ -309,9 +255,7 @@ fn engine_with_rows(schema: &Schema, rows: &[Vec<OwnedValue>]) -> (Engine, Colle
             }
         }
     }
-    engine
-        .apply_batch(collection_id, &batch, &mut NullSink)
-        .expect("batch is valid");
+    engine.apply_batch(collection_id, &batch, &mut NullSink).expect("batch is valid");
     (engine, collection_id)
 }
 
@@ -326,13 +270,7 @@ fn filter_model_random_filters_match_reference() {
     for seed in 0..N_SEEDS {
         let mut prng = Prng(seed);
         let rows: Vec<Vec<OwnedValue>> = (0..N_ITEMS)
-            .map(|_| {
-                schema
-                    .fields()
-                    .iter()
-                    .map(|field| random_value(&mut prng, field.field_type))
-                    .collect()
-            })
+            .map(|_| schema.fields().iter().map(|field| random_value(&mut prng, field.field_type)).collect())
             .collect();
         let (engine, collection_id) = engine_with_rows(&schema, &rows);
         let collection = engine.collection(collection_id).expect("collection exists");
@@ -344,37 +282,23 @@ fn filter_model_random_filters_match_reference() {
             };
             let mut names = Vec::new();
             collect_field_names(&filter, &mut names);
-            let mut expected_fields: Vec<FieldId> = names
-                .iter()
-                .map(|name| schema.field_id(name).expect("known field"))
-                .collect();
+            let mut expected_fields: Vec<FieldId> =
+                names.iter().map(|name| schema.field_id(name).expect("known field")).collect();
             expected_fields.sort_unstable();
             expected_fields.dedup();
-            assert_eq!(
-                compiled.reads_fields(),
-                expected_fields.as_slice(),
-                "seed {seed}: {filter:?}"
-            );
+            assert_eq!(compiled.reads_fields(), expected_fields.as_slice(), "seed {seed}: {filter:?}");
             for (item_index, row) in rows.iter().enumerate() {
-                let item = collection
-                    .get(&format!("item-{item_index}"))
-                    .expect("item exists");
+                let item = collection.get(&format!("item-{item_index}")).expect("item exists");
                 let expected = reference_matches(&filter, &schema, row);
                 let actual = compiled.matches_item(item);
-                assert_eq!(
-                    actual, expected,
-                    "seed {seed}: filter {filter:?}\nrow: {row:?}"
-                );
+                assert_eq!(actual, expected, "seed {seed}: filter {filter:?}\nrow: {row:?}");
                 n_matches += expected as usize;
                 n_cases += 1;
             }
         }
     }
     // Guards against a generator that only ever produces true or false.
-    assert!(
-        n_matches > n_cases / 10 && n_matches < n_cases * 9 / 10,
-        "{n_matches} of {n_cases}"
-    );
+    assert!(n_matches > n_cases / 10 && n_matches < n_cases * 9 / 10, "{n_matches} of {n_cases}");
 }
 
 // ----- Compile errors: one test per kind. -----
@@ -400,11 +324,7 @@ fn compiles(filter: &Filter) -> bool {
 }
 
 fn wrong_type(field: &str, expected: &'static str, found: &'static str) -> ViewError {
-    ViewError::WrongType {
-        field: field.to_owned(),
-        expected,
-        found,
-    }
+    ViewError::WrongType { field: field.to_owned(), expected, found }
 }
 
 /// `depth` nested `not`s around a leaf.
@@ -414,28 +334,14 @@ fn nested_nots(depth: usize) -> Filter {
 
 #[test]
 fn filter_compile_error_unknown_field() {
-    let unknown = ViewError::UnknownField {
-        field: "missing".to_owned(),
-    };
-    assert_eq!(
-        compile_error(&Filter::eq("missing", OwnedValue::I64(1))),
-        unknown
-    );
+    let unknown = ViewError::UnknownField { field: "missing".to_owned() };
+    assert_eq!(compile_error(&Filter::eq("missing", OwnedValue::I64(1))), unknown);
     assert_eq!(compile_error(&Filter::is_null("missing")), unknown);
     assert_eq!(compile_error(&Filter::contains("missing", "x")), unknown);
     assert_eq!(compile_error(&Filter::prefix("missing", "x")), unknown);
-    assert_eq!(
-        compile_error(&Filter::In {
-            field: "missing".to_owned(),
-            values: vec![]
-        }),
-        unknown
-    );
+    assert_eq!(compile_error(&Filter::In { field: "missing".to_owned(), values: vec![] }), unknown);
     // Found inside combinators too.
-    let nested = Filter::All(vec![
-        Filter::True,
-        Filter::Not(Box::new(Filter::is_null("missing"))),
-    ]);
+    let nested = Filter::All(vec![Filter::True, Filter::Not(Box::new(Filter::is_null("missing")))]);
     assert_eq!(compile_error(&nested), unknown);
 }
 
@@ -445,65 +351,29 @@ fn filter_compile_error_wrong_type() {
         compile_error(&Filter::eq("signed", OwnedValue::Str("1".to_owned()))),
         wrong_type("signed", "i64", "string")
     );
-    assert_eq!(
-        compile_error(&Filter::eq("text", OwnedValue::I64(1))),
-        wrong_type("text", "string", "i64")
-    );
-    assert_eq!(
-        compile_error(&Filter::eq("flag", OwnedValue::I64(1))),
-        wrong_type("flag", "bool", "i64")
-    );
-    assert_eq!(
-        compile_error(&Filter::eq("signed", OwnedValue::Bool(true))),
-        wrong_type("signed", "i64", "bool")
-    );
+    assert_eq!(compile_error(&Filter::eq("text", OwnedValue::I64(1))), wrong_type("text", "string", "i64"));
+    assert_eq!(compile_error(&Filter::eq("flag", OwnedValue::I64(1))), wrong_type("flag", "bool", "i64"));
+    assert_eq!(compile_error(&Filter::eq("signed", OwnedValue::Bool(true))), wrong_type("signed", "i64", "bool"));
     // A float never converts to an integer field, even a whole one.
-    assert_eq!(
-        compile_error(&Filter::eq("signed", OwnedValue::F64(3.0))),
-        wrong_type("signed", "i64", "f64")
-    );
-    assert_eq!(
-        compile_error(&Filter::eq("unsigned", OwnedValue::F64(3.0))),
-        wrong_type("unsigned", "u64", "f64")
-    );
+    assert_eq!(compile_error(&Filter::eq("signed", OwnedValue::F64(3.0))), wrong_type("signed", "i64", "f64"));
+    assert_eq!(compile_error(&Filter::eq("unsigned", OwnedValue::F64(3.0))), wrong_type("unsigned", "u64", "f64"));
     // Integers convert only losslessly.
-    assert_eq!(
-        compile_error(&Filter::eq("unsigned", OwnedValue::I64(-1))),
-        wrong_type("unsigned", "u64", "i64")
-    );
+    assert_eq!(compile_error(&Filter::eq("unsigned", OwnedValue::I64(-1))), wrong_type("unsigned", "u64", "i64"));
     assert_eq!(
         compile_error(&Filter::eq("signed", OwnedValue::U64(i64::MAX as u64 + 1))),
         wrong_type("signed", "i64", "u64")
     );
-    assert_eq!(
-        compile_error(&Filter::eq("float", OwnedValue::I64((1 << 53) + 1))),
-        wrong_type("float", "f64", "i64")
-    );
-    assert_eq!(
-        compile_error(&Filter::eq("float", OwnedValue::I64(i64::MAX))),
-        wrong_type("float", "f64", "i64")
-    );
-    assert_eq!(
-        compile_error(&Filter::eq("float", OwnedValue::U64(u64::MAX))),
-        wrong_type("float", "f64", "u64")
-    );
+    assert_eq!(compile_error(&Filter::eq("float", OwnedValue::I64((1 << 53) + 1))), wrong_type("float", "f64", "i64"));
+    assert_eq!(compile_error(&Filter::eq("float", OwnedValue::I64(i64::MAX))), wrong_type("float", "f64", "i64"));
+    assert_eq!(compile_error(&Filter::eq("float", OwnedValue::U64(u64::MAX))), wrong_type("float", "f64", "u64"));
     // Checked inside `in` lists as well.
-    let in_list = Filter::In {
-        field: "unsigned".to_owned(),
-        values: vec![OwnedValue::U64(1), OwnedValue::I64(-5)],
-    };
-    assert_eq!(
-        compile_error(&in_list),
-        wrong_type("unsigned", "u64", "i64")
-    );
+    let in_list = Filter::In { field: "unsigned".to_owned(), values: vec![OwnedValue::U64(1), OwnedValue::I64(-5)] };
+    assert_eq!(compile_error(&in_list), wrong_type("unsigned", "u64", "i64"));
 
     // The lossless conversions are accepted.
     assert!(compiles(&Filter::eq("unsigned", OwnedValue::I64(0))));
     assert!(compiles(&Filter::eq("unsigned", OwnedValue::I64(i64::MAX))));
-    assert!(compiles(&Filter::eq(
-        "signed",
-        OwnedValue::U64(i64::MAX as u64)
-    )));
+    assert!(compiles(&Filter::eq("signed", OwnedValue::U64(i64::MAX as u64))));
     assert!(compiles(&Filter::eq("float", OwnedValue::I64(1 << 53))));
     assert!(compiles(&Filter::eq("float", OwnedValue::I64(i64::MIN))));
     assert!(compiles(&Filter::eq("float", OwnedValue::U64(1 << 63))));
@@ -511,109 +381,47 @@ fn filter_compile_error_wrong_type() {
 
 #[test]
 fn filter_compile_error_null_literal() {
-    let null_literal = ViewError::NullLiteral {
-        field: "signed".to_owned(),
-    };
-    assert_eq!(
-        compile_error(&Filter::eq("signed", OwnedValue::Null)),
-        null_literal
-    );
-    assert_eq!(
-        compile_error(&Filter::compare("signed", CompareOp::Ne, OwnedValue::Null)),
-        null_literal
-    );
-    let in_list = Filter::In {
-        field: "signed".to_owned(),
-        values: vec![OwnedValue::I64(1), OwnedValue::Null],
-    };
+    let null_literal = ViewError::NullLiteral { field: "signed".to_owned() };
+    assert_eq!(compile_error(&Filter::eq("signed", OwnedValue::Null)), null_literal);
+    assert_eq!(compile_error(&Filter::compare("signed", CompareOp::Ne, OwnedValue::Null)), null_literal);
+    let in_list = Filter::In { field: "signed".to_owned(), values: vec![OwnedValue::I64(1), OwnedValue::Null] };
     assert_eq!(compile_error(&in_list), null_literal);
 }
 
 #[test]
 fn filter_compile_error_not_a_number() {
-    let not_a_number = ViewError::NotANumber {
-        field: "float".to_owned(),
-    };
-    assert_eq!(
-        compile_error(&Filter::eq("float", OwnedValue::F64(f64::NAN))),
-        not_a_number
-    );
-    assert_eq!(
-        compile_error(&Filter::compare(
-            "float",
-            CompareOp::Lt,
-            OwnedValue::F64(-f64::NAN)
-        )),
-        not_a_number
-    );
-    let in_list = Filter::In {
-        field: "float".to_owned(),
-        values: vec![OwnedValue::F64(1.0), OwnedValue::F64(f64::NAN)],
-    };
+    let not_a_number = ViewError::NotANumber { field: "float".to_owned() };
+    assert_eq!(compile_error(&Filter::eq("float", OwnedValue::F64(f64::NAN))), not_a_number);
+    assert_eq!(compile_error(&Filter::compare("float", CompareOp::Lt, OwnedValue::F64(-f64::NAN))), not_a_number);
+    let in_list =
+        Filter::In { field: "float".to_owned(), values: vec![OwnedValue::F64(1.0), OwnedValue::F64(f64::NAN)] };
     assert_eq!(compile_error(&in_list), not_a_number);
-    assert!(compiles(&Filter::eq(
-        "float",
-        OwnedValue::F64(f64::INFINITY)
-    )));
+    assert!(compiles(&Filter::eq("float", OwnedValue::F64(f64::INFINITY))));
 }
 
 #[test]
 fn filter_compile_error_not_applicable() {
-    let not_applicable =
-        |field: &str, operation: &'static str, field_type: &'static str| ViewError::NotApplicable {
-            field: field.to_owned(),
-            operation,
-            field_type,
-        };
-    assert_eq!(
-        compile_error(&Filter::contains("signed", "1")),
-        not_applicable("signed", "contains", "i64")
-    );
-    assert_eq!(
-        compile_error(&Filter::contains("flag", "t")),
-        not_applicable("flag", "contains", "bool")
-    );
-    assert_eq!(
-        compile_error(&Filter::prefix("float", "1")),
-        not_applicable("float", "prefix", "f64")
-    );
-    assert_eq!(
-        compile_error(&Filter::prefix("unsigned", "1")),
-        not_applicable("unsigned", "prefix", "u64")
-    );
-    for (op, symbol) in [
-        (CompareOp::Lt, "<"),
-        (CompareOp::Le, "<="),
-        (CompareOp::Gt, ">"),
-        (CompareOp::Ge, ">="),
-    ] {
+    let not_applicable = |field: &str, operation: &'static str, field_type: &'static str| ViewError::NotApplicable {
+        field: field.to_owned(),
+        operation,
+        field_type,
+    };
+    assert_eq!(compile_error(&Filter::contains("signed", "1")), not_applicable("signed", "contains", "i64"));
+    assert_eq!(compile_error(&Filter::contains("flag", "t")), not_applicable("flag", "contains", "bool"));
+    assert_eq!(compile_error(&Filter::prefix("float", "1")), not_applicable("float", "prefix", "f64"));
+    assert_eq!(compile_error(&Filter::prefix("unsigned", "1")), not_applicable("unsigned", "prefix", "u64"));
+    for (op, symbol) in [(CompareOp::Lt, "<"), (CompareOp::Le, "<="), (CompareOp::Gt, ">"), (CompareOp::Ge, ">=")] {
         let filter = Filter::compare("flag", op, OwnedValue::Bool(true));
-        assert_eq!(
-            compile_error(&filter),
-            not_applicable("flag", symbol, "bool")
-        );
+        assert_eq!(compile_error(&filter), not_applicable("flag", symbol, "bool"));
     }
-    assert!(compiles(&Filter::compare(
-        "flag",
-        CompareOp::Eq,
-        OwnedValue::Bool(true)
-    )));
-    assert!(compiles(&Filter::compare(
-        "flag",
-        CompareOp::Ne,
-        OwnedValue::Bool(false)
-    )));
-    assert!(compiles(&Filter::In {
-        field: "flag".to_owned(),
-        values: vec![OwnedValue::Bool(false)]
-    }));
+    assert!(compiles(&Filter::compare("flag", CompareOp::Eq, OwnedValue::Bool(true))));
+    assert!(compiles(&Filter::compare("flag", CompareOp::Ne, OwnedValue::Bool(false))));
+    assert!(compiles(&Filter::In { field: "flag".to_owned(), values: vec![OwnedValue::Bool(false)] }));
 }
 
 #[test]
 fn filter_compile_error_too_deep() {
-    let too_deep = ViewError::FilterTooDeep {
-        depth_max: MAX_FILTER_DEPTH,
-    };
+    let too_deep = ViewError::FilterTooDeep { depth_max: MAX_FILTER_DEPTH };
     assert!(compiles(&nested_nots(MAX_FILTER_DEPTH)));
     assert_eq!(compile_error(&nested_nots(MAX_FILTER_DEPTH + 1)), too_deep);
     // Every combinator counts towards the depth.
@@ -629,27 +437,17 @@ fn filter_compile_error_too_deep() {
 
 #[test]
 fn filter_compile_error_too_large() {
-    let too_large = ViewError::FilterTooLarge {
-        n_nodes_max: MAX_FILTER_NODES,
-    };
+    let too_large = ViewError::FilterTooLarge { n_nodes_max: MAX_FILTER_NODES };
     // An `all` node plus its children.
     let wide = |n_children: usize| Filter::All(vec![Filter::True; n_children]);
     assert!(compiles(&wide(MAX_FILTER_NODES - 1)));
     assert_eq!(compile_error(&wide(MAX_FILTER_NODES)), too_large);
     assert_eq!(compile_error(&wide(1_000_000)), too_large);
     // Nodes are counted across the whole tree, leaves and combinators alike.
-    let branch = || {
-        Filter::Any(vec![
-            Filter::is_null("text"),
-            Filter::Not(Box::new(Filter::True)),
-        ])
-    };
+    let branch = || Filter::Any(vec![Filter::is_null("text"), Filter::Not(Box::new(Filter::True))]);
     let n_branches_fitting = (MAX_FILTER_NODES - 1) / 4;
     assert!(compiles(&Filter::All(vec![branch(); n_branches_fitting])));
-    assert_eq!(
-        compile_error(&Filter::All(vec![branch(); n_branches_fitting + 1])),
-        too_large
-    );
+    assert_eq!(compile_error(&Filter::All(vec![branch(); n_branches_fitting + 1])), too_large);
 }
 
 #[test]
@@ -661,9 +459,7 @@ fn filter_compile_error_too_many_in_values() {
     assert!(compiles(&in_list(MAX_FILTER_IN_VALUES)));
     assert_eq!(
         compile_error(&in_list(MAX_FILTER_IN_VALUES + 1)),
-        ViewError::TooManyInValues {
-            n_values_max: MAX_FILTER_IN_VALUES
-        }
+        ViewError::TooManyInValues { n_values_max: MAX_FILTER_IN_VALUES }
     );
 }
 
@@ -672,70 +468,25 @@ fn filter_compile_error_too_many_in_values() {
 /// Whether each of `texts` (in the `text` field) passes `filter`.
 fn text_matches(filter: &Filter, texts: &[&str]) -> Vec<bool> {
     let schema = Schema::new().with_field("text", FieldType::String);
-    let rows: Vec<Vec<OwnedValue>> = texts
-        .iter()
-        .map(|text| vec![OwnedValue::Str((*text).to_owned())])
-        .collect();
+    let rows: Vec<Vec<OwnedValue>> = texts.iter().map(|text| vec![OwnedValue::Str((*text).to_owned())]).collect();
     let (engine, collection_id) = engine_with_rows(&schema, &rows);
     let collection = engine.collection(collection_id).expect("collection exists");
     let compiled = CompiledFilter::compile(filter, &schema).expect("filter compiles");
     (0..texts.len())
-        .map(|index| {
-            compiled.matches_item(
-                collection
-                    .get(&format!("item-{index}"))
-                    .expect("item exists"),
-            )
-        })
+        .map(|index| compiled.matches_item(collection.get(&format!("item-{index}")).expect("item exists")))
         .collect()
 }
 
 #[test]
 fn filter_case_folding_examples() {
-    assert_eq!(
-        text_matches(
-            &Filter::contains("text", "ß"),
-            &["STRASSE", "strasse", "Strase"]
-        ),
-        [true, true, false]
-    );
-    assert_eq!(
-        text_matches(
-            &Filter::prefix("text", "STRAS"),
-            &["straße", "STRASSE", "Stra"]
-        ),
-        [true, true, false]
-    );
-    assert_eq!(
-        text_matches(
-            &Filter::contains("text", "éc"),
-            &["ÉCOLE", "école", "ECOLE"]
-        ),
-        [true, true, false]
-    );
-    assert_eq!(
-        text_matches(
-            &Filter::contains("text", "σίσ"),
-            &["ΣΊΣΥΦΟΣ", "σίσυφος", "ΣΙΣΥΦΟΣ"]
-        ),
-        [true, true, false]
-    );
-    assert_eq!(
-        text_matches(&Filter::contains("text", "ΟΣ"), &["σίσυφος"]),
-        [true]
-    );
-    assert_eq!(
-        text_matches(&Filter::contains("text", "MEGA"), &["Ωmega", "omeg"]),
-        [true, false]
-    );
-    assert_eq!(
-        text_matches(&Filter::contains("text", ""), &["", "x", "Ωmega"]),
-        [true, true, true]
-    );
-    assert_eq!(
-        text_matches(&Filter::prefix("text", ""), &["", "x", "Ωmega"]),
-        [true, true, true]
-    );
+    assert_eq!(text_matches(&Filter::contains("text", "ß"), &["STRASSE", "strasse", "Strase"]), [true, true, false]);
+    assert_eq!(text_matches(&Filter::prefix("text", "STRAS"), &["straße", "STRASSE", "Stra"]), [true, true, false]);
+    assert_eq!(text_matches(&Filter::contains("text", "éc"), &["ÉCOLE", "école", "ECOLE"]), [true, true, false]);
+    assert_eq!(text_matches(&Filter::contains("text", "σίσ"), &["ΣΊΣΥΦΟΣ", "σίσυφος", "ΣΙΣΥΦΟΣ"]), [true, true, false]);
+    assert_eq!(text_matches(&Filter::contains("text", "ΟΣ"), &["σίσυφος"]), [true]);
+    assert_eq!(text_matches(&Filter::contains("text", "MEGA"), &["Ωmega", "omeg"]), [true, false]);
+    assert_eq!(text_matches(&Filter::contains("text", ""), &["", "x", "Ωmega"]), [true, true, true]);
+    assert_eq!(text_matches(&Filter::prefix("text", ""), &["", "x", "Ωmega"]), [true, true, true]);
 }
 
 #[test]
@@ -743,16 +494,8 @@ fn filter_null_fails_every_comparison() {
     let schema = error_schema();
     let rows = vec![vec![OwnedValue::Null; schema.len()]];
     let (engine, collection_id) = engine_with_rows(&schema, &rows);
-    let item = engine
-        .collection(collection_id)
-        .expect("collection exists")
-        .get("item-0")
-        .expect("item exists");
-    let passes = |filter: Filter| {
-        CompiledFilter::compile(&filter, &schema)
-            .expect("compiles")
-            .matches_item(item)
-    };
+    let item = engine.collection(collection_id).expect("collection exists").get("item-0").expect("item exists");
+    let passes = |filter: Filter| CompiledFilter::compile(&filter, &schema).expect("compiles").matches_item(item);
     let literals = [
         ("flag", OwnedValue::Bool(false)),
         ("signed", OwnedValue::I64(0)),
@@ -764,33 +507,13 @@ fn filter_null_fails_every_comparison() {
         let ops: &[CompareOp] = if field == "flag" {
             &[CompareOp::Eq, CompareOp::Ne]
         } else {
-            &[
-                CompareOp::Eq,
-                CompareOp::Ne,
-                CompareOp::Lt,
-                CompareOp::Le,
-                CompareOp::Gt,
-                CompareOp::Ge,
-            ]
+            &[CompareOp::Eq, CompareOp::Ne, CompareOp::Lt, CompareOp::Le, CompareOp::Gt, CompareOp::Ge]
         };
         for &op in ops {
-            assert!(
-                !passes(Filter::compare(field, op, literal.clone())),
-                "{field} {op:?} on null"
-            );
-            assert!(
-                passes(Filter::Not(Box::new(Filter::compare(
-                    field,
-                    op,
-                    literal.clone()
-                )))),
-                "not {field} {op:?}"
-            );
+            assert!(!passes(Filter::compare(field, op, literal.clone())), "{field} {op:?} on null");
+            assert!(passes(Filter::Not(Box::new(Filter::compare(field, op, literal.clone())))), "not {field} {op:?}");
         }
-        assert!(!passes(Filter::In {
-            field: field.to_owned(),
-            values: vec![literal.clone()]
-        }));
+        assert!(!passes(Filter::In { field: field.to_owned(), values: vec![literal.clone()] }));
         assert!(passes(Filter::is_null(field)));
     }
     assert!(!passes(Filter::contains("text", "")));
@@ -811,87 +534,30 @@ fn filter_values_compare_by_type() {
         OwnedValue::Str("a".to_owned()),
     ]];
     let (engine, collection_id) = engine_with_rows(&schema, &rows);
-    let item = engine
-        .collection(collection_id)
-        .expect("collection exists")
-        .get("item-0")
-        .expect("item exists");
-    let passes = |filter: Filter| {
-        CompiledFilter::compile(&filter, &schema)
-            .expect("compiles")
-            .matches_item(item)
-    };
+    let item = engine.collection(collection_id).expect("collection exists").get("item-0").expect("item exists");
+    let passes = |filter: Filter| CompiledFilter::compile(&filter, &schema).expect("compiles").matches_item(item);
 
     assert!(passes(Filter::eq("flag", OwnedValue::Bool(true))));
-    assert!(passes(Filter::compare(
-        "flag",
-        CompareOp::Ne,
-        OwnedValue::Bool(false)
-    )));
-    assert!(passes(Filter::compare(
-        "signed",
-        CompareOp::Lt,
-        OwnedValue::U64(0)
-    )));
-    assert!(passes(Filter::compare(
-        "signed",
-        CompareOp::Ge,
-        OwnedValue::I64(i64::MIN)
-    )));
-    assert!(passes(Filter::compare(
-        "unsigned",
-        CompareOp::Gt,
-        OwnedValue::I64(i64::MAX)
-    )));
+    assert!(passes(Filter::compare("flag", CompareOp::Ne, OwnedValue::Bool(false))));
+    assert!(passes(Filter::compare("signed", CompareOp::Lt, OwnedValue::U64(0))));
+    assert!(passes(Filter::compare("signed", CompareOp::Ge, OwnedValue::I64(i64::MIN))));
+    assert!(passes(Filter::compare("unsigned", CompareOp::Gt, OwnedValue::I64(i64::MAX))));
     // The two zeros are numerically equal, in comparisons and in `in` sets.
     assert!(passes(Filter::eq("float", OwnedValue::F64(0.0))));
-    assert!(!passes(Filter::compare(
-        "float",
-        CompareOp::Lt,
-        OwnedValue::F64(0.0)
-    )));
-    assert!(passes(Filter::In {
-        field: "float".to_owned(),
-        values: vec![OwnedValue::F64(0.0)]
-    }));
-    assert!(passes(Filter::In {
-        field: "float".to_owned(),
-        values: vec![OwnedValue::I64(0)]
-    }));
-    assert!(passes(Filter::compare(
-        "float",
-        CompareOp::Gt,
-        OwnedValue::F64(f64::NEG_INFINITY)
-    )));
+    assert!(!passes(Filter::compare("float", CompareOp::Lt, OwnedValue::F64(0.0))));
+    assert!(passes(Filter::In { field: "float".to_owned(), values: vec![OwnedValue::F64(0.0)] }));
+    assert!(passes(Filter::In { field: "float".to_owned(), values: vec![OwnedValue::I64(0)] }));
+    assert!(passes(Filter::compare("float", CompareOp::Gt, OwnedValue::F64(f64::NEG_INFINITY))));
     // Strings compare by bytes: uppercase sorts before lowercase, non-ASCII after ASCII.
-    assert!(passes(Filter::compare(
-        "text",
-        CompareOp::Gt,
-        OwnedValue::Str("B".to_owned())
-    )));
-    assert!(passes(Filter::compare(
-        "text",
-        CompareOp::Lt,
-        OwnedValue::Str("é".to_owned())
-    )));
+    assert!(passes(Filter::compare("text", CompareOp::Gt, OwnedValue::Str("B".to_owned()))));
+    assert!(passes(Filter::compare("text", CompareOp::Lt, OwnedValue::Str("é".to_owned()))));
     assert!(!passes(Filter::eq("text", OwnedValue::Str("A".to_owned()))));
-    let many: Vec<OwnedValue> = (0..1000)
-        .map(|index| OwnedValue::Str(format!("{index}")))
-        .collect();
-    assert!(!passes(Filter::In {
-        field: "text".to_owned(),
-        values: many.clone()
-    }));
+    let many: Vec<OwnedValue> = (0..1000).map(|index| OwnedValue::Str(format!("{index}"))).collect();
+    assert!(!passes(Filter::In { field: "text".to_owned(), values: many.clone() }));
     let mut with_a = many;
     with_a.push(OwnedValue::Str("a".to_owned()));
-    assert!(passes(Filter::In {
-        field: "text".to_owned(),
-        values: with_a
-    }));
-    assert!(!passes(Filter::In {
-        field: "text".to_owned(),
-        values: vec![]
-    }));
+    assert!(passes(Filter::In { field: "text".to_owned(), values: with_a }));
+    assert!(!passes(Filter::In { field: "text".to_owned(), values: vec![] }));
 }
 
 #[test]

@@ -9,8 +9,8 @@
 use std::collections::HashMap;
 
 use ordo_core::{
-    Batch, CollectingSink, CollectionId, CompareOp, Engine, Filter, OwnedDiff, OwnedItem, OwnedValue, Schema,
-    SortKey, Value, ViewDef, WindowId,
+    Batch, CollectingSink, CollectionId, CompareOp, Engine, Filter, OwnedDiff, OwnedItem, OwnedValue, Schema, SortKey,
+    Value, ViewDef, WindowId,
 };
 
 use crate::reference::{ReferenceCollection, Rng};
@@ -27,8 +27,26 @@ const FIELDS: [(&str, ordo_core::FieldType); 6] = [
 /// Names with ties, case variants, non-ASCII letters and shared prefixes longer than
 /// the 8 bytes the index caches, so that prefix ties reach the full comparison.
 const NAMES: [&str; 20] = [
-    "alpha", "Alpha", "ALPHA", "beta", "straße", "STRASSE", "Ωmega", "ωmega", "élan", "Elan", "",
-    "abcdefghijklmnop-1", "abcdefghijklmnop-2", "ABCDEFGHIJKLMNOP-3", "zeta", "ab", "Ab", "İstanbul", "istanbul", "ǅemal",
+    "alpha",
+    "Alpha",
+    "ALPHA",
+    "beta",
+    "straße",
+    "STRASSE",
+    "Ωmega",
+    "ωmega",
+    "élan",
+    "Elan",
+    "",
+    "abcdefghijklmnop-1",
+    "abcdefghijklmnop-2",
+    "ABCDEFGHIJKLMNOP-3",
+    "zeta",
+    "ab",
+    "Ab",
+    "İstanbul",
+    "istanbul",
+    "ǅemal",
 ];
 
 fn schema() -> Schema {
@@ -252,7 +270,8 @@ fn run_seed(seed: u64, n_steps: usize) -> std::collections::BTreeMap<String, usi
     let schema = schema();
     let mut engine = Engine::new();
     let collection = engine.create_collection("rooms", schema.clone()).unwrap();
-    let shared_defs: Vec<ViewDef> = (0..3).map(|_| ViewDef::new(random_filter(&mut rng, 2), random_sort(&mut rng))).collect();
+    let shared_defs: Vec<ViewDef> =
+        (0..3).map(|_| ViewDef::new(random_filter(&mut rng, 2), random_sort(&mut rng))).collect();
     let mut harness = Harness {
         engine,
         collection,
@@ -342,4 +361,3 @@ fn windows_rebuilt_from_diffs_equal_the_reference() {
     }
     eprintln!("diffs checked, by kind: {diff_counts:?}");
 }
-

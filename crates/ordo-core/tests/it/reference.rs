@@ -67,7 +67,9 @@ pub fn matches(filter: &Filter, schema: &Schema, item: &OwnedItem) -> bool {
             if matches!(field_value, OwnedValue::Null) {
                 return false;
             }
-            let Some(ordering) = compare_values(field_value, value) else { return false };
+            let Some(ordering) = compare_values(field_value, value) else {
+                return false;
+            };
             match op {
                 CompareOp::Eq => ordering == Ordering::Equal,
                 CompareOp::Ne => ordering != Ordering::Equal,
@@ -82,7 +84,9 @@ pub fn matches(filter: &Filter, schema: &Schema, item: &OwnedItem) -> bool {
             !matches!(field_value, OwnedValue::Null)
                 && values.iter().any(|value| compare_values(field_value, value) == Some(Ordering::Equal))
         }
-        Filter::IsNull { field } => matches!(item.fields[field_index(schema, field)], OwnedValue::Null),
+        Filter::IsNull { field } => {
+            matches!(item.fields[field_index(schema, field)], OwnedValue::Null)
+        }
         Filter::Contains { field, needle } => match &item.fields[field_index(schema, field)] {
             OwnedValue::Str(text) => fold(text).contains(&fold(needle)),
             _ => false,

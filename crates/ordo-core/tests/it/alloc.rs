@@ -1,0 +1,147 @@
+//! Zero heap allocations per update in steady state, counted by a global allocator.
+//! This is a property of the code, not a timing: it holds on any machine.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use ordo_core::{
+    Batch, DiffRef, DiffSink, Engine, FieldType, Filter, OwnedValue, Schema, SortKey, Value, ViewDef, WindowId,
+};
+
+use crate::reference::Rng;
+
+/// Counts allocations made by the current thread only, so tests running in
+/// parallel threads do not disturb each other's counts.
+pub struct CountingAllocator;
+
+thread_local! {
+    static ALLOCATIONS_ON_THIS_THREAD: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counter is a
+// const-initialised thread-local `Cell`, which never allocates and is never borrowed
+// across calls, so counting cannot recurse into the allocator or race.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS_ON_THIS_THREAD.with(|count| count.set(count.get() + 1));
+        // SAFETY: same contract as ours, passed through.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
+        // SAFETY: `pointer` came from `System.alloc` through this allocator.
+        unsafe { System.dealloc(pointer, layout) }
+    }
+
+    unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS_ON_THIS_THREAD.with(|count| count.set(count.get() + 1));
+        // SAFETY: same contract as ours, passed through.
+        unsafe { System.realloc(pointer, layout, new_size) }
+    }
+}
+
+fn allocations_on_this_thread() -> u64 {
+    ALLOCATIONS_ON_THIS_THREAD.with(Cell::get)
+}
+
+/// Reads every diff's borrowed data, as a server encoding frames would.
+#[derive(Default)]
+struct ReadingSink {
+    n_diffs: u64,
+    n_bytes_seen: u64,
+}
+
+impl DiffSink for ReadingSink {
+    fn diff(&mut self, _window: WindowId, diff: DiffRef<'_>) {
+        self.n_diffs += 1;
+        match diff {
+            DiffRef::Insert { value, .. }
+            | DiffRef::Set { value, .. }
+            | DiffRef::PushFront { value }
+            | DiffRef::PushBack { value } => {
+                self.n_bytes_seen += (value.id().len() + value.payload().len()) as u64;
+            }
+            DiffRef::Append { values } | DiffRef::Reset { values } => {
+                self.n_bytes_seen += values.iter().map(|item| item.payload().len() as u64).sum::<u64>();
+            }
+            _ => {}
+        }
+    }
+}
+
+pub fn room_schema() -> Schema {
+    Schema::new()
+        .with_field("name", FieldType::String)
+        .with_field("recency", FieldType::U64)
+        .with_field("is_local", FieldType::Bool)
+        .with_field("left", FieldType::Bool)
+        .with_field("unread", FieldType::U64)
+        .with_field("is_dm", FieldType::Bool)
+        .with_field("favourite", FieldType::Bool)
+}
+
+pub fn room_list_def() -> ViewDef {
+    ViewDef::new(
+        Filter::eq("left", OwnedValue::Bool(false)),
+        vec![SortKey::desc("is_local"), SortKey::desc("recency"), SortKey::asc("name")],
+    )
+}
+
+#[test]
+fn room_list_updates_allocate_nothing_in_steady_state() {
+    let n_rooms = 5_000;
+    let mut engine = Engine::new();
+    let rooms = engine.create_collection("rooms", room_schema()).unwrap();
+    let mut rng = Rng(42);
+    let mut batch = Batch::new();
+    let ids: Vec<String> = (0..n_rooms).map(|n| format!("!room{n:08}:example.org")).collect();
+    for (n, id) in ids.iter().enumerate() {
+        let name: String = (0..12 + rng.below(9)).map(|_| (b'a' + rng.below(26) as u8) as char).collect();
+        batch
+            .upsert(id)
+            .set("name", Value::Str(&name))
+            .set("recency", Value::U64(rng.below(1_000_000_000) as u64))
+            .set("is_local", Value::Bool(n < 4))
+            .set("left", Value::Bool(rng.chance(5)))
+            .set("unread", Value::U64(0))
+            .set("is_dm", Value::Bool(rng.chance(30)))
+            .set("favourite", Value::Bool(rng.chance(5)))
+            .payload(&[b'p'; 200]);
+    }
+    let mut sink = ReadingSink::default();
+    engine.apply_batch(rooms, &batch, &mut sink).unwrap();
+    // Several windows on the one view, including one past the end and an empty one.
+    let windows = [(0, 20), (20, 20), (4_990, 20), (0, 0), (100_000, 5)];
+    for (offset, limit) in windows {
+        engine.open_window(rooms, &room_list_def(), offset, limit, &mut sink).unwrap();
+    }
+
+    let mut recency = 2_000_000_000u64;
+    let mut preview = [b'm'; 210];
+    let mut run_updates = |engine: &mut Engine, batch: &mut Batch, sink: &mut ReadingSink, n: usize| {
+        for _ in 0..n {
+            recency += 1;
+            preview[0] = b'a' + (recency % 26) as u8;
+            batch.clear();
+            batch.upsert(&ids[rng.below(n_rooms)]).set("recency", Value::U64(recency)).payload(&preview);
+            engine.apply_batch(rooms, batch, sink).unwrap();
+        }
+    };
+    // Warm-up: buffers, node arenas and per-slot strings reach their working size.
+    run_updates(&mut engine, &mut batch, &mut sink, 20_000);
+    let n_diffs_before = sink.n_diffs;
+    let before = allocations_on_this_thread();
+    run_updates(&mut engine, &mut batch, &mut sink, 20_000);
+    let allocations = allocations_on_this_thread() - before;
+    assert!(sink.n_diffs > n_diffs_before, "the updates produced no diffs: the test measured nothing");
+    assert_eq!(allocations, 0, "heap allocations during 20 000 steady-state updates");
+}
+
+#[test]
+fn the_counter_sees_allocations() {
+    // Guards the test above against a counter that never counts.
+    let before = allocations_on_this_thread();
+    let boxed = std::hint::black_box(Box::new([0u8; 64]));
+    drop(boxed);
+    assert_eq!(allocations_on_this_thread() - before, 1);
+}

@@ -1,0 +1,170 @@
+//! Rejected input changes nothing: not the items, not any window, and emits no diff.
+//! Each limit is tested at its edge.
+
+use ordo_core::{
+    limits, Batch, BatchError, CollectingSink, Engine, Filter, OwnedItem, OwnedValue, SortKey, Value, ViewDef,
+    ViewError,
+};
+
+use crate::alloc::{room_list_def, room_schema};
+
+fn items_of(engine: &Engine, collection: ordo_core::CollectionId) -> Vec<OwnedItem> {
+    let mut items: Vec<OwnedItem> =
+        engine.collection(collection).unwrap().items().map(|item| item.to_owned_item()).collect();
+    items.sort_by(|a, b| a.id.cmp(&b.id));
+    items
+}
+
+#[test]
+fn every_rejected_batch_leaves_items_and_windows_untouched() {
+    let mut engine = Engine::new();
+    let rooms = engine.create_collection("rooms", room_schema()).unwrap();
+    let mut sink = CollectingSink::new();
+    let mut batch = Batch::new();
+    for n in 0..30 {
+        batch
+            .upsert(&format!("room{n:02}"))
+            .set("name", Value::Str("name"))
+            .set("recency", Value::U64(n))
+            .set("left", Value::Bool(false))
+            .payload(b"p");
+    }
+    engine.apply_batch(rooms, &batch, &mut sink).unwrap();
+    let window = engine.open_window(rooms, &room_list_def(), 0, 10, &mut sink).unwrap();
+    sink.diffs.clear();
+    let items_before = items_of(&engine, rooms);
+    let window_before = engine.window_items(window).unwrap();
+
+    let long_id = "x".repeat(limits::MAX_ID_BYTES + 1);
+    let long_string = "s".repeat(limits::MAX_STRING_FIELD_BYTES + 1);
+    let big_payload = vec![0u8; limits::MAX_PAYLOAD_BYTES + 1];
+    type BadOp = Box<dyn Fn(&mut Batch)>;
+    type Case = (BadOp, fn(&BatchError) -> bool);
+    let cases: Vec<Case> = vec![
+        (
+            Box::new(|b: &mut Batch| {
+                b.upsert("");
+            }),
+            |e| matches!(e, BatchError::IdEmpty { .. }),
+        ),
+        (
+            Box::new(move |b: &mut Batch| {
+                b.upsert(&long_id);
+            }),
+            |e| matches!(e, BatchError::IdTooLong { id_bytes: 256, .. }),
+        ),
+        (
+            Box::new(|b: &mut Batch| {
+                b.upsert("room01").set("colour", Value::U64(1));
+            }),
+            |e| matches!(e, BatchError::UnknownField { field, .. } if field == "colour"),
+        ),
+        (
+            Box::new(|b: &mut Batch| {
+                b.upsert("room01").set("recency", Value::Str("now"));
+            }),
+            |e| matches!(e, BatchError::WrongType { expected: "u64", found: "string", .. }),
+        ),
+        (
+            Box::new(|b: &mut Batch| {
+                b.upsert("room01").set("recency", Value::I64(-1));
+            }),
+            |e| matches!(e, BatchError::WrongType { .. }),
+        ),
+        (
+            Box::new(|b: &mut Batch| {
+                b.upsert("room01").set("left", Value::U64(0));
+            }),
+            |e| matches!(e, BatchError::WrongType { expected: "bool", .. }),
+        ),
+        (
+            Box::new(move |b: &mut Batch| {
+                b.upsert("room01").set("name", Value::Str(&long_string));
+            }),
+            |e| matches!(e, BatchError::StringTooLong { .. }),
+        ),
+        (
+            Box::new(move |b: &mut Batch| {
+                b.upsert("room01").payload(&big_payload);
+            }),
+            |e| matches!(e, BatchError::PayloadTooLarge { .. }),
+        ),
+    ];
+    for (index, (add_bad_op, is_expected)) in cases.iter().enumerate() {
+        // Good operations before and after the bad one must not be applied either.
+        batch.clear();
+        batch.upsert("room03").set("recency", Value::U64(1_000)).payload(b"changed");
+        batch.remove("room04");
+        batch.upsert("new-room").set("left", Value::Bool(false)).set("recency", Value::U64(2_000));
+        add_bad_op(&mut batch);
+        batch.upsert("room05").set("recency", Value::U64(3_000));
+        let error = engine.apply_batch(rooms, &batch, &mut sink).expect_err("bad batch accepted");
+        assert!(is_expected(&error), "case {index}: unexpected error {error:?}");
+        assert!(!error.to_string().is_empty());
+        assert!(sink.diffs.is_empty(), "case {index}: diffs emitted for a rejected batch");
+        assert_eq!(items_of(&engine, rooms), items_before, "case {index}: items changed");
+        assert_eq!(engine.window_items(window).unwrap(), window_before, "case {index}: window changed");
+    }
+    // Just inside the limits is accepted.
+    batch.clear();
+    batch
+        .upsert(&"x".repeat(limits::MAX_ID_BYTES))
+        .set("name", Value::Str(&"s".repeat(limits::MAX_STRING_FIELD_BYTES)))
+        .set("recency", Value::I64(5))
+        .payload(&vec![0u8; limits::MAX_PAYLOAD_BYTES]);
+    engine.apply_batch(rooms, &batch, &mut sink).expect("limits are inclusive");
+}
+
+#[test]
+fn bad_view_definitions_and_window_requests_are_refused() {
+    let mut engine = Engine::new();
+    let rooms = engine.create_collection("rooms", room_schema()).unwrap();
+    let mut sink = CollectingSink::new();
+    let def = |filter: Filter, sort: Vec<SortKey>| ViewDef::new(filter, sort);
+    let cases = [
+        (def(Filter::eq("colour", OwnedValue::U64(1)), vec![]), "no field `colour`"),
+        (def(Filter::True, vec![SortKey::asc("colour")]), "no field `colour`"),
+        (def(Filter::True, vec![SortKey::asc("name"), SortKey::desc("name")]), "twice"),
+        (def(Filter::True, vec![SortKey::asc("recency").case_insensitive()]), "does not apply"),
+        (def(Filter::eq("recency", OwnedValue::Str("x".into())), vec![]), "u64"),
+        (def(Filter::contains("recency", "1"), vec![]), "does not apply"),
+    ];
+    for (def, message) in cases {
+        let error = engine.open_window(rooms, &def, 0, 10, &mut sink).expect_err("bad view accepted");
+        assert!(error.to_string().contains(message), "{error} should mention {message}");
+    }
+    assert!(sink.diffs.is_empty());
+    let too_large = engine.open_window(rooms, &room_list_def(), 0, limits::MAX_WINDOW_LIMIT + 1, &mut sink);
+    assert!(matches!(too_large, Err(ViewError::WindowTooLarge { .. })));
+    let window = engine.open_window(rooms, &room_list_def(), 0, limits::MAX_WINDOW_LIMIT, &mut sink).unwrap();
+    assert!(engine.set_window_range(window, 0, limits::MAX_WINDOW_LIMIT + 1, &mut sink).is_err());
+    assert_eq!(engine.window_range(window).unwrap(), (0, limits::MAX_WINDOW_LIMIT), "a refused change kept the range");
+    engine.close_window(window).unwrap();
+    assert_eq!(engine.close_window(window), Err(ViewError::UnknownWindow));
+    assert_eq!(engine.set_window_range(window, 0, 1, &mut sink), Err(ViewError::UnknownWindow));
+    // A recycled window slot does not answer to the old id.
+    let reopened = engine.open_window(rooms, &room_list_def(), 0, 5, &mut sink).unwrap();
+    assert_ne!(reopened, window);
+    assert_eq!(engine.window_items(window), Err(ViewError::UnknownWindow));
+    assert_eq!(engine.stats().n_views, 1);
+    engine.close_window(reopened).unwrap();
+    assert_eq!(engine.stats().n_views, 0, "a view without windows is dropped");
+}
+
+#[test]
+fn windows_on_an_empty_collection_and_past_the_end() {
+    let mut engine = Engine::new();
+    let rooms = engine.create_collection("rooms", room_schema()).unwrap();
+    let mut sink = CollectingSink::new();
+    let window = engine.open_window(rooms, &room_list_def(), 0, 20, &mut sink).unwrap();
+    let past_end = engine.open_window(rooms, &room_list_def(), 50, 20, &mut sink).unwrap();
+    let diffs = sink.take_for(window);
+    assert!(matches!(&diffs[..], [ordo_core::OwnedDiff::Reset { values }] if values.is_empty()));
+    let mut batch = Batch::new();
+    batch.upsert("a").set("left", Value::Bool(false)).set("recency", Value::U64(1));
+    engine.apply_batch(rooms, &batch, &mut sink).unwrap();
+    let diffs = sink.take_for(window);
+    assert_eq!(diffs.len(), 1);
+    assert!(matches!(&diffs[0], ordo_core::OwnedDiff::Insert { index: 0, value } if value.id == "a"));
+    assert!(sink.take_for(past_end).len() == 1, "only the open Reset for the window past the end");
+}
