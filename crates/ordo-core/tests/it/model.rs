@@ -84,9 +84,9 @@ fn random_leaf_filter(rng: &mut Rng) -> Filter {
         1 => Filter::compare("unread", op, OwnedValue::U64(rng.below(4) as u64)),
         2 => Filter::compare("score", op, OwnedValue::I64(rng.below(7) as i64 - 3)),
         3 => Filter::compare("ratio", op, OwnedValue::F64(*rng.pick(&[-1.0, 0.0, 0.25, 2.0]))),
-        4 => Filter::contains("name", *rng.pick(&["a", "ß", "ss", "ΩM", "AB", "", "lan", "İ", "i"])),
-        5 => Filter::prefix("name", *rng.pick(&["a", "STR", "é", "abcdefghijklmnop-", "ω", "ǆ"])),
-        6 => Filter::is_null(*rng.pick(&["name", "recency", "ratio", "flag"])),
+        4 => Filter::contains("name", rng.pick::<&str>(&["a", "ß", "ss", "ΩM", "AB", "", "lan", "İ", "i"])),
+        5 => Filter::prefix("name", rng.pick::<&str>(&["a", "STR", "é", "abcdefghijklmnop-", "ω", "ǆ"])),
+        6 => Filter::is_null(rng.pick::<&str>(&["name", "recency", "ratio", "flag"])),
         7 => Filter::In {
             field: "recency".into(),
             values: (0..rng.below(4)).map(|_| OwnedValue::U64(rng.below(12) as u64 * 1000)).collect(),
