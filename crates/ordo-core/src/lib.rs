@@ -4,6 +4,43 @@
 //! The engine does no I/O and knows nothing of JSON, sockets or disks. It is
 //! single-threaded by design: one owner applies batches, and nothing on the
 //! update path takes a lock or, in steady state, allocates.
+//!
+//! ```
+//! use ordo_core::{Batch, CollectingSink, Engine, FieldType, Filter, OwnedDiff, OwnedValue, Schema, SortKey, Value, ViewDef};
+//!
+//! let mut engine = Engine::new();
+//! let schema = Schema::new()
+//!     .with_field("name", FieldType::String)
+//!     .with_field("recency", FieldType::U64)
+//!     .with_field("left", FieldType::Bool);
+//! let rooms = engine.create_collection("rooms", schema).unwrap();
+//!
+//! let mut batch = Batch::new();
+//! batch.upsert("!a:example.org").set("name", Value::Str("Alice")).set("recency", Value::U64(10)).set("left", Value::Bool(false));
+//! batch.upsert("!b:example.org").set("name", Value::Str("Bob")).set("recency", Value::U64(20)).set("left", Value::Bool(false));
+//! let mut sink = CollectingSink::new();
+//! engine.apply_batch(rooms, &batch, &mut sink).unwrap();
+//!
+//! // The room list: rooms not left, most recent first, top 20.
+//! let room_list = ViewDef::new(Filter::eq("left", OwnedValue::Bool(false)), vec![SortKey::desc("recency"), SortKey::asc("name")]);
+//! let window = engine.open_window(rooms, &room_list, 0, 20, &mut sink).unwrap();
+//! let mut local: Vec<_> = Vec::new();
+//! for diff in sink.take_for(window) {
+//!     diff.apply(&mut local); // the first diff is a Reset with the window's contents
+//! }
+//! assert_eq!(local.iter().map(|item| item.id.as_str()).collect::<Vec<_>>(), ["!b:example.org", "!a:example.org"]);
+//!
+//! // A new message in Alice's room moves it to the top: one Remove, one Insert.
+//! batch.clear();
+//! batch.upsert("!a:example.org").set("recency", Value::U64(30)).payload(b"Alice: hi!");
+//! engine.apply_batch(rooms, &batch, &mut sink).unwrap();
+//! let diffs = sink.take_for(window);
+//! assert!(matches!(diffs[..], [OwnedDiff::Remove { index: 1 }, OwnedDiff::Insert { index: 0, .. }]));
+//! for diff in diffs {
+//!     diff.apply(&mut local);
+//! }
+//! assert_eq!(local[0].payload, b"Alice: hi!");
+//! ```
 
 mod batch;
 mod collection;
