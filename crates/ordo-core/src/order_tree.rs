@@ -32,6 +32,29 @@ pub(crate) struct Entry {
     pub(crate) slot: Slot,
 }
 
+/// An entry without `u128`'s 16-byte alignment: 24 bytes instead of 32, for the
+/// large vectors a view is built from (see `ViewIndex::Partial`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PackedEntry {
+    prefix_high: u64,
+    prefix_low: u64,
+    pub(crate) slot: Slot,
+}
+
+const _: () = assert!(std::mem::size_of::<PackedEntry>() == 24);
+
+impl PackedEntry {
+    #[inline]
+    pub(crate) fn new(prefix: Prefix, slot: Slot) -> PackedEntry {
+        PackedEntry { prefix_high: (prefix >> 64) as u64, prefix_low: prefix as u64, slot }
+    }
+
+    #[inline]
+    pub(crate) fn unpack(self) -> Entry {
+        Entry { prefix: (self.prefix_high as u128) << 64 | self.prefix_low as u128, slot: self.slot }
+    }
+}
+
 struct Leaf {
     len: u32,
     prefixes: [Prefix; LEAF_CAPACITY],
@@ -145,7 +168,7 @@ impl OrderTree {
 
     /// Builds a tree from entries already in order, leaves filled completely: the
     /// cheapest layout to create and the smallest in memory.
-    pub(crate) fn from_sorted(entries: &[Entry]) -> OrderTree {
+    pub(crate) fn from_sorted(entries: &[PackedEntry]) -> OrderTree {
         let mut tree = OrderTree::new();
         if entries.is_empty() {
             return tree;
@@ -156,12 +179,12 @@ impl OrderTree {
         let mut level: Vec<(NodeIndex, u32, Entry)> = Vec::new();
         for chunk in balanced_chunks(entries.len(), LEAF_CAPACITY, LEAF_MIN) {
             let mut leaf = Leaf::empty();
-            for (offset, entry) in entries[chunk.clone()].iter().enumerate() {
+            for (offset, entry) in entries[chunk.clone()].iter().map(|entry| entry.unpack()).enumerate() {
                 leaf.prefixes[offset] = entry.prefix;
                 leaf.slots[offset] = entry.slot;
             }
             leaf.len = chunk.len() as u32;
-            level.push((tree.leaves.len() as NodeIndex, leaf.len, entries[chunk.start]));
+            level.push((tree.leaves.len() as NodeIndex, leaf.len, entries[chunk.start].unpack()));
             tree.leaves.push(leaf);
         }
         let mut height = 0;
@@ -704,7 +727,8 @@ mod tests {
                     .map(|slot| Entry { prefix: rng.below(prefix_range) as u128, slot: slot as Slot })
                     .collect();
                 initial.sort_by(|&a, &b| compare(a, b));
-                OrderTree::from_sorted(&initial)
+                let packed: Vec<PackedEntry> = initial.iter().map(|e| PackedEntry::new(e.prefix, e.slot)).collect();
+                OrderTree::from_sorted(&packed)
             };
             let mut model: Vec<Entry> = Vec::new();
             let mut member: Vec<Option<Entry>> = vec![None; n_slots];
@@ -771,7 +795,7 @@ mod tests {
         let secondary = vec![0u64; 5000];
         let compare = compare_with(&secondary);
         for n in (0..300).chain([4095, 4096, 4097, 4160]) {
-            let entries: Vec<Entry> = (0..n).map(|i| Entry { prefix: i as u128, slot: i as Slot }).collect();
+            let entries: Vec<PackedEntry> = (0..n).map(|i| PackedEntry::new(i as u128, i as Slot)).collect();
             let tree = OrderTree::from_sorted(&entries);
             tree.check_invariants(&compare);
             assert_eq!(tree.len(), n);
@@ -787,7 +811,8 @@ mod tests {
         let compare = compare_with(&secondary);
         let mut entries: Vec<Entry> = (0..n).map(|i| Entry { prefix: prefixes[i], slot: i as Slot }).collect();
         entries.sort_by(|&a, &b| compare(a, b));
-        let mut tree = OrderTree::from_sorted(&entries);
+        let packed: Vec<PackedEntry> = entries.iter().map(|e| PackedEntry::new(e.prefix, e.slot)).collect();
+        let mut tree = OrderTree::from_sorted(&packed);
         let mut rng = Rng(7);
         let mut top = (n as u128 + 1) * 10;
         let mut warm_capacity = (0, 0);

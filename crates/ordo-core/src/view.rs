@@ -5,7 +5,7 @@ use std::cmp::Ordering;
 
 use crate::collection::{Collection, Slot};
 use crate::filter::{CompiledFilter, FilterScratch};
-use crate::order_tree::{Entry, OrderTree};
+use crate::order_tree::{Entry, OrderTree, PackedEntry};
 use crate::sort::CompiledSort;
 use crate::view_def::ViewDef;
 
@@ -14,7 +14,7 @@ use crate::view_def::ViewDef;
 pub(crate) enum ViewIndex {
     /// Every member, with `entries[..n_sorted]` the smallest `n_sorted` entries in order.
     Partial {
-        entries: Vec<Entry>,
+        entries: Vec<PackedEntry>,
         n_sorted: usize,
     },
     Ready(OrderTree),
@@ -54,13 +54,17 @@ impl View {
         n_first: usize,
     ) -> View {
         let mut member_bits = vec![0u64; collection.slot_capacity().div_ceil(64)];
-        let mut entries = Vec::with_capacity(collection.len());
+        let mut slots = Vec::with_capacity(collection.len());
         for slot in collection.live_slots() {
             if filter.matches(collection, slot, filter_scratch) {
                 member_bits[slot as usize / 64] |= 1 << (slot % 64);
-                entries.push(Entry { prefix: sort.encode_prefix(collection, slot), slot });
+                slots.push(slot);
             }
         }
+        // Key by key over the members, then pair up: column-at-a-time encoding.
+        let mut prefixes = vec![0; slots.len()];
+        sort.encode_prefixes(collection, &slots, &mut prefixes);
+        let entries = prefixes.iter().zip(&slots).map(|(&prefix, &slot)| PackedEntry::new(prefix, slot)).collect();
         let mut view = View {
             collection: collection_index,
             def,
@@ -111,7 +115,8 @@ impl View {
         if n_first <= *n_sorted {
             return;
         }
-        let compare = |left: &Entry, right: &Entry| compare_entries(sort, collection, *left, *right);
+        let compare =
+            |left: &PackedEntry, right: &PackedEntry| compare_entries(sort, collection, left.unpack(), right.unpack());
         let rest = &mut entries[*n_sorted..];
         let n_wanted = n_first - *n_sorted;
         if n_wanted < rest.len() {
@@ -157,7 +162,7 @@ impl View {
     /// Heap bytes held by the view's index and membership bits.
     pub(crate) fn heap_bytes(&self) -> usize {
         let index_bytes = match &self.index {
-            ViewIndex::Partial { entries, .. } => entries.capacity() * std::mem::size_of::<Entry>(),
+            ViewIndex::Partial { entries, .. } => entries.capacity() * std::mem::size_of::<PackedEntry>(),
             ViewIndex::Ready(tree) => tree.heap_bytes(),
         };
         index_bytes + self.member_bits.capacity() * 8 + self.windows.capacity() * 4
