@@ -138,9 +138,7 @@ pub fn random_payload(rng: &mut Rng) -> Vec<u8> {
 
 fn random_name(rng: &mut Rng) -> String {
     let len = rng.range_inclusive(12, 20) as usize;
-    let mut name: Vec<char> = (0..len)
-        .map(|_| (b'a' + rng.below(26) as u8) as char)
-        .collect();
+    let mut name: Vec<char> = (0..len).map(|_| (b'a' + rng.below(26) as u8) as char).collect();
     if rng.chance(0.02) {
         let pos = rng.below(len as u64) as usize;
         name[pos] = NON_ASCII_LETTERS[rng.below(NON_ASCII_LETTERS.len() as u64) as usize];
@@ -167,11 +165,7 @@ pub fn generate_rooms(n: usize, seed: u64) -> Vec<Room> {
                 }
             };
             let left = rng.chance(0.05);
-            let unread = if rng.chance(0.70) {
-                0
-            } else {
-                rng.range_inclusive(1, 200) as u32
-            };
+            let unread = if rng.chance(0.70) { 0 } else { rng.range_inclusive(1, 200) as u32 };
             let is_dm = rng.chance(0.30);
             let favourite = rng.chance(0.05);
             Room {
@@ -246,9 +240,7 @@ pub struct Update {
 /// prefix of a longer one.
 pub fn generate_updates(rooms: &[Room], count: usize, dist: Dist, seed: u64) -> Vec<Update> {
     let mut rng = Rng::derived(seed, dist.label());
-    let mut live: Vec<u32> = (0..rooms.len() as u32)
-        .filter(|&i| !rooms[i as usize].left)
-        .collect();
+    let mut live: Vec<u32> = (0..rooms.len() as u32).filter(|&i| !rooms[i as usize].left).collect();
     assert!(!live.is_empty(), "no non-left room to update");
     // Zipf: rank k (1-based) has weight 1/k; ranks are a random permutation.
     let cdf: Vec<f64> = match dist {
@@ -274,11 +266,7 @@ pub fn generate_updates(rooms: &[Room], count: usize, dist: Dist, seed: u64) -> 
                     live[rank]
                 }
             };
-            Update {
-                room,
-                recency: RECENCY_MAX_INITIAL + 1 + k as u64,
-                payload: random_payload(&mut rng),
-            }
+            Update { room, recency: RECENCY_MAX_INITIAL + 1 + k as u64, payload: random_payload(&mut rng) }
         })
         .collect()
 }
@@ -299,12 +287,8 @@ pub enum RoomFilter {
 
 impl RoomFilter {
     /// The filters in switching order; the view starts on `ALL[0]`.
-    pub const ALL: [RoomFilter; 4] = [
-        RoomFilter::NotLeft,
-        RoomFilter::Unread,
-        RoomFilter::Dm,
-        RoomFilter::NameContainsAb,
-    ];
+    pub const ALL: [RoomFilter; 4] =
+        [RoomFilter::NotLeft, RoomFilter::Unread, RoomFilter::Dm, RoomFilter::NameContainsAb];
 
     /// Short label for reports.
     pub fn label(self) -> &'static str {
@@ -340,9 +324,7 @@ impl RoomFilter {
 /// `a` or `b`, and UTF-8 continuation bytes never equal an ASCII byte.
 #[inline]
 pub fn contains_ab_ignore_case(name: &str) -> bool {
-    name.as_bytes()
-        .windows(2)
-        .any(|w| w.eq_ignore_ascii_case(b"ab"))
+    name.as_bytes().windows(2).any(|w| w.eq_ignore_ascii_case(b"ab"))
 }
 
 /// What `create` asks for.
@@ -434,16 +416,8 @@ impl ManyLists {
 /// room universe and deals it out, `per_collection` rooms at a time, to
 /// `collections / members` collections. `collections` must be a multiple of
 /// `members`.
-pub fn generate_many_lists(
-    collections: usize,
-    per_collection: usize,
-    members: usize,
-    seed: u64,
-) -> ManyLists {
-    assert!(
-        collections % members == 0 && collections > 0,
-        "collections must be a positive multiple of members"
-    );
+pub fn generate_many_lists(collections: usize, per_collection: usize, members: usize, seed: u64) -> ManyLists {
+    assert!(collections % members == 0 && collections > 0, "collections must be a positive multiple of members");
     let n_rooms = collections * per_collection / members;
     let rooms = generate_rooms(n_rooms, seed);
     let mut rng = Rng::derived(seed, "many-lists");
@@ -463,14 +437,7 @@ pub fn generate_many_lists(
             seen[r] += 1;
         }
     }
-    ManyLists {
-        rooms,
-        collections,
-        per_collection,
-        members,
-        collection_rooms,
-        memberships,
-    }
+    ManyLists { rooms, collections, per_collection, members, collection_rooms, memberships }
 }
 
 #[cfg(test)]
@@ -501,10 +468,7 @@ mod tests {
             assert!((12..=20).contains(&chars), "{}", r.name);
             let non_ascii = r.name.chars().filter(|c| !c.is_ascii()).count();
             assert!(non_ascii <= 1);
-            assert!(r
-                .name
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || NON_ASCII_LETTERS.contains(&c)));
+            assert!(r.name.chars().all(|c| c.is_ascii_lowercase() || NON_ASCII_LETTERS.contains(&c)));
             assert!(r.recency < RECENCY_MAX_INITIAL);
             assert!(r.unread <= 200);
             assert!((180..=220).contains(&r.payload.len()));
@@ -514,9 +478,7 @@ mod tests {
         nonzero.sort_unstable();
         nonzero.dedup();
         assert_eq!(nonzero.len(), count, "non-zero recencies are distinct");
-        let frac = |p: &dyn Fn(&Room) -> bool| {
-            rooms.iter().filter(|r| p(r)).count() as f64 / n as f64
-        };
+        let frac = |p: &dyn Fn(&Room) -> bool| rooms.iter().filter(|r| p(r)).count() as f64 / n as f64;
         let near = |x: f64, want: f64| (x - want).abs() < 0.01;
         assert!(near(frac(&|r| r.recency == 0), 0.10));
         assert!(near(frac(&|r| r.left), 0.05));

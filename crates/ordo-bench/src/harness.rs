@@ -232,10 +232,7 @@ impl MemProbe {
     /// so that memory freed by an earlier system does not hide this one's).
     pub fn start() -> Self {
         trim_heap();
-        MemProbe {
-            rss: rss_bytes(),
-            heap: alloc_counter::live_bytes(),
-        }
+        MemProbe { rss: rss_bytes(), heap: alloc_counter::live_bytes() }
     }
 
     /// Memory growth since `start`, divided by `units`. Call it right after
@@ -285,12 +282,7 @@ mod tests {
 
     #[test]
     fn time_ops_respects_plan_and_groups() {
-        let plan = OpPlan {
-            warmup: 3,
-            min_ops: 8,
-            max_ops: 8,
-            budget: Duration::from_secs(10),
-        };
+        let plan = OpPlan { warmup: 3, min_ops: 8, max_ops: 8, budget: Duration::from_secs(10) };
         let mut seen = Vec::new();
         let s = time_ops(&plan, |i| {
             seen.push(i);
@@ -309,12 +301,7 @@ mod tests {
 
     #[test]
     fn budget_stops_after_min_ops() {
-        let plan = OpPlan {
-            warmup: 0,
-            min_ops: 2,
-            max_ops: 1000,
-            budget: Duration::from_millis(1),
-        };
+        let plan = OpPlan { warmup: 0, min_ops: 2, max_ops: 1000, budget: Duration::from_millis(1) };
         let s = time_ops(&plan, |_| {
             std::thread::sleep(Duration::from_millis(1));
             (0, ())

@@ -1,10 +1,8 @@
-//! The Ordo side of every scenario — to be written by the engine engineer.
+//! The Ordo side of every scenario.
 //!
 //! Each function receives exactly the data the peers receive (the same rooms,
 //! the same pre-generated update stream, the same [`OpPlan`]) and returns
-//! `None` while it is not measured ("not measured" in the report); the rest of
-//! the harness (peers, table, JSON, ratios) works unchanged once it returns
-//! `Some`.
+//! `Some(measurement)`, or `None` where Ordo has no equivalent.
 //!
 //! # How to measure
 //! Build everything that is not timed first, then call
@@ -29,10 +27,118 @@
 //! key if the engine is keyed by id). Diffs count as the engine emits them
 //! for the window(s) (e.g. `Remove` + `Insert` = 2).
 
-#![allow(unused_variables)]
+use std::cell::RefCell;
+use std::rc::Rc;
 
-use crate::data::{CreateView, LimitStep, ManyLists, Room, RoomFilter, Update};
-use crate::harness::{Measurement, OpPlan};
+use ordo_core::{
+    Batch, CollectionId, DiffRef, DiffSink, Engine, FieldType, Filter, OwnedValue, Schema, SortKey, Value, ViewDef,
+    WindowId,
+};
+
+use crate::data::{CreateView, LimitStep, ManyLists, Room, RoomFilter, Update, WINDOW_LIMIT};
+use crate::harness::{time_ops, Measurement, MemProbe, OpPlan};
+
+/// Counts diffs; a server would encode them here, borrowing the item data.
+#[derive(Default)]
+struct CountingSink {
+    n_diffs: usize,
+}
+
+impl DiffSink for CountingSink {
+    fn diff(&mut self, _window: WindowId, diff: DiffRef<'_>) {
+        // Touch the borrowed data as an encoder would, so nothing is optimised away.
+        if let DiffRef::Insert { value, .. } | DiffRef::PushFront { value } | DiffRef::Set { value, .. } = diff {
+            std::hint::black_box(value.payload().len());
+        }
+        self.n_diffs += 1;
+    }
+}
+
+impl CountingSink {
+    fn take(&mut self) -> usize {
+        std::mem::take(&mut self.n_diffs)
+    }
+}
+
+fn room_schema() -> Schema {
+    Schema::new()
+        .with_field("name", FieldType::String)
+        .with_field("recency", FieldType::U64)
+        .with_field("is_local", FieldType::Bool)
+        .with_field("left", FieldType::Bool)
+        .with_field("unread", FieldType::U64)
+        .with_field("is_dm", FieldType::Bool)
+        .with_field("favourite", FieldType::Bool)
+}
+
+fn filter_of(filter: RoomFilter) -> Filter {
+    match filter {
+        RoomFilter::NotLeft => Filter::eq("left", OwnedValue::Bool(false)),
+        RoomFilter::Unread => Filter::compare("unread", ordo_core::CompareOp::Gt, OwnedValue::U64(0)),
+        RoomFilter::Dm => Filter::eq("is_dm", OwnedValue::Bool(true)),
+        RoomFilter::NameContainsAb => Filter::contains("name", "ab"),
+    }
+}
+
+/// The room-list view's sort: `is_local` desc, `recency` desc, `name` asc (then id).
+fn room_list_sort() -> Vec<SortKey> {
+    vec![SortKey::desc("is_local"), SortKey::desc("recency"), SortKey::asc("name")]
+}
+
+fn room_list_def(filter: RoomFilter) -> ViewDef {
+    ViewDef::new(filter_of(filter), room_list_sort())
+}
+
+fn add_rooms<'a>(batch: &mut Batch, rooms: impl IntoIterator<Item = &'a Room>) {
+    for room in rooms {
+        batch
+            .upsert(&room.id)
+            .set("name", Value::Str(&room.name))
+            .set("recency", Value::U64(room.recency))
+            .set("is_local", Value::Bool(room.is_local))
+            .set("left", Value::Bool(room.left))
+            .set("unread", Value::U64(room.unread as u64))
+            .set("is_dm", Value::Bool(room.is_dm))
+            .set("favourite", Value::Bool(room.favourite))
+            .payload(&room.payload);
+    }
+}
+
+/// An engine holding one collection with all `rooms`.
+fn engine_with_rooms(rooms: &[Room]) -> (Engine, CollectionId) {
+    let mut engine = Engine::new();
+    let collection = engine.create_collection("rooms", room_schema()).expect("fresh engine");
+    let mut batch = Batch::new();
+    add_rooms(&mut batch, rooms);
+    engine.apply_batch(collection, &batch, &mut CountingSink::default()).expect("valid rooms");
+    (engine, collection)
+}
+
+/// Applies one new-message update as a one-operation batch, reusing `batch`.
+fn apply_update(
+    engine: &mut Engine,
+    collection: CollectionId,
+    batch: &mut Batch,
+    room_id: &str,
+    update: &Update,
+    sink: &mut CountingSink,
+) {
+    batch.clear();
+    batch.upsert(room_id).set("recency", Value::U64(update.recency)).payload(&update.payload);
+    engine.apply_batch(collection, batch, sink).expect("valid update");
+}
+
+/// Closes a window when dropped: lets `time_ops` drop a created view untimed.
+struct OpenWindow {
+    engine: Rc<RefCell<Engine>>,
+    window: WindowId,
+}
+
+impl Drop for OpenWindow {
+    fn drop(&mut self) {
+        self.engine.borrow_mut().close_window(self.window).expect("open window");
+    }
+}
 
 /// **create** — the N `rooms` are already in an Ordo collection (insert them
 /// *before* timing). One operation = from asking for the room-list view to
@@ -43,8 +149,24 @@ use crate::harness::{Measurement, OpPlan};
 /// created view/window as `keep` so that dropping it is not timed; each
 /// operation creates a fresh view on the same collection.
 pub fn create(rooms: &[Room], view: CreateView, plan: &OpPlan) -> Option<Measurement> {
-    None
+    let (engine, collection) = engine_with_rooms(rooms);
+    let engine = Rc::new(RefCell::new(engine));
+    let def = room_list_def(RoomFilter::NotLeft);
+    let mut sink = CountingSink::default();
+    let samples = time_ops(plan, |_| {
+        let mut engine_ref = engine.borrow_mut();
+        let window = engine_ref.open_window(collection, &def, 0, WINDOW_LIMIT, &mut sink).expect("valid view");
+        if view == CreateView::Full {
+            // Ordo has no window-less view: "full" is the view sorted completely
+            // into its index, as the first update would otherwise do.
+            engine_ref.prepare_window(window).expect("open window");
+        }
+        drop(engine_ref);
+        (sink.take(), OpenWindow { engine: engine.clone(), window })
+    });
+    Some(samples.measurement(true))
 }
+
 
 /// **new-message** — untimed: collection with the N `rooms`, the room-list
 /// view, a window (0, 20), its initial Reset drained. Operation `i` = apply
@@ -54,8 +176,22 @@ pub fn create(rooms: &[Room], view: CreateView, plan: &OpPlan) -> Option<Measure
 /// number of diffs. Called once per distribution (uniform, zipf) with that
 /// distribution's stream.
 pub fn new_message(rooms: &[Room], updates: &[Update], plan: &OpPlan) -> Option<Measurement> {
-    None
+    let (mut engine, collection) = engine_with_rooms(rooms);
+    let mut sink = CountingSink::default();
+    let window = engine.open_window(collection, &room_list_def(RoomFilter::NotLeft), 0, WINDOW_LIMIT, &mut sink).ok()?;
+    engine.prepare_window(window).ok()?;
+    sink.take();
+    let mut batch = Batch::new();
+    let samples = time_ops(plan, |i| {
+        let update = &updates[i];
+        apply_update(&mut engine, collection, &mut batch, &rooms[update.room as usize].id, update, &mut sink);
+        (sink.take(), ())
+    });
+    // Memory of the view after the churn (index nodes and membership bits).
+    let view_bytes_per_room = engine.view_heap_bytes(window).ok()? as f64 / rooms.len() as f64;
+    Some(samples.measurement(true).with_extra("view_bytes_per_room", view_bytes_per_room))
 }
+
 
 /// **load-more** — untimed: collection, room-list view, window at limit
 /// `steps[0].from` (20), initial Reset drained. Operation `i` = change the
@@ -64,8 +200,18 @@ pub fn new_message(rooms: &[Room], updates: &[Update], plan: &OpPlan) -> Option<
 /// `samples.grouped(steps.len(), true)`: one measurement per step, in the
 /// order of `steps`.
 pub fn load_more(rooms: &[Room], steps: &[LimitStep], plan: &OpPlan) -> Option<Vec<Measurement>> {
-    None
+    let (mut engine, collection) = engine_with_rooms(rooms);
+    let mut sink = CountingSink::default();
+    let def = room_list_def(RoomFilter::NotLeft);
+    let window = engine.open_window(collection, &def, 0, steps.first()?.from, &mut sink).ok()?;
+    sink.take();
+    let samples = time_ops(plan, |i| {
+        engine.set_window_range(window, 0, steps[i % steps.len()].to, &mut sink).expect("valid range");
+        (sink.take(), ())
+    });
+    Some(samples.grouped(steps.len(), true))
 }
+
 
 /// **filter-switch** — untimed: collection, view with filter `filters[0]`
 /// (`left == false`), window (0, 20), initial Reset drained. Operation `i` =
@@ -74,27 +220,44 @@ pub fn load_more(rooms: &[Room], steps: &[LimitStep], plan: &OpPlan) -> Option<V
 /// `left == false`; see [`RoomFilter::matches`] for the exact predicates) and
 /// drain the window's diffs. Return `samples.grouped(filters.len(), true)`:
 /// element `k` is the switch *to* `filters[(k + 1) % len]`.
-pub fn filter_switch(
-    rooms: &[Room],
-    filters: &[RoomFilter],
-    plan: &OpPlan,
-) -> Option<Vec<Measurement>> {
-    None
+pub fn filter_switch(rooms: &[Room], filters: &[RoomFilter], plan: &OpPlan) -> Option<Vec<Measurement>> {
+    let (mut engine, collection) = engine_with_rooms(rooms);
+    let mut sink = CountingSink::default();
+    let defs: Vec<ViewDef> = filters.iter().map(|&filter| room_list_def(filter)).collect();
+    let window = engine.open_window(collection, &defs[0], 0, WINDOW_LIMIT, &mut sink).ok()?;
+    sink.take();
+    // Each switch is cold: the window is the view's only one, so the old view is
+    // dropped and the new one built (lazily: only its first window sorted).
+    let samples = time_ops(plan, |i| {
+        engine.set_window_view(window, &defs[(i + 1) % defs.len()], &mut sink).expect("valid view");
+        (sink.take(), ())
+    });
+    Some(samples.grouped(filters.len(), true))
 }
+
 
 /// **fan-out** — untimed: collection, room-list view, one window of limit
 /// 20 per entry of `offsets` (10 000 windows at offsets 0, 20, 40, …
 /// wrapping), each window's initial Reset drained. Operation `i` = apply
 /// `updates[i]` (as in `new_message`) and drain the diffs of **all** windows;
 /// return the total number of diffs.
-pub fn fan_out(
-    rooms: &[Room],
-    updates: &[Update],
-    offsets: &[usize],
-    plan: &OpPlan,
-) -> Option<Measurement> {
-    None
+pub fn fan_out(rooms: &[Room], updates: &[Update], offsets: &[usize], plan: &OpPlan) -> Option<Measurement> {
+    let (mut engine, collection) = engine_with_rooms(rooms);
+    let mut sink = CountingSink::default();
+    let def = room_list_def(RoomFilter::NotLeft);
+    for &offset in offsets {
+        engine.open_window(collection, &def, offset, WINDOW_LIMIT, &mut sink).ok()?;
+    }
+    sink.take();
+    let mut batch = Batch::new();
+    let samples = time_ops(plan, |i| {
+        let update = &updates[i];
+        apply_update(&mut engine, collection, &mut batch, &rooms[update.room as usize].id, update, &mut sink);
+        (sink.take(), ())
+    });
+    Some(samples.measurement(true))
 }
+
 
 /// **many-lists** — untimed: take a [`MemProbe::start`](crate::harness::MemProbe)
 /// reading, then build `data.collections` separate collections (one per
@@ -107,5 +270,30 @@ pub fn fan_out(
 /// return the total. Attach the memory figures as the peers do:
 /// `Some(mem.attach(samples.measurement(true)))`.
 pub fn many_lists(data: &ManyLists, updates: &[Update], plan: &OpPlan) -> Option<Measurement> {
-    None
+    let probe = MemProbe::start();
+    let mut engine = Engine::new();
+    let mut sink = CountingSink::default();
+    let mut batch = Batch::new();
+    let def = room_list_def(RoomFilter::NotLeft);
+    let mut collections = Vec::with_capacity(data.collections);
+    for c in 0..data.collections {
+        let collection = engine.create_collection(&format!("user{c}"), room_schema()).ok()?;
+        batch.clear();
+        add_rooms(&mut batch, data.collection(c).iter().map(|&room| &data.rooms[room as usize]));
+        engine.apply_batch(collection, &batch, &mut sink).ok()?;
+        let window = engine.open_window(collection, &def, 0, WINDOW_LIMIT, &mut sink).ok()?;
+        engine.prepare_window(window).ok()?;
+        collections.push(collection);
+    }
+    sink.take();
+    let memory = probe.per_unit(data.collections);
+    let samples = time_ops(plan, |i| {
+        let update = &updates[i];
+        let room_id = &data.rooms[update.room as usize].id;
+        for &(collection, _position) in data.memberships_of(update.room as usize) {
+            apply_update(&mut engine, collections[collection as usize], &mut batch, room_id, update, &mut sink);
+        }
+        (sink.take(), ())
+    });
+    Some(memory.attach(samples.measurement(true)))
 }

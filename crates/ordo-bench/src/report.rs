@@ -109,12 +109,7 @@ pub fn fmt_float(x: f64) -> String {
 
 /// The JSON lines of a group.
 pub fn json_lines(g: &Group) -> Vec<String> {
-    let head = format!(
-        "{{\"scenario\": {}, \"n\": {}, \"dist\": {}",
-        json_str(g.scenario),
-        g.n,
-        json_str(&g.dist)
-    );
+    let head = format!("{{\"scenario\": {}, \"n\": {}, \"dist\": {}", json_str(g.scenario), g.n, json_str(&g.dist));
     let mut lines = Vec::new();
     for r in &g.rows {
         let Outcome::Measured(m) = &r.outcome else {
@@ -175,20 +170,11 @@ fn fmt_bytes(b: f64) -> String {
 
 /// The human table of one scenario (all its groups).
 pub fn table(scenario: &str, groups: &[Group]) -> String {
-    let mut rows: Vec<Vec<String>> = vec![[
-        "system",
-        "n",
-        "dist",
-        "median",
-        "p99",
-        "allocs/op",
-        "diffs/op",
-        "ratio vs ordo",
-        "ops",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()];
+    let mut rows: Vec<Vec<String>> =
+        vec![["system", "n", "dist", "median", "p99", "allocs/op", "diffs/op", "ratio vs ordo", "ops"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()];
     let mut notes = Vec::new();
     for g in groups {
         for r in &g.rows {
@@ -204,11 +190,7 @@ pub fn table(scenario: &str, groups: &[Group]) -> String {
                         (_, Some(x)) => format!("{x:.2}x"),
                     });
                     cells.push(m.ops.to_string());
-                    let mem: Vec<String> = m
-                        .extra
-                        .iter()
-                        .map(|(k, v)| format!("{k} {}", fmt_bytes(*v)))
-                        .collect();
+                    let mem: Vec<String> = m.extra.iter().map(|(k, v)| format!("{k} {}", fmt_bytes(*v))).collect();
                     if !mem.is_empty() {
                         cells.push(mem.join(", "));
                     }
@@ -230,13 +212,7 @@ pub fn table(scenario: &str, groups: &[Group]) -> String {
     }
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
-        .map(|c| {
-            rows.iter()
-                .filter(|r| r.len() > c + 1)
-                .map(|r| r[c].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
+        .map(|c| rows.iter().filter(|r| r.len() > c + 1).map(|r| r[c].chars().count()).max().unwrap_or(0))
         .collect();
     let mut out = format!("== {scenario} ==\n");
     for r in &rows {
@@ -281,22 +257,10 @@ mod tests {
             n: 100_000,
             dist: "uniform".into(),
             rows: vec![
-                Row {
-                    system: "ordo",
-                    outcome: Outcome::Measured(m(412, Some(2.0))),
-                },
-                Row {
-                    system: "eyeball",
-                    outcome: Outcome::Measured(m(824, Some(2.5))),
-                },
-                Row {
-                    system: "naive",
-                    outcome: Outcome::Measured(m(1000, None)),
-                },
-                Row {
-                    system: "naive-full",
-                    outcome: Outcome::NotMeasured("x".into()),
-                },
+                Row { system: "ordo", outcome: Outcome::Measured(m(412, Some(2.0))) },
+                Row { system: "eyeball", outcome: Outcome::Measured(m(824, Some(2.5))) },
+                Row { system: "naive", outcome: Outcome::Measured(m(1000, None)) },
+                Row { system: "naive-full", outcome: Outcome::NotMeasured("x".into()) },
             ],
         };
         let l = json_lines(&g);

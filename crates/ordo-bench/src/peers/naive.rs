@@ -16,7 +16,7 @@
 use std::cmp::Ordering;
 
 use crate::data::{CreateView, LimitStep, ManyLists, Room, RoomFilter, Update, WINDOW_LIMIT};
-use crate::harness::{time_ops, MemProbe, Measurement, OpPlan};
+use crate::harness::{time_ops, Measurement, MemProbe, OpPlan};
 
 /// Which naive peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,13 +107,8 @@ pub struct NaiveView {
 impl NaiveView {
     /// Opens a view: filters, recomputes, fills the window.
     pub fn open(rooms: &[NaiveRoom], filter: RoomFilter, limit: usize, mode: Mode) -> Self {
-        let mut v = NaiveView {
-            mode,
-            filter,
-            limit,
-            order: Vec::new(),
-            window: Vec::with_capacity(limit),
-        };
+        let mut v =
+            NaiveView { mode, filter, limit, order: Vec::new(), window: Vec::with_capacity(limit.min(rooms.len())) };
         v.set_filter(rooms, filter);
         v
     }
@@ -122,13 +117,7 @@ impl NaiveView {
     pub fn set_filter(&mut self, rooms: &[NaiveRoom], filter: RoomFilter) {
         self.filter = filter;
         self.order.clear();
-        self.order.extend(
-            rooms
-                .iter()
-                .enumerate()
-                .filter(|(_, r)| r.passes(filter))
-                .map(|(i, _)| i as u32),
-        );
+        self.order.extend(rooms.iter().enumerate().filter(|(_, r)| r.passes(filter)).map(|(i, _)| i as u32));
         self.refresh(rooms);
     }
 
@@ -188,12 +177,7 @@ pub fn create(rooms: &[Room], view: CreateView, plan: &OpPlan, mode: Mode) -> Op
 }
 
 /// `new-message`: apply the update in place, recompute the window.
-pub fn new_message(
-    rooms: &[Room],
-    updates: &[Update],
-    plan: &OpPlan,
-    mode: Mode,
-) -> Option<Measurement> {
+pub fn new_message(rooms: &[Room], updates: &[Update], plan: &OpPlan, mode: Mode) -> Option<Measurement> {
     let mut nrooms = build_rooms(rooms);
     let mut view = NaiveView::open(&nrooms, RoomFilter::NotLeft, WINDOW_LIMIT, mode);
     let s = time_ops(plan, |i| {
@@ -207,12 +191,7 @@ pub fn new_message(
 
 /// `load-more`: change the limit, recompute the window; one measurement per
 /// step.
-pub fn load_more(
-    rooms: &[Room],
-    steps: &[LimitStep],
-    plan: &OpPlan,
-    mode: Mode,
-) -> Option<Vec<Measurement>> {
+pub fn load_more(rooms: &[Room], steps: &[LimitStep], plan: &OpPlan, mode: Mode) -> Option<Vec<Measurement>> {
     let nrooms = build_rooms(rooms);
     let mut view = NaiveView::open(&nrooms, RoomFilter::NotLeft, steps[0].from, mode);
     let s = time_ops(plan, |i| {
@@ -225,12 +204,7 @@ pub fn load_more(
 /// `filter-switch`: operation `i` switches to `filters[(i + 1) % len]`;
 /// one measurement per target filter, in the order of `filters` shifted by
 /// one (result `k` is the switch to `filters[(k + 1) % len]`).
-pub fn filter_switch(
-    rooms: &[Room],
-    filters: &[RoomFilter],
-    plan: &OpPlan,
-    mode: Mode,
-) -> Option<Vec<Measurement>> {
+pub fn filter_switch(rooms: &[Room], filters: &[RoomFilter], plan: &OpPlan, mode: Mode) -> Option<Vec<Measurement>> {
     let nrooms = build_rooms(rooms);
     let mut view = NaiveView::open(&nrooms, filters[0], WINDOW_LIMIT, mode);
     let s = time_ops(plan, |i| {
@@ -252,10 +226,7 @@ pub fn fan_out(
     let mut nrooms = build_rooms(rooms);
     let end = offsets.iter().max().copied().unwrap_or(0) + WINDOW_LIMIT;
     let mut view = NaiveView::open(&nrooms, RoomFilter::NotLeft, end, mode);
-    let mut windows: Vec<Vec<u32>> = offsets
-        .iter()
-        .map(|_| Vec::with_capacity(WINDOW_LIMIT))
-        .collect();
+    let mut windows: Vec<Vec<u32>> = offsets.iter().map(|_| Vec::with_capacity(WINDOW_LIMIT)).collect();
     let s = time_ops(plan, |i| {
         let u = &updates[i];
         nrooms[u.room as usize].apply(u);
@@ -275,20 +246,12 @@ pub fn fan_out(
 /// `many-lists`: each collection is its own `Vec<NaiveRoom>` plus view; an
 /// update is applied to every collection holding the room and each of those
 /// windows is recomputed. Memory per collection is measured while building.
-pub fn many_lists(
-    data: &ManyLists,
-    updates: &[Update],
-    plan: &OpPlan,
-    mode: Mode,
-) -> Option<Measurement> {
+pub fn many_lists(data: &ManyLists, updates: &[Update], plan: &OpPlan, mode: Mode) -> Option<Measurement> {
     let probe = MemProbe::start();
     let mut lists: Vec<(Vec<NaiveRoom>, NaiveView)> = (0..data.collections)
         .map(|c| {
-            let rooms: Vec<NaiveRoom> = data
-                .collection(c)
-                .iter()
-                .map(|&r| NaiveRoom::from_room(&data.rooms[r as usize]))
-                .collect();
+            let rooms: Vec<NaiveRoom> =
+                data.collection(c).iter().map(|&r| NaiveRoom::from_room(&data.rooms[r as usize])).collect();
             let view = NaiveView::open(&rooms, RoomFilter::NotLeft, WINDOW_LIMIT, mode);
             (rooms, view)
         })
@@ -335,10 +298,7 @@ mod tests {
             for mode in [Mode::TopK, Mode::FullSort] {
                 let mut nrooms = build_rooms(&rooms);
                 let mut view = NaiveView::open(&nrooms, RoomFilter::NotLeft, 20, mode);
-                assert_eq!(
-                    ids(&nrooms, &view.window),
-                    brute_top(&rooms, &[], RoomFilter::NotLeft, 20)
-                );
+                assert_eq!(ids(&nrooms, &view.window), brute_top(&rooms, &[], RoomFilter::NotLeft, 20));
                 for (k, u) in updates.iter().enumerate() {
                     nrooms[u.room as usize].apply(u);
                     view.refresh(&nrooms);
@@ -354,10 +314,7 @@ mod tests {
                 for f in RoomFilter::ALL {
                     view.set_filter(&nrooms, f);
                     view.set_limit(&nrooms, 2500);
-                    assert_eq!(
-                        ids(&nrooms, &view.window),
-                        brute_top(&rooms, &updates, f, 2500)
-                    );
+                    assert_eq!(ids(&nrooms, &view.window), brute_top(&rooms, &updates, f, 2500));
                 }
             }
         }

@@ -1,0 +1,23 @@
+//! Ordo's benchmark: every scenario of `BENCH_SCENARIOS.md`, with the peers
+//! (eyeball-im-util, naive, naive-full) measured in the same run on the same
+//! seeded data.
+//!
+//! - [`data`]: the deterministic room collection, update streams, filters,
+//!   window offsets and `many-lists` collections.
+//! - [`harness`]: per-operation timing, allocation counting, memory probes.
+//! - [`peers`]: the peers, one function per scenario each.
+//! - [`ordo_system`]: the Ordo side, one function per scenario.
+//! - [`scenarios`]: the runner; [`report`]: the table and JSON lines.
+
+pub mod alloc_counter;
+pub mod data;
+pub mod harness;
+pub mod ordo_system;
+pub mod peers;
+pub mod report;
+pub mod scenarios;
+
+/// Every allocation of the benchmark (and of its tests) goes through the
+/// counting allocator.
+#[global_allocator]
+static GLOBAL: alloc_counter::CountingAlloc = alloc_counter::CountingAlloc;
