@@ -167,7 +167,6 @@ pub fn create(rooms: &[Room], view: CreateView, plan: &OpPlan) -> Option<Measure
     Some(samples.measurement(true))
 }
 
-
 /// **new-message** — untimed: collection with the N `rooms`, the room-list
 /// view, a window (0, 20), its initial Reset drained. Operation `i` = apply
 /// `updates[i]` (set room `updates[i].room`'s `recency` to
@@ -178,7 +177,8 @@ pub fn create(rooms: &[Room], view: CreateView, plan: &OpPlan) -> Option<Measure
 pub fn new_message(rooms: &[Room], updates: &[Update], plan: &OpPlan) -> Option<Measurement> {
     let (mut engine, collection) = engine_with_rooms(rooms);
     let mut sink = CountingSink::default();
-    let window = engine.open_window(collection, &room_list_def(RoomFilter::NotLeft), 0, WINDOW_LIMIT, &mut sink).ok()?;
+    let window =
+        engine.open_window(collection, &room_list_def(RoomFilter::NotLeft), 0, WINDOW_LIMIT, &mut sink).ok()?;
     engine.prepare_window(window).ok()?;
     sink.take();
     let mut batch = Batch::new();
@@ -191,7 +191,6 @@ pub fn new_message(rooms: &[Room], updates: &[Update], plan: &OpPlan) -> Option<
     let view_bytes_per_room = engine.view_heap_bytes(window).ok()? as f64 / rooms.len() as f64;
     Some(samples.measurement(true).with_extra("view_bytes_per_room", view_bytes_per_room))
 }
-
 
 /// **load-more** — untimed: collection, room-list view, window at limit
 /// `steps[0].from` (20), initial Reset drained. Operation `i` = change the
@@ -211,7 +210,6 @@ pub fn load_more(rooms: &[Room], steps: &[LimitStep], plan: &OpPlan) -> Option<V
     });
     Some(samples.grouped(steps.len(), true))
 }
-
 
 /// **filter-switch** — untimed: collection, view with filter `filters[0]`
 /// (`left == false`), window (0, 20), initial Reset drained. Operation `i` =
@@ -235,7 +233,6 @@ pub fn filter_switch(rooms: &[Room], filters: &[RoomFilter], plan: &OpPlan) -> O
     Some(samples.grouped(filters.len(), true))
 }
 
-
 /// **fan-out** — untimed: collection, room-list view, one window of limit
 /// 20 per entry of `offsets` (10 000 windows at offsets 0, 20, 40, …
 /// wrapping), each window's initial Reset drained. Operation `i` = apply
@@ -257,7 +254,6 @@ pub fn fan_out(rooms: &[Room], updates: &[Update], offsets: &[usize], plan: &OpP
     });
     Some(samples.measurement(true))
 }
-
 
 /// **many-lists** — untimed: take a [`MemProbe::start`](crate::harness::MemProbe)
 /// reading, then build `data.collections` separate collections (one per

@@ -120,6 +120,44 @@ pub(crate) fn copy_reusing_capacity_bytes(target: &mut Vec<u8>, bytes: &[u8]) {
     target.extend_from_slice(bytes);
 }
 
+/// Longest id held inline in the id index.
+const INLINE_ID_BYTES_MAX: usize = 27;
+
+/// One id-index entry: the slot, and the id itself when it is short (Matrix room
+/// ids are about 25 bytes), so that a lookup compares bytes already in the table's
+/// cache line instead of chasing `ids[slot]` to its heap buffer: two cache misses
+/// fewer per update on large collections.
+#[derive(Clone, Copy)]
+struct IdIndexEntry {
+    slot: Slot,
+    /// Length of the inline id, or `u8::MAX` when the id lives only in `ids[slot]`.
+    inline_len: u8,
+    inline_bytes: [u8; INLINE_ID_BYTES_MAX],
+}
+
+const _: () = assert!(std::mem::size_of::<IdIndexEntry>() == 32);
+
+impl IdIndexEntry {
+    fn new(id: &str, slot: Slot) -> IdIndexEntry {
+        let mut entry = IdIndexEntry { slot, inline_len: u8::MAX, inline_bytes: [0; INLINE_ID_BYTES_MAX] };
+        if id.len() <= INLINE_ID_BYTES_MAX {
+            entry.inline_len = id.len() as u8;
+            entry.inline_bytes[..id.len()].copy_from_slice(id.as_bytes());
+        }
+        entry
+    }
+
+    /// The id's bytes (ids are hashed and compared as bytes).
+    #[inline]
+    fn id_bytes<'a>(&'a self, ids: &'a [String]) -> &'a [u8] {
+        if self.inline_len == u8::MAX {
+            ids[self.slot as usize].as_bytes()
+        } else {
+            &self.inline_bytes[..self.inline_len as usize]
+        }
+    }
+}
+
 pub struct Collection {
     name: String,
     schema: Schema,
@@ -127,8 +165,8 @@ pub struct Collection {
     ids: Vec<String>,
     payloads: Vec<Vec<u8>>,
     alive: Vec<bool>,
-    /// id -> slot; the table stores only slots and hashes `ids[slot]`.
-    id_index: HashTable<Slot>,
+    /// id -> slot. Short ids are stored inline in the table (see `IdIndexEntry`).
+    id_index: HashTable<IdIndexEntry>,
     hasher: DefaultHashBuilder,
     /// Slots ready for reuse.
     free_slots: Vec<Slot>,
@@ -178,8 +216,8 @@ impl Collection {
     }
 
     pub(crate) fn find_slot(&self, id: &str) -> Option<Slot> {
-        let hash = self.hasher.hash_one(id);
-        self.id_index.find(hash, |&slot| self.ids[slot as usize] == id).copied()
+        let hash = self.hasher.hash_one(id.as_bytes());
+        self.id_index.find(hash, |entry| entry.id_bytes(&self.ids) == id.as_bytes()).map(|entry| entry.slot)
     }
 
     pub fn get(&self, id: &str) -> Option<ItemRef<'_>> {
@@ -251,9 +289,9 @@ impl Collection {
             }
         };
         self.alive[slot as usize] = true;
-        let hash = self.hasher.hash_one(id);
+        let hash = self.hasher.hash_one(id.as_bytes());
         let (ids, hasher) = (&self.ids, &self.hasher);
-        self.id_index.insert_unique(hash, slot, |&other| hasher.hash_one(ids[other as usize].as_str()));
+        self.id_index.insert_unique(hash, IdIndexEntry::new(id, slot), |entry| hasher.hash_one(entry.id_bytes(ids)));
         self.n_items += 1;
         slot
     }
@@ -269,8 +307,8 @@ impl Collection {
     /// Unlinks an item from the id index. Its data stays readable until
     /// [`Collection::recycle_freed_slots`], because diffs of the current batch may reference it.
     pub(crate) fn remove_slot(&mut self, slot: Slot) {
-        let hash = self.hasher.hash_one(self.ids[slot as usize].as_str());
-        match self.id_index.find_entry(hash, |&other| other == slot) {
+        let hash = self.hasher.hash_one(self.ids[slot as usize].as_bytes());
+        match self.id_index.find_entry(hash, |entry| entry.slot == slot) {
             Ok(entry) => {
                 entry.remove();
             }
@@ -290,7 +328,7 @@ impl Collection {
         let mut total = self.ids.capacity() * std::mem::size_of::<String>()
             + self.payloads.capacity() * std::mem::size_of::<Vec<u8>>()
             + self.alive.capacity()
-            + self.id_index.capacity() * (std::mem::size_of::<Slot>() + 1)
+            + self.id_index.capacity() * (std::mem::size_of::<IdIndexEntry>() + 1)
             + self.free_slots.capacity() * 4;
         total += self.ids.iter().map(String::capacity).sum::<usize>();
         total += self.payloads.iter().map(Vec::capacity).sum::<usize>();

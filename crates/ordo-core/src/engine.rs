@@ -225,12 +225,16 @@ impl Engine {
         window.limit = limit;
         let view = self.views[window.view as usize].as_mut().expect("live view");
         let collection = &self.collections[view.collection as usize].collection;
-        let Scratch { old_slots, new_slots, list_diff, .. } = &mut self.scratch;
-        old_slots.clear();
-        new_slots.clear();
-        view.collect_range(collection, old_offset, old_limit, old_slots);
-        view.collect_range(collection, offset, limit, new_slots);
-        if emit_list_diff(old_slots, new_slots, collection, list_diff, window_id, sink) > 0 {
+        let n_diffs = emit_range_change(
+            view,
+            collection,
+            (old_offset, old_limit),
+            (offset, limit),
+            &mut self.scratch.new_slots,
+            window_id,
+            sink,
+        );
+        if n_diffs > 0 {
             sink.window_done(window_id);
         }
         Ok(())
@@ -385,6 +389,71 @@ impl Engine {
             self.collections[collection as usize].views.retain(|&index| index != view_index);
         }
     }
+}
+
+/// Emits the diffs of moving a window from `old` to `new` `(offset, limit)` on the
+/// same view. Both are slices of one sorted list, so the diff is found directly:
+/// items leave or enter at the front (`PopFront` / `PushFront`) and at the back
+/// (`Truncate` / `Append`); only the entering items are read from the index. A
+/// `Reset` is sent instead when it is smaller. Returns the number of diffs.
+fn emit_range_change(
+    view: &mut View,
+    collection: &Collection,
+    old: (usize, usize),
+    new: (usize, usize),
+    slots: &mut Vec<Slot>,
+    window_id: WindowId,
+    sink: &mut dyn DiffSink,
+) -> usize {
+    let view_len = view.len();
+    let clip = |(offset, limit): (usize, usize)| {
+        let start = offset.min(view_len);
+        (start, offset.saturating_add(limit).min(view_len))
+    };
+    let ((old_start, old_end), (new_start, new_end)) = (clip(old), clip(new));
+    if (old_start, old_end) == (new_start, new_end) {
+        return 0;
+    }
+    let new_len = new_end - new_start;
+    let overlaps = old_start < old_end && new_start < new_end && old_start < new_end && new_start < old_end;
+    // Costs in "diffs plus values carried", as for batches.
+    let front_cost = if new_start >= old_start { new_start - old_start } else { 2 * (old_start - new_start) };
+    let back_cost = if new_end >= old_end { usize::from(new_end > old_end) * (1 + new_end - old_end) } else { 1 };
+    if !overlaps || front_cost + back_cost > 1 + new_len {
+        slots.clear();
+        if new_len == 0 {
+            sink.diff(window_id, DiffRef::Clear);
+        } else {
+            view.collect_range(collection, new_start, new_len, slots);
+            sink.diff(window_id, DiffRef::Reset { values: ItemList::new(collection, slots) });
+        }
+        return 1;
+    }
+    let mut n_diffs = 0;
+    // Back first, while the old indices still hold.
+    if new_end < old_end {
+        sink.diff(window_id, DiffRef::Truncate { length: new_end - old_start });
+        n_diffs += 1;
+    }
+    for _ in old_start..new_start {
+        sink.diff(window_id, DiffRef::PopFront);
+        n_diffs += 1;
+    }
+    if new_start < old_start {
+        slots.clear();
+        view.collect_range(collection, new_start, old_start - new_start, slots);
+        for &slot in slots.iter().rev() {
+            sink.diff(window_id, DiffRef::PushFront { value: collection.item(slot) });
+            n_diffs += 1;
+        }
+    }
+    if new_end > old_end {
+        slots.clear();
+        view.collect_range(collection, old_end, new_end - old_end, slots);
+        sink.diff(window_id, DiffRef::Append { values: ItemList::new(collection, slots) });
+        n_diffs += 1;
+    }
+    n_diffs
 }
 
 fn check_window_limit(limit: usize) -> Result<(), ViewError> {

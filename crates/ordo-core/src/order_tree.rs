@@ -328,6 +328,7 @@ impl OrderTree {
                 index
             }
             None => {
+                reserve_arena_growth(&mut self.leaves);
                 self.leaves.push(leaf);
                 (self.leaves.len() - 1) as NodeIndex
             }
@@ -341,6 +342,7 @@ impl OrderTree {
                 index
             }
             None => {
+                reserve_arena_growth(&mut self.inners);
                 self.inners.push(inner);
                 (self.inners.len() - 1) as NodeIndex
             }
@@ -431,14 +433,25 @@ impl OrderTree {
             leaf.len += 1;
             return (position, None);
         }
-        let half = LEAF_CAPACITY / 2;
+        // Where to split. Entries entering at the very front or back of a full leaf
+        // (the room list's new messages enter at the front) split it unevenly: the
+        // side that keeps receiving gets the minimum, the other stays 3/4 full,
+        // instead of leaving two half-empty leaves behind every such run.
+        let split_at = if position == 0 {
+            LEAF_MIN - 1
+        } else if position == LEAF_CAPACITY {
+            LEAF_CAPACITY - LEAF_MIN + 1
+        } else {
+            LEAF_CAPACITY / 2
+        };
         let mut right = Leaf::empty();
-        right.prefixes[..LEAF_CAPACITY - half].copy_from_slice(&leaf.prefixes[half..]);
-        right.slots[..LEAF_CAPACITY - half].copy_from_slice(&leaf.slots[half..]);
-        right.len = (LEAF_CAPACITY - half) as u32;
-        leaf.len = half as u32;
-        let target = if position <= half { leaf } else { &mut right };
-        let local = if position <= half { position } else { position - half };
+        right.prefixes[..LEAF_CAPACITY - split_at].copy_from_slice(&leaf.prefixes[split_at..]);
+        right.slots[..LEAF_CAPACITY - split_at].copy_from_slice(&leaf.slots[split_at..]);
+        right.len = (LEAF_CAPACITY - split_at) as u32;
+        leaf.len = split_at as u32;
+        let goes_left = position <= split_at && position < LEAF_CAPACITY;
+        let target = if goes_left { leaf } else { &mut right };
+        let local = if goes_left { position } else { position - split_at };
         let target_len = target.len as usize;
         target.prefixes.copy_within(local..target_len, local + 1);
         target.slots.copy_within(local..target_len, local + 1);
@@ -634,6 +647,14 @@ impl OrderTree {
             total += count;
         }
         total
+    }
+}
+
+/// Grows a node arena by an eighth instead of doubling it: node arenas are most of
+/// a view's memory, and a doubling would leave up to half of it unused.
+fn reserve_arena_growth<T>(arena: &mut Vec<T>) {
+    if arena.len() == arena.capacity() {
+        arena.reserve_exact((arena.len() / 8).max(4));
     }
 }
 
