@@ -16,7 +16,7 @@ use std::cmp::Ordering;
 
 use caseless::Caseless;
 
-use crate::collection::{Collection, ItemRef, Slot};
+use crate::collection::{Collection, Column, ItemRef, Slot};
 use crate::error::ViewError;
 use crate::limits::{MAX_FILTER_DEPTH, MAX_FILTER_IN_VALUES, MAX_FILTER_NODES};
 use crate::schema::{FieldId, FieldType, Schema};
@@ -153,6 +153,44 @@ impl CompiledFilter {
     /// filter was compiled against.
     pub(crate) fn matches(&self, collection: &Collection, slot: Slot, scratch: &mut FilterScratch) -> bool {
         self.evaluate(0, &|field_id| collection.value(slot, field_id), scratch)
+    }
+
+    /// Appends to `out` every live slot of `collection` that passes. The common
+    /// one-comparison filters on a bool or integer column (`left == false`) run as
+    /// one tight loop over that column, which is what building a view over a million
+    /// items needs; any other filter goes item by item.
+    pub(crate) fn select_matching(&self, collection: &Collection, scratch: &mut FilterScratch, out: &mut Vec<Slot>) {
+        match self.nodes[..] {
+            [Node::Constant(result)] => {
+                if result {
+                    out.extend(collection.live_slots());
+                }
+            }
+            [Node::Compare { field_id, op, literal }] => {
+                match (collection.column(field_id), literal) {
+                    (Column::Bool(values), Literal::Bool(literal)) => {
+                        let literal = literal as u8;
+                        // Stored bools are 0, 1, or 2 for null; a null never matches.
+                        out.extend(collection.live_slots().filter(|&slot| {
+                            let value = values[slot as usize];
+                            value <= 1 && satisfies(value.cmp(&literal), op)
+                        }));
+                    }
+                    (Column::Word { bits, present }, Literal::U64(literal)) => {
+                        out.extend(collection.live_slots().filter(|&slot| {
+                            present[slot as usize] && satisfies(bits[slot as usize].cmp(&literal), op)
+                        }));
+                    }
+                    (Column::Word { bits, present }, Literal::I64(literal)) => {
+                        out.extend(collection.live_slots().filter(|&slot| {
+                            present[slot as usize] && satisfies((bits[slot as usize] as i64).cmp(&literal), op)
+                        }));
+                    }
+                    _ => out.extend(collection.live_slots().filter(|&slot| self.matches(collection, slot, scratch))),
+                }
+            }
+            _ => out.extend(collection.live_slots().filter(|&slot| self.matches(collection, slot, scratch))),
+        }
     }
 
     /// Whether `item` passes. Allocates a fresh scratch buffer when a non-ASCII
@@ -488,6 +526,12 @@ fn compare_with_literal(value: Value<'_>, op: CompareOp, literal: Literal, texts
         // Null, or (on a collection with another schema) a value of the wrong type.
         _ => return false,
     };
+    satisfies(ordering, op)
+}
+
+/// Whether `value.cmp(literal) == ordering` satisfies `value <op> literal`.
+#[inline]
+fn satisfies(ordering: Ordering, op: CompareOp) -> bool {
     match op {
         CompareOp::Eq => ordering == Ordering::Equal,
         CompareOp::Ne => ordering != Ordering::Equal,

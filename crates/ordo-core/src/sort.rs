@@ -120,9 +120,9 @@ impl CompiledSort {
 
     /// Encodes the prefixes of many slots, key by key: one tight loop per column
     /// instead of a dispatch per item and key (what building a view needs).
-    pub(crate) fn encode_prefixes(&self, collection: &Collection, slots: &[Slot], prefixes: &mut [Prefix]) {
-        debug_assert_eq!(slots.len(), prefixes.len());
-        prefixes.fill(0);
+    pub(crate) fn encode_prefixes(&self, collection: &Collection, slots: &[Slot], prefixes: &mut Vec<Prefix>) {
+        prefixes.clear();
+        prefixes.resize(slots.len(), 0);
         for key in &self.keys[..self.n_prefix_keys] {
             let column = collection.column(key.field_id);
             match column {
@@ -134,6 +134,17 @@ impl CompiledSort {
                 Column::Word { bits, present } => {
                     for (prefix, &slot) in prefixes.iter_mut().zip(slots) {
                         *prefix |= encode_word(key, bits[slot as usize], present[slot as usize]);
+                    }
+                }
+                Column::Str { present, heads, .. } if !key.case_insensitive => {
+                    let value_offset = key.bit_offset + 1;
+                    let invert = if key.descending { u128::MAX } else { 0 };
+                    for (prefix, &slot) in prefixes.iter_mut().zip(slots) {
+                        *prefix |= if present[slot as usize] {
+                            (heads[slot as usize] ^ invert).checked_shr(value_offset).unwrap_or(0)
+                        } else {
+                            place(1, 1, key.bit_offset)
+                        };
                     }
                 }
                 Column::Str { .. } => {

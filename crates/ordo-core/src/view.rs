@@ -53,16 +53,14 @@ impl View {
         filter_scratch: &mut FilterScratch,
         n_first: usize,
     ) -> View {
-        let mut member_bits = vec![0u64; collection.slot_capacity().div_ceil(64)];
         let mut slots = Vec::with_capacity(collection.len());
-        for slot in collection.live_slots() {
-            if filter.matches(collection, slot, filter_scratch) {
-                member_bits[slot as usize / 64] |= 1 << (slot % 64);
-                slots.push(slot);
-            }
+        filter.select_matching(collection, filter_scratch, &mut slots);
+        let mut member_bits = vec![0u64; collection.slot_capacity().div_ceil(64)];
+        for &slot in &slots {
+            member_bits[slot as usize / 64] |= 1 << (slot % 64);
         }
         // Key by key over the members, then pair up: column-at-a-time encoding.
-        let mut prefixes = vec![0; slots.len()];
+        let mut prefixes = Vec::new();
         sort.encode_prefixes(collection, &slots, &mut prefixes);
         let entries = prefixes.iter().zip(&slots).map(|(&prefix, &slot)| PackedEntry::new(prefix, slot)).collect();
         let mut view = View {

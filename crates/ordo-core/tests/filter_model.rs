@@ -303,24 +303,15 @@ fn filter_model_random_filters_match_reference() {
 
 // ----- Compile errors: one test per kind. -----
 
-fn error_schema() -> Schema {
-    Schema::new()
-        .with_field("flag", FieldType::Bool)
-        .with_field("signed", FieldType::I64)
-        .with_field("unsigned", FieldType::U64)
-        .with_field("float", FieldType::F64)
-        .with_field("text", FieldType::String)
-}
-
 fn compile_error(filter: &Filter) -> ViewError {
-    match CompiledFilter::compile(filter, &error_schema()) {
+    match CompiledFilter::compile(filter, &model_schema()) {
         Ok(_) => panic!("expected a compile error for {filter:?}"),
         Err(error) => error,
     }
 }
 
 fn compiles(filter: &Filter) -> bool {
-    CompiledFilter::compile(filter, &error_schema()).is_ok()
+    CompiledFilter::compile(filter, &model_schema()).is_ok()
 }
 
 fn wrong_type(field: &str, expected: &'static str, found: &'static str) -> ViewError {
@@ -491,7 +482,7 @@ fn filter_case_folding_examples() {
 
 #[test]
 fn filter_null_fails_every_comparison() {
-    let schema = error_schema();
+    let schema = model_schema();
     let rows = vec![vec![OwnedValue::Null; schema.len()]];
     let (engine, collection_id) = engine_with_rows(&schema, &rows);
     let item = engine.collection(collection_id).expect("collection exists").get("item-0").expect("item exists");
@@ -525,7 +516,7 @@ fn filter_null_fails_every_comparison() {
 
 #[test]
 fn filter_values_compare_by_type() {
-    let schema = error_schema();
+    let schema = model_schema();
     let rows = vec![vec![
         OwnedValue::Bool(true),
         OwnedValue::I64(-5),
@@ -562,7 +553,7 @@ fn filter_values_compare_by_type() {
 
 #[test]
 fn filter_reads_fields_are_deduplicated_and_sorted() {
-    let schema = error_schema();
+    let schema = model_schema();
     let field = |name: &str| schema.field_id(name).expect("known field");
     let filter = Filter::Any(vec![
         Filter::contains("text", "x"),
