@@ -196,7 +196,14 @@ impl Engine {
         };
         let slot = &mut self.windows[window_index as usize];
         slot.generation = slot.generation.wrapping_add(1);
-        slot.window = Some(Window { view: view_index, offset, limit, pending: Vec::new(), needs_reset: false });
+        slot.window = Some(Window {
+            view: view_index,
+            offset,
+            limit,
+            // Room for a typical batch's diffs, so that a window's first updates do not allocate.
+            pending: Vec::with_capacity(limit.min(4) + 1),
+            needs_reset: false,
+        });
         let window_id = WindowId { index: window_index, generation: slot.generation };
         let view = self.views[view_index as usize].as_mut().expect("live view");
         view.windows.push(window_index);

@@ -174,7 +174,10 @@ impl OrderTree {
             return tree;
         }
         tree.leaves.clear();
-        tree.leaves.reserve(entries.len().div_ceil(LEAF_CAPACITY));
+        // Slack of an eighth (as `reserve_arena_growth` adds later), so that the first
+        // splits after a build reuse capacity instead of reallocating the arena.
+        let n_leaves = entries.len().div_ceil(LEAF_CAPACITY);
+        tree.leaves.reserve_exact(n_leaves + n_leaves / 8 + 2);
         // (node, count, first entry) of the level being built.
         let mut level: Vec<(NodeIndex, u32, Entry)> = Vec::new();
         for chunk in balanced_chunks(entries.len(), LEAF_CAPACITY, LEAF_MIN) {
