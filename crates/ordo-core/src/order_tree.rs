@@ -20,8 +20,11 @@ use crate::sort::Prefix;
 
 const LEAF_CAPACITY: usize = 64;
 const INNER_CAPACITY: usize = 64;
-/// A node below this many entries is merged with or refilled from a sibling.
-const LEAF_MIN: usize = LEAF_CAPACITY / 4;
+/// A node below this many entries is merged with or refilled from a sibling. Half
+/// for leaves: under the room list's churn (entries leave anywhere, enter at the
+/// front) a quarter let leaves settle near a third full, and a 1M-room view grew
+/// from 22 to 58 bytes per room after 3M updates; at half it settles at 37.
+const LEAF_MIN: usize = LEAF_CAPACITY / 2;
 const INNER_MIN: usize = INNER_CAPACITY / 4;
 
 type NodeIndex = u32;
