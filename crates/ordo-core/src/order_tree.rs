@@ -439,23 +439,13 @@ impl OrderTree {
             leaf.len += 1;
             return (position, None);
         }
-        // Where to split. Entries entering at the very front or back of a full leaf
-        // (the room list's new messages enter at the front) split it unevenly: the
-        // side that keeps receiving gets the minimum, the other stays 3/4 full,
-        // instead of leaving two half-empty leaves behind every such run.
-        let split_at = if position == 0 {
-            LEAF_MIN - 1
-        } else if position == LEAF_CAPACITY {
-            LEAF_CAPACITY - LEAF_MIN + 1
-        } else {
-            LEAF_CAPACITY / 2
-        };
+        let split_at = LEAF_CAPACITY / 2;
         let mut right = Leaf::empty();
         right.prefixes[..LEAF_CAPACITY - split_at].copy_from_slice(&leaf.prefixes[split_at..]);
         right.slots[..LEAF_CAPACITY - split_at].copy_from_slice(&leaf.slots[split_at..]);
         right.len = (LEAF_CAPACITY - split_at) as u32;
         leaf.len = split_at as u32;
-        let goes_left = position <= split_at && position < LEAF_CAPACITY;
+        let goes_left = position <= split_at;
         let target = if goes_left { leaf } else { &mut right };
         let local = if goes_left { position } else { position - split_at };
         let target_len = target.len as usize;
