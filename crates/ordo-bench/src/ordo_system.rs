@@ -191,10 +191,10 @@ pub fn new_message(rooms: &[Room], updates: &[Update], plan: &OpPlan) -> Option<
     // and again after N more (untimed): churn lowers the index's fill, and the
     // figure that matters is the settled one.
     let view_bytes_per_room = engine.view_heap_bytes(window).ok()? as f64 / rooms.len() as f64;
-    let mut recency = updates.iter().map(|update| update.recency).max().unwrap_or(0);
+    let last_recency = updates.iter().map(|update| update.recency).max().unwrap_or(0);
     let mut rng = crate::data::Rng::derived(rooms.len() as u64, "ordo-churn");
-    for _ in 0..rooms.len() {
-        recency += 1;
+    for churn_index in 1..=rooms.len() as u64 {
+        let recency = last_recency + churn_index;
         let room = rng.below(rooms.len() as u64) as u32;
         let churn = Update { room, recency, payload: rooms[room as usize].payload.clone() };
         apply_update(&mut engine, collection, &mut batch, &rooms[room as usize].id, &churn, &mut sink);
