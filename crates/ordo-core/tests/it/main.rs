@@ -4,6 +4,7 @@ mod alloc;
 mod bad_input;
 mod model;
 mod reference;
+mod window_changes;
 
 #[global_allocator]
 static ALLOCATOR: alloc::CountingAllocator = alloc::CountingAllocator;
