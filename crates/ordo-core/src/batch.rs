@@ -2,6 +2,7 @@
 //! `clear` keeps its buffers, so building the next batch allocates nothing once
 //! the buffers have grown to the working size.
 
+use crate::limits::MAX_BATCH_BYTES;
 use crate::value::Value;
 
 /// A value as stored inside a batch: strings point into the batch's text arena.
@@ -46,6 +47,9 @@ pub struct Batch {
     pub(crate) fields: Vec<StoredField>,
     text: String,
     payload_bytes: Vec<u8>,
+    /// Set when an addition would pass `MAX_BATCH_BYTES`; the addition is dropped
+    /// and the batch is refused when applied.
+    pub(crate) is_oversized: bool,
 }
 
 impl Batch {
@@ -59,6 +63,19 @@ impl Batch {
         self.fields.clear();
         self.text.clear();
         self.payload_bytes.clear();
+        self.is_oversized = false;
+    }
+
+    /// Bytes held (ids, names, strings, payloads), checked against `MAX_BATCH_BYTES`.
+    pub fn n_bytes(&self) -> usize {
+        self.text.len() + self.payload_bytes.len()
+    }
+
+    fn has_room_for(&mut self, n_bytes: usize) -> bool {
+        if self.n_bytes() + n_bytes > MAX_BATCH_BYTES {
+            self.is_oversized = true;
+        }
+        !self.is_oversized
     }
 
     pub fn len(&self) -> usize {
@@ -70,6 +87,9 @@ impl Batch {
     }
 
     fn push_text(&mut self, text: &str) -> (u32, u32) {
+        if !self.has_room_for(text.len()) {
+            return (0, 0);
+        }
         let start = self.text.len() as u32;
         self.text.push_str(text);
         (start, text.len() as u32)
@@ -152,6 +172,9 @@ impl UpsertBuilder<'_> {
 
     /// Replaces the item's opaque payload.
     pub fn payload(self, payload: &[u8]) -> Self {
+        if !self.batch.has_room_for(payload.len()) {
+            return self;
+        }
         let start = self.batch.payload_bytes.len() as u32;
         self.batch.payload_bytes.extend_from_slice(payload);
         self.batch.ops.last_mut().expect("an upsert was started").payload = Some((start, payload.len() as u32));

@@ -494,6 +494,9 @@ fn validate_batch(
     if batch.ops.len() > limits::MAX_OPS_PER_BATCH {
         return Err(BatchError::TooManyOps { n_ops: batch.ops.len() });
     }
+    if batch.is_oversized {
+        return Err(BatchError::BatchTooLarge);
+    }
     let n_upserts = batch.ops.iter().filter(|op| op.kind == OpKind::Upsert).count();
     if collection.len() + n_upserts > limits::MAX_ITEMS_PER_COLLECTION {
         return Err(BatchError::CollectionFull { n_items_max: limits::MAX_ITEMS_PER_COLLECTION });

@@ -41,6 +41,8 @@ pub enum BatchError {
     TooManyOps {
         n_ops: usize,
     },
+    /// The batch grew past `MAX_BATCH_BYTES` while it was built.
+    BatchTooLarge,
     CollectionFull {
         n_items_max: usize,
     },
@@ -78,6 +80,11 @@ impl fmt::Display for BatchError {
             BatchError::TooManyOps { n_ops } => {
                 write!(f, "the batch has {n_ops} operations; at most {} are allowed", limits::MAX_OPS_PER_BATCH)
             }
+            BatchError::BatchTooLarge => write!(
+                f,
+                "the batch holds more than {} bytes of ids, strings and payloads; split it",
+                limits::MAX_BATCH_BYTES
+            ),
             BatchError::CollectionFull { n_items_max } => {
                 write!(f, "the collection would exceed {n_items_max} items")
             }

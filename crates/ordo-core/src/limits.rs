@@ -6,6 +6,9 @@ pub const MAX_ID_BYTES: usize = 255;
 pub const MAX_STRING_FIELD_BYTES: usize = 64 * 1024;
 /// Largest opaque payload carried by one item.
 pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+/// Most bytes of ids, field names, strings and payloads in one batch. Batches
+/// address their buffers with `u32` offsets; this keeps them well inside that.
+pub const MAX_BATCH_BYTES: usize = 256 * 1024 * 1024;
 /// Most operations in one batch.
 pub const MAX_OPS_PER_BATCH: usize = 1 << 20;
 /// Most fields in a schema. Field lookup by name is a linear scan, fine at this size.

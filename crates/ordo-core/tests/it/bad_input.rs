@@ -168,3 +168,23 @@ fn windows_on_an_empty_collection_and_past_the_end() {
     assert!(matches!(&diffs[0], ordo_core::OwnedDiff::Insert { index: 0, value } if value.id == "a"));
     assert!(sink.take_for(past_end).len() == 1, "only the open Reset for the window past the end");
 }
+
+#[test]
+fn a_batch_past_its_byte_limit_is_refused_whole_and_clear_resets_it() {
+    let mut engine = Engine::new();
+    let rooms = engine.create_collection("rooms", room_schema()).unwrap();
+    let mut sink = CollectingSink::new();
+    let mut batch = Batch::new();
+    let payload = vec![7u8; limits::MAX_PAYLOAD_BYTES];
+    let n_ops = limits::MAX_BATCH_BYTES / limits::MAX_PAYLOAD_BYTES + 1;
+    for n in 0..n_ops {
+        batch.upsert(&format!("room{n}")).payload(&payload);
+    }
+    assert!(batch.n_bytes() <= limits::MAX_BATCH_BYTES, "the batch stopped growing at its limit");
+    assert_eq!(engine.apply_batch(rooms, &batch, &mut sink), Err(BatchError::BatchTooLarge));
+    assert_eq!(engine.collection(rooms).unwrap().len(), 0, "nothing of a refused batch applies");
+    batch.clear();
+    batch.upsert("room0").payload(&payload);
+    engine.apply_batch(rooms, &batch, &mut sink).expect("a cleared batch is usable again");
+    assert_eq!(engine.collection(rooms).unwrap().len(), 1);
+}

@@ -53,8 +53,8 @@ fn schema() -> Schema {
     FIELDS.iter().fold(Schema::new(), |schema, (name, field_type)| schema.with_field(name, *field_type))
 }
 
-fn random_id(rng: &mut Rng) -> String {
-    let n = rng.below(48);
+fn random_id(rng: &mut Rng, n_ids: usize) -> String {
+    let n = rng.below(n_ids);
     if n % 7 == 0 {
         format!("rööm-{n}")
     } else {
@@ -161,6 +161,11 @@ struct Harness {
     /// How many diffs of each kind the run produced: printed, so a run that
     /// stops exercising some kind is noticed.
     diff_counts: std::collections::BTreeMap<String, usize>,
+    /// Size of the id pool. Most seeds use few ids (many collisions, ties, removes
+    /// of present items); every fourth uses enough that the index grows past one
+    /// leaf, so splits, merges and rebalancing run under the engine too.
+    n_ids: usize,
+    max_ops_per_batch: usize,
 }
 
 impl Harness {
@@ -207,8 +212,8 @@ impl Harness {
     fn random_batch(&mut self, rng: &mut Rng) {
         self.batch.clear();
         let mut next = self.reference.clone();
-        for _ in 0..1 + rng.below(6) {
-            let id = random_id(rng);
+        for _ in 0..1 + rng.below(self.max_ops_per_batch) {
+            let id = random_id(rng, self.n_ids);
             if rng.chance(20) {
                 self.batch.remove(&id);
                 next.items.remove(&id);
@@ -281,6 +286,8 @@ fn run_seed(seed: u64, n_steps: usize) -> std::collections::BTreeMap<String, usi
         sink: CollectingSink::new(),
         batch: Batch::new(),
         diff_counts: Default::default(),
+        n_ids: if seed % 4 == 3 { 700 } else { 48 },
+        max_ops_per_batch: if seed % 4 == 3 { 40 } else { 6 },
     };
     for step in 0..n_steps {
         let context = format!("seed {seed} step {step}");
@@ -290,7 +297,7 @@ fn run_seed(seed: u64, n_steps: usize) -> std::collections::BTreeMap<String, usi
             harness.random_batch(&mut rng);
         } else if open_window {
             let def = random_def(&mut rng, &shared_defs);
-            let (offset, limit) = (rng.below(30), rng.below(25));
+            let (offset, limit) = (rng.below(harness.n_ids / 2 + 10), rng.below(25));
             let id = harness.engine.open_window(harness.collection, &def, offset, limit, &mut harness.sink).unwrap();
             harness.windows.push(ClientWindow {
                 id,
@@ -308,13 +315,14 @@ fn run_seed(seed: u64, n_steps: usize) -> std::collections::BTreeMap<String, usi
             assert!(harness.engine.close_window(window.id).is_err(), "{context}: closed twice");
         } else if action < 90 && !harness.windows.is_empty() {
             let index = rng.below(harness.windows.len());
+            let jump_max = harness.n_ids / 2 + 10;
             let window = &mut harness.windows[index];
             // Mostly "load more" and scrolling, sometimes a jump.
             let (offset, limit) = match rng.below(4) {
                 0 => (window.offset, window.limit + 1 + rng.below(20)),
                 1 => (window.offset, window.limit.saturating_sub(1 + rng.below(10))),
                 2 => (window.offset + rng.below(5), window.limit),
-                _ => (rng.below(40), rng.below(30)),
+                _ => (rng.below(jump_max), rng.below(30)),
             };
             window.offset = offset;
             window.limit = limit;
