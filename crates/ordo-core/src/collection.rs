@@ -15,19 +15,71 @@ use crate::value::{OwnedValue, Value};
 /// Index of an item's storage inside its collection.
 pub(crate) type Slot = u32;
 
-/// `Bool` columns store one byte per slot: 0 false, 1 true, this for null.
-const BOOL_NULL: u8 = 2;
+/// One bit per slot. Null flags and bools are bits rather than bytes so that, at a
+/// million items, they take 125 KB a column and stay in the CPU's L2 cache: reading a
+/// random item's flags then costs no memory access of its own.
+#[derive(Default)]
+pub(crate) struct Bitmap {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl Bitmap {
+    fn push(&mut self, bit: bool) {
+        if self.len % 64 == 0 {
+            self.words.push(0);
+        }
+        self.len += 1;
+        self.set(self.len - 1, bit);
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, index: usize) -> bool {
+        self.words[index / 64] >> (index % 64) & 1 == 1
+    }
+
+    #[inline]
+    fn set(&mut self, index: usize, bit: bool) {
+        debug_assert!(index < self.len);
+        let mask = 1 << (index % 64);
+        if bit {
+            self.words[index / 64] |= mask;
+        } else {
+            self.words[index / 64] &= !mask;
+        }
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.words.capacity() * 8
+    }
+}
+
+impl std::ops::Index<usize> for Bitmap {
+    type Output = bool;
+
+    #[inline]
+    fn index(&self, index: usize) -> &bool {
+        if self.get(index) {
+            &true
+        } else {
+            &false
+        }
+    }
+}
 
 pub(crate) enum Column {
-    Bool(Vec<u8>),
+    Bool {
+        values: Bitmap,
+        present: Bitmap,
+    },
     /// `I64`, `U64` and `F64` fields, stored as their 64 raw bits.
     Word {
         bits: Vec<u64>,
-        present: Vec<bool>,
+        present: Bitmap,
     },
     Str {
         values: Vec<String>,
-        present: Vec<bool>,
+        present: Bitmap,
         /// The first 16 bytes of each value, zero-padded, big-endian: sort keys are
         /// encoded from here without following the pointer to the string's heap
         /// buffer (a cache miss per item when views are built or items move).
@@ -38,15 +90,20 @@ pub(crate) enum Column {
 impl Column {
     fn new(field_type: FieldType) -> Column {
         match field_type {
-            FieldType::Bool => Column::Bool(Vec::new()),
-            FieldType::I64 | FieldType::U64 | FieldType::F64 => Column::Word { bits: Vec::new(), present: Vec::new() },
-            FieldType::String => Column::Str { values: Vec::new(), present: Vec::new(), heads: Vec::new() },
+            FieldType::Bool => Column::Bool { values: Bitmap::default(), present: Bitmap::default() },
+            FieldType::I64 | FieldType::U64 | FieldType::F64 => {
+                Column::Word { bits: Vec::new(), present: Bitmap::default() }
+            }
+            FieldType::String => Column::Str { values: Vec::new(), present: Bitmap::default(), heads: Vec::new() },
         }
     }
 
     fn push_null(&mut self) {
         match self {
-            Column::Bool(values) => values.push(BOOL_NULL),
+            Column::Bool { values, present } => {
+                values.push(false);
+                present.push(false);
+            }
             Column::Word { bits, present } => {
                 bits.push(0);
                 present.push(false);
@@ -61,8 +118,9 @@ impl Column {
 
     fn set_null(&mut self, slot: usize) {
         match self {
-            Column::Bool(values) => values[slot] = BOOL_NULL,
-            Column::Word { present, .. } | Column::Str { present, .. } => present[slot] = false,
+            Column::Bool { present, .. } | Column::Word { present, .. } | Column::Str { present, .. } => {
+                present.set(slot, false)
+            }
         }
     }
 
@@ -70,23 +128,26 @@ impl Column {
     fn set(&mut self, slot: usize, value: Value<'_>) {
         match (self, value) {
             (column, Value::Null) => column.set_null(slot),
-            (Column::Bool(values), Value::Bool(flag)) => values[slot] = flag as u8,
+            (Column::Bool { values, present }, Value::Bool(flag)) => {
+                values.set(slot, flag);
+                present.set(slot, true);
+            }
             (Column::Word { bits, present }, Value::I64(number)) => {
                 bits[slot] = number as u64;
-                present[slot] = true;
+                present.set(slot, true);
             }
             (Column::Word { bits, present }, Value::U64(number)) => {
                 bits[slot] = number;
-                present[slot] = true;
+                present.set(slot, true);
             }
             (Column::Word { bits, present }, Value::F64(number)) => {
                 bits[slot] = number.to_bits();
-                present[slot] = true;
+                present.set(slot, true);
             }
             (Column::Str { values, present, heads }, Value::Str(text)) => {
                 // Reuses the slot's buffer: no allocation unless the new text is longer.
                 copy_reusing_capacity_str(&mut values[slot], text);
-                present[slot] = true;
+                present.set(slot, true);
                 heads[slot] = string_head(text);
             }
             (_, value) => unreachable!("batch validation lets no {} into this column", value.type_name()),
@@ -245,10 +306,8 @@ impl Collection {
     pub(crate) fn value(&self, slot: Slot, field_id: FieldId) -> Value<'_> {
         let slot = slot as usize;
         match (&self.columns[field_id.index()], self.schema.field(field_id).field_type) {
-            (Column::Bool(values), _) => match values[slot] {
-                BOOL_NULL => Value::Null,
-                flag => Value::Bool(flag == 1),
-            },
+            (Column::Bool { present, .. }, _) if !present.get(slot) => Value::Null,
+            (Column::Bool { values, .. }, _) => Value::Bool(values.get(slot)),
             (Column::Word { present, .. }, _) if !present[slot] => Value::Null,
             (Column::Word { bits, .. }, FieldType::I64) => Value::I64(bits[slot] as i64),
             (Column::Word { bits, .. }, FieldType::U64) => Value::U64(bits[slot]),
@@ -334,13 +393,13 @@ impl Collection {
         total += self.payloads.iter().map(Vec::capacity).sum::<usize>();
         for column in &self.columns {
             total += match column {
-                Column::Bool(values) => values.capacity(),
-                Column::Word { bits, present } => bits.capacity() * 8 + present.capacity(),
+                Column::Bool { values, present } => values.heap_bytes() + present.heap_bytes(),
+                Column::Word { bits, present } => bits.capacity() * 8 + present.heap_bytes(),
                 Column::Str { values, present, heads } => {
                     heads.capacity() * 16
                         + values.capacity() * std::mem::size_of::<String>()
                         + values.iter().map(String::capacity).sum::<usize>()
-                        + present.capacity()
+                        + present.heap_bytes()
                 }
             };
         }

@@ -168,12 +168,10 @@ impl CompiledFilter {
             }
             [Node::Compare { field_id, op, literal }] => {
                 match (collection.column(field_id), literal) {
-                    (Column::Bool(values), Literal::Bool(literal)) => {
-                        let literal = literal as u8;
-                        // Stored bools are 0, 1, or 2 for null; a null never matches.
+                    (Column::Bool { values, present }, Literal::Bool(literal)) => {
+                        // A null never matches.
                         out.extend(collection.live_slots().filter(|&slot| {
-                            let value = values[slot as usize];
-                            value <= 1 && satisfies(value.cmp(&literal), op)
+                            present.get(slot as usize) && satisfies(values.get(slot as usize).cmp(&literal), op)
                         }));
                     }
                     (Column::Word { bits, present }, Literal::U64(literal)) => {

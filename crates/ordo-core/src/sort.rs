@@ -126,9 +126,9 @@ impl CompiledSort {
         for key in &self.keys[..self.n_prefix_keys] {
             let column = collection.column(key.field_id);
             match column {
-                Column::Bool(values) => {
+                Column::Bool { values, present } => {
                     for (prefix, &slot) in prefixes.iter_mut().zip(slots) {
-                        *prefix |= encode_bool(key, values[slot as usize]);
+                        *prefix |= encode_bool(key, values.get(slot as usize), present.get(slot as usize));
                     }
                 }
                 Column::Word { bits, present } => {
@@ -245,7 +245,7 @@ const ASCII_HIGH_BITS: u128 = 0x8080_8080_8080_8080_8080_8080_8080_8080;
 #[inline]
 fn encode_key(key: &CompiledSortKey, collection: &Collection, column: &Column, slot: Slot) -> Prefix {
     match column {
-        Column::Bool(values) => encode_bool(key, values[slot as usize]),
+        Column::Bool { values, present } => encode_bool(key, values.get(slot as usize), present.get(slot as usize)),
         Column::Word { bits, present } => encode_word(key, bits[slot as usize], present[slot as usize]),
         Column::Str { present, heads, .. } => {
             if !present[slot as usize] {
@@ -279,10 +279,11 @@ fn encode_key(key: &CompiledSortKey, collection: &Collection, column: &Column, s
 }
 
 #[inline]
-fn encode_bool(key: &CompiledSortKey, stored: u8) -> Prefix {
-    let component = match stored {
-        0 | 1 => (stored ^ key.descending as u8) as u128,
-        _ => 0b10, // null: null bit set, value bit zero
+fn encode_bool(key: &CompiledSortKey, value: bool, present: bool) -> Prefix {
+    let component = if present {
+        (value ^ key.descending) as u128
+    } else {
+        0b10 // null: null bit set, value bit zero
     };
     place(component, 2, key.bit_offset)
 }
