@@ -328,31 +328,11 @@ impl OrderTree {
     }
 
     fn alloc_leaf(&mut self, leaf: Leaf) -> NodeIndex {
-        match self.free_leaves.pop() {
-            Some(index) => {
-                self.leaves[index as usize] = leaf;
-                index
-            }
-            None => {
-                reserve_arena_growth(&mut self.leaves);
-                self.leaves.push(leaf);
-                (self.leaves.len() - 1) as NodeIndex
-            }
-        }
+        alloc_node(&mut self.leaves, &mut self.free_leaves, leaf)
     }
 
     fn alloc_inner(&mut self, inner: Inner) -> NodeIndex {
-        match self.free_inners.pop() {
-            Some(index) => {
-                self.inners[index as usize] = inner;
-                index
-            }
-            None => {
-                reserve_arena_growth(&mut self.inners);
-                self.inners.push(inner);
-                (self.inners.len() - 1) as NodeIndex
-            }
-        }
+        alloc_node(&mut self.inners, &mut self.free_inners, inner)
     }
 
     /// Index of the child whose range holds `entry`: the last child whose first
@@ -643,6 +623,21 @@ impl OrderTree {
             total += count;
         }
         total
+    }
+}
+
+/// Places a node in its arena, reusing a freed place when there is one.
+fn alloc_node<T>(arena: &mut Vec<T>, free: &mut Vec<NodeIndex>, node: T) -> NodeIndex {
+    match free.pop() {
+        Some(index) => {
+            arena[index as usize] = node;
+            index
+        }
+        None => {
+            reserve_arena_growth(arena);
+            arena.push(node);
+            (arena.len() - 1) as NodeIndex
+        }
     }
 }
 
