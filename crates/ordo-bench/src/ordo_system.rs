@@ -109,8 +109,12 @@ fn engine_with_rooms(rooms: &[Room]) -> (Engine, CollectionId) {
     let mut engine = Engine::new();
     let collection = engine.create_collection("rooms", room_schema()).expect("fresh engine");
     let mut batch = Batch::new();
-    add_rooms(&mut batch, rooms);
-    engine.apply_batch(collection, &batch, &mut CountingSink::default()).expect("valid rooms");
+    // In batches of 100 000 rooms: a batch is limited to `MAX_BATCH_BYTES`.
+    for chunk in rooms.chunks(100_000) {
+        batch.clear();
+        add_rooms(&mut batch, chunk);
+        engine.apply_batch(collection, &batch, &mut CountingSink::default()).expect("valid rooms");
+    }
     (engine, collection)
 }
 

@@ -80,10 +80,11 @@ pub(crate) enum Column {
     Str {
         values: Vec<String>,
         present: Bitmap,
-        /// The first 16 bytes of each value, zero-padded, big-endian: sort keys are
-        /// encoded from here without following the pointer to the string's heap
-        /// buffer (a cache miss per item when views are built or items move).
-        heads: Vec<u128>,
+        /// The first bytes of each value, held in the column itself: sort keys are
+        /// encoded from here, and short strings (room names) filtered here, without
+        /// following the pointer to the string's heap buffer (a cache miss per item
+        /// when views are built or items move).
+        heads: Vec<StringHead>,
     },
 }
 
@@ -111,7 +112,7 @@ impl Column {
             Column::Str { values, present, heads } => {
                 values.push(String::new());
                 present.push(false);
-                heads.push(0);
+                heads.push(StringHead::default());
             }
         }
     }
@@ -148,20 +149,54 @@ impl Column {
                 // Reuses the slot's buffer: no allocation unless the new text is longer.
                 copy_reusing_capacity_str(&mut values[slot], text);
                 present.set(slot, true);
-                heads[slot] = string_head(text);
+                heads[slot] = StringHead::new(text);
             }
             (_, value) => unreachable!("batch validation lets no {} into this column", value.type_name()),
         }
     }
 }
 
-/// The first 16 bytes of `text`, zero-padded, as a big-endian integer: comparing
-/// heads compares the strings' first 16 bytes.
-pub(crate) fn string_head(text: &str) -> u128 {
-    let mut head = [0u8; 16];
-    let n_bytes = text.len().min(16);
-    head[..n_bytes].copy_from_slice(&text.as_bytes()[..n_bytes]);
-    u128::from_be_bytes(head)
+/// The first `STRING_HEAD_BYTES` bytes of a string, zero-padded, and its length.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct StringHead {
+    bytes: [u8; STRING_HEAD_BYTES],
+    len: u32,
+}
+
+/// Room names are 12 to 20 bytes: this holds them whole.
+const STRING_HEAD_BYTES: usize = 28;
+
+const _: () = assert!(std::mem::size_of::<StringHead>() == 32);
+
+impl StringHead {
+    fn new(text: &str) -> StringHead {
+        let mut head = StringHead { bytes: [0; STRING_HEAD_BYTES], len: text.len() as u32 };
+        let n_bytes = text.len().min(STRING_HEAD_BYTES);
+        head.bytes[..n_bytes].copy_from_slice(&text.as_bytes()[..n_bytes]);
+        head
+    }
+
+    /// The first 16 bytes, big-endian: comparing these compares the strings' first
+    /// 16 bytes (zero-padded).
+    #[inline]
+    pub(crate) fn prefix(&self) -> u128 {
+        let mut first = [0u8; 16];
+        first.copy_from_slice(&self.bytes[..16]);
+        u128::from_be_bytes(first)
+    }
+
+    /// The whole string, when it fits in the head.
+    #[inline]
+    pub(crate) fn whole(&self) -> Option<&str> {
+        let len = self.len as usize;
+        if len <= STRING_HEAD_BYTES {
+            // Copied whole from a `&str`, so valid UTF-8; checked anyway rather than
+            // trusted with `unsafe`, at the cost of a short scan.
+            std::str::from_utf8(&self.bytes[..len]).ok()
+        } else {
+            None
+        }
+    }
 }
 
 fn copy_reusing_capacity_str(target: &mut String, text: &str) {
@@ -313,7 +348,8 @@ impl Collection {
             (Column::Word { bits, .. }, FieldType::U64) => Value::U64(bits[slot]),
             (Column::Word { bits, .. }, _) => Value::F64(f64::from_bits(bits[slot])),
             (Column::Str { present, .. }, _) if !present[slot] => Value::Null,
-            (Column::Str { values, .. }, _) => Value::Str(&values[slot]),
+            // Short strings are read from the column's head, not their heap buffer.
+            (Column::Str { values, heads, .. }, _) => Value::Str(heads[slot].whole().unwrap_or(&values[slot])),
         }
     }
 
@@ -396,7 +432,7 @@ impl Collection {
                 Column::Bool { values, present } => values.heap_bytes() + present.heap_bytes(),
                 Column::Word { bits, present } => bits.capacity() * 8 + present.heap_bytes(),
                 Column::Str { values, present, heads } => {
-                    heads.capacity() * 16
+                    heads.capacity() * std::mem::size_of::<StringHead>()
                         + values.capacity() * std::mem::size_of::<String>()
                         + values.iter().map(String::capacity).sum::<usize>()
                         + present.heap_bytes()

@@ -187,6 +187,27 @@ impl CompiledFilter {
                     _ => out.extend(collection.live_slots().filter(|&slot| self.matches(collection, slot, scratch))),
                 }
             }
+            [Node::Contains { field_id, needle }] | [Node::Prefix { field_id, needle }] => {
+                let Column::Str { values, present, heads } = collection.column(field_id) else {
+                    unreachable!("contains and prefix compile only on string fields")
+                };
+                let needle = &self.needles[needle as usize];
+                let is_contains = matches!(self.nodes[0], Node::Contains { .. });
+                out.extend(collection.live_slots().filter(|&slot| {
+                    let slot = slot as usize;
+                    if !present.get(slot) {
+                        return false;
+                    }
+                    // A short string is whole in the column's cached head: test it
+                    // there and skip the cache miss on the string's own buffer.
+                    let text = heads[slot].whole().unwrap_or(&values[slot]);
+                    if is_contains {
+                        contains_case_insensitive(text, needle, scratch)
+                    } else {
+                        starts_with_case_insensitive(text, needle)
+                    }
+                }));
+            }
             _ => out.extend(collection.live_slots().filter(|&slot| self.matches(collection, slot, scratch))),
         }
     }

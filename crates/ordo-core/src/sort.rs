@@ -141,7 +141,7 @@ impl CompiledSort {
                     let invert = if key.descending { u128::MAX } else { 0 };
                     for (prefix, &slot) in prefixes.iter_mut().zip(slots) {
                         *prefix |= if present[slot as usize] {
-                            (heads[slot as usize] ^ invert).checked_shr(value_offset).unwrap_or(0)
+                            (heads[slot as usize].prefix() ^ invert).checked_shr(value_offset).unwrap_or(0)
                         } else {
                             place(1, 1, key.bit_offset)
                         };
@@ -251,7 +251,7 @@ fn encode_key(key: &CompiledSortKey, collection: &Collection, column: &Column, s
             if !present[slot as usize] {
                 return place(1, 1, key.bit_offset);
             }
-            let head = heads[slot as usize];
+            let head = heads[slot as usize].prefix();
             let folded_head = if !key.case_insensitive {
                 head
             } else if head & ASCII_HIGH_BITS == 0 {
