@@ -29,7 +29,7 @@ use std::cmp::Ordering;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
+use std::task::{Context, Poll, Waker};
 
 use eyeball_im::{ObservableVector, VectorDiff};
 use eyeball_im_util::vector::{VectorObserverExt, VectorSubscriberExt};
@@ -156,19 +156,11 @@ pub fn limit_channel() -> (LimitHandle, LimitStream) {
     (LimitHandle(cell.clone()), LimitStream(cell))
 }
 
-const NOOP_VTABLE: RawWakerVTable =
-    RawWakerVTable::new(|_| RawWaker::new(std::ptr::null(), &NOOP_VTABLE), |_| {}, |_| {}, |_| {});
-
-fn noop_waker() -> Waker {
-    // SAFETY: every vtable function ignores the (null) data pointer.
-    unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &NOOP_VTABLE)) }
-}
-
 /// Polls `stream` until it is `Pending` (or closed) and returns the number of
 /// diffs it yielded; the diffs are dropped.
 pub fn drain<S: Stream<Item = Batch> + Unpin>(stream: &mut S) -> usize {
-    let waker = noop_waker();
-    let mut cx = Context::from_waker(&waker);
+    let waker = Waker::noop();
+    let mut cx = Context::from_waker(waker);
     let mut n = 0;
     while let Poll::Ready(Some(batch)) = Pin::new(&mut *stream).poll_next(&mut cx) {
         n += batch.len();
@@ -178,8 +170,8 @@ pub fn drain<S: Stream<Item = Batch> + Unpin>(stream: &mut S) -> usize {
 
 /// Like [`drain`], but applies the diffs to `window`.
 pub fn drain_into<S: Stream<Item = Batch> + Unpin>(stream: &mut S, window: &mut Vector<RoomItem>) -> usize {
-    let waker = noop_waker();
-    let mut cx = Context::from_waker(&waker);
+    let waker = Waker::noop();
+    let mut cx = Context::from_waker(waker);
     let mut n = 0;
     while let Poll::Ready(Some(batch)) = Pin::new(&mut *stream).poll_next(&mut cx) {
         n += batch.len();
