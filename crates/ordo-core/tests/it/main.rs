@@ -2,6 +2,7 @@
 
 mod alloc;
 mod bad_input;
+mod many_windows;
 mod model;
 mod reference;
 mod window_changes;
