@@ -565,16 +565,19 @@ fn remove_from_views(
         let entry = Entry { prefix: view.sort.encode_prefix(&state.collection, slot), slot };
         let (sort, collection) = (&view.sort, &state.collection);
         let compare = |left, right| compare_entries(sort, collection, left, right);
-        let keeps_place = changed_fields.is_some_and(|fields| {
-            fields
-                .iter()
-                .all(|&field_id| !sort.reads_field(field_id) && !view.filter.reads_fields().contains(&field_id))
-        });
+        // `None` (a remove) changes everything; otherwise only the fields written.
+        let (touches_sort, touches_filter) = match changed_fields {
+            None => (true, true),
+            Some(fields) => (
+                fields.iter().any(|&field_id| sort.reads_field(field_id)),
+                fields.iter().any(|&field_id| view.filter.reads_fields().contains(&field_id)),
+            ),
+        };
         let tree = view.index.tree_mut();
-        old_ranks.push(if keeps_place {
+        old_ranks.push(if !touches_sort && !touches_filter {
             OldRank::Unchanged(tree.rank_of(entry, compare))
         } else {
-            OldRank::Removed(tree.remove(entry, compare))
+            OldRank::Removed { rank: tree.remove(entry, compare), still_member: !touches_filter }
         });
     }
 }
@@ -583,8 +586,12 @@ fn remove_from_views(
 #[derive(Clone, Copy, Debug)]
 enum OldRank {
     NotMember,
-    /// Taken out of the index at this rank; it re-enters if it still passes the filter.
-    Removed(usize),
+    /// Taken out of the index at this rank; it re-enters if it still passes the
+    /// filter, which is known without evaluating it when no filter field changed.
+    Removed {
+        rank: usize,
+        still_member: bool,
+    },
     /// The operation changes nothing the view reads: same membership, same rank.
     Unchanged(usize),
 }
@@ -603,9 +610,14 @@ fn insert_into_views(
         let view = views[view_index as usize].as_mut().expect("live view");
         let (old_rank, new_rank) = match scratch.old_ranks[position] {
             OldRank::Unchanged(rank) => (Some(rank), Some(rank)),
-            OldRank::NotMember => (None, insert_entry(view, &state.collection, &mut scratch.filter, slot, is_alive)),
-            OldRank::Removed(rank) => {
-                (Some(rank), insert_entry(view, &state.collection, &mut scratch.filter, slot, is_alive))
+            OldRank::NotMember => {
+                let is_member = is_alive && view.filter.matches(&state.collection, slot, &mut scratch.filter);
+                (None, insert_entry(view, &state.collection, slot, is_member))
+            }
+            OldRank::Removed { rank, still_member } => {
+                let is_member =
+                    is_alive && (still_member || view.filter.matches(&state.collection, slot, &mut scratch.filter));
+                (Some(rank), insert_entry(view, &state.collection, slot, is_member))
             }
         };
         if old_rank.is_none() && new_rank.is_none() {
@@ -622,15 +634,9 @@ fn insert_into_views(
     }
 }
 
-/// Enters a slot into a view if it is alive and passes the filter; returns its rank.
-fn insert_entry(
-    view: &mut View,
-    collection: &Collection,
-    filter_scratch: &mut FilterScratch,
-    slot: Slot,
-    is_alive: bool,
-) -> Option<usize> {
-    let is_member = is_alive && view.filter.matches(collection, slot, filter_scratch);
+/// Records a slot's membership in a view and, if a member, enters it into the
+/// index; returns its rank.
+fn insert_entry(view: &mut View, collection: &Collection, slot: Slot, is_member: bool) -> Option<usize> {
     view.set_member(slot, is_member);
     if is_member {
         let entry = Entry { prefix: view.sort.encode_prefix(collection, slot), slot };
