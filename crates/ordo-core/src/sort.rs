@@ -242,7 +242,7 @@ const ASCII_HIGH_BITS: u128 = 0x8080_8080_8080_8080_8080_8080_8080_8080;
 
 /// One key's bits, placed at the key's offset. Present values sort before nulls,
 /// whatever the direction; descending keys invert their value bits.
-#[inline]
+#[inline(always)]
 fn encode_key(key: &CompiledSortKey, collection: &Collection, column: &Column, slot: Slot) -> Prefix {
     match column {
         Column::Bool { values, present } => encode_bool(key, values.get(slot as usize), present.get(slot as usize)),
@@ -261,8 +261,7 @@ fn encode_key(key: &CompiledSortKey, collection: &Collection, column: &Column, s
                 bytes.make_ascii_lowercase();
                 u128::from_be_bytes(bytes)
             } else {
-                let Value::Str(text) = collection.value(slot, key.field_id) else { unreachable!("present") };
-                folded_head_of(text)
+                folded_head_of_slot(collection, slot, key.field_id)
             };
             // The head fills every bit left after the null bit (zero-padded, so a
             // string that is a prefix of another sorts, non-strictly, before it;
@@ -299,6 +298,14 @@ fn encode_word(key: &CompiledSortKey, bits: u64, present: bool) -> Prefix {
         _ => f64_order_bits(f64::from_bits(bits)),
     };
     place(maybe_invert(ordered, key.descending) as u128, 65, key.bit_offset)
+}
+
+/// The slow path of case-insensitive keys: a string with non-ASCII bytes in its head.
+#[cold]
+#[inline(never)]
+fn folded_head_of_slot(collection: &Collection, slot: Slot, field_id: FieldId) -> u128 {
+    let Value::Str(text) = collection.value(slot, field_id) else { unreachable!("the string is present") };
+    folded_head_of(text)
 }
 
 /// The first 16 bytes of the full case fold of `text`, zero-padded.
