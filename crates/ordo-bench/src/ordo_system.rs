@@ -132,6 +132,24 @@ fn apply_update(
     engine.apply_batch(collection, batch, sink).expect("valid update");
 }
 
+/// Times the new-message stream: operation `i` applies `updates[i]` and drains
+/// every window's diffs (shared by `new_message` and `fan_out`).
+fn time_new_messages(
+    engine: &mut Engine,
+    collection: CollectionId,
+    batch: &mut Batch,
+    rooms: &[Room],
+    updates: &[Update],
+    plan: &OpPlan,
+    sink: &mut CountingSink,
+) -> crate::harness::Samples {
+    time_ops(plan, |i| {
+        let update = &updates[i];
+        apply_update(engine, collection, batch, &rooms[update.room as usize].id, update, sink);
+        (sink.take(), ())
+    })
+}
+
 /// Closes a window when dropped: lets `time_ops` drop a created view untimed.
 struct OpenWindow {
     engine: Rc<RefCell<Engine>>,
@@ -186,11 +204,7 @@ pub fn new_message(rooms: &[Room], updates: &[Update], plan: &OpPlan) -> Option<
     engine.prepare_window(window).ok()?;
     sink.take();
     let mut batch = Batch::new();
-    let samples = time_ops(plan, |i| {
-        let update = &updates[i];
-        apply_update(&mut engine, collection, &mut batch, &rooms[update.room as usize].id, update, &mut sink);
-        (sink.take(), ())
-    });
+    let samples = time_new_messages(&mut engine, collection, &mut batch, rooms, updates, plan, &mut sink);
     // Memory of the view (index nodes and membership bits), after the timed updates
     // and again after N more (untimed): churn lowers the index's fill, and the
     // figure that matters is the settled one.
@@ -267,11 +281,7 @@ pub fn fan_out(rooms: &[Room], updates: &[Update], offsets: &[usize], plan: &OpP
     }
     sink.take();
     let mut batch = Batch::new();
-    let samples = time_ops(plan, |i| {
-        let update = &updates[i];
-        apply_update(&mut engine, collection, &mut batch, &rooms[update.room as usize].id, update, &mut sink);
-        (sink.take(), ())
-    });
+    let samples = time_new_messages(&mut engine, collection, &mut batch, rooms, updates, plan, &mut sink);
     Some(samples.measurement(true))
 }
 
