@@ -417,7 +417,10 @@ impl ManyLists {
 /// `collections / members` collections. `collections` must be a multiple of
 /// `members`.
 pub fn generate_many_lists(collections: usize, per_collection: usize, members: usize, seed: u64) -> ManyLists {
-    assert!(collections % members == 0 && collections > 0, "collections must be a positive multiple of members");
+    assert!(
+        collections.is_multiple_of(members) && collections > 0,
+        "collections must be a positive multiple of members"
+    );
     let n_rooms = collections * per_collection / members;
     let rooms = generate_rooms(n_rooms, seed);
     let mut rng = Rng::derived(seed, "many-lists");

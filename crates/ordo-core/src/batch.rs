@@ -117,6 +117,11 @@ impl Batch {
         });
     }
 
+    /// The operations in order, for readers outside the engine (a store persisting them).
+    pub fn ops(&self) -> impl ExactSizeIterator<Item = BatchOp<'_>> + '_ {
+        self.ops.iter().map(move |op| BatchOp { batch: self, op })
+    }
+
     pub(crate) fn id(&self, op: &StoredOp) -> &str {
         &self.text[op.id_start as usize..(op.id_start + op.id_len) as usize]
     }
@@ -179,5 +184,34 @@ impl UpsertBuilder<'_> {
         self.batch.payload_bytes.extend_from_slice(payload);
         self.batch.ops.last_mut().expect("an upsert was started").payload = Some((start, payload.len() as u32));
         self
+    }
+}
+
+/// One operation of a batch, read back.
+#[derive(Clone, Copy)]
+pub struct BatchOp<'a> {
+    batch: &'a Batch,
+    op: &'a StoredOp,
+}
+
+impl<'a> BatchOp<'a> {
+    pub fn id(&self) -> &'a str {
+        self.batch.id(self.op)
+    }
+
+    pub fn is_remove(&self) -> bool {
+        self.op.kind == OpKind::Remove
+    }
+
+    /// The fields an upsert sets, by name, in the order they were set (a later
+    /// setting of the same field wins). Empty for a remove.
+    pub fn fields(&self) -> impl ExactSizeIterator<Item = (&'a str, Value<'a>)> + 'a {
+        let batch = self.batch;
+        batch.op_fields(self.op).iter().map(move |field| (batch.field_name(field), batch.field_value(field)))
+    }
+
+    /// The new payload, or `None` when the upsert keeps the item's payload.
+    pub fn payload(&self) -> Option<&'a [u8]> {
+        self.batch.payload(self.op)
     }
 }

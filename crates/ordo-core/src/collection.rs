@@ -26,7 +26,7 @@ pub(crate) struct Bitmap {
 
 impl Bitmap {
     fn push(&mut self, bit: bool) {
-        if self.len % 64 == 0 {
+        if self.len.is_multiple_of(64) {
             self.words.push(0);
         }
         self.len += 1;
@@ -47,6 +47,10 @@ impl Bitmap {
         } else {
             self.words[index / 64] &= !mask;
         }
+    }
+
+    fn reserve(&mut self, n_bits: usize) {
+        self.words.reserve(n_bits.div_ceil(64) + 1);
     }
 
     fn heap_bytes(&self) -> usize {
@@ -96,6 +100,24 @@ impl Column {
                 Column::Word { bits: Vec::new(), present: Bitmap::default() }
             }
             FieldType::String => Column::Str { values: Vec::new(), present: Bitmap::default(), heads: Vec::new() },
+        }
+    }
+
+    fn reserve(&mut self, n_items: usize) {
+        match self {
+            Column::Bool { values, present } => {
+                values.reserve(n_items);
+                present.reserve(n_items);
+            }
+            Column::Word { bits, present } => {
+                bits.reserve(n_items);
+                present.reserve(n_items);
+            }
+            Column::Str { values, present, heads } => {
+                values.reserve(n_items);
+                present.reserve(n_items);
+                heads.reserve(n_items);
+            }
         }
     }
 
@@ -356,6 +378,18 @@ impl Collection {
     #[inline]
     pub(crate) fn column(&self, field_id: FieldId) -> &Column {
         &self.columns[field_id.index()]
+    }
+
+    /// Makes room for `n_items` more items in every table (bulk loads).
+    pub(crate) fn reserve(&mut self, n_items: usize) {
+        let (ids, hasher) = (&self.ids, &self.hasher);
+        self.id_index.reserve(n_items, |entry| hasher.hash_one(entry.id_bytes(ids)));
+        self.ids.reserve(n_items);
+        self.payloads.reserve(n_items);
+        self.alive.reserve(n_items);
+        for column in &mut self.columns {
+            column.reserve(n_items);
+        }
     }
 
     /// Allocates a slot for a new id, with every field null and an empty payload.

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use crate::batch::{Batch, OpKind, StoredOp};
 use crate::collection::{Collection, Slot};
 use crate::diff::{DiffRef, DiffSink, ItemList, WindowId};
-use crate::error::{BatchError, ViewError};
+use crate::error::{BatchError, LoadError, ViewError};
 use crate::filter::{CompiledFilter, FilterScratch};
 use crate::limits;
 use crate::list_diff::{emit_list_diff, ListDiffScratch};
@@ -72,7 +72,16 @@ pub struct BatchSummary {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CreateCollectionError {
-    NameTaken { name: String },
+    NameTaken {
+        name: String,
+    },
+    /// Empty, or longer than `MAX_COLLECTION_NAME_BYTES`.
+    NameInvalid {
+        name_bytes: usize,
+    },
+    TooManyCollections {
+        n_collections_max: usize,
+    },
     Schema(SchemaError),
 }
 
@@ -81,6 +90,14 @@ impl std::fmt::Display for CreateCollectionError {
         match self {
             CreateCollectionError::NameTaken { name } => {
                 write!(f, "a collection named `{name}` exists already")
+            }
+            CreateCollectionError::NameInvalid { name_bytes } => write!(
+                f,
+                "a collection name must be 1..={} bytes; this one is {name_bytes}",
+                limits::MAX_COLLECTION_NAME_BYTES
+            ),
+            CreateCollectionError::TooManyCollections { n_collections_max } => {
+                write!(f, "an engine holds at most {n_collections_max} collections")
             }
             CreateCollectionError::Schema(error) => write!(f, "{error}"),
         }
@@ -115,13 +132,26 @@ impl Engine {
     }
 
     pub fn create_collection(&mut self, name: &str, schema: Schema) -> Result<CollectionId, CreateCollectionError> {
-        if self.collection_by_name.contains_key(name) {
-            return Err(CreateCollectionError::NameTaken { name: name.to_owned() });
-        }
+        self.check_new_collection(name)?;
         let collection_id = CollectionId(self.collections.len() as u32);
         self.collections.push(CollectionState { collection: Collection::new(name, schema), views: Vec::new() });
         self.collection_by_name.insert(name.to_owned(), collection_id);
         Ok(collection_id)
+    }
+
+    /// Checks that a collection named `name` could be created now (a store checks
+    /// before it writes the schema to disk).
+    pub fn check_new_collection(&self, name: &str) -> Result<(), CreateCollectionError> {
+        if name.is_empty() || name.len() > limits::MAX_COLLECTION_NAME_BYTES {
+            return Err(CreateCollectionError::NameInvalid { name_bytes: name.len() });
+        }
+        if self.collection_by_name.contains_key(name) {
+            return Err(CreateCollectionError::NameTaken { name: name.to_owned() });
+        }
+        if self.collections.len() >= limits::MAX_COLLECTIONS {
+            return Err(CreateCollectionError::TooManyCollections { n_collections_max: limits::MAX_COLLECTIONS });
+        }
+        Ok(())
     }
 
     pub fn collection_id(&self, name: &str) -> Option<CollectionId> {
@@ -151,7 +181,7 @@ impl Engine {
     ) -> Result<BatchSummary, BatchError> {
         let Engine { collections, views, windows, scratch, .. } = self;
         let state = collections.get_mut(collection_id.index()).ok_or(BatchError::UnknownCollection)?;
-        validate_batch(&state.collection, batch, &mut scratch.resolved_fields)?;
+        validate_batch(&state.collection, batch, 0, &mut scratch.resolved_fields)?;
 
         for &view_index in &state.views {
             views[view_index as usize].as_mut().expect("live view").ensure_ready(&state.collection);
@@ -173,6 +203,75 @@ impl Engine {
         summary.n_windows_changed = deliver_pending(&state.collection, views, windows, scratch, sink);
         state.collection.recycle_freed_slots();
         Ok(summary)
+    }
+
+    /// Checks a batch as [`Engine::apply_batch`] would, without applying it: a store
+    /// validates batches before they touch the disk. `n_items_pending` counts the
+    /// items that batches accepted but not yet applied may add to the collection.
+    pub fn validate_batch(
+        &mut self,
+        collection_id: CollectionId,
+        batch: &Batch,
+        n_items_pending: usize,
+    ) -> Result<(), BatchError> {
+        let state = self.collections.get(collection_id.index()).ok_or(BatchError::UnknownCollection)?;
+        validate_batch(&state.collection, batch, n_items_pending, &mut self.scratch.resolved_fields)
+    }
+
+    /// Makes room for `n_items` more items, so that a bulk load does not regrow
+    /// its tables over and over.
+    pub fn reserve_items(&mut self, collection_id: CollectionId, n_items: usize) -> Result<(), LoadError> {
+        let state = self.collections.get_mut(collection_id.index()).ok_or(LoadError::UnknownCollection)?;
+        state.collection.reserve(n_items);
+        Ok(())
+    }
+
+    /// Adds one item to a collection that has no views yet: the bulk path a store
+    /// uses to rebuild the engine at start (views are built afterwards, sorting once).
+    /// `values` holds one value per schema field, in schema order. The item is
+    /// checked against the same limits as a batch; its id must be new.
+    pub fn load_item(
+        &mut self,
+        collection_id: CollectionId,
+        id: &str,
+        values: &[Value<'_>],
+        payload: &[u8],
+    ) -> Result<(), LoadError> {
+        let state = self.collections.get_mut(collection_id.index()).ok_or(LoadError::UnknownCollection)?;
+        if !state.views.is_empty() {
+            return Err(LoadError::CollectionHasViews);
+        }
+        let collection = &mut state.collection;
+        let invalid = |error: BatchError| LoadError::Invalid { id: id.to_owned(), error };
+        if id.is_empty() {
+            return Err(invalid(BatchError::IdEmpty { op_index: 0 }));
+        }
+        if id.len() > limits::MAX_ID_BYTES {
+            return Err(invalid(BatchError::IdTooLong { op_index: 0, id_bytes: id.len() }));
+        }
+        if payload.len() > limits::MAX_PAYLOAD_BYTES {
+            return Err(invalid(BatchError::PayloadTooLarge { op_index: 0, payload_bytes: payload.len() }));
+        }
+        if values.len() != collection.schema().len() {
+            return Err(LoadError::FieldCount { n_values: values.len(), n_fields: collection.schema().len() });
+        }
+        if collection.len() >= limits::MAX_ITEMS_PER_COLLECTION {
+            return Err(invalid(BatchError::CollectionFull { n_items_max: limits::MAX_ITEMS_PER_COLLECTION }));
+        }
+        for (field, &value) in collection.schema().fields().iter().zip(values) {
+            check_field_value(0, &field.name, field.field_type, value).map_err(invalid)?;
+        }
+        if collection.find_slot(id).is_some() {
+            return Err(LoadError::DuplicateId { id: id.to_owned() });
+        }
+        let slot = collection.insert_slot(id);
+        for (field_index, &value) in values.iter().enumerate() {
+            let field_type = collection.schema().fields()[field_index].field_type;
+            let value = value.coerce_to(field_type).expect("checked above");
+            collection.set_value(slot, FieldId(field_index as u16), value);
+        }
+        collection.set_payload(slot, payload);
+        Ok(())
     }
 
     /// Opens a window on a view of a collection. Its first diff, delivered to
@@ -470,25 +569,35 @@ fn check_window_limit(limit: usize) -> Result<(), ViewError> {
     Ok(())
 }
 
-/// Converts a value to the field's type when that is lossless; `None` if it cannot be.
-fn coerce(value: Value<'_>, field_type: FieldType) -> Option<Value<'_>> {
-    match (value, field_type) {
-        (Value::Null, _) => Some(Value::Null),
-        (Value::Bool(_), FieldType::Bool)
-        | (Value::I64(_), FieldType::I64)
-        | (Value::U64(_), FieldType::U64)
-        | (Value::F64(_), FieldType::F64)
-        | (Value::Str(_), FieldType::String) => Some(value),
-        (Value::I64(number), FieldType::U64) => u64::try_from(number).ok().map(Value::U64),
-        (Value::U64(number), FieldType::I64) => i64::try_from(number).ok().map(Value::I64),
-        _ => None,
+/// Checks a whole batch before anything changes. Fills `resolved_fields`.
+/// Converts a value to its field's type and checks it against the limits.
+fn check_field_value<'a>(
+    op_index: usize,
+    name: &str,
+    field_type: FieldType,
+    value: Value<'a>,
+) -> Result<Value<'a>, BatchError> {
+    match value.coerce_to(field_type) {
+        None => Err(BatchError::WrongType {
+            op_index,
+            field: name.to_owned(),
+            expected: field_type.name(),
+            found: value.type_name(),
+        }),
+        Some(Value::F64(number)) if number.is_nan() => Err(BatchError::NotANumber { op_index, field: name.to_owned() }),
+        Some(Value::Str(text)) if text.len() > limits::MAX_STRING_FIELD_BYTES => {
+            Err(BatchError::StringTooLong { op_index, field: name.to_owned(), value_bytes: text.len() })
+        }
+        Some(value) => Ok(value),
     }
 }
 
-/// Checks a whole batch before anything changes. Fills `resolved_fields`.
+/// `n_items_pending` counts items that batches accepted but not yet applied will
+/// add (a store validates a group of batches before committing any of them).
 fn validate_batch(
     collection: &Collection,
     batch: &Batch,
+    n_items_pending: usize,
     resolved_fields: &mut Vec<FieldId>,
 ) -> Result<(), BatchError> {
     if batch.ops.len() > limits::MAX_OPS_PER_BATCH {
@@ -498,7 +607,7 @@ fn validate_batch(
         return Err(BatchError::BatchTooLarge);
     }
     let n_upserts = batch.ops.iter().filter(|op| op.kind == OpKind::Upsert).count();
-    if collection.len() + n_upserts > limits::MAX_ITEMS_PER_COLLECTION {
+    if collection.len().saturating_add(n_items_pending).saturating_add(n_upserts) > limits::MAX_ITEMS_PER_COLLECTION {
         return Err(BatchError::CollectionFull { n_items_max: limits::MAX_ITEMS_PER_COLLECTION });
     }
     resolved_fields.clear();
@@ -521,24 +630,7 @@ fn validate_batch(
             let field_id =
                 schema.field_id(name).ok_or_else(|| BatchError::UnknownField { op_index, field: name.to_owned() })?;
             let field_type = schema.field(field_id).field_type;
-            let value = batch.field_value(field);
-            match coerce(value, field_type) {
-                None => {
-                    return Err(BatchError::WrongType {
-                        op_index,
-                        field: name.to_owned(),
-                        expected: field_type.name(),
-                        found: value.type_name(),
-                    })
-                }
-                Some(Value::F64(number)) if number.is_nan() => {
-                    return Err(BatchError::NotANumber { op_index, field: name.to_owned() })
-                }
-                Some(Value::Str(text)) if text.len() > limits::MAX_STRING_FIELD_BYTES => {
-                    return Err(BatchError::StringTooLong { op_index, field: name.to_owned(), value_bytes: text.len() })
-                }
-                Some(_) => {}
-            }
+            check_field_value(op_index, name, field_type, batch.field_value(field))?;
             resolved_fields.push(field_id);
         }
     }
@@ -674,7 +766,7 @@ fn apply_upsert(
     let resolved = &scratch.resolved_fields[op.fields_start as usize..(op.fields_start + op.fields_len) as usize];
     for (field, &field_id) in fields.iter().zip(resolved) {
         let field_type = state.collection.schema().field(field_id).field_type;
-        let value = coerce(batch.field_value(field), field_type).expect("validated");
+        let value = batch.field_value(field).coerce_to(field_type).expect("validated");
         state.collection.set_value(slot, field_id, value);
     }
     if let Some(payload) = batch.payload(op) {

@@ -183,3 +183,41 @@ impl fmt::Display for ViewError {
 }
 
 impl std::error::Error for ViewError {}
+
+/// Why [`crate::Engine::load_item`] refused an item.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LoadError {
+    UnknownCollection,
+    /// Bulk loading is for collections without views; use batches once views exist.
+    CollectionHasViews,
+    DuplicateId {
+        id: String,
+    },
+    FieldCount {
+        n_values: usize,
+        n_fields: usize,
+    },
+    /// The item breaks a rule a batch would be held to (`op_index` is 0).
+    Invalid {
+        id: String,
+        error: BatchError,
+    },
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadError::UnknownCollection => f.write_str("no such collection"),
+            LoadError::CollectionHasViews => {
+                f.write_str("items can be bulk-loaded only into a collection without views; use a batch")
+            }
+            LoadError::DuplicateId { id } => write!(f, "item `{id}` is loaded twice"),
+            LoadError::FieldCount { n_values, n_fields } => {
+                write!(f, "an item was loaded with {n_values} values; the schema has {n_fields} fields")
+            }
+            LoadError::Invalid { id, error } => write!(f, "item `{id}`: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for LoadError {}

@@ -59,11 +59,11 @@ mod window;
 
 pub mod limits;
 
-pub use batch::{Batch, UpsertBuilder};
+pub use batch::{Batch, BatchOp, UpsertBuilder};
 pub use collection::{Collection, ItemRef, OwnedItem};
 pub use diff::{CollectingSink, DiffRef, DiffSink, ItemList, NullSink, OwnedDiff, WindowId};
 pub use engine::{BatchSummary, CollectionId, CreateCollectionError, Engine, EngineStats};
-pub use error::{BatchError, ViewError};
+pub use error::{BatchError, LoadError, ViewError};
 pub use filter::CompiledFilter;
 pub use schema::{FieldDef, FieldId, FieldType, Schema, SchemaError};
 pub use sort::CompiledSort;

@@ -27,3 +27,7 @@ pub const MAX_FILTER_IN_VALUES: usize = 1024;
 pub const MAX_WINDOW_LIMIT: usize = 100_000;
 /// Most items in one collection (slot indices are `u32`).
 pub const MAX_ITEMS_PER_COLLECTION: usize = (u32::MAX - 1) as usize;
+/// Longest collection name, in bytes.
+pub const MAX_COLLECTION_NAME_BYTES: usize = 128;
+/// Most collections in one engine (a chat server holds one room list per user).
+pub const MAX_COLLECTIONS: usize = 1 << 20;

@@ -13,7 +13,7 @@ pub enum Value<'a> {
     Str(&'a str),
 }
 
-impl Value<'_> {
+impl<'a> Value<'a> {
     pub fn is_null(&self) -> bool {
         matches!(self, Value::Null)
     }
@@ -27,6 +27,22 @@ impl Value<'_> {
             Value::U64(_) => "u64",
             Value::F64(_) => "f64",
             Value::Str(_) => "string",
+        }
+    }
+
+    /// Converts the value to a field's type when that is lossless (`I64` ↔ `U64` in
+    /// range); `None` when it cannot be. Null fits every type.
+    pub fn coerce_to(self, field_type: FieldType) -> Option<Value<'a>> {
+        match (self, field_type) {
+            (Value::Null, _) => Some(Value::Null),
+            (Value::Bool(_), FieldType::Bool)
+            | (Value::I64(_), FieldType::I64)
+            | (Value::U64(_), FieldType::U64)
+            | (Value::F64(_), FieldType::F64)
+            | (Value::Str(_), FieldType::String) => Some(self),
+            (Value::I64(number), FieldType::U64) => u64::try_from(number).ok().map(Value::U64),
+            (Value::U64(number), FieldType::I64) => i64::try_from(number).ok().map(Value::I64),
+            _ => None,
         }
     }
 

@@ -56,7 +56,7 @@ fn schema() -> Schema {
 
 fn random_id(rng: &mut Rng, n_ids: usize) -> String {
     let n = rng.below(n_ids);
-    if n % 7 == 0 {
+    if n.is_multiple_of(7) {
         format!("rööm-{n}")
     } else {
         format!("!room{n:03}:example.org")

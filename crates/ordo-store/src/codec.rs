@@ -1,0 +1,377 @@
+//! The on-disk encoding of keys and values (format 1; byte layouts in `docs/STORAGE.md`).
+//!
+//! Every variable-length part carries its length in front of it, so decoding
+//! never scans for a delimiter, and every record starts with its own version
+//! byte. Integers are little-endian, except collection numbers in keys, which are
+//! big-endian so that LMDB's byte order groups a collection's items together.
+
+use ordo_core::{FieldType, Schema, Value};
+
+/// The layout version of the whole data directory, kept in the `meta` database.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The version byte at the start of every schema and item record.
+const RECORD_VERSION: u8 = 1;
+
+/// A record that cannot be decoded: the data directory was damaged or written by
+/// something else. Carries what was expected, for the error message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Corrupt(pub &'static str);
+
+/// Reads a little-endian record front to back; every read is bounds-checked.
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n_bytes: usize, what: &'static str) -> Result<&'a [u8], Corrupt> {
+        if self.bytes.len() < n_bytes {
+            return Err(Corrupt(what));
+        }
+        let (head, rest) = self.bytes.split_at(n_bytes);
+        self.bytes = rest;
+        Ok(head)
+    }
+
+    fn u8(&mut self, what: &'static str) -> Result<u8, Corrupt> {
+        Ok(self.take(1, what)?[0])
+    }
+
+    fn u16(&mut self, what: &'static str) -> Result<u16, Corrupt> {
+        Ok(u16::from_le_bytes(self.take(2, what)?.try_into().expect("2 bytes")))
+    }
+
+    fn u32(&mut self, what: &'static str) -> Result<u32, Corrupt> {
+        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().expect("4 bytes")))
+    }
+
+    fn u64(&mut self, what: &'static str) -> Result<u64, Corrupt> {
+        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().expect("8 bytes")))
+    }
+
+    fn str(&mut self, n_bytes: usize, what: &'static str) -> Result<&'a str, Corrupt> {
+        std::str::from_utf8(self.take(n_bytes, what)?).map_err(|_| Corrupt(what))
+    }
+
+    fn finish(&self, what: &'static str) -> Result<(), Corrupt> {
+        if self.bytes.is_empty() {
+            Ok(())
+        } else {
+            Err(Corrupt(what))
+        }
+    }
+}
+
+/// Item keys: the collection number (big-endian) then the item id's bytes.
+pub fn item_key(buffer: &mut Vec<u8>, collection_number: u32, id: &str) {
+    buffer.clear();
+    buffer.extend_from_slice(&collection_number.to_be_bytes());
+    buffer.extend_from_slice(id.as_bytes());
+}
+
+/// Splits an item key into its collection number and id.
+pub fn split_item_key(key: &[u8]) -> Result<(u32, &str), Corrupt> {
+    if key.len() < 5 {
+        return Err(Corrupt("an item key: 4-byte collection number and a non-empty id"));
+    }
+    let (number, id) = key.split_at(4);
+    let id = std::str::from_utf8(id).map_err(|_| Corrupt("an item id in UTF-8"))?;
+    Ok((u32::from_be_bytes(number.try_into().expect("4 bytes")), id))
+}
+
+pub fn collection_key(collection_number: u32) -> [u8; 4] {
+    collection_number.to_be_bytes()
+}
+
+pub fn decode_collection_key(key: &[u8]) -> Result<u32, Corrupt> {
+    let bytes: [u8; 4] = key.try_into().map_err(|_| Corrupt("a 4-byte collection number"))?;
+    Ok(u32::from_be_bytes(bytes))
+}
+
+pub fn encode_collection(buffer: &mut Vec<u8>, name: &str, schema: &Schema) {
+    buffer.clear();
+    buffer.push(RECORD_VERSION);
+    buffer.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    buffer.extend_from_slice(name.as_bytes());
+    buffer.push(schema.len() as u8);
+    for field in schema.fields() {
+        buffer.push(field_type_code(field.field_type));
+        buffer.push(field.name.len() as u8);
+        buffer.extend_from_slice(field.name.as_bytes());
+    }
+}
+
+pub fn decode_collection(bytes: &[u8]) -> Result<(String, Schema), Corrupt> {
+    let mut reader = Reader { bytes };
+    if reader.u8("a collection record version")? != RECORD_VERSION {
+        return Err(Corrupt("collection record version 1"));
+    }
+    let name_len = reader.u16("a collection name length")? as usize;
+    let name = reader.str(name_len, "a collection name in UTF-8")?.to_owned();
+    let n_fields = reader.u8("a field count")?;
+    let mut schema = Schema::new();
+    for _ in 0..n_fields {
+        let field_type = field_type_from_code(reader.u8("a field type")?)?;
+        let name_len = reader.u8("a field name length")? as usize;
+        let field_name = reader.str(name_len, "a field name in UTF-8")?;
+        schema = schema.try_with_field(field_name, field_type).map_err(|_| Corrupt("a valid schema"))?;
+    }
+    reader.finish("the end of the collection record")?;
+    Ok((name, schema))
+}
+
+fn field_type_code(field_type: FieldType) -> u8 {
+    match field_type {
+        FieldType::Bool => 1,
+        FieldType::I64 => 2,
+        FieldType::U64 => 3,
+        FieldType::F64 => 4,
+        FieldType::String => 5,
+    }
+}
+
+fn field_type_from_code(code: u8) -> Result<FieldType, Corrupt> {
+    Ok(match code {
+        1 => FieldType::Bool,
+        2 => FieldType::I64,
+        3 => FieldType::U64,
+        4 => FieldType::F64,
+        5 => FieldType::String,
+        _ => return Err(Corrupt("a field type code 1..=5")),
+    })
+}
+
+/// A byte range inside an item record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub start: u32,
+    pub end: u32,
+}
+
+/// Where a field's value comes from when an item record is (re)written: an
+/// upsert overlays the values it sets on the item's current record, whose
+/// untouched fields are copied over byte for byte.
+#[derive(Clone, Copy, Debug)]
+pub enum FieldSource<'a> {
+    Null,
+    /// A value already converted to the field's type.
+    New(Value<'a>),
+    /// The field's encoded bytes in the old record.
+    Old(Span),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum PayloadSource<'a> {
+    New(&'a [u8]),
+    Old(Span),
+}
+
+/// Encodes an item record: `version, n_fields, presence bitmap, present values
+/// in schema order, payload length, payload`. `Old` sources point into `old_record`.
+pub fn encode_item(buffer: &mut Vec<u8>, old_record: &[u8], fields: &[FieldSource<'_>], payload: PayloadSource<'_>) {
+    buffer.clear();
+    buffer.push(RECORD_VERSION);
+    buffer.push(fields.len() as u8);
+    let bitmap_start = buffer.len();
+    buffer.resize(bitmap_start + fields.len().div_ceil(8), 0);
+    for (index, source) in fields.iter().enumerate() {
+        match *source {
+            FieldSource::Null | FieldSource::New(Value::Null) => continue,
+            FieldSource::Old(span) => buffer.extend_from_slice(&old_record[span.start as usize..span.end as usize]),
+            FieldSource::New(Value::Bool(flag)) => buffer.push(u8::from(flag)),
+            FieldSource::New(Value::I64(number)) => buffer.extend_from_slice(&number.to_le_bytes()),
+            FieldSource::New(Value::U64(number)) => buffer.extend_from_slice(&number.to_le_bytes()),
+            FieldSource::New(Value::F64(number)) => buffer.extend_from_slice(&number.to_le_bytes()),
+            FieldSource::New(Value::Str(text)) => {
+                buffer.extend_from_slice(&(text.len() as u32).to_le_bytes());
+                buffer.extend_from_slice(text.as_bytes());
+            }
+        }
+        buffer[bitmap_start + index / 8] |= 1 << (index % 8);
+    }
+    let payload = match payload {
+        PayloadSource::New(bytes) => bytes,
+        PayloadSource::Old(span) => &old_record[span.start as usize + 4..span.end as usize],
+    };
+    buffer.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    buffer.extend_from_slice(payload);
+}
+
+/// Finds the encoded bytes of each field of an item record (`None`: null) and of
+/// its payload (length prefix included), checking the record's structure.
+pub fn scan_item(bytes: &[u8], schema: &Schema, spans: &mut Vec<Option<Span>>) -> Result<Span, Corrupt> {
+    let mut reader = Reader { bytes };
+    if reader.u8("an item record version")? != RECORD_VERSION {
+        return Err(Corrupt("item record version 1"));
+    }
+    let n_fields = reader.u8("an item's field count")? as usize;
+    if n_fields != schema.len() {
+        return Err(Corrupt("an item with as many fields as its schema"));
+    }
+    let bitmap = reader.take(n_fields.div_ceil(8), "an item's presence bitmap")?;
+    let offset = |reader: &Reader<'_>| (bytes.len() - reader.bytes.len()) as u32;
+    spans.clear();
+    for (index, field) in schema.fields().iter().enumerate() {
+        if bitmap[index / 8] >> (index % 8) & 1 == 0 {
+            spans.push(None);
+            continue;
+        }
+        let start = offset(&reader);
+        match field.field_type {
+            FieldType::Bool => {
+                if reader.u8("a bool")? > 1 {
+                    return Err(Corrupt("a bool stored as 0 or 1"));
+                }
+            }
+            FieldType::I64 | FieldType::U64 | FieldType::F64 => {
+                reader.take(8, "a 64-bit number")?;
+            }
+            FieldType::String => {
+                let len = reader.u32("a string length")? as usize;
+                reader.str(len, "a string in UTF-8")?;
+            }
+        }
+        spans.push(Some(Span { start, end: offset(&reader) }));
+    }
+    let payload_start = offset(&reader);
+    let payload_len = reader.u32("a payload length")? as usize;
+    reader.take(payload_len, "a payload")?;
+    reader.finish("the end of the item record")?;
+    Ok(Span { start: payload_start, end: offset(&reader) })
+}
+
+/// Decodes an item record into one value per schema field (`values` is cleared
+/// first) and returns the payload. Values borrow from `bytes`: nothing is copied.
+pub fn decode_item<'a>(bytes: &'a [u8], schema: &Schema, values: &mut Vec<Value<'a>>) -> Result<&'a [u8], Corrupt> {
+    let mut reader = Reader { bytes };
+    if reader.u8("an item record version")? != RECORD_VERSION {
+        return Err(Corrupt("item record version 1"));
+    }
+    let n_fields = reader.u8("an item's field count")? as usize;
+    if n_fields != schema.len() {
+        return Err(Corrupt("an item with as many fields as its schema"));
+    }
+    let bitmap = reader.take(n_fields.div_ceil(8), "an item's presence bitmap")?;
+    values.clear();
+    for (index, field) in schema.fields().iter().enumerate() {
+        if bitmap[index / 8] >> (index % 8) & 1 == 0 {
+            values.push(Value::Null);
+            continue;
+        }
+        let value = match field.field_type {
+            FieldType::Bool => match reader.u8("a bool")? {
+                0 => Value::Bool(false),
+                1 => Value::Bool(true),
+                _ => return Err(Corrupt("a bool stored as 0 or 1")),
+            },
+            FieldType::I64 => Value::I64(reader.u64("an i64")? as i64),
+            FieldType::U64 => Value::U64(reader.u64("a u64")?),
+            FieldType::F64 => Value::F64(f64::from_bits(reader.u64("an f64")?)),
+            FieldType::String => {
+                let len = reader.u32("a string length")? as usize;
+                Value::Str(reader.str(len, "a string in UTF-8")?)
+            }
+        };
+        values.push(value);
+    }
+    let payload_len = reader.u32("a payload length")? as usize;
+    let payload = reader.take(payload_len, "a payload")?;
+    reader.finish("the end of the item record")?;
+    Ok(payload)
+}
+
+/// `meta` keys. Values: `format` a `u32`, `last_seq` a `u64`.
+pub const META_FORMAT: &[u8] = b"format";
+pub const META_LAST_SEQ: &[u8] = b"last_seq";
+
+pub fn decode_u32(bytes: &[u8], what: &'static str) -> Result<u32, Corrupt> {
+    let mut reader = Reader { bytes };
+    let value = reader.u32(what)?;
+    reader.finish(what)?;
+    Ok(value)
+}
+
+pub fn decode_u64(bytes: &[u8], what: &'static str) -> Result<u64, Corrupt> {
+    let mut reader = Reader { bytes };
+    let value = reader.u64(what)?;
+    reader.finish(what)?;
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schema() -> Schema {
+        Schema::new()
+            .with_field("flag", FieldType::Bool)
+            .with_field("signed", FieldType::I64)
+            .with_field("unsigned", FieldType::U64)
+            .with_field("float", FieldType::F64)
+            .with_field("name", FieldType::String)
+    }
+
+    #[test]
+    fn items_round_trip_and_truncations_are_refused() {
+        let schema = schema();
+        let fields = [
+            FieldSource::New(Value::Bool(true)),
+            FieldSource::New(Value::I64(-5)),
+            FieldSource::Null,
+            FieldSource::New(Value::F64(f64::NEG_INFINITY)),
+            FieldSource::New(Value::Str("Zoë")),
+        ];
+        let mut buffer = Vec::new();
+        encode_item(&mut buffer, &[], &fields, PayloadSource::New(b"payload"));
+        let mut values = Vec::new();
+        let payload = decode_item(&buffer, &schema, &mut values).unwrap();
+        assert_eq!(payload, b"payload");
+        assert_eq!(
+            values,
+            [Value::Bool(true), Value::I64(-5), Value::Null, Value::F64(f64::NEG_INFINITY), Value::Str("Zoë")]
+        );
+        for len in 0..buffer.len() {
+            assert!(decode_item(&buffer[..len], &schema, &mut values).is_err(), "truncated to {len} bytes");
+        }
+        let mut spans = Vec::new();
+        for len in 0..buffer.len() {
+            assert!(scan_item(&buffer[..len], &schema, &mut spans).is_err(), "truncated to {len} bytes");
+        }
+
+        // Re-encoding from the old record's spans, overriding one field and keeping the payload.
+        let payload_span = scan_item(&buffer, &schema, &mut spans).unwrap();
+        let mut sources: Vec<FieldSource<'_>> =
+            spans.iter().map(|span| span.map_or(FieldSource::Null, FieldSource::Old)).collect();
+        sources[2] = FieldSource::New(Value::U64(7));
+        sources[4] = FieldSource::New(Value::Null);
+        let mut merged = Vec::new();
+        encode_item(&mut merged, &buffer, &sources, PayloadSource::Old(payload_span));
+        let payload = decode_item(&merged, &schema, &mut values).unwrap();
+        assert_eq!(payload, b"payload");
+        assert_eq!(
+            values,
+            [Value::Bool(true), Value::I64(-5), Value::U64(7), Value::F64(f64::NEG_INFINITY), Value::Null]
+        );
+
+        let mut values = Vec::new();
+        buffer.push(0);
+        assert!(decode_item(&buffer, &schema, &mut values).is_err(), "a trailing byte");
+    }
+
+    #[test]
+    fn collections_round_trip() {
+        let mut buffer = Vec::new();
+        encode_collection(&mut buffer, "rooms", &schema());
+        assert_eq!(decode_collection(&buffer).unwrap(), ("rooms".to_owned(), schema()));
+        assert!(decode_collection(&buffer[..buffer.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn item_keys_sort_by_collection_first() {
+        let (mut first, mut second) = (Vec::new(), Vec::new());
+        item_key(&mut first, 1, "zzz");
+        item_key(&mut second, 256, "aaa");
+        assert!(first < second);
+        assert_eq!(split_item_key(&second).unwrap(), (256, "aaa"));
+    }
+}

@@ -1,0 +1,105 @@
+//! What can go wrong with a data directory, in words a user can act on.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use ordo_core::{BatchError, CreateCollectionError, LoadError};
+
+use crate::codec::Corrupt;
+
+#[derive(Debug)]
+pub enum StoreError {
+    /// Another process (or another `Store` in this one) holds the directory.
+    Locked {
+        dir: PathBuf,
+    },
+    /// The directory was written by a newer Ordo; it is left untouched.
+    NewerFormat {
+        dir: PathBuf,
+        found: u32,
+        supported: u32,
+    },
+    /// A record could not be decoded: the directory is damaged or not Ordo's.
+    Corrupt {
+        dir: PathBuf,
+        expected: &'static str,
+    },
+    /// The map reached `max_map_size` and the write did not fit; nothing was written.
+    MapFull {
+        map_size: usize,
+        max_map_size: usize,
+    },
+    /// The disk has no room left for the write; nothing was written.
+    DiskFull {
+        dir: PathBuf,
+    },
+    /// The batch breaks a rule; nothing was written.
+    Batch(BatchError),
+    CreateCollection(CreateCollectionError),
+    UnknownCollection,
+    /// A stored item was refused by the engine while loading (a damaged directory).
+    Load(LoadError),
+    /// Any other failure of the file system or of LMDB, with what was being done.
+    Io {
+        dir: PathBuf,
+        doing: &'static str,
+        source: heed::Error,
+    },
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::Locked { dir } => write!(
+                f,
+                "the data directory {} is in use by another Ordo process (its LOCK file is held); \
+                 stop that process or choose another directory",
+                dir.display()
+            ),
+            StoreError::NewerFormat { dir, found, supported } => write!(
+                f,
+                "the data directory {} uses storage format {found}, written by a newer Ordo; \
+                 this build reads formats up to {supported}. Upgrade Ordo; the directory was not modified",
+                dir.display()
+            ),
+            StoreError::Corrupt { dir, expected } => write!(
+                f,
+                "the data directory {} is damaged or is not an Ordo data directory: expected {expected}",
+                dir.display()
+            ),
+            StoreError::MapFull { map_size, max_map_size } => write!(
+                f,
+                "the store is full: the write needs more than the maximum map size ({max_map_size} bytes; \
+                 the map is {map_size} bytes). Nothing was written; raise the maximum map size"
+            ),
+            StoreError::DiskFull { dir } => write!(
+                f,
+                "no space left on the device holding {}; nothing was written. Free some space and retry",
+                dir.display()
+            ),
+            StoreError::Batch(error) => write!(f, "batch refused: {error}"),
+            StoreError::CreateCollection(error) => write!(f, "cannot create the collection: {error}"),
+            StoreError::UnknownCollection => f.write_str("no such collection"),
+            StoreError::Load(error) => write!(f, "a stored item was refused while loading: {error}"),
+            StoreError::Io { dir, doing, source } => write!(f, "{doing} in {}: {source}", dir.display()),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StoreError::Io { source, .. } => Some(source),
+            StoreError::Batch(error) => Some(error),
+            StoreError::Load(error) => Some(error),
+            StoreError::CreateCollection(error) => Some(error),
+            _ => None,
+        }
+    }
+}
+
+impl StoreError {
+    pub(crate) fn corrupt(dir: &std::path::Path, corrupt: Corrupt) -> StoreError {
+        StoreError::Corrupt { dir: dir.to_owned(), expected: corrupt.0 }
+    }
+}

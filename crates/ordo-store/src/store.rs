@@ -1,0 +1,445 @@
+//! The LMDB side: one environment per data directory, four named databases, and
+//! batches written one write transaction at a time (several per transaction when
+//! they arrive together). Readers never see a partial transaction, and after a
+//! crash LMDB needs no recovery: the last committed meta page is the state.
+
+use std::fs::{File, TryLockError};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use heed::types::Bytes;
+use heed::{Database, Env, EnvFlags, EnvOpenOptions, MdbError};
+use ordo_core::{Batch, CollectionId, Engine, Schema, Value};
+
+use crate::codec::{self, FieldSource, PayloadSource, Span, FORMAT_VERSION};
+use crate::error::StoreError;
+
+/// How far a commit goes before it is acknowledged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// Data and meta pages are synced before a commit returns. A crash loses nothing acknowledged.
+    #[default]
+    Full,
+    /// LMDB's `MDB_NOMETASYNC`: data pages are synced, the meta page is not. A crash
+    /// (of the machine, not the process) may lose the last commits, never corrupts.
+    Relaxed,
+}
+
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    pub durability: Durability,
+    /// Size of the memory map at start (the file grows only as pages are used).
+    pub initial_map_size: usize,
+    /// The map doubles when full, up to this size; past it, writes fail with `MapFull`.
+    pub max_map_size: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> StoreOptions {
+        StoreOptions { durability: Durability::Full, initial_map_size: 1 << 30, max_map_size: 1 << 40 }
+    }
+}
+
+/// Map sizes are kept multiples of this, which is a multiple of every page size in use.
+const MAP_SIZE_GRANULE: usize = 64 * 1024;
+
+/// Counts for monitoring and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    pub n_commits: u64,
+    pub n_batches_committed: u64,
+    pub n_map_growths: u64,
+    pub map_size: usize,
+}
+
+/// What a load reports as it goes, every `LOAD_PROGRESS_EVERY` items and at the end.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadProgress {
+    pub n_items_loaded: u64,
+    pub n_items_total: u64,
+    pub elapsed: Duration,
+}
+
+const LOAD_PROGRESS_EVERY: u64 = 1 << 18;
+
+/// One write of a commit: the collection's number on disk, its schema, the batch.
+pub(crate) struct CommitWrite<'a> {
+    pub(crate) collection_number: u32,
+    pub(crate) schema: &'a Schema,
+    pub(crate) batch: &'a Batch,
+}
+
+/// Buffers reused from one commit to the next.
+#[derive(Default)]
+struct WriteScratch {
+    key: Vec<u8>,
+    old_record: Vec<u8>,
+    new_record: Vec<u8>,
+    spans: Vec<Option<Span>>,
+    count_deltas: Vec<(u32, i64)>,
+}
+
+pub struct Store {
+    dir: PathBuf,
+    env: Env,
+    /// `format` → u32, `last_seq` → u64.
+    meta: Database<Bytes, Bytes>,
+    /// collection number (u32 BE) → name and schema.
+    collections: Database<Bytes, Bytes>,
+    /// collection number (u32 BE) ++ item id → item record.
+    items: Database<Bytes, Bytes>,
+    /// collection number (u32 BE) → number of items (u64), to presize tables at load.
+    item_counts: Database<Bytes, Bytes>,
+    options: StoreOptions,
+    map_size: usize,
+    last_seq: u64,
+    stats: StoreStats,
+    scratch: WriteScratch,
+    /// Held for the store's lifetime: an exclusive lock on `dir/LOCK`.
+    _lock: File,
+}
+
+/// A collection as found on disk.
+pub(crate) struct StoredCollection {
+    pub(crate) number: u32,
+    pub(crate) name: String,
+    pub(crate) schema: Schema,
+}
+
+fn io_error<'a>(dir: &'a Path, doing: &'static str) -> impl FnOnce(heed::Error) -> StoreError + 'a {
+    move |source| classify(dir, doing, source)
+}
+
+fn classify(dir: &Path, doing: &'static str, source: heed::Error) -> StoreError {
+    match &source {
+        heed::Error::Io(error) if error.raw_os_error() == Some(28) => StoreError::DiskFull { dir: dir.to_owned() },
+        _ => StoreError::Io { dir: dir.to_owned(), doing, source },
+    }
+}
+
+fn round_map_size(size: usize) -> usize {
+    size.max(MAP_SIZE_GRANULE).div_ceil(MAP_SIZE_GRANULE) * MAP_SIZE_GRANULE
+}
+
+impl Store {
+    /// Opens (creating if needed) the data directory `dir`. Fails with `Locked` when
+    /// another process holds it and with `NewerFormat` when a newer Ordo wrote it.
+    pub(crate) fn open(dir: &Path, options: StoreOptions) -> Result<(Store, Vec<StoredCollection>), StoreError> {
+        let io = |doing: &'static str| {
+            move |error: std::io::Error| StoreError::Io { dir: dir.to_owned(), doing, source: heed::Error::Io(error) }
+        };
+        std::fs::create_dir_all(dir).map_err(io("creating the data directory"))?;
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("LOCK"))
+            .map_err(io("opening the LOCK file"))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Err(StoreError::Locked { dir: dir.to_owned() }),
+            Err(TryLockError::Error(error)) => return Err(io("locking the LOCK file")(error)),
+        }
+
+        let map_size = round_map_size(options.initial_map_size.min(options.max_map_size));
+        let mut env_options = EnvOpenOptions::new();
+        env_options.map_size(map_size).max_dbs(8);
+        if options.durability == Durability::Relaxed {
+            // SAFETY: `NO_META_SYNC` only defers syncing the meta page; LMDB documents that
+            // a system crash may then undo the last transactions but keeps the database intact.
+            unsafe { env_options.flags(EnvFlags::NO_META_SYNC) };
+        }
+        // SAFETY: the memory map is undefined behaviour if the file is changed behind LMDB's
+        // back. Every Ordo process takes the exclusive LOCK above before opening, so no other
+        // Ordo writer maps this file; LMDB's own lock file coordinates with its readers.
+        let env = unsafe { env_options.open(dir) }.map_err(io_error(dir, "opening the LMDB environment"))?;
+        // Reader slots left by processes that died (a crash, a kill) would pin old pages forever.
+        env.clear_stale_readers().map_err(io_error(dir, "clearing stale readers"))?;
+
+        let mut txn = env.write_txn().map_err(io_error(dir, "starting the opening transaction"))?;
+        let create = |txn: &mut heed::RwTxn<'_>, name: &'static str| {
+            env.create_database::<Bytes, Bytes>(txn, Some(name)).map_err(io_error(dir, "creating a database"))
+        };
+        let meta = create(&mut txn, "meta")?;
+        let collections = create(&mut txn, "collections")?;
+        let items = create(&mut txn, "items")?;
+        let item_counts = create(&mut txn, "item_counts")?;
+
+        let format = meta.get(&txn, codec::META_FORMAT).map_err(io_error(dir, "reading the format version"))?;
+        match format {
+            Some(bytes) => {
+                let found =
+                    codec::decode_u32(bytes, "a 4-byte format version").map_err(|c| StoreError::corrupt(dir, c))?;
+                if found > FORMAT_VERSION {
+                    return Err(StoreError::NewerFormat { dir: dir.to_owned(), found, supported: FORMAT_VERSION });
+                }
+                if found < 1 {
+                    return Err(StoreError::Corrupt {
+                        dir: dir.to_owned(),
+                        expected: "a format version of at least 1",
+                    });
+                }
+                // Format 1 is the first; an older format would be upgraded here, in this transaction.
+            }
+            None => {
+                let is_empty = collections.is_empty(&txn).map_err(io_error(dir, "reading collections"))?
+                    && items.is_empty(&txn).map_err(io_error(dir, "reading items"))?;
+                if !is_empty {
+                    return Err(StoreError::Corrupt { dir: dir.to_owned(), expected: "a format version in `meta`" });
+                }
+                meta.put(&mut txn, codec::META_FORMAT, &FORMAT_VERSION.to_le_bytes())
+                    .map_err(io_error(dir, "writing the format version"))?;
+            }
+        }
+        let last_seq = match meta.get(&txn, codec::META_LAST_SEQ).map_err(io_error(dir, "reading the sequence"))? {
+            Some(bytes) => {
+                codec::decode_u64(bytes, "an 8-byte sequence number").map_err(|c| StoreError::corrupt(dir, c))?
+            }
+            None => 0,
+        };
+        let mut stored = Vec::new();
+        for entry in collections.iter(&txn).map_err(io_error(dir, "reading collections"))? {
+            let (key, value) = entry.map_err(io_error(dir, "reading collections"))?;
+            let number = codec::decode_collection_key(key).map_err(|c| StoreError::corrupt(dir, c))?;
+            let (name, schema) = codec::decode_collection(value).map_err(|c| StoreError::corrupt(dir, c))?;
+            stored.push(StoredCollection { number, name, schema });
+        }
+        txn.commit().map_err(io_error(dir, "committing the opening transaction"))?;
+
+        let map_size = env.info().map_size.max(map_size);
+        let store = Store {
+            dir: dir.to_owned(),
+            env,
+            meta,
+            collections,
+            items,
+            item_counts,
+            options,
+            map_size,
+            last_seq,
+            stats: StoreStats { map_size, ..StoreStats::default() },
+            scratch: WriteScratch::default(),
+            _lock: lock,
+        };
+        Ok((store, stored))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Sequence number of the last committed batch (0 before the first).
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        self.stats
+    }
+
+    pub(crate) fn create_collection(&mut self, number: u32, name: &str, schema: &Schema) -> Result<(), StoreError> {
+        let mut record = Vec::new();
+        codec::encode_collection(&mut record, name, schema);
+        self.with_map_growth(|store| {
+            let mut txn = store.env.write_txn()?;
+            store.collections.put(&mut txn, &codec::collection_key(number), &record)?;
+            store.item_counts.put(&mut txn, &codec::collection_key(number), &0u64.to_le_bytes())?;
+            txn.commit()
+        })
+    }
+
+    /// Writes `writes` in one transaction and returns the sequence number of the first.
+    /// Either all of them are durable when this returns `Ok`, or none is.
+    pub(crate) fn commit(&mut self, writes: &[CommitWrite<'_>]) -> Result<u64, StoreError> {
+        let first_seq = self.last_seq + 1;
+        self.with_map_growth(|store| store.try_commit(writes, first_seq))?;
+        self.last_seq += writes.len() as u64;
+        self.stats.n_commits += 1;
+        self.stats.n_batches_committed += writes.len() as u64;
+        Ok(first_seq)
+    }
+
+    /// Runs a write transaction, growing the map and retrying when it is full.
+    fn with_map_growth(&mut self, mut write: impl FnMut(&mut Store) -> heed::Result<()>) -> Result<(), StoreError> {
+        loop {
+            match write(self) {
+                Ok(()) => return Ok(()),
+                Err(heed::Error::Mdb(MdbError::MapFull)) if self.map_size < self.options.max_map_size => {
+                    self.grow_map()?;
+                }
+                Err(heed::Error::Mdb(MdbError::MapFull)) => {
+                    return Err(StoreError::MapFull {
+                        map_size: self.map_size,
+                        max_map_size: self.options.max_map_size,
+                    })
+                }
+                Err(error) => return Err(classify(&self.dir, "writing a batch", error)),
+            }
+        }
+    }
+
+    fn grow_map(&mut self) -> Result<(), StoreError> {
+        let new_size =
+            round_map_size(self.map_size.saturating_mul(2)).min(self.options.max_map_size.max(self.map_size));
+        // SAFETY: LMDB allows resizing only while this process has no transaction open.
+        // Every transaction of a `Store` lives inside one of its `&mut self` methods and
+        // ends before it returns (the write closure above has returned, committing or
+        // aborting); none is ever handed out. `&mut self` rules out a concurrent one.
+        // `map_grows_under_writes_and_keeps_every_item` exercises this path.
+        unsafe { self.env.resize(new_size) }.map_err(io_error(&self.dir, "growing the memory map"))?;
+        self.map_size = new_size;
+        self.stats.map_size = new_size;
+        self.stats.n_map_growths += 1;
+        Ok(())
+    }
+
+    fn try_commit(&mut self, writes: &[CommitWrite<'_>], first_seq: u64) -> heed::Result<()> {
+        let Store { env, meta, items, item_counts, scratch, .. } = self;
+        let mut txn = env.write_txn()?;
+        scratch.count_deltas.clear();
+        for write in writes {
+            let mut delta = 0i64;
+            for op in write.batch.ops() {
+                codec::item_key(&mut scratch.key, write.collection_number, op.id());
+                if op.is_remove() {
+                    if items.delete(&mut txn, &scratch.key)? {
+                        delta -= 1;
+                    }
+                    continue;
+                }
+                // Copy the current record out: LMDB's pointer is invalid after the next put.
+                let old = items.get(&txn, &scratch.key)?;
+                scratch.old_record.clear();
+                if let Some(old) = old {
+                    scratch.old_record.extend_from_slice(old);
+                } else {
+                    delta += 1;
+                }
+                let mut sources = [FieldSource::Null; ordo_core::limits::MAX_FIELDS_PER_SCHEMA];
+                let sources = &mut sources[..write.schema.len()];
+                let mut payload = PayloadSource::New(&[]);
+                if !scratch.old_record.is_empty() {
+                    let payload_span = codec::scan_item(&scratch.old_record, write.schema, &mut scratch.spans)
+                        .map_err(|corrupt| heed::Error::Decoding(corrupt.0.into()))?;
+                    for (source, span) in sources.iter_mut().zip(&scratch.spans) {
+                        *source = span.map_or(FieldSource::Null, FieldSource::Old);
+                    }
+                    payload = PayloadSource::Old(payload_span);
+                }
+                for (name, value) in op.fields() {
+                    let field_id = write.schema.field_id(name).expect("validated: the field exists");
+                    let field_type = write.schema.field(field_id).field_type;
+                    let value = value.coerce_to(field_type).expect("validated: the value fits the field");
+                    sources[field_id.index()] = FieldSource::New(value);
+                }
+                if let Some(new_payload) = op.payload() {
+                    payload = PayloadSource::New(new_payload);
+                }
+                codec::encode_item(&mut scratch.new_record, &scratch.old_record, sources, payload);
+                items.put(&mut txn, &scratch.key, &scratch.new_record)?;
+            }
+            match scratch.count_deltas.iter_mut().find(|(number, _)| *number == write.collection_number) {
+                Some((_, total)) => *total += delta,
+                None => scratch.count_deltas.push((write.collection_number, delta)),
+            }
+        }
+        for &(number, delta) in &scratch.count_deltas {
+            let key = codec::collection_key(number);
+            let count = match item_counts.get(&txn, &key)? {
+                Some(bytes) => codec::decode_u64(bytes, "an item count").unwrap_or(0),
+                None => 0,
+            };
+            item_counts.put(&mut txn, &key, &(count as i64 + delta).max(0).to_le_bytes())?;
+        }
+        let last_seq = first_seq + writes.len() as u64 - 1;
+        meta.put(&mut txn, codec::META_LAST_SEQ, &last_seq.to_le_bytes())?;
+        txn.commit()
+    }
+
+    /// Reads every item of the listed collections into the engine, in one short
+    /// read transaction, through the engine's bulk path. `engine_ids[i]` is the
+    /// engine collection of disk collection number `numbers[i]`.
+    pub(crate) fn load_into(
+        &self,
+        engine: &mut Engine,
+        numbers: &[u32],
+        engine_ids: &[CollectionId],
+        progress: &mut dyn FnMut(&LoadProgress),
+    ) -> Result<u64, StoreError> {
+        let dir = &self.dir;
+        let started = Instant::now();
+        let txn = self.env.read_txn().map_err(io_error(dir, "starting the load"))?;
+        let mut n_items_total = 0u64;
+        for (&number, &collection_id) in numbers.iter().zip(engine_ids) {
+            let count = match self
+                .item_counts
+                .get(&txn, &codec::collection_key(number))
+                .map_err(io_error(dir, "reading item counts"))?
+            {
+                Some(bytes) => {
+                    codec::decode_u64(bytes, "an 8-byte item count").map_err(|c| StoreError::corrupt(dir, c))?
+                }
+                None => 0,
+            };
+            n_items_total += count;
+            engine.reserve_items(collection_id, count as usize).map_err(StoreError::Load)?;
+        }
+        let mut values: Vec<Value<'_>> = Vec::new();
+        let mut n_items_loaded = 0u64;
+        let mut current: Option<(u32, CollectionId)> = None;
+        for entry in self.items.iter(&txn).map_err(io_error(dir, "reading items"))? {
+            let (key, record) = entry.map_err(io_error(dir, "reading items"))?;
+            let (number, id) = codec::split_item_key(key).map_err(|c| StoreError::corrupt(dir, c))?;
+            let collection_id = match current {
+                Some((current_number, collection_id)) if current_number == number => collection_id,
+                _ => {
+                    let index = numbers
+                        .iter()
+                        .position(|&known| known == number)
+                        .ok_or(StoreError::Corrupt { dir: dir.clone(), expected: "items of known collections only" })?;
+                    current = Some((number, engine_ids[index]));
+                    engine_ids[index]
+                }
+            };
+            let schema = engine.collection(collection_id).expect("created before loading").schema();
+            let payload = codec::decode_item(record, schema, &mut values).map_err(|c| StoreError::corrupt(dir, c))?;
+            engine.load_item(collection_id, id, &values, payload).map_err(StoreError::Load)?;
+            n_items_loaded += 1;
+            if n_items_loaded.is_multiple_of(LOAD_PROGRESS_EVERY) {
+                progress(&LoadProgress { n_items_loaded, n_items_total, elapsed: started.elapsed() });
+            }
+        }
+        drop(txn);
+        progress(&LoadProgress { n_items_loaded, n_items_total: n_items_loaded, elapsed: started.elapsed() });
+        Ok(n_items_loaded)
+    }
+
+    /// Every stored item of one collection as `(id, record)`, in id byte order: for
+    /// checks that what is on disk matches what is in memory.
+    pub fn raw_items(&self, collection_number: u32) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let dir = &self.dir;
+        let txn = self.env.read_txn().map_err(io_error(dir, "starting a read"))?;
+        let prefix = codec::collection_key(collection_number);
+        let mut items = Vec::new();
+        for entry in self.items.prefix_iter(&txn, &prefix).map_err(io_error(dir, "reading items"))? {
+            let (key, record) = entry.map_err(io_error(dir, "reading items"))?;
+            let (_, id) = codec::split_item_key(key).map_err(|c| StoreError::corrupt(dir, c))?;
+            items.push((id.to_owned(), record.to_vec()));
+        }
+        Ok(items)
+    }
+
+    /// The stored item count of a collection (kept in `item_counts`).
+    pub fn item_count(&self, collection_number: u32) -> Result<u64, StoreError> {
+        let dir = &self.dir;
+        let txn = self.env.read_txn().map_err(io_error(dir, "starting a read"))?;
+        match self
+            .item_counts
+            .get(&txn, &codec::collection_key(collection_number))
+            .map_err(io_error(dir, "reading item counts"))?
+        {
+            Some(bytes) => codec::decode_u64(bytes, "an 8-byte item count").map_err(|c| StoreError::corrupt(dir, c)),
+            None => Ok(0),
+        }
+    }
+}
