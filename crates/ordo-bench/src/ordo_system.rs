@@ -60,7 +60,7 @@ impl CountingSink {
     }
 }
 
-fn room_schema() -> Schema {
+pub fn room_schema() -> Schema {
     Schema::new()
         .with_field("name", FieldType::String)
         .with_field("recency", FieldType::U64)
@@ -85,11 +85,11 @@ fn room_list_sort() -> Vec<SortKey> {
     vec![SortKey::desc("is_local"), SortKey::desc("recency"), SortKey::asc("name")]
 }
 
-fn room_list_def(filter: RoomFilter) -> ViewDef {
+pub fn room_list_def(filter: RoomFilter) -> ViewDef {
     ViewDef::new(filter_of(filter), room_list_sort())
 }
 
-fn add_rooms<'a>(batch: &mut Batch, rooms: impl IntoIterator<Item = &'a Room>) {
+pub fn add_rooms<'a>(batch: &mut Batch, rooms: impl IntoIterator<Item = &'a Room>) {
     for room in rooms {
         batch
             .upsert(&room.id)

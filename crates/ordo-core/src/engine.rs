@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 
 use crate::batch::{Batch, OpKind, StoredOp};
+use crate::bulk_load::BulkLoad;
 use crate::collection::{Collection, Slot};
 use crate::diff::{DiffRef, DiffSink, ItemList, WindowId};
 use crate::error::{BatchError, LoadError, ViewError};
@@ -218,60 +219,15 @@ impl Engine {
         validate_batch(&state.collection, batch, n_items_pending, &mut self.scratch.resolved_fields)
     }
 
-    /// Makes room for `n_items` more items, so that a bulk load does not regrow
-    /// its tables over and over.
-    pub fn reserve_items(&mut self, collection_id: CollectionId, n_items: usize) -> Result<(), LoadError> {
-        let state = self.collections.get_mut(collection_id.index()).ok_or(LoadError::UnknownCollection)?;
-        state.collection.reserve(n_items);
-        Ok(())
-    }
-
-    /// Adds one item to a collection that has no views yet: the bulk path a store
-    /// uses to rebuild the engine at start (views are built afterwards, sorting once).
-    /// `values` holds one value per schema field, in schema order. The item is
-    /// checked against the same limits as a batch; its id must be new.
-    pub fn load_item(
-        &mut self,
-        collection_id: CollectionId,
-        id: &str,
-        values: &[Value<'_>],
-        payload: &[u8],
-    ) -> Result<(), LoadError> {
+    /// Starts a bulk load into a collection that has no views: the path a store
+    /// uses to rebuild the engine at start (views are built afterwards, sorting
+    /// once). `n_items_hint` presizes the tables. See [`BulkLoad`].
+    pub fn bulk_load(&mut self, collection_id: CollectionId, n_items_hint: usize) -> Result<BulkLoad<'_>, LoadError> {
         let state = self.collections.get_mut(collection_id.index()).ok_or(LoadError::UnknownCollection)?;
         if !state.views.is_empty() {
             return Err(LoadError::CollectionHasViews);
         }
-        let collection = &mut state.collection;
-        let invalid = |error: BatchError| LoadError::Invalid { id: id.to_owned(), error };
-        if id.is_empty() {
-            return Err(invalid(BatchError::IdEmpty { op_index: 0 }));
-        }
-        if id.len() > limits::MAX_ID_BYTES {
-            return Err(invalid(BatchError::IdTooLong { op_index: 0, id_bytes: id.len() }));
-        }
-        if payload.len() > limits::MAX_PAYLOAD_BYTES {
-            return Err(invalid(BatchError::PayloadTooLarge { op_index: 0, payload_bytes: payload.len() }));
-        }
-        if values.len() != collection.schema().len() {
-            return Err(LoadError::FieldCount { n_values: values.len(), n_fields: collection.schema().len() });
-        }
-        if collection.len() >= limits::MAX_ITEMS_PER_COLLECTION {
-            return Err(invalid(BatchError::CollectionFull { n_items_max: limits::MAX_ITEMS_PER_COLLECTION }));
-        }
-        for (field, &value) in collection.schema().fields().iter().zip(values) {
-            check_field_value(0, &field.name, field.field_type, value).map_err(invalid)?;
-        }
-        if collection.find_slot(id).is_some() {
-            return Err(LoadError::DuplicateId { id: id.to_owned() });
-        }
-        let slot = collection.insert_slot(id);
-        for (field_index, &value) in values.iter().enumerate() {
-            let field_type = collection.schema().fields()[field_index].field_type;
-            let value = value.coerce_to(field_type).expect("checked above");
-            collection.set_value(slot, FieldId(field_index as u16), value);
-        }
-        collection.set_payload(slot, payload);
-        Ok(())
+        Ok(BulkLoad::new(&mut state.collection, n_items_hint))
     }
 
     /// Opens a window on a view of a collection. Its first diff, delivered to
@@ -571,7 +527,7 @@ fn check_window_limit(limit: usize) -> Result<(), ViewError> {
 
 /// Checks a whole batch before anything changes. Fills `resolved_fields`.
 /// Converts a value to its field's type and checks it against the limits.
-fn check_field_value<'a>(
+pub(crate) fn check_field_value<'a>(
     op_index: usize,
     name: &str,
     field_type: FieldType,

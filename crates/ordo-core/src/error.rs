@@ -184,7 +184,7 @@ impl fmt::Display for ViewError {
 
 impl std::error::Error for ViewError {}
 
-/// Why [`crate::Engine::load_item`] refused an item.
+/// Why a [`crate::BulkLoad`] refused an item or could not finish.
 #[derive(Clone, Debug, PartialEq)]
 pub enum LoadError {
     UnknownCollection,

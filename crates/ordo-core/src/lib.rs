@@ -43,6 +43,7 @@
 //! ```
 
 mod batch;
+mod bulk_load;
 mod collection;
 mod diff;
 mod engine;
@@ -60,6 +61,7 @@ mod window;
 pub mod limits;
 
 pub use batch::{Batch, BatchOp, UpsertBuilder};
+pub use bulk_load::BulkLoad;
 pub use collection::{Collection, ItemRef, OwnedItem};
 pub use diff::{CollectingSink, DiffRef, DiffSink, ItemList, NullSink, OwnedDiff, WindowId};
 pub use engine::{BatchSummary, CollectionId, CreateCollectionError, Engine, EngineStats};

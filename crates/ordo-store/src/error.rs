@@ -36,7 +36,6 @@ pub enum StoreError {
     /// The batch breaks a rule; nothing was written.
     Batch(BatchError),
     CreateCollection(CreateCollectionError),
-    UnknownCollection,
     /// A stored item was refused by the engine while loading (a damaged directory).
     Load(LoadError),
     /// Any other failure of the file system or of LMDB, with what was being done.
@@ -79,7 +78,6 @@ impl fmt::Display for StoreError {
             ),
             StoreError::Batch(error) => write!(f, "batch refused: {error}"),
             StoreError::CreateCollection(error) => write!(f, "cannot create the collection: {error}"),
-            StoreError::UnknownCollection => f.write_str("no such collection"),
             StoreError::Load(error) => write!(f, "a stored item was refused while loading: {error}"),
             StoreError::Io { dir, doing, source } => write!(f, "{doing} in {}: {source}", dir.display()),
         }

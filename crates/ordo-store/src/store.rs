@@ -141,7 +141,11 @@ impl Store {
             Err(TryLockError::Error(error)) => return Err(io("locking the LOCK file")(error)),
         }
 
-        let map_size = round_map_size(options.initial_map_size.min(options.max_map_size));
+        // heed resizes only to multiples of the page size: keep the maximum a whole number
+        // of granules (rounded down, at least one) and the initial size within it.
+        let max_map_size = (options.max_map_size / MAP_SIZE_GRANULE).max(1) * MAP_SIZE_GRANULE;
+        let options = StoreOptions { max_map_size, ..options };
+        let map_size = round_map_size(options.initial_map_size).min(options.max_map_size);
         let mut env_options = EnvOpenOptions::new();
         env_options.map_size(map_size).max_dbs(8);
         if options.durability == Durability::Relaxed {
@@ -240,7 +244,7 @@ impl Store {
     pub(crate) fn create_collection(&mut self, number: u32, name: &str, schema: &Schema) -> Result<(), StoreError> {
         let mut record = Vec::new();
         codec::encode_collection(&mut record, name, schema);
-        self.with_map_growth(|store| {
+        self.with_map_growth("creating a collection", |store| {
             let mut txn = store.env.write_txn()?;
             store.collections.put(&mut txn, &codec::collection_key(number), &record)?;
             store.item_counts.put(&mut txn, &codec::collection_key(number), &0u64.to_le_bytes())?;
@@ -252,7 +256,7 @@ impl Store {
     /// Either all of them are durable when this returns `Ok`, or none is.
     pub(crate) fn commit(&mut self, writes: &[CommitWrite<'_>]) -> Result<u64, StoreError> {
         let first_seq = self.last_seq + 1;
-        self.with_map_growth(|store| store.try_commit(writes, first_seq))?;
+        self.with_map_growth("writing a batch", |store| store.try_commit(writes, first_seq))?;
         self.last_seq += writes.len() as u64;
         self.stats.n_commits += 1;
         self.stats.n_batches_committed += writes.len() as u64;
@@ -260,7 +264,11 @@ impl Store {
     }
 
     /// Runs a write transaction, growing the map and retrying when it is full.
-    fn with_map_growth(&mut self, mut write: impl FnMut(&mut Store) -> heed::Result<()>) -> Result<(), StoreError> {
+    fn with_map_growth(
+        &mut self,
+        doing: &'static str,
+        mut write: impl FnMut(&mut Store) -> heed::Result<()>,
+    ) -> Result<(), StoreError> {
         loop {
             match write(self) {
                 Ok(()) => return Ok(()),
@@ -273,7 +281,7 @@ impl Store {
                         max_map_size: self.options.max_map_size,
                     })
                 }
-                Err(error) => return Err(classify(&self.dir, "writing a batch", error)),
+                Err(error) => return Err(classify(&self.dir, doing, error)),
             }
         }
     }
@@ -369,45 +377,41 @@ impl Store {
         let dir = &self.dir;
         let started = Instant::now();
         let txn = self.env.read_txn().map_err(io_error(dir, "starting the load"))?;
-        let mut n_items_total = 0u64;
-        for (&number, &collection_id) in numbers.iter().zip(engine_ids) {
-            let count = match self
-                .item_counts
-                .get(&txn, &codec::collection_key(number))
-                .map_err(io_error(dir, "reading item counts"))?
-            {
+        let mut counts = Vec::with_capacity(numbers.len());
+        for &number in numbers {
+            let key = codec::collection_key(number);
+            let count = match self.item_counts.get(&txn, &key).map_err(io_error(dir, "reading item counts"))? {
                 Some(bytes) => {
                     codec::decode_u64(bytes, "an 8-byte item count").map_err(|c| StoreError::corrupt(dir, c))?
                 }
                 None => 0,
             };
-            n_items_total += count;
-            engine.reserve_items(collection_id, count as usize).map_err(StoreError::Load)?;
+            counts.push(count);
         }
+        let n_items_total: u64 = counts.iter().sum();
         let mut values: Vec<Value<'_>> = Vec::new();
         let mut n_items_loaded = 0u64;
-        let mut current: Option<(u32, CollectionId)> = None;
-        for entry in self.items.iter(&txn).map_err(io_error(dir, "reading items"))? {
-            let (key, record) = entry.map_err(io_error(dir, "reading items"))?;
-            let (number, id) = codec::split_item_key(key).map_err(|c| StoreError::corrupt(dir, c))?;
-            let collection_id = match current {
-                Some((current_number, collection_id)) if current_number == number => collection_id,
-                _ => {
-                    let index = numbers
-                        .iter()
-                        .position(|&known| known == number)
-                        .ok_or(StoreError::Corrupt { dir: dir.clone(), expected: "items of known collections only" })?;
-                    current = Some((number, engine_ids[index]));
-                    engine_ids[index]
+        // Collection by collection: each is one contiguous key range (numbers are big-endian).
+        for ((&number, &collection_id), &count) in numbers.iter().zip(engine_ids).zip(&counts) {
+            let schema = engine.collection(collection_id).expect("created before loading").schema().clone();
+            let mut load = engine.bulk_load(collection_id, count as usize).map_err(StoreError::Load)?;
+            let prefix = codec::collection_key(number);
+            for entry in self.items.prefix_iter(&txn, &prefix).map_err(io_error(dir, "reading items"))? {
+                let (key, record) = entry.map_err(io_error(dir, "reading items"))?;
+                let (_, id) = codec::split_item_key(key).map_err(|c| StoreError::corrupt(dir, c))?;
+                let payload =
+                    codec::decode_item(record, &schema, &mut values).map_err(|c| StoreError::corrupt(dir, c))?;
+                load.push(id, &values, payload).map_err(StoreError::Load)?;
+                n_items_loaded += 1;
+                if n_items_loaded.is_multiple_of(LOAD_PROGRESS_EVERY) {
+                    progress(&LoadProgress { n_items_loaded, n_items_total, elapsed: started.elapsed() });
                 }
-            };
-            let schema = engine.collection(collection_id).expect("created before loading").schema();
-            let payload = codec::decode_item(record, schema, &mut values).map_err(|c| StoreError::corrupt(dir, c))?;
-            engine.load_item(collection_id, id, &values, payload).map_err(StoreError::Load)?;
-            n_items_loaded += 1;
-            if n_items_loaded.is_multiple_of(LOAD_PROGRESS_EVERY) {
-                progress(&LoadProgress { n_items_loaded, n_items_total, elapsed: started.elapsed() });
             }
+            load.finish().map_err(StoreError::Load)?;
+        }
+        let n_items_stored = self.items.len(&txn).map_err(io_error(dir, "counting items"))?;
+        if n_items_stored != n_items_loaded {
+            return Err(StoreError::Corrupt { dir: dir.clone(), expected: "items of known collections only" });
         }
         drop(txn);
         progress(&LoadProgress { n_items_loaded, n_items_total: n_items_loaded, elapsed: started.elapsed() });

@@ -2,6 +2,7 @@
 
 mod alloc;
 mod bad_input;
+mod bulk_load;
 mod many_windows;
 mod model;
 mod reference;

@@ -1,0 +1,241 @@
+//! `store-bench`: how fast a data directory of N benchmark rooms is written and
+//! reopened (LMDB read, bulk engine load, room-list window ready), against the
+//! obvious alternative measured in the same run: feeding the same rooms to a
+//! fresh engine as batches (the path every later write takes; no disk involved).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use ordo_bench::data::{generate_rooms, Room, RoomFilter};
+use ordo_bench::ordo_system::{add_rooms, room_list_def, room_schema};
+use ordo_core::{Batch, Engine, NullSink};
+use ordo_store::{print_load_progress, Database, Durability, StoreOptions};
+
+const USAGE: &str = "\
+usage: store-bench [--n N] [--runs R] [--dir PATH] [--reopen-only] [--relaxed] [--cold]
+
+  --n N       rooms in the collection (default 1000000)
+  --runs R    reopen runs; medians are reported (default 5)
+  --dir PATH  data directory to use (default: a fresh one under the system
+              temp directory, removed at the end)
+  --reopen-only  skip writing: PATH already holds the N rooms (a profile of
+              the reopen alone); the peer is skipped too
+  --relaxed   write with Durability::Relaxed (MDB_NOMETASYNC)
+  --cold      drop the page cache before each reopen (needs root; writes
+              /proc/sys/vm/drop_caches)";
+
+struct Args {
+    n: usize,
+    runs: usize,
+    dir: Option<PathBuf>,
+    reopen_only: bool,
+    relaxed: bool,
+    cold: bool,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args { n: 1_000_000, runs: 5, dir: None, reopen_only: false, relaxed: false, cold: false };
+    let mut iter = std::env::args().skip(1);
+    while let Some(arg) = iter.next() {
+        let mut value = |flag: &str| iter.next().ok_or(format!("{flag} needs a value"));
+        match arg.as_str() {
+            "--n" => args.n = value("--n")?.replace('_', "").parse().map_err(|_| "bad --n value".to_owned())?,
+            "--runs" => args.runs = value("--runs")?.parse().map_err(|_| "bad --runs value".to_owned())?,
+            "--dir" => args.dir = Some(PathBuf::from(value("--dir")?)),
+            "--reopen-only" => args.reopen_only = true,
+            "--relaxed" => args.relaxed = true,
+            "--cold" => args.cold = true,
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument '{other}'")),
+        }
+    }
+    if args.reopen_only && args.dir.is_none() {
+        return Err("--reopen-only needs --dir".to_owned());
+    }
+    if args.n == 0 || args.runs == 0 {
+        return Err("--n and --runs must be at least 1".to_owned());
+    }
+    Ok(args)
+}
+
+fn median(values: &mut [Duration]) -> Duration {
+    values.sort();
+    values[values.len() / 2]
+}
+
+fn ms(duration: Duration) -> String {
+    format!("{:.1} ms", duration.as_secs_f64() * 1e3)
+}
+
+fn drop_page_cache() -> Result<(), String> {
+    // SAFETY-free: `sync` then the kernel's documented cache-drop knob.
+    let _ = std::process::Command::new("sync").status();
+    std::fs::write("/proc/sys/vm/drop_caches", "3\n").map_err(|error| format!("--cold: cannot drop caches: {error}"))
+}
+
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| entries.filter_map(|entry| entry.ok()?.metadata().ok()).map(|meta| meta.len()).sum())
+        .unwrap_or(0)
+}
+
+fn write_rooms(dir: &std::path::Path, rooms: &[Room], options: &StoreOptions) -> Result<Duration, String> {
+    let (mut database, _) = Database::open(dir, options.clone(), &mut |_| {}).map_err(|error| error.to_string())?;
+    if database.engine().collection_id("rooms").is_some() {
+        return Err(format!("{} already holds a `rooms` collection; choose an empty directory", dir.display()));
+    }
+    let collection = database.create_collection("rooms", room_schema()).map_err(|error| error.to_string())?;
+    let started = Instant::now();
+    let mut batch = Batch::new();
+    let mut n_written = 0;
+    // 100 000 rooms per batch keeps each batch well under `MAX_BATCH_BYTES`.
+    for chunk in rooms.chunks(100_000) {
+        batch.clear();
+        add_rooms(&mut batch, chunk);
+        let (returned, result) = database.write(collection, batch, &mut NullSink);
+        batch = returned;
+        result.map_err(|error| error.to_string())?;
+        n_written += chunk.len();
+        if rooms.len() >= 200_000 {
+            eprintln!("store-bench: wrote {n_written} of {} rooms", rooms.len());
+        }
+    }
+    Ok(started.elapsed())
+}
+
+struct Reopen {
+    open: Duration,
+    load: Duration,
+    window: Duration,
+    full_index: Duration,
+}
+
+fn reopen(dir: &std::path::Path, options: &StoreOptions, n: usize) -> Result<Reopen, String> {
+    let started = Instant::now();
+    let (mut database, report) =
+        Database::open(dir, options.clone(), &mut print_load_progress).map_err(|error| error.to_string())?;
+    if report.n_items as usize != n {
+        return Err(format!("reopened {} rooms, expected {n}", report.n_items));
+    }
+    let collection = database.engine().collection_id("rooms").ok_or("no `rooms` collection")?;
+    let window_started = Instant::now();
+    let window = database
+        .open_window(collection, &room_list_def(RoomFilter::NotLeft), 0, 20, &mut NullSink)
+        .map_err(|error| error.to_string())?;
+    let window_time = window_started.elapsed();
+    let index_started = Instant::now();
+    database.prepare_window(window).map_err(|error| error.to_string())?;
+    let full_index = index_started.elapsed();
+    let _ = started;
+    Ok(Reopen { open: report.open_time, load: report.load_time, window: window_time, full_index })
+}
+
+fn batch_replay(rooms: &[Room]) -> Duration {
+    let started = Instant::now();
+    let mut engine = Engine::new();
+    let collection = engine.create_collection("rooms", room_schema()).expect("fresh engine");
+    let mut batch = Batch::new();
+    for chunk in rooms.chunks(100_000) {
+        batch.clear();
+        add_rooms(&mut batch, chunk);
+        engine.apply_batch(collection, &batch, &mut NullSink).expect("valid rooms");
+    }
+    let window = engine.open_window(collection, &room_list_def(RoomFilter::NotLeft), 0, 20, &mut NullSink).unwrap();
+    let elapsed = started.elapsed();
+    drop(engine.close_window(window));
+    elapsed
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let options = StoreOptions {
+        durability: if args.relaxed { Durability::Relaxed } else { Durability::Full },
+        ..StoreOptions::default()
+    };
+    let (dir, remove_after) = match &args.dir {
+        Some(dir) => (dir.clone(), false),
+        None => (std::env::temp_dir().join(format!("ordo-store-bench-{}", std::process::id())), true),
+    };
+    eprintln!("store-bench: generating {} rooms", args.n);
+    let rooms = if args.reopen_only { Vec::new() } else { generate_rooms(args.n, 1) };
+    let write_time = if args.reopen_only { Duration::ZERO } else { write_rooms(&dir, &rooms, &options)? };
+    println!(
+        "write: {} rooms in {} ({:.0} rooms/s), {:.1} MiB in {}",
+        args.n,
+        ms(write_time),
+        args.n as f64 / write_time.as_secs_f64(),
+        dir_bytes(&dir) as f64 / (1024.0 * 1024.0),
+        dir.display()
+    );
+
+    let (mut opens, mut loads, mut windows, mut indexes, mut totals, mut replays) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for run in 0..args.runs {
+        if args.cold {
+            drop_page_cache()?;
+        }
+        let reopened = reopen(&dir, &options, args.n)?;
+        let total = reopened.open + reopened.load + reopened.window;
+        println!(
+            "reopen run {}: open {}, load {}, room-list window {}, total {} (full index built after: {})",
+            run + 1,
+            ms(reopened.open),
+            ms(reopened.load),
+            ms(reopened.window),
+            ms(total),
+            ms(reopened.full_index)
+        );
+        opens.push(reopened.open);
+        loads.push(reopened.load);
+        windows.push(reopened.window);
+        indexes.push(reopened.full_index);
+        totals.push(total);
+        if args.reopen_only {
+            continue;
+        }
+        let replay = batch_replay(&rooms);
+        println!(
+            "peer run {}: the same rooms applied as batches to a fresh engine, window open: {}",
+            run + 1,
+            ms(replay)
+        );
+        replays.push(replay);
+    }
+    if args.reopen_only {
+        println!("median reopen to room-list window ready: {}", ms(median(&mut totals)));
+        return Ok(());
+    }
+    let (total, replay) = (median(&mut totals), median(&mut replays));
+    println!(
+        "\nmedians of {} runs, N = {}{}:\n  reopen to room-list window ready: {} (open {}, load {}, window {}); full index {}\n  \
+         peer (batches into a fresh engine, no disk): {}\n  ratio peer / reopen: {:.2}",
+        args.runs,
+        args.n,
+        if args.cold { ", page cache dropped before each reopen" } else { ", page cache warm" },
+        ms(total),
+        ms(median(&mut opens)),
+        ms(median(&mut loads)),
+        ms(median(&mut windows)),
+        ms(median(&mut indexes)),
+        ms(replay),
+        replay.as_secs_f64() / total.as_secs_f64()
+    );
+    if remove_after {
+        std::fs::remove_dir_all(&dir).map_err(|error| format!("removing {}: {error}", dir.display()))?;
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match parse().and_then(run) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) if message.is_empty() => {
+            println!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("store-bench: {message}\n\n{USAGE}");
+            ExitCode::FAILURE
+        }
+    }
+}
