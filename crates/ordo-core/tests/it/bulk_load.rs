@@ -13,7 +13,7 @@ use crate::reference::Rng;
 
 fn random_room(rng: &mut Rng, index: usize) -> (String, Vec<OwnedValue>, Vec<u8>) {
     // Ids both shorter and longer than the 27 bytes held inline in the id index.
-    let id = if index % 3 == 0 {
+    let id = if index.is_multiple_of(3) {
         format!("!a-rather-long-room-identifier-{index}:example.org")
     } else {
         format!("!r{index}")
