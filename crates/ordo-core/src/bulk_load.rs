@@ -6,7 +6,6 @@ use crate::collection::{Collection, PendingIndexEntry, Slot};
 use crate::engine::check_field_value;
 use crate::error::{BatchError, LoadError};
 use crate::limits;
-use crate::schema::FieldId;
 use crate::value::Value;
 
 /// A bulk load in progress, from [`crate::Engine::bulk_load`]. Items pushed are
@@ -50,13 +49,7 @@ impl<'a> BulkLoad<'a> {
         for (field, &value) in collection.schema().fields().iter().zip(values) {
             check_field_value(0, &field.name, field.field_type, value).map_err(invalid)?;
         }
-        let slot = collection.push_unindexed_slot(id);
-        for (field_index, &value) in values.iter().enumerate() {
-            let field_type = collection.schema().fields()[field_index].field_type;
-            let value = value.coerce_to(field_type).expect("checked above");
-            collection.set_value(slot, FieldId(field_index as u16), value);
-        }
-        collection.set_payload(slot, payload);
+        let slot = collection.push_unindexed_slot(id, values, payload);
         self.pending.push(collection.pending_index_entry(slot));
         Ok(())
     }

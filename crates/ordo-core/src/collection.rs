@@ -151,6 +151,37 @@ impl Column {
         }
     }
 
+    /// Appends an already validated value (its type matches the column; `Null` for none).
+    fn push(&mut self, value: Value<'_>) {
+        match (self, value) {
+            (column, Value::Null) => column.push_null(),
+            (Column::Bool { values, present }, Value::Bool(flag)) => {
+                values.push(flag);
+                present.push(true);
+            }
+            (Column::Word { bits, present }, Value::I64(number)) => {
+                bits.push(number as u64);
+                present.push(true);
+            }
+            (Column::Word { bits, present }, Value::U64(number)) => {
+                bits.push(number);
+                present.push(true);
+            }
+            (Column::Word { bits, present }, Value::F64(number)) => {
+                bits.push(number.to_bits());
+                present.push(true);
+            }
+            (Column::Str { values, present, heads }, Value::Str(text)) => {
+                let head = StringHead::new(text);
+                // As in `set`: only strings longer than their head keep a heap copy.
+                values.push(if text.len() > STRING_HEAD_BYTES { text.to_owned() } else { String::new() });
+                present.push(true);
+                heads.push(head);
+            }
+            (_, value) => unreachable!("load validation lets no {} into this column", value.type_name()),
+        }
+    }
+
     fn push_null(&mut self) {
         match self {
             Column::Bool { values, present } => {
@@ -198,10 +229,16 @@ impl Column {
                 present.set(slot, true);
             }
             (Column::Str { values, present, heads }, Value::Str(text)) => {
-                // Reuses the slot's buffer: no allocation unless the new text is longer.
-                copy_reusing_capacity_str(&mut values[slot], text);
+                let head = StringHead::new(text);
+                // A string that fits in its head is only ever read from there (every
+                // reader goes through `StringHead::whole` first): no heap copy, so
+                // room names cost no allocation. A longer one reuses the slot's
+                // buffer: no allocation unless the new text is longer.
+                if text.len() > STRING_HEAD_BYTES {
+                    copy_reusing_capacity_str(&mut values[slot], text);
+                }
                 present.set(slot, true);
-                heads[slot] = StringHead::new(text);
+                heads[slot] = head;
             }
             (_, value) => unreachable!("batch validation lets no {} into this column", value.type_name()),
         }
@@ -472,16 +509,22 @@ impl Collection {
         Some(slot)
     }
 
-    /// Appends a slot for `id` without entering it in the id index: the bulk-load
+    /// Appends an item (`values` validated: each converts to its field's type)
+    /// without entering its id in the id index: the bulk-load
     /// path, which indexes every new slot at the end in one cache-friendly pass
     /// ([`Collection::index_slots_from`]). Until then the id cannot be found.
-    pub(crate) fn push_unindexed_slot(&mut self, id: &str) -> Slot {
+    pub(crate) fn push_unindexed_slot(&mut self, id: &str, values: &[Value<'_>], payload: &[u8]) -> Slot {
+        debug_assert_eq!(values.len(), self.columns.len());
+        let schema = &self.schema;
         let slot = self.ids.len() as Slot;
         self.ids.push(id.to_owned());
-        self.payloads.push(Vec::new());
+        // Exactly the payload's size: a bulk load keeps memory at what the data needs
+        // (a million ~200-byte previews would take 256 bytes each if rounded up). The
+        // first update that brings a longer payload rounds the buffer up, once.
+        self.payloads.push(payload.to_vec());
         self.alive.push(true);
-        for column in &mut self.columns {
-            column.push_null();
+        for ((column, field), &value) in self.columns.iter_mut().zip(schema.fields()).zip(values) {
+            column.push(value.coerce_to(field.field_type).expect("validated by the caller"));
         }
         self.n_items += 1;
         slot

@@ -79,6 +79,17 @@ pub fn split_item_key(key: &[u8]) -> Result<(u32, &str), Corrupt> {
     Ok((u32::from_be_bytes(number.try_into().expect("4 bytes")), id))
 }
 
+/// Splits the first `u32 key length, key, u32 record length, record` entry off a
+/// load chunk (an in-memory format between the load's two threads, never on disk).
+pub fn split_chunk_entry(chunk: &[u8]) -> Result<(&[u8], &[u8], &[u8]), Corrupt> {
+    let mut reader = Reader { bytes: chunk };
+    let key_len = reader.u32("a chunk key length")? as usize;
+    let key = reader.take(key_len, "a chunk key")?;
+    let record_len = reader.u32("a chunk record length")? as usize;
+    let record = reader.take(record_len, "a chunk record")?;
+    Ok((key, record, reader.bytes))
+}
+
 pub fn collection_key(collection_number: u32) -> [u8; 4] {
     collection_number.to_be_bytes()
 }
