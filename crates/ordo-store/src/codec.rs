@@ -81,13 +81,20 @@ pub fn split_item_key(key: &[u8]) -> Result<(u32, &str), Corrupt> {
 
 /// Splits the first `u32 key length, key, u32 record length, record` entry off a
 /// load chunk (an in-memory format between the load's two threads, never on disk).
-pub fn split_chunk_entry(chunk: &[u8]) -> Result<(&[u8], &[u8], &[u8]), Corrupt> {
+pub fn split_chunk_entry(chunk: &[u8]) -> Result<ChunkEntry<'_>, Corrupt> {
     let mut reader = Reader { bytes: chunk };
     let key_len = reader.u32("a chunk key length")? as usize;
     let key = reader.take(key_len, "a chunk key")?;
     let record_len = reader.u32("a chunk record length")? as usize;
     let record = reader.take(record_len, "a chunk record")?;
-    Ok((key, record, reader.bytes))
+    Ok(ChunkEntry { key, record, rest: reader.bytes })
+}
+
+/// One entry of a load chunk, and what follows it.
+pub struct ChunkEntry<'a> {
+    pub key: &'a [u8],
+    pub record: &'a [u8],
+    pub rest: &'a [u8],
 }
 
 pub fn collection_key(collection_number: u32) -> [u8; 4] {

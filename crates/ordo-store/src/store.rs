@@ -533,18 +533,17 @@ impl ChunkStream<'_> {
                 Err(_) => return Ok(None),
             }
         }
-        let (key, _, _) =
-            codec::split_chunk_entry(&self.chunk[self.offset..]).map_err(|c| StoreError::corrupt(dir, c))?;
-        let (number, _) = codec::split_item_key(key).map_err(|c| StoreError::corrupt(dir, c))?;
+        let entry = codec::split_chunk_entry(&self.chunk[self.offset..]).map_err(|c| StoreError::corrupt(dir, c))?;
+        let (number, _) = codec::split_item_key(entry.key).map_err(|c| StoreError::corrupt(dir, c))?;
         Ok(Some(number))
     }
 
     /// The next entry's key and record (call after `peek_number` returned `Some`).
     fn next_entry(&mut self, dir: &Path) -> Result<(&[u8], &[u8]), StoreError> {
         let rest = &self.chunk[self.offset..];
-        let (key, record, after) = codec::split_chunk_entry(rest).map_err(|c| StoreError::corrupt(dir, c))?;
-        self.offset = self.chunk.len() - after.len();
-        Ok((key, record))
+        let entry = codec::split_chunk_entry(rest).map_err(|c| StoreError::corrupt(dir, c))?;
+        self.offset = self.chunk.len() - entry.rest.len();
+        Ok((entry.key, entry.record))
     }
 }
 
