@@ -14,6 +14,7 @@ use ordo_store::{print_load_progress, Database, Durability, StoreOptions};
 
 const USAGE: &str = "\
 usage: store-bench [--n N] [--runs R] [--dir PATH] [--reopen-only] [--relaxed] [--cold]
+                   [--in-process]
 
   --n N       rooms in the collection (default 1000000)
   --runs R    reopen runs; medians are reported (default 5)
@@ -22,6 +23,10 @@ usage: store-bench [--n N] [--runs R] [--dir PATH] [--reopen-only] [--relaxed] [
   --reopen-only  skip writing: PATH already holds the N rooms (a profile of
               the reopen alone); the peer is skipped too
   --relaxed   write with Durability::Relaxed (MDB_NOMETASYNC)
+  --in-process  time the reopens in this process, one after another (later
+              runs reuse the heap the previous one freed: no page faults, so
+              faster than a real restart); by default each reopen and each
+              peer run is a fresh child process, as after a restart
   --cold      drop the page cache before each reopen (needs root; writes
               /proc/sys/vm/drop_caches)";
 
@@ -32,10 +37,13 @@ struct Args {
     reopen_only: bool,
     relaxed: bool,
     cold: bool,
+    in_process: bool,
+    /// Internal: run one reopen (`reopen`) or one peer run (`replay`) and print its figures.
+    child: Option<String>,
 }
 
 fn parse() -> Result<Args, String> {
-    let mut args = Args { n: 1_000_000, runs: 5, dir: None, reopen_only: false, relaxed: false, cold: false };
+    let mut args = Args { n: 1_000_000, runs: 5, dir: None, reopen_only: false, relaxed: false, cold: false, in_process: false, child: None };
     let mut iter = std::env::args().skip(1);
     while let Some(arg) = iter.next() {
         let mut value = |flag: &str| iter.next().ok_or(format!("{flag} needs a value"));
@@ -46,6 +54,8 @@ fn parse() -> Result<Args, String> {
             "--reopen-only" => args.reopen_only = true,
             "--relaxed" => args.relaxed = true,
             "--cold" => args.cold = true,
+            "--in-process" => args.in_process = true,
+            "--child" => args.child = Some(value("--child")?),
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument '{other}'")),
         }
@@ -147,11 +157,46 @@ fn batch_replay(rooms: &[Room]) -> Duration {
     elapsed
 }
 
+/// Runs one reopen or one peer run in a child process (this binary, `--child`),
+/// so that it starts from a fresh heap as a restarted server does.
+fn in_child(args: &Args, dir: &std::path::Path, what: &str) -> Result<Vec<Duration>, String> {
+    let mut command = std::process::Command::new(std::env::current_exe().map_err(|error| error.to_string())?);
+    command.args(["--child", what, "--n", &args.n.to_string(), "--dir"]).arg(dir);
+    if args.relaxed {
+        command.arg("--relaxed");
+    }
+    let output = command.stderr(std::process::Stdio::inherit()).output().map_err(|error| error.to_string())?;
+    if !output.status.success() {
+        return Err(format!("the {what} child failed: {}", String::from_utf8_lossy(&output.stdout)));
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout.lines().find_map(|line| line.strip_prefix("child-figures ")).ok_or("the child printed no figures")?;
+    line.split(' ').map(|ns| ns.parse::<u64>().map(Duration::from_nanos).map_err(|error| error.to_string())).collect()
+}
+
+fn run_child(args: &Args, what: &str, options: &StoreOptions) -> Result<(), String> {
+    let dir = args.dir.as_ref().ok_or("--child needs --dir")?;
+    let figures = match what {
+        "reopen" => {
+            let reopened = reopen(dir, options, args.n)?;
+            vec![reopened.open, reopened.load, reopened.window, reopened.full_index]
+        }
+        "replay" => vec![batch_replay(&generate_rooms(args.n, 1))],
+        other => return Err(format!("unknown --child {other}")),
+    };
+    let figures: Vec<String> = figures.iter().map(|figure| figure.as_nanos().to_string()).collect();
+    println!("child-figures {}", figures.join(" "));
+    Ok(())
+}
+
 fn run(args: Args) -> Result<(), String> {
     let options = StoreOptions {
         durability: if args.relaxed { Durability::Relaxed } else { Durability::Full },
         ..StoreOptions::default()
     };
+    if let Some(what) = &args.child {
+        return run_child(&args, what, &options);
+    }
     let (dir, remove_after) = match &args.dir {
         Some(dir) => (dir.clone(), false),
         None => (std::env::temp_dir().join(format!("ordo-store-bench-{}", std::process::id())), true),
@@ -159,14 +204,16 @@ fn run(args: Args) -> Result<(), String> {
     eprintln!("store-bench: generating {} rooms", args.n);
     let rooms = if args.reopen_only { Vec::new() } else { generate_rooms(args.n, 1) };
     let write_time = if args.reopen_only { Duration::ZERO } else { write_rooms(&dir, &rooms, &options)? };
-    println!(
-        "write: {} rooms in {} ({:.0} rooms/s), {:.1} MiB in {}",
-        args.n,
-        ms(write_time),
-        args.n as f64 / write_time.as_secs_f64(),
-        dir_bytes(&dir) as f64 / (1024.0 * 1024.0),
-        dir.display()
-    );
+    if !args.reopen_only {
+        println!(
+            "write: {} rooms in {} ({:.0} rooms/s), {:.1} MiB in {}",
+            args.n,
+            ms(write_time),
+            args.n as f64 / write_time.as_secs_f64(),
+            dir_bytes(&dir) as f64 / (1024.0 * 1024.0),
+            dir.display()
+        );
+    }
 
     let (mut opens, mut loads, mut windows, mut indexes, mut totals, mut replays) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -174,7 +221,12 @@ fn run(args: Args) -> Result<(), String> {
         if args.cold {
             drop_page_cache()?;
         }
-        let reopened = reopen(&dir, &options, args.n)?;
+        let reopened = if args.in_process {
+            reopen(&dir, &options, args.n)?
+        } else {
+            let figures = in_child(&args, &dir, "reopen")?;
+            Reopen { open: figures[0], load: figures[1], window: figures[2], full_index: figures[3] }
+        };
         let total = reopened.open + reopened.load + reopened.window;
         println!(
             "reopen run {}: open {}, load {}, room-list window {}, total {} (full index built after: {})",
@@ -193,7 +245,7 @@ fn run(args: Args) -> Result<(), String> {
         if args.reopen_only {
             continue;
         }
-        let replay = batch_replay(&rooms);
+        let replay = if args.in_process { batch_replay(&rooms) } else { in_child(&args, &dir, "replay")?[0] };
         println!(
             "peer run {}: the same rooms applied as batches to a fresh engine, window open: {}",
             run + 1,
@@ -211,7 +263,12 @@ fn run(args: Args) -> Result<(), String> {
          peer (batches into a fresh engine, no disk): {}\n  ratio peer / reopen: {:.2}",
         args.runs,
         args.n,
-        if args.cold { ", page cache dropped before each reopen" } else { ", page cache warm" },
+        match (args.cold, args.in_process) {
+            (true, true) => ", page cache dropped before each reopen, reopens in one process",
+            (true, false) => ", page cache dropped before each reopen, each run a fresh process",
+            (false, true) => ", page cache warm, reopens in one process",
+            (false, false) => ", page cache warm, each run a fresh process",
+        },
         ms(total),
         ms(median(&mut opens)),
         ms(median(&mut loads)),
