@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: run test bench lint fmt model-long
+.PHONY: run test bench bench-store lint fmt model-long crash-long
 
 # The main job, until the server exists: the benchmark's quick comparison table
 # (Ordo against eyeball-im-util and the naive baselines, measured in one run).
@@ -18,6 +18,11 @@ test:
 bench:
 	$(CARGO) run --release -p ordo-bench -- $(ARGS)
 
+# The store's reopen benchmark: 1M rooms written to a fresh LMDB directory, then
+# reopened (each run a fresh process) until the room-list window is ready.
+bench-store:
+	$(CARGO) run --release -p ordo-bench --bin store-bench -- $(ARGS)
+
 lint:
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 	$(CARGO) fmt --all --check
@@ -28,3 +33,7 @@ fmt:
 # The model test at length: 100 seeds of 2 000 steps (about 3 minutes).
 model-long:
 	ORDO_MODEL_SEEDS=100 ORDO_MODEL_STEPS=2000 $(CARGO) test --release -p ordo-core --all-features --test it model
+
+# The store's crash test at length: 1 000 SIGKILLs of a writing child (about 90 s).
+crash-long:
+	ORDO_CRASH_KILLS=1000 $(CARGO) test -p ordo-store --test crash
