@@ -43,7 +43,16 @@ struct Args {
 }
 
 fn parse() -> Result<Args, String> {
-    let mut args = Args { n: 1_000_000, runs: 5, dir: None, reopen_only: false, relaxed: false, cold: false, in_process: false, child: None };
+    let mut args = Args {
+        n: 1_000_000,
+        runs: 5,
+        dir: None,
+        reopen_only: false,
+        relaxed: false,
+        cold: false,
+        in_process: false,
+        child: None,
+    };
     let mut iter = std::env::args().skip(1);
     while let Some(arg) = iter.next() {
         let mut value = |flag: &str| iter.next().ok_or(format!("{flag} needs a value"));
@@ -170,7 +179,8 @@ fn in_child(args: &Args, dir: &std::path::Path, what: &str) -> Result<Vec<Durati
         return Err(format!("the {what} child failed: {}", String::from_utf8_lossy(&output.stdout)));
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout.lines().find_map(|line| line.strip_prefix("child-figures ")).ok_or("the child printed no figures")?;
+    let line =
+        stdout.lines().find_map(|line| line.strip_prefix("child-figures ")).ok_or("the child printed no figures")?;
     line.split(' ').map(|ns| ns.parse::<u64>().map(Duration::from_nanos).map_err(|error| error.to_string())).collect()
 }
 
