@@ -51,6 +51,8 @@ pub struct StoreStats {
     pub n_batches_committed: u64,
     pub n_map_growths: u64,
     pub map_size: usize,
+    /// Reader slots of dead processes cleared when the directory was opened.
+    pub n_stale_readers_cleared: usize,
 }
 
 /// What a load reports as it goes, every `LOAD_PROGRESS_EVERY` items and at the end.
@@ -164,7 +166,7 @@ impl Store {
         // Ordo writer maps this file; LMDB's own lock file coordinates with its readers.
         let env = unsafe { env_options.open(dir) }.map_err(io_error(dir, "opening the LMDB environment"))?;
         // Reader slots left by processes that died (a crash, a kill) would pin old pages forever.
-        env.clear_stale_readers().map_err(io_error(dir, "clearing stale readers"))?;
+        let n_stale_readers_cleared = env.clear_stale_readers().map_err(io_error(dir, "clearing stale readers"))?;
 
         let mut txn = env.write_txn().map_err(io_error(dir, "starting the opening transaction"))?;
         let create = |txn: &mut heed::RwTxn<'_>, name: &'static str| {
@@ -227,7 +229,7 @@ impl Store {
             options,
             map_size,
             last_seq,
-            stats: StoreStats { map_size, ..StoreStats::default() },
+            stats: StoreStats { map_size, n_stale_readers_cleared, ..StoreStats::default() },
             scratch: WriteScratch::default(),
             _lock: lock,
         };

@@ -674,3 +674,65 @@ fn map_full_is_reported_when_the_maximum_is_not_page_aligned() {
         assert!(n_items >= 150, "{context}: only {n_items} items of ~2 KiB fitted in ~1 MB");
     }
 }
+
+/// Child side of `stale_reader_slots_of_a_killed_process_are_cleared_at_open`:
+/// when `ORDO_STALE_READER_DIR` is set, opens that directory's LMDB environment
+/// (and, with `ORDO_STALE_READER_MODE=read`, starts a read transaction), says so,
+/// and waits to be killed. Otherwise a no-op.
+#[test]
+fn stale_reader_child() {
+    let Ok(dir) = std::env::var("ORDO_STALE_READER_DIR") else { return };
+    // SAFETY: the parent does not write to the directory while this child lives.
+    let env = unsafe { heed::EnvOpenOptions::new().max_dbs(8).open(&dir) }.unwrap();
+    let _txn = (std::env::var("ORDO_STALE_READER_MODE").as_deref() == Ok("read")).then(|| env.read_txn().unwrap());
+    println!("ready");
+    std::thread::sleep(std::time::Duration::from_secs(60));
+}
+
+fn spawn_stale_reader_child(dir: &Path, mode: &str) -> std::process::Child {
+    let mut child = {
+        let _spawning = spawning();
+        Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "stale_reader_child", "--nocapture", "--test-threads=1"])
+            .env("ORDO_STALE_READER_DIR", dir)
+            .env("ORDO_STALE_READER_MODE", mode)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(lines.any(|line| line.is_ok_and(|line| line.contains("ready"))), "the {mode} child never got ready");
+    child
+}
+
+/// A process killed while it held a read transaction leaves its reader slot in
+/// LMDB's lock file; left there, it would pin old pages and make the file grow.
+/// When no other process has the environment open, LMDB resets the reader table
+/// itself; when one does (here a `hold` child, as a backup or `mdb_stat` would),
+/// opening the directory clears the dead reader's slot.
+#[test]
+fn stale_reader_slots_of_a_killed_process_are_cleared_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let _no_spawning = no_spawning_meanwhile();
+        let mut database = open(dir.path(), StoreOptions::default());
+        database.create_collection("rooms", test_schema()).unwrap();
+        assert_eq!(database.store_stats().n_stale_readers_cleared, 0, "a fresh directory has no stale readers");
+    }
+    let mut holder = spawn_stale_reader_child(dir.path(), "hold");
+    let mut reader = spawn_stale_reader_child(dir.path(), "read");
+    reader.kill().unwrap();
+    reader.wait().unwrap();
+    {
+        let _no_spawning = no_spawning_meanwhile();
+        let database = open(dir.path(), StoreOptions::default());
+        assert_eq!(database.store_stats().n_stale_readers_cleared, 1, "the killed reader's slot is cleared");
+        drop(database);
+        let database = open(dir.path(), StoreOptions::default());
+        assert_eq!(database.store_stats().n_stale_readers_cleared, 0, "and stays cleared");
+        assert!(database.engine().collection_id("rooms").is_some());
+    }
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+}
