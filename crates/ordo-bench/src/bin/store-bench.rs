@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use ordo_bench::data::{generate_rooms, Room, RoomFilter};
 use ordo_bench::ordo_system::{add_rooms, room_list_def, room_schema};
-use ordo_core::{Batch, Engine, NullSink};
-use ordo_store::{print_load_progress, Database, Durability, StoreOptions};
+use ordo_core::{Batch, Engine, NullSink, Value};
+use ordo_store::{print_load_progress, Database, Durability, StoreOptions, Writer};
 
 const USAGE: &str = "\
 usage: store-bench [--n N] [--runs R] [--dir PATH] [--reopen-only] [--relaxed] [--cold]
@@ -123,6 +123,66 @@ fn write_rooms(dir: &std::path::Path, rooms: &[Room], options: &StoreOptions) ->
     Ok(started.elapsed())
 }
 
+/// Commit latency and group-commit throughput on the written directory: new-message
+/// updates (a room's `recency` and preview), one op per batch.
+fn commits(dir: &std::path::Path, rooms: &[Room], options: &StoreOptions) -> Result<(), String> {
+    let (mut database, _) = Database::open(dir, options.clone(), &mut |_| {}).map_err(|error| error.to_string())?;
+    let collection = database.engine().collection_id("rooms").ok_or("no `rooms` collection")?;
+    let preview = [b'x'; 200];
+    let mut recency = 2_000_000_000u64;
+    let mut batch = Batch::new();
+    let mut latencies = Vec::new();
+    for index in 0..1_000 {
+        batch.clear();
+        recency += 1;
+        batch.upsert(&rooms[index * 7919 % rooms.len()].id).set("recency", Value::U64(recency)).payload(&preview);
+        let started = Instant::now();
+        let (returned, result) = database.write(collection, batch, &mut NullSink);
+        latencies.push(started.elapsed());
+        batch = returned;
+        result.map_err(|error| error.to_string())?;
+    }
+    latencies.sort();
+    println!(
+        "commit, one batch at a time (1 000 single-update batches): median {}, p99 {}",
+        ms(latencies[latencies.len() / 2]),
+        ms(latencies[latencies.len() * 99 / 100])
+    );
+
+    let n_updates = 20_000;
+    let commits_before = database.store_stats().n_commits;
+    let writer = Writer::spawn(database, Box::new(NullSink), 1_024);
+    let started = Instant::now();
+    let (tickets, pending) = std::sync::mpsc::sync_channel(4_096);
+    let waiter = std::thread::spawn(move || -> Result<(), String> {
+        for ticket in pending {
+            let ticket: ordo_store::WriteTicket = ticket;
+            ticket.wait().map_err(|error| error.to_string())?.1.map_err(|error| error.to_string())?;
+        }
+        Ok(())
+    });
+    for index in 0..n_updates {
+        let mut batch = Batch::new();
+        recency += 1;
+        batch.upsert(&rooms[index * 104_729 % rooms.len()].id).set("recency", Value::U64(recency)).payload(&preview);
+        tickets
+            .send(writer.submit(collection, batch).map_err(|error| error.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    drop(tickets);
+    waiter.join().map_err(|_| "the waiter panicked")??;
+    let elapsed = started.elapsed();
+    let database = writer.shutdown().map_err(|error| error.to_string())?;
+    let n_commits = database.store_stats().n_commits - commits_before;
+    println!(
+        "group commit through the Writer ({n_updates} single-update batches submitted without waiting): {:.0} batches/s, \
+         {n_commits} commits ({:.1} batches per commit)",
+        n_updates as f64 / elapsed.as_secs_f64(),
+        n_updates as f64 / n_commits as f64
+    );
+    Ok(())
+}
+
 struct Reopen {
     open: Duration,
     load: Duration,
@@ -225,6 +285,9 @@ fn run(args: Args) -> Result<(), String> {
         );
     }
 
+    if !args.reopen_only {
+        commits(&dir, &rooms, &options)?;
+    }
     let (mut opens, mut loads, mut windows, mut indexes, mut totals, mut replays) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for run in 0..args.runs {
