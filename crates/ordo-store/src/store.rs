@@ -377,8 +377,8 @@ impl Store {
     /// number `numbers[i]`.
     ///
     /// Two threads: a reader walks the `items` database in one read transaction
-    /// (LMDB cursor steps and first touches of the mapped file, about a fifth of
-    /// the load on one core) and hands the raw records over in chunks; this thread
+    /// (LMDB cursor steps and first touches of the mapped file, about a sixth of
+    /// the load's samples) and hands the raw records over in chunks; this thread
     /// decodes them and fills the engine.
     pub(crate) fn load_into(
         &self,
@@ -423,7 +423,7 @@ impl Store {
             drop(full_chunks);
             let n_items_read = reader.join().expect("the load's reader thread panicked");
             let n_items_loaded = result?;
-            if n_items_read? != n_items_loaded {
+            if n_items_read != n_items_loaded {
                 return Err(StoreError::Corrupt { dir: dir.clone(), expected: "items of known collections only" });
             }
             progress(&LoadProgress { n_items_loaded, n_items_total: n_items_loaded, elapsed: started.elapsed() });
@@ -433,36 +433,32 @@ impl Store {
 
     /// The reader side of [`Store::load_into`]: every `items` record, in key order,
     /// copied into chunks of `LOAD_CHUNK_BYTES` as `u32 key length, key, u32 record
-    /// length, record`. Returns the number of records read.
+    /// length, record`. Returns the number of records read; an error goes down the
+    /// channel, where the loading thread finds it in place of the next chunk.
     fn read_item_chunks(
         &self,
         chunks: &mpsc::SyncSender<Result<Vec<u8>, StoreError>>,
         empty_chunks: &mpsc::Receiver<Vec<u8>>,
-    ) -> Result<u64, StoreError> {
+    ) -> u64 {
         let dir = &self.dir;
-        let fail = |error: StoreError| {
-            let message = error.to_string();
-            let _ = chunks.send(Err(error));
-            Err(StoreError::Io {
-                dir: dir.clone(),
-                doing: "reading items",
-                source: heed::Error::Io(std::io::Error::other(message)),
-            })
+        let fail = |doing: &'static str, error: heed::Error| {
+            let _ = chunks.send(Err(classify(dir, doing, error)));
+            0
         };
         let txn = match self.env.read_txn() {
             Ok(txn) => txn,
-            Err(error) => return fail(classify(dir, "starting the load", error)),
+            Err(error) => return fail("starting the load", error),
         };
         let iter = match self.items.iter(&txn) {
             Ok(iter) => iter,
-            Err(error) => return fail(classify(dir, "reading items", error)),
+            Err(error) => return fail("reading items", error),
         };
         let mut chunk = Vec::with_capacity(LOAD_CHUNK_BYTES + 4096);
         let mut n_read = 0u64;
         for entry in iter {
             let (key, record) = match entry {
                 Ok(entry) => entry,
-                Err(error) => return fail(classify(dir, "reading items", error)),
+                Err(error) => return fail("reading items", error),
             };
             chunk.extend_from_slice(&(key.len() as u32).to_le_bytes());
             chunk.extend_from_slice(key);
@@ -473,14 +469,14 @@ impl Store {
                 let mut next = empty_chunks.try_recv().unwrap_or_else(|_| Vec::with_capacity(LOAD_CHUNK_BYTES + 4096));
                 next.clear();
                 if chunks.send(Ok(std::mem::replace(&mut chunk, next))).is_err() {
-                    return Ok(n_read);
+                    return n_read;
                 }
             }
         }
         if !chunk.is_empty() {
             let _ = chunks.send(Ok(chunk));
         }
-        Ok(n_read)
+        n_read
     }
 
     /// Every stored item of one collection as `(id, record)`, in id byte order: for

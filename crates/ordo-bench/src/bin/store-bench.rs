@@ -187,6 +187,7 @@ struct Reopen {
     open: Duration,
     load: Duration,
     window: Duration,
+    total: Duration,
     full_index: Duration,
 }
 
@@ -203,11 +204,12 @@ fn reopen(dir: &std::path::Path, options: &StoreOptions, n: usize) -> Result<Reo
         .open_window(collection, &room_list_def(RoomFilter::NotLeft), 0, 20, &mut NullSink)
         .map_err(|error| error.to_string())?;
     let window_time = window_started.elapsed();
+    // Wall time from asking to open until the window is held: the figure the goal is about.
+    let total = started.elapsed();
     let index_started = Instant::now();
     database.prepare_window(window).map_err(|error| error.to_string())?;
     let full_index = index_started.elapsed();
-    let _ = started;
-    Ok(Reopen { open: report.open_time, load: report.load_time, window: window_time, full_index })
+    Ok(Reopen { open: report.open_time, load: report.load_time, window: window_time, total, full_index })
 }
 
 fn batch_replay(rooms: &[Room]) -> Duration {
@@ -249,7 +251,7 @@ fn run_child(args: &Args, what: &str, options: &StoreOptions) -> Result<(), Stri
     let figures = match what {
         "reopen" => {
             let reopened = reopen(dir, options, args.n)?;
-            vec![reopened.open, reopened.load, reopened.window, reopened.full_index]
+            vec![reopened.open, reopened.load, reopened.window, reopened.total, reopened.full_index]
         }
         "replay" => vec![batch_replay(&generate_rooms(args.n, 1))],
         other => return Err(format!("unknown --child {other}")),
@@ -298,9 +300,9 @@ fn run(args: Args) -> Result<(), String> {
             reopen(&dir, &options, args.n)?
         } else {
             let figures = in_child(&args, &dir, "reopen")?;
-            Reopen { open: figures[0], load: figures[1], window: figures[2], full_index: figures[3] }
+            Reopen { open: figures[0], load: figures[1], window: figures[2], total: figures[3], full_index: figures[4] }
         };
-        let total = reopened.open + reopened.load + reopened.window;
+        let total = reopened.total;
         println!(
             "reopen run {}: open {}, load {}, room-list window {}, total {} (full index built after: {})",
             run + 1,
