@@ -105,7 +105,7 @@ pub fn add_rooms<'a>(batch: &mut Batch, rooms: impl IntoIterator<Item = &'a Room
 }
 
 /// An engine holding one collection with all `rooms`.
-fn engine_with_rooms(rooms: &[Room]) -> (Engine, CollectionId) {
+pub fn engine_with_rooms(rooms: &[Room]) -> (Engine, CollectionId) {
     let mut engine = Engine::new();
     let collection = engine.create_collection("rooms", room_schema()).expect("fresh engine");
     let mut batch = Batch::new();

@@ -469,44 +469,33 @@ impl Collection {
     /// Reuses a freed slot when there is one, so steady-state churn allocates nothing
     /// (except when the new id is longer than the recycled slot's buffer).
     pub(crate) fn insert_slot(&mut self, id: &str) -> Slot {
-        self.try_insert_slot(id).expect("the id is new")
-    }
-
-    /// Like [`Collection::insert_slot`], or `None` (and no change) when the id is
-    /// taken. One hash and one probe of the id index for both the check and the insertion.
-    pub(crate) fn try_insert_slot(&mut self, id: &str) -> Option<Slot> {
-        let slot = self.free_slots.last().copied().unwrap_or(self.ids.len() as Slot);
+        let slot = match self.free_slots.pop() {
+            Some(slot) => {
+                let index = slot as usize;
+                copy_reusing_capacity_str(&mut self.ids[index], id);
+                self.payloads[index].clear();
+                for column in &mut self.columns {
+                    column.set_null(index);
+                }
+                slot
+            }
+            None => {
+                let slot = self.ids.len() as Slot;
+                self.ids.push(id.to_owned());
+                self.payloads.push(Vec::new());
+                self.alive.push(false);
+                for column in &mut self.columns {
+                    column.push_null();
+                }
+                slot
+            }
+        };
+        self.alive[slot as usize] = true;
         let hash = self.hasher.hash_one(id.as_bytes());
         let (ids, hasher) = (&self.ids, &self.hasher);
-        match self.id_index.entry(
-            hash,
-            |entry| entry.id_bytes(ids) == id.as_bytes(),
-            |entry| hasher.hash_one(entry.id_bytes(ids)),
-        ) {
-            hashbrown::hash_table::Entry::Occupied(_) => return None,
-            hashbrown::hash_table::Entry::Vacant(vacant) => {
-                vacant.insert(IdIndexEntry::new(id, slot));
-            }
-        }
-        let index = slot as usize;
-        if index < self.ids.len() {
-            self.free_slots.pop();
-            copy_reusing_capacity_str(&mut self.ids[index], id);
-            self.payloads[index].clear();
-            for column in &mut self.columns {
-                column.set_null(index);
-            }
-        } else {
-            self.ids.push(id.to_owned());
-            self.payloads.push(Vec::new());
-            self.alive.push(false);
-            for column in &mut self.columns {
-                column.push_null();
-            }
-        }
-        self.alive[index] = true;
+        self.id_index.insert_unique(hash, IdIndexEntry::new(id, slot), |entry| hasher.hash_one(entry.id_bytes(ids)));
         self.n_items += 1;
-        Some(slot)
+        slot
     }
 
     /// Appends an item (`values` validated: each converts to its field's type)

@@ -218,6 +218,26 @@ pub fn encode_item(buffer: &mut Vec<u8>, old_record: &[u8], fields: &[FieldSourc
 /// Finds the encoded bytes of each field of an item record (`None`: null) and of
 /// its payload (length prefix included), checking the record's structure.
 pub fn scan_item(bytes: &[u8], schema: &Schema, spans: &mut Vec<Option<Span>>) -> Result<Span, Corrupt> {
+    spans.clear();
+    walk_item(bytes, schema, |field| spans.push(field.map(|(_, span)| span)))
+}
+
+/// Decodes an item record into one value per schema field (`values` is cleared
+/// first) and returns the payload. Values borrow from `bytes`: nothing is copied.
+pub fn decode_item<'a>(bytes: &'a [u8], schema: &Schema, values: &mut Vec<Value<'a>>) -> Result<&'a [u8], Corrupt> {
+    values.clear();
+    let payload = walk_item(bytes, schema, |field| values.push(field.map_or(Value::Null, |(value, _)| value)))?;
+    Ok(&bytes[payload.start as usize + 4..payload.end as usize])
+}
+
+/// Reads an item record front to back, checking its structure, and hands each
+/// field in schema order to `field` (`None`: null), with its value and the span
+/// of its encoded bytes. Returns the payload's span (length prefix included).
+fn walk_item<'a>(
+    bytes: &'a [u8],
+    schema: &Schema,
+    mut field: impl FnMut(Option<(Value<'a>, Span)>),
+) -> Result<Span, Corrupt> {
     let mut reader = Reader { bytes };
     if reader.u8("an item record version")? != RECORD_VERSION {
         return Err(Corrupt("item record version 1"));
@@ -228,55 +248,13 @@ pub fn scan_item(bytes: &[u8], schema: &Schema, spans: &mut Vec<Option<Span>>) -
     }
     let bitmap = reader.take(n_fields.div_ceil(8), "an item's presence bitmap")?;
     let offset = |reader: &Reader<'_>| (bytes.len() - reader.bytes.len()) as u32;
-    spans.clear();
-    for (index, field) in schema.fields().iter().enumerate() {
+    for (index, field_def) in schema.fields().iter().enumerate() {
         if bitmap[index / 8] >> (index % 8) & 1 == 0 {
-            spans.push(None);
+            field(None);
             continue;
         }
         let start = offset(&reader);
-        match field.field_type {
-            FieldType::Bool => {
-                if reader.u8("a bool")? > 1 {
-                    return Err(Corrupt("a bool stored as 0 or 1"));
-                }
-            }
-            FieldType::I64 | FieldType::U64 | FieldType::F64 => {
-                reader.take(8, "a 64-bit number")?;
-            }
-            FieldType::String => {
-                let len = reader.u32("a string length")? as usize;
-                reader.str(len, "a string in UTF-8")?;
-            }
-        }
-        spans.push(Some(Span { start, end: offset(&reader) }));
-    }
-    let payload_start = offset(&reader);
-    let payload_len = reader.u32("a payload length")? as usize;
-    reader.take(payload_len, "a payload")?;
-    reader.finish("the end of the item record")?;
-    Ok(Span { start: payload_start, end: offset(&reader) })
-}
-
-/// Decodes an item record into one value per schema field (`values` is cleared
-/// first) and returns the payload. Values borrow from `bytes`: nothing is copied.
-pub fn decode_item<'a>(bytes: &'a [u8], schema: &Schema, values: &mut Vec<Value<'a>>) -> Result<&'a [u8], Corrupt> {
-    let mut reader = Reader { bytes };
-    if reader.u8("an item record version")? != RECORD_VERSION {
-        return Err(Corrupt("item record version 1"));
-    }
-    let n_fields = reader.u8("an item's field count")? as usize;
-    if n_fields != schema.len() {
-        return Err(Corrupt("an item with as many fields as its schema"));
-    }
-    let bitmap = reader.take(n_fields.div_ceil(8), "an item's presence bitmap")?;
-    values.clear();
-    for (index, field) in schema.fields().iter().enumerate() {
-        if bitmap[index / 8] >> (index % 8) & 1 == 0 {
-            values.push(Value::Null);
-            continue;
-        }
-        let value = match field.field_type {
+        let value = match field_def.field_type {
             FieldType::Bool => match reader.u8("a bool")? {
                 0 => Value::Bool(false),
                 1 => Value::Bool(true),
@@ -290,12 +268,13 @@ pub fn decode_item<'a>(bytes: &'a [u8], schema: &Schema, values: &mut Vec<Value<
                 Value::Str(reader.str(len, "a string in UTF-8")?)
             }
         };
-        values.push(value);
+        field(Some((value, Span { start, end: offset(&reader) })));
     }
+    let payload_start = offset(&reader);
     let payload_len = reader.u32("a payload length")? as usize;
-    let payload = reader.take(payload_len, "a payload")?;
+    reader.take(payload_len, "a payload")?;
     reader.finish("the end of the item record")?;
-    Ok(payload)
+    Ok(Span { start: payload_start, end: offset(&reader) })
 }
 
 /// `meta` keys. Values: `format` a `u32`, `last_seq` a `u64`.

@@ -44,6 +44,18 @@ fn open(dir: &Path, options: StoreOptions) -> Database {
     }
 }
 
+/// A database in `dir` with a `rooms` collection holding `n_items` new items
+/// (see `new_items`), and the model of its contents.
+fn rooms_with_items(dir: &Path, n_items: usize) -> (Database, CollectionId, Model) {
+    let mut database = open(dir, StoreOptions::default());
+    let rooms = database.create_collection("rooms", test_schema()).unwrap();
+    let ops = new_items("!room", 0, n_items, 30);
+    write_ops(&mut database, rooms, &ops).unwrap();
+    let mut model = Model::default();
+    model.apply(&test_schema(), &ops);
+    (database, rooms, model)
+}
+
 fn small_map(initial_map_size: usize, max_map_size: usize) -> StoreOptions {
     StoreOptions { initial_map_size, max_map_size, ..StoreOptions::default() }
 }
@@ -301,13 +313,7 @@ fn a_locked_directory_is_refused_until_released() {
 fn a_newer_format_is_refused_and_the_directory_left_untouched() {
     let _no_spawning = no_spawning_meanwhile();
     let dir = tempfile::tempdir().unwrap();
-    let schema = test_schema();
-    let mut database = open(dir.path(), StoreOptions::default());
-    let rooms = database.create_collection("rooms", test_schema()).unwrap();
-    let ops = new_items("!room", 0, 20, 30);
-    write_ops(&mut database, rooms, &ops).unwrap();
-    let mut model = Model::default();
-    model.apply(&schema, &ops);
+    let (database, _, model) = rooms_with_items(dir.path(), 20);
     drop(database);
     assert_eq!(read_format(dir.path()), Some(FORMAT_VERSION.to_le_bytes().to_vec()));
 
@@ -337,9 +343,7 @@ fn a_newer_format_is_refused_and_the_directory_left_untouched() {
 fn a_corrupt_item_record_is_refused_at_open_with_a_clear_error() {
     let _no_spawning = no_spawning_meanwhile();
     let dir = tempfile::tempdir().unwrap();
-    let mut database = open(dir.path(), StoreOptions::default());
-    let rooms = database.create_collection("rooms", test_schema()).unwrap();
-    write_ops(&mut database, rooms, &new_items("!room", 0, 5, 30)).unwrap();
+    let (database, rooms, _) = rooms_with_items(dir.path(), 5);
     let number = database.collection_number(rooms).unwrap();
     assert_eq!(number, 0);
     drop(database);
@@ -374,12 +378,7 @@ fn refused_batches_and_collection_names_leave_no_trace_on_disk() {
     let _no_spawning = no_spawning_meanwhile();
     let dir = tempfile::tempdir().unwrap();
     let schema = test_schema();
-    let mut database = open(dir.path(), StoreOptions::default());
-    let rooms = database.create_collection("rooms", test_schema()).unwrap();
-    let ops = new_items("!room", 0, 10, 30);
-    write_ops(&mut database, rooms, &ops).unwrap();
-    let mut model = Model::default();
-    model.apply(&schema, &ops);
+    let (mut database, rooms, mut model) = rooms_with_items(dir.path(), 10);
     let number = database.collection_number(rooms).unwrap();
     let snapshot = database.store().raw_items(number).unwrap();
     assert_eq!(snapshot.len(), 10);

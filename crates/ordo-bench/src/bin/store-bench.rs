@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use ordo_bench::data::{generate_rooms, Room, RoomFilter};
-use ordo_bench::ordo_system::{add_rooms, room_list_def, room_schema};
-use ordo_core::{Batch, Engine, NullSink, Value};
+use ordo_bench::ordo_system::{add_rooms, engine_with_rooms, room_list_def, room_schema};
+use ordo_core::{Batch, NullSink, Value};
 use ordo_store::{print_load_progress, Database, Durability, StoreOptions, Writer};
 
 const USAGE: &str = "\
@@ -214,14 +214,7 @@ fn reopen(dir: &std::path::Path, options: &StoreOptions, n: usize) -> Result<Reo
 
 fn batch_replay(rooms: &[Room]) -> Duration {
     let started = Instant::now();
-    let mut engine = Engine::new();
-    let collection = engine.create_collection("rooms", room_schema()).expect("fresh engine");
-    let mut batch = Batch::new();
-    for chunk in rooms.chunks(100_000) {
-        batch.clear();
-        add_rooms(&mut batch, chunk);
-        engine.apply_batch(collection, &batch, &mut NullSink).expect("valid rooms");
-    }
+    let (mut engine, collection) = engine_with_rooms(rooms);
     let window = engine.open_window(collection, &room_list_def(RoomFilter::NotLeft), 0, 20, &mut NullSink).unwrap();
     let elapsed = started.elapsed();
     drop(engine.close_window(window));
