@@ -159,6 +159,11 @@ impl Engine {
         self.collection_by_name.get(name).copied()
     }
 
+    /// Every collection, in creation order.
+    pub fn collection_ids(&self) -> impl ExactSizeIterator<Item = CollectionId> + use<> {
+        (0..self.collections.len() as u32).map(CollectionId)
+    }
+
     pub fn collection(&self, collection_id: CollectionId) -> Option<&Collection> {
         self.collections.get(collection_id.index()).map(|state| &state.collection)
     }
@@ -360,6 +365,23 @@ impl Engine {
         let mut slots = Vec::new();
         view.collect_range(collection, offset, limit, &mut slots);
         Ok(ItemList::new(collection, &slots).to_owned_items())
+    }
+
+    /// Delivers a `Reset` with the window's current contents to `sink`, as its
+    /// first diff did: for a server that shares one window among several clients
+    /// and must bring one of them up to date (a late joiner, or one that fell behind).
+    pub fn emit_window_reset(&mut self, window_id: WindowId, sink: &mut dyn DiffSink) -> Result<(), ViewError> {
+        let window_index = self.live_window_index(window_id)?;
+        let window = self.windows[window_index].window.as_ref().expect("live window");
+        let (offset, limit) = (window.offset, window.limit);
+        let view = self.views[window.view as usize].as_mut().expect("live view");
+        let collection = &self.collections[view.collection as usize].collection;
+        let slots = &mut self.scratch.new_slots;
+        slots.clear();
+        view.collect_range(collection, offset, limit, slots);
+        sink.diff(window_id, DiffRef::Reset { values: ItemList::new(collection, slots) });
+        sink.window_done(window_id);
+        Ok(())
     }
 
     /// `(offset, limit)` of a window.

@@ -243,6 +243,16 @@ impl Database {
         self.engine.window_items(window)
     }
 
+    /// Delivers a `Reset` with the window's contents (see [`Engine::emit_window_reset`]).
+    pub fn emit_window_reset(&mut self, window: WindowId, sink: &mut dyn DiffSink) -> Result<(), ViewError> {
+        self.engine.emit_window_reset(window, sink)
+    }
+
+    /// Items in the whole view behind a window.
+    pub fn view_len(&self, window: WindowId) -> Result<usize, ViewError> {
+        self.engine.view_len(window)
+    }
+
     /// Builds a window's whole view index now instead of on its first update.
     pub fn prepare_window(&mut self, window: WindowId) -> Result<(), ViewError> {
         self.engine.prepare_window(window)

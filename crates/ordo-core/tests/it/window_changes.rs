@@ -83,3 +83,24 @@ fn repointing_to_a_close_filter_or_sort_sends_a_few_diffs() {
     let items = engine.window_items(window).unwrap();
     assert_eq!(ids(&items)[..3], ["room099", "room098", "room097"]);
 }
+
+#[test]
+fn emit_window_reset_sends_the_current_contents_after_updates() {
+    let (mut engine, rooms) = engine_with_rooms(50);
+    let mut sink = CollectingSink::new();
+    let window = engine.open_window(rooms, &by_recency(Filter::True), 5, 10, &mut sink).unwrap();
+    let mut batch = Batch::new();
+    batch.upsert("room001").set("recency", Value::U64(1_000));
+    batch.remove("room040");
+    engine.apply_batch(rooms, &batch, &mut sink).unwrap();
+    sink.diffs.clear();
+    engine.emit_window_reset(window, &mut sink).unwrap();
+    let diffs = sink.take_for(window);
+    let expected = engine.window_items(window).unwrap();
+    assert!(matches!(&diffs[..], [OwnedDiff::Reset { values }] if *values == expected), "{diffs:?}");
+    // room001 went to the top, so rank 5 is room045 (room001, 049, 048, 047, 046, 045).
+    assert_eq!(ids(&expected)[0], "room045");
+    assert!(!ids(&expected).contains(&"room040"));
+    engine.close_window(window).unwrap();
+    assert!(engine.emit_window_reset(window, &mut sink).is_err());
+}

@@ -1,0 +1,669 @@
+//! The writer thread: the only owner of the engine and the store. Network tasks
+//! send it typed, pre-checked requests through one bounded queue; it commits
+//! writes in groups, applies them, and encodes each changed window's diffs once,
+//! handing the shared bytes to every subscriber's outbound queue. Nothing on this
+//! path takes a lock.
+//!
+//! Slow consumers: each connection's queued bytes are counted (an atomic shared
+//! with its connection task). A frame that would push a connection past its
+//! budget is not queued: instead the connection's *epoch* goes up (its task then
+//! drops every older frame still queued) and each of its subscriptions is marked
+//! for a reset, which is sent once the task reports that it has drained.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+
+use ordo_core::{Batch, CollectionId, DiffRef, DiffSink, Schema, WindowId};
+use ordo_store::{Ack, Database, PendingWrite, MAX_BATCHES_PER_COMMIT, MAX_BYTES_PER_COMMIT};
+
+use crate::encode::{write_diff, write_item, write_items};
+use crate::error::{ApiError, ErrorCode};
+use crate::metrics::{self, CoreGauges, METRICS};
+use crate::name_routes::NameRoutes;
+use crate::wire::{Projection, WindowSpec};
+
+pub type SessionId = u64;
+/// A subscription's number within its session: handed out in increasing order.
+pub type SubHandle = u32;
+
+/// Bytes counted for a queued frame beyond its body: the envelope and the queue node.
+pub const FRAME_OVERHEAD_BYTES: usize = 96;
+
+/// A collection as network tasks see it: schemas never change, so this is immutable.
+#[derive(Debug)]
+pub struct CollectionEntry {
+    pub id: CollectionId,
+    pub name: String,
+    pub schema: Arc<Schema>,
+}
+
+/// Collection routing, shared with network tasks. Only the writer thread writes it
+/// (when a collection is created); readers hold the lock for one lookup.
+pub type Routes = Arc<RwLock<NameRoutes<Arc<CollectionEntry>>>>;
+
+/// State a connection shares with the writer thread.
+#[derive(Default, Debug)]
+pub struct ConnShared {
+    /// Bytes of frames queued and not yet written (with `FRAME_OVERHEAD_BYTES` each).
+    pub queued_bytes: AtomicUsize,
+    /// Raised when the connection fell behind: frames of older epochs are dropped.
+    pub epoch: AtomicU64,
+    /// The writer thread wants to hear when the queue is empty (resets are due).
+    pub want_drain_notice: AtomicBool,
+}
+
+/// What the writer thread sends a connection.
+#[derive(Debug)]
+pub enum Outgoing {
+    /// One frame of diffs for one subscription. `body` is the JSON array of diffs,
+    /// shared by every subscriber of the window.
+    Diffs {
+        handle: SubHandle,
+        epoch: u64,
+        body: Bytes,
+        n_diffs: u32,
+        is_reset: bool,
+    },
+    /// The subscription was refused; the task forgets it and tells the client.
+    SubscribeFailed {
+        handle: SubHandle,
+        error: ApiError,
+    },
+    /// A window change was refused; the subscription is unchanged.
+    RequestFailed {
+        handle: SubHandle,
+        error: ApiError,
+    },
+    Unsubscribed {
+        handle: SubHandle,
+    },
+    /// Wakes the task so it checks `want_drain_notice` (carries no frame).
+    Wake,
+}
+
+pub type Outbox = mpsc::UnboundedSender<Outgoing>;
+
+pub type WriteResults = Vec<Result<Ack, ApiError>>;
+
+pub enum Command {
+    CreateCollection {
+        name: String,
+        schema: Schema,
+        reply: oneshot::Sender<Result<(bool, Arc<CollectionEntry>), ApiError>>,
+    },
+    /// One HTTP write: batches (one per collection part), each atomic on its own.
+    Write {
+        batches: Vec<(CollectionId, Batch)>,
+        reply: oneshot::Sender<WriteResults>,
+    },
+    Query {
+        collection: CollectionId,
+        spec: WindowSpec,
+        reply: oneshot::Sender<Result<Vec<u8>, ApiError>>,
+    },
+    GetItem {
+        collection: CollectionId,
+        id: String,
+        reply: oneshot::Sender<Option<Vec<u8>>>,
+    },
+    CollectionLen {
+        collection: CollectionId,
+        reply: oneshot::Sender<usize>,
+    },
+    Gauges {
+        reply: oneshot::Sender<CoreGauges>,
+    },
+    OpenSession {
+        session: SessionId,
+        shared: Arc<ConnShared>,
+        outbox: Outbox,
+    },
+    DropSession {
+        session: SessionId,
+    },
+    Subscribe {
+        session: SessionId,
+        handle: SubHandle,
+        collection: CollectionId,
+        spec: WindowSpec,
+    },
+    SetRange {
+        session: SessionId,
+        handle: SubHandle,
+        offset: usize,
+        limit: usize,
+    },
+    SetView {
+        session: SessionId,
+        handle: SubHandle,
+        def: ordo_core::ViewDef,
+    },
+    Unsubscribe {
+        session: SessionId,
+        handle: SubHandle,
+    },
+    /// Send this subscription a fresh Reset (a resume that cannot replay).
+    Resync {
+        session: SessionId,
+        handle: SubHandle,
+    },
+    /// The connection's queue is empty: send the resets that are due.
+    Drained {
+        session: SessionId,
+    },
+}
+
+pub type CoreSender = mpsc::Sender<Command>;
+
+struct SessionState {
+    shared: Arc<ConnShared>,
+    outbox: Outbox,
+    subs: HashMap<SubHandle, SubState>,
+}
+
+struct SubState {
+    window: WindowId,
+    /// A reset is due (the connection fell behind): diffs are not queued meanwhile.
+    needs_reset: bool,
+}
+
+/// An engine window and the subscriptions that share it (identical collection,
+/// view, range and projection: the leaderboard case).
+struct SharedWindow {
+    collection: CollectionId,
+    spec: WindowSpec,
+    share_key: Option<String>,
+    subscribers: Vec<(SessionId, SubHandle)>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// Every subscriber of the window.
+    Subscribers,
+    /// One subscription only (its first frame, a reset, a private change).
+    Only(SessionId, SubHandle),
+    /// Items of a Reset go into `captured` (one-shot queries).
+    Capture,
+    Discard,
+}
+
+/// The writer thread's diff sink: encodes each window's diffs once and fans the
+/// bytes out.
+struct Fanout {
+    sessions: HashMap<SessionId, SessionState>,
+    windows: HashMap<WindowId, SharedWindow>,
+    windows_by_key: HashMap<String, WindowId>,
+    route: Route,
+    /// The window whose diffs are being encoded into `body`.
+    current: Option<WindowId>,
+    body: Vec<u8>,
+    n_diffs: u32,
+    is_reset: bool,
+    captured: Vec<u8>,
+    capture_projection: Option<Projection>,
+    outbound_budget: usize,
+}
+
+impl DiffSink for Fanout {
+    fn diff(&mut self, window: WindowId, diff: DiffRef<'_>) {
+        match self.route {
+            Route::Discard => return,
+            Route::Capture => {
+                if let (DiffRef::Reset { values }, Some(projection)) = (diff, &self.capture_projection) {
+                    write_items(&mut self.captured, values, projection);
+                }
+                return;
+            }
+            Route::Subscribers | Route::Only(..) => {}
+        }
+        let Some(shared) = self.windows.get(&window) else { return };
+        if self.current != Some(window) {
+            self.current = Some(window);
+            self.body.clear();
+            self.body.push(b'[');
+            self.n_diffs = 0;
+            self.is_reset = false;
+        }
+        if self.n_diffs > 0 {
+            self.body.push(b',');
+        }
+        write_diff(&mut self.body, diff, &shared.spec.projection);
+        self.n_diffs += 1;
+        self.is_reset |= matches!(diff, DiffRef::Reset { .. });
+    }
+
+    fn window_done(&mut self, window: WindowId) {
+        if self.current != Some(window) {
+            return;
+        }
+        self.current = None;
+        self.body.push(b']');
+        // The one copy per window change: every subscriber shares these bytes.
+        let body = Bytes::copy_from_slice(&self.body);
+        metrics::add(&METRICS.frames_encoded, 1);
+        let (n_diffs, is_reset) = (self.n_diffs, self.is_reset);
+        match self.route {
+            Route::Subscribers => {
+                let Some(shared) = self.windows.get(&window) else { return };
+                // Indexing by position keeps the borrow of `windows` short.
+                for index in 0..shared.subscribers.len() {
+                    let (session, handle) = self.windows[&window].subscribers[index];
+                    self.push(session, handle, body.clone(), n_diffs, is_reset);
+                }
+            }
+            Route::Only(session, handle) => self.push(session, handle, body, n_diffs, is_reset),
+            Route::Capture | Route::Discard => {}
+        }
+    }
+}
+
+impl Fanout {
+    fn push(&mut self, session_id: SessionId, handle: SubHandle, body: Bytes, n_diffs: u32, is_reset: bool) {
+        let Some(session) = self.sessions.get_mut(&session_id) else { return };
+        let Some(sub) = session.subs.get_mut(&handle) else { return };
+        if sub.needs_reset {
+            // Superseded by the reset that is due.
+            return;
+        }
+        let cost = body.len() + FRAME_OVERHEAD_BYTES;
+        let queued = session.shared.queued_bytes.load(Ordering::Acquire);
+        // A frame larger than the whole budget still goes out when the queue is
+        // empty; otherwise a big window could never be sent at all.
+        if queued > 0 && queued + cost > self.outbound_budget {
+            session.shared.epoch.fetch_add(1, Ordering::AcqRel);
+            for sub in session.subs.values_mut() {
+                sub.needs_reset = true;
+            }
+            session.shared.want_drain_notice.store(true, Ordering::Release);
+            let _ = session.outbox.send(Outgoing::Wake);
+            return;
+        }
+        session.shared.queued_bytes.fetch_add(cost, Ordering::AcqRel);
+        metrics::add(&METRICS.outbound_queued_bytes, cost as u64);
+        let epoch = session.shared.epoch.load(Ordering::Acquire);
+        if session.outbox.send(Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset }).is_err() {
+            // The session's receiver is gone (the session is being dropped).
+            session.shared.queued_bytes.fetch_sub(cost, Ordering::AcqRel);
+            metrics::sub_queued(cost);
+        }
+    }
+
+    fn send(&self, session: SessionId, message: Outgoing) {
+        if let Some(state) = self.sessions.get(&session) {
+            let _ = state.outbox.send(message);
+        }
+    }
+}
+
+pub struct Core {
+    database: Database,
+    fanout: Fanout,
+    routes: Routes,
+}
+
+/// The identity under which subscriptions share an engine window.
+pub fn share_key(collection: CollectionId, spec: &WindowSpec) -> String {
+    format!("{}|{:?}|{}|{}|{:?}", collection.index(), spec.def, spec.offset, spec.limit, spec.projection)
+}
+
+impl Core {
+    pub fn new(database: Database, routes: Routes, outbound_budget: usize) -> Core {
+        let fanout = Fanout {
+            sessions: HashMap::new(),
+            windows: HashMap::new(),
+            windows_by_key: HashMap::new(),
+            route: Route::Subscribers,
+            current: None,
+            body: Vec::with_capacity(64 * 1024),
+            n_diffs: 0,
+            is_reset: false,
+            captured: Vec::new(),
+            capture_projection: None,
+            outbound_budget,
+        };
+        Core { database, fanout, routes }
+    }
+
+    /// Fills the routing table from the collections loaded at start.
+    pub fn publish_routes(&self) {
+        let engine = self.database.engine();
+        let mut routes = self.routes.write().expect("routes lock");
+        for id in engine.collection_ids() {
+            let collection = engine.collection(id).expect("listed");
+            let entry = Arc::new(CollectionEntry {
+                id,
+                name: collection.name().to_owned(),
+                schema: Arc::new(collection.schema().clone()),
+            });
+            // Names stored by an older, case-sensitive build could collide; the first wins.
+            if routes.insert(collection.name(), entry).is_err() {
+                eprintln!(
+                    "ordo: collection `{}` differs from another only by case; it is not routable",
+                    collection.name()
+                );
+            }
+        }
+    }
+
+    /// Runs until every sender is gone, then returns the database (closing it is
+    /// the caller's choice). Writes queued during a commit share the next one.
+    pub fn run(mut self, mut commands: mpsc::Receiver<Command>) -> Database {
+        metrics::set_thread_kind(metrics::ThreadKind::Writer);
+        let mut group: Vec<PendingWrite> = Vec::new();
+        let mut replies: Vec<(oneshot::Sender<WriteResults>, usize)> = Vec::new();
+        let mut waiting: Option<Command> = None;
+        loop {
+            let command = match waiting.take() {
+                Some(command) => command,
+                None => match commands.blocking_recv() {
+                    Some(command) => command,
+                    None => return self.database,
+                },
+            };
+            let Command::Write { batches, reply } = command else {
+                self.handle(command);
+                continue;
+            };
+            let mut n_bytes: usize = batches.iter().map(|(_, batch)| batch.n_bytes()).sum();
+            replies.push((reply, batches.len()));
+            group.extend(batches.into_iter().map(|(collection, batch)| PendingWrite::new(collection, batch)));
+            while group.len() < MAX_BATCHES_PER_COMMIT && n_bytes < MAX_BYTES_PER_COMMIT {
+                match commands.try_recv() {
+                    Ok(Command::Write { batches, reply }) => {
+                        n_bytes += batches.iter().map(|(_, batch)| batch.n_bytes()).sum::<usize>();
+                        replies.push((reply, batches.len()));
+                        group.extend(
+                            batches.into_iter().map(|(collection, batch)| PendingWrite::new(collection, batch)),
+                        );
+                    }
+                    Ok(other) => {
+                        waiting = Some(other);
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.fanout.route = Route::Subscribers;
+            self.database.write_group(&mut group, &mut self.fanout);
+            let mut results = group.drain(..).map(|write| write.result.expect("every write gets a result"));
+            for (reply, n_parts) in replies.drain(..) {
+                let part_results: WriteResults = results
+                    .by_ref()
+                    .take(n_parts)
+                    .map(|result| {
+                        let counter = if result.is_ok() { &METRICS.batches } else { &METRICS.batches_refused };
+                        metrics::add(counter, 1);
+                        result.map_err(ApiError::from)
+                    })
+                    .collect();
+                let _ = reply.send(part_results);
+            }
+        }
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Write { .. } => unreachable!("writes are grouped by `run`"),
+            Command::CreateCollection { name, schema, reply } => {
+                let _ = reply.send(self.create_collection(&name, schema));
+            }
+            Command::Query { collection, spec, reply } => {
+                let _ = reply.send(self.query(collection, spec));
+            }
+            Command::GetItem { collection, id, reply } => {
+                let engine = self.database.engine();
+                let item = engine.collection(collection).and_then(|collection| {
+                    let item = collection.get(&id)?;
+                    let mut out = Vec::new();
+                    write_item(&mut out, item, &Projection::all(collection.schema()));
+                    Some(out)
+                });
+                let _ = reply.send(item);
+            }
+            Command::CollectionLen { collection, reply } => {
+                let _ = reply.send(self.database.engine().collection(collection).map_or(0, |c| c.len()));
+            }
+            Command::Gauges { reply } => {
+                let stats = self.database.engine().stats();
+                let _ = reply.send(CoreGauges {
+                    n_collections: stats.n_collections,
+                    n_items: stats.n_items,
+                    n_views: stats.n_views,
+                    n_windows: stats.n_windows,
+                    n_subscriptions: self.fanout.sessions.values().map(|session| session.subs.len()).sum(),
+                    n_sessions: self.fanout.sessions.len(),
+                    last_seq: self.database.last_seq(),
+                });
+            }
+            Command::OpenSession { session, shared, outbox } => {
+                self.fanout.sessions.insert(session, SessionState { shared, outbox, subs: HashMap::new() });
+            }
+            Command::DropSession { session } => {
+                if let Some(state) = self.fanout.sessions.get(&session) {
+                    let handles: Vec<SubHandle> = state.subs.keys().copied().collect();
+                    for handle in handles {
+                        self.detach(session, handle);
+                    }
+                }
+                self.fanout.sessions.remove(&session);
+            }
+            Command::Subscribe { session, handle, collection, spec } => {
+                if let Err(error) = self.subscribe(session, handle, collection, spec) {
+                    self.fanout.send(session, Outgoing::SubscribeFailed { handle, error });
+                }
+            }
+            Command::SetRange { session, handle, offset, limit } => {
+                if let Err(error) = self.change_window(session, handle, WindowChange::Range(offset, limit)) {
+                    self.fanout.send(session, Outgoing::RequestFailed { handle, error });
+                }
+            }
+            Command::SetView { session, handle, def } => {
+                if let Err(error) = self.change_window(session, handle, WindowChange::View(def)) {
+                    self.fanout.send(session, Outgoing::RequestFailed { handle, error });
+                }
+            }
+            Command::Unsubscribe { session, handle } => {
+                self.detach(session, handle);
+                self.fanout.send(session, Outgoing::Unsubscribed { handle });
+            }
+            Command::Resync { session, handle } => self.send_reset(session, handle),
+            Command::Drained { session } => self.send_due_resets(session),
+        }
+    }
+
+    fn create_collection(&mut self, name: &str, schema: Schema) -> Result<(bool, Arc<CollectionEntry>), ApiError> {
+        if let Some(existing) = self.routes.read().expect("routes lock").get(name) {
+            if *existing.schema == schema && existing.name == name {
+                return Ok((false, existing.clone()));
+            }
+            return Err(ApiError::new(
+                ErrorCode::CollectionExists,
+                format!("a collection named `{}` exists already with another schema or spelling", existing.name),
+            ));
+        }
+        let id = self.database.create_collection(name, schema.clone())?;
+        let entry = Arc::new(CollectionEntry { id, name: name.to_owned(), schema: Arc::new(schema) });
+        self.routes
+            .write()
+            .expect("routes lock")
+            .insert(name, entry.clone())
+            .map_err(|_| ApiError::new(ErrorCode::Internal, "routing refused a name it had not found"))?;
+        Ok((true, entry))
+    }
+
+    fn query(&mut self, collection: CollectionId, spec: WindowSpec) -> Result<Vec<u8>, ApiError> {
+        let fanout = &mut self.fanout;
+        fanout.route = Route::Capture;
+        fanout.captured.clear();
+        fanout.capture_projection = Some(spec.projection.clone());
+        let opened = self.database.open_window(collection, &spec.def, spec.offset, spec.limit, fanout);
+        fanout.route = Route::Subscribers;
+        fanout.capture_projection = None;
+        let window = opened?;
+        let total = self.database.view_len(window)?;
+        self.database.close_window(window)?;
+        let mut out = Vec::with_capacity(fanout.captured.len() + 64);
+        out.extend_from_slice(b"{\"total\":");
+        crate::encode::write_decimal(&mut out, total as u64, false);
+        out.extend_from_slice(b",\"offset\":");
+        crate::encode::write_decimal(&mut out, spec.offset as u64, false);
+        out.extend_from_slice(b",\"items\":");
+        out.extend_from_slice(&fanout.captured);
+        out.push(b'}');
+        Ok(out)
+    }
+
+    fn subscribe(
+        &mut self,
+        session: SessionId,
+        handle: SubHandle,
+        collection: CollectionId,
+        spec: WindowSpec,
+    ) -> Result<(), ApiError> {
+        if !self.fanout.sessions.contains_key(&session) {
+            return Ok(());
+        }
+        let key = share_key(collection, &spec);
+        let window = match self.fanout.windows_by_key.get(&key) {
+            Some(&window) => window,
+            None => {
+                self.fanout.route = Route::Discard;
+                let opened =
+                    self.database.open_window(collection, &spec.def, spec.offset, spec.limit, &mut self.fanout);
+                self.fanout.route = Route::Subscribers;
+                let window = opened?;
+                self.fanout.windows.insert(
+                    window,
+                    SharedWindow { collection, spec, share_key: Some(key.clone()), subscribers: Vec::new() },
+                );
+                self.fanout.windows_by_key.insert(key, window);
+                window
+            }
+        };
+        self.fanout.windows.get_mut(&window).expect("registered").subscribers.push((session, handle));
+        let state = self.fanout.sessions.get_mut(&session).expect("checked");
+        state.subs.insert(handle, SubState { window, needs_reset: false });
+        self.send_reset(session, handle);
+        Ok(())
+    }
+
+    /// Sends one subscription a Reset with its window's contents.
+    fn send_reset(&mut self, session: SessionId, handle: SubHandle) {
+        let Some(sub) = self.fanout.sessions.get_mut(&session).and_then(|state| state.subs.get_mut(&handle)) else {
+            return;
+        };
+        sub.needs_reset = false;
+        let window = sub.window;
+        self.fanout.route = Route::Only(session, handle);
+        let result = self.database.emit_window_reset(window, &mut self.fanout);
+        self.fanout.route = Route::Subscribers;
+        debug_assert!(result.is_ok(), "a subscription's window is live");
+    }
+
+    fn send_due_resets(&mut self, session: SessionId) {
+        let Some(state) = self.fanout.sessions.get(&session) else { return };
+        let mut due: Vec<SubHandle> = state.subs.iter().filter(|(_, sub)| sub.needs_reset).map(|(&h, _)| h).collect();
+        due.sort_unstable();
+        for handle in due {
+            let state = &self.fanout.sessions[&session];
+            let queued = state.shared.queued_bytes.load(Ordering::Acquire);
+            if queued >= self.fanout.outbound_budget {
+                // The rest wait for the next drain.
+                state.shared.want_drain_notice.store(true, Ordering::Release);
+                let _ = state.outbox.send(Outgoing::Wake);
+                return;
+            }
+            if !state.subs.get(&handle).is_some_and(|sub| sub.needs_reset) {
+                // A reset sent above overflowed the queue again and re-marked everything;
+                // the next drain brings them.
+                continue;
+            }
+            metrics::add(&METRICS.resets_slow, 1);
+            self.send_reset(session, handle);
+        }
+    }
+
+    fn change_window(&mut self, session: SessionId, handle: SubHandle, change: WindowChange) -> Result<(), ApiError> {
+        let sub = self
+            .fanout
+            .sessions
+            .get(&session)
+            .and_then(|state| state.subs.get(&handle))
+            .ok_or_else(|| ApiError::new(ErrorCode::UnknownSubscription, "no such subscription"))?;
+        let old_window = sub.window;
+        let shared = &self.fanout.windows[&old_window];
+        let collection = shared.collection;
+        let mut spec = shared.spec.clone();
+        match &change {
+            WindowChange::Range(offset, limit) => (spec.offset, spec.limit) = (*offset, *limit),
+            WindowChange::View(def) => spec.def = def.clone(),
+        }
+        let window = if shared.subscribers.len() == 1 {
+            old_window
+        } else {
+            // The window is shared: this subscription moves to a private copy first,
+            // so the change reaches it alone.
+            self.fanout.route = Route::Discard;
+            let old_spec = self.fanout.windows[&old_window].spec.clone();
+            let opened =
+                self.database.open_window(collection, &old_spec.def, old_spec.offset, old_spec.limit, &mut self.fanout);
+            self.fanout.route = Route::Subscribers;
+            let window = opened?;
+            self.fanout.windows.insert(
+                window,
+                SharedWindow { collection, spec: old_spec, share_key: None, subscribers: vec![(session, handle)] },
+            );
+            let shared = self.fanout.windows.get_mut(&old_window).expect("live");
+            shared.subscribers.retain(|&subscriber| subscriber != (session, handle));
+            self.fanout.sessions.get_mut(&session).expect("checked").subs.get_mut(&handle).expect("checked").window =
+                window;
+            window
+        };
+        self.fanout.route = Route::Only(session, handle);
+        let result = match &change {
+            WindowChange::Range(offset, limit) => {
+                self.database.set_window_range(window, *offset, *limit, &mut self.fanout)
+            }
+            WindowChange::View(def) => self.database.set_window_view(window, def, &mut self.fanout),
+        };
+        self.fanout.route = Route::Subscribers;
+        result?;
+        // The window now has a new identity: re-key it for sharing when that is free.
+        let shared = self.fanout.windows.get_mut(&window).expect("live");
+        if let Some(old_key) = shared.share_key.take() {
+            self.fanout.windows_by_key.remove(&old_key);
+        }
+        let new_key = share_key(collection, &spec);
+        shared.spec = spec;
+        if let std::collections::hash_map::Entry::Vacant(vacant) = self.fanout.windows_by_key.entry(new_key) {
+            shared.share_key = Some(vacant.key().clone());
+            vacant.insert(window);
+        }
+        Ok(())
+    }
+
+    /// Removes a subscription from its window, closing the window with its last subscriber.
+    fn detach(&mut self, session: SessionId, handle: SubHandle) {
+        let Some(sub) = self.fanout.sessions.get_mut(&session).and_then(|state| state.subs.remove(&handle)) else {
+            return;
+        };
+        let Some(shared) = self.fanout.windows.get_mut(&sub.window) else { return };
+        shared.subscribers.retain(|&subscriber| subscriber != (session, handle));
+        if shared.subscribers.is_empty() {
+            let shared = self.fanout.windows.remove(&sub.window).expect("live");
+            if let Some(key) = shared.share_key {
+                self.fanout.windows_by_key.remove(&key);
+            }
+            let _ = self.database.close_window(sub.window);
+        }
+    }
+}
+
+enum WindowChange {
+    Range(usize, usize),
+    View(ordo_core::ViewDef),
+}

@@ -1,0 +1,129 @@
+//! Items and diffs as JSON, written straight from the engine's borrowed data into
+//! a caller-owned buffer. A diff's JSON is byte-for-byte what `serde_json` writes
+//! for `eyeball_im::VectorDiff<Item>` (a test checks it against eyeball-im itself).
+
+use ordo_core::{DiffRef, ItemList, ItemRef, Value};
+
+use crate::frame::write_json_str;
+use crate::wire::Projection;
+
+/// `{"id":..,"fields":{..},"payload":..}`; the payload is stored JSON text, copied as is.
+pub fn write_item(out: &mut Vec<u8>, item: ItemRef<'_>, projection: &Projection) {
+    out.extend_from_slice(b"{\"id\":");
+    write_json_str(out, item.id());
+    out.extend_from_slice(b",\"fields\":{");
+    let schema = item.schema();
+    for (index, &field_id) in projection.fields.iter().enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        write_json_str(out, &schema.field(field_id).name);
+        out.push(b':');
+        write_value(out, item.field(field_id));
+    }
+    out.push(b'}');
+    if projection.payload {
+        out.extend_from_slice(b",\"payload\":");
+        let payload = item.payload();
+        if payload.is_empty() {
+            out.extend_from_slice(b"null");
+        } else {
+            out.extend_from_slice(payload);
+        }
+    }
+    out.push(b'}');
+}
+
+pub fn write_value(out: &mut Vec<u8>, value: Value<'_>) {
+    match value {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(true) => out.extend_from_slice(b"true"),
+        Value::Bool(false) => out.extend_from_slice(b"false"),
+        Value::I64(number) => write_decimal(out, number.unsigned_abs(), number < 0),
+        Value::U64(number) => write_decimal(out, number, false),
+        // serde_json's own float formatting (shortest round-trip; non-finite as null).
+        Value::F64(number) => serde_json::to_writer(&mut *out, &number).expect("writing to a Vec cannot fail"),
+        Value::Str(text) => write_json_str(out, text),
+    }
+}
+
+pub fn write_decimal(out: &mut Vec<u8>, mut number: u64, negative: bool) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (number % 10) as u8;
+        number /= 10;
+        if number == 0 {
+            break;
+        }
+    }
+    if negative {
+        out.push(b'-');
+    }
+    out.extend_from_slice(&digits[start..]);
+}
+
+pub fn write_items(out: &mut Vec<u8>, items: ItemList<'_>, projection: &Projection) {
+    out.push(b'[');
+    for (index, item) in items.iter().enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        write_item(out, item, projection);
+    }
+    out.push(b']');
+}
+
+/// One diff in eyeball-im's serde form, e.g. `{"Insert":{"index":0,"value":{..}}}`.
+pub fn write_diff(out: &mut Vec<u8>, diff: DiffRef<'_>, projection: &Projection) {
+    match diff {
+        DiffRef::Append { values } => {
+            out.extend_from_slice(b"{\"Append\":{\"values\":");
+            write_items(out, values, projection);
+            out.extend_from_slice(b"}}");
+        }
+        DiffRef::Clear => out.extend_from_slice(b"{\"Clear\":{}}"),
+        DiffRef::PushFront { value } => {
+            out.extend_from_slice(b"{\"PushFront\":{\"value\":");
+            write_item(out, value, projection);
+            out.extend_from_slice(b"}}");
+        }
+        DiffRef::PushBack { value } => {
+            out.extend_from_slice(b"{\"PushBack\":{\"value\":");
+            write_item(out, value, projection);
+            out.extend_from_slice(b"}}");
+        }
+        DiffRef::PopFront => out.extend_from_slice(b"{\"PopFront\":{}}"),
+        DiffRef::PopBack => out.extend_from_slice(b"{\"PopBack\":{}}"),
+        DiffRef::Insert { index, value } => {
+            out.extend_from_slice(b"{\"Insert\":{\"index\":");
+            write_decimal(out, index as u64, false);
+            out.extend_from_slice(b",\"value\":");
+            write_item(out, value, projection);
+            out.extend_from_slice(b"}}");
+        }
+        DiffRef::Set { index, value } => {
+            out.extend_from_slice(b"{\"Set\":{\"index\":");
+            write_decimal(out, index as u64, false);
+            out.extend_from_slice(b",\"value\":");
+            write_item(out, value, projection);
+            out.extend_from_slice(b"}}");
+        }
+        DiffRef::Remove { index } => {
+            out.extend_from_slice(b"{\"Remove\":{\"index\":");
+            write_decimal(out, index as u64, false);
+            out.extend_from_slice(b"}}");
+        }
+        DiffRef::Truncate { length } => {
+            out.extend_from_slice(b"{\"Truncate\":{\"length\":");
+            write_decimal(out, length as u64, false);
+            out.extend_from_slice(b"}}");
+        }
+        DiffRef::Reset { values } => {
+            out.extend_from_slice(b"{\"Reset\":{\"values\":");
+            write_items(out, values, projection);
+            out.extend_from_slice(b"}}");
+        }
+    }
+}

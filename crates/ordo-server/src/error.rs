@@ -1,0 +1,189 @@
+//! Errors answered to clients: a stable code, an HTTP status, and a message a
+//! person can act on. The codes are listed in `docs/PROTOCOL.md`.
+
+use ordo_core::{BatchError, CreateCollectionError, SchemaError, ViewError};
+use ordo_store::StoreError;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    BadJson,
+    BadRequest,
+    InvalidSchema,
+    InvalidBatch,
+    InvalidView,
+    LimitExceeded,
+    UnknownCollection,
+    NotFound,
+    CollectionExists,
+    RateLimited,
+    UnknownSubscription,
+    SubscriptionExists,
+    StoreFull,
+    ShuttingDown,
+    Internal,
+}
+
+impl ErrorCode {
+    pub const ALL: [ErrorCode; 15] = [
+        ErrorCode::BadJson,
+        ErrorCode::BadRequest,
+        ErrorCode::InvalidSchema,
+        ErrorCode::InvalidBatch,
+        ErrorCode::InvalidView,
+        ErrorCode::LimitExceeded,
+        ErrorCode::UnknownCollection,
+        ErrorCode::NotFound,
+        ErrorCode::CollectionExists,
+        ErrorCode::RateLimited,
+        ErrorCode::UnknownSubscription,
+        ErrorCode::SubscriptionExists,
+        ErrorCode::StoreFull,
+        ErrorCode::ShuttingDown,
+        ErrorCode::Internal,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::BadJson => "bad_json",
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::InvalidSchema => "invalid_schema",
+            ErrorCode::InvalidBatch => "invalid_batch",
+            ErrorCode::InvalidView => "invalid_view",
+            ErrorCode::LimitExceeded => "limit_exceeded",
+            ErrorCode::UnknownCollection => "unknown_collection",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::CollectionExists => "collection_exists",
+            ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::UnknownSubscription => "unknown_subscription",
+            ErrorCode::SubscriptionExists => "subscription_exists",
+            ErrorCode::StoreFull => "store_full",
+            ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::Internal => "internal",
+        }
+    }
+
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::BadJson | ErrorCode::BadRequest | ErrorCode::InvalidSchema | ErrorCode::InvalidView => 400,
+            ErrorCode::InvalidBatch => 422,
+            ErrorCode::LimitExceeded => 400,
+            ErrorCode::UnknownCollection | ErrorCode::NotFound => 404,
+            ErrorCode::CollectionExists => 409,
+            ErrorCode::RateLimited => 429,
+            ErrorCode::UnknownSubscription | ErrorCode::SubscriptionExists => 400,
+            ErrorCode::StoreFull => 507,
+            ErrorCode::ShuttingDown => 503,
+            ErrorCode::Internal => 500,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    pub code: ErrorCode,
+    pub message: String,
+    /// Overrides the code's usual status (413 for a body too large).
+    pub status: Option<u16>,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
+        ApiError { code, message: message.into(), status: None }
+    }
+
+    pub fn status(&self) -> u16 {
+        self.status.unwrap_or_else(|| self.code.http_status())
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(ErrorCode::BadRequest, message)
+    }
+
+    pub fn limit(message: impl Into<String>) -> ApiError {
+        ApiError::new(ErrorCode::LimitExceeded, message)
+    }
+
+    pub fn unknown_collection(name: &str) -> ApiError {
+        ApiError::new(ErrorCode::UnknownCollection, format!("no collection named `{name}`"))
+    }
+
+    pub fn shutting_down() -> ApiError {
+        ApiError::new(ErrorCode::ShuttingDown, "the server is shutting down; nothing was done")
+    }
+
+    /// A JSON syntax error is `bad_json`; JSON of the wrong shape is `bad_request`.
+    pub fn from_json(error: &serde_json::Error) -> ApiError {
+        use serde_json::error::Category;
+        match error.classify() {
+            Category::Syntax | Category::Eof => ApiError::new(ErrorCode::BadJson, format!("not valid JSON: {error}")),
+            Category::Data | Category::Io => ApiError::bad_request(error.to_string()),
+        }
+    }
+
+    /// `{"error":{"code":..,"message":..}}`
+    pub fn to_json_body(&self) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({"error": {"code": self.code.as_str(), "message": self.message}}))
+            .expect("an error serialises")
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code.as_str(), self.message)
+    }
+}
+
+impl From<ViewError> for ApiError {
+    fn from(error: ViewError) -> ApiError {
+        let code = match error {
+            ViewError::UnknownCollection => ErrorCode::UnknownCollection,
+            ViewError::UnknownWindow => ErrorCode::UnknownSubscription,
+            _ => ErrorCode::InvalidView,
+        };
+        ApiError::new(code, error.to_string())
+    }
+}
+
+impl From<BatchError> for ApiError {
+    fn from(error: BatchError) -> ApiError {
+        let code = match error {
+            BatchError::UnknownCollection => ErrorCode::UnknownCollection,
+            BatchError::TooManyOps { .. } | BatchError::BatchTooLarge | BatchError::CollectionFull { .. } => {
+                ErrorCode::LimitExceeded
+            }
+            _ => ErrorCode::InvalidBatch,
+        };
+        ApiError::new(code, error.to_string())
+    }
+}
+
+impl From<SchemaError> for ApiError {
+    fn from(error: SchemaError) -> ApiError {
+        ApiError::new(ErrorCode::InvalidSchema, error.to_string())
+    }
+}
+
+impl From<CreateCollectionError> for ApiError {
+    fn from(error: CreateCollectionError) -> ApiError {
+        let code = match error {
+            CreateCollectionError::NameTaken { .. } => ErrorCode::CollectionExists,
+            CreateCollectionError::NameInvalid { .. } => ErrorCode::BadRequest,
+            CreateCollectionError::TooManyCollections { .. } => ErrorCode::LimitExceeded,
+            CreateCollectionError::Schema(_) => ErrorCode::InvalidSchema,
+        };
+        ApiError::new(code, error.to_string())
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> ApiError {
+        match error {
+            StoreError::Batch(error) => error.into(),
+            StoreError::CreateCollection(error) => error.into(),
+            StoreError::MapFull { .. } | StoreError::DiskFull { .. } => {
+                ApiError::new(ErrorCode::StoreFull, error.to_string())
+            }
+            other => ApiError::new(ErrorCode::Internal, other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,385 @@
+//! The HTTP side: one accept loop, HTTP/1.1 and h2c on the same port, a small
+//! hand-written router, and the WebSocket upgrade. Each TCP connection has its own
+//! request budget (token bucket).
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+
+use ordo_core::Batch;
+
+use crate::core::{Command, CoreSender, Routes};
+use crate::error::{ApiError, ErrorCode};
+use crate::limits;
+use crate::metrics::{self, METRICS};
+use crate::wire::{self, BatchRequest, MultiBatchRequest, QueryRequest, SchemaRequest};
+use crate::ws::{self, ConnectionContext, Registry};
+
+pub struct HttpState {
+    pub core: CoreSender,
+    pub routes: Routes,
+    pub registry: Arc<Registry>,
+    pub connection: ws::ConnectionConfig,
+    pub http_requests_per_second: u32,
+    pub shutdown: watch::Receiver<bool>,
+    pub limits_json: Arc<serde_json::Value>,
+}
+
+type Body = Full<Bytes>;
+
+/// Accepts connections until `shutdown` turns true, then waits (at most
+/// `grace`) for the requests in flight.
+pub async fn serve(listener: TcpListener, state: Arc<HttpState>, mut shutdown: watch::Receiver<bool>, grace: Duration) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.wait_for(|stopping| *stopping) => break,
+        };
+        let (stream, _peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of file descriptors, most likely: wait instead of spinning.
+                eprintln!("ordo: accept failed: {error}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let state = state.clone();
+        let bucket = Arc::new(Mutex::new(crate::http::RequestBudget::new(state.http_requests_per_second)));
+        let service = hyper::service::service_fn(move |request| {
+            let state = state.clone();
+            let bucket = bucket.clone();
+            async move { Ok::<_, Infallible>(handle(request, state, bucket).await) }
+        });
+        let connection = auto::Builder::new(TokioExecutor::new())
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(grace, graceful.shutdown()).await;
+}
+
+pub struct RequestBudget {
+    tokens: f64,
+    updated: std::time::Instant,
+    per_second: f64,
+}
+
+impl RequestBudget {
+    fn new(per_second: u32) -> RequestBudget {
+        RequestBudget {
+            tokens: limits::HTTP_REQUEST_BURST as f64,
+            updated: std::time::Instant::now(),
+            per_second: per_second as f64,
+        }
+    }
+
+    fn try_take(&mut self) -> bool {
+        let now = std::time::Instant::now();
+        self.tokens =
+            (self.tokens + (now - self.updated).as_secs_f64() * self.per_second).min(limits::HTTP_REQUEST_BURST as f64);
+        self.updated = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+fn json_response(status: u16, body: Vec<u8>) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .expect("a valid response")
+}
+
+fn error_response(error: &ApiError) -> Response<Body> {
+    metrics::count_error(error.code);
+    json_response(error.status(), error.to_json_body())
+}
+
+async fn handle(
+    request: Request<Incoming>,
+    state: Arc<HttpState>,
+    bucket: Arc<Mutex<RequestBudget>>,
+) -> Response<Body> {
+    metrics::add(&METRICS.http_requests, 1);
+    if !bucket.lock().expect("budget lock").try_take() {
+        let error = ApiError::new(
+            ErrorCode::RateLimited,
+            format!("more than {} requests per second on this connection", state.http_requests_per_second),
+        );
+        return error_response(&error);
+    }
+    if *state.shutdown.borrow() {
+        return error_response(&ApiError::shutting_down());
+    }
+    match route(request, &state).await {
+        Ok(response) => response,
+        Err(error) => error_response(&error),
+    }
+}
+
+async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response<Body>, ApiError> {
+    let path = request.uri().path().to_owned();
+    let segments: Vec<String> =
+        path.trim_start_matches('/').split('/').map(percent_decode).collect::<Result<_, _>>()?;
+    let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+    let method = request.method().clone();
+    match (&method, segments.as_slice()) {
+        (&Method::GET, ["v1", "health"]) => {
+            let gauges = gauges(state).await?;
+            let body = serde_json::json!({
+                "status": "ok", "protocol": 1, "last_seq": gauges.last_seq,
+                "collections": gauges.n_collections, "items": gauges.n_items,
+            });
+            Ok(json_response(200, body.to_string().into_bytes()))
+        }
+        (&Method::GET, ["v1", "limits"]) => Ok(json_response(200, state.limits_json.to_string().into_bytes())),
+        (&Method::GET, ["metrics"]) => {
+            let gauges = gauges(state).await?;
+            let depth = state.core.max_capacity() - state.core.capacity();
+            let text = metrics::render(&gauges, depth);
+            Ok(Response::builder()
+                .status(200)
+                .header("content-type", "text/plain; version=0.0.4")
+                .body(Full::new(Bytes::from(text)))
+                .expect("a valid response"))
+        }
+        (&Method::GET, ["v1", "ws"]) => upgrade(request, state),
+        (&Method::GET, ["v1", "collections"]) => {
+            let routes = state.routes.read().expect("routes lock");
+            let mut list: Vec<serde_json::Value> =
+                routes.iter().map(|(_, entry)| wire::schema_json(&entry.name, &entry.schema, None)).collect();
+            drop(routes);
+            list.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+            Ok(json_response(200, serde_json::json!({"collections": list}).to_string().into_bytes()))
+        }
+        (&Method::PUT, ["v1", "collections", name]) => {
+            let name = name.to_string();
+            let body = read_body(request).await?;
+            let schema_request: SchemaRequest = parse(&body)?;
+            let schema = schema_request.to_schema()?;
+            let (reply, answer) = oneshot::channel();
+            send(state, Command::CreateCollection { name, schema, reply }).await?;
+            let (created, entry) = answer.await.map_err(|_| ApiError::shutting_down())??;
+            let body = wire::schema_json(&entry.name, &entry.schema, None);
+            Ok(json_response(if created { 201 } else { 200 }, body.to_string().into_bytes()))
+        }
+        (&Method::GET, ["v1", "collections", name]) => {
+            let entry = collection(state, name)?;
+            let (reply, answer) = oneshot::channel();
+            send(state, Command::CollectionLen { collection: entry.id, reply }).await?;
+            let n_items = answer.await.map_err(|_| ApiError::shutting_down())?;
+            let body = wire::schema_json(&entry.name, &entry.schema, Some(n_items));
+            Ok(json_response(200, body.to_string().into_bytes()))
+        }
+        (&Method::POST, ["v1", "collections", name, "batch"]) => {
+            let entry = collection(state, name)?;
+            let body = read_body(request).await?;
+            let batch_request: BatchRequest = parse(&body)?;
+            check_op_count(batch_request.ops.len())?;
+            let mut batch = Batch::new();
+            wire::fill_batch(&mut batch, &entry.schema, &batch_request.ops, 0)?;
+            let mut results = write(state, vec![(entry.id, batch)]).await?;
+            let ack = results.pop().expect("one result per part")?;
+            Ok(json_response(200, ack_json(&ack).to_string().into_bytes()))
+        }
+        (&Method::POST, ["v1", "batch"]) => {
+            let body = read_body(request).await?;
+            let multi: MultiBatchRequest = parse(&body)?;
+            check_op_count(multi.writes.iter().map(|write| write.ops.len()).sum())?;
+            let mut batches = Vec::with_capacity(multi.writes.len());
+            for (index, part) in multi.writes.iter().enumerate() {
+                let entry = collection(state, &part.collection)
+                    .map_err(|error| ApiError { message: format!("write {index}: {}", error.message), ..error })?;
+                let mut batch = Batch::new();
+                wire::fill_batch(&mut batch, &entry.schema, &part.ops, 0)
+                    .map_err(|error| ApiError { message: format!("write {index}: {}", error.message), ..error })?;
+                batches.push((entry.id, batch));
+            }
+            let results = write(state, batches).await?;
+            let all_ok = results.iter().all(Result::is_ok);
+            let list: Vec<serde_json::Value> = results
+                .iter()
+                .map(|result| match result {
+                    Ok(ack) => ack_json(ack),
+                    Err(error) => {
+                        metrics::count_error(error.code);
+                        serde_json::json!({"error": {"code": error.code.as_str(), "message": error.message}})
+                    }
+                })
+                .collect();
+            let body = serde_json::json!({"results": list}).to_string().into_bytes();
+            Ok(json_response(if all_ok { 200 } else { 422 }, body))
+        }
+        (&Method::GET, ["v1", "collections", name, "items", id]) => {
+            let entry = collection(state, name)?;
+            let (reply, answer) = oneshot::channel();
+            send(state, Command::GetItem { collection: entry.id, id: id.to_string(), reply }).await?;
+            match answer.await.map_err(|_| ApiError::shutting_down())? {
+                Some(body) => Ok(json_response(200, body)),
+                None => Err(ApiError::new(ErrorCode::NotFound, format!("no item `{id}` in `{}`", entry.name))),
+            }
+        }
+        (&Method::DELETE, ["v1", "collections", name, "items", id]) => {
+            let entry = collection(state, name)?;
+            let mut batch = Batch::new();
+            batch.remove(id);
+            let mut results = write(state, vec![(entry.id, batch)]).await?;
+            let ack = results.pop().expect("one result per part")?;
+            let body = serde_json::json!({"seq": ack.seq, "removed": ack.summary.n_removed == 1});
+            Ok(json_response(200, body.to_string().into_bytes()))
+        }
+        (&Method::POST, ["v1", "collections", name, "query"]) => {
+            let entry = collection(state, name)?;
+            let body = read_body(request).await?;
+            let query: QueryRequest = parse(&body)?;
+            let spec = wire::window_spec(
+                &entry.schema,
+                &query.filter,
+                &query.sort,
+                query.offset,
+                query.limit,
+                query.fields.as_deref(),
+                query.payload,
+            )?;
+            let (reply, answer) = oneshot::channel();
+            send(state, Command::Query { collection: entry.id, spec, reply }).await?;
+            let body = answer.await.map_err(|_| ApiError::shutting_down())??;
+            Ok(json_response(200, body))
+        }
+        _ => {
+            let known_path = matches!(
+                segments.as_slice(),
+                ["v1", "health" | "limits" | "ws" | "collections" | "batch"]
+                    | ["metrics"]
+                    | ["v1", "collections", _]
+                    | ["v1", "collections", _, "batch" | "query"]
+                    | ["v1", "collections", _, "items", _]
+            );
+            if known_path {
+                let error = ApiError::bad_request(format!("{method} is not allowed on {path}"));
+                return Err(ApiError { status: Some(405), ..error });
+            }
+            Err(ApiError::new(ErrorCode::NotFound, format!("no such path: {path} (see docs/PROTOCOL.md)")))
+        }
+    }
+}
+
+fn ack_json(ack: &ordo_store::Ack) -> serde_json::Value {
+    serde_json::json!({"seq": ack.seq, "upserted": ack.summary.n_upserted, "removed": ack.summary.n_removed})
+}
+
+fn check_op_count(n_ops: usize) -> Result<(), ApiError> {
+    if n_ops > limits::MAX_OPS_PER_REQUEST {
+        return Err(ApiError::limit(format!(
+            "the request has {n_ops} ops; at most {} are allowed",
+            limits::MAX_OPS_PER_REQUEST
+        )));
+    }
+    Ok(())
+}
+
+fn collection(state: &HttpState, name: &str) -> Result<Arc<crate::core::CollectionEntry>, ApiError> {
+    state.routes.read().expect("routes lock").get(name).cloned().ok_or_else(|| ApiError::unknown_collection(name))
+}
+
+async fn send(state: &HttpState, command: Command) -> Result<(), ApiError> {
+    state.core.send(command).await.map_err(|_| ApiError::shutting_down())
+}
+
+async fn gauges(state: &HttpState) -> Result<crate::metrics::CoreGauges, ApiError> {
+    let (reply, answer) = oneshot::channel();
+    send(state, Command::Gauges { reply }).await?;
+    answer.await.map_err(|_| ApiError::shutting_down())
+}
+
+async fn write(
+    state: &HttpState,
+    batches: Vec<(ordo_core::CollectionId, Batch)>,
+) -> Result<crate::core::WriteResults, ApiError> {
+    let (reply, answer) = oneshot::channel();
+    send(state, Command::Write { batches, reply }).await?;
+    answer.await.map_err(|_| ApiError::shutting_down())
+}
+
+fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|error| ApiError::from_json(&error))
+}
+
+async fn read_body(request: Request<Incoming>) -> Result<Bytes, ApiError> {
+    let limited = Limited::new(request.into_body(), limits::MAX_HTTP_BODY_BYTES);
+    match limited.collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            let error = ApiError::limit(format!("the request body is over {} bytes", limits::MAX_HTTP_BODY_BYTES));
+            Err(ApiError { status: Some(413), ..error })
+        }
+        Err(error) => Err(ApiError::bad_request(format!("could not read the request body: {error}"))),
+    }
+}
+
+fn percent_decode(segment: &str) -> Result<String, ApiError> {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        if bytes[index] == b'%' {
+            let hex = bytes.get(index + 1..index + 3).and_then(|hex| std::str::from_utf8(hex).ok());
+            let byte = hex.and_then(|hex| u8::from_str_radix(hex, 16).ok());
+            let byte = byte.ok_or_else(|| ApiError::bad_request(format!("bad percent-encoding in `{segment}`")))?;
+            out.push(byte);
+            index += 3;
+        } else {
+            out.push(bytes[index]);
+            index += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| ApiError::bad_request(format!("`{segment}` is not UTF-8 once decoded")))
+}
+
+fn upgrade(mut request: Request<Incoming>, state: &HttpState) -> Result<Response<Body>, ApiError> {
+    if !fastwebsockets::upgrade::is_upgrade_request(&request) {
+        return Err(ApiError::bad_request("/v1/ws takes a WebSocket upgrade request"));
+    }
+    if METRICS.connections.load(std::sync::atomic::Ordering::Relaxed) as usize >= limits::MAX_CONNECTIONS {
+        let error = ApiError::limit(format!("the server holds {} connections already", limits::MAX_CONNECTIONS));
+        return Err(ApiError { status: Some(503), ..error });
+    }
+    let (response, upgrade) = fastwebsockets::upgrade::upgrade(&mut request)
+        .map_err(|error| ApiError::bad_request(format!("WebSocket upgrade refused: {error}")))?;
+    let context = ConnectionContext {
+        core: state.core.clone(),
+        routes: state.routes.clone(),
+        registry: state.registry.clone(),
+        config: state.connection.clone(),
+        shutdown: state.shutdown.clone(),
+        limits_json: state.limits_json.clone(),
+    };
+    tokio::spawn(async move {
+        if let Ok(ws) = upgrade.await {
+            ws::serve_connection(ws, context).await;
+        }
+    });
+    let (parts, _) = response.into_parts();
+    Ok(Response::from_parts(parts, Full::new(Bytes::new())))
+}

@@ -1,0 +1,17 @@
+//! Ordo's server: `ordo serve`. An HTTP API for schemas, writes and one-shot
+//! queries, and WebSocket subscriptions that keep a client's copy of a window
+//! equal to the server's (docs/PROTOCOL.md). One writer thread owns the engine
+//! and the store ([`core`]); network tasks talk to it through a bounded queue.
+
+pub mod core;
+pub mod encode;
+pub mod error;
+pub mod frame;
+pub mod http;
+pub mod limits;
+pub mod metrics;
+pub mod name_routes;
+pub mod server;
+pub mod sub_table;
+pub mod wire;
+pub mod ws;

@@ -1,0 +1,69 @@
+//! Every limit the server enforces on its inputs, in one place; `GET /v1/limits`
+//! returns them and `docs/PROTOCOL.md` documents them. The engine's own limits
+//! (id length, filter depth, fields per schema...) are in `ordo_core::limits`.
+
+/// Largest client WebSocket message (after reassembling fragments).
+pub const MAX_INBOUND_FRAME_BYTES: usize = 64 * 1024;
+/// Largest HTTP request body.
+pub const MAX_HTTP_BODY_BYTES: usize = 16 * 1024 * 1024;
+/// Most operations in one HTTP write (one batch, or all parts of a multi-collection write).
+pub const MAX_OPS_PER_REQUEST: usize = 10_000;
+/// Most subscriptions one WebSocket connection may hold.
+pub const MAX_SUBSCRIPTIONS_PER_CONNECTION: usize = 128;
+/// Largest window a client may subscribe to or query.
+pub const MAX_WINDOW_LIMIT: usize = 1_000;
+/// Largest window offset (slot indices are `u32` in the engine).
+pub const MAX_WINDOW_OFFSET: usize = u32::MAX as usize;
+/// Longest client-chosen subscription id, in bytes.
+pub const MAX_SUBSCRIPTION_ID_BYTES: usize = 64;
+/// Longest `contains` needle or `prefix` in a filter, in bytes: the match is
+/// O(haystack × needle), so a client must not choose the needle's size freely.
+pub const MAX_FILTER_STRING_BYTES: usize = 256;
+/// WebSocket messages per second per connection (token bucket) and the burst allowed.
+pub const DEFAULT_WS_MESSAGES_PER_SECOND: u32 = 100;
+pub const WS_MESSAGE_BURST: u32 = 200;
+/// HTTP requests per second per TCP connection, and the burst allowed.
+pub const DEFAULT_HTTP_REQUESTS_PER_SECOND: u32 = 5_000;
+pub const HTTP_REQUEST_BURST: u32 = 10_000;
+/// Bytes of frames a connection may have waiting before it is treated as slow.
+pub const DEFAULT_OUTBOUND_BUFFER_BYTES: usize = 1024 * 1024;
+/// How long a slow connection may go without writing anything before it is closed (code 4001).
+pub const DEFAULT_SLOW_CLOSE_AFTER_SECS: u64 = 10;
+/// How long a disconnected session is held for resume.
+pub const SESSION_RETENTION_SECS: u64 = 60;
+/// Per subscription: frames, and bytes of frames, kept for replay on resume.
+pub const RETAINED_FRAMES_PER_SUBSCRIPTION: usize = 256;
+pub const RETAINED_BYTES_PER_SUBSCRIPTION: usize = 256 * 1024;
+/// Most WebSocket connections at once; more are refused with 503.
+pub const MAX_CONNECTIONS: usize = 10_000;
+/// Requests waiting for the writer thread; network tasks wait when it is full.
+pub const CORE_QUEUE_CAPACITY: usize = 4_096;
+/// Client messages read ahead of the connection task.
+pub const INBOUND_QUEUE_CAPACITY: usize = 16;
+
+/// Every limit by name, for `GET /v1/limits` and the `welcome` frame.
+pub fn as_json() -> serde_json::Value {
+    serde_json::json!({
+        "max_inbound_frame_bytes": MAX_INBOUND_FRAME_BYTES,
+        "max_http_body_bytes": MAX_HTTP_BODY_BYTES,
+        "max_ops_per_request": MAX_OPS_PER_REQUEST,
+        "max_subscriptions_per_connection": MAX_SUBSCRIPTIONS_PER_CONNECTION,
+        "max_window_limit": MAX_WINDOW_LIMIT,
+        "max_subscription_id_bytes": MAX_SUBSCRIPTION_ID_BYTES,
+        "max_filter_string_bytes": MAX_FILTER_STRING_BYTES,
+        "max_id_bytes": ordo_core::limits::MAX_ID_BYTES,
+        "max_string_field_bytes": ordo_core::limits::MAX_STRING_FIELD_BYTES,
+        "max_payload_bytes": ordo_core::limits::MAX_PAYLOAD_BYTES,
+        "max_fields_per_schema": ordo_core::limits::MAX_FIELDS_PER_SCHEMA,
+        "max_sort_keys": ordo_core::limits::MAX_SORT_KEYS,
+        "max_filter_depth": ordo_core::limits::MAX_FILTER_DEPTH,
+        "max_filter_nodes": ordo_core::limits::MAX_FILTER_NODES,
+        "max_filter_in_values": ordo_core::limits::MAX_FILTER_IN_VALUES,
+        "max_collection_name_bytes": ordo_core::limits::MAX_COLLECTION_NAME_BYTES,
+        "ws_message_burst": WS_MESSAGE_BURST,
+        "session_retention_secs": SESSION_RETENTION_SECS,
+        "retained_frames_per_subscription": RETAINED_FRAMES_PER_SUBSCRIPTION,
+        "retained_bytes_per_subscription": RETAINED_BYTES_PER_SUBSCRIPTION,
+        "max_connections": MAX_CONNECTIONS,
+    })
+}

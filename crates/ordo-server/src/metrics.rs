@@ -1,0 +1,220 @@
+//! Counters for `/metrics`. Plain relaxed atomics: each is bumped by one kind of
+//! thread, read rarely, and nothing is ordered by them.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::error::ErrorCode;
+
+#[derive(Default)]
+pub struct Metrics {
+    pub batches: AtomicU64,
+    pub batches_refused: AtomicU64,
+    pub http_requests: AtomicU64,
+    pub connections: AtomicU64,
+    pub outbound_queued_bytes: AtomicU64,
+    pub frames_sent: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub diffs_sent: AtomicU64,
+    pub frames_encoded: AtomicU64,
+    pub resets_slow: AtomicU64,
+    pub resume_replayed: AtomicU64,
+    pub resume_reset: AtomicU64,
+    pub closed_slow: AtomicU64,
+    errors: [AtomicU64; ErrorCode::ALL.len()],
+}
+
+pub static METRICS: Metrics = Metrics {
+    batches: AtomicU64::new(0),
+    batches_refused: AtomicU64::new(0),
+    http_requests: AtomicU64::new(0),
+    connections: AtomicU64::new(0),
+    outbound_queued_bytes: AtomicU64::new(0),
+    frames_sent: AtomicU64::new(0),
+    bytes_sent: AtomicU64::new(0),
+    diffs_sent: AtomicU64::new(0),
+    frames_encoded: AtomicU64::new(0),
+    resets_slow: AtomicU64::new(0),
+    resume_replayed: AtomicU64::new(0),
+    resume_reset: AtomicU64::new(0),
+    closed_slow: AtomicU64::new(0),
+    errors: [const { AtomicU64::new(0) }; ErrorCode::ALL.len()],
+};
+
+pub fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Relaxed);
+}
+
+pub fn count_error(code: ErrorCode) {
+    let index = ErrorCode::ALL.iter().position(|&c| c == code).expect("every code is listed");
+    METRICS.errors[index].fetch_add(1, Relaxed);
+}
+
+/// Gauges only the writer thread knows, fetched when `/metrics` is scraped.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CoreGauges {
+    pub n_collections: usize,
+    pub n_items: usize,
+    pub n_views: usize,
+    pub n_windows: usize,
+    pub n_subscriptions: usize,
+    pub n_sessions: usize,
+    pub last_seq: u64,
+}
+
+pub fn render(gauges: &CoreGauges, core_queue_depth: usize) -> String {
+    let mut out = String::with_capacity(4096);
+    let mut line = |name: &str, kind: &str, help: &str, value: u64| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+    };
+    let m = &METRICS;
+    line("ordo_batches_total", "counter", "Batches acknowledged.", m.batches.load(Relaxed));
+    line("ordo_batches_refused_total", "counter", "Batches refused.", m.batches_refused.load(Relaxed));
+    line("ordo_last_seq", "gauge", "Sequence number of the last committed batch.", gauges.last_seq);
+    line("ordo_items", "gauge", "Items in all collections.", gauges.n_items as u64);
+    line("ordo_collections", "gauge", "Collections.", gauges.n_collections as u64);
+    line("ordo_views", "gauge", "Live views (shared sorted indexes).", gauges.n_views as u64);
+    line("ordo_windows", "gauge", "Engine windows.", gauges.n_windows as u64);
+    line(
+        "ordo_subscriptions",
+        "gauge",
+        "Live subscriptions, attached or held for resume.",
+        gauges.n_subscriptions as u64,
+    );
+    line("ordo_sessions", "gauge", "Sessions, attached or held for resume.", gauges.n_sessions as u64);
+    line("ordo_connections", "gauge", "Open WebSocket connections.", m.connections.load(Relaxed));
+    line("ordo_http_requests_total", "counter", "HTTP requests answered.", m.http_requests.load(Relaxed));
+    line("ordo_core_queue_depth", "gauge", "Requests waiting for the writer thread.", core_queue_depth as u64);
+    line(
+        "ordo_outbound_queued_bytes",
+        "gauge",
+        "Bytes of frames waiting in outbound queues.",
+        m.outbound_queued_bytes.load(Relaxed),
+    );
+    line("ordo_frames_sent_total", "counter", "WebSocket frames written.", m.frames_sent.load(Relaxed));
+    line("ordo_bytes_sent_total", "counter", "WebSocket bytes written.", m.bytes_sent.load(Relaxed));
+    line("ordo_diffs_sent_total", "counter", "Diffs in the frames written.", m.diffs_sent.load(Relaxed));
+    line(
+        "ordo_frames_encoded_total",
+        "counter",
+        "Frame bodies encoded (once per window change).",
+        m.frames_encoded.load(Relaxed),
+    );
+    line(
+        "ordo_resets_slow_total",
+        "counter",
+        "Resets sent because a connection fell behind.",
+        m.resets_slow.load(Relaxed),
+    );
+    line("ordo_resume_replayed_total", "counter", "Subscriptions resumed by replay.", m.resume_replayed.load(Relaxed));
+    line("ordo_resume_reset_total", "counter", "Subscriptions resumed by a reset.", m.resume_reset.load(Relaxed));
+    line("ordo_closed_slow_total", "counter", "Connections closed for being slow (4001).", m.closed_slow.load(Relaxed));
+    let _ = writeln!(out, "# HELP ordo_errors_total Errors answered, by code.\n# TYPE ordo_errors_total counter");
+    for (code, counter) in ErrorCode::ALL.iter().zip(&m.errors) {
+        let _ = writeln!(out, "ordo_errors_total{{code=\"{}\"}} {}", code.as_str(), counter.load(Relaxed));
+    }
+    let _ = writeln!(
+        out,
+        "# HELP ordo_thread_allocated_bytes_total Heap bytes allocated, by thread kind.\n# TYPE ordo_thread_allocated_bytes_total counter"
+    );
+    for kind in ThreadKind::ALL {
+        let _ = writeln!(
+            out,
+            "ordo_thread_allocated_bytes_total{{thread=\"{}\"}} {}",
+            kind.name(),
+            ALLOCATED_BYTES[kind as usize].load(Relaxed)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP ordo_thread_allocations_total Heap allocations, by thread kind.\n# TYPE ordo_thread_allocations_total counter"
+    );
+    for kind in ThreadKind::ALL {
+        let _ = writeln!(
+            out,
+            "ordo_thread_allocations_total{{thread=\"{}\"}} {}",
+            kind.name(),
+            ALLOCATIONS[kind as usize].load(Relaxed)
+        );
+    }
+    out
+}
+
+/// Which kind of thread an allocation happened on (RavenDB's per-thread memory
+/// accounting, coarsened to the three kinds this server has).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThreadKind {
+    Other = 0,
+    Writer = 1,
+    Network = 2,
+}
+
+impl ThreadKind {
+    const ALL: [ThreadKind; 3] = [ThreadKind::Writer, ThreadKind::Network, ThreadKind::Other];
+
+    fn name(self) -> &'static str {
+        match self {
+            ThreadKind::Other => "other",
+            ThreadKind::Writer => "writer",
+            ThreadKind::Network => "network",
+        }
+    }
+}
+
+static ALLOCATED_BYTES: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
+static ALLOCATIONS: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
+
+thread_local! {
+    // A const-initialised `Cell` has no destructor, so the allocator may read it
+    // at any point of a thread's life, even while thread-locals are torn down.
+    static THREAD_KIND: Cell<ThreadKind> = const { Cell::new(ThreadKind::Other) };
+}
+
+/// Marks the calling thread's allocations as `kind`'s.
+pub fn set_thread_kind(kind: ThreadKind) {
+    THREAD_KIND.with(|cell| cell.set(kind));
+}
+
+/// The system allocator, counting bytes and calls per thread kind. The `ordo`
+/// binary installs it with `#[global_allocator]`.
+pub struct CountingAllocator;
+
+fn count_allocation(size: usize) {
+    let kind = THREAD_KIND.try_with(Cell::get).unwrap_or(ThreadKind::Other) as usize;
+    ALLOCATED_BYTES[kind].fetch_add(size as u64, Relaxed);
+    ALLOCATIONS[kind].fetch_add(1, Relaxed);
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments
+// unchanged; the counting touches only atomics and a const thread-local, which
+// never allocate, so the allocator cannot recurse into itself.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count_allocation(layout.size());
+        // SAFETY: same contract as ours, forwarded.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count_allocation(layout.size());
+        // SAFETY: same contract as ours, forwarded.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours, forwarded.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count_allocation(new_size);
+        // SAFETY: same contract as ours, forwarded.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+pub fn sub_queued(n: usize) {
+    METRICS.outbound_queued_bytes.fetch_sub(n as u64, Relaxed);
+}

@@ -1,0 +1,559 @@
+//! Decoding what clients send (JSON) into the engine's types, checked against the
+//! collection's schema and the server's limits. Everything here runs on network
+//! threads, so the writer thread only ever sees typed, pre-checked requests.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value as Json};
+
+use ordo_core::{Batch, CompareOp, FieldId, FieldType, Filter, OwnedValue, Schema, SortKey, Value, ViewDef};
+
+use crate::error::{ApiError, ErrorCode};
+use crate::limits;
+
+/// `PUT /v1/collections/{name}`
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchemaRequest {
+    pub fields: Vec<FieldRequest>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FieldRequest {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub field_type: String,
+}
+
+impl SchemaRequest {
+    pub fn to_schema(&self) -> Result<Schema, ApiError> {
+        let mut schema = Schema::new();
+        for field in &self.fields {
+            let field_type = parse_field_type(&field.field_type).ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::InvalidSchema,
+                    format!(
+                        "field `{}` has type `{}`; the types are bool, i64, u64, f64 and string",
+                        field.name, field.field_type
+                    ),
+                )
+            })?;
+            schema = schema.try_with_field(&field.name, field_type)?;
+        }
+        Ok(schema)
+    }
+}
+
+pub fn parse_field_type(name: &str) -> Option<FieldType> {
+    Some(match name {
+        "bool" => FieldType::Bool,
+        "i64" => FieldType::I64,
+        "u64" => FieldType::U64,
+        "f64" => FieldType::F64,
+        "string" => FieldType::String,
+        _ => return None,
+    })
+}
+
+pub fn schema_json(name: &str, schema: &Schema, n_items: Option<usize>) -> Json {
+    let fields: Vec<Json> = schema
+        .fields()
+        .iter()
+        .map(|field| serde_json::json!({"name": field.name, "type": field.field_type.name()}))
+        .collect();
+    let mut object = serde_json::json!({"name": name, "fields": fields});
+    if let Some(n_items) = n_items {
+        object["items"] = n_items.into();
+    }
+    object
+}
+
+/// `POST /v1/collections/{name}/batch`
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchRequest {
+    pub ops: Vec<OpRequest>,
+}
+
+/// `POST /v1/batch`
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MultiBatchRequest {
+    pub writes: Vec<CollectionWrite>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CollectionWrite {
+    pub collection: String,
+    pub ops: Vec<OpRequest>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpRequest {
+    pub op: String,
+    pub id: String,
+    #[serde(default)]
+    pub fields: Option<Map<String, Json>>,
+    /// `Some` whenever the key is present, even as `null` (which clears the payload).
+    #[serde(default, deserialize_with = "present")]
+    pub payload: Option<Box<RawValue>>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Box<RawValue>>, D::Error> {
+    Box::<RawValue>::deserialize(deserializer).map(Some)
+}
+
+/// Appends the ops to `batch`, typing each field value by the schema.
+pub fn fill_batch(
+    batch: &mut Batch,
+    schema: &Schema,
+    ops: &[OpRequest],
+    first_op_index: usize,
+) -> Result<(), ApiError> {
+    for (index, op) in ops.iter().enumerate() {
+        let op_index = first_op_index + index;
+        match op.op.as_str() {
+            "upsert" => {
+                let mut builder = batch.upsert(&op.id);
+                if let Some(fields) = &op.fields {
+                    for (name, json) in fields {
+                        let field_id = schema.field_id(name).ok_or_else(|| {
+                            ApiError::new(
+                                ErrorCode::InvalidBatch,
+                                format!("op {op_index}: the schema has no field `{name}`"),
+                            )
+                        })?;
+                        let field_type = schema.field(field_id).field_type;
+                        let value = typed_value(json, field_type).map_err(|found| {
+                            ApiError::new(
+                                ErrorCode::InvalidBatch,
+                                format!("op {op_index}: field `{name}` is {field_type}; {found} does not fit"),
+                            )
+                        })?;
+                        builder = builder.set(name, value);
+                    }
+                }
+                if let Some(payload) = &op.payload {
+                    let text = payload.get();
+                    builder.payload(if text == "null" { b"" } else { text.as_bytes() });
+                }
+            }
+            "remove" => {
+                if op.fields.is_some() || op.payload.is_some() {
+                    return Err(ApiError::bad_request(format!("op {op_index}: a remove takes only an `id`")));
+                }
+                batch.remove(&op.id);
+            }
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "op {op_index}: unknown op `{other}`; the ops are `upsert` and `remove`"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A JSON value as a field of `field_type`, converting numbers when that is lossless.
+/// On failure, describes what was found.
+fn typed_value(json: &Json, field_type: FieldType) -> Result<Value<'_>, String> {
+    let value = match (json, field_type) {
+        (Json::Null, _) => Value::Null,
+        (Json::Bool(value), FieldType::Bool) => Value::Bool(*value),
+        (Json::String(value), FieldType::String) => Value::Str(value),
+        (Json::Number(number), FieldType::I64) if number.as_i64().is_some() => Value::I64(number.as_i64().unwrap()),
+        (Json::Number(number), FieldType::U64) if number.as_u64().is_some() => Value::U64(number.as_u64().unwrap()),
+        (Json::Number(number), FieldType::F64) => Value::F64(number.as_f64().unwrap_or(f64::NAN)),
+        _ => return Err(describe(json)),
+    };
+    Ok(value)
+}
+
+fn typed_owned_value(json: &Json, field_type: Option<FieldType>) -> Result<OwnedValue, String> {
+    match field_type {
+        Some(field_type) => typed_value(json, field_type).map(|value| value.to_owned_value()),
+        // An unknown field: keep the literal's own type; the engine names the field in its error.
+        None => Ok(match json {
+            Json::Null => OwnedValue::Null,
+            Json::Bool(value) => OwnedValue::Bool(*value),
+            Json::Number(number) => match (number.as_i64(), number.as_u64()) {
+                (Some(value), _) => OwnedValue::I64(value),
+                (None, Some(value)) => OwnedValue::U64(value),
+                _ => OwnedValue::F64(number.as_f64().unwrap_or(f64::NAN)),
+            },
+            Json::String(value) => OwnedValue::Str(value.clone()),
+            other => return Err(describe(other)),
+        }),
+    }
+}
+
+fn describe(json: &Json) -> String {
+    match json {
+        Json::Null => "null".to_owned(),
+        Json::Bool(value) => format!("the bool {value}"),
+        Json::Number(number) => format!("the number {number}"),
+        Json::String(_) => "a string".to_owned(),
+        Json::Array(_) => "an array".to_owned(),
+        Json::Object(_) => "an object".to_owned(),
+    }
+}
+
+/// `POST /v1/collections/{name}/query`: the collection is in the path.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueryRequest {
+    #[serde(default)]
+    pub filter: Json,
+    #[serde(default)]
+    pub sort: Vec<SortRequest>,
+    #[serde(default)]
+    pub offset: usize,
+    pub limit: usize,
+    #[serde(default)]
+    pub fields: Option<Vec<String>>,
+    #[serde(default = "yes")]
+    pub payload: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SortRequest {
+    pub field: String,
+    #[serde(default)]
+    pub dir: SortDirection,
+    #[serde(default)]
+    pub case_insensitive: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SortDirection {
+    #[default]
+    Asc,
+    Desc,
+}
+
+/// Which parts of each item a window sends.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Projection {
+    /// Fields in the order the client listed them (all fields, in schema order, by default).
+    pub fields: Vec<FieldId>,
+    pub payload: bool,
+}
+
+impl Projection {
+    pub fn all(schema: &Schema) -> Projection {
+        Projection { fields: (0..schema.len()).map(|index| field_id_at(schema, index)).collect(), payload: true }
+    }
+}
+
+fn field_id_at(schema: &Schema, index: usize) -> FieldId {
+    schema.field_id(&schema.fields()[index].name).expect("a schema's own field")
+}
+
+/// A checked window request: everything the writer thread needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WindowSpec {
+    pub def: ViewDef,
+    pub offset: usize,
+    pub limit: usize,
+    pub projection: Projection,
+}
+
+pub fn check_range(offset: usize, limit: usize) -> Result<(), ApiError> {
+    if limit > limits::MAX_WINDOW_LIMIT {
+        return Err(ApiError::limit(format!(
+            "the window limit is {limit}; at most {} is allowed",
+            limits::MAX_WINDOW_LIMIT
+        )));
+    }
+    if offset > limits::MAX_WINDOW_OFFSET {
+        return Err(ApiError::limit(format!(
+            "the window offset is {offset}; at most {} is allowed",
+            limits::MAX_WINDOW_OFFSET
+        )));
+    }
+    Ok(())
+}
+
+pub fn window_spec(
+    schema: &Schema,
+    filter: &Json,
+    sort: &[SortRequest],
+    offset: usize,
+    limit: usize,
+    fields: Option<&[String]>,
+    payload: bool,
+) -> Result<WindowSpec, ApiError> {
+    check_range(offset, limit)?;
+    let def = view_def(schema, filter, sort)?;
+    let projection = match fields {
+        None => Projection { payload, ..Projection::all(schema) },
+        Some(names) => {
+            if names.len() > ordo_core::limits::MAX_FIELDS_PER_SCHEMA {
+                return Err(ApiError::limit("the projection lists more fields than a schema can have"));
+            }
+            let mut ids = Vec::with_capacity(names.len());
+            for name in names {
+                let field_id = schema.field_id(name).ok_or_else(|| {
+                    ApiError::new(
+                        ErrorCode::InvalidView,
+                        format!("the projection names `{name}`, which the schema does not have"),
+                    )
+                })?;
+                if ids.contains(&field_id) {
+                    return Err(ApiError::new(ErrorCode::InvalidView, format!("the projection names `{name}` twice")));
+                }
+                ids.push(field_id);
+            }
+            Projection { fields: ids, payload }
+        }
+    };
+    Ok(WindowSpec { def, offset, limit, projection })
+}
+
+pub fn view_def(schema: &Schema, filter: &Json, sort: &[SortRequest]) -> Result<ViewDef, ApiError> {
+    let mut n_nodes = 0;
+    let filter = filter_from_json(schema, filter, 1, &mut n_nodes)?;
+    if sort.len() > ordo_core::limits::MAX_SORT_KEYS {
+        return Err(ApiError::limit(format!(
+            "the sort has {} keys; at most {} are allowed",
+            sort.len(),
+            ordo_core::limits::MAX_SORT_KEYS
+        )));
+    }
+    let sort = sort
+        .iter()
+        .map(|key| {
+            match key.dir {
+                SortDirection::Asc => SortKey::asc(&key.field),
+                SortDirection::Desc => SortKey::desc(&key.field),
+            }
+            .with_case(key.case_insensitive)
+        })
+        .collect();
+    let def = ViewDef::new(filter, sort);
+    // Compiling here reports every view error on the network thread, with the
+    // engine's own checks; the writer thread then cannot refuse the view.
+    ordo_core::CompiledFilter::compile(&def.filter, schema)?;
+    ordo_core::CompiledSort::compile(&def.sort, schema)?;
+    Ok(def)
+}
+
+trait WithCase {
+    fn with_case(self, case_insensitive: bool) -> Self;
+}
+
+impl WithCase for SortKey {
+    fn with_case(self, case_insensitive: bool) -> SortKey {
+        if case_insensitive {
+            self.case_insensitive()
+        } else {
+            self
+        }
+    }
+}
+
+fn filter_from_json(schema: &Schema, json: &Json, depth: usize, n_nodes: &mut usize) -> Result<Filter, ApiError> {
+    let invalid = |message: String| ApiError::new(ErrorCode::InvalidView, message);
+    if depth > ordo_core::limits::MAX_FILTER_DEPTH {
+        return Err(ApiError::limit(format!(
+            "the filter is nested more than {} deep",
+            ordo_core::limits::MAX_FILTER_DEPTH
+        )));
+    }
+    *n_nodes += 1;
+    if *n_nodes > ordo_core::limits::MAX_FILTER_NODES {
+        return Err(ApiError::limit(format!("the filter has more than {} nodes", ordo_core::limits::MAX_FILTER_NODES)));
+    }
+    let object = match json {
+        Json::Null => return Ok(Filter::True),
+        Json::Object(object) => object,
+        other => return Err(invalid(format!("a filter is a JSON object, not {}", describe(other)))),
+    };
+    let only = |keys: &[&str]| -> Result<(), ApiError> {
+        match object.keys().find(|key| !keys.contains(&key.as_str())) {
+            Some(key) => Err(invalid(format!("unexpected key `{key}` in this filter (expected {})", keys.join(", ")))),
+            None => Ok(()),
+        }
+    };
+    let children = |list: &Json, n_nodes: &mut usize| -> Result<Vec<Filter>, ApiError> {
+        let Json::Array(list) = list else {
+            return Err(invalid("`all` and `any` take a list of filters".to_owned()));
+        };
+        list.iter().map(|child| filter_from_json(schema, child, depth + 1, n_nodes)).collect()
+    };
+    if let Some(list) = object.get("all") {
+        only(&["all"])?;
+        return Ok(Filter::All(children(list, n_nodes)?));
+    }
+    if let Some(list) = object.get("any") {
+        only(&["any"])?;
+        return Ok(Filter::Any(children(list, n_nodes)?));
+    }
+    if let Some(inner) = object.get("not") {
+        only(&["not"])?;
+        return Ok(Filter::Not(Box::new(filter_from_json(schema, inner, depth + 1, n_nodes)?)));
+    }
+    let field = match object.get("field") {
+        Some(Json::String(field)) => field.clone(),
+        Some(other) => return Err(invalid(format!("`field` is a string, not {}", describe(other)))),
+        None => {
+            return Err(invalid(
+                "a filter is `{\"field\":..,\"op\":..,\"value\":..}`, `in`, `is_null`, `contains`, `prefix`, `all`, `any` or `not`"
+                    .to_owned(),
+            ))
+        }
+    };
+    let field_type = schema.field_id(&field).map(|id| schema.field(id).field_type);
+    let field_name = field.clone();
+    let literal = |json: &Json| {
+        typed_owned_value(json, field_type).map_err(|found| {
+            invalid(format!(
+                "field `{field_name}` is {}; {found} does not fit",
+                field_type.map_or("unknown", |t| t.name())
+            ))
+        })
+    };
+    let short_string = |json: &Json, what: &str| -> Result<String, ApiError> {
+        match json {
+            Json::String(text) if text.len() <= limits::MAX_FILTER_STRING_BYTES => Ok(text.clone()),
+            Json::String(text) => Err(ApiError::limit(format!(
+                "the `{what}` string is {} bytes; at most {} are allowed",
+                text.len(),
+                limits::MAX_FILTER_STRING_BYTES
+            ))),
+            other => Err(invalid(format!("`{what}` takes a string, not {}", describe(other)))),
+        }
+    };
+    if let Some(op) = object.get("op") {
+        only(&["field", "op", "value"])?;
+        let op = match op.as_str() {
+            Some("eq") => CompareOp::Eq,
+            Some("ne") => CompareOp::Ne,
+            Some("lt") => CompareOp::Lt,
+            Some("le") => CompareOp::Le,
+            Some("gt") => CompareOp::Gt,
+            Some("ge") => CompareOp::Ge,
+            _ => return Err(invalid(format!("`op` is one of eq, ne, lt, le, gt, ge; got {op}"))),
+        };
+        let value = object.get("value").ok_or_else(|| invalid("a comparison needs a `value`".to_owned()))?;
+        if let Json::String(text) = value {
+            if text.len() > ordo_core::limits::MAX_STRING_FIELD_BYTES {
+                return Err(ApiError::limit("a comparison's string is longer than a field can be"));
+            }
+        }
+        return Ok(Filter::Compare { field, op, value: literal(value)? });
+    }
+    if let Some(values) = object.get("in") {
+        only(&["field", "in"])?;
+        let Json::Array(values) = values else {
+            return Err(invalid("`in` takes a list of values".to_owned()));
+        };
+        if values.len() > ordo_core::limits::MAX_FILTER_IN_VALUES {
+            return Err(ApiError::limit(format!(
+                "`in` lists {} values; at most {} are allowed",
+                values.len(),
+                ordo_core::limits::MAX_FILTER_IN_VALUES
+            )));
+        }
+        let values = values.iter().map(literal).collect::<Result<Vec<_>, _>>()?;
+        return Ok(Filter::In { field, values });
+    }
+    if let Some(is_null) = object.get("is_null") {
+        only(&["field", "is_null"])?;
+        return match is_null {
+            Json::Bool(true) => Ok(Filter::IsNull { field }),
+            Json::Bool(false) => Ok(Filter::Not(Box::new(Filter::IsNull { field }))),
+            other => Err(invalid(format!("`is_null` takes true or false, not {}", describe(other)))),
+        };
+    }
+    if let Some(needle) = object.get("contains") {
+        only(&["field", "contains"])?;
+        return Ok(Filter::Contains { field, needle: short_string(needle, "contains")? });
+    }
+    if let Some(prefix) = object.get("prefix") {
+        only(&["field", "prefix"])?;
+        return Ok(Filter::Prefix { field, prefix: short_string(prefix, "prefix")? });
+    }
+    Err(invalid(format!("a filter on `{field}` needs one of `op`, `in`, `is_null`, `contains`, `prefix`")))
+}
+
+/// Client → server WebSocket messages. Every key is listed (no `flatten`) so that
+/// an unknown key is refused rather than ignored.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ClientMessage {
+    Subscribe {
+        sub: String,
+        collection: String,
+        #[serde(default)]
+        filter: Json,
+        #[serde(default)]
+        sort: Vec<SortRequest>,
+        #[serde(default)]
+        offset: usize,
+        limit: usize,
+        #[serde(default)]
+        fields: Option<Vec<String>>,
+        #[serde(default = "yes")]
+        payload: bool,
+    },
+    SetRange {
+        sub: String,
+        #[serde(default)]
+        offset: usize,
+        limit: usize,
+    },
+    SetView {
+        sub: String,
+        #[serde(default)]
+        filter: Json,
+        #[serde(default)]
+        sort: Vec<SortRequest>,
+    },
+    Unsubscribe {
+        sub: String,
+    },
+    Resume {
+        session: String,
+        subs: Vec<ResumeEntry>,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeEntry {
+    pub sub: String,
+    pub last_seq: u64,
+    pub collection: String,
+    #[serde(default)]
+    pub filter: Json,
+    #[serde(default)]
+    pub sort: Vec<SortRequest>,
+    #[serde(default)]
+    pub offset: usize,
+    pub limit: usize,
+    #[serde(default)]
+    pub fields: Option<Vec<String>>,
+    #[serde(default = "yes")]
+    pub payload: bool,
+}
+
+pub fn check_sub_id(sub: &str) -> Result<(), ApiError> {
+    if sub.is_empty() || sub.len() > limits::MAX_SUBSCRIPTION_ID_BYTES {
+        return Err(ApiError::limit(format!(
+            "a subscription id is 1..={} bytes; this one is {}",
+            limits::MAX_SUBSCRIPTION_ID_BYTES,
+            sub.len()
+        )));
+    }
+    Ok(())
+}

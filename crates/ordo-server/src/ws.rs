@@ -1,0 +1,701 @@
+//! One WebSocket connection. A reader task turns client frames into messages; the
+//! connection task owns the session (its subscription table, sequence numbers and
+//! retained frames) and the write half, and is the only one that writes.
+//!
+//! Frames of diffs arrive from the writer thread as shared bodies; the task wraps
+//! each in its envelope (`sub`, `seq`) in one reused buffer, so sending a frame
+//! allocates nothing once the buffer has grown.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fastwebsockets::{Frame, OpCode, Payload, WebSocket, WebSocketError, WebSocketRead, WebSocketWrite};
+use hyper::upgrade::Upgraded;
+use hyper_util::rt::TokioIo;
+use tokio::io::{ReadHalf, WriteHalf};
+use tokio::sync::{mpsc, watch};
+
+use crate::core::{
+    share_key, Command, ConnShared, CoreSender, Outgoing, Routes, SessionId, SubHandle, FRAME_OVERHEAD_BYTES,
+};
+use crate::error::{ApiError, ErrorCode};
+use crate::frame::{write_diffs_frame, write_json_str};
+use crate::limits;
+use crate::metrics::{self, METRICS};
+use crate::sub_table::SubTable;
+use crate::wire::{self, ClientMessage, WindowSpec};
+
+type Stream = TokioIo<Upgraded>;
+
+pub const CLOSE_NORMAL: u16 = 1000;
+pub const CLOSE_GOING_AWAY: u16 = 1001;
+pub const CLOSE_NOT_UTF8: u16 = 1007;
+pub const CLOSE_TOO_BIG: u16 = 1009;
+pub const CLOSE_SLOW: u16 = 4001;
+
+/// Settings of every connection, from the command line.
+#[derive(Clone, Debug)]
+pub struct ConnectionConfig {
+    pub outbound_budget: usize,
+    pub slow_close_after: Duration,
+    pub messages_per_second: u32,
+}
+
+/// A subscription as its connection knows it.
+struct SubEntry {
+    client_id: String,
+    collection: Arc<crate::core::CollectionEntry>,
+    spec: WindowSpec,
+    /// The `seq` of the last frame sent.
+    seq: u64,
+    /// The last frames sent, for replay on resume: (seq, body).
+    retained: VecDeque<(u64, Bytes, u32)>,
+    retained_bytes: usize,
+    /// Frames before the next Reset are stale (a resume that could not replay).
+    awaiting_reset: bool,
+}
+
+impl SubEntry {
+    fn retain(&mut self, seq: u64, body: Bytes, n_diffs: u32) {
+        self.retained_bytes += body.len();
+        self.retained.push_back((seq, body, n_diffs));
+        while self.retained.len() > limits::RETAINED_FRAMES_PER_SUBSCRIPTION
+            || self.retained_bytes > limits::RETAINED_BYTES_PER_SUBSCRIPTION
+        {
+            let (_, dropped, _) = self.retained.pop_front().expect("over a limit, so not empty");
+            self.retained_bytes -= dropped.len();
+        }
+    }
+}
+
+/// A connection's subscription state; it outlives the connection for resume.
+pub struct Session {
+    id: SessionId,
+    token: String,
+    shared: Arc<ConnShared>,
+    outbox: mpsc::UnboundedReceiver<Outgoing>,
+    table: SubTable<SubEntry>,
+    by_client_id: HashMap<String, SubHandle>,
+    next_handle: SubHandle,
+}
+
+/// Sessions whose connection is gone, held for resume until they expire.
+#[derive(Default)]
+pub struct Registry {
+    parked: Mutex<HashMap<String, (Session, Instant)>>,
+}
+
+impl Registry {
+    fn park(&self, session: Session) {
+        let expires = Instant::now() + Duration::from_secs(limits::SESSION_RETENTION_SECS);
+        self.parked.lock().expect("registry lock").insert(session.token.clone(), (session, expires));
+    }
+
+    fn take(&self, token: &str) -> Option<Session> {
+        self.parked.lock().expect("registry lock").remove(token).map(|(session, _)| session)
+    }
+
+    /// Drops expired sessions; returns their ids so their windows can be closed.
+    pub fn expire(&self, now: Instant) -> Vec<SessionId> {
+        let mut parked = self.parked.lock().expect("registry lock");
+        let expired: Vec<String> =
+            parked.iter().filter(|(_, (_, expires))| *expires <= now).map(|(token, _)| token.clone()).collect();
+        expired.into_iter().filter_map(|token| parked.remove(&token)).map(|(session, _)| session.id).collect()
+    }
+}
+
+/// Everything a connection needs from the server.
+#[derive(Clone)]
+pub struct ConnectionContext {
+    pub core: CoreSender,
+    pub routes: Routes,
+    pub registry: Arc<Registry>,
+    pub config: ConnectionConfig,
+    pub shutdown: watch::Receiver<bool>,
+    pub limits_json: Arc<serde_json::Value>,
+}
+
+/// A fresh session token: random enough that one client cannot guess another's.
+fn new_session_id() -> SessionId {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    hasher
+        .write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    hasher.finish()
+}
+
+enum Inbound {
+    Text(Vec<u8>),
+    Binary,
+    /// A frame the protocol obliges us to send (pong, close reply).
+    Reply(OpCode, Vec<u8>),
+    /// The client closed, or the stream ended.
+    Closed,
+    /// A protocol violation: close with this code.
+    Fatal(u16, &'static str),
+}
+
+/// Runs one upgraded connection to its end.
+pub async fn serve_connection(ws: WebSocket<Stream>, context: ConnectionContext) {
+    metrics::add(&METRICS.connections, 1);
+    let (reader, writer) = ws.split(tokio::io::split);
+    let (inbound_tx, inbound_rx) = mpsc::channel(limits::INBOUND_QUEUE_CAPACITY);
+    let reader_task = tokio::spawn(read_frames(reader, inbound_tx));
+    let mut connection = Connection::open(writer, context).await;
+    if let Some(connection) = connection.as_mut() {
+        connection.run(inbound_rx).await;
+    }
+    reader_task.abort();
+    METRICS.connections.fetch_sub(1, Ordering::Relaxed);
+    if let Some(connection) = connection {
+        connection.finish();
+    }
+}
+
+async fn read_frames(mut reader: WebSocketRead<ReadHalf<Stream>>, inbound: mpsc::Sender<Inbound>) {
+    reader.set_max_message_size(limits::MAX_INBOUND_FRAME_BYTES + 1);
+    // A fragmented message is reassembled here, within the same limit.
+    let mut message: Vec<u8> = Vec::new();
+    let mut message_is_text = false;
+    loop {
+        let reply_to = inbound.clone();
+        let mut send = move |frame: Frame<'_>| {
+            let reply = Inbound::Reply(frame.opcode, frame.payload.to_vec());
+            let reply_to = reply_to.clone();
+            async move { reply_to.send(reply).await.map_err(|_| std::io::Error::other("connection gone")) }
+        };
+        let event = match reader.read_frame(&mut send).await {
+            Ok(frame) => match frame.opcode {
+                OpCode::Close => Inbound::Closed,
+                OpCode::Ping | OpCode::Pong => continue,
+                OpCode::Text | OpCode::Binary | OpCode::Continuation => {
+                    if frame.opcode != OpCode::Continuation {
+                        message.clear();
+                        message_is_text = frame.opcode == OpCode::Text;
+                    }
+                    if message.len() + frame.payload.len() > limits::MAX_INBOUND_FRAME_BYTES {
+                        Inbound::Fatal(CLOSE_TOO_BIG, "message too big")
+                    } else {
+                        message.extend_from_slice(&frame.payload);
+                        if !frame.fin {
+                            continue;
+                        }
+                        if !message_is_text {
+                            Inbound::Binary
+                        } else if std::str::from_utf8(&message).is_err() {
+                            Inbound::Fatal(CLOSE_NOT_UTF8, "text frame is not UTF-8")
+                        } else {
+                            Inbound::Text(std::mem::take(&mut message))
+                        }
+                    }
+                }
+            },
+            Err(WebSocketError::FrameTooLarge) => Inbound::Fatal(CLOSE_TOO_BIG, "message too big"),
+            Err(WebSocketError::InvalidUTF8) => Inbound::Fatal(CLOSE_NOT_UTF8, "text frame is not UTF-8"),
+            Err(_) => Inbound::Closed,
+        };
+        let last = !matches!(event, Inbound::Text(_) | Inbound::Binary);
+        if inbound.send(event).await.is_err() || last {
+            return;
+        }
+    }
+}
+
+struct TokenBucket {
+    tokens: f64,
+    updated: Instant,
+    per_second: f64,
+    burst: f64,
+}
+
+impl TokenBucket {
+    fn new(per_second: u32, burst: u32) -> TokenBucket {
+        TokenBucket {
+            tokens: burst as f64,
+            updated: Instant::now(),
+            per_second: per_second as f64,
+            burst: burst as f64,
+        }
+    }
+
+    fn try_take(&mut self) -> bool {
+        let now = Instant::now();
+        self.tokens = (self.tokens + (now - self.updated).as_secs_f64() * self.per_second).min(self.burst);
+        self.updated = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+struct Connection {
+    writer: WebSocketWrite<WriteHalf<Stream>>,
+    session: Session,
+    context: ConnectionContext,
+    /// The reused buffer every frame is written into.
+    frame: Vec<u8>,
+    bucket: TokenBucket,
+    /// Whether the client may still send `resume` (only as its first message).
+    may_resume: bool,
+    closed: bool,
+}
+
+enum Event {
+    Inbound(Option<Inbound>),
+    Outgoing(Option<Outgoing>),
+    Shutdown,
+}
+
+impl Connection {
+    async fn open(writer: WebSocketWrite<WriteHalf<Stream>>, context: ConnectionContext) -> Option<Connection> {
+        let id = new_session_id();
+        let shared = Arc::new(ConnShared::default());
+        let (outbox_tx, outbox) = mpsc::unbounded_channel();
+        let command = Command::OpenSession { session: id, shared: shared.clone(), outbox: outbox_tx };
+        context.core.send(command).await.ok()?;
+        let session = Session {
+            id,
+            token: format!("{id:016x}"),
+            shared,
+            outbox,
+            table: SubTable::new(),
+            by_client_id: HashMap::new(),
+            next_handle: 0,
+        };
+        let bucket = TokenBucket::new(context.config.messages_per_second, limits::WS_MESSAGE_BURST);
+        let mut connection = Connection {
+            writer,
+            session,
+            context,
+            frame: Vec::with_capacity(4096),
+            bucket,
+            may_resume: true,
+            closed: false,
+        };
+        let welcome = serde_json::json!({
+            "type": "welcome",
+            "protocol": 1,
+            "session": connection.session.token,
+            "limits": *connection.context.limits_json,
+        });
+        connection.send_json(&welcome).await;
+        Some(connection)
+    }
+
+    async fn run(&mut self, mut inbound: mpsc::Receiver<Inbound>) {
+        let mut shutdown = self.context.shutdown.clone();
+        while !self.closed {
+            let event = tokio::select! {
+                message = inbound.recv() => Event::Inbound(message),
+                outgoing = self.session.outbox.recv() => Event::Outgoing(outgoing),
+                _ = shutdown.wait_for(|stopping| *stopping) => Event::Shutdown,
+            };
+            match event {
+                Event::Inbound(Some(message)) => self.on_inbound(message).await,
+                Event::Inbound(None) => self.closed = true,
+                Event::Outgoing(Some(outgoing)) => {
+                    self.on_outgoing(outgoing).await;
+                    self.maybe_report_drained().await;
+                }
+                Event::Outgoing(None) => self.close(CLOSE_GOING_AWAY, "server stopping").await,
+                Event::Shutdown => self.close(CLOSE_GOING_AWAY, "server stopping").await,
+            }
+        }
+    }
+
+    /// After the connection: a session with subscriptions is held for resume.
+    fn finish(self) {
+        let stopping = *self.context.shutdown.borrow();
+        if self.session.table.is_empty() || stopping {
+            let _ = self.context.core.try_send(Command::DropSession { session: self.session.id });
+        } else {
+            self.context.registry.park(self.session);
+        }
+    }
+
+    async fn maybe_report_drained(&mut self) {
+        if self.session.outbox.is_empty() && self.session.shared.want_drain_notice.swap(false, Ordering::AcqRel) {
+            let _ = self.context.core.send(Command::Drained { session: self.session.id }).await;
+        }
+    }
+
+    async fn write(&mut self, opcode: OpCode) {
+        if self.closed {
+            return;
+        }
+        let frame = Frame::new(true, opcode, None, Payload::Borrowed(&self.frame));
+        match tokio::time::timeout(self.context.config.slow_close_after, self.writer.write_frame(frame)).await {
+            Ok(Ok(())) => {
+                metrics::add(&METRICS.frames_sent, 1);
+                metrics::add(&METRICS.bytes_sent, self.frame.len() as u64);
+            }
+            Ok(Err(_)) => self.closed = true,
+            Err(_) => {
+                // Nothing could be written for the whole deadline: the client stopped
+                // reading. The close frame cannot get through a full socket, so the
+                // connection is simply dropped; its session is kept for resume.
+                metrics::add(&METRICS.closed_slow, 1);
+                self.closed = true;
+            }
+        }
+    }
+
+    async fn close(&mut self, code: u16, reason: &str) {
+        if self.closed {
+            return;
+        }
+        let frame = Frame::close(code, reason.as_bytes());
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.writer.write_frame(frame)).await;
+        self.closed = true;
+    }
+
+    async fn send_json(&mut self, value: &serde_json::Value) {
+        self.frame.clear();
+        serde_json::to_writer(&mut self.frame, value).expect("JSON to a Vec");
+        self.write(OpCode::Text).await;
+    }
+
+    async fn send_error(&mut self, error: &ApiError, sub: Option<&str>) {
+        metrics::count_error(error.code);
+        self.frame.clear();
+        self.frame.extend_from_slice(b"{\"type\":\"error\",\"code\":\"");
+        self.frame.extend_from_slice(error.code.as_str().as_bytes());
+        self.frame.extend_from_slice(b"\",\"message\":");
+        write_json_str(&mut self.frame, &error.message);
+        if let Some(sub) = sub {
+            self.frame.extend_from_slice(b",\"sub\":");
+            write_json_str(&mut self.frame, sub);
+        }
+        self.frame.push(b'}');
+        self.write(OpCode::Text).await;
+    }
+
+    async fn on_outgoing(&mut self, outgoing: Outgoing) {
+        match outgoing {
+            Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset } => {
+                let cost = body.len() + FRAME_OVERHEAD_BYTES;
+                self.session.shared.queued_bytes.fetch_sub(cost, Ordering::AcqRel);
+                metrics::sub_queued(cost);
+                if epoch < self.session.shared.epoch.load(Ordering::Acquire) {
+                    // Dropped: the connection fell behind and a reset is due.
+                    return;
+                }
+                let Some(entry) = self.session.table.get_mut(handle) else { return };
+                if entry.awaiting_reset && !is_reset {
+                    return;
+                }
+                entry.awaiting_reset = false;
+                entry.seq += 1;
+                let seq = entry.seq;
+                entry.retain(seq, body.clone(), n_diffs);
+                self.frame.clear();
+                write_diffs_frame(&mut self.frame, &entry.client_id, seq, &body);
+                metrics::add(&METRICS.diffs_sent, n_diffs as u64);
+                self.write(OpCode::Text).await;
+            }
+            Outgoing::SubscribeFailed { handle, error } => {
+                if let Some(entry) = self.session.table.remove(handle) {
+                    self.session.by_client_id.remove(&entry.client_id);
+                    self.send_error(&error, Some(&entry.client_id)).await;
+                }
+            }
+            Outgoing::RequestFailed { handle, error } => {
+                let sub = self.session.table.get(handle).map(|entry| entry.client_id.clone());
+                self.send_error(&error, sub.as_deref()).await;
+            }
+            Outgoing::Unsubscribed { handle } => {
+                if let Some(entry) = self.session.table.remove(handle) {
+                    self.frame.clear();
+                    self.frame.extend_from_slice(b"{\"type\":\"unsubscribed\",\"sub\":");
+                    write_json_str(&mut self.frame, &entry.client_id);
+                    self.frame.push(b'}');
+                    self.write(OpCode::Text).await;
+                }
+            }
+            Outgoing::Wake => {}
+        }
+    }
+
+    async fn on_inbound(&mut self, inbound: Inbound) {
+        match inbound {
+            Inbound::Text(text) => {
+                if !self.bucket.try_take() {
+                    let error = ApiError::new(
+                        ErrorCode::RateLimited,
+                        format!(
+                            "more than {} messages per second; this one was ignored",
+                            self.context.config.messages_per_second
+                        ),
+                    );
+                    self.send_error(&error, None).await;
+                    return;
+                }
+                match serde_json::from_slice::<ClientMessage>(&text) {
+                    Ok(message) => self.on_message(message).await,
+                    Err(error) => self.send_error(&ApiError::from_json(&error), None).await,
+                }
+            }
+            Inbound::Binary => {
+                let error = ApiError::bad_request("binary frames are not part of the protocol; send JSON text");
+                self.send_error(&error, None).await;
+            }
+            Inbound::Reply(opcode, payload) => {
+                if !self.closed {
+                    let _ = self.writer.write_frame(Frame::new(true, opcode, None, Payload::Owned(payload))).await;
+                    if opcode == OpCode::Close {
+                        self.closed = true;
+                    }
+                }
+            }
+            Inbound::Closed => self.closed = true,
+            Inbound::Fatal(code, reason) => self.close(code, reason).await,
+        }
+    }
+
+    async fn on_message(&mut self, message: ClientMessage) {
+        let first = std::mem::replace(&mut self.may_resume, false);
+        let result = match message {
+            ClientMessage::Subscribe { sub, collection, filter, sort, offset, limit, fields, payload } => {
+                let spec =
+                    self.check_subscribe(&sub, &collection, &filter, &sort, offset, limit, fields.as_deref(), payload);
+                match spec {
+                    Ok((collection, spec)) => {
+                        self.start_subscription(sub, collection, spec, 0).await;
+                        Ok(())
+                    }
+                    Err(error) => Err((error, Some(sub))),
+                }
+            }
+            ClientMessage::SetRange { sub, offset, limit } => {
+                self.set_range(&sub, offset, limit).await.map_err(|e| (e, Some(sub)))
+            }
+            ClientMessage::SetView { sub, filter, sort } => {
+                self.set_view(&sub, &filter, &sort).await.map_err(|e| (e, Some(sub)))
+            }
+            ClientMessage::Unsubscribe { sub } => match self.session.by_client_id.remove(&sub) {
+                Some(handle) => {
+                    let command = Command::Unsubscribe { session: self.session.id, handle };
+                    let _ = self.context.core.send(command).await;
+                    Ok(())
+                }
+                None => Err((unknown_subscription(&sub), Some(sub))),
+            },
+            ClientMessage::Resume { session, subs } => {
+                if first {
+                    self.resume(&session, subs).await;
+                    Ok(())
+                } else {
+                    Err((ApiError::bad_request("`resume` must be the first message of a connection"), None))
+                }
+            }
+        };
+        if let Err((error, sub)) = result {
+            self.send_error(&error, sub.as_deref()).await;
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn check_subscribe(
+        &self,
+        sub: &str,
+        collection: &str,
+        filter: &serde_json::Value,
+        sort: &[wire::SortRequest],
+        offset: usize,
+        limit: usize,
+        fields: Option<&[String]>,
+        payload: bool,
+    ) -> Result<(Arc<crate::core::CollectionEntry>, WindowSpec), ApiError> {
+        wire::check_sub_id(sub)?;
+        if self.session.by_client_id.contains_key(sub) {
+            return Err(ApiError::new(
+                ErrorCode::SubscriptionExists,
+                format!("subscription `{sub}` exists on this connection; unsubscribe first or pick another id"),
+            ));
+        }
+        if self.session.table.len() >= limits::MAX_SUBSCRIPTIONS_PER_CONNECTION {
+            return Err(ApiError::limit(format!(
+                "a connection holds at most {} subscriptions",
+                limits::MAX_SUBSCRIPTIONS_PER_CONNECTION
+            )));
+        }
+        let entry = self.context.routes.read().expect("routes lock").get(collection).cloned();
+        let entry = entry.ok_or_else(|| ApiError::unknown_collection(collection))?;
+        let spec = wire::window_spec(&entry.schema, filter, sort, offset, limit, fields, payload)?;
+        Ok((entry, spec))
+    }
+
+    /// Registers the subscription here, then asks the writer thread for its window;
+    /// its first frame (a Reset) gets `seq = first_seq + 1`.
+    async fn start_subscription(
+        &mut self,
+        client_id: String,
+        collection: Arc<crate::core::CollectionEntry>,
+        spec: WindowSpec,
+        first_seq: u64,
+    ) {
+        let handle = self.session.next_handle;
+        self.session.next_handle += 1;
+        let entry = SubEntry {
+            client_id: client_id.clone(),
+            collection: collection.clone(),
+            spec: spec.clone(),
+            seq: first_seq,
+            retained: VecDeque::new(),
+            retained_bytes: 0,
+            awaiting_reset: false,
+        };
+        self.session.table.insert(handle, entry).expect("handles increase");
+        self.session.by_client_id.insert(client_id, handle);
+        let command = Command::Subscribe { session: self.session.id, handle, collection: collection.id, spec };
+        let _ = self.context.core.send(command).await;
+    }
+
+    fn handle_of(&self, sub: &str) -> Result<SubHandle, ApiError> {
+        self.session.by_client_id.get(sub).copied().ok_or_else(|| unknown_subscription(sub))
+    }
+
+    async fn set_range(&mut self, sub: &str, offset: usize, limit: usize) -> Result<(), ApiError> {
+        let handle = self.handle_of(sub)?;
+        wire::check_range(offset, limit)?;
+        let entry = self.session.table.get_mut(handle).expect("mapped handles are live");
+        (entry.spec.offset, entry.spec.limit) = (offset, limit);
+        let command = Command::SetRange { session: self.session.id, handle, offset, limit };
+        let _ = self.context.core.send(command).await;
+        Ok(())
+    }
+
+    async fn set_view(
+        &mut self,
+        sub: &str,
+        filter: &serde_json::Value,
+        sort: &[wire::SortRequest],
+    ) -> Result<(), ApiError> {
+        let handle = self.handle_of(sub)?;
+        let entry = self.session.table.get_mut(handle).expect("mapped handles are live");
+        let def = wire::view_def(&entry.collection.schema, filter, sort)?;
+        entry.spec.def = def.clone();
+        let command = Command::SetView { session: self.session.id, handle, def };
+        let _ = self.context.core.send(command).await;
+        Ok(())
+    }
+
+    async fn resume(&mut self, token: &str, entries: Vec<wire::ResumeEntry>) {
+        let mut outcomes: Vec<serde_json::Value> = Vec::with_capacity(entries.len());
+        let mut replays: Vec<SubHandle> = Vec::new();
+        if let Some(old) = self.context.registry.take(token) {
+            // Adopt the old session: its queue, table and retained frames.
+            let fresh = std::mem::replace(&mut self.session, old);
+            let _ = self.context.core.send(Command::DropSession { session: fresh.id }).await;
+        }
+        let mut listed: Vec<SubHandle> = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let checked = self.check_resume_entry(&entry);
+            let (collection, spec) = match checked {
+                Ok(checked) => checked,
+                Err(error) => {
+                    metrics::count_error(error.code);
+                    outcomes.push(serde_json::json!({"sub": entry.sub, "error": {"code": error.code.as_str(), "message": error.message}}));
+                    continue;
+                }
+            };
+            let existing = self.session.by_client_id.get(&entry.sub).copied();
+            let same = existing.and_then(|handle| {
+                let sub = self.session.table.get(handle)?;
+                (sub.collection.id == collection.id
+                    && share_key(collection.id, &sub.spec) == share_key(collection.id, &spec))
+                .then_some(handle)
+            });
+            match same {
+                Some(handle) => {
+                    listed.push(handle);
+                    let sub = self.session.table.get_mut(handle).expect("live");
+                    let oldest = sub.retained.front().map_or(sub.seq + 1, |(seq, _, _)| *seq);
+                    if entry.last_seq <= sub.seq && entry.last_seq + 1 >= oldest {
+                        let n = sub.seq - entry.last_seq;
+                        metrics::add(&METRICS.resume_replayed, 1);
+                        outcomes.push(serde_json::json!({"sub": entry.sub, "replayed": n}));
+                        replays.push(handle);
+                        sub.awaiting_reset = false;
+                        // Remember where to replay from in `seq` until the frames go out.
+                        sub.retained.retain(|(seq, _, _)| *seq > entry.last_seq);
+                    } else {
+                        metrics::add(&METRICS.resume_reset, 1);
+                        outcomes.push(serde_json::json!({"sub": entry.sub, "reset": true}));
+                        sub.awaiting_reset = true;
+                        sub.seq = entry.last_seq;
+                        let _ = self.context.core.send(Command::Resync { session: self.session.id, handle }).await;
+                    }
+                }
+                None => {
+                    if let Some(handle) = existing {
+                        // Same id, another definition: the old one goes.
+                        self.forget(handle).await;
+                    }
+                    metrics::add(&METRICS.resume_reset, 1);
+                    outcomes.push(serde_json::json!({"sub": entry.sub, "reset": true}));
+                    self.start_subscription(entry.sub.clone(), collection, spec, entry.last_seq).await;
+                    listed.push(self.session.next_handle - 1);
+                }
+            }
+        }
+        // Subscriptions of the old session that the client did not list are closed.
+        let unlisted: Vec<SubHandle> =
+            self.session.table.iter().map(|(handle, _)| handle).filter(|handle| !listed.contains(handle)).collect();
+        for handle in unlisted {
+            self.forget(handle).await;
+        }
+        let answer = serde_json::json!({"type": "resumed", "session": self.session.token, "subs": outcomes});
+        self.send_json(&answer).await;
+        for handle in replays {
+            let Some(sub) = self.session.table.get(handle) else { continue };
+            let frames: Vec<(u64, Bytes, u32)> = sub.retained.iter().cloned().collect();
+            let client_id = sub.client_id.clone();
+            for (seq, body, n_diffs) in frames {
+                self.frame.clear();
+                write_diffs_frame(&mut self.frame, &client_id, seq, &body);
+                metrics::add(&METRICS.diffs_sent, n_diffs as u64);
+                self.write(OpCode::Text).await;
+            }
+        }
+    }
+
+    /// Closes a subscription without telling the client (it did not ask for it).
+    async fn forget(&mut self, handle: SubHandle) {
+        if let Some(entry) = self.session.table.remove(handle) {
+            self.session.by_client_id.remove(&entry.client_id);
+        }
+        let _ = self.context.core.send(Command::Unsubscribe { session: self.session.id, handle }).await;
+    }
+
+    fn check_resume_entry(
+        &self,
+        entry: &wire::ResumeEntry,
+    ) -> Result<(Arc<crate::core::CollectionEntry>, WindowSpec), ApiError> {
+        wire::check_sub_id(&entry.sub)?;
+        let collection = self.context.routes.read().expect("routes lock").get(&entry.collection).cloned();
+        let collection = collection.ok_or_else(|| ApiError::unknown_collection(&entry.collection))?;
+        let spec = wire::window_spec(
+            &collection.schema,
+            &entry.filter,
+            &entry.sort,
+            entry.offset,
+            entry.limit,
+            entry.fields.as_deref(),
+            entry.payload,
+        )?;
+        Ok((collection, spec))
+    }
+}
+
+fn unknown_subscription(sub: &str) -> ApiError {
+    ApiError::new(ErrorCode::UnknownSubscription, format!("no subscription `{sub}` on this connection"))
+}

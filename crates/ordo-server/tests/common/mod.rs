@@ -1,0 +1,272 @@
+//! A real `ordo serve` on loopback, a tiny HTTP client and a WebSocket client
+//! that applies diff frames to a local list, checking `seq` on every frame.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio::net::TcpStream as AsyncTcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+pub struct Server {
+    child: Child,
+    pub port: u16,
+    pub dir: PathBuf,
+}
+
+impl Server {
+    pub fn start(dir: &Path, extra_args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ordo"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir)
+            .args(extra_args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting ordo");
+        let stdout = child.stdout.take().expect("piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let port = loop {
+            let line = lines.next().expect("ordo printed its address").expect("stdout");
+            if let Some(rest) = line.split("listening on http://127.0.0.1:").nth(1) {
+                break rest.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap();
+            }
+        };
+        // Keep draining stdout so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Server { child, port, dir: dir.to_owned() }
+    }
+
+    /// SIGINT, then wait: the graceful path.
+    pub fn stop(mut self) {
+        // SAFETY: `kill` with a pid we own and a valid signal number.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let status = self.child.wait().expect("waiting for ordo");
+        assert!(status.success(), "ordo exited with {status}");
+    }
+
+    pub fn http(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let body = body.map(|body| body.to_string());
+        let (status, bytes) = self.http_raw(method, path, body.as_deref().map(str::as_bytes));
+        let value = serde_json::from_slice(&bytes).unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()));
+        (status, value)
+    }
+
+    pub fn http_raw(&self, method: &str, path: &str, body: Option<&[u8]>) -> (u16, Vec<u8>) {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        let body = body.unwrap_or(b"");
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).unwrap();
+        // The server may answer (413) before reading a huge body: ignore a broken pipe.
+        let _ = stream.write_all(body);
+        let mut response = Vec::new();
+        let _ = stream.read_to_end(&mut response);
+        let text_end = response.windows(4).position(|w| w == b"\r\n\r\n").expect("a full response head");
+        let head = std::str::from_utf8(&response[..text_end]).unwrap();
+        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+        let mut body = response[text_end + 4..].to_vec();
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+            body = dechunk(&body);
+        }
+        (status, body)
+    }
+
+    pub fn ok(&self, method: &str, path: &str, body: Value) -> Value {
+        let (status, answer) = self.http(method, path, Some(&body));
+        assert!((200..300).contains(&status), "{method} {path} {body}: {status} {answer}");
+        answer
+    }
+
+    pub fn metric(&self, name: &str) -> f64 {
+        let (_, text) = self.http_raw("GET", "/metrics", None);
+        let text = String::from_utf8(text).unwrap();
+        text.lines()
+            .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("metric {name} missing"))
+            .parse()
+            .unwrap()
+    }
+
+    pub async fn connect(&self) -> Client {
+        let url = format!("ws://127.0.0.1:{}/v1/ws", self.port);
+        let (socket, _) = tokio_tungstenite::connect_async(url).await.expect("WebSocket connect");
+        let mut client = Client { socket, session: String::new(), lists: Default::default(), frames: Vec::new() };
+        let welcome = client.next_json(Duration::from_secs(5)).await.expect("welcome");
+        assert_eq!(welcome["type"], "welcome", "{welcome}");
+        assert_eq!(welcome["protocol"], 1);
+        client.session = welcome["session"].as_str().unwrap().to_owned();
+        client
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn dechunk(mut body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = body.windows(2).position(|w| w == b"\r\n").unwrap();
+        let size = usize::from_str_radix(std::str::from_utf8(&body[..line_end]).unwrap().trim(), 16).unwrap();
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&body[line_end + 2..line_end + 2 + size]);
+        body = &body[line_end + 4 + size..];
+    }
+}
+
+/// A subscription's local copy: what a client application would hold.
+#[derive(Default, Debug, Clone)]
+pub struct LocalList {
+    pub items: Vec<Value>,
+    pub seq: u64,
+    pub n_resets: usize,
+}
+
+pub struct Client {
+    pub socket: WebSocketStream<MaybeTlsStream<AsyncTcpStream>>,
+    pub session: String,
+    pub lists: std::collections::BTreeMap<String, LocalList>,
+    /// Every non-diff frame received (errors, unsubscribed, resumed), in order.
+    pub frames: Vec<Value>,
+}
+
+impl Client {
+    pub async fn send(&mut self, message: Value) {
+        self.socket.send(Message::text(message.to_string())).await.expect("send");
+    }
+
+    pub async fn send_raw(&mut self, message: Message) {
+        let _ = self.socket.send(message).await;
+    }
+
+    /// The next frame as JSON (diff frames are applied and also returned).
+    pub async fn next_json(&mut self, timeout: Duration) -> Option<Value> {
+        loop {
+            let message = tokio::time::timeout(timeout, self.socket.next()).await.ok()??.ok()?;
+            let text = match message {
+                Message::Text(text) => text,
+                Message::Close(frame) => {
+                    return Some(json!({"type": "close", "code": frame.map(|f| u16::from(f.code))}))
+                }
+                _ => continue,
+            };
+            let value: Value = serde_json::from_str(&text).expect("server frames are JSON");
+            if value["type"] == "diffs" {
+                self.apply(&value);
+            } else {
+                self.frames.push(value.clone());
+            }
+            return Some(value);
+        }
+    }
+
+    /// Applies one diff frame to its subscription's list, as a client library does.
+    pub fn apply(&mut self, frame: &Value) {
+        let sub = frame["sub"].as_str().unwrap().to_owned();
+        let list = self.lists.entry(sub.clone()).or_default();
+        let seq = frame["seq"].as_u64().unwrap();
+        assert_eq!(seq, list.seq + 1, "subscription {sub}: seq {seq} after {}", list.seq);
+        list.seq = seq;
+        for diff in frame["diffs"].as_array().unwrap() {
+            let (kind, body) = diff.as_object().unwrap().iter().next().unwrap();
+            let items = &mut list.items;
+            let index = || body["index"].as_u64().unwrap() as usize;
+            match kind.as_str() {
+                "Append" => items.extend(body["values"].as_array().unwrap().iter().cloned()),
+                "Clear" => items.clear(),
+                "PushFront" => items.insert(0, body["value"].clone()),
+                "PushBack" => items.push(body["value"].clone()),
+                "PopFront" => {
+                    items.remove(0);
+                }
+                "PopBack" => {
+                    items.pop().expect("PopBack on an empty list");
+                }
+                "Insert" => items.insert(index(), body["value"].clone()),
+                "Set" => items[index()] = body["value"].clone(),
+                "Remove" => {
+                    items.remove(index());
+                }
+                "Truncate" => {
+                    let length = body["length"].as_u64().unwrap() as usize;
+                    assert!(length <= items.len());
+                    items.truncate(length);
+                }
+                "Reset" => {
+                    *items = body["values"].as_array().unwrap().clone();
+                    list.n_resets += 1;
+                }
+                other => panic!("unknown diff {other}"),
+            }
+        }
+    }
+
+    /// Reads frames until `until` holds or `timeout` passes; returns whether it held.
+    pub async fn read_until(&mut self, timeout: Duration, mut until: impl FnMut(&Client) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        while !until(self) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.next_json(left).await.is_none() {
+                return until(self);
+            }
+        }
+        true
+    }
+
+    /// Waits for an error frame and returns it.
+    pub async fn expect_error(&mut self) -> Value {
+        let n_before = self.frames.len();
+        let found = self
+            .read_until(Duration::from_secs(5), |client| {
+                client.frames[n_before..].iter().any(|frame| frame["type"] == "error")
+            })
+            .await;
+        assert!(found, "no error frame came; frames: {:?}", &self.frames[n_before..]);
+        self.frames[n_before..].iter().find(|frame| frame["type"] == "error").unwrap().clone()
+    }
+}
+
+pub fn room_schema() -> Value {
+    json!({"fields": [
+        {"name": "name", "type": "string"},
+        {"name": "recency", "type": "u64"},
+        {"name": "unread", "type": "u64"},
+        {"name": "dm", "type": "bool"},
+        {"name": "score", "type": "f64"},
+    ]})
+}
+
+/// A deterministic generator (xorshift64*), so a failing seed can be replayed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
