@@ -207,16 +207,30 @@ async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response
             let body = read_body(request).await?;
             let multi: MultiBatchRequest = parse(&body)?;
             check_op_count(multi.writes.iter().map(|write| write.ops.len()).sum())?;
+            // A part refused here (unknown collection, a value of the wrong type) fails
+            // alone, as a part refused by the engine would; the others are written.
+            let mut results: Vec<Result<ordo_store::Ack, ApiError>> = Vec::with_capacity(multi.writes.len());
             let mut batches = Vec::with_capacity(multi.writes.len());
             for (index, part) in multi.writes.iter().enumerate() {
-                let entry = collection(state, &part.collection)
-                    .map_err(|error| ApiError { message: format!("write {index}: {}", error.message), ..error })?;
-                let mut batch = Batch::new();
-                wire::fill_batch(&mut batch, &entry.schema, &part.ops, 0)
-                    .map_err(|error| ApiError { message: format!("write {index}: {}", error.message), ..error })?;
-                batches.push((entry.id, batch));
+                let prepared = collection(state, &part.collection).and_then(|entry| {
+                    let mut batch = Batch::new();
+                    wire::fill_batch(&mut batch, &entry.schema, &part.ops, 0)?;
+                    Ok((entry.id, batch))
+                });
+                match prepared {
+                    Ok(prepared) => {
+                        batches.push(prepared);
+                        results.push(Ok(ordo_store::Ack { seq: 0, summary: Default::default() }));
+                    }
+                    Err(error) => {
+                        results.push(Err(ApiError { message: format!("write {index}: {}", error.message), ..error }))
+                    }
+                }
             }
-            let results = write(state, batches).await?;
+            let mut written = write(state, batches).await?.into_iter();
+            for result in results.iter_mut().filter(|result| result.is_ok()) {
+                *result = written.next().expect("one result per part written");
+            }
             let all_ok = results.iter().all(Result::is_ok);
             let list: Vec<serde_json::Value> = results
                 .iter()

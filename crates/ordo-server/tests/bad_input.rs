@@ -1,0 +1,303 @@
+//! Every limit and every kind of malformed input gets its documented error (or
+//! close code), changes nothing, and leaves other connections and the data alone.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{room_schema, Server};
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::Message;
+
+fn code(answer: &Value) -> &str {
+    answer["error"]["code"].as_str().unwrap_or_else(|| panic!("not an error: {answer}"))
+}
+
+#[test]
+fn http_refuses_bad_input_with_its_documented_code_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    server.ok("PUT", "/v1/collections/rooms", room_schema());
+    let ok = server.ok(
+        "POST",
+        "/v1/collections/rooms/batch",
+        json!({"ops": [{"op": "upsert", "id": "!a", "fields": {"recency": 1}}]}),
+    );
+    assert_eq!(ok["seq"], 1);
+
+    let cases: Vec<(&str, &str, Option<Value>, u16, &str)> = vec![
+        (
+            "PUT",
+            "/v1/collections/ROOMS",
+            Some(json!({"fields": [{"name": "x", "type": "u64"}]})),
+            409,
+            "collection_exists",
+        ),
+        (
+            "PUT",
+            "/v1/collections/other",
+            Some(json!({"fields": [{"name": "x", "type": "u32"}]})),
+            400,
+            "invalid_schema",
+        ),
+        (
+            "PUT",
+            "/v1/collections/other",
+            Some(json!({"fields": [{"name": "x", "type": "u64"}, {"name": "x", "type": "u64"}]})),
+            400,
+            "invalid_schema",
+        ),
+        ("PUT", "/v1/collections/other", Some(json!({"fieldz": []})), 400, "bad_request"),
+        ("POST", "/v1/collections/nope/batch", Some(json!({"ops": []})), 404, "unknown_collection"),
+        ("POST", "/v1/collections/rooms/batch", Some(json!({"ops": [{"op": "frob", "id": "!a"}]})), 400, "bad_request"),
+        (
+            "POST",
+            "/v1/collections/rooms/batch",
+            Some(json!({"ops": [{"op": "upsert", "id": "!a", "fields": {"recency": "soon"}}]})),
+            422,
+            "invalid_batch",
+        ),
+        (
+            "POST",
+            "/v1/collections/rooms/batch",
+            Some(json!({"ops": [{"op": "upsert", "id": "!a", "fields": {"recency": -1}}]})),
+            422,
+            "invalid_batch",
+        ),
+        (
+            "POST",
+            "/v1/collections/rooms/batch",
+            Some(json!({"ops": [{"op": "upsert", "id": "!a", "fields": {"nope": 1}}]})),
+            422,
+            "invalid_batch",
+        ),
+        (
+            "POST",
+            "/v1/collections/rooms/batch",
+            Some(json!({"ops": [{"op": "upsert", "id": "x".repeat(256)}]})),
+            422,
+            "invalid_batch",
+        ),
+        (
+            "POST",
+            "/v1/collections/rooms/batch",
+            Some(json!({"ops": [{"op": "upsert", "id": ""}]})),
+            422,
+            "invalid_batch",
+        ),
+        (
+            "POST",
+            "/v1/collections/rooms/batch",
+            Some(json!({"ops": [{"op": "remove", "id": "!a", "fields": {}}]})),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/v1/collections/rooms/batch",
+            Some(json!({"ops": [{"op": "upsert", "id": "!b"}], "extra": 1})),
+            400,
+            "bad_request",
+        ),
+        ("POST", "/v1/collections/rooms/query", Some(json!({"limit": 1001})), 400, "limit_exceeded"),
+        (
+            "POST",
+            "/v1/collections/rooms/query",
+            Some(json!({"limit": 5, "sort": [{"field": "nope"}]})),
+            400,
+            "invalid_view",
+        ),
+        (
+            "POST",
+            "/v1/collections/rooms/query",
+            Some(json!({"limit": 5, "filter": {"field": "recency", "op": "eq", "value": "x"}})),
+            400,
+            "invalid_view",
+        ),
+        (
+            "POST",
+            "/v1/collections/rooms/query",
+            Some(json!({"limit": 5, "filter": {"field": "name", "contains": "n".repeat(257)}})),
+            400,
+            "limit_exceeded",
+        ),
+        (
+            "POST",
+            "/v1/collections/rooms/query",
+            Some(json!({"limit": 5, "filter": {"field": "name", "op": "between", "value": 1}})),
+            400,
+            "invalid_view",
+        ),
+        ("POST", "/v1/collections/rooms/query", Some(json!({"limit": 5, "fields": ["nope"]})), 400, "invalid_view"),
+        ("GET", "/v1/collections/rooms/items/%21zzz", None, 404, "not_found"),
+        ("GET", "/v1/nothing-here", None, 404, "not_found"),
+        ("PATCH", "/v1/collections/rooms", None, 405, "bad_request"),
+    ];
+    for (method, path, body, status, expected) in cases {
+        let (got_status, answer) = server.http(method, path, body.as_ref());
+        assert_eq!((got_status, code(&answer)), (status, expected), "{method} {path} {body:?}: {answer}");
+        assert!(!answer["error"]["message"].as_str().unwrap().is_empty());
+    }
+    // A filter nested past the limit.
+    let mut deep = json!({"field": "dm", "op": "eq", "value": true});
+    for _ in 0..20 {
+        deep = json!({"not": deep});
+    }
+    let (status, answer) =
+        server.http("POST", "/v1/collections/rooms/query", Some(&json!({"limit": 5, "filter": deep})));
+    assert_eq!((status, code(&answer)), (400, "limit_exceeded"), "{answer}");
+    // Not JSON at all, and a body past 16 MiB.
+    let (status, body) = server.http_raw("POST", "/v1/collections/rooms/batch", Some(b"{\"ops\": [tru"));
+    assert_eq!(status, 400);
+    assert_eq!(code(&serde_json::from_slice(&body).unwrap()), "bad_json");
+    let huge = vec![b' '; 16 * 1024 * 1024 + 1];
+    let (status, body) = server.http_raw("POST", "/v1/collections/rooms/batch", Some(&huge));
+    assert_eq!(status, 413);
+    assert_eq!(code(&serde_json::from_slice(&body).unwrap()), "limit_exceeded");
+    // Too many ops in one request.
+    let ops: Vec<Value> = (0..10_001).map(|n| json!({"op": "remove", "id": format!("!{n}")})).collect();
+    let (status, answer) = server.http("POST", "/v1/collections/rooms/batch", Some(&json!({"ops": ops})));
+    assert_eq!((status, code(&answer)), (400, "limit_exceeded"));
+    // A multi-collection write with one bad part: the good part is written.
+    let (status, answer) = server.http(
+        "POST",
+        "/v1/batch",
+        Some(&json!({"writes": [
+            {"collection": "rooms", "ops": [{"op": "upsert", "id": "!c", "fields": {"recency": 3}}]},
+            {"collection": "rooms", "ops": [{"op": "upsert", "id": "!d", "fields": {"score": "high"}}]},
+        ]})),
+    );
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(answer["results"][0]["seq"], 2, "{answer}");
+    assert_eq!(answer["results"][1]["error"]["code"], "invalid_batch", "{answer}");
+
+    // Nothing refused left a trace: only the two good batches were written.
+    let health = server.ok("GET", "/v1/health", Value::Null);
+    assert_eq!((health["last_seq"].as_u64(), health["items"].as_u64()), (Some(2), Some(2)), "{health}");
+    let all = server.ok("POST", "/v1/collections/rooms/query", json!({"limit": 10}));
+    let ids: Vec<&str> = all["items"].as_array().unwrap().iter().map(|item| item["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["!a", "!c"]);
+    assert!(server.metric("ordo_errors_total{code=\"invalid_batch\"}") >= 6.0);
+    server.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_refuses_bad_messages_with_error_frames_and_keeps_the_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--ws-messages-per-second", "1000"]);
+    server.ok("PUT", "/v1/collections/rooms", room_schema());
+    server.ok(
+        "POST",
+        "/v1/collections/rooms/batch",
+        json!({"ops": [{"op": "upsert", "id": "!a", "fields": {"recency": 1}}]}),
+    );
+    let mut bystander = server.connect().await;
+    let watched = json!({"op": "subscribe", "sub": "w", "collection": "rooms", "limit": 5});
+    bystander.send(watched).await;
+
+    let mut client = server.connect().await;
+    let good = |sub: &str| json!({"op": "subscribe", "sub": sub, "collection": "rooms", "limit": 5});
+    let cases: Vec<(Message, &str)> = vec![
+        (Message::text("{\"op\": \"subscribe\", "), "bad_json"),
+        (Message::text("[1, 2]"), "bad_request"),
+        (Message::text(json!({"op": "frobnicate"}).to_string()), "bad_request"),
+        (
+            Message::text(json!({"op": "subscribe", "sub": "a", "collection": "rooms", "limit": "ten"}).to_string()),
+            "bad_request",
+        ),
+        (
+            Message::text(
+                json!({"op": "subscribe", "sub": "a", "collection": "rooms", "limit": 5, "colour": 1}).to_string(),
+            ),
+            "bad_request",
+        ),
+        (
+            Message::text(json!({"op": "subscribe", "sub": "a", "collection": "nope", "limit": 5}).to_string()),
+            "unknown_collection",
+        ),
+        (
+            Message::text(json!({"op": "subscribe", "sub": "a", "collection": "rooms", "limit": 1001}).to_string()),
+            "limit_exceeded",
+        ),
+        (
+            Message::text(
+                json!({"op": "subscribe", "sub": "s".repeat(65), "collection": "rooms", "limit": 5}).to_string(),
+            ),
+            "limit_exceeded",
+        ),
+        (
+            Message::text(
+                json!({"op": "subscribe", "sub": "a", "collection": "rooms", "limit": 5, "sort": [{"field": "nope"}]})
+                    .to_string(),
+            ),
+            "invalid_view",
+        ),
+        (Message::text(json!({"op": "set_range", "sub": "ghost", "limit": 5}).to_string()), "unknown_subscription"),
+        (Message::text(json!({"op": "unsubscribe", "sub": "ghost"}).to_string()), "unknown_subscription"),
+        (Message::text(json!({"op": "resume", "session": "x", "subs": []}).to_string()), "bad_request"),
+        (Message::binary(vec![1u8, 2, 3]), "bad_request"),
+    ];
+    for (message, expected) in cases {
+        let shown = format!("{message:?}");
+        client.send_raw(message).await;
+        let error = client.expect_error().await;
+        assert_eq!(error["code"], expected, "{shown}: {error}");
+        assert!(!error["message"].as_str().unwrap().is_empty());
+    }
+    // The connection still works, and ids are unique per connection.
+    client.send(good("a")).await;
+    assert!(client.read_until(Duration::from_secs(5), |c| c.lists.contains_key("a")).await);
+    client.send(good("a")).await;
+    assert_eq!(client.expect_error().await["code"], "subscription_exists");
+    for n in 1..128 {
+        client.send(good(&format!("more{n}"))).await;
+    }
+    assert!(client.read_until(Duration::from_secs(10), |c| c.lists.len() == 128).await, "128 subscriptions");
+    client.send(good("one-too-many")).await;
+    assert_eq!(client.expect_error().await["code"], "limit_exceeded");
+    let window = json!({"op": "set_range", "sub": "a", "offset": 0, "limit": 5000});
+    client.send(window).await;
+    assert_eq!(client.expect_error().await["code"], "limit_exceeded");
+
+    // The bystander saw none of it and still gets its updates.
+    server.ok(
+        "POST",
+        "/v1/collections/rooms/batch",
+        json!({"ops": [{"op": "upsert", "id": "!b", "fields": {"recency": 2}}]}),
+    );
+    assert!(
+        bystander.read_until(Duration::from_secs(5), |c| c.lists.get("w").is_some_and(|l| l.items.len() == 2)).await
+    );
+    assert!(bystander.frames.iter().all(|frame| frame["type"] == "welcome"), "{:?}", bystander.frames);
+    server.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_limits_rate_and_closes_on_a_huge_frame() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    server.ok("PUT", "/v1/collections/rooms", room_schema());
+    // 300 messages at once: the burst of 200 passes, the rest are refused.
+    let mut client = server.connect().await;
+    for _ in 0..300 {
+        client.send(json!({"op": "unsubscribe", "sub": "ghost"})).await;
+    }
+    let done = client.read_until(Duration::from_secs(10), |c| c.frames.len() >= 300).await;
+    assert!(done, "every message gets an answer");
+    let n_limited = client.frames.iter().filter(|frame| frame["code"] == "rate_limited").count();
+    assert!((50..=110).contains(&n_limited), "{n_limited} rate-limited");
+
+    // A frame over 64 KiB closes the connection with 1009; others are untouched.
+    let mut other = server.connect().await;
+    let mut big = server.connect().await;
+    big.send_raw(Message::text("x".repeat(64 * 1024 + 1))).await;
+    let close = big.next_json(Duration::from_secs(5)).await.expect("a close frame");
+    assert_eq!(close, json!({"type": "close", "code": 1009}));
+    // Exactly 64 KiB is allowed (and, not being JSON, refused as such).
+    let mut edge = server.connect().await;
+    edge.send_raw(Message::text(format!("\"{}\"", "x".repeat(64 * 1024 - 2)))).await;
+    assert_eq!(edge.expect_error().await["code"], "bad_request");
+    other.send(json!({"op": "subscribe", "sub": "a", "collection": "rooms", "limit": 5})).await;
+    assert!(other.read_until(Duration::from_secs(5), |c| c.lists.contains_key("a")).await);
+    server.stop();
+}
