@@ -3,11 +3,16 @@
 
 CARGO ?= cargo
 
-.PHONY: run test bench bench-store lint fmt model-long crash-long
+.PHONY: run test bench bench-quick bench-store loadgen server-micro lint fmt model-long crash-long
 
-# The main job, until the server exists: the benchmark's quick comparison table
-# (Ordo against eyeball-im-util and the naive baselines, measured in one run).
+# The main job: the server, on http://127.0.0.1:7070 with its data in ./ordo-data
+# (`ARGS="--listen 0.0.0.0:8080 --data-dir /var/lib/ordo"` to change them).
 run:
+	$(CARGO) run --release -p ordo-server --bin ordo -- serve $(ARGS)
+
+# The engine benchmark's quick comparison table (Ordo against eyeball-im-util and
+# the naive baselines, measured in one run).
+bench-quick:
 	$(CARGO) run --release -p ordo-bench -- --quick
 
 # Every test of the workspace, with every feature (the eyeball conversions included).
@@ -22,6 +27,16 @@ bench:
 # reopened (each run a fresh process) until the room-list window is ready.
 bench-store:
 	$(CARGO) run --release -p ordo-bench --bin store-bench -- $(ARGS)
+
+# The server under load on loopback: chat (1 000 lists, 1 000 subscribers, 20 000
+# updates/s) and leaderboard (1 000 subscribers on one window). `ARGS=--quick` for a short run.
+loadgen:
+	$(CARGO) build --release -p ordo-server --bin ordo
+	$(CARGO) run --release -p ordo-bench --bin loadgen -- $(ARGS)
+
+# The seed techniques of the server against their obvious alternatives.
+server-micro:
+	$(CARGO) run --release -p ordo-bench --bin server-micro -- $(ARGS)
 
 lint:
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings

@@ -46,7 +46,7 @@ pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
         if escape == 0 {
             continue;
         }
-        out.extend_from_slice(&bytes[run_start..index.saturating_sub(1)]);
+        out.extend_from_slice(&bytes[run_start..index]);
         if escape == b'u' {
             let high = HEX_DIGITS[usize::from(byte >> 4)];
             let low = HEX_DIGITS[usize::from(byte & 0xf)];

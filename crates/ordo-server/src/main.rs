@@ -12,6 +12,7 @@ static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 const USAGE: &str = "\
 usage: ordo serve [options]
+       ordo load-demo [--url 127.0.0.1:7070] [--rooms 10000]
 
 Starts the Ordo server: an HTTP API and WebSocket subscriptions (docs/PROTOCOL.md)
 over an embedded LMDB data directory, which is created if missing and reloaded at start.
@@ -26,12 +27,21 @@ options:
   --ws-messages-per-second N    per WebSocket connection (default 100, burst 200)
   --http-requests-per-second N  per HTTP connection (default 5000, burst 10000)
   --network-threads N           threads for sockets and JSON (default 1; the writer has its own)
+
+`ordo load-demo` fills a running server with a chat room list (collection `rooms`).
 ";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("serve") => match parse_serve(&args[1..]).and_then(serve) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(message) => {
+                eprintln!("ordo: {message}");
+                ExitCode::FAILURE
+            }
+        },
+        Some("load-demo") => match parse_load_demo(&args[1..]) {
             Ok(()) => ExitCode::SUCCESS,
             Err(message) => {
                 eprintln!("ordo: {message}");
@@ -82,4 +92,19 @@ fn parse_serve(args: &[String]) -> Result<ServeOptions, String> {
 
 fn number<T: std::str::FromStr>(flag: &str, text: &str) -> Result<T, String> {
     text.parse().map_err(|_| format!("{flag} takes a number, not `{text}`"))
+}
+
+fn parse_load_demo(args: &[String]) -> Result<(), String> {
+    let mut address = "127.0.0.1:7070".to_owned();
+    let mut n_rooms = 10_000;
+    let mut args = args.iter();
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--url" => address = value()?.trim_start_matches("http://").trim_end_matches('/').to_owned(),
+            "--rooms" => n_rooms = number(flag, value()?)?,
+            other => return Err(format!("unknown option `{other}`\n\n{USAGE}")),
+        }
+    }
+    ordo_server::demo_data::load_demo(&address, n_rooms)
 }

@@ -9,22 +9,29 @@
 //! is O(1) since the ring buffer's front just moves; removing elsewhere shifts
 //! the shorter side, at most `len / 2` entries.
 //!
-//! Unlike `StreamMap`, a lookup always binary-searches: no linear scan beats
-//! std's branchless binary search at any size, measured with
-//! `server-micro` (section d; release, x86-64, random present keys, keys
-//! wrapped around the ring buffer). Against the fastest scan (counting the
-//! keys below the one sought, without branches, which the compiler
-//! vectorises) binary search takes 1.9 ns against 3.9 ns at 2 keys, 5.3 against
-//! 9.8 at 16, 9.3 against 55.7 at 128; a scan that stops at the first match
-//! is slower still (its exit branch is mispredicted on random keys). With many
-//! tables out of cache the two were level within noise. Re-run the sweep
-//! before adding a scan for small tables.
+//! Like `StreamMap`, a lookup scans a small table and binary-searches a
+//! large one; see [`LINEAR_SCAN_MAX_LEN`] for where the two meet.
 //!
 //! The table puts no limit on its length: the server refuses a subscription
 //! past its per-connection limit before it gets here.
 
 use std::collections::VecDeque;
 use std::fmt;
+
+/// Tables of 2 up to this many entries are searched by a linear scan, others
+/// by binary search.
+///
+/// Measured with `server-micro` (section d: release build, x86-64 AMD EPYC
+/// VM, random present keys wrapped around the ring buffer, three runs): the
+/// scan that counts the keys below the one sought, without branching (the
+/// compiler vectorises it), takes 0.5–0.8× the time of std's binary search at
+/// 2–4 keys (about 3 ns against 5–6 ns), the two are level at 6–12 keys, and
+/// binary search wins from 16 keys on (1.2–1.3× at 16, 2–3.5× at 128). A
+/// single key is one comparison for binary search, cheaper than setting up
+/// the scan. A scan that stops at the first match, as `StreamMap` does, loses
+/// to binary search from 3 keys on: its exit branch is mispredicted. The
+/// differences are a few nanoseconds either way.
+pub const LINEAR_SCAN_MAX_LEN: usize = 8;
 
 /// A subscription table: values keyed by `u32` handles inserted in
 /// increasing order. See the module documentation.
@@ -190,6 +197,25 @@ impl<V> SubTable<V> {
     /// The position of `key` in the buffers.
     #[inline]
     fn index_of(&self, key: u32) -> Option<usize> {
+        if (2..=LINEAR_SCAN_MAX_LEN).contains(&self.keys.len()) {
+            self.index_by_linear_scan(key)
+        } else {
+            self.index_by_binary_search(key)
+        }
+    }
+
+    /// The position of `key`, by counting the keys below it: no early exit,
+    /// so no branch per key, and the compiler vectorises the count.
+    #[inline]
+    fn index_by_linear_scan(&self, key: u32) -> Option<usize> {
+        let (front, back) = self.keys.as_slices();
+        let count_below = |keys: &[u32]| keys.iter().fold(0u32, |count, &k| count + u32::from(k < key));
+        let index = (count_below(front) + count_below(back)) as usize;
+        (self.keys.get(index) == Some(&key)).then_some(index)
+    }
+
+    #[inline]
+    fn index_by_binary_search(&self, key: u32) -> Option<usize> {
         self.keys.binary_search(&key).ok()
     }
 }
@@ -249,7 +275,7 @@ mod tests {
         let mut model: BTreeMap<u32, Value> = BTreeMap::new();
         let mut newest_key: Option<u32> = None;
         let mut growing = true;
-        let (mut max_len, mut steps_wrapped) = (0, 0);
+        let (mut max_len, mut steps_wrapped, mut threshold_crossings, mut was_above) = (0, 0, 0, false);
         for step in 0..steps {
             let context = format!("seed {seed}, low {target_len_low}, high {target_len_high}, step {step}");
             if growing && model.len() >= target_len_high {
@@ -355,18 +381,28 @@ mod tests {
             if !table.keys.as_slices().1.is_empty() {
                 steps_wrapped += 1;
             }
+            let above = table.len() > LINEAR_SCAN_MAX_LEN;
+            if above != was_above {
+                threshold_crossings += 1;
+                was_above = above;
+            }
         }
         // The run did what it is for: reached its high mark and, when the
-        // table was big enough, searched its keys wrapped around the buffer.
+        // table was big enough, searched its keys wrapped around the buffer,
+        // and crossed the scan threshold both ways when its marks straddle it.
         assert!(max_len >= target_len_high, "seed {seed}: reached only {max_len} entries, not {target_len_high}");
         if target_len_high >= 4 {
             assert!(steps_wrapped >= steps / 20, "seed {seed}: keys wrapped in only {steps_wrapped} steps");
         }
+        if target_len_low < LINEAR_SCAN_MAX_LEN && LINEAR_SCAN_MAX_LEN < target_len_high {
+            assert!(threshold_crossings >= 6, "seed {seed}: crossed the threshold {threshold_crossings} times");
+        }
     }
 
     #[test]
-    fn matches_btreemap_model() {
-        let ranges = [(0, 1), (0, 4), (1, 2), (30, 34), (1, 96), (16, 128), (100, 300)];
+    fn matches_btreemap_model_across_the_scan_threshold() {
+        let t = LINEAR_SCAN_MAX_LEN;
+        let ranges = [(0, 1), (0, 4), (1, 2), (t - 2, t + 2), (t - 1, t + 1), (1, 3 * t), (16, 128), (100, 300)];
         for seed in 1..=6 {
             for &(low, high) in &ranges {
                 run_model(seed, low, high, 4_000.max(high * 40));
@@ -375,20 +411,30 @@ mod tests {
     }
 
     #[test]
-    fn finds_every_key_when_the_ring_buffer_wraps() {
+    fn both_searches_find_every_key_when_the_ring_buffer_wraps() {
         // Remove from the front and push at the back so the buffer wraps,
-        // then look up every key, present or not.
-        let mut table = SubTable::with_capacity(8);
-        for key in 0..200u32 {
-            table.insert(key * 2, key).unwrap();
-            if table.len() > 70 {
-                let oldest = table.iter().next().unwrap().0;
-                table.remove(oldest);
+        // then look up every key, present or not, both ways.
+        for max_len in [1, 2, 3, LINEAR_SCAN_MAX_LEN, LINEAR_SCAN_MAX_LEN + 1, 70] {
+            let mut table = SubTable::with_capacity(2);
+            let mut steps_wrapped = 0;
+            for key in 0..200u32 {
+                table.insert(key * 2, key).unwrap();
+                if table.len() > max_len {
+                    let oldest = table.iter().next().unwrap().0;
+                    table.remove(oldest);
+                }
+                if !table.keys.as_slices().1.is_empty() {
+                    steps_wrapped += 1;
+                }
+                for probe in 0..=key * 2 + 2 {
+                    let context = format!("max_len {max_len}, probe {probe}");
+                    let expected = table.iter().position(|(k, _)| k == probe);
+                    assert_eq!(table.index_by_linear_scan(probe), expected, "linear, {context}");
+                    assert_eq!(table.index_by_binary_search(probe), expected, "binary, {context}");
+                    assert_eq!(table.get(probe), expected.map(|index| &table.values[index]), "get, {context}");
+                }
             }
-            for probe in 0..=key * 2 + 2 {
-                let expected = table.iter().find(|&(k, _)| k == probe).map(|(_, v)| v);
-                assert_eq!(table.get(probe), expected, "probe {probe}");
-            }
+            assert!(max_len == 1 || steps_wrapped > 0, "max_len {max_len}: never wrapped");
         }
     }
 
