@@ -18,19 +18,21 @@
 use std::collections::VecDeque;
 use std::fmt;
 
-/// Tables of 2 up to this many entries are searched by a linear scan, others
-/// by binary search.
+/// Tables of at most this many entries are searched by a linear scan, larger
+/// ones by binary search.
 ///
 /// Measured with `server-micro` (section d: release build, x86-64 AMD EPYC
 /// VM, random present keys wrapped around the ring buffer, three runs): the
 /// scan that counts the keys below the one sought, without branching (the
 /// compiler vectorises it), takes 0.5–0.8× the time of std's binary search at
 /// 2–4 keys (about 3 ns against 5–6 ns), the two are level at 6–12 keys, and
-/// binary search wins from 16 keys on (1.2–1.3× at 16, 2–3.5× at 128). A
-/// single key is one comparison for binary search, cheaper than setting up
-/// the scan. A scan that stops at the first match, as `StreamMap` does, loses
-/// to binary search from 3 keys on: its exit branch is mispredicted. The
-/// differences are a few nanoseconds either way.
+/// binary search wins from 16 keys on (1.2–1.4× at 16, 2–3.5× at 128); 8 is
+/// in the middle of the level stretch. A scan that stops early, as
+/// `StreamMap`'s does, loses to binary search from 3 keys on: its exit branch
+/// is mispredicted on random keys. (`StreamMap` scans up to 200 streams, but
+/// its binary search branches; std's does not.)
+/// The differences are a few nanoseconds either way, and runs on this shared
+/// machine vary by up to 2× at that scale; the order above held in every run.
 pub const LINEAR_SCAN_MAX_LEN: usize = 8;
 
 /// A subscription table: values keyed by `u32` handles inserted in
@@ -197,7 +199,7 @@ impl<V> SubTable<V> {
     /// The position of `key` in the buffers.
     #[inline]
     fn index_of(&self, key: u32) -> Option<usize> {
-        if (2..=LINEAR_SCAN_MAX_LEN).contains(&self.keys.len()) {
+        if self.keys.len() <= LINEAR_SCAN_MAX_LEN {
             self.index_by_linear_scan(key)
         } else {
             self.index_by_binary_search(key)
