@@ -12,10 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fastwebsockets::{Frame, OpCode, Payload, WebSocket, WebSocketError, WebSocketRead, WebSocketWrite};
+use fastwebsockets::{Frame, OpCode, Role, WebSocket, WebSocketError, WebSocketRead};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
-use tokio::io::{ReadHalf, WriteHalf};
+use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, watch};
 
 use crate::core::{
@@ -35,6 +35,9 @@ pub const CLOSE_GOING_AWAY: u16 = 1001;
 pub const CLOSE_NOT_UTF8: u16 = 1007;
 pub const CLOSE_TOO_BIG: u16 = 1009;
 pub const CLOSE_SLOW: u16 = 4001;
+
+/// Frames written in one syscall, at most (about): bounds the latency of the first.
+const WRITE_BATCH_BYTES: usize = 64 * 1024;
 
 /// Settings of every connection, from the command line.
 #[derive(Clone, Debug)]
@@ -143,7 +146,10 @@ enum Inbound {
 /// Runs one upgraded connection to its end.
 pub async fn serve_connection(ws: WebSocket<Stream>, context: ConnectionContext) {
     metrics::add(&METRICS.connections, 1);
-    let (reader, writer) = ws.split(tokio::io::split);
+    // fastwebsockets parses what the client sends; frames to the client are written
+    // here (see `queue_frame`), so that several can share one write.
+    let (read_half, writer) = tokio::io::split(ws.into_inner());
+    let (reader, _unused_writer) = fastwebsockets::after_handshake_split(read_half, tokio::io::sink(), Role::Server);
     let (inbound_tx, inbound_rx) = mpsc::channel(limits::INBOUND_QUEUE_CAPACITY);
     let reader_task = tokio::spawn(read_frames(reader, inbound_tx));
     let mut connection = Connection::open(writer, context).await;
@@ -237,7 +243,9 @@ impl TokenBucket {
 }
 
 struct Connection {
-    writer: WebSocketWrite<WriteHalf<Stream>>,
+    writer: WriteHalf<Stream>,
+    /// Frames ready for the socket, written together by `flush`.
+    out: Vec<u8>,
     session: Session,
     context: ConnectionContext,
     /// The reused buffer every frame is written into.
@@ -255,7 +263,7 @@ enum Event {
 }
 
 impl Connection {
-    async fn open(writer: WebSocketWrite<WriteHalf<Stream>>, context: ConnectionContext) -> Option<Connection> {
+    async fn open(writer: WriteHalf<Stream>, context: ConnectionContext) -> Option<Connection> {
         let id = new_session_id();
         let shared = Arc::new(ConnShared::default());
         let (outbox_tx, outbox) = mpsc::unbounded_channel();
@@ -273,6 +281,7 @@ impl Connection {
         let bucket = TokenBucket::new(context.config.messages_per_second, limits::WS_MESSAGE_BURST);
         let mut connection = Connection {
             writer,
+            out: Vec::with_capacity(16 * 1024),
             session,
             context,
             frame: Vec::with_capacity(4096),
@@ -303,6 +312,15 @@ impl Connection {
                 Event::Inbound(None) => self.closed = true,
                 Event::Outgoing(Some(outgoing)) => {
                     self.on_outgoing(outgoing).await;
+                    // Whatever else is ready joins the same write: under load, one
+                    // syscall carries many frames.
+                    while self.out.len() < WRITE_BATCH_BYTES {
+                        match self.session.outbox.try_recv() {
+                            Ok(outgoing) => self.on_outgoing(outgoing).await,
+                            Err(_) => break,
+                        }
+                    }
+                    self.flush().await;
                     self.maybe_report_drained().await;
                 }
                 Event::Outgoing(None) => self.close(CLOSE_GOING_AWAY, "server stopping").await,
@@ -327,33 +345,67 @@ impl Connection {
         }
     }
 
-    async fn write(&mut self, opcode: OpCode) {
-        if self.closed {
+    /// Frames `self.frame` (a server frame: final, unmasked) into `self.out`.
+    fn queue_frame(&mut self, opcode: OpCode) {
+        let length = self.frame.len();
+        let opcode = match opcode {
+            OpCode::Continuation => 0x0,
+            OpCode::Text => 0x1,
+            OpCode::Binary => 0x2,
+            OpCode::Close => 0x8,
+            OpCode::Ping => 0x9,
+            OpCode::Pong => 0xA,
+        };
+        self.out.push(0x80 | opcode);
+        if length < 126 {
+            self.out.push(length as u8);
+        } else if length <= u16::MAX as usize {
+            self.out.push(126);
+            self.out.extend_from_slice(&(length as u16).to_be_bytes());
+        } else {
+            self.out.push(127);
+            self.out.extend_from_slice(&(length as u64).to_be_bytes());
+        }
+        self.out.extend_from_slice(&self.frame);
+        metrics::add(&METRICS.frames_sent, 1);
+    }
+
+    /// Writes every queued frame. A write that makes no progress for the whole
+    /// deadline means the client stopped reading: the close frame could not get
+    /// through a full socket, so the connection is simply dropped (its session is
+    /// kept for resume).
+    async fn flush(&mut self) {
+        if self.closed || self.out.is_empty() {
+            self.out.clear();
             return;
         }
-        let frame = Frame::new(true, opcode, None, Payload::Borrowed(&self.frame));
-        match tokio::time::timeout(self.context.config.slow_close_after, self.writer.write_frame(frame)).await {
-            Ok(Ok(())) => {
-                metrics::add(&METRICS.frames_sent, 1);
-                metrics::add(&METRICS.bytes_sent, self.frame.len() as u64);
-            }
+        let deadline = self.context.config.slow_close_after;
+        match tokio::time::timeout(deadline, self.writer.write_all(&self.out)).await {
+            Ok(Ok(())) => metrics::add(&METRICS.bytes_sent, self.out.len() as u64),
             Ok(Err(_)) => self.closed = true,
             Err(_) => {
-                // Nothing could be written for the whole deadline: the client stopped
-                // reading. The close frame cannot get through a full socket, so the
-                // connection is simply dropped; its session is kept for resume.
                 metrics::add(&METRICS.closed_slow, 1);
                 self.closed = true;
             }
         }
+        self.out.clear();
+    }
+
+    async fn write(&mut self, opcode: OpCode) {
+        self.queue_frame(opcode);
+        self.flush().await;
     }
 
     async fn close(&mut self, code: u16, reason: &str) {
         if self.closed {
             return;
         }
-        let frame = Frame::close(code, reason.as_bytes());
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.writer.write_frame(frame)).await;
+        self.frame.clear();
+        self.frame.extend_from_slice(&code.to_be_bytes());
+        self.frame.extend_from_slice(reason.as_bytes());
+        self.queue_frame(OpCode::Close);
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.writer.write_all(&self.out)).await;
+        self.out.clear();
         self.closed = true;
     }
 
@@ -399,7 +451,7 @@ impl Connection {
                 self.frame.clear();
                 write_diffs_frame(&mut self.frame, &entry.client_id, seq, &body);
                 metrics::add(&METRICS.diffs_sent, n_diffs as u64);
-                self.write(OpCode::Text).await;
+                self.queue_frame(OpCode::Text);
             }
             Outgoing::SubscribeFailed { handle, error } => {
                 if let Some(entry) = self.session.table.remove(handle) {
@@ -449,7 +501,9 @@ impl Connection {
             }
             Inbound::Reply(opcode, payload) => {
                 if !self.closed {
-                    let _ = self.writer.write_frame(Frame::new(true, opcode, None, Payload::Owned(payload))).await;
+                    self.frame.clear();
+                    self.frame.extend_from_slice(&payload);
+                    self.write(opcode).await;
                     if opcode == OpCode::Close {
                         self.closed = true;
                     }
