@@ -1950,9 +1950,19 @@ fn print_common(live: &LiveResult, rate_target: f64, n_subscribers: usize) {
     );
 }
 
+/// Correctness failures seen in any scenario (lost updates, lists unequal to a
+/// query, sequence gaps, protocol errors): the run exits non-zero if there are any.
+/// Timings are never checked.
+static CORRECTNESS_FAILURES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn count_failures(n: u64) {
+    CORRECTNESS_FAILURES.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+}
+
 fn print_checks(live: &LiveResult, n_mismatches: usize, first_mismatch: Option<String>) {
     let sum = |field: fn(&SubscriberOutcome) -> u64| live.outcomes.iter().map(field).sum::<u64>();
     let n_closed = live.outcomes.iter().filter(|outcome| outcome.closed.is_some()).count();
+    count_failures(n_mismatches as u64 + sum(|outcome| outcome.seq_gaps) + sum(|outcome| outcome.protocol_errors));
     println!(
         "  checks: {n_mismatches} mismatches of {} lists against a query; {} seq gaps, {} protocol errors, {} error frames, {n_closed} connections closed early",
         live.outcomes.len(),
@@ -2145,6 +2155,7 @@ async fn run_chat(
         }
         extra += outcome.seen.n_seen.saturating_sub(written);
     }
+    count_failures(lost);
     let resets: u64 = live.outcomes.iter().map(|outcome| outcome.resets_after_first).sum();
 
     print_common(&live, options.chat_rate, n_collections);
@@ -2262,6 +2273,7 @@ async fn run_leaderboard(
             missing_with_reset += missing;
         }
     }
+    count_failures(lost);
     println!(
         "  losses: {lost} (over {n_without_reset} subscriptions without a reset); announced resets: {resets} in {} subscriptions ({missing_with_reset} updates never received there)",
         n_subscribers as u64 - n_without_reset
@@ -2354,8 +2366,13 @@ fn main() -> ExitCode {
     let result = main_runtime.block_on(run_all(options, subscriber_runtime.handle().clone()));
     // Connections still open would keep their tasks alive; don't wait for them.
     subscriber_runtime.shutdown_background();
+    let n_failures = CORRECTNESS_FAILURES.load(std::sync::atomic::Ordering::Relaxed);
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) if n_failures == 0 => ExitCode::SUCCESS,
+        Ok(()) => {
+            eprintln!("loadgen: {n_failures} correctness failures (lost updates, mismatched lists, seq gaps or protocol errors)");
+            ExitCode::FAILURE
+        }
         Err(error) => {
             eprintln!("loadgen: {error}");
             ExitCode::FAILURE
