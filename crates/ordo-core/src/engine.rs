@@ -265,14 +265,8 @@ impl Engine {
             needs_reset: false,
         });
         let window_id = WindowId { index: window_index, generation: slot.generation };
-        let view = self.views[view_index as usize].as_mut().expect("live view");
-        view.windows.push(window_index);
-        let collection = &self.collections[view.collection as usize].collection;
-        let slots = &mut self.scratch.new_slots;
-        slots.clear();
-        view.collect_range(collection, offset, limit, slots);
-        sink.diff(window_id, DiffRef::Reset { values: ItemList::new(collection, slots) });
-        sink.window_done(window_id);
+        self.views[view_index as usize].as_mut().expect("live view").windows.push(window_index);
+        self.emit_window_reset(window_id, sink).expect("the window was just opened");
         Ok(window_id)
     }
 

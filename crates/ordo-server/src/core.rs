@@ -508,9 +508,9 @@ impl Core {
         self.database.close_window(window)?;
         let mut out = Vec::with_capacity(fanout.captured.len() + 64);
         out.extend_from_slice(b"{\"total\":");
-        crate::encode::write_decimal(&mut out, total as u64, false);
+        crate::frame::write_u64(&mut out, total as u64);
         out.extend_from_slice(b",\"offset\":");
-        crate::encode::write_decimal(&mut out, spec.offset as u64, false);
+        crate::frame::write_u64(&mut out, spec.offset as u64);
         out.extend_from_slice(b",\"items\":");
         out.extend_from_slice(&fanout.captured);
         out.push(b'}');

@@ -4,7 +4,7 @@
 
 use ordo_core::{DiffRef, ItemList, ItemRef, Value};
 
-use crate::frame::write_json_str;
+use crate::frame::{write_json_str, write_u64};
 use crate::wire::Projection;
 
 /// `{"id":..,"fields":{..},"payload":..}`; the payload is stored JSON text, copied as is.
@@ -39,29 +39,17 @@ pub fn write_value(out: &mut Vec<u8>, value: Value<'_>) {
         Value::Null => out.extend_from_slice(b"null"),
         Value::Bool(true) => out.extend_from_slice(b"true"),
         Value::Bool(false) => out.extend_from_slice(b"false"),
-        Value::I64(number) => write_decimal(out, number.unsigned_abs(), number < 0),
-        Value::U64(number) => write_decimal(out, number, false),
+        Value::I64(number) => {
+            if number < 0 {
+                out.push(b'-');
+            }
+            write_u64(out, number.unsigned_abs())
+        }
+        Value::U64(number) => write_u64(out, number),
         // serde_json's own float formatting (shortest round-trip; non-finite as null).
         Value::F64(number) => serde_json::to_writer(&mut *out, &number).expect("writing to a Vec cannot fail"),
         Value::Str(text) => write_json_str(out, text),
     }
-}
-
-pub fn write_decimal(out: &mut Vec<u8>, mut number: u64, negative: bool) {
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (number % 10) as u8;
-        number /= 10;
-        if number == 0 {
-            break;
-        }
-    }
-    if negative {
-        out.push(b'-');
-    }
-    out.extend_from_slice(&digits[start..]);
 }
 
 pub fn write_items(out: &mut Vec<u8>, items: ItemList<'_>, projection: &Projection) {
@@ -98,26 +86,26 @@ pub fn write_diff(out: &mut Vec<u8>, diff: DiffRef<'_>, projection: &Projection)
         DiffRef::PopBack => out.extend_from_slice(b"{\"PopBack\":{}}"),
         DiffRef::Insert { index, value } => {
             out.extend_from_slice(b"{\"Insert\":{\"index\":");
-            write_decimal(out, index as u64, false);
+            write_u64(out, index as u64);
             out.extend_from_slice(b",\"value\":");
             write_item(out, value, projection);
             out.extend_from_slice(b"}}");
         }
         DiffRef::Set { index, value } => {
             out.extend_from_slice(b"{\"Set\":{\"index\":");
-            write_decimal(out, index as u64, false);
+            write_u64(out, index as u64);
             out.extend_from_slice(b",\"value\":");
             write_item(out, value, projection);
             out.extend_from_slice(b"}}");
         }
         DiffRef::Remove { index } => {
             out.extend_from_slice(b"{\"Remove\":{\"index\":");
-            write_decimal(out, index as u64, false);
+            write_u64(out, index as u64);
             out.extend_from_slice(b"}}");
         }
         DiffRef::Truncate { length } => {
             out.extend_from_slice(b"{\"Truncate\":{\"length\":");
-            write_decimal(out, length as u64, false);
+            write_u64(out, length as u64);
             out.extend_from_slice(b"}}");
         }
         DiffRef::Reset { values } => {

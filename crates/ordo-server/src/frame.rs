@@ -104,38 +104,20 @@ pub fn write_diffs_frame(out: &mut Vec<u8>, sub: &str, seq: u64, diffs_json: &[u
 mod tests {
     use super::*;
 
-    /// xorshift64*: tiny, seeded, reproducible.
-    struct Rng(u64);
-
-    impl Rng {
-        fn new(seed: u64) -> Self {
-            Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-        }
-
-        fn next_u64(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-
-        fn below(&mut self, n: usize) -> usize {
-            (self.next_u64() % n as u64) as usize
-        }
-    }
+    use crate::test_rng::Rng;
 
     /// Every character that `serde_json` treats specially, its neighbours,
     /// and multi-byte UTF-8 of every length.
     fn random_char(rng: &mut Rng) -> char {
         const SPECIAL: &[char] =
             &['"', '\\', '/', '\u{7f}', '\u{80}', 'é', '€', '\u{2028}', '\u{2029}', '\u{feff}', '😀', '\u{10ffff}'];
-        match rng.below(4) {
+        match rng.index(4) {
             // Every control character, and the printable ASCII range.
-            0 => char::from(rng.below(0x20) as u8),
-            1 => char::from(0x20 + rng.below(0x60) as u8),
-            2 => SPECIAL[rng.below(SPECIAL.len())],
+            0 => char::from(rng.index(0x20) as u8),
+            1 => char::from(0x20 + rng.index(0x60) as u8),
+            2 => SPECIAL[rng.index(SPECIAL.len())],
             _ => loop {
-                if let Some(c) = char::from_u32(rng.below(0x11_0000) as u32) {
+                if let Some(c) = char::from_u32(rng.index(0x11_0000) as u32) {
                     break c;
                 }
             },
@@ -162,7 +144,7 @@ mod tests {
         for seed in 1..=50 {
             let mut rng = Rng::new(seed);
             for _ in 0..400 {
-                let len = rng.below(40);
+                let len = rng.index(40);
                 let s: String = (0..len).map(|_| random_char(&mut rng)).collect();
                 check(&s);
             }
@@ -187,7 +169,7 @@ mod tests {
         check(u64::MAX);
         let mut rng = Rng::new(7);
         for _ in 0..10_000 {
-            check(rng.next_u64() >> rng.below(64));
+            check(rng.next_u64() >> rng.index(64));
         }
     }
 

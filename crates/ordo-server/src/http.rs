@@ -21,6 +21,7 @@ use crate::core::{Command, CoreSender, Routes};
 use crate::error::{ApiError, ErrorCode};
 use crate::limits;
 use crate::metrics::{self, METRICS};
+use crate::rate_limit::TokenBucket;
 use crate::wire::{self, BatchRequest, MultiBatchRequest, QueryRequest, SchemaRequest};
 use crate::ws::{self, ConnectionContext, Registry};
 
@@ -56,7 +57,7 @@ pub async fn serve(listener: TcpListener, state: Arc<HttpState>, mut shutdown: w
         };
         let _ = stream.set_nodelay(true);
         let state = state.clone();
-        let bucket = Arc::new(Mutex::new(crate::http::RequestBudget::new(state.http_requests_per_second)));
+        let bucket = Arc::new(Mutex::new(TokenBucket::new(state.http_requests_per_second, limits::HTTP_REQUEST_BURST)));
         let service = hyper::service::service_fn(move |request| {
             let state = state.clone();
             let bucket = bucket.clone();
@@ -74,35 +75,6 @@ pub async fn serve(listener: TcpListener, state: Arc<HttpState>, mut shutdown: w
     let _ = tokio::time::timeout(grace, graceful.shutdown()).await;
 }
 
-pub struct RequestBudget {
-    tokens: f64,
-    updated: std::time::Instant,
-    per_second: f64,
-}
-
-impl RequestBudget {
-    fn new(per_second: u32) -> RequestBudget {
-        RequestBudget {
-            tokens: limits::HTTP_REQUEST_BURST as f64,
-            updated: std::time::Instant::now(),
-            per_second: per_second as f64,
-        }
-    }
-
-    fn try_take(&mut self) -> bool {
-        let now = std::time::Instant::now();
-        self.tokens =
-            (self.tokens + (now - self.updated).as_secs_f64() * self.per_second).min(limits::HTTP_REQUEST_BURST as f64);
-        self.updated = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
-
 fn json_response(status: u16, body: Vec<u8>) -> Response<Body> {
     Response::builder()
         .status(status)
@@ -116,11 +88,7 @@ fn error_response(error: &ApiError) -> Response<Body> {
     json_response(error.status(), error.to_json_body())
 }
 
-async fn handle(
-    request: Request<Incoming>,
-    state: Arc<HttpState>,
-    bucket: Arc<Mutex<RequestBudget>>,
-) -> Response<Body> {
+async fn handle(request: Request<Incoming>, state: Arc<HttpState>, bucket: Arc<Mutex<TokenBucket>>) -> Response<Body> {
     metrics::add(&METRICS.http_requests, 1);
     if !bucket.lock().expect("budget lock").try_take() {
         let error = ApiError::new(

@@ -207,29 +207,7 @@ impl AsciiCaseless for AsciiCaselessQuery<'_> {
 mod tests {
     use super::*;
 
-    /// xorshift64*: tiny, seeded, reproducible.
-    struct Rng(u64);
-
-    impl Rng {
-        fn new(seed: u64) -> Self {
-            Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-        }
-
-        fn next_u64(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-
-        fn below(&mut self, n: usize) -> usize {
-            (self.next_u64() % n as u64) as usize
-        }
-
-        fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-            &items[self.below(items.len())]
-        }
-    }
+    use crate::test_rng::Rng;
 
     /// Characters whose case mapping is easy to get wrong: `ß` (uppercases to
     /// "SS", lowercases to itself), `İ` (lowercases to two characters, `i`
@@ -240,8 +218,8 @@ mod tests {
     const PLAIN: &[char] = &['k', 'K', 'i', 'I', 's', 'S', 'a', 'B', 'z', '0', '7', '-', '_'];
 
     fn random_name(rng: &mut Rng, tricky_percent: usize) -> String {
-        let len = 1 + rng.below(6);
-        (0..len).map(|_| if rng.below(100) < tricky_percent { *rng.pick(TRICKY) } else { *rng.pick(PLAIN) }).collect()
+        let len = 1 + rng.index(6);
+        (0..len).map(|_| if rng.index(100) < tricky_percent { *rng.pick(TRICKY) } else { *rng.pick(PLAIN) }).collect()
     }
 
     /// Some case variant of `name`: each character kept, uppercased or
@@ -250,7 +228,7 @@ mod tests {
     fn respell(rng: &mut Rng, name: &str) -> String {
         let mut out = String::new();
         for c in name.chars() {
-            match rng.below(4) {
+            match rng.index(4) {
                 0 => out.push(c),
                 1 => out.push(c.to_ascii_uppercase()),
                 2 => out.extend(c.to_uppercase()),
@@ -278,13 +256,13 @@ mod tests {
         let mut inserted: Vec<String> = Vec::new();
         for step in 0..steps {
             let context = format!("seed {seed}, tricky {tricky_percent}%, step {step}");
-            let name = if !inserted.is_empty() && rng.below(2) == 0 {
+            let name = if !inserted.is_empty() && rng.index(2) == 0 {
                 let existing = rng.pick(&inserted).clone();
                 respell(&mut rng, &existing)
             } else {
                 random_name(&mut rng, tricky_percent)
             };
-            if rng.below(3) == 0 {
+            if rng.index(3) == 0 {
                 let value = step as u32;
                 let outcome = routes.insert(&name, value);
                 match naive.map.get(&name.to_lowercase()) {

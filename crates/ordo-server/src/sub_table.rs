@@ -227,29 +227,7 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
-    /// xorshift64*: tiny, seeded, reproducible.
-    struct Rng(u64);
-
-    impl Rng {
-        fn new(seed: u64) -> Self {
-            Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-        }
-
-        fn next_u64(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-
-        fn below(&mut self, n: u64) -> u64 {
-            self.next_u64() % n
-        }
-
-        fn chance(&mut self, percent: u64) -> bool {
-            self.below(100) < percent
-        }
-    }
+    use crate::test_rng::Rng;
 
     /// A value that owns heap memory, so that a lost or doubled value would
     /// show up under Miri or as a mismatch.

@@ -25,6 +25,7 @@ use crate::error::{ApiError, ErrorCode};
 use crate::frame::{write_diffs_frame, write_json_str};
 use crate::limits;
 use crate::metrics::{self, METRICS};
+use crate::rate_limit::TokenBucket;
 use crate::sub_table::SubTable;
 use crate::wire::{self, ClientMessage, WindowSpec};
 
@@ -208,36 +209,6 @@ async fn read_frames(mut reader: WebSocketRead<ReadHalf<Stream>>, inbound: mpsc:
         let last = !matches!(event, Inbound::Text(_) | Inbound::Binary);
         if inbound.send(event).await.is_err() || last {
             return;
-        }
-    }
-}
-
-struct TokenBucket {
-    tokens: f64,
-    updated: Instant,
-    per_second: f64,
-    burst: f64,
-}
-
-impl TokenBucket {
-    fn new(per_second: u32, burst: u32) -> TokenBucket {
-        TokenBucket {
-            tokens: burst as f64,
-            updated: Instant::now(),
-            per_second: per_second as f64,
-            burst: burst as f64,
-        }
-    }
-
-    fn try_take(&mut self) -> bool {
-        let now = Instant::now();
-        self.tokens = (self.tokens + (now - self.updated).as_secs_f64() * self.per_second).min(self.burst);
-        self.updated = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
         }
     }
 }
