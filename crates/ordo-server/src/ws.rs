@@ -356,7 +356,10 @@ impl Connection {
             Ok(Err(_)) => self.closed = true,
             Err(_) => {
                 metrics::add(&METRICS.closed_slow, 1);
-                self.closed = true;
+                // The socket is full, so the close frame gets a moment only: it
+                // reaches a client that resumes reading just now, no other.
+                self.out.clear();
+                self.close(CLOSE_SLOW, "slow: the connection stopped reading").await;
             }
         }
         self.out.clear();
@@ -375,7 +378,8 @@ impl Connection {
         self.frame.extend_from_slice(&code.to_be_bytes());
         self.frame.extend_from_slice(reason.as_bytes());
         self.queue_frame(OpCode::Close);
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.writer.write_all(&self.out)).await;
+        let patience = if code == CLOSE_SLOW { Duration::from_millis(100) } else { Duration::from_secs(1) };
+        let _ = tokio::time::timeout(patience, self.writer.write_all(&self.out)).await;
         self.out.clear();
         self.closed = true;
     }
