@@ -29,8 +29,8 @@ pub const HTTP_REQUEST_BURST: u32 = 10_000;
 pub const DEFAULT_OUTBOUND_BUFFER_BYTES: usize = 1024 * 1024;
 /// How long a slow connection may go without writing anything before it is closed (code 4001).
 pub const DEFAULT_SLOW_CLOSE_AFTER_SECS: u64 = 10;
-/// How long a disconnected session is held for resume.
-pub const SESSION_RETENTION_SECS: u64 = 60;
+/// How long a disconnected session is held for resume, by default.
+pub const DEFAULT_SESSION_RETENTION_SECS: u64 = 60;
 /// Per subscription: frames, and bytes of frames, kept for replay on resume.
 pub const RETAINED_FRAMES_PER_SUBSCRIPTION: usize = 256;
 pub const RETAINED_BYTES_PER_SUBSCRIPTION: usize = 256 * 1024;
@@ -61,7 +61,6 @@ pub fn as_json() -> serde_json::Value {
         "max_filter_in_values": ordo_core::limits::MAX_FILTER_IN_VALUES,
         "max_collection_name_bytes": ordo_core::limits::MAX_COLLECTION_NAME_BYTES,
         "ws_message_burst": WS_MESSAGE_BURST,
-        "session_retention_secs": SESSION_RETENTION_SECS,
         "retained_frames_per_subscription": RETAINED_FRAMES_PER_SUBSCRIPTION,
         "retained_bytes_per_subscription": RETAINED_BYTES_PER_SUBSCRIPTION,
         "max_connections": MAX_CONNECTIONS,

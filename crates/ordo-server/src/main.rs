@@ -27,6 +27,7 @@ options:
   --ws-messages-per-second N    per WebSocket connection (default 100, burst 200)
   --http-requests-per-second N  per HTTP connection (default 5000, burst 10000)
   --network-threads N           threads for sockets and JSON (default 1; the writer has its own)
+  --session-retention SECS      how long a disconnected client's subscriptions wait for its resume (default 60)
 
 `ordo load-demo` fills a running server with a chat room list (collection `rooms`).
 ";
@@ -83,6 +84,7 @@ fn parse_serve(args: &[String]) -> Result<ServeOptions, String> {
             "--ws-messages-per-second" => options.ws_messages_per_second = number(flag, value()?)?,
             "--http-requests-per-second" => options.http_requests_per_second = number(flag, value()?)?,
             "--network-threads" => options.network_threads = number(flag, value()?)?,
+            "--session-retention" => options.session_retention = Duration::from_secs(number(flag, value()?)?),
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown option `{other}`\n\n{USAGE}")),
         }

@@ -28,6 +28,7 @@ pub struct ServeOptions {
     pub ws_messages_per_second: u32,
     pub http_requests_per_second: u32,
     pub network_threads: usize,
+    pub session_retention: Duration,
 }
 
 impl Default for ServeOptions {
@@ -41,6 +42,7 @@ impl Default for ServeOptions {
             ws_messages_per_second: limits::DEFAULT_WS_MESSAGES_PER_SECOND,
             http_requests_per_second: limits::DEFAULT_HTTP_REQUESTS_PER_SECOND,
             network_threads: 1,
+            session_retention: Duration::from_secs(limits::DEFAULT_SESSION_RETENTION_SECS),
         }
     }
 }
@@ -97,6 +99,7 @@ pub fn serve(options: ServeOptions) -> Result<(), String> {
                 outbound_budget: options.outbound_budget,
                 slow_close_after: options.slow_close_after,
                 messages_per_second: options.ws_messages_per_second,
+                session_retention: options.session_retention,
             },
             http_requests_per_second: options.http_requests_per_second,
             shutdown: shutdown_rx.clone(),
@@ -126,6 +129,7 @@ fn limits_json(options: &ServeOptions) -> serde_json::Value {
     json["slow_close_after_secs"] = options.slow_close_after.as_secs().into();
     json["ws_messages_per_second"] = options.ws_messages_per_second.into();
     json["http_requests_per_second"] = options.http_requests_per_second.into();
+    json["session_retention_secs"] = options.session_retention.as_secs().into();
     json
 }
 

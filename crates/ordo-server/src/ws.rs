@@ -46,6 +46,7 @@ pub struct ConnectionConfig {
     pub outbound_budget: usize,
     pub slow_close_after: Duration,
     pub messages_per_second: u32,
+    pub session_retention: Duration,
 }
 
 /// A subscription as its connection knows it.
@@ -93,8 +94,8 @@ pub struct Registry {
 }
 
 impl Registry {
-    fn park(&self, session: Session) {
-        let expires = Instant::now() + Duration::from_secs(limits::SESSION_RETENTION_SECS);
+    fn park(&self, session: Session, retention: Duration) {
+        let expires = Instant::now() + retention;
         self.parked.lock().expect("registry lock").insert(session.token.clone(), (session, expires));
     }
 
@@ -306,7 +307,7 @@ impl Connection {
         if self.session.table.is_empty() || stopping {
             let _ = self.context.core.try_send(Command::DropSession { session: self.session.id });
         } else {
-            self.context.registry.park(self.session);
+            self.context.registry.park(self.session, self.context.config.session_retention);
         }
     }
 

@@ -295,3 +295,42 @@ async fn a_client_that_never_reads_is_closed_as_slow_and_others_carry_on() {
     drop(stuck);
     server.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_session_is_dropped_after_its_retention_and_frees_its_windows() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--session-retention", "1"]);
+    server.ok("PUT", "/v1/collections/rooms", room_schema());
+    server.ok(
+        "POST",
+        "/v1/collections/rooms/batch",
+        json!({"ops": [{"op": "upsert", "id": "!a", "fields": {"recency": 1}}]}),
+    );
+    // A connection without subscriptions leaves nothing behind when it closes.
+    let idle = server.connect().await;
+    let mut client = server.connect().await;
+    for n in 0..3 {
+        client
+            .send(json!({"op": "subscribe", "sub": format!("s{n}"), "collection": "rooms", "offset": n, "limit": 5}))
+            .await;
+    }
+    assert!(client.read_until(SETTLE, |c| c.lists.len() == 3).await);
+    assert_eq!(server.metric("ordo_subscriptions"), 3.0);
+    assert_eq!(server.metric("ordo_windows"), 3.0);
+    drop(idle);
+    drop(client);
+    // Held for resume first...
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(server.metric("ordo_subscriptions"), 3.0, "held for resume");
+    assert_eq!(server.metric("ordo_sessions"), 1.0, "the idle connection's session is gone at once");
+    // ...then dropped with its windows (and their views) once the retention has passed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while server.metric("ordo_sessions") > 0.0 {
+        assert!(std::time::Instant::now() < deadline, "the session was never dropped");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(server.metric("ordo_subscriptions"), 0.0);
+    assert_eq!(server.metric("ordo_windows"), 0.0);
+    assert_eq!(server.metric("ordo_views"), 0.0);
+    server.stop();
+}
