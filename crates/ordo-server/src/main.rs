@@ -28,6 +28,8 @@ options:
   --http-requests-per-second N  per HTTP connection (default 5000, burst 10000)
   --network-threads N           threads for sockets and JSON (default 1; the writer has its own)
   --session-retention SECS      how long a disconnected client's subscriptions wait for its resume (default 60)
+  --checkpoint-interval SECS    how long writes stay only in the write-ahead log before LMDB gets them
+                                (default 5; longer: less disk traffic, a longer log to replay at start)
 
 `ordo load-demo` fills a running server with a chat room list (collection `rooms`).
 ";
@@ -85,6 +87,10 @@ fn parse_serve(args: &[String]) -> Result<ServeOptions, String> {
             "--http-requests-per-second" => options.http_requests_per_second = number(flag, value()?)?,
             "--network-threads" => options.network_threads = number(flag, value()?)?,
             "--session-retention" => options.session_retention = Duration::from_secs(number(flag, value()?)?),
+            "--checkpoint-interval" => {
+                options.checkpoint_interval =
+                    Duration::from_secs(number(flag, value()?)?).max(Duration::from_millis(100))
+            }
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown option `{other}`\n\n{USAGE}")),
         }

@@ -29,6 +29,7 @@ pub struct ServeOptions {
     pub http_requests_per_second: u32,
     pub network_threads: usize,
     pub session_retention: Duration,
+    pub checkpoint_interval: Duration,
 }
 
 impl Default for ServeOptions {
@@ -43,6 +44,7 @@ impl Default for ServeOptions {
             http_requests_per_second: limits::DEFAULT_HTTP_REQUESTS_PER_SECOND,
             network_threads: 1,
             session_retention: Duration::from_secs(limits::DEFAULT_SESSION_RETENTION_SECS),
+            checkpoint_interval: StoreOptions::default().checkpoint_interval,
         }
     }
 }
@@ -51,7 +53,11 @@ impl Default for ServeOptions {
 pub fn serve(options: ServeOptions) -> Result<(), String> {
     raise_open_file_limit();
     let started = Instant::now();
-    let store_options = StoreOptions { durability: options.durability, ..StoreOptions::default() };
+    let store_options = StoreOptions {
+        durability: options.durability,
+        checkpoint_interval: options.checkpoint_interval,
+        ..StoreOptions::default()
+    };
     let (database, report) = Database::open(&options.data_dir, store_options, &mut print_load_progress)
         .map_err(|error| format!("cannot open the data directory {}: {error}", options.data_dir.display()))?;
     let data_dir = std::fs::canonicalize(&options.data_dir).unwrap_or_else(|_| options.data_dir.clone());

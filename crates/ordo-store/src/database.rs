@@ -1,14 +1,23 @@
-//! A durable engine: the store and the in-memory engine kept equal. A batch is
-//! validated, committed to LMDB, and only then applied to the engine, so windows
-//! never show a change that a crash could take back.
+//! A durable engine: the log, LMDB and the in-memory engine kept equal. A batch
+//! is validated, appended to the write-ahead log and synced, and only then
+//! applied to the engine, so windows never show a change that a crash could take
+//! back. LMDB catches up in the background (`checkpointer.rs`); at open, the log
+//! records after LMDB's last checkpoint are replayed into the engine.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ordo_core::{Batch, BatchSummary, CollectionId, DiffSink, Engine, OwnedItem, Schema, ViewDef, ViewError, WindowId};
+use ordo_core::{
+    Batch, BatchSummary, CollectionId, DiffSink, Engine, NullSink, OwnedItem, Schema, ViewDef, ViewError, WindowId,
+};
 
+use crate::checkpointer::Checkpointer;
 use crate::error::StoreError;
-use crate::store::{CommitWrite, LoadProgress, Store, StoreOptions, StoreStats};
+use crate::store::{Durability, LoadProgress, Store, StoreOptions, StoreStats};
+use crate::wal::{self, Wal};
+
+/// Log records replayed at open are handed to the checkpointer in buffers of this size.
+const REPLAY_HANDOFF_BYTES: usize = 4 << 20;
 
 /// A committed batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,15 +48,24 @@ pub struct OpenReport {
     pub last_seq: u64,
     /// Opening LMDB, checking the format and reading schemas.
     pub open_time: Duration,
-    /// Reading every item into the engine.
+    /// Reading every item into the engine and replaying the log.
     pub load_time: Duration,
+    /// Batches found in the write-ahead log after LMDB's last checkpoint, replayed.
+    pub n_log_records_replayed: u64,
 }
 
 pub struct Database {
-    store: Store,
+    dir: PathBuf,
     engine: Engine,
     /// Disk number of each engine collection, by `CollectionId::index()`.
     collection_numbers: Vec<u32>,
+    wal: Wal,
+    /// Owns the LMDB store on its own thread.
+    checkpointer: Checkpointer,
+    /// The log records of the group being written, reused.
+    records: Vec<u8>,
+    n_group_commits: u64,
+    n_batches_committed: u64,
 }
 
 impl Database {
@@ -59,11 +77,13 @@ impl Database {
         progress: &mut dyn FnMut(&LoadProgress),
     ) -> Result<(Database, OpenReport), StoreError> {
         let started = Instant::now();
-        let (store, stored) = Store::open(dir, options)?;
+        let (store, stored) = Store::open(dir, options.clone())?;
         let mut engine = Engine::new();
         let mut collection_numbers = Vec::with_capacity(stored.len());
         let mut engine_ids = Vec::with_capacity(stored.len());
+        let mut schemas = Vec::with_capacity(stored.len());
         for collection in stored {
+            schemas.push((collection.number, collection.schema.clone()));
             let collection_id = engine
                 .create_collection(&collection.name, collection.schema)
                 .map_err(|_| StoreError::Corrupt { dir: dir.to_owned(), expected: "valid, unique collection names" })?;
@@ -71,15 +91,62 @@ impl Database {
             engine_ids.push(collection_id);
         }
         let open_time = started.elapsed();
-        let n_items = store.load_into(&mut engine, &collection_numbers, &engine_ids, progress)?;
+        store.load_into(&mut engine, &collection_numbers, &engine_ids, progress)?;
+        let checkpointed_seq = store.last_seq();
+        let checkpointer = Checkpointer::spawn(store, schemas, options.checkpoint_interval, options.checkpoint_bytes);
+
+        // The batches acknowledged after the last checkpoint, from the log.
+        let mut batch = Batch::new();
+        let mut handoff = Vec::new();
+        let (wal, recovery) = Wal::open(
+            dir,
+            checkpointed_seq,
+            options.log_segment_bytes,
+            options.durability == Durability::Full,
+            &mut |record| {
+                let corrupt = |expected| StoreError::Corrupt { dir: dir.to_owned(), expected };
+                let index = collection_numbers
+                    .iter()
+                    .position(|&number| number == record.collection_number)
+                    .ok_or(corrupt("log records of known collections"))?;
+                let collection = engine_ids[index];
+                let schema = engine.collection(collection).expect("created above").schema();
+                wal::decode_batch(record, schema, &mut batch).map_err(corrupt)?;
+                engine
+                    .apply_batch(collection, &batch, &mut NullSink)
+                    .map_err(|_| corrupt("log records that apply to the stored items"))?;
+                handoff.extend_from_slice(record.framed);
+                if handoff.len() >= REPLAY_HANDOFF_BYTES {
+                    checkpointer.send_records(std::mem::take(&mut handoff));
+                }
+                Ok(())
+            },
+        )?;
+        if !handoff.is_empty() {
+            checkpointer.send_records(handoff);
+        }
         let report = OpenReport {
             n_collections: collection_numbers.len(),
-            n_items,
-            last_seq: store.last_seq(),
+            n_items: engine_ids
+                .iter()
+                .map(|&id| engine.collection(id).map_or(0, |collection| collection.len() as u64))
+                .sum(),
+            last_seq: wal.last_seq(),
             open_time,
             load_time: started.elapsed() - open_time,
+            n_log_records_replayed: recovery.n_records_replayed,
         };
-        Ok((Database { store, engine, collection_numbers }, report))
+        let database = Database {
+            dir: dir.to_owned(),
+            engine,
+            collection_numbers,
+            wal,
+            checkpointer,
+            records: Vec::new(),
+            n_group_commits: 0,
+            n_batches_committed: 0,
+        };
+        Ok((database, report))
     }
 
     /// The engine, read-only: every change goes through [`Database::write`] so that
@@ -88,16 +155,53 @@ impl Database {
         &self.engine
     }
 
-    pub fn store(&self) -> &Store {
-        &self.store
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Runs `job` on the LMDB store once every batch acknowledged so far is in it
+    /// (a checkpoint first): for checks that what is on disk matches memory.
+    pub fn with_store<R: Send + 'static>(&self, job: impl FnOnce(&Store) -> R + Send + 'static) -> R {
+        self.checkpointer.run(move |store, _| job(store))
+    }
+
+    /// Brings LMDB up to date with the log now; returns the sequence number it holds.
+    pub fn checkpoint(&mut self) -> Result<u64, StoreError> {
+        let outcome = self.checkpointer.run(|_, outcome| outcome);
+        self.remove_checkpointed_log();
+        outcome
     }
 
     pub fn store_stats(&self) -> StoreStats {
-        self.store.stats()
+        let lmdb = self.checkpointer.run(|store, _| store.stats());
+        StoreStats {
+            n_commits: self.n_group_commits,
+            n_batches_committed: self.n_batches_committed,
+            n_checkpoints: lmdb.n_commits,
+            checkpointed_seq: self.checkpointer.checkpointed_seq(),
+            n_log_segments: self.wal.n_segments(),
+            ..lmdb
+        }
     }
 
+    /// Closes the database without its final checkpoint, leaving LMDB behind the
+    /// log as a crash would: for tests of recovery. Nothing acknowledged is lost;
+    /// the next open replays the log.
+    pub fn close_without_checkpoint(self) {
+        let Database { checkpointer, .. } = self;
+        checkpointer.stop_without_checkpoint();
+    }
+
+    /// Sequence number of the last acknowledged batch (0 before the first).
     pub fn last_seq(&self) -> u64 {
-        self.store.last_seq()
+        self.wal.last_seq()
+    }
+
+    /// Deletes the log segments LMDB holds in full. A segment that cannot be
+    /// deleted now is tried again after the next write; it is never replayed twice
+    /// (the checkpoint's sequence number is the boundary), only kept longer.
+    fn remove_checkpointed_log(&mut self) {
+        let _ = self.wal.remove_checkpointed(self.checkpointer.checkpointed_seq());
     }
 
     /// The collection's number on disk (see `docs/STORAGE.md`).
@@ -110,7 +214,7 @@ impl Database {
         // Checked first: a refused collection never reaches the disk.
         self.engine.check_new_collection(name).map_err(StoreError::CreateCollection)?;
         let number = self.collection_numbers.iter().max().map_or(0, |&max| max + 1);
-        self.store.create_collection(number, name, &schema)?;
+        self.checkpointer.create_collection(number, name, schema.clone())?;
         let collection_id = self.engine.create_collection(name, schema).map_err(StoreError::CreateCollection)?;
         debug_assert_eq!(collection_id.index(), self.collection_numbers.len());
         self.collection_numbers.push(number);
@@ -131,10 +235,8 @@ impl Database {
         (batch, result.expect("every write of a group gets a result"))
     }
 
-    /// Writes a group of batches in one transaction where possible (group commit).
-    /// Each gets its own result: a refused batch does not hold back the others, and
-    /// when the shared commit fails, each batch is retried alone so that only those
-    /// that cannot be written fail.
+    /// Writes a group of batches with one log append and one sync (group commit).
+    /// Each gets its own result: a refused batch does not hold back the others.
     pub fn write_group(&mut self, group: &mut [PendingWrite], sink: &mut dyn DiffSink) {
         let mut accepted: Vec<usize> = Vec::with_capacity(group.len());
         // Items that accepted batches may add, per collection: validation must count them.
@@ -156,49 +258,41 @@ impl Database {
         if accepted.is_empty() {
             return;
         }
-        match self.commit(group, &accepted) {
-            Ok(first_seq) => self.apply_committed(group, &accepted, first_seq, sink),
-            Err(error) if accepted.len() == 1 => group[accepted[0]].result = Some(Err(error)),
-            Err(_) => {
-                for index in accepted {
-                    match self.commit(group, &[index]) {
-                        Ok(seq) => self.apply_committed(group, &[index], seq, sink),
-                        Err(error) => group[index].result = Some(Err(error)),
-                    }
-                }
+        if let Some(stall) = self.checkpointer.stall() {
+            // LMDB cannot take more: stop the log (and memory) from growing.
+            let error = stall.to_error(&self.dir);
+            for &index in &accepted {
+                group[index].result = Some(Err(error.again()));
             }
+            return;
         }
-    }
-
-    fn commit(&mut self, group: &[PendingWrite], indices: &[usize]) -> Result<u64, StoreError> {
-        let writes: Vec<CommitWrite<'_>> = indices
-            .iter()
-            .map(|&index| {
-                let write = &group[index];
-                CommitWrite {
-                    collection_number: self.collection_numbers[write.collection.index()],
-                    schema: self.engine.collection(write.collection).expect("validated").schema(),
-                    batch: &write.batch,
-                }
-            })
-            .collect();
-        self.store.commit(&writes)
-    }
-
-    fn apply_committed(
-        &mut self,
-        group: &mut [PendingWrite],
-        indices: &[usize],
-        first_seq: u64,
-        sink: &mut dyn DiffSink,
-    ) {
-        for (offset, &index) in indices.iter().enumerate() {
+        let first_seq = self.wal.last_seq() + 1;
+        self.records.clear();
+        for (offset, &index) in accepted.iter().enumerate() {
+            let write = &group[index];
+            let number = self.collection_numbers[write.collection.index()];
+            let schema = self.engine.collection(write.collection).expect("validated").schema();
+            wal::encode_record(&mut self.records, first_seq + offset as u64, number, schema, &write.batch);
+        }
+        let last_seq = first_seq + accepted.len() as u64 - 1;
+        if let Err(error) = self.wal.append(&self.records, last_seq) {
+            for &index in &accepted {
+                group[index].result = Some(Err(error.again()));
+            }
+            return;
+        }
+        self.n_group_commits += 1;
+        self.n_batches_committed += accepted.len() as u64;
+        let records = std::mem::replace(&mut self.records, self.checkpointer.take_buffer());
+        self.checkpointer.send_records(records);
+        self.remove_checkpointed_log();
+        for (offset, &index) in accepted.iter().enumerate() {
             let write = &mut group[index];
-            // Validated against the same state before the commit: the engine cannot refuse it now.
+            // Validated against the same state before the append: the engine cannot refuse it now.
             let summary = self
                 .engine
                 .apply_batch(write.collection, &write.batch, sink)
-                .expect("a committed batch was validated against this state");
+                .expect("a logged batch was validated against this state");
             write.result = Some(Ok(Ack { seq: first_seq + offset as u64, summary }));
         }
     }

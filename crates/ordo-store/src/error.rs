@@ -38,6 +38,19 @@ pub enum StoreError {
     CreateCollection(CreateCollectionError),
     /// A stored item was refused by the engine while loading (a damaged directory).
     Load(LoadError),
+    /// The write-ahead log could not be read or written. After a failed append
+    /// the database refuses writes until it is reopened.
+    Wal {
+        dir: PathBuf,
+        doing: &'static str,
+        source: std::io::Error,
+    },
+    /// Bringing LMDB up to date with the log failed; it is retried, and new
+    /// batches are refused meanwhile. Everything acknowledged is in the log.
+    CheckpointFailed {
+        dir: PathBuf,
+        reason: String,
+    },
     /// Any other failure of the file system or of LMDB, with what was being done.
     Io {
         dir: PathBuf,
@@ -80,6 +93,15 @@ impl fmt::Display for StoreError {
             StoreError::CreateCollection(error) => write!(f, "cannot create the collection: {error}"),
             StoreError::Load(error) => write!(f, "a stored item was refused while loading: {error}"),
             StoreError::Io { dir, doing, source } => write!(f, "{doing} in {}: {source}", dir.display()),
+            StoreError::Wal { dir, doing, source } => {
+                write!(f, "{doing} (write-ahead log in {}): {source}", dir.display())
+            }
+            StoreError::CheckpointFailed { dir, reason } => write!(
+                f,
+                "writes are refused until the store in {} catches up with its log: {reason}. \
+                 Nothing acknowledged is lost; it is in the log",
+                dir.display()
+            ),
         }
     }
 }
@@ -88,6 +110,7 @@ impl std::error::Error for StoreError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             StoreError::Io { source, .. } => Some(source),
+            StoreError::Wal { source, .. } => Some(source),
             StoreError::Batch(error) => Some(error),
             StoreError::Load(error) => Some(error),
             StoreError::CreateCollection(error) => Some(error),
@@ -97,6 +120,26 @@ impl std::error::Error for StoreError {
 }
 
 impl StoreError {
+    /// The same error again, for each batch of a group that shared one failure.
+    pub(crate) fn again(&self) -> StoreError {
+        match self {
+            StoreError::MapFull { map_size, max_map_size } => {
+                StoreError::MapFull { map_size: *map_size, max_map_size: *max_map_size }
+            }
+            StoreError::DiskFull { dir } => StoreError::DiskFull { dir: dir.clone() },
+            StoreError::Wal { dir, doing, source } => StoreError::Wal {
+                dir: dir.clone(),
+                doing,
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+            StoreError::CheckpointFailed { dir, reason } => {
+                StoreError::CheckpointFailed { dir: dir.clone(), reason: reason.clone() }
+            }
+            StoreError::Corrupt { dir, expected } => StoreError::Corrupt { dir: dir.clone(), expected },
+            other => StoreError::CheckpointFailed { dir: std::path::PathBuf::new(), reason: other.to_string() },
+        }
+    }
+
     pub(crate) fn corrupt(dir: &std::path::Path, corrupt: Corrupt) -> StoreError {
         StoreError::Corrupt { dir: dir.to_owned(), expected: corrupt.0 }
     }

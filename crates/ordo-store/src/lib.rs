@@ -44,10 +44,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod checkpointer;
 mod codec;
 mod database;
 mod error;
 mod store;
+mod wal;
 mod writer;
 
 pub use codec::FORMAT_VERSION;

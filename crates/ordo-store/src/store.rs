@@ -1,7 +1,8 @@
 //! The LMDB side: one environment per data directory, four named databases, and
-//! batches written one write transaction at a time (several per transaction when
-//! they arrive together). Readers never see a partial transaction, and after a
-//! crash LMDB needs no recovery: the last committed meta page is the state.
+//! batches written by checkpoints, many per write transaction (see
+//! `checkpointer.rs`). Readers never see a partial transaction, and after a crash
+//! LMDB needs no recovery: the last committed meta page is the checkpoint, and
+//! the write-ahead log holds what came after it.
 
 use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
@@ -18,11 +19,13 @@ use crate::error::StoreError;
 /// How far a commit goes before it is acknowledged.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Durability {
-    /// Data and meta pages are synced before a commit returns. A crash loses nothing acknowledged.
+    /// The write-ahead log is synced before a batch is acknowledged. A crash loses
+    /// nothing acknowledged.
     #[default]
     Full,
-    /// LMDB's `MDB_NOMETASYNC`: data pages are synced, the meta page is not. A crash
-    /// (of the machine, not the process) may lose the last commits, never corrupts.
+    /// The log is written but not synced, and LMDB's checkpoints skip syncing the
+    /// meta page (`MDB_NOMETASYNC`). A crash of the process loses nothing; a crash
+    /// of the machine may lose the last batches, never corrupts.
     Relaxed,
 }
 
@@ -33,11 +36,27 @@ pub struct StoreOptions {
     pub initial_map_size: usize,
     /// The map doubles when full, up to this size; past it, writes fail with `MapFull`.
     pub max_map_size: usize,
+    /// How long a batch may wait in the write-ahead log before LMDB gets it.
+    /// Longer: fewer, larger checkpoints that write a page touched by many
+    /// batches once; more log to replay at the next open.
+    pub checkpoint_interval: Duration,
+    /// A checkpoint starts early once this many bytes of log records wait.
+    pub checkpoint_bytes: usize,
+    /// A log segment is closed and a new one started past this size; closed
+    /// segments are deleted once checkpointed.
+    pub log_segment_bytes: u64,
 }
 
 impl Default for StoreOptions {
     fn default() -> StoreOptions {
-        StoreOptions { durability: Durability::Full, initial_map_size: 1 << 30, max_map_size: 1 << 40 }
+        StoreOptions {
+            durability: Durability::Full,
+            initial_map_size: 1 << 30,
+            max_map_size: 1 << 40,
+            checkpoint_interval: Duration::from_secs(5),
+            checkpoint_bytes: 64 << 20,
+            log_segment_bytes: 64 << 20,
+        }
     }
 }
 
@@ -47,8 +66,16 @@ const MAP_SIZE_GRANULE: usize = 64 * 1024;
 /// Counts for monitoring and tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreStats {
+    /// Log appends (each one sync in full durability) that acknowledged batches;
+    /// counted by the database. The store alone counts its LMDB commits here.
     pub n_commits: u64,
     pub n_batches_committed: u64,
+    /// LMDB write transactions that brought the store up to date with the log.
+    pub n_checkpoints: u64,
+    /// Sequence number of the last batch LMDB holds.
+    pub checkpointed_seq: u64,
+    /// Log segment files on disk.
+    pub n_log_segments: usize,
     pub n_map_growths: u64,
     pub map_size: usize,
     /// Reader slots of dead processes cleared when the directory was opened.

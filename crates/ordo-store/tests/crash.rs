@@ -54,7 +54,11 @@ fn committed_count(database: &Database) -> u64 {
 }
 
 fn child(dir: &Path, seed: u64) {
-    let (mut database, _) = Database::open(dir, StoreOptions::default(), &mut |_| {}).expect("child: open");
+    // Every other child checkpoints every few ms, so that kills also land inside
+    // LMDB checkpoints and log segment removals, not only between them.
+    let checkpoint_interval = Duration::from_millis(env_u64("ORDO_CRASH_CHECKPOINT_MS", 5000));
+    let options = StoreOptions { checkpoint_interval, log_segment_bytes: 64 * 1024, ..StoreOptions::default() };
+    let (mut database, _) = Database::open(dir, options, &mut |_| {}).expect("child: open");
     let collection = match database.engine().collection_id(COLLECTION) {
         Some(collection) => collection,
         None => database.create_collection(COLLECTION, test_schema()).expect("child: create collection"),
@@ -88,8 +92,9 @@ struct KillOutcome {
     n_acked: u64,
 }
 
-fn run_child_and_kill(dir: &Path, seed: u64, delay: Duration) -> KillOutcome {
+fn run_child_and_kill(dir: &Path, seed: u64, delay: Duration, checkpoint_ms: u64) -> KillOutcome {
     let mut child = Command::new(std::env::current_exe().unwrap())
+        .env("ORDO_CRASH_CHECKPOINT_MS", checkpoint_ms.to_string())
         .env("ORDO_CRASH_CHILD_DIR", dir)
         .env("ORDO_CRASH_SEED", seed.to_string())
         .stdout(Stdio::piped())
@@ -122,18 +127,20 @@ fn parent() {
     let mut model = Model::default();
     let mut n_modelled = 0u64;
     let mut rng = Rng::new(seed);
-    let (mut total_acked, mut kills_with_unacked_tail) = (0u64, 0u64);
+    let (mut total_acked, mut kills_with_unacked_tail, mut n_replayed) = (0u64, 0u64, 0u64);
     let started = Instant::now();
     for kill in 0..n_kills {
         // Child start-up (open, load) takes a few ms; kill anywhere from before the
         // first commit to well into the stream.
         let delay = Duration::from_millis(5 + rng.below(120) as u64);
-        let outcome = run_child_and_kill(dir.path(), seed, delay);
+        let checkpoint_ms = if kill % 2 == 0 { 5 } else { 5000 };
+        let outcome = run_child_and_kill(dir.path(), seed, delay, checkpoint_ms);
         total_acked += outcome.n_acked;
 
         let (database, report) = Database::open(dir.path(), StoreOptions::default(), &mut |_| {})
             .unwrap_or_else(|error| panic!("kill {kill}: reopening after SIGKILL failed: {error}"));
         let committed = committed_count(&database);
+        n_replayed += report.n_log_records_replayed;
         let context = format!("kill {kill} (seed {seed}, delay {delay:?})");
         if let Some(max_acked) = outcome.max_acked {
             assert!(
@@ -157,11 +164,12 @@ fn parent() {
     }
     println!(
         "crash test: {n_kills} SIGKILLs, {n_modelled} batches committed, {total_acked} acknowledgements checked, \
-         {kills_with_unacked_tail} kills with committed-but-unacknowledged batches; every acknowledged batch \
-         present, none partial ({:.1} s)",
+         {kills_with_unacked_tail} kills with committed-but-unacknowledged batches, {n_replayed} batches replayed from the log; \
+         every acknowledged batch present, none partial ({:.1} s)",
         started.elapsed().as_secs_f64()
     );
     assert!(n_modelled > 0, "no batch was ever committed: the kills came too early to test anything");
+    assert!(n_replayed > 0, "no reopen replayed the log: recovery was not tested");
 }
 
 fn main() {

@@ -133,14 +133,19 @@ fn data_file(dir: &Path) -> Vec<u8> {
 /// A map capped at 2 MiB: writes succeed (growing the map) until one does not fit;
 /// that one fails with `MapFull` and leaves no trace, reads go on, and a reopen
 /// finds exactly the acknowledged batches.
+/// LMDB fills up in a checkpoint, after the batch was acknowledged from the
+/// write-ahead log: that batch is kept (in memory and in the log), new batches are
+/// refused with `MapFull`, a reopen with the same limit keeps everything and
+/// still refuses, and a reopen with a larger limit catches up and writes again.
 #[test]
-fn map_full_refuses_the_batch_whole_and_keeps_every_acknowledged_one() {
+fn map_full_stops_writes_and_keeps_every_acknowledged_batch() {
     let _no_spawning = no_spawning_meanwhile();
     let dir = tempfile::tempdir().unwrap();
     let options = small_map(256 * KIB, 2 * MIB);
     let schema = test_schema();
     let mut database = open(dir.path(), options.clone());
     let rooms = database.create_collection("rooms", test_schema()).unwrap();
+    let number = database.collection_number(rooms).unwrap();
     let mut model = Model::default();
     let mut n_acknowledged = 0u64;
     let mut n_items = 0;
@@ -158,14 +163,15 @@ fn map_full_refuses_the_batch_whole_and_keeps_every_acknowledged_one() {
             });
             ops.push(GenOp::Remove { id: format!("!item{:06}", 0) });
         }
-        match write_ops(&mut database, rooms, &ops) {
-            Ok(ack) => {
-                n_acknowledged += 1;
-                n_items += 40 * round;
-                assert_eq!(ack.seq, n_acknowledged, "{context}: sequence");
-                model.apply(&schema, &ops);
-                assert_engine_matches(database.engine(), "rooms", &model, &context);
-            }
+        let ack = write_ops(&mut database, rooms, &ops)
+            .unwrap_or_else(|error| panic!("{context}: refused before a checkpoint found the map full: {error}"));
+        n_acknowledged += 1;
+        n_items += 40 * round;
+        assert_eq!(ack.seq, n_acknowledged, "{context}: sequence");
+        model.apply(&schema, &ops);
+        assert_engine_matches(database.engine(), "rooms", &model, &context);
+        match database.checkpoint() {
+            Ok(seq) => assert_eq!(seq, n_acknowledged, "{context}: the checkpoint's sequence"),
             Err(error) => {
                 let StoreError::MapFull { map_size, max_map_size } = error else {
                     panic!("{context}: expected MapFull, got {error:?}: {error}");
@@ -174,7 +180,6 @@ fn map_full_refuses_the_batch_whole_and_keeps_every_acknowledged_one() {
                 assert!(map_size <= max_map_size, "{context}: map {map_size} over its maximum");
                 let message = error.to_string();
                 assert!(message.contains("maximum map size"), "{context}: unclear message: {message}");
-                assert!(message.contains("Nothing was written"), "{context}: unclear message: {message}");
                 growths_before_full = Some(database.store_stats().n_map_growths);
                 break;
             }
@@ -183,37 +188,45 @@ fn map_full_refuses_the_batch_whole_and_keeps_every_acknowledged_one() {
     let growths = growths_before_full.expect("a 2 MiB map fills up within 40 growing batches");
     assert!(n_acknowledged >= 2, "only {n_acknowledged} batches fitted: the test does not exercise much");
     assert!(growths > 0, "the map never grew before it was full");
-    assert!(database.store_stats().map_size <= 2 * MIB);
+    let stats = database.store_stats();
+    assert!(stats.map_size <= 2 * MIB, "{stats:?}");
+    assert_eq!(stats.checkpointed_seq, n_acknowledged - 1, "LMDB holds every batch but the last: {stats:?}");
 
-    // The refused batch left no trace: in memory, in the sequence, on disk.
+    // New batches are refused, whole, with a message that says what to do.
+    let small = new_items("!small", 900_000, 1, 10);
+    match write_ops(&mut database, rooms, &small) {
+        Err(error @ StoreError::MapFull { .. }) => {
+            let message = error.to_string();
+            assert!(message.contains("Nothing was written"), "unclear message: {message}");
+            assert!(message.contains("raise the maximum map size"), "unclear message: {message}");
+        }
+        other => panic!("a batch while LMDB is full: expected MapFull, got {:?}", other.map(|ack| ack.seq)),
+    }
     assert_engine_matches(database.engine(), "rooms", &model, "after MapFull");
     assert_eq!(database.last_seq(), n_acknowledged, "after MapFull: the sequence moved");
-    let number = database.collection_number(rooms).unwrap();
-    assert_eq!(database.store().raw_items(number).unwrap().len(), model.items.len(), "after MapFull: on disk");
-    assert_eq!(database.store().item_count(number).unwrap(), model.items.len() as u64, "after MapFull: count");
     // Reads go on.
     assert_window_matches(&mut database, "rooms", &model, "after MapFull");
 
-    // A small batch may fit or not; either way it is whole or absent.
-    let small = new_items("!small", 900_000, 1, 10);
-    match write_ops(&mut database, rooms, &small) {
-        Ok(ack) => {
-            n_acknowledged += 1;
-            assert_eq!(ack.seq, n_acknowledged);
-            model.apply(&schema, &small);
-        }
-        Err(StoreError::MapFull { .. }) => {}
-        Err(error) => panic!("a small batch on a full map: expected Ok or MapFull, got {error:?}"),
-    }
-    assert_engine_matches(database.engine(), "rooms", &model, "after the small batch");
-    assert_eq!(database.last_seq(), n_acknowledged);
-    assert_window_matches(&mut database, "rooms", &model, "after the small batch");
-
+    // Reopened with the same limit: everything acknowledged is back (the last batch
+    // from the log), and writes are still refused once a checkpoint has failed.
     drop(database);
-    let mut database = open(dir.path(), options);
+    let mut database = open(dir.path(), options.clone());
     assert_engine_matches(database.engine(), "rooms", &model, "after reopen");
     assert_eq!(database.last_seq(), n_acknowledged, "after reopen: sequence");
     assert_window_matches(&mut database, "rooms", &model, "after reopen");
+    assert!(matches!(database.checkpoint(), Err(StoreError::MapFull { .. })), "the same limit, the same MapFull");
+    assert!(matches!(write_ops(&mut database, rooms, &small), Err(StoreError::MapFull { .. })));
+
+    // Reopened with room: the checkpoint catches up and writes go on.
+    drop(database);
+    let mut database = open(dir.path(), small_map(256 * KIB, 64 * MIB));
+    assert_eq!(database.checkpoint().unwrap(), n_acknowledged, "the checkpoint catches up");
+    let ack = write_ops(&mut database, rooms, &small).unwrap();
+    assert_eq!(ack.seq, n_acknowledged + 1);
+    model.apply(&schema, &small);
+    assert_engine_matches(database.engine(), "rooms", &model, "after growing the limit");
+    assert_eq!(database.with_store(move |store| store.raw_items(number)).unwrap().len(), model.items.len(), "on disk");
+    assert_eq!(database.with_store(move |store| store.item_count(number)).unwrap(), model.items.len() as u64, "count");
 }
 
 /// The SAFETY comment of `Store::grow_map` points here: many growths, each between
@@ -247,7 +260,7 @@ fn map_grows_under_writes_and_keeps_every_item() {
     assert_engine_matches(database.engine(), "rooms", &model, "after reopen");
     assert_eq!(database.last_seq(), n_batches as u64);
     let number = database.collection_number(rooms).unwrap();
-    assert_eq!(database.store().item_count(number).unwrap(), (n_batches * per_batch) as u64);
+    assert_eq!(database.with_store(move |store| store.item_count(number)).unwrap(), (n_batches * per_batch) as u64);
     assert_window_matches(&mut database, "rooms", &model, "after reopen");
 }
 
@@ -380,7 +393,7 @@ fn refused_batches_and_collection_names_leave_no_trace_on_disk() {
     let schema = test_schema();
     let (mut database, rooms, mut model) = rooms_with_items(dir.path(), 10);
     let number = database.collection_number(rooms).unwrap();
-    let snapshot = database.store().raw_items(number).unwrap();
+    let snapshot = database.with_store(move |store| store.raw_items(number)).unwrap();
     assert_eq!(snapshot.len(), 10);
 
     // A collection id that only exists in another database.
@@ -458,7 +471,10 @@ fn refused_batches_and_collection_names_leave_no_trace_on_disk() {
         }
         assert_eq!(database.last_seq(), 1, "{what}: the sequence moved");
         assert_engine_matches(database.engine(), "rooms", &model, what);
-        assert!(database.store().raw_items(number).unwrap() == snapshot, "{what}: the items on disk changed");
+        assert!(
+            database.with_store(move |store| store.raw_items(number)).unwrap() == snapshot,
+            "{what}: the items on disk changed"
+        );
     }
     // Right at the limits, the same ops are accepted.
     let max_id = "i".repeat(limits::MAX_ID_BYTES);
@@ -470,7 +486,7 @@ fn refused_batches_and_collection_names_leave_no_trace_on_disk() {
     }];
     assert_eq!(write_ops(&mut database, rooms, &edge).unwrap().seq, 2);
     model.apply(&schema, &edge);
-    let snapshot = database.store().raw_items(number).unwrap();
+    let snapshot = database.with_store(move |store| store.raw_items(number)).unwrap();
     assert_eq!(snapshot.len(), 11);
 
     // Collection names.
@@ -495,7 +511,10 @@ fn refused_batches_and_collection_names_leave_no_trace_on_disk() {
     assert_eq!(database.engine().stats().n_collections, 1, "after reopen: a refused collection reached the disk");
     assert_eq!(database.last_seq(), 2, "after reopen: sequence");
     assert_engine_matches(database.engine(), "rooms", &model, "after reopen");
-    assert!(database.store().raw_items(number).unwrap() == snapshot, "after reopen: the items on disk changed");
+    assert!(
+        database.with_store(move |store| store.raw_items(number)).unwrap() == snapshot,
+        "after reopen: the items on disk changed"
+    );
 
     let wide = database.create_collection(&name_128, test_schema()).unwrap();
     assert_eq!(database.collection_number(wide), Some(1));
@@ -503,14 +522,17 @@ fn refused_batches_and_collection_names_leave_no_trace_on_disk() {
     let database = open(dir.path(), StoreOptions::default());
     assert_eq!(database.last_seq(), 2, "after reopen: sequence");
     assert_engine_matches(database.engine(), "rooms", &model, "after reopen");
-    assert!(database.store().raw_items(number).unwrap() == snapshot, "after reopen: the items on disk changed");
-    assert_eq!(database.store().item_count(number).unwrap(), 11);
+    assert!(
+        database.with_store(move |store| store.raw_items(number)).unwrap() == snapshot,
+        "after reopen: the items on disk changed"
+    );
+    assert_eq!(database.with_store(move |store| store.item_count(number)).unwrap(), 11);
     assert_eq!(database.engine().stats().n_collections, 2, "after reopen: collections");
     assert!(database.engine().collection_id("").is_none());
     assert!(database.engine().collection_id(&name_129).is_none());
     let wide = database.engine().collection_id(&name_128).expect("the 128-byte name survives a reopen");
     assert_eq!(database.engine().collection(wide).unwrap().len(), 0);
-    assert_eq!(database.store().raw_items(1).unwrap().len(), 0);
+    assert_eq!(database.with_store(move |store| store.raw_items(1)).unwrap().len(), 0);
 }
 
 #[test]
@@ -647,14 +669,12 @@ fn map_full_is_reported_when_the_maximum_is_not_page_aligned() {
         let mut database = open(dir.path(), small_map(initial_map_size, max_map_size));
         let rooms = database.create_collection("rooms", test_schema()).unwrap();
         let mut n_acknowledged = 0;
+        // The log takes each batch; the checkpoint after it finds whether LMDB can.
         let refused = (0..100).find_map(|round| {
-            match write_ops(&mut database, rooms, &new_items("!item", round * 50, 50, 2000)) {
-                Ok(_) => {
-                    n_acknowledged += 1;
-                    None
-                }
-                Err(error) => Some(error),
-            }
+            write_ops(&mut database, rooms, &new_items("!item", round * 50, 50, 2000))
+                .unwrap_or_else(|error| panic!("{context}: refused before a checkpoint failed: {error}"));
+            n_acknowledged += 1;
+            database.checkpoint().err()
         });
         match refused {
             Some(StoreError::MapFull { map_size, max_map_size: reported }) => {
@@ -669,7 +689,7 @@ fn map_full_is_reported_when_the_maximum_is_not_page_aligned() {
         assert_eq!(database.last_seq(), n_acknowledged);
         // Most of the allowed space was used before the refusal (not stopped at a smaller growth step).
         let number = database.collection_number(rooms).unwrap();
-        let n_items = database.store().raw_items(number).unwrap().len();
+        let n_items = database.with_store(move |store| store.raw_items(number)).unwrap().len();
         assert!(n_items >= 150, "{context}: only {n_items} items of ~2 KiB fitted in ~1 MB");
     }
 }

@@ -118,12 +118,12 @@ fn run_seed(seed: u64, n_steps: usize) {
                 let collection = database.engine().collection_id(name).unwrap();
                 let number = database.collection_number(collection).unwrap();
                 assert_eq!(
-                    database.store().item_count(number).unwrap(),
+                    database.with_store(move |store| store.item_count(number)).unwrap(),
                     model.items.len() as u64,
                     "{context}: item count"
                 );
                 assert_eq!(
-                    database.store().raw_items(number).unwrap().len(),
+                    database.with_store(move |store| store.raw_items(number)).unwrap().len(),
                     model.items.len(),
                     "{context}: items on disk"
                 );

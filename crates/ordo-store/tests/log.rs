@@ -1,0 +1,202 @@
+//! The write-ahead log and its checkpoints, against a reference model:
+//! - random batches over two collections, with checkpoints, clean closes and
+//!   crash-like closes (no final checkpoint) at random; after every reopen the
+//!   engine equals the model and the sequence number is the number of batches;
+//!   checkpointed log segments are deleted;
+//! - a record cut short at the end of the log (a crash mid-append) is dropped,
+//!   and everything before it kept; damage anywhere else is refused at open.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{assert_engine_matches, fill_batch, random_ops, test_schema, Model, Rng};
+use ordo_core::{Batch, CollectingSink, CollectionId};
+use ordo_store::{Database, StoreError, StoreOptions};
+
+/// Small segments, so that rotation and deletion happen within a few batches;
+/// no checkpoint by timer, so that the test decides when LMDB catches up.
+fn options() -> StoreOptions {
+    StoreOptions { log_segment_bytes: 4096, checkpoint_interval: Duration::from_secs(3600), ..StoreOptions::default() }
+}
+
+fn open(dir: &Path) -> (Database, ordo_store::OpenReport) {
+    Database::open(dir, options(), &mut |_| {}).unwrap_or_else(|error| panic!("open: {error}"))
+}
+
+fn segment_files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.starts_with("wal-") && name.ends_with(".log"))
+        .collect();
+    names.sort();
+    names
+}
+
+fn collections(database: &mut Database) -> [CollectionId; 2] {
+    ["rooms", "people"].map(|name| match database.engine().collection_id(name) {
+        Some(id) => id,
+        None => database.create_collection(name, test_schema()).unwrap(),
+    })
+}
+
+fn write(database: &mut Database, collection: CollectionId, ops: &[common::GenOp]) -> u64 {
+    let mut batch = Batch::new();
+    fill_batch(&mut batch, ops);
+    let (_, result) = database.write(collection, batch, &mut CollectingSink::new());
+    result.unwrap_or_else(|error| panic!("write: {error}")).seq
+}
+
+#[test]
+fn reopen_after_checkpoints_clean_closes_and_crashes_equals_the_model() {
+    let schema = test_schema();
+    for seed in 1..=4u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rng = Rng::new(seed);
+        let mut models = [Model::default(), Model::default()];
+        let mut n_batches = 0u64;
+        let (mut n_replayed, mut n_crashes) = (0u64, 0u64);
+        let (mut database, _) = open(dir.path());
+        let mut ids = collections(&mut database);
+        for step in 0..400 {
+            let context = format!("seed {seed}, step {step}");
+            match rng.below(100) {
+                0..=79 => {
+                    let which = rng.below(2);
+                    let ops = random_ops(&mut rng, "!r", 40, 12);
+                    let seq = write(&mut database, ids[which], &ops);
+                    n_batches += 1;
+                    assert_eq!(seq, n_batches, "{context}: sequence");
+                    models[which].apply(&schema, &ops);
+                }
+                80..=89 => {
+                    assert_eq!(database.checkpoint().unwrap(), n_batches, "{context}: checkpoint");
+                    // Every closed segment is in LMDB now: only the current one is left.
+                    assert_eq!(segment_files(dir.path()).len(), 1, "{context}: {:?}", segment_files(dir.path()));
+                }
+                _ => {
+                    if rng.chance(50) {
+                        database.close_without_checkpoint();
+                        n_crashes += 1;
+                    } else {
+                        drop(database);
+                    }
+                    let (reopened, report) = open(dir.path());
+                    database = reopened;
+                    n_replayed += report.n_log_records_replayed;
+                    assert_eq!(report.last_seq, n_batches, "{context}: sequence after reopen");
+                    assert_eq!(database.last_seq(), n_batches, "{context}: sequence after reopen");
+                    ids = collections(&mut database);
+                }
+            }
+            assert_engine_matches(database.engine(), "rooms", &models[0], &context);
+            assert_engine_matches(database.engine(), "people", &models[1], &context);
+        }
+        assert!(n_crashes > 0 && n_replayed > 0, "seed {seed}: no crash-like close replayed the log");
+        // LMDB alone, once caught up, holds exactly the model.
+        let number = database.collection_number(ids[0]).unwrap();
+        assert_eq!(database.checkpoint().unwrap(), n_batches);
+        let on_disk = database.with_store(move |store| store.raw_items(number)).unwrap();
+        let on_disk_ids: Vec<&str> = on_disk.iter().map(|(id, _)| id.as_str()).collect();
+        let model_ids: Vec<&str> = models[0].items.keys().map(String::as_str).collect();
+        assert_eq!(on_disk_ids, model_ids, "seed {seed}: LMDB after the last checkpoint");
+    }
+}
+
+/// Writes `n` batches, closes like a crash (nothing checkpointed), and returns
+/// the model after each batch (`models[k]` = after `k` batches).
+fn crashed_directory(dir: &Path, n: usize) -> Vec<Model> {
+    let schema = test_schema();
+    let (mut database, _) = open(dir);
+    let [rooms, _] = collections(&mut database);
+    database.checkpoint().unwrap();
+    let mut rng = Rng::new(99);
+    let mut models = vec![Model::default()];
+    for _ in 0..n {
+        let ops = random_ops(&mut rng, "!r", 30, 8);
+        write(&mut database, rooms, &ops);
+        let mut model = models.last().unwrap().clone();
+        model.apply(&schema, &ops);
+        models.push(model);
+    }
+    database.close_without_checkpoint();
+    models
+}
+
+fn last_segment(dir: &Path) -> std::path::PathBuf {
+    dir.join(segment_files(dir).last().unwrap())
+}
+
+#[test]
+fn a_record_cut_short_at_the_end_is_dropped_and_the_rest_kept() {
+    let n = 5;
+    // Segments hold a few records each; cut the last one at many places.
+    let probe = tempfile::tempdir().unwrap();
+    crashed_directory(probe.path(), n);
+    let last_len = std::fs::metadata(last_segment(probe.path())).unwrap().len();
+    assert!(last_len > 0, "the last segment is empty");
+    for cut in [1, 2, 7, 8, 9, 20, last_len / 2, last_len - 1] {
+        let dir = tempfile::tempdir().unwrap();
+        let models = crashed_directory(dir.path(), n);
+        let path = last_segment(dir.path());
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(last_len - cut).unwrap();
+        drop(file);
+
+        let (mut database, report) = open(dir.path());
+        let kept = report.last_seq as usize;
+        assert!(kept < n, "cut {cut}: a cut-off record was replayed");
+        // The schemas' collection creations are not batches: batch k has seq k.
+        assert_engine_matches(database.engine(), "rooms", &models[kept], &format!("cut {cut}"));
+        // The log goes on from there, and a later reopen sees no damage.
+        let [rooms, _] = collections(&mut database);
+        let seq = write(&mut database, rooms, &[]);
+        assert_eq!(seq, kept as u64 + 1, "cut {cut}: the next sequence");
+        database.close_without_checkpoint();
+        let (_, report) = open(dir.path());
+        assert_eq!(report.last_seq, kept as u64 + 1, "cut {cut}: after a second reopen");
+    }
+}
+
+#[test]
+fn garbage_after_the_last_record_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = crashed_directory(dir.path(), 4);
+    let path = last_segment(dir.path());
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes.extend_from_slice(&[0xAB; 37]);
+    std::fs::write(&path, &bytes).unwrap();
+    let (database, report) = open(dir.path());
+    assert_eq!(report.last_seq, 4);
+    assert_engine_matches(database.engine(), "rooms", &models[4], "garbage tail");
+}
+
+#[test]
+fn damage_before_the_end_of_the_log_is_refused_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    crashed_directory(dir.path(), 60);
+    let segments = segment_files(dir.path());
+    assert!(segments.len() >= 3, "expected several segments: {segments:?}");
+    // Flip a byte in the middle of the first segment's records.
+    let path = dir.path().join(&segments[0]);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x5A;
+    std::fs::write(&path, &bytes).unwrap();
+    match Database::open(dir.path(), options(), &mut |_| {}) {
+        Err(error @ StoreError::Corrupt { .. }) => {
+            let message = error.to_string();
+            assert!(message.contains("damaged"), "unclear message: {message}");
+            assert!(message.contains("write-ahead log"), "unclear message: {message}");
+        }
+        Err(error) => panic!("expected Corrupt, got {error:?}"),
+        Ok(_) => panic!("a damaged log segment was accepted"),
+    }
+    // A missing segment is a gap: refused too.
+    let dir = tempfile::tempdir().unwrap();
+    crashed_directory(dir.path(), 60);
+    std::fs::remove_file(dir.path().join(&segment_files(dir.path())[1])).unwrap();
+    assert!(matches!(Database::open(dir.path(), options(), &mut |_| {}), Err(StoreError::Corrupt { .. })));
+}
