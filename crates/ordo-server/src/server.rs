@@ -70,6 +70,20 @@ pub fn serve(options: ServeOptions) -> Result<(), String> {
         report.last_seq,
         started.elapsed().as_secs_f64()
     );
+    if report.n_log_records_replayed > 0 || report.n_log_bytes_cut_off > 0 {
+        println!(
+            "ordo: replayed {} batches from the write-ahead log (not yet checkpointed when the last run stopped){}",
+            report.n_log_records_replayed,
+            if report.n_log_bytes_cut_off > 0 {
+                format!(
+                    "; cut off {} bytes of a write the crash interrupted (never acknowledged)",
+                    report.n_log_bytes_cut_off
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
 
     let routes = Arc::new(RwLock::new(NameRoutes::new()));
     let core = Core::new(database, routes.clone(), options.outbound_budget);

@@ -52,6 +52,8 @@ pub struct OpenReport {
     pub load_time: Duration,
     /// Batches found in the write-ahead log after LMDB's last checkpoint, replayed.
     pub n_log_records_replayed: u64,
+    /// Bytes of a log record a crash cut short (never acknowledged), removed.
+    pub n_log_bytes_cut_off: u64,
 }
 
 pub struct Database {
@@ -135,6 +137,7 @@ impl Database {
             open_time,
             load_time: started.elapsed() - open_time,
             n_log_records_replayed: recovery.n_records_replayed,
+            n_log_bytes_cut_off: recovery.n_torn_bytes_removed,
         };
         let database = Database {
             dir: dir.to_owned(),

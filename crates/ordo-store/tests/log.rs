@@ -148,6 +148,7 @@ fn a_record_cut_short_at_the_end_is_dropped_and_the_rest_kept() {
         let (mut database, report) = open(dir.path());
         let kept = report.last_seq as usize;
         assert!(kept < n, "cut {cut}: a cut-off record was replayed");
+        assert!(report.n_log_bytes_cut_off > 0, "cut {cut}: the cut-off bytes are not reported");
         // The schemas' collection creations are not batches: batch k has seq k.
         assert_engine_matches(database.engine(), "rooms", &models[kept], &format!("cut {cut}"));
         // The log goes on from there, and a later reopen sees no damage.
@@ -170,6 +171,7 @@ fn garbage_after_the_last_record_is_dropped() {
     std::fs::write(&path, &bytes).unwrap();
     let (database, report) = open(dir.path());
     assert_eq!(report.last_seq, 4);
+    assert_eq!(report.n_log_bytes_cut_off, 37);
     assert_engine_matches(database.engine(), "rooms", &models[4], "garbage tail");
 }
 
