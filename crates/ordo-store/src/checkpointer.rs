@@ -294,7 +294,8 @@ impl State {
             if numbers.len() == self.batches.len() {
                 self.batches.push(Batch::new());
             }
-            wal::decode_batch(&record, schema, &mut self.batches[numbers.len()]).map_err(corrupt)?;
+            wal::decode_batch(&record, schema, &mut self.batches[numbers.len()])
+                .map_err(|damaged| corrupt(damaged.0))?;
             numbers.push(record.collection_number);
             expected_seq += 1;
             offset += len;

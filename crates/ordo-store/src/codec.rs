@@ -19,12 +19,12 @@ const RECORD_VERSION: u8 = 1;
 pub struct Corrupt(pub &'static str);
 
 /// Reads a little-endian record front to back; every read is bounds-checked.
-struct Reader<'a> {
-    bytes: &'a [u8],
+pub(crate) struct Reader<'a> {
+    pub(crate) bytes: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n_bytes: usize, what: &'static str) -> Result<&'a [u8], Corrupt> {
+    pub(crate) fn take(&mut self, n_bytes: usize, what: &'static str) -> Result<&'a [u8], Corrupt> {
         if self.bytes.len() < n_bytes {
             return Err(Corrupt(what));
         }
@@ -33,27 +33,27 @@ impl<'a> Reader<'a> {
         Ok(head)
     }
 
-    fn u8(&mut self, what: &'static str) -> Result<u8, Corrupt> {
+    pub(crate) fn u8(&mut self, what: &'static str) -> Result<u8, Corrupt> {
         Ok(self.take(1, what)?[0])
     }
 
-    fn u16(&mut self, what: &'static str) -> Result<u16, Corrupt> {
+    pub(crate) fn u16(&mut self, what: &'static str) -> Result<u16, Corrupt> {
         Ok(u16::from_le_bytes(self.take(2, what)?.try_into().expect("2 bytes")))
     }
 
-    fn u32(&mut self, what: &'static str) -> Result<u32, Corrupt> {
+    pub(crate) fn u32(&mut self, what: &'static str) -> Result<u32, Corrupt> {
         Ok(u32::from_le_bytes(self.take(4, what)?.try_into().expect("4 bytes")))
     }
 
-    fn u64(&mut self, what: &'static str) -> Result<u64, Corrupt> {
+    pub(crate) fn u64(&mut self, what: &'static str) -> Result<u64, Corrupt> {
         Ok(u64::from_le_bytes(self.take(8, what)?.try_into().expect("8 bytes")))
     }
 
-    fn str(&mut self, n_bytes: usize, what: &'static str) -> Result<&'a str, Corrupt> {
+    pub(crate) fn str(&mut self, n_bytes: usize, what: &'static str) -> Result<&'a str, Corrupt> {
         std::str::from_utf8(self.take(n_bytes, what)?).map_err(|_| Corrupt(what))
     }
 
-    fn finish(&self, what: &'static str) -> Result<(), Corrupt> {
+    pub(crate) fn finish(&self, what: &'static str) -> Result<(), Corrupt> {
         if self.bytes.is_empty() {
             Ok(())
         } else {

@@ -113,7 +113,7 @@ impl Database {
                     .ok_or(corrupt("log records of known collections"))?;
                 let collection = engine_ids[index];
                 let schema = engine.collection(collection).expect("created above").schema();
-                wal::decode_batch(record, schema, &mut batch).map_err(corrupt)?;
+                wal::decode_batch(record, schema, &mut batch).map_err(|damaged| corrupt(damaged.0))?;
                 engine
                     .apply_batch(collection, &batch, &mut NullSink)
                     .map_err(|_| corrupt("log records that apply to the stored items"))?;

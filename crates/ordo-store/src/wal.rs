@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 
 use ordo_core::{Batch, Schema, Value};
 
+use crate::codec::{Corrupt, Reader};
 use crate::error::StoreError;
 
 /// Bytes before a record's body: its length and its CRC.
@@ -149,91 +150,55 @@ pub(crate) fn next_record(bytes: &[u8]) -> Option<(RawRecord<'_>, usize)> {
     ))
 }
 
-/// Reads a record body front to back; every read is bounds-checked.
-struct BodyReader<'a> {
-    bytes: &'a [u8],
-}
-
 const DAMAGED: &str = "write-ahead log records that decode under their collection's schema";
-
-impl<'a> BodyReader<'a> {
-    fn take(&mut self, n_bytes: usize) -> Result<&'a [u8], &'static str> {
-        if self.bytes.len() < n_bytes {
-            return Err(DAMAGED);
-        }
-        let (head, rest) = self.bytes.split_at(n_bytes);
-        self.bytes = rest;
-        Ok(head)
-    }
-
-    fn u8(&mut self) -> Result<u8, &'static str> {
-        Ok(self.take(1)?[0])
-    }
-
-    fn u32(&mut self) -> Result<u32, &'static str> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
-    }
-
-    fn u64(&mut self) -> Result<u64, &'static str> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
-    }
-
-    fn str(&mut self, n_bytes: usize) -> Result<&'a str, &'static str> {
-        std::str::from_utf8(self.take(n_bytes)?).map_err(|_| DAMAGED)
-    }
-}
 
 /// Rebuilds the batch of a record (`batch` is cleared first). Errors name what
 /// was expected, for `StoreError::Corrupt`.
-pub(crate) fn decode_batch(record: &RawRecord<'_>, schema: &Schema, batch: &mut Batch) -> Result<(), &'static str> {
+pub(crate) fn decode_batch(record: &RawRecord<'_>, schema: &Schema, batch: &mut Batch) -> Result<(), Corrupt> {
     batch.clear();
-    let mut reader = BodyReader { bytes: &record.body[BODY_FIXED_BYTES..] };
+    let mut reader = Reader { bytes: &record.body[BODY_FIXED_BYTES..] };
     let n_ops = u32::from_le_bytes(record.body[12..16].try_into().expect("4 bytes"));
     for _ in 0..n_ops {
-        let kind = reader.u8()?;
-        let id_len = reader.u8()? as usize;
-        let id = reader.str(id_len)?;
+        let kind = reader.u8(DAMAGED)?;
+        let id_len = reader.u8(DAMAGED)? as usize;
+        let id = reader.str(id_len, DAMAGED)?;
         match kind {
             OP_REMOVE => batch.remove(id),
             OP_UPSERT => {
                 let mut upsert = batch.upsert(id);
-                for _ in 0..reader.u32()? {
-                    let field_index = reader.u8()? as usize;
-                    let field = schema.fields().get(field_index).ok_or(DAMAGED)?;
-                    let value = match reader.u8()? {
+                for _ in 0..reader.u32(DAMAGED)? {
+                    let field_index = reader.u8(DAMAGED)? as usize;
+                    let field = schema.fields().get(field_index).ok_or(Corrupt(DAMAGED))?;
+                    let value = match reader.u8(DAMAGED)? {
                         VALUE_NULL => Value::Null,
-                        VALUE_BOOL => Value::Bool(reader.u8()? != 0),
-                        VALUE_I64 => Value::I64(reader.u64()? as i64),
-                        VALUE_U64 => Value::U64(reader.u64()?),
-                        VALUE_F64 => Value::F64(f64::from_bits(reader.u64()?)),
+                        VALUE_BOOL => Value::Bool(reader.u8(DAMAGED)? != 0),
+                        VALUE_I64 => Value::I64(reader.u64(DAMAGED)? as i64),
+                        VALUE_U64 => Value::U64(reader.u64(DAMAGED)?),
+                        VALUE_F64 => Value::F64(f64::from_bits(reader.u64(DAMAGED)?)),
                         VALUE_STR => {
-                            let len = reader.u32()? as usize;
-                            Value::Str(reader.str(len)?)
+                            let len = reader.u32(DAMAGED)? as usize;
+                            Value::Str(reader.str(len, DAMAGED)?)
                         }
-                        _ => return Err(DAMAGED),
+                        _ => return Err(Corrupt(DAMAGED)),
                     };
                     if !value.is_null() && value.coerce_to(field.field_type).is_none() {
-                        return Err(DAMAGED);
+                        return Err(Corrupt(DAMAGED));
                     }
                     upsert = upsert.set(&field.name, value);
                 }
-                match reader.u8()? {
+                match reader.u8(DAMAGED)? {
                     0 => {}
                     1 => {
-                        let len = reader.u32()? as usize;
-                        upsert.payload(reader.take(len)?);
+                        let len = reader.u32(DAMAGED)? as usize;
+                        upsert.payload(reader.take(len, DAMAGED)?);
                     }
-                    _ => return Err(DAMAGED),
+                    _ => return Err(Corrupt(DAMAGED)),
                 }
             }
-            _ => return Err(DAMAGED),
+            _ => return Err(Corrupt(DAMAGED)),
         }
     }
-    if reader.bytes.is_empty() {
-        Ok(())
-    } else {
-        Err(DAMAGED)
-    }
+    reader.finish(DAMAGED)
 }
 
 /// A closed segment: every record in it is older than the current segment's.
