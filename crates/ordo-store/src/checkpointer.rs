@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use ordo_core::{Batch, Schema};
 
 use crate::error::StoreError;
-use crate::store::{CommitWrite, Store};
+use crate::store::{CheckpointTarget, OpenCheckpoint, Store, WriteScratch};
 use crate::wal;
 
 /// Jobs queued for the checkpointer; a full queue makes the writer wait.
@@ -107,10 +107,12 @@ impl Checkpointer {
             skip_final_checkpoint: AtomicBool::new(false),
         });
         let state = State {
+            target: store.checkpoint_target(),
+            scratch: WriteScratch::default(),
             store,
             schemas: schemas.into_iter().collect(),
             pending: Vec::new(),
-            batches: Vec::new(),
+            batch: Batch::new(),
             recycle,
             shared: Arc::clone(&shared),
         };
@@ -194,119 +196,208 @@ impl Drop for Checkpointer {
 
 struct State {
     store: Store,
+    target: CheckpointTarget,
+    scratch: WriteScratch,
     /// Schema of each collection, by number.
     schemas: std::collections::HashMap<u32, Schema>,
-    /// Records received since the last checkpoint, oldest first. Copied out of
-    /// the writer's buffers, which go straight back for reuse: the writer then
+    /// Records received since the last checkpoint, oldest first: kept until LMDB
+    /// has committed them, so a failed checkpoint can be written again. Copied out
+    /// of the writer's buffers, which go straight back for reuse: the writer then
     /// allocates nothing per group, and this buffer keeps its capacity (at most
     /// `max_pending_bytes` and one group).
     pending: Vec<u8>,
-    /// Decoded batches, reused from one checkpoint to the next.
-    batches: Vec<Batch>,
+    /// The batch each record is decoded into, reused for every record.
+    batch: Batch,
     recycle: Sender<Vec<u8>>,
     shared: Arc<Shared>,
 }
 
-fn run(mut state: State, jobs: Receiver<Job>, interval: Duration, max_pending_bytes: usize) {
-    // When the oldest pending record is due to be checkpointed.
-    let mut due: Option<Instant> = None;
-    loop {
-        let job = match due {
-            None => jobs.recv().ok(),
-            Some(due_at) => match jobs.recv_timeout(due_at.saturating_duration_since(Instant::now())) {
-                Ok(job) => Some(job),
-                Err(RecvTimeoutError::Timeout) => {
-                    due = state.checkpoint().err().map(|_| Instant::now() + interval);
-                    continue;
-                }
-                Err(RecvTimeoutError::Disconnected) => None,
-            },
+/// Why the checkpointer stopped collecting records into the open checkpoint.
+enum Collected {
+    /// The checkpoint is due (its interval passed, or enough bytes wait).
+    Due,
+    /// A job that needs the store to itself (after a checkpoint of everything before it).
+    Job(Job),
+    /// Every sender is gone.
+    Stop,
+}
+
+/// The open checkpoint, as far as it got.
+enum Applying<'s> {
+    /// No record since the last commit.
+    Idle,
+    Open(OpenCheckpoint<'s>),
+    /// Adding a record failed; the rest wait for the commit, which reports this
+    /// (and writes them all again if the map has grown).
+    Failed(heed::Error),
+}
+
+/// Buffers and lookups for adding records, borrowed from [`State`].
+struct Adder<'a> {
+    schemas: &'a std::collections::HashMap<u32, Schema>,
+    batch: &'a mut Batch,
+    scratch: &'a mut WriteScratch,
+}
+
+/// Adds the records of `pending` from byte `*applied` on to the open checkpoint,
+/// which starts (as the batch after `last_seq`) if there is none.
+fn apply_pending<'t>(
+    target: &'t CheckpointTarget,
+    last_seq: u64,
+    applying: &mut Applying<'t>,
+    pending: &[u8],
+    applied: &mut usize,
+    adder: &mut Adder<'_>,
+) {
+    if matches!(applying, Applying::Idle) {
+        *applying = match target.begin(last_seq + 1, adder.scratch) {
+            Ok(open) => Applying::Open(open),
+            Err(error) => Applying::Failed(error),
         };
-        match job {
-            None => {
-                // Shutting down: what fails here is replayed from the log at the next open.
-                if !state.shared.skip_final_checkpoint.load(Ordering::Acquire) {
-                    let _ = state.checkpoint();
-                }
+    }
+    let Adder { schemas, batch, scratch } = adder;
+    let Applying::Open(open) = applying else { return };
+    let corrupt = |expected: &'static str| heed::Error::Decoding(expected.into());
+    while *applied < pending.len() {
+        let outcome = (|| {
+            let (record, len) = wal::next_record(&pending[*applied..]).ok_or(corrupt("intact log records"))?;
+            if record.seq != open.next_seq() {
+                return Err(corrupt("log records in sequence"));
+            }
+            let schema = schemas.get(&record.collection_number).ok_or(corrupt("log records of known collections"))?;
+            wal::decode_batch(&record, schema, batch).map_err(|damaged| corrupt(damaged.0))?;
+            open.add(record.collection_number, schema, batch, scratch)?;
+            Ok(len)
+        })();
+        match outcome {
+            Ok(len) => *applied += len,
+            Err(error) => {
+                *applying = Applying::Failed(error);
                 return;
-            }
-            Some(Job::Records(mut records)) => {
-                state.pending.extend_from_slice(&records);
-                records.clear();
-                let _ = state.recycle.send(records);
-                due.get_or_insert_with(|| Instant::now() + interval);
-                if state.pending.len() >= max_pending_bytes {
-                    due = state.checkpoint().err().map(|_| Instant::now() + interval);
-                }
-            }
-            Some(Job::CreateCollection { number, name, schema, reply }) => {
-                let outcome = state.checkpoint().and_then(|_| state.store.create_collection(number, &name, &schema));
-                if outcome.is_ok() {
-                    state.schemas.insert(number, schema);
-                }
-                due = (!state.pending.is_empty()).then(|| Instant::now() + interval);
-                let _ = reply.send(outcome);
-            }
-            Some(Job::Run(job)) => {
-                let outcome = state.checkpoint();
-                due = (!state.pending.is_empty()).then(|| Instant::now() + interval);
-                job(&state.store, outcome);
             }
         }
     }
 }
 
+fn run(mut state: State, jobs: Receiver<Job>, interval: Duration, max_pending_bytes: usize) {
+    // When the oldest pending record is due to be checkpointed (records left by
+    // a failed checkpoint wait one interval for the retry).
+    let mut due: Option<Instant> = (!state.pending.is_empty()).then(|| Instant::now() + interval);
+    loop {
+        let (collected, outcome) = {
+            let State { store, target, scratch, schemas, pending, batch, recycle, shared } = &mut state;
+            let mut adder = Adder { schemas, batch, scratch };
+            // Records are added to LMDB as they arrive and committed when due.
+            let mut applying = Applying::Idle;
+            let mut applied = 0;
+            let collected = loop {
+                let job = match due {
+                    None => jobs.recv().ok(),
+                    Some(due_at) => match jobs.recv_timeout(due_at.saturating_duration_since(Instant::now())) {
+                        Ok(job) => Some(job),
+                        Err(RecvTimeoutError::Timeout) => break Collected::Due,
+                        Err(RecvTimeoutError::Disconnected) => None,
+                    },
+                };
+                match job {
+                    None => break Collected::Stop,
+                    Some(Job::Records(mut records)) => {
+                        pending.extend_from_slice(&records);
+                        records.clear();
+                        let _ = recycle.send(records);
+                        due.get_or_insert_with(|| Instant::now() + interval);
+                        if shared.stall.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_none() {
+                            apply_pending(target, store.last_seq(), &mut applying, pending, &mut applied, &mut adder);
+                        }
+                        if pending.len() >= max_pending_bytes {
+                            break Collected::Due;
+                        }
+                    }
+                    Some(job) => break Collected::Job(job),
+                }
+            };
+            if matches!(collected, Collected::Stop) && shared.skip_final_checkpoint.load(Ordering::Acquire) {
+                // As a crash would: what is pending is replayed from the log at the next open.
+                return;
+            }
+            let outcome = if applied < pending.len() || !matches!(applying, Applying::Idle) {
+                apply_pending(target, store.last_seq(), &mut applying, pending, &mut applied, &mut adder);
+                finish(store, target, applying, pending, &mut adder)
+            } else {
+                // Nothing to write: LMDB is as up to date as it can be, or still failing.
+                match shared.stall.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).as_ref() {
+                    Some(stall) => Err(stall.to_error(store.dir())),
+                    None => Ok(store.last_seq()),
+                }
+            };
+            (collected, outcome)
+        };
+        state.publish(&outcome);
+        due = match &outcome {
+            Ok(_) => None,
+            Err(_) => Some(Instant::now() + interval),
+        };
+        match collected {
+            Collected::Due => {}
+            Collected::Stop => return,
+            Collected::Job(Job::Records(_)) => unreachable!("records are collected above"),
+            Collected::Job(Job::CreateCollection { number, name, schema, reply }) => {
+                let created = outcome.and_then(|_| state.store.create_collection(number, &name, &schema));
+                if created.is_ok() {
+                    state.schemas.insert(number, schema);
+                }
+                let _ = reply.send(created);
+            }
+            Collected::Job(Job::Run(job)) => job(&state.store, outcome),
+        }
+    }
+}
+
+/// Commits the open checkpoint. When the map was full it grows and every pending
+/// record is written again in a new checkpoint. On success `pending` is empty;
+/// on failure it keeps every record for the next attempt.
+fn finish(
+    store: &mut Store,
+    target: &CheckpointTarget,
+    applying: Applying<'_>,
+    pending: &mut Vec<u8>,
+    adder: &mut Adder<'_>,
+) -> Result<u64, StoreError> {
+    let mut result = match applying {
+        Applying::Idle => unreachable!("called with a checkpoint open"),
+        Applying::Open(open) => open.commit(adder.scratch),
+        Applying::Failed(error) => Err(error),
+    };
+    loop {
+        match result {
+            Ok(n_batches) => {
+                store.checkpoint_committed(n_batches);
+                pending.clear();
+                return Ok(store.last_seq());
+            }
+            Err(error) => store.recover_from(error)?,
+        }
+        let mut applying = Applying::Idle;
+        let mut applied = 0;
+        apply_pending(target, store.last_seq(), &mut applying, pending, &mut applied, adder);
+        result = match applying {
+            Applying::Idle => unreachable!("apply_pending opens a checkpoint"),
+            Applying::Open(open) => open.commit(adder.scratch),
+            Applying::Failed(error) => Err(error),
+        };
+    }
+}
+
 impl State {
-    /// Writes every pending record to LMDB in one transaction. Returns the
-    /// sequence number LMDB now holds; on failure the records stay pending.
-    fn checkpoint(&mut self) -> Result<u64, StoreError> {
-        let outcome = self.try_checkpoint();
+    /// Publishes a checkpoint's outcome: the sequence number LMDB holds, or why it failed.
+    fn publish(&self, outcome: &Result<u64, StoreError>) {
         let mut stall = self.shared.stall.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        match &outcome {
+        match outcome {
             Ok(seq) => {
                 *stall = None;
                 self.shared.checkpointed_seq.store(*seq, Ordering::Release);
             }
             Err(error) => *stall = Some(Stall::of(error)),
         }
-        outcome
-    }
-
-    fn try_checkpoint(&mut self) -> Result<u64, StoreError> {
-        if self.pending.is_empty() {
-            return match self.shared.stall.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).as_ref() {
-                Some(stall) => Err(stall.to_error(self.store.dir())),
-                None => Ok(self.store.last_seq()),
-            };
-        }
-        let dir = self.store.dir().to_owned();
-        let corrupt = |expected| StoreError::Corrupt { dir: dir.clone(), expected };
-        let mut numbers = Vec::new();
-        let mut expected_seq = self.store.last_seq() + 1;
-        let mut offset = 0;
-        while offset < self.pending.len() {
-            let (record, len) = wal::next_record(&self.pending[offset..]).ok_or(corrupt("intact log records"))?;
-            if record.seq != expected_seq {
-                return Err(corrupt("log records in sequence"));
-            }
-            let schema =
-                self.schemas.get(&record.collection_number).ok_or(corrupt("log records of known collections"))?;
-            if numbers.len() == self.batches.len() {
-                self.batches.push(Batch::new());
-            }
-            wal::decode_batch(&record, schema, &mut self.batches[numbers.len()])
-                .map_err(|damaged| corrupt(damaged.0))?;
-            numbers.push(record.collection_number);
-            expected_seq += 1;
-            offset += len;
-        }
-        let writes: Vec<CommitWrite<'_>> = numbers
-            .iter()
-            .zip(&self.batches)
-            .map(|(&number, batch)| CommitWrite { collection_number: number, schema: &self.schemas[&number], batch })
-            .collect();
-        self.store.commit(&writes)?;
-        self.pending.clear();
-        Ok(self.store.last_seq())
     }
 }

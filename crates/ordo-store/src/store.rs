@@ -4,13 +4,14 @@
 //! LMDB needs no recovery: the last committed meta page is the checkpoint, and
 //! the write-ahead log holds what came after it.
 
+use std::collections::HashMap;
 use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use heed::types::Bytes;
-use heed::{Database, Env, EnvFlags, EnvOpenOptions, MdbError};
+use heed::{Database, Env, EnvFlags, EnvOpenOptions, MdbError, RwTxn};
 use ordo_core::{Batch, CollectionId, Engine, Schema, Value};
 
 use crate::codec::{self, FieldSource, PayloadSource, Span, FORMAT_VERSION};
@@ -97,21 +98,16 @@ const LOAD_CHUNK_BYTES: usize = 256 * 1024;
 /// uneven work, few enough to bound the memory (`LOAD_CHUNK_BYTES` each).
 const LOAD_CHUNKS_IN_FLIGHT: usize = 8;
 
-/// One write of a commit: the collection's number on disk, its schema, the batch.
-pub(crate) struct CommitWrite<'a> {
-    pub(crate) collection_number: u32,
-    pub(crate) schema: &'a Schema,
-    pub(crate) batch: &'a Batch,
-}
-
-/// Buffers reused from one commit to the next.
+/// Buffers reused from one checkpoint to the next.
 #[derive(Default)]
-struct WriteScratch {
+pub(crate) struct WriteScratch {
     key: Vec<u8>,
     old_record: Vec<u8>,
     new_record: Vec<u8>,
     spans: Vec<Option<Span>>,
-    count_deltas: Vec<(u32, i64)>,
+    /// Change of each collection's item count in the open checkpoint. A map: a
+    /// checkpoint of the chat load touches a thousand collections.
+    count_deltas: HashMap<u32, i64>,
 }
 
 pub struct Store {
@@ -129,7 +125,6 @@ pub struct Store {
     map_size: usize,
     last_seq: u64,
     stats: StoreStats,
-    scratch: WriteScratch,
     /// Held for the store's lifetime: an exclusive lock on `dir/LOCK`.
     _lock: File,
 }
@@ -257,7 +252,6 @@ impl Store {
             map_size,
             last_seq,
             stats: StoreStats { map_size, n_stale_readers_cleared, ..StoreStats::default() },
-            scratch: WriteScratch::default(),
             _lock: lock,
         };
         Ok((store, stored))
@@ -287,15 +281,34 @@ impl Store {
         })
     }
 
-    /// Writes `writes` in one transaction and returns the sequence number of the first.
-    /// Either all of them are durable when this returns `Ok`, or none is.
-    pub(crate) fn commit(&mut self, writes: &[CommitWrite<'_>]) -> Result<u64, StoreError> {
-        let first_seq = self.last_seq + 1;
-        self.with_map_growth("writing a batch", |store| store.try_commit(writes, first_seq))?;
-        self.last_seq += writes.len() as u64;
+    /// Starts a checkpoint: one LMDB write transaction that batches join one at a
+    /// time (as they arrive from the log, so its work is spread out instead of
+    /// coming in a burst) and that [`OpenCheckpoint::commit`] makes durable at once.
+    ///
+    /// The transaction borrows a [`CheckpointTarget`] (a handle on this store's
+    /// environment), not the store, so the store stays usable between records.
+    pub(crate) fn checkpoint_target(&self) -> CheckpointTarget {
+        CheckpointTarget { env: self.env.clone(), meta: self.meta, items: self.items, item_counts: self.item_counts }
+    }
+
+    /// Records a committed checkpoint of `n_batches` batches.
+    pub(crate) fn checkpoint_committed(&mut self, n_batches: u64) {
+        self.last_seq += n_batches;
         self.stats.n_commits += 1;
-        self.stats.n_batches_committed += writes.len() as u64;
-        Ok(first_seq)
+        self.stats.n_batches_committed += n_batches;
+    }
+
+    /// What to do about an error of an open checkpoint (which the caller has
+    /// dropped, aborting it): `Ok` when the map was full and has grown, so the
+    /// checkpoint can be written again; the error otherwise.
+    pub(crate) fn recover_from(&mut self, error: heed::Error) -> Result<(), StoreError> {
+        match error {
+            heed::Error::Mdb(MdbError::MapFull) if self.map_size < self.options.max_map_size => self.grow_map(),
+            heed::Error::Mdb(MdbError::MapFull) => {
+                Err(StoreError::MapFull { map_size: self.map_size, max_map_size: self.options.max_map_size })
+            }
+            error => Err(classify(&self.dir, "writing a checkpoint", error)),
+        }
     }
 
     /// Runs a write transaction, growing the map and retrying when it is full.
@@ -334,69 +347,6 @@ impl Store {
         self.stats.map_size = new_size;
         self.stats.n_map_growths += 1;
         Ok(())
-    }
-
-    fn try_commit(&mut self, writes: &[CommitWrite<'_>], first_seq: u64) -> heed::Result<()> {
-        let Store { env, meta, items, item_counts, scratch, .. } = self;
-        let mut txn = env.write_txn()?;
-        scratch.count_deltas.clear();
-        for write in writes {
-            let mut delta = 0i64;
-            for op in write.batch.ops() {
-                codec::item_key(&mut scratch.key, write.collection_number, op.id());
-                if op.is_remove() {
-                    if items.delete(&mut txn, &scratch.key)? {
-                        delta -= 1;
-                    }
-                    continue;
-                }
-                // Copy the current record out: LMDB's pointer is invalid after the next put.
-                let old = items.get(&txn, &scratch.key)?;
-                scratch.old_record.clear();
-                if let Some(old) = old {
-                    scratch.old_record.extend_from_slice(old);
-                } else {
-                    delta += 1;
-                }
-                let mut sources = [FieldSource::Null; ordo_core::limits::MAX_FIELDS_PER_SCHEMA];
-                let sources = &mut sources[..write.schema.len()];
-                let mut payload = PayloadSource::New(&[]);
-                if !scratch.old_record.is_empty() {
-                    let payload_span = codec::scan_item(&scratch.old_record, write.schema, &mut scratch.spans)
-                        .map_err(|corrupt| heed::Error::Decoding(corrupt.0.into()))?;
-                    for (source, span) in sources.iter_mut().zip(&scratch.spans) {
-                        *source = span.map_or(FieldSource::Null, FieldSource::Old);
-                    }
-                    payload = PayloadSource::Old(payload_span);
-                }
-                for (name, value) in op.fields() {
-                    let field_id = write.schema.field_id(name).expect("validated: the field exists");
-                    let field_type = write.schema.field(field_id).field_type;
-                    let value = value.coerce_to(field_type).expect("validated: the value fits the field");
-                    sources[field_id.index()] = FieldSource::New(value);
-                }
-                if let Some(new_payload) = op.payload() {
-                    payload = PayloadSource::New(new_payload);
-                }
-                codec::encode_item(&mut scratch.new_record, &scratch.old_record, sources, payload);
-                items.put(&mut txn, &scratch.key, &scratch.new_record)?;
-            }
-            match scratch.count_deltas.iter_mut().find(|(number, _)| *number == write.collection_number) {
-                Some((_, total)) => *total += delta,
-                None => scratch.count_deltas.push((write.collection_number, delta)),
-            }
-        }
-        for &(number, delta) in &scratch.count_deltas {
-            let key = codec::collection_key(number);
-            let count = match item_counts.get(&txn, &key)? {
-                Some(bytes) => codec::decode_u64(bytes, "an item count").unwrap_or(0),
-                None => 0,
-            };
-            item_counts.put(&mut txn, &key, &(count as i64 + delta).max(0).to_le_bytes())?;
-        }
-        let last_seq = first_seq + writes.len() as u64 - 1;
-        meta.put(&mut txn, codec::META_LAST_SEQ, &last_seq.to_le_bytes())?;
-        txn.commit()
     }
 
     /// Reads every item of the listed collections into the engine through its
@@ -533,6 +483,114 @@ impl Store {
             Some(bytes) => codec::decode_u64(bytes, "an 8-byte item count").map_err(|c| StoreError::corrupt(dir, c)),
             None => Ok(0),
         }
+    }
+}
+
+/// Where checkpoints are written: the environment and databases of a [`Store`].
+pub(crate) struct CheckpointTarget {
+    env: Env,
+    meta: Database<Bytes, Bytes>,
+    items: Database<Bytes, Bytes>,
+    item_counts: Database<Bytes, Bytes>,
+}
+
+impl CheckpointTarget {
+    /// Starts a checkpoint whose first batch is `first_seq` (the store's last
+    /// sequence number plus one). `scratch` must not serve another open checkpoint.
+    pub(crate) fn begin(&self, first_seq: u64, scratch: &mut WriteScratch) -> heed::Result<OpenCheckpoint<'_>> {
+        scratch.count_deltas.clear();
+        Ok(OpenCheckpoint { txn: self.env.write_txn()?, target: self, first_seq, n_batches: 0 })
+    }
+}
+
+/// A checkpoint being written (see [`Store::checkpoint_target`]). Dropping it
+/// without [`OpenCheckpoint::commit`] aborts it: LMDB keeps its last checkpoint.
+pub(crate) struct OpenCheckpoint<'t> {
+    txn: RwTxn<'t>,
+    target: &'t CheckpointTarget,
+    first_seq: u64,
+    n_batches: u64,
+}
+
+impl OpenCheckpoint<'_> {
+    /// Sequence number the next batch must carry.
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.first_seq + self.n_batches
+    }
+
+    /// Adds the next batch (already validated and logged) of the collection
+    /// numbered `collection_number` on disk.
+    pub(crate) fn add(
+        &mut self,
+        collection_number: u32,
+        schema: &Schema,
+        batch: &Batch,
+        scratch: &mut WriteScratch,
+    ) -> heed::Result<()> {
+        let OpenCheckpoint { txn, target: CheckpointTarget { items, .. }, .. } = self;
+        let mut delta = 0i64;
+        for op in batch.ops() {
+            codec::item_key(&mut scratch.key, collection_number, op.id());
+            if op.is_remove() {
+                if items.delete(txn, &scratch.key)? {
+                    delta -= 1;
+                }
+                continue;
+            }
+            // Copy the current record out: LMDB's pointer is invalid after the next put.
+            let old = items.get(txn, &scratch.key)?;
+            scratch.old_record.clear();
+            if let Some(old) = old {
+                scratch.old_record.extend_from_slice(old);
+            } else {
+                delta += 1;
+            }
+            let mut sources = [FieldSource::Null; ordo_core::limits::MAX_FIELDS_PER_SCHEMA];
+            let sources = &mut sources[..schema.len()];
+            let mut payload = PayloadSource::New(&[]);
+            if !scratch.old_record.is_empty() {
+                let payload_span = codec::scan_item(&scratch.old_record, schema, &mut scratch.spans)
+                    .map_err(|corrupt| heed::Error::Decoding(corrupt.0.into()))?;
+                for (source, span) in sources.iter_mut().zip(&scratch.spans) {
+                    *source = span.map_or(FieldSource::Null, FieldSource::Old);
+                }
+                payload = PayloadSource::Old(payload_span);
+            }
+            for (name, value) in op.fields() {
+                let field_id = schema.field_id(name).expect("validated: the field exists");
+                let field_type = schema.field(field_id).field_type;
+                let value = value.coerce_to(field_type).expect("validated: the value fits the field");
+                sources[field_id.index()] = FieldSource::New(value);
+            }
+            if let Some(new_payload) = op.payload() {
+                payload = PayloadSource::New(new_payload);
+            }
+            codec::encode_item(&mut scratch.new_record, &scratch.old_record, sources, payload);
+            items.put(txn, &scratch.key, &scratch.new_record)?;
+        }
+        *scratch.count_deltas.entry(collection_number).or_insert(0) += delta;
+        self.n_batches += 1;
+        Ok(())
+    }
+
+    /// Writes the item counts and the sequence number, then commits: either every
+    /// batch added is durable in LMDB when this returns `Ok`, or none is. Returns
+    /// the number of batches; pass it to [`Store::checkpoint_committed`].
+    pub(crate) fn commit(self, scratch: &WriteScratch) -> heed::Result<u64> {
+        let OpenCheckpoint { mut txn, target: CheckpointTarget { meta, item_counts, .. }, first_seq, n_batches } = self;
+        for (&number, &delta) in &scratch.count_deltas {
+            let key = codec::collection_key(number);
+            let count = match item_counts.get(&txn, &key)? {
+                Some(bytes) => codec::decode_u64(bytes, "an item count").unwrap_or(0),
+                None => 0,
+            };
+            item_counts.put(&mut txn, &key, &(count as i64 + delta).max(0).to_le_bytes())?;
+        }
+        if n_batches > 0 {
+            meta.put(&mut txn, codec::META_LAST_SEQ, &(first_seq + n_batches - 1).to_le_bytes())?;
+        }
+        txn.commit()?;
+        Ok(n_batches)
     }
 }
 

@@ -121,7 +121,8 @@ usage: loadgen [options]
                            use the one next to this executable, in target/release)
   --server-url URL         use a running server (http://host:port); CPU and RSS are not measured
   --durability full|relaxed  passed to `ordo serve`
-  --server-arg ARG         one more argument for `ordo serve` (repeatable)";
+  --server-arg ARG         one more argument for `ordo serve` (repeatable)
+  --timeline               also print end-to-end latency per second of send time (where the tail is)";
 
 // ---------------------------------------------------------------------------
 // Options
@@ -152,6 +153,7 @@ struct Options {
     server_url: Option<String>,
     durability: Option<String>,
     server_args: Vec<String>,
+    timeline: bool,
 }
 
 fn parse_number<T: std::str::FromStr>(flag: &str, value: &str) -> std::result::Result<T, String> {
@@ -190,6 +192,7 @@ impl Options {
         let mut server_url = None;
         let mut durability = None;
         let mut server_args = Vec::new();
+        let mut timeline = false;
 
         let mut args = args.peekable();
         while let Some(arg) = args.next() {
@@ -207,6 +210,7 @@ impl Options {
             match flag.as_str() {
                 "-h" | "--help" => return Err(String::new()),
                 "--quick" => quick = true,
+                "--timeline" => timeline = true,
                 "--scenario" => {
                     scenario = match value()?.as_str() {
                         "chat" => ScenarioChoice::Chat,
@@ -288,6 +292,7 @@ impl Options {
             server_url,
             durability,
             server_args,
+            timeline,
         };
         if options.chat_collections > MAX_SUBSCRIBERS {
             return Err(format!("--collections: at most {MAX_SUBSCRIBERS} subscribers (one per collection)"));
@@ -937,6 +942,62 @@ struct UpdateMarks {
     stamp_us: fn(&ItemFields) -> Option<u64>,
 }
 
+/// Seconds of the process clock a [`Timeline`] covers (the longest write phase
+/// plus set-up); later samples go into the last second.
+const TIMELINE_SECONDS: usize = 4096;
+
+/// End-to-end latency per second of send time, coarse enough to keep for an hour:
+/// it shows whether the tail is spread evenly or comes in bursts.
+struct Timeline {
+    seconds: Vec<TimelineSecond>,
+}
+
+#[derive(Default)]
+struct TimelineSecond {
+    n_samples: AtomicU64,
+    over_5ms: AtomicU64,
+    over_10ms: AtomicU64,
+    over_25ms: AtomicU64,
+    max_us: AtomicU64,
+}
+
+impl Timeline {
+    fn new() -> Timeline {
+        Timeline { seconds: (0..TIMELINE_SECONDS).map(|_| TimelineSecond::default()).collect() }
+    }
+
+    fn record(&self, sent_us: u64, latency_us: u64) {
+        let second = &self.seconds[((sent_us / 1_000_000) as usize).min(TIMELINE_SECONDS - 1)];
+        second.n_samples.fetch_add(1, Ordering::Relaxed);
+        for (threshold_us, counter) in
+            [(5_000, &second.over_5ms), (10_000, &second.over_10ms), (25_000, &second.over_25ms)]
+        {
+            if latency_us > threshold_us {
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        second.max_us.fetch_max(latency_us, Ordering::Relaxed);
+    }
+
+    fn print(&self) {
+        println!("  timeline (second of send time: updates, share over 5 / 10 / 25 ms, max):");
+        for (index, second) in self.seconds.iter().enumerate() {
+            let n = second.n_samples.load(Ordering::Relaxed);
+            if n == 0 {
+                continue;
+            }
+            let share = |counter: &AtomicU64| 100.0 * counter.load(Ordering::Relaxed) as f64 / n as f64;
+            println!(
+                "    {index:>4} s: {n:>7}  {:>5.1} % {:>5.1} % {:>5.1} %  max {}",
+                share(&second.over_5ms),
+                share(&second.over_10ms),
+                share(&second.over_25ms),
+                ms(second.max_us.load(Ordering::Relaxed)),
+            );
+        }
+    }
+}
+
 /// Counters of all subscribers together, read live by the main task.
 struct DeliveryCounters {
     frames: AtomicU64,
@@ -945,6 +1006,7 @@ struct DeliveryCounters {
     subscribed: AtomicU64,
     failed: AtomicU64,
     latency_us: Histogram,
+    timeline: Timeline,
 }
 
 impl DeliveryCounters {
@@ -956,6 +1018,7 @@ impl DeliveryCounters {
             subscribed: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             latency_us: Histogram::new(),
+            timeline: Timeline::new(),
         }
     }
 
@@ -1309,6 +1372,7 @@ impl Subscriber {
             return Err(format!("item {} has an update number but no send time", item.id));
         };
         counters.latency_us.record(now_us.saturating_sub(stamp_us));
+        counters.timeline.record(stamp_us, now_us.saturating_sub(stamp_us));
         Ok(())
     }
 }
@@ -2159,6 +2223,9 @@ async fn run_chat(
     let resets: u64 = live.outcomes.iter().map(|outcome| outcome.resets_after_first).sum();
 
     print_common(&live, options.chat_rate, n_collections);
+    if options.timeline {
+        live.counters.timeline.print();
+    }
     println!(
         "  losses: {lost} of {} acknowledged updates (over {} users without a reset){}",
         live.stats.acked.load(Ordering::Relaxed) - written_in_reset_collections,
@@ -2249,6 +2316,9 @@ async fn run_leaderboard(
         verify_lists(&mut pool, &live.outcomes, |_| "leaderboard".to_string(), "score", window_limit).await?;
 
     print_common(&live, options.leaderboard_rate, n_subscribers);
+    if options.timeline {
+        live.counters.timeline.print();
+    }
     let commit_order = live.stats.commit_order.lock().expect("no panics while holding it").clone();
     let visible_numbers = source.visible_numbers(&commit_order);
     let received: u64 = live.outcomes.iter().map(|outcome| outcome.seen.n_seen).sum();
