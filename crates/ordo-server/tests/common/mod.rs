@@ -178,42 +178,7 @@ impl Client {
     /// Applies one diff frame to its subscription's list, as a client library does.
     pub fn apply(&mut self, frame: &Value) {
         let sub = frame["sub"].as_str().unwrap().to_owned();
-        let list = self.lists.entry(sub.clone()).or_default();
-        let seq = frame["seq"].as_u64().unwrap();
-        assert_eq!(seq, list.seq + 1, "subscription {sub}: seq {seq} after {}", list.seq);
-        list.seq = seq;
-        for diff in frame["diffs"].as_array().unwrap() {
-            let (kind, body) = diff.as_object().unwrap().iter().next().unwrap();
-            let items = &mut list.items;
-            let index = || body["index"].as_u64().unwrap() as usize;
-            match kind.as_str() {
-                "Append" => items.extend(body["values"].as_array().unwrap().iter().cloned()),
-                "Clear" => items.clear(),
-                "PushFront" => items.insert(0, body["value"].clone()),
-                "PushBack" => items.push(body["value"].clone()),
-                "PopFront" => {
-                    items.remove(0);
-                }
-                "PopBack" => {
-                    items.pop().expect("PopBack on an empty list");
-                }
-                "Insert" => items.insert(index(), body["value"].clone()),
-                "Set" => items[index()] = body["value"].clone(),
-                "Remove" => {
-                    items.remove(index());
-                }
-                "Truncate" => {
-                    let length = body["length"].as_u64().unwrap() as usize;
-                    assert!(length <= items.len());
-                    items.truncate(length);
-                }
-                "Reset" => {
-                    *items = body["values"].as_array().unwrap().clone();
-                    list.n_resets += 1;
-                }
-                other => panic!("unknown diff {other}"),
-            }
-        }
+        apply_frame(self.lists.entry(sub).or_default(), frame);
     }
 
     /// Reads frames until `until` holds or `timeout` passes; returns whether it held.
@@ -238,6 +203,46 @@ impl Client {
             .await;
         assert!(found, "no error frame came; frames: {:?}", &self.frames[n_before..]);
         self.frames[n_before..].iter().find(|frame| frame["type"] == "error").unwrap().clone()
+    }
+}
+
+/// Applies one diff frame to a list, checking that its `seq` is the next one.
+pub fn apply_frame(list: &mut LocalList, frame: &Value) {
+    let sub = frame["sub"].as_str().unwrap();
+    let seq = frame["seq"].as_u64().unwrap();
+    assert_eq!(seq, list.seq + 1, "subscription {sub}: seq {seq} after {}", list.seq);
+    list.seq = seq;
+    for diff in frame["diffs"].as_array().unwrap() {
+        let (kind, body) = diff.as_object().unwrap().iter().next().unwrap();
+        let items = &mut list.items;
+        let index = || body["index"].as_u64().unwrap() as usize;
+        match kind.as_str() {
+            "Append" => items.extend(body["values"].as_array().unwrap().iter().cloned()),
+            "Clear" => items.clear(),
+            "PushFront" => items.insert(0, body["value"].clone()),
+            "PushBack" => items.push(body["value"].clone()),
+            "PopFront" => {
+                items.remove(0);
+            }
+            "PopBack" => {
+                items.pop().expect("PopBack on an empty list");
+            }
+            "Insert" => items.insert(index(), body["value"].clone()),
+            "Set" => items[index()] = body["value"].clone(),
+            "Remove" => {
+                items.remove(index());
+            }
+            "Truncate" => {
+                let length = body["length"].as_u64().unwrap() as usize;
+                assert!(length <= items.len());
+                items.truncate(length);
+            }
+            "Reset" => {
+                *items = body["values"].as_array().unwrap().clone();
+                list.n_resets += 1;
+            }
+            other => panic!("unknown diff {other}"),
+        }
     }
 }
 

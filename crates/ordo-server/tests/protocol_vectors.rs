@@ -1,0 +1,619 @@
+//! The language-neutral protocol corpus (`protocol/vectors/*.json`, format in
+//! `protocol/README.md`): frames recorded from a real server on loopback, each
+//! with the lists a client must hold after it, checked here against one-shot
+//! queries; plus a few hand-built cases (diff kinds the server does not emit
+//! today, broken sequences). Every client library runs the corpus.
+//!
+//! `ORDO_WRITE_VECTORS=1` writes the files; without it the corpus is
+//! regenerated in memory and compared with the files, so it cannot drift from
+//! what the server sends.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{apply_frame, Client, LocalList, Rng, Server};
+use serde_json::{json, Value};
+
+const SETTLE: Duration = Duration::from_secs(5);
+/// After the last action of a case: how long no frame may arrive before it ends.
+const QUIET: Duration = Duration::from_millis(300);
+
+fn schema() -> Value {
+    json!({"fields": [
+        {"name": "name", "type": "string"},
+        {"name": "recency", "type": "u64"},
+        {"name": "unread", "type": "u64"},
+        {"name": "dm", "type": "bool"},
+    ]})
+}
+
+struct Case {
+    name: &'static str,
+    description: &'static str,
+    synthetic: bool,
+    subscriptions: BTreeMap<String, LocalList>,
+    steps: Vec<Value>,
+}
+
+impl Case {
+    fn to_json(&self) -> Value {
+        let subscriptions: serde_json::Map<String, Value> = self
+            .subscriptions
+            .iter()
+            .map(|(sub, list)| (sub.clone(), json!({"items": list.items, "seq": list.seq})))
+            .collect();
+        json!({
+            "protocol": 1,
+            "name": self.name,
+            "description": self.description,
+            "synthetic": self.synthetic,
+            "subscriptions": subscriptions,
+            "steps": self.steps,
+        })
+    }
+}
+
+fn expectation(lists: &BTreeMap<String, LocalList>, event: Option<Value>) -> Value {
+    let items: serde_json::Map<String, Value> =
+        lists.iter().map(|(sub, list)| (sub.clone(), Value::Array(list.items.clone()))).collect();
+    let seqs: serde_json::Map<String, Value> = lists.iter().map(|(sub, list)| (sub.clone(), json!(list.seq))).collect();
+    let mut expect = json!({"lists": items, "seqs": seqs});
+    if let Some(event) = event {
+        expect["event"] = event;
+    }
+    expect
+}
+
+/// A WebSocket client that records every frame it gets, with what it holds after it.
+struct Recorder {
+    client: Client,
+    steps: Vec<Value>,
+    /// Session ids are random: the corpus names them `session-1`, `session-2`, ...
+    sessions: BTreeMap<String, String>,
+}
+
+impl Recorder {
+    async fn connect(server: &Server, sessions: BTreeMap<String, String>) -> Recorder {
+        let client = server.connect().await;
+        let mut recorder = Recorder { client, steps: Vec::new(), sessions };
+        // `connect` read the welcome already; record it as the first step.
+        let welcome = recorder.client.frames.pop().expect("the welcome frame");
+        recorder.record(welcome);
+        recorder
+    }
+
+    fn seed(&mut self, subs: &[&str]) {
+        for sub in subs {
+            self.client.lists.entry(sub.to_string()).or_default();
+        }
+    }
+
+    fn session_name(&mut self, session: &str) -> String {
+        let n = self.sessions.len() + 1;
+        self.sessions.entry(session.to_owned()).or_insert_with(|| format!("session-{n}")).clone()
+    }
+
+    /// Records a frame the client has already handled (`next_json` applies diffs).
+    fn record(&mut self, mut frame: Value) {
+        let event = match frame["type"].as_str() {
+            Some("welcome") => {
+                let name = self.session_name(frame["session"].as_str().unwrap());
+                frame["session"] = json!(name);
+                Some(json!({"kind": "welcome", "session": name}))
+            }
+            Some("error") => {
+                let mut event = json!({"kind": "error", "code": frame["code"]});
+                if let Some(sub) = frame.get("sub") {
+                    event["sub"] = sub.clone();
+                }
+                Some(event)
+            }
+            Some("unsubscribed") => {
+                self.client.lists.remove(frame["sub"].as_str().unwrap());
+                Some(json!({"kind": "unsubscribed", "sub": frame["sub"]}))
+            }
+            Some("resumed") => {
+                let name = self.session_name(frame["session"].as_str().unwrap());
+                frame["session"] = json!(name);
+                let subs = frame["subs"].as_array().unwrap();
+                let pick = |key: &str| -> Vec<Value> {
+                    subs.iter().filter(|entry| entry.get(key).is_some()).map(|entry| entry["sub"].clone()).collect()
+                };
+                Some(json!({"kind": "resumed", "replayed": pick("replayed"), "reset": pick("reset")}))
+            }
+            Some("diffs") => {
+                let has_reset = frame["diffs"].as_array().unwrap().iter().any(|diff| diff.get("Reset").is_some());
+                has_reset.then(|| json!({"kind": "reset", "sub": frame["sub"]}))
+            }
+            other => panic!("unexpected frame type {other:?}: {frame}"),
+        };
+        let expect = expectation(&self.client.lists, event);
+        self.steps.push(json!({"frame": frame, "expect": expect}));
+    }
+
+    async fn next(&mut self, timeout: Duration) -> Option<Value> {
+        let frame = self.client.next_json(timeout).await?;
+        if frame["type"] != "diffs" {
+            self.client.frames.pop();
+        }
+        self.record(frame.clone());
+        Some(frame)
+    }
+
+    async fn send(&mut self, message: Value) {
+        self.client.send(message).await;
+    }
+
+    /// Reads frames until every subscription in `views` equals a one-shot query.
+    async fn settle(&mut self, server: &Server, views: &[Value], context: &str) {
+        for view in views {
+            let sub = view["sub"].as_str().unwrap().to_owned();
+            let expected = query(server, view);
+            let deadline = tokio::time::Instant::now() + SETTLE;
+            while self.client.lists.get(&sub).is_none_or(|list| list.items != expected) {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() || self.next(left).await.is_none() {
+                    let got = self.client.lists.get(&sub).map(|list| list.items.clone());
+                    panic!("{context}: {sub} {view}\n got      {got:?}\n expected {expected:?}");
+                }
+            }
+        }
+    }
+
+    /// Reads frames until one of type `kind` arrives.
+    async fn until_frame(&mut self, kind: &str) -> Value {
+        loop {
+            let frame = self.next(SETTLE).await.unwrap_or_else(|| panic!("no `{kind}` frame came"));
+            if frame["type"] == kind {
+                return frame;
+            }
+        }
+    }
+
+    /// Records what still arrives until the connection has been quiet for `QUIET`.
+    async fn drain(&mut self) {
+        while self.next(QUIET).await.is_some() {}
+    }
+}
+
+fn query(server: &Server, view: &Value) -> Vec<Value> {
+    let mut body =
+        json!({"filter": view["filter"], "sort": view["sort"], "offset": view["offset"], "limit": view["limit"]});
+    if let Some(fields) = view.get("fields") {
+        body["fields"] = fields.clone();
+    }
+    if let Some(payload) = view.get("payload") {
+        body["payload"] = payload.clone();
+    }
+    let answer = server.ok("POST", "/v1/collections/rooms/query", body);
+    answer["items"].as_array().unwrap().clone()
+}
+
+fn write(server: &Server, ops: Value) {
+    server.ok("POST", "/v1/collections/rooms/batch", json!({"ops": ops}));
+}
+
+fn room(n: u64, name: &str, recency: u64, unread: u64, dm: bool) -> Value {
+    json!({"op": "upsert", "id": format!("!r{n:02}:example.org"), "fields": {
+        "name": name, "recency": recency, "unread": unread, "dm": dm,
+    }, "payload": {"last": format!("message {recency}")}})
+}
+
+fn random_op(rng: &mut Rng, n_ids: u64) -> Value {
+    let id = format!("!r{:02}:example.org", rng.below(n_ids));
+    if rng.chance(12) {
+        return json!({"op": "remove", "id": id});
+    }
+    let mut fields = serde_json::Map::new();
+    if rng.chance(70) {
+        fields.insert("recency".into(), json!(rng.below(1_000)));
+    }
+    if rng.chance(40) {
+        fields.insert("unread".into(), json!(rng.below(4)));
+    }
+    if rng.chance(25) {
+        fields.insert("dm".into(), json!(rng.chance(50)));
+    }
+    if rng.chance(30) {
+        let names = ["alice", "Bob", "Chloé", "Émile", "émile", "zoë", "Łucja", "東京", "ab", "Abby"];
+        fields.insert("name".into(), json!(names[rng.below(names.len() as u64) as usize]));
+    }
+    let mut op = json!({"op": "upsert", "id": id, "fields": fields});
+    if rng.chance(25) {
+        op["payload"] = json!({"last": format!("message {}", rng.below(100))});
+    }
+    op
+}
+
+fn random_filter(rng: &mut Rng) -> Value {
+    match rng.below(5) {
+        0 => Value::Null,
+        1 => json!({"field": "unread", "op": "gt", "value": 0}),
+        2 => json!({"field": "dm", "op": "eq", "value": true}),
+        3 => json!({"field": "name", "contains": "É"}),
+        _ => json!({"any": [{"field": "dm", "op": "eq", "value": true}, {"field": "unread", "op": "ge", "value": 2}]}),
+    }
+}
+
+fn random_sort(rng: &mut Rng) -> Value {
+    match rng.below(3) {
+        0 => json!([{"field": "recency", "dir": "desc"}]),
+        1 => json!([{"field": "name", "dir": "asc", "case_insensitive": true}]),
+        _ => json!([{"field": "unread", "dir": "desc"}, {"field": "recency", "dir": "desc"}]),
+    }
+}
+
+/// A fresh collection with `n` rooms.
+fn reset_rooms(server: &Server, n: u64) {
+    let existing = query(server, &json!({"filter": null, "sort": [], "offset": 0, "limit": 1000}));
+    let removes: Vec<Value> = existing.iter().map(|item| json!({"op": "remove", "id": item["id"]})).collect();
+    if !removes.is_empty() {
+        write(server, Value::Array(removes));
+    }
+    let names = ["alice", "Bob", "Chloé", "Dmitri", "Émile", "zoë", "Łucja", "東京"];
+    let ops: Vec<Value> =
+        (0..n).map(|i| room(i, names[(i % 8) as usize], 100 + i * 7 % 50, i % 3, i % 4 == 0)).collect();
+    if !ops.is_empty() {
+        write(server, Value::Array(ops));
+    }
+}
+
+fn subscribe(sub: &str, filter: Value, sort: Value, offset: u64, limit: u64) -> Value {
+    json!({"op": "subscribe", "sub": sub, "collection": "rooms", "filter": filter, "sort": sort,
+           "offset": offset, "limit": limit})
+}
+
+async fn live_diffs(server: &Server) -> Case {
+    reset_rooms(server, 8);
+    let mut recorder = Recorder::connect(server, BTreeMap::new()).await;
+    recorder.seed(&["top"]);
+    let view = subscribe("top", Value::Null, json!([{"field": "recency", "dir": "desc"}]), 0, 5);
+    let initial = recorder.client.lists.clone();
+    recorder.send(view.clone()).await;
+    recorder.settle(server, std::slice::from_ref(&view), "subscribed").await;
+    // Each write below makes one kind of change to the window.
+    let writes = [
+        json!([room(20, "Newcomer", 900, 1, false)]), // enters at the top
+        json!([{"op": "upsert", "id": "!r03:example.org", "fields": {"recency": 950}}]), // moves up
+        json!([{"op": "upsert", "id": "!r20:example.org", "fields": {"unread": 5}}]), // changes in place
+        json!([{"op": "remove", "id": "!r03:example.org"}]), // leaves; the next one comes in
+        json!([{"op": "upsert", "id": "!r20:example.org", "fields": {"recency": 1}}]), // drops out
+        json!([
+            room(21, "a", 990, 0, true),
+            room(22, "b", 980, 0, true),
+            room(23, "c", 970, 0, true),
+            room(24, "d", 960, 0, true),
+            room(25, "e", 955, 0, true)
+        ]), // replaces the whole window
+    ];
+    for ops in writes {
+        write(server, ops);
+        recorder.settle(server, std::slice::from_ref(&view), "after a write").await;
+    }
+    let mut rng = Rng(0x5eed_0001);
+    for _ in 0..20 {
+        let ops: Vec<Value> = (0..1 + rng.below(3)).map(|_| random_op(&mut rng, 26)).collect();
+        write(server, Value::Array(ops));
+        recorder.settle(server, std::slice::from_ref(&view), "after a random write").await;
+    }
+    recorder.drain().await;
+    Case {
+        name: "live_diffs",
+        description: "One subscription, top 5 by recency: its first Reset, then the diffs of single writes \
+                      (an item enters, moves, changes in place, leaves, drops out, a batch replaces the window) \
+                      and of 20 random batches.",
+        synthetic: false,
+        subscriptions: initial,
+        steps: recorder.steps,
+    }
+}
+
+async fn window_changes(server: &Server) -> Case {
+    reset_rooms(server, 12);
+    let mut recorder = Recorder::connect(server, BTreeMap::new()).await;
+    recorder.seed(&["list"]);
+    let initial = recorder.client.lists.clone();
+    let mut view = subscribe("list", Value::Null, json!([{"field": "recency", "dir": "desc"}]), 0, 3);
+    recorder.send(view.clone()).await;
+    recorder.settle(server, std::slice::from_ref(&view), "subscribed").await;
+    let ranges = [(0, 6), (0, 2), (1, 3), (0, 3), (4, 4), (2, 10), (0, 12), (20, 5), (0, 5)];
+    for (offset, limit) in ranges {
+        view["offset"] = json!(offset);
+        view["limit"] = json!(limit);
+        recorder.send(json!({"op": "set_range", "sub": "list", "offset": offset, "limit": limit})).await;
+        recorder.settle(server, std::slice::from_ref(&view), "after set_range").await;
+        write(
+            server,
+            json!([{"op": "upsert", "id": format!("!r{:02}:example.org", offset + 1), "fields": {"recency": 500 + offset}}]),
+        );
+        recorder.settle(server, std::slice::from_ref(&view), "after a write").await;
+    }
+    let views = [
+        (json!({"field": "unread", "op": "gt", "value": 0}), json!([{"field": "recency", "dir": "desc"}])),
+        (
+            json!({"field": "unread", "op": "gt", "value": 0}),
+            json!([{"field": "name", "dir": "asc", "case_insensitive": true}]),
+        ),
+        (json!({"field": "name", "contains": "É"}), json!([{"field": "name", "dir": "asc", "case_insensitive": true}])),
+        (Value::Null, json!([{"field": "unread", "dir": "desc"}, {"field": "recency", "dir": "desc"}])),
+    ];
+    for (filter, sort) in views {
+        view["filter"] = filter.clone();
+        view["sort"] = sort.clone();
+        recorder.send(json!({"op": "set_view", "sub": "list", "filter": filter, "sort": sort})).await;
+        recorder.settle(server, std::slice::from_ref(&view), "after set_view").await;
+    }
+    recorder.drain().await;
+    Case {
+        name: "window_changes",
+        description: "Load more (Append), shrink (Truncate), scroll (PopFront, PushFront), jump past the end, \
+                      and view changes (filter and sort) on one subscription, with a write after each range.",
+        synthetic: false,
+        subscriptions: initial,
+        steps: recorder.steps,
+    }
+}
+
+async fn random_session(server: &Server, name: &'static str, seed: u64) -> Case {
+    reset_rooms(server, 10);
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ seed);
+    let mut recorder = Recorder::connect(server, BTreeMap::new()).await;
+    recorder.seed(&["a", "b", "c"]);
+    let initial = recorder.client.lists.clone();
+    let mut views: Vec<Value> = ["a", "b", "c"]
+        .iter()
+        .map(|sub| subscribe(sub, random_filter(&mut rng), random_sort(&mut rng), rng.below(3), 1 + rng.below(8)))
+        .collect();
+    // A projection: two fields in the client's order and no payload.
+    views[2]["fields"] = json!(["unread", "name"]);
+    views[2]["payload"] = json!(false);
+    for view in &views {
+        recorder.send(view.clone()).await;
+    }
+    recorder.settle(server, &views, "subscribed").await;
+    for _ in 0..30 {
+        let ops: Vec<Value> = (0..1 + rng.below(4)).map(|_| random_op(&mut rng, 14)).collect();
+        write(server, Value::Array(ops));
+        if rng.chance(20) {
+            let index = rng.below(3) as usize;
+            let (offset, limit) = (rng.below(4), 1 + rng.below(10));
+            views[index]["offset"] = json!(offset);
+            views[index]["limit"] = json!(limit);
+            let sub = views[index]["sub"].clone();
+            recorder.send(json!({"op": "set_range", "sub": sub, "offset": offset, "limit": limit})).await;
+        } else if rng.chance(10) {
+            let index = rng.below(3) as usize;
+            let (filter, sort) = (random_filter(&mut rng), random_sort(&mut rng));
+            views[index]["filter"] = filter.clone();
+            views[index]["sort"] = sort.clone();
+            let sub = views[index]["sub"].clone();
+            recorder.send(json!({"op": "set_view", "sub": sub, "filter": filter, "sort": sort})).await;
+        }
+        recorder.settle(server, &views, "after a step").await;
+    }
+    recorder.drain().await;
+    Case {
+        name,
+        description: "Three subscriptions (one with a projection: two fields, no payload) with random filters, \
+                      sorts and windows; random batches of upserts (partial, with non-ASCII names) and removes, \
+                      random range and view changes. Frames of different subscriptions interleave.",
+        synthetic: false,
+        subscriptions: initial,
+        steps: recorder.steps,
+    }
+}
+
+async fn errors_and_unsubscribe(server: &Server) -> Case {
+    reset_rooms(server, 5);
+    let mut recorder = Recorder::connect(server, BTreeMap::new()).await;
+    recorder.seed(&["ok"]);
+    let initial = recorder.client.lists.clone();
+    let view = subscribe("ok", Value::Null, json!([{"field": "recency", "dir": "desc"}]), 0, 3);
+    recorder.send(view.clone()).await;
+    recorder.settle(server, std::slice::from_ref(&view), "subscribed").await;
+    let bad_messages = [
+        // The id is taken: the live subscription is untouched.
+        subscribe("ok", Value::Null, json!([]), 0, 3),
+        // An unknown sort field: nothing is created.
+        subscribe("bad", Value::Null, json!([{"field": "recncy"}]), 0, 3),
+        json!({"op": "set_range", "sub": "nope", "offset": 0, "limit": 5}),
+        json!({"op": "set_range", "sub": "ok", "offset": 0, "limit": 5000}),
+        json!({"op": "set_view", "sub": "ok", "filter": {"field": "unread", "op": "gt", "value": "x"}}),
+        json!({"op": "frobnicate", "sub": "ok"}),
+    ];
+    for message in bad_messages {
+        recorder.send(message).await;
+        recorder.until_frame("error").await;
+    }
+    write(server, json!([room(9, "Late", 999, 0, false)]));
+    recorder.settle(server, std::slice::from_ref(&view), "after a write").await;
+    recorder.send(json!({"op": "unsubscribe", "sub": "ok"})).await;
+    recorder.until_frame("unsubscribed").await;
+    write(server, json!([room(10, "Later", 1000, 0, false)]));
+    recorder.drain().await;
+    Case {
+        name: "errors_and_unsubscribe",
+        description: "Error frames (subscription_exists, invalid_view, unknown_subscription, limit_exceeded, \
+                      bad_request) leave the live subscription as it was; after `unsubscribed` it is gone and \
+                      no frame of it follows.",
+        synthetic: false,
+        subscriptions: initial,
+        steps: recorder.steps,
+    }
+}
+
+async fn resume(server: &Server, replay: bool) -> Case {
+    reset_rooms(server, 10);
+    let mut first = Recorder::connect(server, BTreeMap::new()).await;
+    first.seed(&["top"]);
+    let view = subscribe("top", Value::Null, json!([{"field": "recency", "dir": "desc"}]), 0, 4);
+    first.send(view.clone()).await;
+    first.settle(server, std::slice::from_ref(&view), "subscribed").await;
+    write(server, json!([room(30, "Before", 700, 0, false)]));
+    first.settle(server, std::slice::from_ref(&view), "before the drop").await;
+    let session = first.client.session.clone();
+    let held = first.client.lists.clone();
+    let sessions = first.sessions.clone();
+    drop(first);
+    // Missed while away.
+    write(server, json!([room(31, "Away 1", 800, 1, false)]));
+    write(server, json!([{"op": "upsert", "id": "!r30:example.org", "fields": {"recency": 850}}]));
+    let mut second = Recorder::connect(server, sessions).await;
+    second.client.lists = held.clone();
+    let mut entry = view.clone();
+    entry.as_object_mut().unwrap().remove("op");
+    entry["last_seq"] = json!(held["top"].seq);
+    let resumed_session = if replay { session } else { "0000000000000000".to_owned() };
+    second.send(json!({"op": "resume", "session": resumed_session, "subs": [entry]})).await;
+    second.until_frame("resumed").await;
+    second.settle(server, std::slice::from_ref(&view), "resumed").await;
+    write(server, json!([room(32, "After", 900, 0, true)]));
+    second.settle(server, std::slice::from_ref(&view), "after the resume").await;
+    second.drain().await;
+    if replay {
+        Case {
+            name: "resume_replay",
+            description: "A client held `top` at its last seq when its connection dropped; two writes happened \
+                          meanwhile. It reconnects (welcome), resumes, and the server replays the missed frames \
+                          exactly (seq continues), then live frames follow.",
+            synthetic: false,
+            subscriptions: held,
+            steps: second.steps,
+        }
+    } else {
+        Case {
+            name: "resume_reset",
+            description: "A resume the server cannot replay (an unknown session, as after a restart): the \
+                          subscription restarts with a Reset whose seq is last_seq + 1, then live frames follow.",
+            synthetic: false,
+            subscriptions: held,
+            steps: second.steps,
+        }
+    }
+}
+
+fn item(id: &str, name: &str, recency: u64) -> Value {
+    json!({"id": id, "fields": {"name": name, "recency": recency}, "payload": null})
+}
+
+/// Applies hand-built frames with the same reference code as the recorded ones.
+fn synthetic(name: &'static str, description: &'static str, start: LocalList, frames: Vec<Value>) -> Case {
+    let mut lists = BTreeMap::from([("list".to_owned(), start.clone())]);
+    let mut steps = Vec::new();
+    for frame in frames {
+        let list = lists.get_mut("list").unwrap();
+        let seq = frame["seq"].as_u64().unwrap();
+        let event = if seq != list.seq + 1 {
+            Some(json!({"kind": "gap", "sub": "list", "expected_seq": list.seq + 1, "got_seq": seq}))
+        } else {
+            apply_frame(list, &frame);
+            let has_reset = frame["diffs"].as_array().unwrap().iter().any(|diff| diff.get("Reset").is_some());
+            has_reset.then(|| json!({"kind": "reset", "sub": "list"}))
+        };
+        steps.push(json!({"frame": frame, "expect": expectation(&lists, event)}));
+    }
+    Case { name, description, synthetic: true, subscriptions: BTreeMap::from([("list".to_owned(), start)]), steps }
+}
+
+fn synthetic_cases() -> Vec<Case> {
+    let (a, b, c) = (item("a", "Alice", 3), item("b", "Bob", 2), item("c", "Chloé", 1));
+    let (d, e, f, g) = (item("d", "Dmitri", 9), item("e", "Émile", 8), item("f", "Fatima", 7), item("g", "Günther", 6));
+    let (h, i) = (item("h", "Hana", 5), item("i", "Ivan", 4));
+    let start = LocalList { items: vec![a.clone(), b.clone(), c.clone()], seq: 4, n_resets: 0 };
+    let frame = |seq: u64, diffs: Value| json!({"type": "diffs", "sub": "list", "seq": seq, "diffs": diffs});
+    let every_kind = synthetic(
+        "all_diff_kinds",
+        "Every eyeball-im VectorDiff kind, several in one frame and one after another, built by hand: a client \
+         must apply them all in order, from the first diff of a frame to the last.",
+        start.clone(),
+        vec![
+            frame(
+                5,
+                json!([{"PushBack": {"value": d}}, {"PushFront": {"value": e}}, {"Insert": {"index": 2, "value": f}},
+                            {"Set": {"index": 0, "value": g}}, {"Remove": {"index": 1}}, {"PopFront": {}}, {"PopBack": {}},
+                            {"Append": {"values": [h, i]}}, {"Truncate": {"length": 3}}]),
+            ),
+            frame(6, json!([{"Clear": {}}])),
+            frame(7, json!([{"Append": {"values": [a.clone()]}}, {"Insert": {"index": 1, "value": b.clone()}}])),
+            frame(8, json!([{"Reset": {"values": [c.clone(), b.clone()]}}])),
+            frame(9, json!([{"Truncate": {"length": 0}}, {"PushBack": {"value": a}}])),
+        ],
+    );
+    let gaps = synthetic(
+        "seq_gaps",
+        "Frames whose seq is not the next one (skipped, repeated): the client must not apply them and must \
+         report the gap; it keeps its list and seq until it subscribes again.",
+        start,
+        vec![
+            frame(5, json!([{"Remove": {"index": 0}}])),
+            frame(7, json!([{"Remove": {"index": 0}}])),
+            frame(5, json!([{"Remove": {"index": 0}}])),
+            frame(6, json!([{"PushFront": {"value": c}}])),
+        ],
+    );
+    vec![every_kind, gaps]
+}
+
+fn vectors_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../protocol/vectors")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_protocol_corpus_matches_what_the_server_sends() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    server.ok("PUT", "/v1/collections/rooms", schema());
+    let mut cases = vec![
+        live_diffs(&server).await,
+        window_changes(&server).await,
+        random_session(&server, "random_session_1", 1).await,
+        random_session(&server, "random_session_2", 2).await,
+        errors_and_unsubscribe(&server).await,
+        resume(&server, true).await,
+        resume(&server, false).await,
+    ];
+    cases.extend(synthetic_cases());
+
+    let dir = vectors_dir();
+    if std::env::var_os("ORDO_WRITE_VECTORS").is_some() {
+        std::fs::create_dir_all(&dir).unwrap();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|ext| ext == "json") {
+                std::fs::remove_file(path).unwrap();
+            }
+        }
+        for case in &cases {
+            let text = serde_json::to_string_pretty(&case.to_json()).unwrap() + "\n";
+            std::fs::write(dir.join(format!("{}.json", case.name)), text).unwrap();
+        }
+        eprintln!("wrote {} vectors to {}", cases.len(), dir.display());
+        return;
+    }
+    let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|error| panic!("{}: {error}; write it with ORDO_WRITE_VECTORS=1", dir.display()))
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".json"))
+        .collect();
+    on_disk.sort();
+    let mut expected: Vec<String> = cases.iter().map(|case| format!("{}.json", case.name)).collect();
+    expected.sort();
+    assert_eq!(
+        on_disk,
+        expected,
+        "the files in {} are not the corpus; regenerate with ORDO_WRITE_VECTORS=1",
+        dir.display()
+    );
+    for case in &cases {
+        let path = dir.join(format!("{}.json", case.name));
+        let stored: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert!(
+            stored == case.to_json(),
+            "{} differs from what the server sends now; regenerate with ORDO_WRITE_VECTORS=1 and review the diff",
+            path.display()
+        );
+    }
+}
