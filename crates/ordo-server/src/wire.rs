@@ -201,13 +201,29 @@ fn describe(json: &Json) -> String {
     }
 }
 
+/// `"sort": null` means no sort, as `"filter": null` means no filter.
+fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+/// The `sub` of a client message that is refused before it is parsed (rate
+/// limited), so the error can name the subscription it concerns.
+#[derive(Deserialize)]
+pub struct SubOnly {
+    pub sub: Option<String>,
+}
+
 /// `POST /v1/collections/{name}/query`: the collection is in the path.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct QueryRequest {
     #[serde(default)]
     pub filter: Json,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub sort: Vec<SortRequest>,
     #[serde(default)]
     pub offset: usize,
@@ -496,7 +512,7 @@ pub enum ClientMessage {
         collection: String,
         #[serde(default)]
         filter: Json,
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_as_default")]
         sort: Vec<SortRequest>,
         #[serde(default)]
         offset: usize,
@@ -516,7 +532,7 @@ pub enum ClientMessage {
         sub: String,
         #[serde(default)]
         filter: Json,
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_as_default")]
         sort: Vec<SortRequest>,
     },
     Unsubscribe {
@@ -536,7 +552,7 @@ pub struct ResumeEntry {
     pub collection: String,
     #[serde(default)]
     pub filter: Json,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub sort: Vec<SortRequest>,
     #[serde(default)]
     pub offset: usize,

@@ -463,7 +463,8 @@ impl Connection {
                             self.context.config.messages_per_second
                         ),
                     );
-                    self.send_error(&error, None).await;
+                    let sub = serde_json::from_slice::<crate::wire::SubOnly>(&text).ok().and_then(|only| only.sub);
+                    self.send_error(&error, sub.as_deref()).await;
                     return;
                 }
                 match serde_json::from_slice::<ClientMessage>(&text) {

@@ -286,6 +286,15 @@ async fn websocket_limits_rate_and_closes_on_a_huge_frame() {
     assert!(done, "every message gets an answer");
     let n_limited = client.frames.iter().filter(|frame| frame["code"] == "rate_limited").count();
     assert!((50..=110).contains(&n_limited), "{n_limited} rate-limited");
+    // A refused message's error names its subscription, so a client can tell which request failed.
+    assert!(
+        client.frames.iter().filter(|frame| frame["code"] == "rate_limited").all(|frame| frame["sub"] == "ghost"),
+        "{:?}",
+        client.frames.iter().find(|frame| frame["code"] == "rate_limited")
+    );
+    // `"sort": null` is no sort, as `"filter": null` is no filter.
+    let answer = server.ok("POST", "/v1/collections/rooms/query", json!({"filter": null, "sort": null, "limit": 1}));
+    assert_eq!(answer["total"], 0, "{answer}");
 
     // A frame over 64 KiB closes the connection with 1009; others are untouched.
     let mut other = server.connect().await;

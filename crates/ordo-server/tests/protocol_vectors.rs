@@ -76,19 +76,20 @@ struct Recorder {
 }
 
 impl Recorder {
-    async fn connect(server: &Server, sessions: BTreeMap<String, String>) -> Recorder {
-        let client = server.connect().await;
+    /// Connects holding `lists` (what the client had before: nothing, fresh
+    /// subscriptions it is about to make, or the lists of a dropped connection).
+    async fn connect(
+        server: &Server,
+        sessions: BTreeMap<String, String>,
+        lists: BTreeMap<String, LocalList>,
+    ) -> Recorder {
+        let mut client = server.connect().await;
+        client.lists = lists;
         let mut recorder = Recorder { client, steps: Vec::new(), sessions };
         // `connect` read the welcome already; record it as the first step.
         let welcome = recorder.client.frames.pop().expect("the welcome frame");
         recorder.record(welcome);
         recorder
-    }
-
-    fn seed(&mut self, subs: &[&str]) {
-        for sub in subs {
-            self.client.lists.entry(sub.to_string()).or_default();
-        }
     }
 
     fn session_name(&mut self, session: &str) -> String {
@@ -177,6 +178,11 @@ impl Recorder {
     async fn drain(&mut self) {
         while self.next(QUIET).await.is_some() {}
     }
+}
+
+/// Lists of subscriptions about to be made: empty, nothing applied yet.
+fn fresh(subs: &[&str]) -> BTreeMap<String, LocalList> {
+    subs.iter().map(|sub| (sub.to_string(), LocalList::default())).collect()
 }
 
 fn query(server: &Server, view: &Value) -> Vec<Value> {
@@ -268,8 +274,7 @@ fn subscribe(sub: &str, filter: Value, sort: Value, offset: u64, limit: u64) -> 
 
 async fn live_diffs(server: &Server) -> Case {
     reset_rooms(server, 8);
-    let mut recorder = Recorder::connect(server, BTreeMap::new()).await;
-    recorder.seed(&["top"]);
+    let mut recorder = Recorder::connect(server, BTreeMap::new(), fresh(&["top"])).await;
     let view = subscribe("top", Value::Null, json!([{"field": "recency", "dir": "desc"}]), 0, 5);
     let initial = recorder.client.lists.clone();
     recorder.send(view.clone()).await;
@@ -313,8 +318,7 @@ async fn live_diffs(server: &Server) -> Case {
 
 async fn window_changes(server: &Server) -> Case {
     reset_rooms(server, 12);
-    let mut recorder = Recorder::connect(server, BTreeMap::new()).await;
-    recorder.seed(&["list"]);
+    let mut recorder = Recorder::connect(server, BTreeMap::new(), fresh(&["list"])).await;
     let initial = recorder.client.lists.clone();
     let mut view = subscribe("list", Value::Null, json!([{"field": "recency", "dir": "desc"}]), 0, 3);
     recorder.send(view.clone()).await;
@@ -360,8 +364,7 @@ async fn window_changes(server: &Server) -> Case {
 async fn random_session(server: &Server, name: &'static str, seed: u64) -> Case {
     reset_rooms(server, 10);
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ seed);
-    let mut recorder = Recorder::connect(server, BTreeMap::new()).await;
-    recorder.seed(&["a", "b", "c"]);
+    let mut recorder = Recorder::connect(server, BTreeMap::new(), fresh(&["a", "b", "c"])).await;
     let initial = recorder.client.lists.clone();
     let mut views: Vec<Value> = ["a", "b", "c"]
         .iter()
@@ -408,8 +411,7 @@ async fn random_session(server: &Server, name: &'static str, seed: u64) -> Case 
 
 async fn errors_and_unsubscribe(server: &Server) -> Case {
     reset_rooms(server, 5);
-    let mut recorder = Recorder::connect(server, BTreeMap::new()).await;
-    recorder.seed(&["ok"]);
+    let mut recorder = Recorder::connect(server, BTreeMap::new(), fresh(&["ok"])).await;
     let initial = recorder.client.lists.clone();
     let view = subscribe("ok", Value::Null, json!([{"field": "recency", "dir": "desc"}]), 0, 3);
     recorder.send(view.clone()).await;
@@ -447,8 +449,7 @@ async fn errors_and_unsubscribe(server: &Server) -> Case {
 
 async fn resume(server: &Server, replay: bool) -> Case {
     reset_rooms(server, 10);
-    let mut first = Recorder::connect(server, BTreeMap::new()).await;
-    first.seed(&["top"]);
+    let mut first = Recorder::connect(server, BTreeMap::new(), fresh(&["top"])).await;
     let view = subscribe("top", Value::Null, json!([{"field": "recency", "dir": "desc"}]), 0, 4);
     first.send(view.clone()).await;
     first.settle(server, std::slice::from_ref(&view), "subscribed").await;
@@ -461,8 +462,7 @@ async fn resume(server: &Server, replay: bool) -> Case {
     // Missed while away.
     write(server, json!([room(31, "Away 1", 800, 1, false)]));
     write(server, json!([{"op": "upsert", "id": "!r30:example.org", "fields": {"recency": 850}}]));
-    let mut second = Recorder::connect(server, sessions).await;
-    second.client.lists = held.clone();
+    let mut second = Recorder::connect(server, sessions, held.clone()).await;
     let mut entry = view.clone();
     entry.as_object_mut().unwrap().remove("op");
     entry["last_seq"] = json!(held["top"].seq);
