@@ -73,10 +73,13 @@ pub enum Outgoing {
         handle: SubHandle,
         error: ApiError,
     },
-    /// A window change was refused; the subscription is unchanged.
+    /// A window change was refused; the subscription is unchanged and keeps `spec`
+    /// (which the connection records again: it recorded the refused one when it
+    /// sent the change).
     RequestFailed {
         handle: SubHandle,
         error: ApiError,
+        spec: Option<Box<WindowSpec>>,
     },
     Unsubscribed {
         handle: SubHandle,
@@ -458,12 +461,14 @@ impl Core {
             }
             Command::SetRange { session, handle, offset, limit } => {
                 if let Err(error) = self.change_window(session, handle, WindowChange::Range(offset, limit)) {
-                    self.fanout.send(session, Outgoing::RequestFailed { handle, error });
+                    let spec = self.current_spec(session, handle);
+                    self.fanout.send(session, Outgoing::RequestFailed { handle, error, spec });
                 }
             }
             Command::SetView { session, handle, def } => {
                 if let Err(error) = self.change_window(session, handle, WindowChange::View(def)) {
-                    self.fanout.send(session, Outgoing::RequestFailed { handle, error });
+                    let spec = self.current_spec(session, handle);
+                    self.fanout.send(session, Outgoing::RequestFailed { handle, error, spec });
                 }
             }
             Command::Unsubscribe { session, handle } => {
@@ -473,6 +478,12 @@ impl Core {
             Command::Resync { session, handle } => self.send_reset(session, handle),
             Command::Drained { session } => self.send_due_resets(session),
         }
+    }
+
+    /// The definition of the window a subscription has now.
+    fn current_spec(&self, session: SessionId, handle: SubHandle) -> Option<Box<WindowSpec>> {
+        let sub = self.fanout.sessions.get(&session)?.subs.get(&handle)?;
+        Some(Box::new(self.fanout.windows.get(&sub.window)?.spec.clone()))
     }
 
     fn create_collection(&mut self, name: &str, schema: Schema) -> Result<(bool, Arc<CollectionEntry>), ApiError> {

@@ -435,8 +435,14 @@ impl Connection {
                     self.send_error(&error, Some(&entry.client_id)).await;
                 }
             }
-            Outgoing::RequestFailed { handle, error } => {
-                let sub = self.session.table.get(handle).map(|entry| entry.client_id.clone());
+            Outgoing::RequestFailed { handle, error, spec } => {
+                let sub = self.session.table.get_mut(handle).map(|entry| {
+                    if let Some(spec) = spec {
+                        // What the window really is, for a later resume to compare with.
+                        entry.spec = *spec;
+                    }
+                    entry.client_id.clone()
+                });
                 self.send_error(&error, sub.as_deref()).await;
             }
             Outgoing::Unsubscribed { handle } => {

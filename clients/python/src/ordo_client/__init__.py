@@ -1,0 +1,41 @@
+"""Python client for Ordo: live ordered views over collections.
+
+See ``clients/python/README.md`` and ``docs/PROTOCOL.md``.
+"""
+
+from ._client import LiveList, OrdoClient
+from ._diffs import DIFF_KINDS, apply_diffs
+from ._errors import DiffError, OrdoError
+from ._protocol import (
+    ErrorEvent,
+    Event,
+    Gap,
+    InvalidDiffs,
+    ProtocolState,
+    Resumed,
+    Subscription,
+    Unsubscribed,
+    Update,
+    Welcome,
+)
+
+__all__ = [
+    "DIFF_KINDS",
+    "DiffError",
+    "ErrorEvent",
+    "Event",
+    "Gap",
+    "InvalidDiffs",
+    "LiveList",
+    "OrdoClient",
+    "OrdoError",
+    "ProtocolState",
+    "Resumed",
+    "Subscription",
+    "Unsubscribed",
+    "Update",
+    "Welcome",
+    "apply_diffs",
+]
+
+__version__ = "0.1.0"

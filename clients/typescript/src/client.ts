@@ -1,0 +1,640 @@
+import { Emitter } from "./emitter.js";
+import { OrdoError } from "./errors.js";
+import { lossError, ProtocolState, type ProtocolEvent } from "./protocol.js";
+import {
+  PROTOCOL_VERSION,
+  type ClientMessage,
+  type Filter,
+  type Item,
+  type ResumeEntry,
+  type SortKey,
+  type SubscribeOptions,
+  type VectorDiff,
+  type ViewSpec,
+  type WindowDefinition,
+} from "./types.js";
+
+/** The connection's state. */
+export type ConnectionState = "connecting" | "open" | "reconnecting" | "closed";
+
+export interface ReconnectOptions {
+  /** Delay before the first reconnection attempt (before jitter); default 250 ms. */
+  initialDelayMs?: number;
+  /** Cap of the exponential backoff; default 10 000 ms. */
+  maxDelayMs?: number;
+  /** `false`: a lost connection closes the client; default `true`. */
+  enabled?: boolean;
+}
+
+export interface OrdoClientOptions {
+  /** The WebSocket URL, such as `ws://127.0.0.1:7070/v1/ws`. */
+  url: string;
+  /**
+   * A WebSocket constructor (the browser's, Node's, or the `ws` package's);
+   * defaults to `globalThis.WebSocket`.
+   */
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  WebSocket?: any;
+  reconnect?: ReconnectOptions;
+}
+
+/** What a list reports after each frame that changed it. */
+export interface ListChange {
+  /** The diffs of the frame, as the server sent them. */
+  diffs: VectorDiff[];
+  /** The list after them (a new array). */
+  items: readonly Item[];
+  /** The frame held a Reset: the whole list was replaced (first frame, resume, recovery). */
+  reset: boolean;
+}
+
+/** Where a list stands. */
+export type ListStatus = "subscribing" | "live" | "closed";
+
+/** The subset of the WebSocket interface this client uses. */
+interface SocketLike {
+  readonly readyState: number;
+  send(data: string): void;
+  close(code?: number, reason?: string): void;
+  onopen: ((event: unknown) => void) | null;
+  onmessage: ((event: { data: unknown }) => void) | null;
+  onclose: ((event: { code?: number; reason?: string }) => void) | null;
+  onerror: ((event: unknown) => void) | null;
+}
+
+const DEFAULT_INITIAL_DELAY_MS = 250;
+const DEFAULT_MAX_DELAY_MS = 10_000;
+/** The server allows 100 messages per second with a burst of 200; stay below. */
+const SEND_BURST = 100;
+const DEFAULT_MESSAGES_PER_SECOND = 100;
+/** A connection that brings no `welcome` in this time is dropped and tried again. */
+const HANDSHAKE_TIMEOUT_MS = 20_000;
+const MAX_WINDOW_LIMIT = 1000;
+const MAX_WINDOW_OFFSET = 0xffff_ffff;
+
+type ClientEvents = { state: ConnectionState; error: OrdoError };
+type ListEvents = { change: ListChange; error: OrdoError };
+
+function copyDefinition(definition: WindowDefinition): WindowDefinition {
+  const copy: WindowDefinition = { collection: definition.collection, limit: definition.limit };
+  copy.offset = definition.offset ?? 0;
+  if (definition.filter !== undefined) copy.filter = definition.filter;
+  if (definition.sort !== undefined) copy.sort = definition.sort;
+  if (definition.fields !== undefined) copy.fields = definition.fields.slice();
+  if (definition.payload !== undefined) copy.payload = definition.payload;
+  return copy;
+}
+
+function checkRange(offset: number, limit: number): void {
+  if (!Number.isInteger(offset) || offset < 0 || offset > MAX_WINDOW_OFFSET) {
+    throw new RangeError(`offset must be an integer in 0..=${MAX_WINDOW_OFFSET}, not ${offset}`);
+  }
+  if (!Number.isInteger(limit) || limit < 0 || limit > MAX_WINDOW_LIMIT) {
+    throw new RangeError(`limit must be an integer in 0..=${MAX_WINDOW_LIMIT}, not ${limit}`);
+  }
+}
+
+function viewKey(filter: Filter | null | undefined, sort: SortKey[] | undefined): string {
+  return JSON.stringify([filter ?? null, sort ?? []]);
+}
+
+/**
+ * A live window of a collection: `items` always equals what the server holds in the
+ * window, as of the last frame. Made by `OrdoClient.subscribe`.
+ */
+export class LiveList {
+  /** The subscription id (chosen by the caller, or generated). */
+  readonly id: string;
+  /** A promise that resolves at the first frame (a Reset) and rejects if the subscribe is refused. */
+  readonly ready: Promise<void>;
+
+  private _items: readonly Item[] = [];
+  private _seq = 0;
+  private _status: ListStatus = "subscribing";
+  private _error: OrdoError | null = null;
+  private readonly emitter = new Emitter<ListEvents>();
+  private settled = false;
+  private resolveReady!: () => void;
+  private rejectReady!: (error: OrdoError) => void;
+
+  /** @internal The definition the caller wants (filter, sort and range included). */
+  definition: WindowDefinition;
+  /** @internal The definition the server was last told about. */
+  sentDefinition: WindowDefinition;
+  /** @internal The definition before the last window change sent, to restore if it is refused. */
+  beforeChange: WindowDefinition | null = null;
+  /** @internal A window change waits for the first frame (or the next connection). */
+  changePending = false;
+
+  /** Made by `OrdoClient.subscribe`; not meant to be called directly. */
+  constructor(
+    private readonly client: OrdoClient,
+    id: string,
+    definition: WindowDefinition,
+  ) {
+    this.id = id;
+    this.definition = copyDefinition(definition);
+    this.sentDefinition = copyDefinition(definition);
+    this.ready = new Promise<void>((resolve, reject) => {
+      this.resolveReady = resolve;
+      this.rejectReady = reject;
+    });
+    // A caller that never awaits `ready` must not get an unhandled rejection.
+    this.ready.catch(() => {});
+  }
+
+  /** The list's contents: a new array after every change, so it can be compared by identity. */
+  get items(): readonly Item[] {
+    return this._items;
+  }
+
+  /** The `seq` of the last frame applied (0: none yet). */
+  get seq(): number {
+    return this._seq;
+  }
+
+  /** `subscribing` until the first frame, `live` after it, `closed` once closed or refused. */
+  get status(): ListStatus {
+    return this._status;
+  }
+
+  /** The last error reported for this list, or null. */
+  get error(): OrdoError | null {
+    return this._error;
+  }
+
+  /** The window as the caller last set it. */
+  get view(): Readonly<WindowDefinition> {
+    return copyDefinition(this.definition);
+  }
+
+  on(event: "change", listener: (change: ListChange) => void): () => void;
+  on(event: "error", listener: (error: OrdoError) => void): () => void;
+  on(event: keyof ListEvents, listener: (value: never) => void): () => void {
+    return this.emitter.on(event, listener as (value: ListEvents[typeof event]) => void);
+  }
+
+  /** Moves or grows the window ("load more"). The change reaches the list as diffs. */
+  setRange(offset: number, limit: number): void {
+    if (this._status === "closed") return;
+    checkRange(offset, limit);
+    this.definition = { ...this.definition, offset, limit };
+    this.client._windowChanged(this);
+  }
+
+  /** Changes the filter and the sort, keeping the range. Keys left out are kept as they are. */
+  setView(view: ViewSpec): void {
+    if (this._status === "closed") return;
+    const next = { ...this.definition };
+    if (view.filter !== undefined) next.filter = view.filter;
+    if (view.sort !== undefined) next.sort = view.sort;
+    this.definition = next;
+    this.client._windowChanged(this);
+  }
+
+  /** Unsubscribes. The list keeps its last items; `ready` rejects with `closed` if it was pending. */
+  close(): void {
+    if (this._status === "closed") return;
+    this.client._closeList(this);
+  }
+
+  /** @internal */
+  _applyChange(seq: number, change: ListChange): void {
+    this._items = change.items;
+    this._seq = seq;
+    if (this._status === "subscribing") this._status = "live";
+    if (!this.settled) {
+      this.settled = true;
+      this.resolveReady();
+    }
+    this.emitter.emit("change", change);
+  }
+
+  /** @internal Reports an error; `fatal` closes the list (a refused subscribe). */
+  _fail(error: OrdoError, fatal: boolean): void {
+    this._error = error;
+    if (fatal) this._markClosed(error);
+    this.emitter.emit("error", error);
+  }
+
+  /** @internal */
+  _markClosed(error: OrdoError): void {
+    this._status = "closed";
+    if (!this.settled) {
+      this.settled = true;
+      this.rejectReady(error);
+    }
+  }
+
+  /** @internal The subscription is being recovered (after a gap): frames resume with a Reset. */
+  _restarting(): void {
+    if (this._status === "live") this._status = "subscribing";
+  }
+
+  /** @internal */
+  _definitionKey(definition: WindowDefinition): { range: string; view: string } {
+    return {
+      range: `${definition.offset ?? 0}:${definition.limit}`,
+      view: viewKey(definition.filter, definition.sort),
+    };
+  }
+}
+
+/**
+ * A connection to an Ordo server that keeps `LiveList`s in sync, reconnects with
+ * exponential backoff and resumes every subscription where it left off.
+ */
+export class OrdoClient {
+  private readonly url: string;
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  private readonly Socket: any;
+  private readonly initialDelayMs: number;
+  private readonly maxDelayMs: number;
+  private readonly reconnectEnabled: boolean;
+
+  private readonly core = new ProtocolState();
+  private readonly lists = new Map<string, LiveList>();
+  private readonly emitter = new Emitter<ClientEvents>();
+  private socket: SocketLike | null = null;
+  /** The socket has had its `welcome`: messages may go out. */
+  private handshaken = false;
+  private _state: ConnectionState = "connecting";
+  /** The session to name in the next `resume`. */
+  private resumeSession: string | null = null;
+  private attempt = 0;
+  private reconnectTimer: ReturnType<typeof setTimeout> | null = null;
+  private handshakeTimer: ReturnType<typeof setTimeout> | null = null;
+  private nextId = 0;
+
+  private outbox: string[] = [];
+  private tokens = SEND_BURST;
+  private tokensAt = 0;
+  private messagesPerSecond = DEFAULT_MESSAGES_PER_SECOND;
+  private drainTimer: ReturnType<typeof setTimeout> | null = null;
+
+  constructor(options: OrdoClientOptions) {
+    this.url = options.url;
+    this.Socket = options.WebSocket ?? (globalThis as { WebSocket?: unknown }).WebSocket;
+    if (typeof this.Socket !== "function") {
+      throw new TypeError(
+        "no WebSocket: pass one as `new OrdoClient({ url, WebSocket })` (in Node < 22, the `ws` package's)",
+      );
+    }
+    this.initialDelayMs = Math.max(1, options.reconnect?.initialDelayMs ?? DEFAULT_INITIAL_DELAY_MS);
+    this.maxDelayMs = Math.max(this.initialDelayMs, options.reconnect?.maxDelayMs ?? DEFAULT_MAX_DELAY_MS);
+    this.reconnectEnabled = options.reconnect?.enabled ?? true;
+    this.connect();
+  }
+
+  /** The session of the current (or last) connection, from `welcome` then `resumed`. */
+  get session(): string | null {
+    return this.core.session;
+  }
+
+  get state(): ConnectionState {
+    return this._state;
+  }
+
+  on(event: "state", listener: (state: ConnectionState) => void): () => void;
+  /** Errors that concern no list: rate limiting, unreadable frames, a protocol version mismatch. */
+  on(event: "error", listener: (error: OrdoError) => void): () => void;
+  on(event: keyof ClientEvents, listener: (value: never) => void): () => void {
+    return this.emitter.on(event, listener as (value: ClientEvents[typeof event]) => void);
+  }
+
+  /** Subscribes to a window. The list fills at its first frame (`ready`). */
+  subscribe(view: SubscribeOptions): LiveList {
+    if (this._state === "closed") throw new OrdoError("closed", "the client is closed");
+    const { id: chosen, ...definition } = view;
+    if (typeof definition.collection !== "string" || definition.collection === "") {
+      throw new TypeError("subscribe needs a collection");
+    }
+    checkRange(definition.offset ?? 0, definition.limit);
+    let id = chosen;
+    if (id === undefined) {
+      do id = `s${++this.nextId}`;
+      while (this.lists.has(id));
+    } else if (this.lists.has(id)) {
+      throw new OrdoError("subscription_exists", `subscription \`${id}\` exists on this client`, id);
+    }
+    const list = new LiveList(this, id, definition);
+    this.lists.set(id, list);
+    this.core.subscribe(id);
+    if (this.handshaken) this.sendSubscribe(list);
+    return list;
+  }
+
+  /** Closes the connection for good: every list stops (pending `ready`s reject with `closed`). */
+  close(): void {
+    if (this._state === "closed") return;
+    this.clearTimers();
+    const socket = this.socket;
+    this.detachSocket();
+    if (socket) {
+      try {
+        socket.close(1000, "client closed");
+      } catch {
+        // Closing a socket that is still connecting may throw in some implementations.
+      }
+    }
+    const error = new OrdoError("closed", "the client was closed");
+    for (const list of this.lists.values()) list._markClosed(error);
+    this.lists.clear();
+    this.setState("closed");
+  }
+
+  // ---- Connection ----
+
+  private connect(): void {
+    this.reconnectTimer = null;
+    let socket: SocketLike;
+    try {
+      socket = new this.Socket(this.url) as SocketLike;
+    } catch (error) {
+      this.emitter.emit("error", new OrdoError("connect", `cannot connect to ${this.url}: ${String(error)}`));
+      this.onSocketGone(undefined);
+      return;
+    }
+    this.socket = socket;
+    this.handshaken = false;
+    this.handshakeTimer = setTimeout(() => {
+      this.handshakeTimer = null;
+      if (this.socket !== socket || this.handshaken) return;
+      try {
+        socket.close();
+      } catch {
+        // Closing a socket that is still connecting may throw in some implementations.
+      }
+      this.emitter.emit("error", new OrdoError("protocol", `no welcome from ${this.url} in ${HANDSHAKE_TIMEOUT_MS} ms`));
+      this.onSocketGone(undefined);
+    }, HANDSHAKE_TIMEOUT_MS);
+    socket.onmessage = (event) => {
+      if (this.socket === socket) this.onMessage(event.data);
+    };
+    socket.onclose = (event) => {
+      if (this.socket === socket) this.onSocketGone(event?.code);
+    };
+    socket.onerror = () => {
+      // A close event follows.
+    };
+  }
+
+  private detachSocket(): void {
+    if (this.handshakeTimer !== null) clearTimeout(this.handshakeTimer);
+    this.handshakeTimer = null;
+    const socket = this.socket;
+    if (socket) {
+      socket.onmessage = null;
+      socket.onclose = null;
+      socket.onopen = null;
+      // Some implementations (the `ws` package) emit an error when a socket that is
+      // still connecting is closed, and throw it if nobody listens.
+      socket.onerror = () => {};
+    }
+    this.socket = null;
+    this.handshaken = false;
+    this.outbox = [];
+  }
+
+  private clearTimers(): void {
+    if (this.reconnectTimer !== null) clearTimeout(this.reconnectTimer);
+    if (this.drainTimer !== null) clearTimeout(this.drainTimer);
+    this.reconnectTimer = null;
+    this.drainTimer = null;
+  }
+
+  private onSocketGone(code: number | undefined): void {
+    this.detachSocket();
+    if (this.drainTimer !== null) clearTimeout(this.drainTimer);
+    this.drainTimer = null;
+    if (this._state === "closed") return;
+    if (!this.reconnectEnabled) {
+      const error = new OrdoError("closed", `the connection closed (code ${code ?? "none"})`);
+      for (const list of this.lists.values()) list._fail(error, true);
+      this.lists.clear();
+      this.setState("closed");
+      return;
+    }
+    // 1001 (server stopping), 4001 (slow), a dropped TCP connection: all resume.
+    this.setState("reconnecting");
+    const ceiling = Math.min(this.maxDelayMs, this.initialDelayMs * 2 ** Math.min(this.attempt, 30));
+    this.attempt += 1;
+    const delay = ceiling / 2 + Math.random() * (ceiling / 2);
+    this.reconnectTimer = setTimeout(() => this.connect(), delay);
+  }
+
+  private setState(state: ConnectionState): void {
+    if (this._state === state) return;
+    this._state = state;
+    this.emitter.emit("state", state);
+  }
+
+  // ---- Sending ----
+
+  private send(message: ClientMessage): void {
+    if (!this.socket || !this.handshaken) return;
+    this.outbox.push(JSON.stringify(message));
+    this.drain();
+  }
+
+  /** Sends what the rate allows; the rest waits (the server refuses messages past its rate). */
+  private drain(): void {
+    const socket = this.socket;
+    if (!socket) return;
+    const now = Date.now();
+    this.tokens = Math.min(SEND_BURST, this.tokens + ((now - this.tokensAt) / 1000) * this.messagesPerSecond);
+    this.tokensAt = now;
+    while (this.outbox.length > 0 && this.tokens >= 1) {
+      const text = this.outbox.shift()!;
+      this.tokens -= 1;
+      try {
+        socket.send(text);
+      } catch {
+        // The socket is closing; its close event brings a resume.
+        return;
+      }
+    }
+    if (this.outbox.length > 0 && this.drainTimer === null) {
+      const wait = Math.ceil(((1 - this.tokens) / this.messagesPerSecond) * 1000);
+      this.drainTimer = setTimeout(() => {
+        this.drainTimer = null;
+        this.drain();
+      }, Math.max(1, wait));
+    }
+  }
+
+  private sendSubscribe(list: LiveList): void {
+    list.sentDefinition = copyDefinition(list.definition);
+    list.beforeChange = null;
+    list.changePending = false;
+    this.send({ op: "subscribe", sub: list.id, ...list.sentDefinition });
+  }
+
+  /** @internal A list's window changed: tell the server now if it can take it. */
+  _windowChanged(list: LiveList): void {
+    if (!this.handshaken || this.core.get(list.id)?.phase !== "live") {
+      // Sent at the first frame, or carried by the next subscribe or resume.
+      list.changePending = true;
+      return;
+    }
+    this.sendWindowChange(list);
+  }
+
+  private sendWindowChange(list: LiveList): void {
+    list.changePending = false;
+    const wanted = list._definitionKey(list.definition);
+    const sent = list._definitionKey(list.sentDefinition);
+    if (wanted.view === sent.view && wanted.range === sent.range) return;
+    list.beforeChange = copyDefinition(list.sentDefinition);
+    if (wanted.view !== sent.view) {
+      this.send({
+        op: "set_view",
+        sub: list.id,
+        filter: list.definition.filter ?? null,
+        sort: list.definition.sort ?? [],
+      });
+    }
+    if (wanted.range !== sent.range) {
+      this.send({ op: "set_range", sub: list.id, offset: list.definition.offset ?? 0, limit: list.definition.limit });
+    }
+    list.sentDefinition = copyDefinition(list.definition);
+  }
+
+  /** @internal */
+  _closeList(list: LiveList): void {
+    this.lists.delete(list.id);
+    const phase = this.core.get(list.id)?.phase;
+    if (this.handshaken && phase !== undefined) {
+      this.core.unsubscribe(list.id);
+      this.send({ op: "unsubscribe", sub: list.id });
+    } else {
+      // Not connected: the next resume does not list it, so the server closes it.
+      this.core.forget(list.id);
+    }
+    list._markClosed(new OrdoError("closed", `subscription \`${list.id}\` was closed`, list.id));
+  }
+
+  // ---- Receiving ----
+
+  private onMessage(data: unknown): void {
+    if (typeof data !== "string") {
+      this.emitter.emit("error", new OrdoError("protocol", "the server sent a binary frame"));
+      return;
+    }
+    let frame: unknown;
+    try {
+      frame = JSON.parse(data);
+    } catch {
+      this.emitter.emit("error", new OrdoError("protocol", `the server sent a frame that is not JSON`));
+      return;
+    }
+    for (const event of this.core.handleFrame(frame)) this.onEvent(event);
+  }
+
+  private onEvent(event: ProtocolEvent): void {
+    switch (event.kind) {
+      case "welcome":
+        this.onWelcome(event);
+        return;
+      case "resumed":
+        this.resumeSession = event.session;
+        for (const failure of event.failed) {
+          const list = this.lists.get(failure.sub);
+          if (!list) continue;
+          this.lists.delete(failure.sub);
+          list._fail(new OrdoError(failure.code, failure.message, failure.sub), true);
+        }
+        return;
+      case "change": {
+        const list = this.lists.get(event.sub);
+        if (!list) return;
+        list._applyChange(event.seq, { diffs: event.diffs, items: event.items, reset: event.reset });
+        // Window changes made before the first frame go out now.
+        if (list.changePending && this.lists.get(event.sub) === list && this.handshaken) this.sendWindowChange(list);
+        return;
+      }
+      case "gap":
+      case "invalid_diffs": {
+        const list = this.lists.get(event.sub);
+        if (!list) return;
+        list._fail(lossError(event), false);
+        if (this.lists.get(event.sub) !== list || !this.handshaken) return;
+        // Recover: a fresh subscription under the same id, whose first frame is a Reset.
+        this.core.restart(list.id);
+        list._restarting();
+        this.send({ op: "unsubscribe", sub: list.id });
+        this.sendSubscribe(list);
+        return;
+      }
+      case "error": {
+        const error = new OrdoError(event.code, event.message, event.sub);
+        const list = event.sub === undefined ? undefined : this.lists.get(event.sub);
+        if (!list) {
+          this.emitter.emit("error", error);
+          return;
+        }
+        if (event.refused === "subscribe") {
+          this.lists.delete(list.id);
+          list._fail(error, true);
+          return;
+        }
+        if (event.refused === "request" && list.beforeChange) {
+          // A refused set_range or set_view leaves the subscription as it was.
+          list.definition = list.beforeChange;
+          list.sentDefinition = copyDefinition(list.beforeChange);
+          list.beforeChange = null;
+        }
+        list._fail(error, false);
+        return;
+      }
+      case "unsubscribed":
+        return;
+      case "protocol":
+        this.emitter.emit("error", new OrdoError("protocol", event.message));
+        return;
+    }
+  }
+
+  private onWelcome(event: Extract<ProtocolEvent, { kind: "welcome" }>): void {
+    if (event.protocol !== PROTOCOL_VERSION) {
+      this.emitter.emit(
+        "error",
+        new OrdoError("protocol", `the server speaks protocol ${event.protocol}; this client speaks ${PROTOCOL_VERSION}`),
+      );
+    }
+    const rate = event.limits.ws_messages_per_second;
+    if (typeof rate === "number" && rate > 0) this.messagesPerSecond = rate * 0.9;
+    this.tokens = SEND_BURST;
+    this.tokensAt = Date.now();
+    this.handshaken = true;
+    this.attempt = 0;
+    if (this.handshakeTimer !== null) clearTimeout(this.handshakeTimer);
+    this.handshakeTimer = null;
+    const previous = this.resumeSession;
+    if (previous !== null && this.lists.size > 0) {
+      // One `resume`, first: every list with its current definition and last seq.
+      const subs: ResumeEntry[] = [];
+      for (const { sub, last_seq } of this.core.prepareResume()) {
+        const list = this.lists.get(sub);
+        if (!list) {
+          this.core.forget(sub);
+          continue;
+        }
+        list.sentDefinition = copyDefinition(list.definition);
+        list.beforeChange = null;
+        list.changePending = false;
+        subs.push({ sub, ...list.sentDefinition, last_seq });
+      }
+      this.send({ op: "resume", session: previous, subs });
+      // `resumed` names the session to use next time; until then the old one stays.
+    } else {
+      this.resumeSession = event.session;
+      for (const sub of this.core.prepareResubscribe()) {
+        const list = this.lists.get(sub);
+        if (list) this.sendSubscribe(list);
+        else this.core.forget(sub);
+      }
+    }
+    this.setState("open");
+  }
+}

@@ -1,0 +1,34 @@
+export { OrdoClient, LiveList } from "./client.js";
+export type { ConnectionState, ListChange, ListStatus, OrdoClientOptions, ReconnectOptions } from "./client.js";
+export { OrdoError } from "./errors.js";
+export { applyDiffs } from "./diffs.js";
+export { ProtocolState } from "./protocol.js";
+export type { ProtocolEvent, SubscriptionPhase, SubscriptionSnapshot } from "./protocol.js";
+export { PROTOCOL_VERSION } from "./types.js";
+export type {
+  ClientMessage,
+  CompareOp,
+  DiffsFrame,
+  ErrorFrame,
+  FieldValue,
+  Filter,
+  Item,
+  Json,
+  ResumedFrame,
+  ResumedSub,
+  ResumeEntry,
+  ResumeOp,
+  ServerFrame,
+  SetRangeOp,
+  SetViewOp,
+  SortKey,
+  SubscribeOp,
+  SubscribeOptions,
+  UnsubscribedFrame,
+  UnsubscribeOp,
+  VectorDiff,
+  VectorDiffKind,
+  ViewSpec,
+  WelcomeFrame,
+  WindowDefinition,
+} from "./types.js";

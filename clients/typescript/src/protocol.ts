@@ -1,0 +1,323 @@
+import { applyDiffs } from "./diffs.js";
+import { OrdoError } from "./errors.js";
+import type { Item, VectorDiff } from "./types.js";
+
+/**
+ * Where a subscription stands, as far as frames go:
+ *
+ * - `subscribing`: a `subscribe` (or a `resume` that resets) is on its way; the next
+ *   frame must have `seq` + 1. An error frame naming it means the subscribe was refused.
+ * - `live`: frames apply in `seq` order; an error naming it is a refused request.
+ * - `restarting`: the client sent `unsubscribe` then `subscribe` again (after a gap);
+ *   frames are ignored until `unsubscribed`, then it is `subscribing` from `seq` 0.
+ * - `closing`: the client sent `unsubscribe`; frames are ignored until `unsubscribed`.
+ */
+export type SubscriptionPhase = "subscribing" | "live" | "restarting" | "closing";
+
+/** A subscription as the protocol core holds it. */
+export interface SubscriptionSnapshot {
+  readonly items: readonly Item[];
+  readonly seq: number;
+  readonly phase: SubscriptionPhase;
+}
+
+/** What the core reports for a frame. `change` is the only kind that changes a list. */
+export type ProtocolEvent =
+  | { kind: "welcome"; session: string; protocol: number; limits: Record<string, unknown> }
+  | {
+      kind: "error";
+      code: string;
+      message: string;
+      sub?: string;
+      /** `subscribe`: the subscription was refused and is gone; `request`: a refused request on a live one. */
+      refused?: "subscribe" | "request";
+    }
+  | { kind: "unsubscribed"; sub: string }
+  | {
+      kind: "resumed";
+      session: string;
+      replayed: string[];
+      reset: string[];
+      /** Entries of the resume the server refused (their subscriptions are gone). */
+      failed: { sub: string; code: string; message: string }[];
+    }
+  | { kind: "gap"; sub: string; expected_seq: number; got_seq: number }
+  | { kind: "invalid_diffs"; sub: string; seq: number; message: string }
+  | { kind: "change"; sub: string; seq: number; diffs: VectorDiff[]; items: readonly Item[]; reset: boolean }
+  /** A frame this client cannot read; it is otherwise ignored. */
+  | { kind: "protocol"; message: string };
+
+interface Record_ {
+  items: readonly Item[];
+  seq: number;
+  phase: SubscriptionPhase;
+}
+
+function isObject(value: unknown): value is Record<string, unknown> {
+  return value !== null && typeof value === "object" && !Array.isArray(value);
+}
+
+function isSeq(value: unknown): value is number {
+  return typeof value === "number" && Number.isSafeInteger(value) && value >= 0;
+}
+
+/**
+ * The socket-free core of the client: subscriptions (their lists and last `seq`),
+ * and what each server frame does to them. `OrdoClient` drives one per client and
+ * tells it what it sends; the protocol vectors drive one directly.
+ */
+export class ProtocolState {
+  /** The session of the connection, from `welcome` (then `resumed`). */
+  session: string | null = null;
+  private readonly subs = new Map<string, Record_>();
+
+  /** Seeds the state: for each subscription id, its list and the last `seq` applied (0: none yet). */
+  constructor(seed?: Record<string, { items: readonly Item[]; seq: number }>) {
+    if (seed) {
+      for (const [sub, state] of Object.entries(seed)) this.seed(sub, state.items, state.seq);
+    }
+  }
+
+  /** Adds (or replaces) a subscription with a list and its last `seq`; `subscribing` when `seq` is 0. */
+  seed(sub: string, items: readonly Item[], seq: number): void {
+    this.subs.set(sub, { items: items.slice(), seq, phase: seq === 0 ? "subscribing" : "live" });
+  }
+
+  /** The client sends `subscribe`: a new subscription with an empty list. */
+  subscribe(sub: string): void {
+    const record = this.subs.get(sub);
+    if (record?.phase === "closing") {
+      // The id is reused before the old subscription's `unsubscribed`: its last frames
+      // come first and are ignored, then the new subscription starts at seq 1.
+      record.items = [];
+      record.phase = "restarting";
+      return;
+    }
+    this.seed(sub, [], 0);
+  }
+
+  /**
+   * The client sends `unsubscribe` then `subscribe` again for `sub` (after a gap):
+   * its list stays as it is until the new subscription's first frame (a Reset) replaces it.
+   */
+  restart(sub: string): void {
+    const record = this.subs.get(sub);
+    if (record) record.phase = "restarting";
+  }
+
+  /** The client sends `unsubscribe`: frames are ignored until `unsubscribed` removes it. */
+  unsubscribe(sub: string): void {
+    const record = this.subs.get(sub);
+    if (record) record.phase = "closing";
+  }
+
+  /** Forgets a subscription at once (the client closed it while disconnected). */
+  forget(sub: string): void {
+    this.subs.delete(sub);
+  }
+
+  has(sub: string): boolean {
+    return this.subs.has(sub);
+  }
+
+  get(sub: string): SubscriptionSnapshot | undefined {
+    const record = this.subs.get(sub);
+    return record && { items: record.items, seq: record.seq, phase: record.phase };
+  }
+
+  /** The ids of every subscription held (in any phase). */
+  ids(): string[] {
+    return [...this.subs.keys()];
+  }
+
+  /** The lists of every subscription that is not closing, by id. */
+  lists(): Record<string, readonly Item[]> {
+    const out: Record<string, readonly Item[]> = {};
+    for (const [sub, record] of this.subs) if (record.phase !== "closing") out[sub] = record.items;
+    return out;
+  }
+
+  /** The last `seq` applied, for every subscription that is not closing. */
+  seqs(): Record<string, number> {
+    const out: Record<string, number> = {};
+    for (const [sub, record] of this.subs) if (record.phase !== "closing") out[sub] = record.seq;
+    return out;
+  }
+
+  /**
+   * The connection dropped; the client is about to send `resume`. Closing subscriptions
+   * are forgotten (the resume does not list them, so the server closes them), restarting
+   * ones start over from `seq` 0. Returns the `last_seq` of each subscription to list.
+   */
+  prepareResume(): { sub: string; last_seq: number }[] {
+    const out: { sub: string; last_seq: number }[] = [];
+    for (const [sub, record] of [...this.subs]) {
+      if (record.phase === "closing") {
+        this.subs.delete(sub);
+        continue;
+      }
+      if (record.phase === "restarting") {
+        record.seq = 0;
+        record.phase = "subscribing";
+      }
+      out.push({ sub, last_seq: record.seq });
+    }
+    return out;
+  }
+
+  /**
+   * The connection dropped before any `welcome` of a new session could be used for a
+   * resume (no session yet): every subscription will be sent as a fresh `subscribe`.
+   * Closing ones are forgotten; the others restart from `seq` 0 and keep their lists
+   * until their first Reset.
+   */
+  prepareResubscribe(): string[] {
+    const out: string[] = [];
+    for (const [sub, record] of [...this.subs]) {
+      if (record.phase === "closing") {
+        this.subs.delete(sub);
+        continue;
+      }
+      record.seq = 0;
+      record.phase = "subscribing";
+      out.push(sub);
+    }
+    return out;
+  }
+
+  /** Handles one server frame (after `JSON.parse`) and returns what it means. */
+  handleFrame(frame: unknown): ProtocolEvent[] {
+    if (!isObject(frame) || typeof frame.type !== "string") {
+      return [{ kind: "protocol", message: `a frame without a type: ${JSON.stringify(frame)}` }];
+    }
+    switch (frame.type) {
+      case "welcome":
+        return this.onWelcome(frame);
+      case "diffs":
+        return this.onDiffs(frame);
+      case "error":
+        return this.onError(frame);
+      case "unsubscribed":
+        return this.onUnsubscribed(frame);
+      case "resumed":
+        return this.onResumed(frame);
+      default:
+        // A newer server's frame: ignored, as the protocol's versioning allows.
+        return [];
+    }
+  }
+
+  private onWelcome(frame: Record<string, unknown>): ProtocolEvent[] {
+    if (typeof frame.session !== "string") {
+      return [{ kind: "protocol", message: "a welcome without a session" }];
+    }
+    this.session = frame.session;
+    const protocol = typeof frame.protocol === "number" ? frame.protocol : 0;
+    const limits = isObject(frame.limits) ? frame.limits : {};
+    return [{ kind: "welcome", session: frame.session, protocol, limits }];
+  }
+
+  private onDiffs(frame: Record<string, unknown>): ProtocolEvent[] {
+    const { sub, seq, diffs } = frame;
+    if (typeof sub !== "string" || !isSeq(seq) || !Array.isArray(diffs)) {
+      return [{ kind: "protocol", message: "a diffs frame without a sub, a seq or diffs" }];
+    }
+    const record = this.subs.get(sub);
+    if (!record || record.phase === "closing" || record.phase === "restarting") return [];
+    if (seq !== record.seq + 1) {
+      return [{ kind: "gap", sub, expected_seq: record.seq + 1, got_seq: seq }];
+    }
+    let items: Item[];
+    try {
+      items = applyDiffs(record.items, diffs as VectorDiff[]);
+    } catch (error) {
+      const message = error instanceof Error ? error.message : String(error);
+      return [{ kind: "invalid_diffs", sub, seq, message }];
+    }
+    record.items = items;
+    record.seq = seq;
+    record.phase = "live";
+    const reset = (diffs as unknown[]).some((diff) => isObject(diff) && "Reset" in diff);
+    return [{ kind: "change", sub, seq, diffs: diffs as VectorDiff[], items, reset }];
+  }
+
+  private onError(frame: Record<string, unknown>): ProtocolEvent[] {
+    const code = typeof frame.code === "string" ? frame.code : "internal";
+    const message = typeof frame.message === "string" ? frame.message : code;
+    if (typeof frame.sub !== "string") return [{ kind: "error", code, message }];
+    const sub = frame.sub;
+    const record = this.subs.get(sub);
+    const event: ProtocolEvent = { kind: "error", code, message, sub };
+    if (!record) return [event];
+    switch (record.phase) {
+      case "subscribing":
+        // A refused subscribe creates nothing.
+        this.subs.delete(sub);
+        return [{ ...event, refused: "subscribe" }];
+      case "live":
+        return [{ ...event, refused: "request" }];
+      case "restarting":
+        // The unsubscribe found nothing to close: the new subscribe's answer is next.
+        if (code === "unknown_subscription") {
+          record.seq = 0;
+          record.phase = "subscribing";
+        }
+        return [event];
+      case "closing":
+        if (code === "unknown_subscription") this.subs.delete(sub);
+        return [event];
+    }
+  }
+
+  private onUnsubscribed(frame: Record<string, unknown>): ProtocolEvent[] {
+    if (typeof frame.sub !== "string") return [{ kind: "protocol", message: "an unsubscribed frame without a sub" }];
+    const sub = frame.sub;
+    const record = this.subs.get(sub);
+    if (record?.phase === "restarting") {
+      // The old subscription is gone; the new one's first frame has seq 1.
+      record.seq = 0;
+      record.phase = "subscribing";
+      return [];
+    }
+    this.subs.delete(sub);
+    return [{ kind: "unsubscribed", sub }];
+  }
+
+  private onResumed(frame: Record<string, unknown>): ProtocolEvent[] {
+    if (typeof frame.session === "string") this.session = frame.session;
+    const replayed: string[] = [];
+    const reset: string[] = [];
+    const failed: { sub: string; code: string; message: string }[] = [];
+    const entries = Array.isArray(frame.subs) ? frame.subs : [];
+    for (const entry of entries) {
+      if (!isObject(entry) || typeof entry.sub !== "string") continue;
+      if (isObject(entry.error)) {
+        const code = typeof entry.error.code === "string" ? entry.error.code : "internal";
+        const message = typeof entry.error.message === "string" ? entry.error.message : code;
+        failed.push({ sub: entry.sub, code, message });
+        this.subs.delete(entry.sub);
+      } else if (entry.reset === true) {
+        reset.push(entry.sub);
+      } else {
+        replayed.push(entry.sub);
+      }
+    }
+    return [{ kind: "resumed", session: this.session ?? "", replayed, reset, failed }];
+  }
+}
+
+/** The `OrdoError` a gap or an unappliable frame is reported as. */
+export function lossError(event: Extract<ProtocolEvent, { kind: "gap" | "invalid_diffs" }>): OrdoError {
+  if (event.kind === "gap") {
+    return new OrdoError(
+      "gap",
+      `subscription \`${event.sub}\` expected seq ${event.expected_seq} but got ${event.got_seq}; re-subscribing`,
+      event.sub,
+    );
+  }
+  return new OrdoError(
+    "invalid_diffs",
+    `subscription \`${event.sub}\`: the diffs of seq ${event.seq} do not apply (${event.message}); re-subscribing`,
+    event.sub,
+  );
+}

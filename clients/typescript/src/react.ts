@@ -1,0 +1,95 @@
+// `@ordo/client/react`: a React hook over LiveList. React is an optional peer
+// dependency; the main entry (and the browser bundle) never import this file.
+
+import { useCallback, useEffect, useRef, useState, useSyncExternalStore } from "react";
+
+import type { LiveList, OrdoClient } from "./client.js";
+import type { OrdoError } from "./errors.js";
+import type { Item, SubscribeOptions } from "./types.js";
+
+/** What `useLiveList` returns; a new object only when something in it changed. */
+export interface LiveListState {
+  /** The window's items (empty until the first frame). */
+  items: readonly Item[];
+  /** The first frame arrived. */
+  ready: boolean;
+  /** The last error reported for the list (a refused subscribe, a refused change, a gap), or null. */
+  error: OrdoError | null;
+  /** The list itself (for `setRange`, say), or null before the effect subscribed. */
+  list: LiveList | null;
+}
+
+const NO_ITEMS: readonly Item[] = Object.freeze([]);
+const IDLE: LiveListState = Object.freeze({ items: NO_ITEMS, ready: false, error: null, list: null });
+
+/**
+ * Subscribes to a window for as long as the component is mounted and returns its
+ * contents. A change of `collection`, `fields`, `payload` or `id` subscribes anew;
+ * a change of `filter`/`sort` becomes a `set_view` and of `offset`/`limit` a
+ * `set_range`, so the list moves by diffs. Pass a null client or view to hold off.
+ */
+export function useLiveList(
+  client: OrdoClient | null | undefined,
+  view: SubscribeOptions | null | undefined,
+): LiveListState {
+  const identity = view
+    ? JSON.stringify([view.collection, view.fields ?? null, view.payload ?? null, view.id ?? null])
+    : null;
+  const viewKey = view ? JSON.stringify([view.filter ?? null, view.sort ?? []]) : null;
+  const rangeKey = view ? `${view.offset ?? 0}:${view.limit}` : null;
+
+  const latest = useRef(view);
+  latest.current = view;
+  const [list, setList] = useState<LiveList | null>(null);
+
+  useEffect(() => {
+    const current = latest.current;
+    if (!client || !current || client.state === "closed") return undefined;
+    const subscribed = client.subscribe(current);
+    setList(subscribed);
+    return () => {
+      subscribed.close();
+      setList((shown) => (shown === subscribed ? null : shown));
+    };
+  }, [client, identity]);
+
+  useEffect(() => {
+    const current = latest.current;
+    if (!list || !current) return;
+    list.setView({ filter: current.filter ?? null, sort: current.sort ?? [] });
+    list.setRange(current.offset ?? 0, current.limit);
+  }, [list, viewKey, rangeKey]);
+
+  const subscribe = useCallback(
+    (notify: () => void) => {
+      if (!list) return () => {};
+      const offChange = list.on("change", notify);
+      const offError = list.on("error", notify);
+      return () => {
+        offChange();
+        offError();
+      };
+    },
+    [list],
+  );
+
+  const cache = useRef<LiveListState>(IDLE);
+  const getSnapshot = useCallback((): LiveListState => {
+    if (!list) return IDLE;
+    const previous = cache.current;
+    const ready = list.seq > 0;
+    if (
+      previous.list === list &&
+      previous.items === list.items &&
+      previous.ready === ready &&
+      previous.error === list.error
+    ) {
+      return previous;
+    }
+    const next: LiveListState = { items: list.items, ready, error: list.error, list };
+    cache.current = next;
+    return next;
+  }, [list]);
+
+  return useSyncExternalStore(subscribe, getSnapshot, getSnapshot);
+}

@@ -1,0 +1,416 @@
+// End to end: OrdoClient against a real `ordo serve` on loopback. After every step
+// each live list must equal a one-shot query of its window (with a deadline as a
+// failure guard only).
+
+import { isDeepStrictEqual } from "node:util";
+
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import WebSocket from "ws";
+
+import {
+  OrdoClient,
+  OrdoError,
+  type ConnectionState,
+  type Filter,
+  type LiveList,
+  type SortKey,
+  type SubscribeOptions,
+} from "../src/index.js";
+import { OrdoServer, Rng, tappedWebSocket, waitFor, waitForQuery, type SocketTap } from "./helpers.js";
+
+const SCHEMA = {
+  fields: [
+    { name: "name", type: "string" },
+    { name: "recency", type: "u64" },
+    { name: "unread", type: "u64" },
+    { name: "dm", type: "bool" },
+  ],
+};
+
+const NAMES = ["alice", "Bob", "carol", "Émile", "dave", "Zoë", "eve", "Ålesund", "frank", "ángel", "grace", "中文", "a"];
+
+function randomOps(rng: Rng, n: number): unknown[] {
+  const ops: unknown[] = [];
+  for (let i = 0; i < n; i++) {
+    const id = `!r${rng.below(70)}:example.org`;
+    if (rng.chance(0.15)) {
+      ops.push({ op: "remove", id });
+      continue;
+    }
+    const fields: Record<string, unknown> = {};
+    if (rng.chance(0.7)) fields.name = rng.chance(0.05) ? null : rng.pick(NAMES);
+    if (rng.chance(0.8)) fields.recency = rng.below(400);
+    if (rng.chance(0.5)) fields.unread = rng.chance(0.1) ? null : rng.below(4);
+    if (rng.chance(0.4)) fields.dm = rng.chance(0.5);
+    const op: Record<string, unknown> = { op: "upsert", id, fields };
+    if (rng.chance(0.3)) op.payload = rng.chance(0.2) ? null : { last: rng.pick(NAMES), n: rng.below(100) };
+    ops.push(op);
+  }
+  return ops;
+}
+
+const FILTERS: (Filter | null)[] = [
+  null,
+  { field: "dm", op: "eq", value: true },
+  { field: "unread", op: "gt", value: 0 },
+  { all: [{ field: "unread", op: "ge", value: 1 }, { not: { field: "name", is_null: true } }] },
+  { any: [{ field: "name", prefix: "a" }, { field: "name", contains: "e" }] },
+  { field: "name", in: ["alice", "Bob", "Zoë"] },
+  { not: { field: "dm", op: "eq", value: true } },
+];
+
+const SORTS: SortKey[][] = [
+  [],
+  [{ field: "recency", dir: "desc" }],
+  [{ field: "name", case_insensitive: true }],
+  [{ field: "unread", dir: "desc" }, { field: "recency", dir: "desc" }],
+  [{ field: "dm" }, { field: "name", dir: "desc" }],
+];
+
+const VIEWS: SubscribeOptions[] = [
+  { id: "recent", collection: "rooms", sort: [{ field: "recency", dir: "desc" }], limit: 10 },
+  {
+    id: "dms",
+    collection: "rooms",
+    filter: { field: "dm", op: "eq", value: true },
+    sort: [{ field: "name", case_insensitive: true }],
+    offset: 2,
+    limit: 6,
+  },
+  {
+    id: "unread",
+    collection: "rooms",
+    filter: { all: [{ field: "unread", op: "gt", value: 0 }, { not: { field: "name", is_null: true } }] },
+    sort: [
+      { field: "unread", dir: "desc" },
+      { field: "recency", dir: "desc" },
+    ],
+    limit: 7,
+    fields: ["name", "unread"],
+    payload: false,
+  },
+  { id: "by-id", collection: "Rooms", offset: 5, limit: 15 },
+  {
+    collection: "rooms",
+    filter: { any: [{ field: "name", prefix: "a" }, { field: "name", contains: "é" }] },
+    sort: [{ field: "recency" }],
+    limit: 5,
+  },
+];
+
+const server = new OrdoServer();
+const clients: OrdoClient[] = [];
+
+function connect(options: { tap?: boolean; initialDelayMs?: number; maxDelayMs?: number } = {}): {
+  client: OrdoClient;
+  tap: SocketTap | null;
+} {
+  const tapped = options.tap ? tappedWebSocket() : null;
+  const client = new OrdoClient({
+    url: server.wsUrl,
+    WebSocket: tapped ? tapped.ctor : WebSocket,
+    reconnect: { initialDelayMs: options.initialDelayMs ?? 20, maxDelayMs: options.maxDelayMs ?? 200 },
+  });
+  clients.push(client);
+  return { client, tap: tapped?.tap ?? null };
+}
+
+async function write(ops: unknown[]): Promise<void> {
+  await server.ok("POST", "/v1/collections/rooms/batch", { ops });
+}
+
+async function allEqual(lists: LiveList[], label: string): Promise<void> {
+  for (const list of lists) await waitForQuery(server, list, label);
+}
+
+/** Counts Resets and errors per list from now on. */
+function watch(lists: LiveList[]): { resets: Map<string, number>; errors: OrdoError[] } {
+  const resets = new Map<string, number>();
+  const errors: OrdoError[] = [];
+  for (const list of lists) {
+    resets.set(list.id, 0);
+    list.on("change", (change) => {
+      if (change.reset) resets.set(list.id, resets.get(list.id)! + 1);
+    });
+    list.on("error", (error) => errors.push(error));
+  }
+  return { resets, errors };
+}
+
+async function metric(name: string): Promise<number> {
+  const response = await fetch(`${server.httpUrl}/metrics`);
+  const text = await response.text();
+  const match = new RegExp(`^${name} (\\d+)`, "m").exec(text);
+  return match ? Number(match[1]) : Number.NaN;
+}
+
+beforeAll(async () => {
+  await server.start(0);
+  await server.ok("PUT", "/v1/collections/rooms", SCHEMA);
+  await write(randomOps(new Rng(7), 120));
+});
+
+afterEach(() => {
+  for (const client of clients.splice(0)) client.close();
+});
+
+afterAll(async () => {
+  await server.dispose();
+});
+
+describe("OrdoClient against ordo serve", () => {
+  it("live lists equal one-shot queries through random writes, range and view changes", async () => {
+    const { client } = connect();
+    const states: ConnectionState[] = [];
+    client.on("state", (state) => states.push(state));
+    const lists = VIEWS.map((view) => client.subscribe(view));
+    const { errors } = watch(lists);
+    await Promise.all(lists.map((list) => list.ready));
+    expect(client.state).toBe("open");
+    expect(client.session).toMatch(/^[0-9a-f]{16}$/);
+    expect(lists.map((list) => list.id).slice(0, 4)).toEqual(["recent", "dms", "unread", "by-id"]);
+    await allEqual(lists, "after subscribing");
+
+    const rng = new Rng(0x0bd0);
+    for (let step = 0; step < 40; step++) {
+      await write(randomOps(rng, 1 + rng.below(8)));
+      const list = rng.pick(lists);
+      const roll = rng.below(4);
+      if (roll === 0) list.setRange(rng.below(20), 1 + rng.below(14));
+      else if (roll === 1) list.setView({ filter: rng.pick(FILTERS), sort: rng.pick(SORTS) });
+      await allEqual(lists, `step ${step}`);
+    }
+    // Load more on one list: the window grows in place.
+    const recent = lists[0]!;
+    recent.setRange(0, 30);
+    await allEqual([recent], "after load more");
+    expect(recent.items.length).toBe(30);
+
+    expect(errors).toEqual([]);
+    expect(states).toEqual(["open"]);
+    for (const list of lists) expect(list.seq).toBeGreaterThan(0);
+  });
+
+  it("every change gives a new items array and the diffs that led to it", async () => {
+    const { client } = connect();
+    const list = client.subscribe({ collection: "rooms", sort: [{ field: "recency", dir: "desc" }], limit: 5 });
+    const seen: { items: readonly unknown[]; seq: number }[] = [];
+    list.on("change", (change) => {
+      expect(change.items).toBe(list.items);
+      seen.push({ items: change.items, seq: list.seq });
+    });
+    await list.ready;
+    await write([{ op: "upsert", id: "!top:example.org", fields: { name: "top", recency: 100_000 } }]);
+    await waitForQuery(server, list, "after a write to the top");
+    expect(seen.length).toBeGreaterThanOrEqual(2);
+    for (let i = 1; i < seen.length; i++) {
+      expect(seen[i]!.items).not.toBe(seen[i - 1]!.items);
+      expect(seen[i]!.seq).toBe(seen[i - 1]!.seq + 1);
+    }
+    await write([{ op: "remove", id: "!top:example.org" }]);
+    await waitForQuery(server, list, "after the remove");
+  });
+
+  it("a subscribe with an unknown field rejects ready with invalid_view", async () => {
+    const { client } = connect();
+    const good = client.subscribe({ collection: "rooms", limit: 3 });
+    const badSort = client.subscribe({ id: "bad-sort", collection: "rooms", sort: [{ field: "recncy" }], limit: 3 });
+    const badFilter = client.subscribe({
+      collection: "rooms",
+      filter: { field: "nope", op: "eq", value: 1 },
+      limit: 3,
+    });
+    const noCollection = client.subscribe({ collection: "roms", limit: 3 });
+    const errors: OrdoError[] = [];
+    badSort.on("error", (error) => errors.push(error));
+
+    const error = await badSort.ready.then(
+      () => null,
+      (reason: unknown) => reason,
+    );
+    expect(error).toBeInstanceOf(OrdoError);
+    expect((error as OrdoError).code).toBe("invalid_view");
+    expect((error as OrdoError).sub).toBe("bad-sort");
+    expect(badSort.status).toBe("closed");
+    expect(errors.map((e) => e.code)).toEqual(["invalid_view"]);
+    await expect(badFilter.ready).rejects.toMatchObject({ code: "invalid_view" });
+    await expect(noCollection.ready).rejects.toMatchObject({ code: "unknown_collection" });
+    // The connection and the other subscription are unaffected.
+    await good.ready;
+    await waitForQuery(server, good, "the good list");
+    expect(client.state).toBe("open");
+    // The refused id is free again.
+    const again = client.subscribe({ id: "bad-sort", collection: "rooms", sort: [{ field: "recency" }], limit: 3 });
+    await again.ready;
+    await waitForQuery(server, again, "the id reused");
+  });
+
+  it("a refused set_view is reported and the list keeps its view", async () => {
+    const { client } = connect();
+    const list = client.subscribe({ collection: "rooms", sort: [{ field: "recency", dir: "desc" }], limit: 4 });
+    await list.ready;
+    const errors: OrdoError[] = [];
+    list.on("error", (error) => errors.push(error));
+    list.setView({ sort: [{ field: "nope" }] });
+    await waitFor(
+      () => errors.length > 0,
+      () => "no error for the refused set_view",
+    );
+    expect(errors[0]!.code).toBe("invalid_view");
+    expect(list.view.sort).toEqual([{ field: "recency", dir: "desc" }]);
+    expect(list.status).toBe("live");
+    await write([{ op: "upsert", id: "!sv:example.org", fields: { name: "sv", recency: 99_999 } }]);
+    await waitForQuery(server, list, "after the refused set_view");
+    await write([{ op: "remove", id: "!sv:example.org" }]);
+    await waitForQuery(server, list, "after the remove");
+  });
+
+  it("a seq gap (a dropped frame) is reported and recovered by re-subscribing", async () => {
+    const { client, tap } = connect({ tap: true });
+    const list = client.subscribe({ id: "gappy", collection: "rooms", sort: [{ field: "recency", dir: "desc" }], limit: 6 });
+    const { errors, resets } = watch([list]);
+    await list.ready;
+    let dropped = false;
+    tap!.dropIncoming = (frame) => {
+      if (!dropped && frame.type === "diffs" && frame.sub === "gappy") {
+        dropped = true;
+        return true;
+      }
+      return false;
+    };
+    // Each write enters the window at the top: the first one's frame is dropped, the
+    // second one's arrives with a seq one too far.
+    await write([{ op: "upsert", id: "!gap0:example.org", fields: { name: "gap 0", recency: 200_000 } }]);
+    await waitFor(
+      () => dropped,
+      () => "the first frame after the write never came",
+    );
+    await write([{ op: "upsert", id: "!gap1:example.org", fields: { name: "gap 1", recency: 200_001 } }]);
+    await waitFor(
+      () => errors.length > 0,
+      () => "no gap reported",
+    );
+    expect(errors[0]!.code).toBe("gap");
+    expect(errors[0]!.sub).toBe("gappy");
+    await waitForQuery(server, list, "after the gap");
+    expect(resets.get("gappy")).toBeGreaterThanOrEqual(1);
+    const ops = tap!.sent[0]!.map((message) => (message as { op: string; sub?: string }).op);
+    expect(ops).toEqual(["subscribe", "unsubscribe", "subscribe"]);
+    await write([
+      { op: "remove", id: "!gap0:example.org" },
+      { op: "remove", id: "!gap1:example.org" },
+    ]);
+    await waitForQuery(server, list, "after cleaning up");
+  });
+
+  it("a dropped connection resumes its session and replays the missed frames", async () => {
+    const { client, tap } = connect({ tap: true, initialDelayMs: 20, maxDelayMs: 50 });
+    const lists = VIEWS.slice(0, 3).map((view) => client.subscribe(view));
+    const { resets } = watch(lists);
+    await Promise.all(lists.map((list) => list.ready));
+    await allEqual(lists, "before the drop");
+    const session = client.session;
+    for (const list of lists) resets.set(list.id, 0);
+
+    // Hold the reconnection (it is refused) until the server has parked the session.
+    tap!.redirect = "ws://127.0.0.1:1/v1/ws"; // nothing listens there: refused
+    tap!.sockets[0]!.terminate();
+    await waitFor(
+      () => client.state === "reconnecting",
+      () => `state is ${client.state}`,
+    );
+    await waitFor(
+      async () => (await metric("ordo_connections")) === 0,
+      () => "the server still counts a connection",
+    );
+    const rng = new Rng(99);
+    for (let i = 0; i < 5; i++) await write(randomOps(rng, 4));
+    tap!.redirect = null;
+
+    await waitFor(
+      () => client.state === "open",
+      () => `state is ${client.state}`,
+    );
+    await allEqual(lists, "after the resume");
+    const socket = tap!.sockets.length - 1;
+    const first = tap!.sent[socket]![0] as { op: string; session: string; subs: { sub: string; last_seq: number }[] };
+    expect(first.op).toBe("resume");
+    expect(first.session).toBe(session);
+    expect(first.subs.map((entry) => entry.sub).sort()).toEqual(lists.map((list) => list.id).sort());
+    const resumed = tap!.received[socket]!.find((frame) => (frame as { type: string }).type === "resumed") as {
+      subs: { sub: string; replayed?: number; reset?: boolean }[];
+    };
+    expect(resumed.subs.every((entry) => typeof entry.replayed === "number")).toBe(true);
+    for (const list of lists) expect(resets.get(list.id)).toBe(0);
+    expect(client.session).toBe(session);
+  });
+
+  for (const signal of ["SIGTERM", "SIGKILL"] as const) {
+    it(`lists recover through resume after a ${signal} and a restart on the same data and port`, async () => {
+      const { client, tap } = connect({ tap: true, initialDelayMs: 50, maxDelayMs: 300 });
+      const lists = VIEWS.map((view) => client.subscribe(view));
+      const { resets, errors } = watch(lists);
+      await Promise.all(lists.map((list) => list.ready));
+      await allEqual(lists, `before ${signal}`);
+      const port = server.port;
+      const closeCodes: number[] = [];
+      tap!.sockets[0]!.on("close", (code) => closeCodes.push(code));
+      for (const list of lists) resets.set(list.id, 0);
+
+      await server.stop(signal);
+      await waitFor(
+        () => client.state === "reconnecting",
+        () => `state is ${client.state}`,
+      );
+      if (signal === "SIGTERM") expect(closeCodes).toEqual([1001]);
+      // Changed while disconnected: the resume carries the new window.
+      lists[0]!.setRange(3, 8);
+      lists[1]!.setView({ filter: null, sort: [{ field: "recency", dir: "desc" }] });
+
+      await server.start(port);
+      expect(server.port).toBe(port);
+      await waitFor(
+        () => client.state === "open",
+        () => `state is ${client.state}`,
+      );
+      await allEqual(lists, `after ${signal} and restart`);
+      for (const list of lists) expect(resets.get(list.id), `resets of ${list.id}`).toBeGreaterThanOrEqual(1);
+      const last = tap!.sent[tap!.sent.length - 1]!;
+      const resume = last[0] as { op: string; subs: { sub: string; offset: number; limit: number; last_seq: number }[] };
+      expect(resume.op).toBe("resume");
+      expect(resume.subs.find((entry) => entry.sub === "recent")).toMatchObject({ offset: 3, limit: 8 });
+      expect(errors).toEqual([]);
+
+      await write(randomOps(new Rng(signal.length), 10));
+      await allEqual(lists, `a write after ${signal}`);
+    });
+  }
+
+  it("close() ends the client: pending lists reject with `closed`", async () => {
+    const { client } = connect();
+    const list = client.subscribe({ collection: "rooms", limit: 2 });
+    const states: ConnectionState[] = [];
+    client.on("state", (state) => states.push(state));
+    client.close();
+    await expect(list.ready).rejects.toMatchObject({ code: "closed" });
+    expect(client.state).toBe("closed");
+    expect(states).toEqual(["closed"]);
+    expect(() => client.subscribe({ collection: "rooms", limit: 1 })).toThrow(OrdoError);
+  });
+
+  it("closing a list unsubscribes it; its id can be used again", async () => {
+    const { client, tap } = connect({ tap: true });
+    const first = client.subscribe({ id: "again", collection: "rooms", sort: [{ field: "recency" }], limit: 3 });
+    await first.ready;
+    first.close();
+    expect(first.status).toBe("closed");
+    const second = client.subscribe({ id: "again", collection: "rooms", sort: [{ field: "recency", dir: "desc" }], limit: 4 });
+    await second.ready;
+    await waitForQuery(server, second, "the id reused at once");
+    await waitFor(
+      () => tap!.received[0]!.some((frame) => isDeepStrictEqual(frame, { type: "unsubscribed", sub: "again" })),
+      () => "no unsubscribed frame",
+    );
+    expect(second.items.length).toBe(4);
+  });
+});

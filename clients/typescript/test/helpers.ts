@@ -1,0 +1,274 @@
+// Helpers of the end-to-end tests: a real `ordo serve` on loopback, its HTTP API,
+// a WebSocket class whose instances the tests can reach, and polling with a deadline.
+
+import { spawn, type ChildProcess } from "node:child_process";
+import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { isDeepStrictEqual } from "node:util";
+
+import WebSocket from "ws";
+
+import type { Item, LiveList, WindowDefinition } from "../src/index.js";
+
+const here = fileURLToPath(new URL(".", import.meta.url));
+export const ORDO_BIN = resolve(here, "..", process.env.ORDO_BIN ?? "../../target/release/ordo");
+
+export function binaryMissingMessage(): string {
+  return (
+    `the ordo binary is not at ${ORDO_BIN}; build it with ` +
+    "`cargo build --release -p ordo-server --bin ordo` at the repository root, or set ORDO_BIN"
+  );
+}
+
+export class OrdoServer {
+  readonly dataDir: string;
+  private child: ChildProcess | null = null;
+  private output = "";
+  port = 0;
+
+  constructor(dataDir?: string) {
+    this.dataDir = dataDir ?? mkdtempSync(join(tmpdir(), "ordo-ts-client-"));
+  }
+
+  get httpUrl(): string {
+    return `http://127.0.0.1:${this.port}`;
+  }
+
+  get wsUrl(): string {
+    return `ws://127.0.0.1:${this.port}/v1/ws`;
+  }
+
+  /** What the server printed (stdout and stderr), for failure messages. */
+  get log(): string {
+    return this.output;
+  }
+
+  /**
+   * Starts `ordo serve` (on `port`, or on the one it had, or on any free one) and
+   * resolves once it prints its address. A port still held by the previous process
+   * is retried for a while.
+   */
+  async start(port = this.port, timeoutMs = 60_000): Promise<void> {
+    if (!existsSync(ORDO_BIN)) throw new Error(binaryMissingMessage());
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      try {
+        await this.startOnce(port, deadline);
+        return;
+      } catch (error) {
+        const busy = /cannot listen/.test(String(error));
+        if (!busy || Date.now() > deadline) throw error;
+        await sleep(200);
+      }
+    }
+  }
+
+  private startOnce(port: number, deadline: number): Promise<void> {
+    const child = spawn(
+      ORDO_BIN,
+      ["serve", "--listen", `127.0.0.1:${port}`, "--data-dir", this.dataDir],
+      { stdio: ["ignore", "pipe", "pipe"] },
+    );
+    this.child = child;
+    let text = "";
+    return new Promise<void>((resolvePromise, reject) => {
+      const timer = setTimeout(
+        () => {
+          child.kill("SIGKILL");
+          reject(new Error(`ordo serve printed no address in time; it said:\n${text}`));
+        },
+        Math.max(1000, deadline - Date.now()),
+      );
+      const onData = (chunk: Buffer) => {
+        text += chunk.toString();
+        this.output += chunk.toString();
+        const match = /listening on http:\/\/127\.0\.0\.1:(\d+)/.exec(text);
+        if (match) {
+          clearTimeout(timer);
+          this.port = Number(match[1]);
+          resolvePromise();
+        }
+      };
+      child.stdout!.on("data", onData);
+      child.stderr!.on("data", onData);
+      child.on("exit", (code, signal) => {
+        clearTimeout(timer);
+        if (this.child === child) this.child = null;
+        reject(new Error(`ordo serve exited (code ${code}, signal ${signal}) before listening; it said:\n${text}`));
+      });
+    });
+  }
+
+  /** Stops the server with `signal` and waits for the process to end. */
+  async stop(signal: NodeJS.Signals = "SIGTERM", timeoutMs = 30_000): Promise<void> {
+    const child = this.child;
+    if (!child) return;
+    this.child = null;
+    if (child.exitCode !== null || child.signalCode !== null) return;
+    const exited = new Promise<void>((resolvePromise) => child.once("exit", () => resolvePromise()));
+    child.kill(signal);
+    const timer = setTimeout(() => child.kill("SIGKILL"), timeoutMs);
+    await exited;
+    clearTimeout(timer);
+  }
+
+  /** Stops the server and removes its data directory. */
+  async dispose(): Promise<void> {
+    await this.stop("SIGKILL");
+    rmSync(this.dataDir, { recursive: true, force: true });
+  }
+
+  async request(method: string, path: string, body?: unknown): Promise<{ status: number; json: unknown }> {
+    const init: RequestInit = { method };
+    if (body !== undefined) {
+      init.body = JSON.stringify(body);
+      init.headers = { "content-type": "application/json" };
+    }
+    const response = await fetch(this.httpUrl + path, init);
+    const text = await response.text();
+    return { status: response.status, json: text ? JSON.parse(text) : null };
+  }
+
+  /** A request that must succeed (2xx). */
+  async ok(method: string, path: string, body?: unknown): Promise<unknown> {
+    const { status, json } = await this.request(method, path, body);
+    if (status < 200 || status >= 300) {
+      throw new Error(`${method} ${path} answered ${status}: ${JSON.stringify(json)}`);
+    }
+    return json;
+  }
+
+  /** The one-shot query of a window: what a live list of it must hold. */
+  async query(view: WindowDefinition): Promise<Item[]> {
+    const { collection, ...body } = view;
+    const answer = (await this.ok("POST", `/v1/collections/${encodeURIComponent(collection)}/query`, body)) as {
+      items: Item[];
+    };
+    return answer.items;
+  }
+}
+
+export function sleep(ms: number): Promise<void> {
+  return new Promise((resolvePromise) => setTimeout(resolvePromise, ms));
+}
+
+/** Polls `check` until it returns true; past the deadline, fails with `describe()`. */
+export async function waitFor(
+  check: () => boolean | Promise<boolean>,
+  describe: () => string | Promise<string>,
+  timeoutMs = 15_000,
+): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    if (await check()) return;
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms: ${await describe()}`);
+    await sleep(20);
+  }
+}
+
+function summary(items: readonly Item[]): string {
+  return JSON.stringify(items.map((item) => [item.id, item.fields]));
+}
+
+/** Waits until the list holds exactly what a one-shot query of its window returns. */
+export async function waitForQuery(
+  server: OrdoServer,
+  list: LiveList,
+  label: string,
+  timeoutMs = 15_000,
+): Promise<void> {
+  let expected: Item[] = [];
+  let queriedAt = 0;
+  await waitFor(
+    async () => {
+      // The data do not change while we wait; query again now and then all the same.
+      if (Date.now() - queriedAt > 1000) {
+        expected = await server.query(list.view);
+        queriedAt = Date.now();
+      }
+      return isDeepStrictEqual(list.items, expected);
+    },
+    () =>
+      `${label}: list \`${list.id}\` (${JSON.stringify(list.view)}) at seq ${list.seq}, status ${list.status}, ` +
+      `error ${list.error?.code ?? "none"}\n  holds    ${summary(list.items)}\n  query is ${summary(expected)}`,
+    timeoutMs,
+  );
+}
+
+/** A tap on the sockets a client makes: what it sent, and a filter for what it receives. */
+export interface SocketTap {
+  sockets: WebSocket[];
+  sent: unknown[][];
+  /** Returns true to drop an incoming frame (after JSON.parse) before the client sees it. */
+  dropIncoming: ((frame: { type?: string; sub?: string; seq?: number }) => boolean) | null;
+  received: unknown[][];
+  /** Connect here instead of the client's URL (to hold a reconnection off). */
+  redirect: string | null;
+}
+
+/**
+ * A WebSocket "constructor" for OrdoClient: real `ws` sockets, with every message
+ * sent and received recorded per socket and incoming frames optionally dropped.
+ */
+export function tappedWebSocket(): { ctor: unknown; tap: SocketTap } {
+  const tap: SocketTap = { sockets: [], sent: [], dropIncoming: null, received: [], redirect: null };
+  const onmessage = Object.getOwnPropertyDescriptor(WebSocket.prototype, "onmessage")!;
+  function TappedWebSocket(url: string) {
+    const socket = new WebSocket(tap.redirect ?? url);
+    const index = tap.sockets.length;
+    tap.sockets.push(socket);
+    tap.sent.push([]);
+    tap.received.push([]);
+    const send = socket.send.bind(socket);
+    socket.send = ((data: string) => {
+      tap.sent[index]!.push(JSON.parse(data));
+      send(data);
+    }) as typeof socket.send;
+    Object.defineProperty(socket, "onmessage", {
+      configurable: true,
+      get: () => onmessage.get!.call(socket),
+      set: (handler: ((event: { data: unknown }) => void) | null) => {
+        const wrapped =
+          handler &&
+          ((event: { data: unknown }) => {
+            const frame = JSON.parse(String(event.data));
+            if (tap.dropIncoming?.(frame)) return;
+            tap.received[index]!.push(frame);
+            handler(event);
+          });
+        onmessage.set!.call(socket, wrapped);
+      },
+    });
+    return socket;
+  }
+  return { ctor: TappedWebSocket, tap };
+}
+
+/** A small deterministic random number generator (xorshift). */
+export class Rng {
+  private state: number;
+  constructor(seed: number) {
+    this.state = seed >>> 0 || 1;
+  }
+  next(): number {
+    let x = this.state;
+    x ^= x << 13;
+    x >>>= 0;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    x >>>= 0;
+    this.state = x;
+    return x / 0x1_0000_0000;
+  }
+  below(n: number): number {
+    return Math.floor(this.next() * n);
+  }
+  pick<T>(values: readonly T[]): T {
+    return values[this.below(values.length)]!;
+  }
+  chance(p: number): boolean {
+    return this.next() < p;
+  }
+}

@@ -1,0 +1,127 @@
+// The protocol core's own behaviour beyond the corpus: what the client tells it it
+// sent (subscribe, unsubscribe, a re-subscribe after a gap, a resume).
+
+import { describe, expect, it } from "vitest";
+
+import { ProtocolState, type Item } from "../src/index.js";
+
+const item = (id: string): Item => ({ id, fields: { name: id }, payload: null });
+const reset = (sub: string, seq: number, ids: string[]) => ({
+  type: "diffs",
+  sub,
+  seq,
+  diffs: [{ Reset: { values: ids.map(item) } }],
+});
+const push = (sub: string, seq: number, id: string) => ({
+  type: "diffs",
+  sub,
+  seq,
+  diffs: [{ PushBack: { value: item(id) } }],
+});
+
+describe("ProtocolState", () => {
+  it("reports welcome and keeps the session", () => {
+    const state = new ProtocolState();
+    expect(state.handleFrame({ type: "welcome", protocol: 1, session: "abc", limits: { x: 1 } })).toEqual([
+      { kind: "welcome", session: "abc", protocol: 1, limits: { x: 1 } },
+    ]);
+    expect(state.session).toBe("abc");
+  });
+
+  it("a refused subscribe removes the subscription; a refused request keeps it", () => {
+    const state = new ProtocolState();
+    state.subscribe("a");
+    state.subscribe("b");
+    expect(state.handleFrame({ type: "error", code: "invalid_view", message: "m", sub: "a" })).toEqual([
+      { kind: "error", code: "invalid_view", message: "m", sub: "a", refused: "subscribe" },
+    ]);
+    expect(state.has("a")).toBe(false);
+    state.handleFrame(reset("b", 1, ["x"]));
+    expect(state.handleFrame({ type: "error", code: "invalid_view", message: "m", sub: "b" })).toEqual([
+      { kind: "error", code: "invalid_view", message: "m", sub: "b", refused: "request" },
+    ]);
+    expect(state.lists()).toEqual({ b: [item("x")] });
+  });
+
+  it("a gap keeps the list; after restart frames wait for `unsubscribed`, then seq 1", () => {
+    const state = new ProtocolState({ l: { items: [item("a")], seq: 3 } });
+    expect(state.handleFrame(push("l", 5, "b"))).toEqual([{ kind: "gap", sub: "l", expected_seq: 4, got_seq: 5 }]);
+    expect(state.seqs()).toEqual({ l: 3 });
+    state.restart("l");
+    // Late frames of the old subscription are ignored.
+    expect(state.handleFrame(push("l", 6, "c"))).toEqual([]);
+    expect(state.handleFrame({ type: "unsubscribed", sub: "l" })).toEqual([]);
+    expect(state.get("l")).toEqual({ items: [item("a")], seq: 0, phase: "subscribing" });
+    const events = state.handleFrame(reset("l", 1, ["q", "r"]));
+    expect(events).toMatchObject([{ kind: "change", sub: "l", seq: 1, reset: true }]);
+    expect(state.lists()).toEqual({ l: [item("q"), item("r")] });
+  });
+
+  it("diffs that do not apply are reported, not applied", () => {
+    const state = new ProtocolState({ l: { items: [item("a")], seq: 1 } });
+    const events = state.handleFrame({ type: "diffs", sub: "l", seq: 2, diffs: [{ Remove: { index: 4 } }] });
+    expect(events).toMatchObject([{ kind: "invalid_diffs", sub: "l", seq: 2 }]);
+    expect(state.get("l")).toMatchObject({ items: [item("a")], seq: 1 });
+  });
+
+  it("a closing subscription ignores frames until `unsubscribed`; an id reused meanwhile starts at seq 1", () => {
+    const state = new ProtocolState({ l: { items: [item("a")], seq: 2 } });
+    state.unsubscribe("l");
+    expect(state.lists()).toEqual({});
+    expect(state.handleFrame(push("l", 3, "b"))).toEqual([]);
+    state.subscribe("l");
+    expect(state.handleFrame(push("l", 4, "c"))).toEqual([]);
+    expect(state.handleFrame({ type: "unsubscribed", sub: "l" })).toEqual([]);
+    state.handleFrame(reset("l", 1, ["z"]));
+    expect(state.lists()).toEqual({ l: [item("z")] });
+    state.unsubscribe("l");
+    expect(state.handleFrame({ type: "unsubscribed", sub: "l" })).toEqual([{ kind: "unsubscribed", sub: "l" }]);
+    expect(state.ids()).toEqual([]);
+  });
+
+  it("prepareResume lists last seqs, drops closing and restarts recovering subscriptions", () => {
+    const state = new ProtocolState({
+      live: { items: [item("a")], seq: 7 },
+      gone: { items: [], seq: 2 },
+      broken: { items: [item("b")], seq: 4 },
+      fresh: { items: [], seq: 0 },
+    });
+    state.unsubscribe("gone");
+    state.restart("broken");
+    expect(state.prepareResume()).toEqual([
+      { sub: "live", last_seq: 7 },
+      { sub: "broken", last_seq: 0 },
+      { sub: "fresh", last_seq: 0 },
+    ]);
+    const events = state.handleFrame({
+      type: "resumed",
+      session: "s2",
+      subs: [
+        { sub: "live", replayed: 0 },
+        { sub: "broken", reset: true },
+        { sub: "fresh", error: { code: "unknown_collection", message: "no" } },
+      ],
+    });
+    expect(events).toEqual([
+      {
+        kind: "resumed",
+        session: "s2",
+        replayed: ["live"],
+        reset: ["broken"],
+        failed: [{ sub: "fresh", code: "unknown_collection", message: "no" }],
+      },
+    ]);
+    expect(state.session).toBe("s2");
+    expect(state.seqs()).toEqual({ live: 7, broken: 0 });
+    expect(state.handleFrame(reset("broken", 1, ["n"]))).toMatchObject([{ kind: "change", reset: true }]);
+  });
+
+  it("ignores unknown frame types and reports unreadable ones", () => {
+    const state = new ProtocolState();
+    expect(state.handleFrame({ type: "from_the_future" })).toEqual([]);
+    expect(state.handleFrame(42)).toMatchObject([{ kind: "protocol" }]);
+    expect(state.handleFrame({ type: "diffs", sub: "x" })).toMatchObject([{ kind: "protocol" }]);
+    // Frames of subscriptions it does not hold are dropped.
+    expect(state.handleFrame(push("nobody", 1, "a"))).toEqual([]);
+  });
+});
