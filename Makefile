@@ -3,11 +3,16 @@
 
 CARGO ?= cargo
 
-.PHONY: run test bench bench-quick bench-store loadgen server-micro lint fmt model-long crash-long
+.PHONY: run serve test test-rust test-clients test-browser server-bin bench bench-quick bench-store loadgen server-micro lint fmt model-long crash-long vectors
 
-# The main job: the server, on http://127.0.0.1:7070 with its data in ./ordo-data
-# (`ARGS="--listen 0.0.0.0:8080 --data-dir /var/lib/ordo"` to change them).
+# The main job: the server on http://127.0.0.1:7070 with its data in ./ordo-data,
+# and the live room-list demo at http://127.0.0.1:7070/demo (10 000 rooms, a
+# traffic simulator). `ARGS="--listen 0.0.0.0:8080 --demo-rate 100"` to change them.
 run:
+	$(CARGO) run --release -p ordo-server --bin ordo -- serve --demo $(ARGS)
+
+# The server alone, without the demo data and simulator.
+serve:
 	$(CARGO) run --release -p ordo-server --bin ordo -- serve $(ARGS)
 
 # The engine benchmark's quick comparison table (Ordo against eyeball-im-util and
@@ -15,9 +20,29 @@ run:
 bench-quick:
 	$(CARGO) run --release -p ordo-bench -- --quick
 
-# Every test of the workspace, with every feature (the eyeball conversions included).
-test:
+# Every test: the workspace's (with every feature, the eyeball conversions
+# included), the TypeScript and Python clients against the protocol corpus and a
+# real server, and the demo in headless Chromium (installed with apt-get if missing).
+test: test-rust test-clients test-browser
+
+test-rust:
 	$(CARGO) test --workspace --all-features
+
+ORDO_BIN := $(CURDIR)/target/release/ordo
+
+server-bin:
+	$(CARGO) build --release -p ordo-server --bin ordo
+
+test-clients: server-bin
+	cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error && ORDO_BIN=$(ORDO_BIN) npm test
+	ORDO_BIN=$(ORDO_BIN) clients/python/test.sh
+
+test-browser: server-bin
+	ORDO_BIN=$(ORDO_BIN) tests/browser/run.sh
+
+# Rewrites protocol/vectors/*.json from a real server (after a protocol change).
+vectors:
+	ORDO_WRITE_VECTORS=1 $(CARGO) test -p ordo-server --test protocol_vectors
 
 # The full benchmark (a few minutes); `ARGS=--json` for JSON lines.
 bench:

@@ -15,6 +15,8 @@ import { OrdoServer } from "./helpers.js";
 
 const here = fileURLToPath(new URL(".", import.meta.url));
 const BUNDLE = resolve(here, "../dist/ordo-client.js");
+/** The copy `ordo serve` embeds for its demo page (so running the demo needs no Node). */
+const DEMO_COPY = resolve(here, "../../../crates/ordo-server/demo/ordo-client.js");
 const server = new OrdoServer();
 
 beforeAll(async () => {
@@ -37,6 +39,11 @@ describe("dist/ordo-client.js", () => {
     expect(text).not.toMatch(/\bimport\s*\(/);
     expect(text).not.toMatch(/\brequire\s*\(/);
     expect(text).not.toMatch(/react/i);
+  });
+
+  it("is the copy the server's demo page embeds", () => {
+    const same = existsSync(DEMO_COPY) && readFileSync(DEMO_COPY, "utf8") === readFileSync(BUNDLE, "utf8");
+    expect(same, `${DEMO_COPY} differs from the bundle: run \`npm run demo-bundle\` and rebuild ordo`).toBe(true);
   });
 
   it("subscribes with the global WebSocket", async () => {

@@ -1,55 +1,240 @@
-//! `ordo load-demo`: fills a running server with a chat app's room list, through
-//! the public HTTP API, so that a newcomer has something to subscribe to.
+//! The demo's chat room list: its schema, a seeded generator of rooms and
+//! messages, and `ordo load-demo`, which fills a running server through the public
+//! HTTP API. `ordo serve --demo` writes the same rooms through the writer thread
+//! (`crate::demo`).
+//!
+//! Names mix ASCII with accented Latin, Greek, Cyrillic and Japanese so that the
+//! demo's case-insensitive search shows full Unicode case folding ("émile" finds
+//! "Émile", "ωmega" finds "Ωmega").
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use ordo_core::{FieldType, Schema};
 use serde_json::{json, Value};
 
+pub const ROOMS_COLLECTION: &str = "rooms";
+
+/// The room list's fields, in schema order.
+pub const ROOM_FIELDS: [(&str, FieldType); 5] = [
+    ("name", FieldType::String),
+    ("recency", FieldType::U64),
+    ("unread", FieldType::U64),
+    ("dm", FieldType::Bool),
+    ("favourite", FieldType::Bool),
+];
+
 /// Rooms per request: well inside `MAX_OPS_PER_REQUEST`.
-const ROOMS_PER_BATCH: usize = 2_000;
+pub const ROOMS_PER_BATCH: usize = 2_000;
+
+/// How far back the generated rooms' last activity goes: 30 days, in ms.
+const HISTORY_MS: u64 = 30 * 24 * 3_600 * 1_000;
+
+const FIRST_NAMES: [&str; 24] = [
+    "Alice",
+    "Bob",
+    "Chloé",
+    "Dmitri",
+    "Émile",
+    "Fatima",
+    "Günther",
+    "Hana",
+    "Ivan",
+    "Józef",
+    "Kenji",
+    "Łucja",
+    "Zoë",
+    "Søren",
+    "Ingrid",
+    "Noé",
+    "Ωmega",
+    "Ζωή",
+    "Олег",
+    "さくら",
+    "Ángel",
+    "Özlem",
+    "Åsa",
+    "Ünal",
+];
+const LAST_NAMES: [&str; 16] = [
+    "Martin",
+    "Müller",
+    "Nowak",
+    "Dubois",
+    "Tanaka",
+    "Öztürk",
+    "García",
+    "Ångström",
+    "Smith",
+    "Kowalczyk",
+    "Léger",
+    "Иванова",
+    "Papadopoulos",
+    "Svensson",
+    "Strauß",
+    "東",
+];
+const TOPICS: [&str; 20] = [
+    "general",
+    "random",
+    "design",
+    "rust",
+    "ops",
+    "music",
+    "books",
+    "hiking",
+    "café",
+    "release",
+    "bugs",
+    "München",
+    "東京 meetup",
+    "Ωmega team",
+    "Ελληνικά",
+    "Москва",
+    "crème brûlée",
+    "Zürich",
+    "naïve questions",
+    "São Paulo",
+];
+const TEXTS: [&str; 16] = [
+    "on my way 🚲",
+    "sounds good",
+    "déjà vu…",
+    "can you review my PR?",
+    "lunch at the café?",
+    "the build is green again",
+    "👍",
+    "see you in München",
+    "who broke the staging server?",
+    "merci !",
+    "お疲れさまです",
+    "running 5 min late",
+    "Ωmega is shipping today",
+    "did anyone see the release notes?",
+    "bis später",
+    "haha",
+];
+
+/// The demo's generator (xorshift64*): seeded, so every run writes the same rooms.
+pub struct DemoRng(u64);
+
+impl DemoRng {
+    pub fn new(seed: u64) -> DemoRng {
+        DemoRng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    pub fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+        items[self.below(items.len() as u64) as usize]
+    }
+
+    /// A uniform number in [0, 1), from the top 53 bits.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// One generated room, as the demo writes it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DemoRoom {
+    pub id: String,
+    pub name: String,
+    pub recency_ms: u64,
+    pub unread: u64,
+    pub dm: bool,
+    pub favourite: bool,
+    pub last_message: String,
+}
+
+pub fn room_id(index: usize) -> String {
+    format!("!room{index:06}:example.org")
+}
+
+/// The room list's schema.
+pub fn rooms_schema() -> Schema {
+    ROOM_FIELDS.iter().fold(Schema::new(), |schema, &(name, field_type)| schema.with_field(name, field_type))
+}
+
+fn rooms_schema_json() -> Value {
+    let fields: Vec<Value> =
+        ROOM_FIELDS.iter().map(|(name, field_type)| json!({"name": name, "type": field_type.name()})).collect();
+    json!({ "fields": fields })
+}
+
+/// Room `index` of the demo; rooms are generated in order from one `rng`.
+pub fn demo_room(index: usize, rng: &mut DemoRng, now_ms: u64) -> DemoRoom {
+    let dm = rng.chance(35);
+    let name = if dm {
+        format!("{} {}", rng.pick(&FIRST_NAMES), rng.pick(&LAST_NAMES))
+    } else {
+        format!("{} {index}", rng.pick(&TOPICS))
+    };
+    DemoRoom {
+        id: room_id(index),
+        name,
+        recency_ms: now_ms.saturating_sub(rng.below(HISTORY_MS)),
+        unread: if rng.chance(25) { 1 + rng.below(9) } else { 0 },
+        dm,
+        favourite: rng.chance(10),
+        last_message: demo_message(rng),
+    }
+}
+
+/// A chat line, "sender: text".
+pub fn demo_message(rng: &mut DemoRng) -> String {
+    format!("{}: {}", rng.pick(&FIRST_NAMES), demo_text(rng))
+}
+
+/// A message's text alone.
+pub fn demo_text(rng: &mut DemoRng) -> &'static str {
+    rng.pick(&TEXTS)
+}
+
+/// The payload of a room: `{"last_message": ...}`, as JSON text.
+pub fn room_payload(last_message: &str) -> Vec<u8> {
+    json!({ "last_message": last_message }).to_string().into_bytes()
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_millis() as u64)
+}
+
+/// The seed of the room generator: every demo has the same rooms.
+pub const ROOMS_SEED: u64 = 0x2545_f491_4f6c_dd1d;
 
 pub fn load_demo(address: &str, n_rooms: usize) -> Result<(), String> {
     let started = Instant::now();
-    let schema = json!({"fields": [
-        {"name": "name", "type": "string"},
-        {"name": "recency", "type": "u64"},
-        {"name": "unread", "type": "u64"},
-        {"name": "dm", "type": "bool"},
-        {"name": "favourite", "type": "bool"},
-    ]});
-    let (status, answer) = request(address, "PUT", "/v1/collections/rooms", &schema)?;
+    let (status, answer) = request(address, "PUT", "/v1/collections/rooms", &rooms_schema_json())?;
     if status >= 300 {
         return Err(format!("creating `rooms` failed: {status} {answer}"));
     }
-    let first_names =
-        ["Alice", "Bob", "Chloé", "Dmitri", "Émile", "Fatima", "Günther", "Hana", "Ivan", "Józef", "Kenji", "Łucja"];
-    let topics = [
-        "general", "random", "design", "rust", "ops", "music", "books", "hiking", "café", "release", "bugs", "München",
-    ];
-    let mut rng = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = DemoRng::new(ROOMS_SEED);
+    let now = now_ms();
     let mut loaded = 0;
     while loaded < n_rooms {
         let n = ROOMS_PER_BATCH.min(n_rooms - loaded);
         let ops: Vec<Value> = (loaded..loaded + n)
             .map(|index| {
-                let dm = next() % 3 == 0;
-                let name = if dm {
-                    first_names[(next() % first_names.len() as u64) as usize].to_owned()
-                } else {
-                    format!("{} {index}", topics[(next() % topics.len() as u64) as usize])
-                };
-                json!({"op": "upsert", "id": format!("!room{index:06}:example.org"), "fields": {
-                    "name": name, "recency": next() % 1_000_000, "unread": if next() % 4 == 0 { next() % 9 } else { 0 },
-                    "dm": dm, "favourite": next() % 10 == 0,
-                }, "payload": {"last_message": format!("message {} in {index}", next() % 1000)}})
+                let room = demo_room(index, &mut rng, now);
+                json!({"op": "upsert", "id": room.id, "fields": {
+                    "name": room.name, "recency": room.recency_ms, "unread": room.unread,
+                    "dm": room.dm, "favourite": room.favourite,
+                }, "payload": {"last_message": room.last_message}})
             })
             .collect();
         let (status, answer) = request(address, "POST", "/v1/collections/rooms/batch", &json!({"ops": ops}))?;
@@ -80,4 +265,32 @@ fn request(address: &str, method: &str, path: &str, body: &Value) -> Result<(u16
     let status = response.split(' ').nth(1).and_then(|code| code.parse().ok()).ok_or("a malformed HTTP response")?;
     let body = response.split_once("\r\n\r\n").map_or("", |(_, body)| body).to_owned();
     Ok((status, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rooms_are_reproducible_and_include_non_ascii_names() {
+        let generate = || {
+            let mut rng = DemoRng::new(ROOMS_SEED);
+            (0..2_000).map(|index| demo_room(index, &mut rng, 1_000_000_000_000)).collect::<Vec<_>>()
+        };
+        let rooms = generate();
+        assert_eq!(rooms, generate());
+        for wanted in ["Émile", "Łucja", "Günther", "München", "café", "東京", "Ωmega"] {
+            assert!(rooms.iter().any(|room| room.name.contains(wanted)), "no room named with {wanted}");
+        }
+        assert!(rooms.iter().any(|room| room.dm) && rooms.iter().any(|room| !room.dm));
+        assert!(rooms.iter().any(|room| room.favourite) && rooms.iter().any(|room| room.unread > 0));
+        assert!(rooms.iter().all(|room| room.recency_ms <= 1_000_000_000_000));
+    }
+
+    #[test]
+    fn the_schema_has_the_room_fields_in_order() {
+        let schema = rooms_schema();
+        let names: Vec<&str> = schema.fields().iter().map(|field| field.name.as_str()).collect();
+        assert_eq!(names, ["name", "recency", "unread", "dm", "favourite"]);
+    }
 }

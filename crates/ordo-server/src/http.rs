@@ -33,6 +33,8 @@ pub struct HttpState {
     pub http_requests_per_second: u32,
     pub shutdown: watch::Receiver<bool>,
     pub limits_json: Arc<serde_json::Value>,
+    /// The traffic simulator's controls, with `ordo serve --demo` only.
+    pub demo: Option<Arc<crate::demo::Simulator>>,
 }
 
 type Body = Full<Bytes>;
@@ -81,6 +83,19 @@ fn json_response(status: u16, body: Vec<u8>) -> Response<Body> {
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(body)))
         .expect("a valid response")
+}
+
+/// A file of the demo page. `no-cache`: a browser revalidates, so a rebuilt
+/// server's page is never mixed with a cached script of the last one.
+fn demo_asset(name: &str) -> Option<Response<Body>> {
+    let (content_type, body) = crate::demo::asset(name)?;
+    let response = Response::builder()
+        .status(200)
+        .header("content-type", content_type)
+        .header("cache-control", "no-cache")
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .expect("a valid response");
+    Some(response)
 }
 
 fn error_response(error: &ApiError) -> Response<Body> {
@@ -133,6 +148,23 @@ async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response
                 .expect("a valid response"))
         }
         (&Method::GET, ["v1", "ws"]) => upgrade(request, state),
+        (_, ["demo", "simulator"]) if state.demo.is_none() => {
+            Err(ApiError::new(ErrorCode::NotFound, "the demo's simulator runs only with `ordo serve --demo`"))
+        }
+        (&Method::GET, ["demo", "simulator"]) => {
+            let simulator = state.demo.as_ref().expect("checked above");
+            Ok(json_response(200, simulator.status_json().to_string().into_bytes()))
+        }
+        (&Method::POST, ["demo", "simulator"]) => {
+            let simulator = state.demo.as_ref().expect("checked above");
+            let body = read_body(request).await?;
+            let rate = crate::demo::parse_rate_request(&body)?;
+            simulator.set_rate(rate);
+            Ok(json_response(200, serde_json::json!({ "rate": rate }).to_string().into_bytes()))
+        }
+        (&Method::GET, ["demo"]) => Ok(demo_asset("").expect("the page is embedded")),
+        (&Method::GET, ["demo", name]) => demo_asset(name)
+            .ok_or_else(|| ApiError::new(ErrorCode::NotFound, format!("no such path: {path} (the demo is at /demo)"))),
         (&Method::GET, ["v1", "collections"]) => {
             let routes = state.routes.read().expect("routes lock");
             let mut list: Vec<serde_json::Value> =
@@ -254,10 +286,12 @@ async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response
                 segments.as_slice(),
                 ["v1", "health" | "limits" | "ws" | "collections" | "batch"]
                     | ["metrics"]
+                    | ["demo"]
+                    | ["demo", "simulator"]
                     | ["v1", "collections", _]
                     | ["v1", "collections", _, "batch" | "query"]
                     | ["v1", "collections", _, "items", _]
-            );
+            ) || matches!(segments.as_slice(), ["demo", name] if crate::demo::asset(name).is_some());
             if known_path {
                 let error = ApiError::bad_request(format!("{method} is not allowed on {path}"));
                 return Err(ApiError { status: Some(405), ..error });

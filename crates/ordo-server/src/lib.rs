@@ -4,6 +4,7 @@
 //! and the store ([`core`]); network tasks talk to it through a bounded queue.
 
 pub mod core;
+pub mod demo;
 pub mod demo_data;
 pub mod encode;
 pub mod error;

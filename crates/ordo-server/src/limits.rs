@@ -66,3 +66,15 @@ pub fn as_json() -> serde_json::Value {
         "max_connections": MAX_CONNECTIONS,
     })
 }
+
+/// `ordo serve --demo`: rooms written into an empty `rooms` collection at start.
+pub const DEMO_ROOMS: usize = 10_000;
+/// `ordo serve --demo`: the simulator's messages per second at start (`--demo-rate`).
+pub const DEFAULT_DEMO_MESSAGES_PER_SECOND: u32 = 20;
+/// The simulator's highest rate (`--demo-rate`, `POST /demo/simulator`): at 5 000
+/// messages/s one demo already keeps the writer thread busy on a small machine.
+pub const MAX_DEMO_MESSAGES_PER_SECOND: u32 = 5_000;
+/// Rooms the simulator picks from, the first by id (the rest of a larger `rooms`
+/// collection stays quiet): their ids are read at start with one query per
+/// `MAX_WINDOW_LIMIT`, and the Zipf table holds one `f64` per room.
+pub const MAX_SIMULATED_ROOMS: usize = 20_000;

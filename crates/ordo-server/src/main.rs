@@ -30,6 +30,10 @@ options:
   --session-retention SECS      how long a disconnected client's subscriptions wait for its resume (default 60)
   --checkpoint-interval SECS    how long writes stay only in the write-ahead log before LMDB gets them
                                 (default 5; longer: less disk traffic, a longer log to replay at start)
+  --demo                        the web demo's data: write 10 000 rooms into collection `rooms` if it is
+                                missing or empty, and simulate chat traffic; the page is at /demo
+  --demo-rate N                 the simulator's messages per second at start (default 20, at most 5000;
+                                POST /demo/simulator {\"rate\":N} changes it while running)
 
 `ordo load-demo` fills a running server with a chat room list (collection `rooms`).
 ";
@@ -90,6 +94,16 @@ fn parse_serve(args: &[String]) -> Result<ServeOptions, String> {
             "--checkpoint-interval" => {
                 options.checkpoint_interval =
                     Duration::from_secs(number(flag, value()?)?).max(Duration::from_millis(100))
+            }
+            "--demo" => options.demo = true,
+            "--demo-rate" => {
+                options.demo_rate = number(flag, value()?)?;
+                if options.demo_rate > ordo_server::limits::MAX_DEMO_MESSAGES_PER_SECOND {
+                    return Err(format!(
+                        "--demo-rate is 0..={} messages per second",
+                        ordo_server::limits::MAX_DEMO_MESSAGES_PER_SECOND
+                    ));
+                }
             }
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown option `{other}`\n\n{USAGE}")),

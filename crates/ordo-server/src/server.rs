@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, watch};
 use ordo_store::{print_load_progress, Database, Durability, StoreOptions};
 
 use crate::core::{Command, Core};
+use crate::demo;
 use crate::http::{self, HttpState};
 use crate::limits;
 use crate::metrics::{self, ThreadKind};
@@ -30,6 +31,10 @@ pub struct ServeOptions {
     pub network_threads: usize,
     pub session_retention: Duration,
     pub checkpoint_interval: Duration,
+    /// `--demo`: fill `rooms` if it is empty and run the traffic simulator.
+    pub demo: bool,
+    /// `--demo-rate`: the simulator's messages per second at start.
+    pub demo_rate: u32,
 }
 
 impl Default for ServeOptions {
@@ -45,6 +50,8 @@ impl Default for ServeOptions {
             network_threads: 1,
             session_retention: Duration::from_secs(limits::DEFAULT_SESSION_RETENTION_SECS),
             checkpoint_interval: StoreOptions::default().checkpoint_interval,
+            demo: false,
+            demo_rate: limits::DEFAULT_DEMO_MESSAGES_PER_SECOND,
         }
     }
 }
@@ -107,8 +114,28 @@ pub fn serve(options: ServeOptions) -> Result<(), String> {
             .await
             .map_err(|error| format!("cannot listen on {}: {error}", options.listen))?;
         let address = listener.local_addr().map_err(|error| error.to_string())?;
-        println!("ordo: listening on http://{address} (WebSocket: ws://{address}/v1/ws); Ctrl-C stops");
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        // The demo's rooms are written before the address is printed, so whoever
+        // waits for that line finds them there.
+        let demo = if options.demo {
+            let started = demo::start(&core_tx, &routes, options.demo_rate, shutdown_rx.clone()).await?;
+            if started.n_rooms_written > 0 {
+                println!("ordo: demo: wrote {} rooms into `rooms`", started.n_rooms_written);
+            } else {
+                println!("ordo: demo: `rooms` holds {} rooms already", started.n_rooms);
+            }
+            Some(started.simulator)
+        } else {
+            None
+        };
+        println!("ordo: listening on http://{address} (WebSocket: ws://{address}/v1/ws); Ctrl-C stops");
+        match &demo {
+            Some(simulator) => println!(
+                "ordo: demo on http://{address}/demo (simulator: {} messages/s; POST /demo/simulator {{\"rate\":N}} changes it)",
+                simulator.rate()
+            ),
+            None => println!("ordo: demo page on http://{address}/demo (`--demo` adds rooms and live traffic)"),
+        }
         let limits_json = Arc::new(limits_json(&options));
         let registry = Arc::new(Registry::default());
         let state = Arc::new(HttpState {
@@ -124,6 +151,7 @@ pub fn serve(options: ServeOptions) -> Result<(), String> {
             http_requests_per_second: options.http_requests_per_second,
             shutdown: shutdown_rx.clone(),
             limits_json,
+            demo,
         });
         tokio::spawn(expire_sessions(registry, core_tx.clone(), shutdown_rx.clone()));
         tokio::spawn(async move {

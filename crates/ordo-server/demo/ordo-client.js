@@ -1,0 +1,845 @@
+// src/emitter.ts
+var Emitter = class {
+  constructor() {
+    this.listeners = /* @__PURE__ */ new Map();
+  }
+  on(event, listener) {
+    let set = this.listeners.get(event);
+    if (!set) {
+      set = /* @__PURE__ */ new Set();
+      this.listeners.set(event, set);
+    }
+    set.add(listener);
+    return () => {
+      set.delete(listener);
+    };
+  }
+  /** Calls every listener of `event`; a listener that throws does not stop the others. */
+  emit(event, value) {
+    const set = this.listeners.get(event);
+    if (!set || set.size === 0) return;
+    for (const listener of [...set]) {
+      try {
+        listener(value);
+      } catch (error) {
+        setTimeout(() => {
+          throw error;
+        }, 0);
+      }
+    }
+  }
+  count(event) {
+    return this.listeners.get(event)?.size ?? 0;
+  }
+};
+
+// src/errors.ts
+var OrdoError = class extends Error {
+  constructor(code, message, sub) {
+    super(message);
+    this.name = "OrdoError";
+    this.code = code;
+    if (sub !== void 0) this.sub = sub;
+  }
+};
+
+// src/diffs.ts
+function bad(message) {
+  return new OrdoError("invalid_diffs", message);
+}
+function checkIndex(kind, index, bound) {
+  if (typeof index !== "number" || !Number.isInteger(index) || index < 0 || index > bound) {
+    throw bad(`${kind}: index ${String(index)} is out of range for a list of ${kind === "Insert" ? bound : bound + 1} items`);
+  }
+  return index;
+}
+function checkItems(kind, values) {
+  if (!Array.isArray(values)) throw bad(`${kind}: \`values\` is not an array`);
+  return values;
+}
+function applyDiffs(items, diffs) {
+  const out = items.slice();
+  for (const diff of diffs) {
+    if (diff === null || typeof diff !== "object") throw bad(`a diff is not an object: ${JSON.stringify(diff)}`);
+    const keys = Object.keys(diff);
+    if (keys.length !== 1) throw bad(`a diff has ${keys.length} keys, not 1: ${JSON.stringify(diff)}`);
+    const kind = keys[0];
+    const body = diff[kind];
+    if (body === null || typeof body !== "object") throw bad(`${kind}: the body is not an object`);
+    switch (kind) {
+      case "Append":
+        for (const value of checkItems(kind, body.values)) out.push(value);
+        break;
+      case "Clear":
+        out.length = 0;
+        break;
+      case "PushFront":
+        out.unshift(body.value);
+        break;
+      case "PushBack":
+        out.push(body.value);
+        break;
+      case "PopFront":
+        if (out.length === 0) throw bad("PopFront on an empty list");
+        out.shift();
+        break;
+      case "PopBack":
+        if (out.length === 0) throw bad("PopBack on an empty list");
+        out.pop();
+        break;
+      case "Insert":
+        out.splice(checkIndex(kind, body.index, out.length), 0, body.value);
+        break;
+      case "Set":
+        out[checkIndex(kind, body.index, out.length - 1)] = body.value;
+        break;
+      case "Remove":
+        out.splice(checkIndex(kind, body.index, out.length - 1), 1);
+        break;
+      case "Truncate": {
+        const length = body.length;
+        if (typeof length !== "number" || !Number.isInteger(length) || length < 0 || length > out.length) {
+          throw bad(`Truncate: length ${String(length)} is past the end of a list of ${out.length} items`);
+        }
+        out.length = length;
+        break;
+      }
+      case "Reset":
+        out.length = 0;
+        for (const value of checkItems(kind, body.values)) out.push(value);
+        break;
+      default:
+        throw bad(`unknown diff kind \`${kind}\``);
+    }
+  }
+  return out;
+}
+
+// src/protocol.ts
+function isObject(value) {
+  return value !== null && typeof value === "object" && !Array.isArray(value);
+}
+function isSeq(value) {
+  return typeof value === "number" && Number.isSafeInteger(value) && value >= 0;
+}
+var ProtocolState = class {
+  /** Seeds the state: for each subscription id, its list and the last `seq` applied (0: none yet). */
+  constructor(seed) {
+    /** The session of the connection, from `welcome` (then `resumed`). */
+    this.session = null;
+    this.subs = /* @__PURE__ */ new Map();
+    if (seed) {
+      for (const [sub, state] of Object.entries(seed)) this.seed(sub, state.items, state.seq);
+    }
+  }
+  /** Adds (or replaces) a subscription with a list and its last `seq`; `subscribing` when `seq` is 0. */
+  seed(sub, items, seq) {
+    this.subs.set(sub, { items: items.slice(), seq, phase: seq === 0 ? "subscribing" : "live" });
+  }
+  /** The client sends `subscribe`: a new subscription with an empty list. */
+  subscribe(sub) {
+    const record = this.subs.get(sub);
+    if (record?.phase === "closing") {
+      record.items = [];
+      record.phase = "restarting";
+      return;
+    }
+    this.seed(sub, [], 0);
+  }
+  /**
+   * The client sends `unsubscribe` then `subscribe` again for `sub` (after a gap):
+   * its list stays as it is until the new subscription's first frame (a Reset) replaces it.
+   */
+  restart(sub) {
+    const record = this.subs.get(sub);
+    if (record) record.phase = "restarting";
+  }
+  /** The client sends `unsubscribe`: frames are ignored until `unsubscribed` removes it. */
+  unsubscribe(sub) {
+    const record = this.subs.get(sub);
+    if (record) record.phase = "closing";
+  }
+  /** Forgets a subscription at once (the client closed it while disconnected). */
+  forget(sub) {
+    this.subs.delete(sub);
+  }
+  has(sub) {
+    return this.subs.has(sub);
+  }
+  get(sub) {
+    const record = this.subs.get(sub);
+    return record && { items: record.items, seq: record.seq, phase: record.phase };
+  }
+  /** The ids of every subscription held (in any phase). */
+  ids() {
+    return [...this.subs.keys()];
+  }
+  /** The lists of every subscription that is not closing, by id. */
+  lists() {
+    const out = {};
+    for (const [sub, record] of this.subs) if (record.phase !== "closing") out[sub] = record.items;
+    return out;
+  }
+  /** The last `seq` applied, for every subscription that is not closing. */
+  seqs() {
+    const out = {};
+    for (const [sub, record] of this.subs) if (record.phase !== "closing") out[sub] = record.seq;
+    return out;
+  }
+  /**
+   * The connection dropped; the client is about to send `resume`. Closing subscriptions
+   * are forgotten (the resume does not list them, so the server closes them), restarting
+   * ones start over from `seq` 0. Returns the `last_seq` of each subscription to list.
+   */
+  prepareResume() {
+    const out = [];
+    for (const [sub, record] of [...this.subs]) {
+      if (record.phase === "closing") {
+        this.subs.delete(sub);
+        continue;
+      }
+      if (record.phase === "restarting") {
+        record.seq = 0;
+        record.phase = "subscribing";
+      }
+      out.push({ sub, last_seq: record.seq });
+    }
+    return out;
+  }
+  /**
+   * The connection dropped before any `welcome` of a new session could be used for a
+   * resume (no session yet): every subscription will be sent as a fresh `subscribe`.
+   * Closing ones are forgotten; the others restart from `seq` 0 and keep their lists
+   * until their first Reset.
+   */
+  prepareResubscribe() {
+    const out = [];
+    for (const [sub, record] of [...this.subs]) {
+      if (record.phase === "closing") {
+        this.subs.delete(sub);
+        continue;
+      }
+      record.seq = 0;
+      record.phase = "subscribing";
+      out.push(sub);
+    }
+    return out;
+  }
+  /** Handles one server frame (after `JSON.parse`) and returns what it means. */
+  handleFrame(frame) {
+    if (!isObject(frame) || typeof frame.type !== "string") {
+      return [{ kind: "protocol", message: `a frame without a type: ${JSON.stringify(frame)}` }];
+    }
+    switch (frame.type) {
+      case "welcome":
+        return this.onWelcome(frame);
+      case "diffs":
+        return this.onDiffs(frame);
+      case "error":
+        return this.onError(frame);
+      case "unsubscribed":
+        return this.onUnsubscribed(frame);
+      case "resumed":
+        return this.onResumed(frame);
+      default:
+        return [];
+    }
+  }
+  onWelcome(frame) {
+    if (typeof frame.session !== "string") {
+      return [{ kind: "protocol", message: "a welcome without a session" }];
+    }
+    this.session = frame.session;
+    const protocol = typeof frame.protocol === "number" ? frame.protocol : 0;
+    const limits = isObject(frame.limits) ? frame.limits : {};
+    return [{ kind: "welcome", session: frame.session, protocol, limits }];
+  }
+  onDiffs(frame) {
+    const { sub, seq, diffs } = frame;
+    if (typeof sub !== "string" || !isSeq(seq) || !Array.isArray(diffs)) {
+      return [{ kind: "protocol", message: "a diffs frame without a sub, a seq or diffs" }];
+    }
+    const record = this.subs.get(sub);
+    if (!record || record.phase === "closing" || record.phase === "restarting") return [];
+    if (seq !== record.seq + 1) {
+      return [{ kind: "gap", sub, expected_seq: record.seq + 1, got_seq: seq }];
+    }
+    let items;
+    try {
+      items = applyDiffs(record.items, diffs);
+    } catch (error) {
+      const message = error instanceof Error ? error.message : String(error);
+      return [{ kind: "invalid_diffs", sub, seq, message }];
+    }
+    record.items = items;
+    record.seq = seq;
+    record.phase = "live";
+    const reset = diffs.some((diff) => isObject(diff) && "Reset" in diff);
+    return [{ kind: "change", sub, seq, diffs, items, reset }];
+  }
+  onError(frame) {
+    const code = typeof frame.code === "string" ? frame.code : "internal";
+    const message = typeof frame.message === "string" ? frame.message : code;
+    if (typeof frame.sub !== "string") return [{ kind: "error", code, message }];
+    const sub = frame.sub;
+    const record = this.subs.get(sub);
+    const event = { kind: "error", code, message, sub };
+    if (!record) return [event];
+    switch (record.phase) {
+      case "subscribing":
+        this.subs.delete(sub);
+        return [{ ...event, refused: "subscribe" }];
+      case "live":
+        return [{ ...event, refused: "request" }];
+      case "restarting":
+        if (code === "unknown_subscription") {
+          record.seq = 0;
+          record.phase = "subscribing";
+        }
+        return [event];
+      case "closing":
+        if (code === "unknown_subscription") this.subs.delete(sub);
+        return [event];
+    }
+  }
+  onUnsubscribed(frame) {
+    if (typeof frame.sub !== "string") return [{ kind: "protocol", message: "an unsubscribed frame without a sub" }];
+    const sub = frame.sub;
+    const record = this.subs.get(sub);
+    if (record?.phase === "restarting") {
+      record.seq = 0;
+      record.phase = "subscribing";
+      return [];
+    }
+    this.subs.delete(sub);
+    return [{ kind: "unsubscribed", sub }];
+  }
+  onResumed(frame) {
+    if (typeof frame.session === "string") this.session = frame.session;
+    const replayed = [];
+    const reset = [];
+    const failed = [];
+    const entries = Array.isArray(frame.subs) ? frame.subs : [];
+    for (const entry of entries) {
+      if (!isObject(entry) || typeof entry.sub !== "string") continue;
+      if (isObject(entry.error)) {
+        const code = typeof entry.error.code === "string" ? entry.error.code : "internal";
+        const message = typeof entry.error.message === "string" ? entry.error.message : code;
+        failed.push({ sub: entry.sub, code, message });
+        this.subs.delete(entry.sub);
+      } else if (entry.reset === true) {
+        reset.push(entry.sub);
+      } else {
+        replayed.push(entry.sub);
+      }
+    }
+    return [{ kind: "resumed", session: this.session ?? "", replayed, reset, failed }];
+  }
+};
+function lossError(event) {
+  if (event.kind === "gap") {
+    return new OrdoError(
+      "gap",
+      `subscription \`${event.sub}\` expected seq ${event.expected_seq} but got ${event.got_seq}; re-subscribing`,
+      event.sub
+    );
+  }
+  return new OrdoError(
+    "invalid_diffs",
+    `subscription \`${event.sub}\`: the diffs of seq ${event.seq} do not apply (${event.message}); re-subscribing`,
+    event.sub
+  );
+}
+
+// src/types.ts
+var PROTOCOL_VERSION = 1;
+
+// src/client.ts
+var DEFAULT_INITIAL_DELAY_MS = 250;
+var DEFAULT_MAX_DELAY_MS = 1e4;
+var SEND_BURST = 100;
+var DEFAULT_MESSAGES_PER_SECOND = 100;
+var HANDSHAKE_TIMEOUT_MS = 2e4;
+var MAX_WINDOW_LIMIT = 1e3;
+var MAX_WINDOW_OFFSET = 4294967295;
+function copyDefinition(definition) {
+  const copy = { collection: definition.collection, limit: definition.limit };
+  copy.offset = definition.offset ?? 0;
+  if (definition.filter !== void 0) copy.filter = definition.filter;
+  if (definition.sort !== void 0) copy.sort = definition.sort;
+  if (definition.fields !== void 0) copy.fields = definition.fields.slice();
+  if (definition.payload !== void 0) copy.payload = definition.payload;
+  return copy;
+}
+function checkRange(offset, limit) {
+  if (!Number.isInteger(offset) || offset < 0 || offset > MAX_WINDOW_OFFSET) {
+    throw new RangeError(`offset must be an integer in 0..=${MAX_WINDOW_OFFSET}, not ${offset}`);
+  }
+  if (!Number.isInteger(limit) || limit < 0 || limit > MAX_WINDOW_LIMIT) {
+    throw new RangeError(`limit must be an integer in 0..=${MAX_WINDOW_LIMIT}, not ${limit}`);
+  }
+}
+function viewKey(filter, sort) {
+  return JSON.stringify([filter ?? null, sort ?? []]);
+}
+var LiveList = class {
+  /** Made by `OrdoClient.subscribe`; not meant to be called directly. */
+  constructor(client, id, definition) {
+    this.client = client;
+    this._items = [];
+    this._seq = 0;
+    this._status = "subscribing";
+    this._error = null;
+    this.emitter = new Emitter();
+    this.settled = false;
+    /** @internal The definition before the last window change sent, to restore if it is refused. */
+    this.beforeChange = null;
+    /** @internal A window change waits for the first frame (or the next connection). */
+    this.changePending = false;
+    this.id = id;
+    this.definition = copyDefinition(definition);
+    this.sentDefinition = copyDefinition(definition);
+    this.ready = new Promise((resolve, reject) => {
+      this.resolveReady = resolve;
+      this.rejectReady = reject;
+    });
+    this.ready.catch(() => {
+    });
+  }
+  /** The list's contents: a new array after every change, so it can be compared by identity. */
+  get items() {
+    return this._items;
+  }
+  /** The `seq` of the last frame applied (0: none yet). */
+  get seq() {
+    return this._seq;
+  }
+  /** `subscribing` until the first frame, `live` after it, `closed` once closed or refused. */
+  get status() {
+    return this._status;
+  }
+  /** The last error reported for this list, or null. */
+  get error() {
+    return this._error;
+  }
+  /** The window as the caller last set it. */
+  get view() {
+    return copyDefinition(this.definition);
+  }
+  on(event, listener) {
+    return this.emitter.on(event, listener);
+  }
+  /** Moves or grows the window ("load more"). The change reaches the list as diffs. */
+  setRange(offset, limit) {
+    if (this._status === "closed") return;
+    checkRange(offset, limit);
+    this.definition = { ...this.definition, offset, limit };
+    this.client._windowChanged(this);
+  }
+  /** Changes the filter and the sort, keeping the range. Keys left out are kept as they are. */
+  setView(view) {
+    if (this._status === "closed") return;
+    const next = { ...this.definition };
+    if (view.filter !== void 0) next.filter = view.filter;
+    if (view.sort !== void 0) next.sort = view.sort;
+    this.definition = next;
+    this.client._windowChanged(this);
+  }
+  /** Unsubscribes. The list keeps its last items; `ready` rejects with `closed` if it was pending. */
+  close() {
+    if (this._status === "closed") return;
+    this.client._closeList(this);
+  }
+  /** @internal */
+  _applyChange(seq, change) {
+    this._items = change.items;
+    this._seq = seq;
+    if (this._status === "subscribing") this._status = "live";
+    if (!this.settled) {
+      this.settled = true;
+      this.resolveReady();
+    }
+    this.emitter.emit("change", change);
+  }
+  /** @internal Reports an error; `fatal` closes the list (a refused subscribe). */
+  _fail(error, fatal) {
+    this._error = error;
+    if (fatal) this._markClosed(error);
+    this.emitter.emit("error", error);
+  }
+  /** @internal */
+  _markClosed(error) {
+    this._status = "closed";
+    if (!this.settled) {
+      this.settled = true;
+      this.rejectReady(error);
+    }
+  }
+  /** @internal The subscription is being recovered (after a gap): frames resume with a Reset. */
+  _restarting() {
+    if (this._status === "live") this._status = "subscribing";
+  }
+  /** @internal */
+  _definitionKey(definition) {
+    return {
+      range: `${definition.offset ?? 0}:${definition.limit}`,
+      view: viewKey(definition.filter, definition.sort)
+    };
+  }
+};
+var OrdoClient = class {
+  constructor(options) {
+    this.core = new ProtocolState();
+    this.lists = /* @__PURE__ */ new Map();
+    this.emitter = new Emitter();
+    this.socket = null;
+    /** The socket has had its `welcome`: messages may go out. */
+    this.handshaken = false;
+    this._state = "connecting";
+    /** The session to name in the next `resume`. */
+    this.resumeSession = null;
+    this.attempt = 0;
+    this.reconnectTimer = null;
+    this.handshakeTimer = null;
+    this.nextId = 0;
+    this.outbox = [];
+    this.tokens = SEND_BURST;
+    this.tokensAt = 0;
+    this.messagesPerSecond = DEFAULT_MESSAGES_PER_SECOND;
+    this.drainTimer = null;
+    this.url = options.url;
+    this.Socket = options.WebSocket ?? globalThis.WebSocket;
+    if (typeof this.Socket !== "function") {
+      throw new TypeError(
+        "no WebSocket: pass one as `new OrdoClient({ url, WebSocket })` (in Node < 22, the `ws` package's)"
+      );
+    }
+    this.initialDelayMs = Math.max(1, options.reconnect?.initialDelayMs ?? DEFAULT_INITIAL_DELAY_MS);
+    this.maxDelayMs = Math.max(this.initialDelayMs, options.reconnect?.maxDelayMs ?? DEFAULT_MAX_DELAY_MS);
+    this.reconnectEnabled = options.reconnect?.enabled ?? true;
+    this.connect();
+  }
+  /** The session of the current (or last) connection, from `welcome` then `resumed`. */
+  get session() {
+    return this.core.session;
+  }
+  get state() {
+    return this._state;
+  }
+  on(event, listener) {
+    return this.emitter.on(event, listener);
+  }
+  /** Subscribes to a window. The list fills at its first frame (`ready`). */
+  subscribe(view) {
+    if (this._state === "closed") throw new OrdoError("closed", "the client is closed");
+    const { id: chosen, ...definition } = view;
+    if (typeof definition.collection !== "string" || definition.collection === "") {
+      throw new TypeError("subscribe needs a collection");
+    }
+    checkRange(definition.offset ?? 0, definition.limit);
+    let id = chosen;
+    if (id === void 0) {
+      do
+        id = `s${++this.nextId}`;
+      while (this.lists.has(id));
+    } else if (this.lists.has(id)) {
+      throw new OrdoError("subscription_exists", `subscription \`${id}\` exists on this client`, id);
+    }
+    const list = new LiveList(this, id, definition);
+    this.lists.set(id, list);
+    this.core.subscribe(id);
+    if (this.handshaken) this.sendSubscribe(list);
+    return list;
+  }
+  /** Closes the connection for good: every list stops (pending `ready`s reject with `closed`). */
+  close() {
+    if (this._state === "closed") return;
+    this.clearTimers();
+    const socket = this.socket;
+    this.detachSocket();
+    if (socket) {
+      try {
+        socket.close(1e3, "client closed");
+      } catch {
+      }
+    }
+    const error = new OrdoError("closed", "the client was closed");
+    for (const list of this.lists.values()) list._markClosed(error);
+    this.lists.clear();
+    this.setState("closed");
+  }
+  // ---- Connection ----
+  connect() {
+    this.reconnectTimer = null;
+    let socket;
+    try {
+      socket = new this.Socket(this.url);
+    } catch (error) {
+      this.emitter.emit("error", new OrdoError("connect", `cannot connect to ${this.url}: ${String(error)}`));
+      this.onSocketGone(void 0);
+      return;
+    }
+    this.socket = socket;
+    this.handshaken = false;
+    this.handshakeTimer = setTimeout(() => {
+      this.handshakeTimer = null;
+      if (this.socket !== socket || this.handshaken) return;
+      try {
+        socket.close();
+      } catch {
+      }
+      this.emitter.emit("error", new OrdoError("protocol", `no welcome from ${this.url} in ${HANDSHAKE_TIMEOUT_MS} ms`));
+      this.onSocketGone(void 0);
+    }, HANDSHAKE_TIMEOUT_MS);
+    socket.onmessage = (event) => {
+      if (this.socket === socket) this.onMessage(event.data);
+    };
+    socket.onclose = (event) => {
+      if (this.socket === socket) this.onSocketGone(event?.code);
+    };
+    socket.onerror = () => {
+    };
+  }
+  detachSocket() {
+    if (this.handshakeTimer !== null) clearTimeout(this.handshakeTimer);
+    this.handshakeTimer = null;
+    const socket = this.socket;
+    if (socket) {
+      socket.onmessage = null;
+      socket.onclose = null;
+      socket.onopen = null;
+      socket.onerror = () => {
+      };
+    }
+    this.socket = null;
+    this.handshaken = false;
+    this.outbox = [];
+  }
+  clearTimers() {
+    if (this.reconnectTimer !== null) clearTimeout(this.reconnectTimer);
+    if (this.drainTimer !== null) clearTimeout(this.drainTimer);
+    this.reconnectTimer = null;
+    this.drainTimer = null;
+  }
+  onSocketGone(code) {
+    this.detachSocket();
+    if (this.drainTimer !== null) clearTimeout(this.drainTimer);
+    this.drainTimer = null;
+    if (this._state === "closed") return;
+    if (!this.reconnectEnabled) {
+      const error = new OrdoError("closed", `the connection closed (code ${code ?? "none"})`);
+      for (const list of this.lists.values()) list._fail(error, true);
+      this.lists.clear();
+      this.setState("closed");
+      return;
+    }
+    this.setState("reconnecting");
+    const ceiling = Math.min(this.maxDelayMs, this.initialDelayMs * 2 ** Math.min(this.attempt, 30));
+    this.attempt += 1;
+    const delay = ceiling / 2 + Math.random() * (ceiling / 2);
+    this.reconnectTimer = setTimeout(() => this.connect(), delay);
+  }
+  setState(state) {
+    if (this._state === state) return;
+    this._state = state;
+    this.emitter.emit("state", state);
+  }
+  // ---- Sending ----
+  send(message) {
+    if (!this.socket || !this.handshaken) return;
+    this.outbox.push(JSON.stringify(message));
+    this.drain();
+  }
+  /** Sends what the rate allows; the rest waits (the server refuses messages past its rate). */
+  drain() {
+    const socket = this.socket;
+    if (!socket) return;
+    const now = Date.now();
+    this.tokens = Math.min(SEND_BURST, this.tokens + (now - this.tokensAt) / 1e3 * this.messagesPerSecond);
+    this.tokensAt = now;
+    while (this.outbox.length > 0 && this.tokens >= 1) {
+      const text = this.outbox.shift();
+      this.tokens -= 1;
+      try {
+        socket.send(text);
+      } catch {
+        return;
+      }
+    }
+    if (this.outbox.length > 0 && this.drainTimer === null) {
+      const wait = Math.ceil((1 - this.tokens) / this.messagesPerSecond * 1e3);
+      this.drainTimer = setTimeout(() => {
+        this.drainTimer = null;
+        this.drain();
+      }, Math.max(1, wait));
+    }
+  }
+  sendSubscribe(list) {
+    list.sentDefinition = copyDefinition(list.definition);
+    list.beforeChange = null;
+    list.changePending = false;
+    this.send({ op: "subscribe", sub: list.id, ...list.sentDefinition });
+  }
+  /** @internal A list's window changed: tell the server now if it can take it. */
+  _windowChanged(list) {
+    if (!this.handshaken || this.core.get(list.id)?.phase !== "live") {
+      list.changePending = true;
+      return;
+    }
+    this.sendWindowChange(list);
+  }
+  sendWindowChange(list) {
+    list.changePending = false;
+    const wanted = list._definitionKey(list.definition);
+    const sent = list._definitionKey(list.sentDefinition);
+    if (wanted.view === sent.view && wanted.range === sent.range) return;
+    list.beforeChange = copyDefinition(list.sentDefinition);
+    if (wanted.view !== sent.view) {
+      this.send({
+        op: "set_view",
+        sub: list.id,
+        filter: list.definition.filter ?? null,
+        sort: list.definition.sort ?? []
+      });
+    }
+    if (wanted.range !== sent.range) {
+      this.send({ op: "set_range", sub: list.id, offset: list.definition.offset ?? 0, limit: list.definition.limit });
+    }
+    list.sentDefinition = copyDefinition(list.definition);
+  }
+  /** @internal */
+  _closeList(list) {
+    this.lists.delete(list.id);
+    const phase = this.core.get(list.id)?.phase;
+    if (this.handshaken && phase !== void 0) {
+      this.core.unsubscribe(list.id);
+      this.send({ op: "unsubscribe", sub: list.id });
+    } else {
+      this.core.forget(list.id);
+    }
+    list._markClosed(new OrdoError("closed", `subscription \`${list.id}\` was closed`, list.id));
+  }
+  // ---- Receiving ----
+  onMessage(data) {
+    if (typeof data !== "string") {
+      this.emitter.emit("error", new OrdoError("protocol", "the server sent a binary frame"));
+      return;
+    }
+    let frame;
+    try {
+      frame = JSON.parse(data);
+    } catch {
+      this.emitter.emit("error", new OrdoError("protocol", `the server sent a frame that is not JSON`));
+      return;
+    }
+    for (const event of this.core.handleFrame(frame)) this.onEvent(event);
+  }
+  onEvent(event) {
+    switch (event.kind) {
+      case "welcome":
+        this.onWelcome(event);
+        return;
+      case "resumed":
+        this.resumeSession = event.session;
+        for (const failure of event.failed) {
+          const list = this.lists.get(failure.sub);
+          if (!list) continue;
+          this.lists.delete(failure.sub);
+          list._fail(new OrdoError(failure.code, failure.message, failure.sub), true);
+        }
+        return;
+      case "change": {
+        const list = this.lists.get(event.sub);
+        if (!list) return;
+        list._applyChange(event.seq, { diffs: event.diffs, items: event.items, reset: event.reset });
+        if (list.changePending && this.lists.get(event.sub) === list && this.handshaken) this.sendWindowChange(list);
+        return;
+      }
+      case "gap":
+      case "invalid_diffs": {
+        const list = this.lists.get(event.sub);
+        if (!list) return;
+        list._fail(lossError(event), false);
+        if (this.lists.get(event.sub) !== list || !this.handshaken) return;
+        this.core.restart(list.id);
+        list._restarting();
+        this.send({ op: "unsubscribe", sub: list.id });
+        this.sendSubscribe(list);
+        return;
+      }
+      case "error": {
+        const error = new OrdoError(event.code, event.message, event.sub);
+        const list = event.sub === void 0 ? void 0 : this.lists.get(event.sub);
+        if (!list) {
+          this.emitter.emit("error", error);
+          return;
+        }
+        if (event.refused === "subscribe") {
+          this.lists.delete(list.id);
+          list._fail(error, true);
+          return;
+        }
+        if (event.refused === "request" && list.beforeChange) {
+          list.definition = list.beforeChange;
+          list.sentDefinition = copyDefinition(list.beforeChange);
+          list.beforeChange = null;
+        }
+        list._fail(error, false);
+        return;
+      }
+      case "unsubscribed":
+        return;
+      case "protocol":
+        this.emitter.emit("error", new OrdoError("protocol", event.message));
+        return;
+    }
+  }
+  onWelcome(event) {
+    if (event.protocol !== PROTOCOL_VERSION) {
+      this.emitter.emit(
+        "error",
+        new OrdoError("protocol", `the server speaks protocol ${event.protocol}; this client speaks ${PROTOCOL_VERSION}`)
+      );
+    }
+    const rate = event.limits.ws_messages_per_second;
+    if (typeof rate === "number" && rate > 0) this.messagesPerSecond = rate * 0.9;
+    this.tokens = SEND_BURST;
+    this.tokensAt = Date.now();
+    this.handshaken = true;
+    this.attempt = 0;
+    if (this.handshakeTimer !== null) clearTimeout(this.handshakeTimer);
+    this.handshakeTimer = null;
+    const previous = this.resumeSession;
+    if (previous !== null && this.lists.size > 0) {
+      const subs = [];
+      for (const { sub, last_seq } of this.core.prepareResume()) {
+        const list = this.lists.get(sub);
+        if (!list) {
+          this.core.forget(sub);
+          continue;
+        }
+        list.sentDefinition = copyDefinition(list.definition);
+        list.beforeChange = null;
+        list.changePending = false;
+        subs.push({ sub, ...list.sentDefinition, last_seq });
+      }
+      this.send({ op: "resume", session: previous, subs });
+    } else {
+      this.resumeSession = event.session;
+      for (const sub of this.core.prepareResubscribe()) {
+        const list = this.lists.get(sub);
+        if (list) this.sendSubscribe(list);
+        else this.core.forget(sub);
+      }
+    }
+    this.setState("open");
+  }
+};
+export {
+  LiveList,
+  OrdoClient,
+  OrdoError,
+  PROTOCOL_VERSION,
+  ProtocolState,
+  applyDiffs
+};
