@@ -19,9 +19,10 @@ use tokio::sync::{oneshot, watch};
 use ordo_core::{Batch, FieldType, Value};
 
 use crate::core::{CollectionEntry, Command, CoreSender, Routes};
-use crate::demo_data::{self, DemoRng, ROOMS_COLLECTION, ROOMS_PER_BATCH, ROOM_FIELDS};
+use crate::demo_data::{self, ROOMS_COLLECTION, ROOMS_PER_BATCH, ROOM_FIELDS};
 use crate::error::ApiError;
 use crate::limits;
+use crate::rng::Rng;
 use crate::wire;
 
 const INDEX_HTML: &str = include_str!("../demo/index.html");
@@ -212,7 +213,7 @@ fn check_schema(entry: &CollectionEntry) -> Result<(), String> {
 }
 
 async fn write_rooms(core: &CoreSender, entry: &CollectionEntry, n_rooms: usize) -> Result<(), String> {
-    let mut rng = DemoRng::new(demo_data::ROOMS_SEED);
+    let mut rng = Rng::new(demo_data::ROOMS_SEED);
     let now_ms = demo_data::now_ms();
     let mut written = 0;
     while written < n_rooms {
@@ -299,7 +300,7 @@ async fn run_simulator(
     room_ids: Vec<String>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut rng = DemoRng::new(SIMULATOR_SEED);
+    let mut rng = Rng::new(SIMULATOR_SEED);
     let zipf = Zipf::new(room_ids.len(), ZIPF_EXPONENT);
     // Rank -> room: a seeded shuffle, so the busy rooms are spread over the list.
     let mut by_rank: Vec<usize> = (0..room_ids.len()).collect();
@@ -411,7 +412,7 @@ mod tests {
     fn zipf_stays_in_range_and_favours_the_head() {
         let n = 10_000;
         let zipf = Zipf::new(n, ZIPF_EXPONENT);
-        let mut rng = DemoRng::new(7);
+        let mut rng = Rng::new(7);
         let mut counts = vec![0u32; n];
         for _ in 0..200_000 {
             let rank = zipf.sample(rng.unit());

@@ -11,6 +11,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use crate::rng::Rng;
 use ordo_core::{FieldType, Schema};
 use serde_json::{json, Value};
 
@@ -116,39 +117,6 @@ const TEXTS: [&str; 16] = [
     "haha",
 ];
 
-/// The demo's generator (xorshift64*): seeded, so every run writes the same rooms.
-pub struct DemoRng(u64);
-
-impl DemoRng {
-    pub fn new(seed: u64) -> DemoRng {
-        DemoRng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-
-    pub fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    pub fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len() as u64) as usize]
-    }
-
-    /// A uniform number in [0, 1), from the top 53 bits.
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 /// One generated room, as the demo writes it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DemoRoom {
@@ -177,12 +145,12 @@ fn rooms_schema_json() -> Value {
 }
 
 /// Room `index` of the demo; rooms are generated in order from one `rng`.
-pub fn demo_room(index: usize, rng: &mut DemoRng, now_ms: u64) -> DemoRoom {
+pub fn demo_room(index: usize, rng: &mut Rng, now_ms: u64) -> DemoRoom {
     let dm = rng.chance(35);
     let name = if dm {
-        format!("{} {}", rng.pick(&FIRST_NAMES), rng.pick(&LAST_NAMES))
+        format!("{} {}", *rng.pick(&FIRST_NAMES), *rng.pick(&LAST_NAMES))
     } else {
-        format!("{} {index}", rng.pick(&TOPICS))
+        format!("{} {index}", *rng.pick(&TOPICS))
     };
     DemoRoom {
         id: room_id(index),
@@ -196,13 +164,13 @@ pub fn demo_room(index: usize, rng: &mut DemoRng, now_ms: u64) -> DemoRoom {
 }
 
 /// A chat line, "sender: text".
-pub fn demo_message(rng: &mut DemoRng) -> String {
-    format!("{}: {}", rng.pick(&FIRST_NAMES), demo_text(rng))
+pub fn demo_message(rng: &mut Rng) -> String {
+    format!("{}: {}", *rng.pick(&FIRST_NAMES), demo_text(rng))
 }
 
 /// A message's text alone.
-pub fn demo_text(rng: &mut DemoRng) -> &'static str {
-    rng.pick(&TEXTS)
+pub fn demo_text(rng: &mut Rng) -> &'static str {
+    *rng.pick(&TEXTS)
 }
 
 /// The payload of a room: `{"last_message": ...}`, as JSON text.
@@ -223,7 +191,7 @@ pub fn load_demo(address: &str, n_rooms: usize) -> Result<(), String> {
     if status >= 300 {
         return Err(format!("creating `rooms` failed: {status} {answer}"));
     }
-    let mut rng = DemoRng::new(ROOMS_SEED);
+    let mut rng = Rng::new(ROOMS_SEED);
     let now = now_ms();
     let mut loaded = 0;
     while loaded < n_rooms {
@@ -274,7 +242,7 @@ mod tests {
     #[test]
     fn rooms_are_reproducible_and_include_non_ascii_names() {
         let generate = || {
-            let mut rng = DemoRng::new(ROOMS_SEED);
+            let mut rng = Rng::new(ROOMS_SEED);
             (0..2_000).map(|index| demo_room(index, &mut rng, 1_000_000_000_000)).collect::<Vec<_>>()
         };
         let rooms = generate();

@@ -104,7 +104,7 @@ pub fn write_diffs_frame(out: &mut Vec<u8>, sub: &str, seq: u64, diffs_json: &[u
 mod tests {
     use super::*;
 
-    use crate::test_rng::Rng;
+    use crate::rng::Rng;
 
     /// Every character that `serde_json` treats specially, its neighbours,
     /// and multi-byte UTF-8 of every length.

@@ -14,9 +14,8 @@ pub mod limits;
 pub mod metrics;
 pub mod name_routes;
 pub mod rate_limit;
+pub mod rng;
 pub mod server;
 pub mod sub_table;
-#[cfg(test)]
-mod test_rng;
 pub mod wire;
 pub mod ws;

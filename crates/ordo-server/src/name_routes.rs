@@ -207,7 +207,7 @@ impl AsciiCaseless for AsciiCaselessQuery<'_> {
 mod tests {
     use super::*;
 
-    use crate::test_rng::Rng;
+    use crate::rng::Rng;
 
     /// Characters whose case mapping is easy to get wrong: `ß` (uppercases to
     /// "SS", lowercases to itself), `İ` (lowercases to two characters, `i`

@@ -227,7 +227,7 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
-    use crate::test_rng::Rng;
+    use crate::rng::Rng;
 
     /// A value that owns heap memory, so that a lost or doubled value would
     /// show up under Miri or as a mismatch.

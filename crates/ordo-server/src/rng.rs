@@ -1,5 +1,6 @@
-//! The seeded generator of the unit tests (xorshift64*): tiny and reproducible,
-//! so a failing seed can be replayed.
+//! The seeded generator (xorshift64*) of the unit tests and the demo: tiny and
+//! reproducible, so a failing seed can be replayed and every demo run writes the
+//! same rooms.
 
 pub struct Rng(u64);
 
@@ -29,5 +30,10 @@ impl Rng {
 
     pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
         &items[self.index(items.len())]
+    }
+
+    /// A uniform number in [0, 1), from the top 53 bits.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 }
