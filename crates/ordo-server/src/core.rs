@@ -30,6 +30,9 @@ pub type SessionId = u64;
 /// A subscription's number within its session: handed out in increasing order.
 pub type SubHandle = u32;
 
+/// Most windows waiting for the writer's idle time to finish their views' indexes.
+const MAX_UNPREPARED_WINDOWS: usize = 4096;
+
 /// Bytes counted for a queued frame beyond its body: the envelope and the queue node.
 pub const FRAME_OVERHEAD_BYTES: usize = 96;
 
@@ -306,6 +309,10 @@ pub struct Core {
     database: Database,
     fanout: Fanout,
     routes: Routes,
+    /// Windows opened since the writer was last idle. Views sort lazily (only what
+    /// the first window shows); the rest is sorted at the view's first update,
+    /// which then pays for it. The writer sorts these when it has nothing to do.
+    unprepared: Vec<WindowId>,
 }
 
 /// The identity under which subscriptions share an engine window.
@@ -328,7 +335,7 @@ impl Core {
             capture_projection: None,
             outbound_budget,
         };
-        Core { database, fanout, routes }
+        Core { database, fanout, routes, unprepared: Vec::new() }
     }
 
     /// Fills the routing table from the collections loaded at start.
@@ -362,7 +369,7 @@ impl Core {
         loop {
             let command = match waiting.take() {
                 Some(command) => command,
-                None => match commands.blocking_recv() {
+                None => match self.next_command_or_prepare(&mut commands) {
                     Some(command) => command,
                     None => return self.database,
                 },
@@ -404,6 +411,32 @@ impl Core {
                     })
                     .collect();
                 let _ = reply.send(part_results);
+            }
+        }
+    }
+
+    fn note_unprepared(&mut self, window: WindowId) {
+        // Past the bound (a writer never idle) a view just sorts at its first update.
+        if self.unprepared.len() < MAX_UNPREPARED_WINDOWS {
+            self.unprepared.push(window);
+        }
+    }
+
+    /// The next command; while none is waiting, finishes the indexes of new
+    /// windows one at a time (see `unprepared`), then blocks.
+    fn next_command_or_prepare(&mut self, commands: &mut mpsc::Receiver<Command>) -> Option<Command> {
+        loop {
+            match commands.try_recv() {
+                Ok(command) => return Some(command),
+                Err(mpsc::error::TryRecvError::Disconnected) => return None,
+                Err(mpsc::error::TryRecvError::Empty) => match self.unprepared.pop() {
+                    // A window closed since is refused, and one opened in its place
+                    // is sorted a little early: both harmless.
+                    Some(window) => {
+                        let _ = self.database.prepare_window(window);
+                    }
+                    None => return commands.blocking_recv(),
+                },
             }
         }
     }
@@ -547,6 +580,7 @@ impl Core {
                     self.database.open_window(collection, &spec.def, spec.offset, spec.limit, &mut self.fanout);
                 self.fanout.route = Route::Subscribers;
                 let window = opened?;
+                self.note_unprepared(window);
                 self.fanout.windows.insert(
                     window,
                     SharedWindow { collection, spec, share_key: Some(key.clone()), subscribers: Vec::new() },
@@ -643,6 +677,10 @@ impl Core {
         };
         self.fanout.route = Route::Subscribers;
         result?;
+        if matches!(change, WindowChange::View(_)) {
+            // A new view behind the window, sorted lazily like any other.
+            self.note_unprepared(window);
+        }
         // The window now has a new identity: re-key it for sharing when that is free.
         let shared = self.fanout.windows.get_mut(&window).expect("live");
         if let Some(old_key) = shared.share_key.take() {
