@@ -29,7 +29,7 @@ options:
   --network-threads N           threads for sockets and JSON (default 1; the writer has its own)
   --session-retention SECS      how long a disconnected client's subscriptions wait for its resume (default 60)
   --checkpoint-interval SECS    how long writes stay only in the write-ahead log before LMDB gets them
-                                (default 5; longer: less disk traffic, a longer log to replay at start)
+                                (default 60; longer: less disk traffic, a longer log to replay at start)
   --demo                        the web demo's data: write 10 000 rooms into collection `rooms` if it is
                                 missing or empty, and simulate chat traffic; the page is at /demo
   --demo-rate N                 the simulator's messages per second at start (default 20, at most 5000;

@@ -8,9 +8,11 @@
 //!   is always a prefix of the log;
 //! - [`Shared::checkpointed_seq`] is raised only after LMDB's commit returned, so
 //!   the writer deletes a log segment only once LMDB holds all of it durably;
-//! - a failed checkpoint keeps its records and is retried; meanwhile the failure
-//!   is published ([`Checkpointer::stall`]) and the database refuses new batches,
-//!   so the log and the memory it takes stop growing.
+//! - no record is kept here: each is added to the open transaction as it arrives
+//!   and its buffer goes back to the writer. A failed checkpoint is dropped and
+//!   written again from the log segments, which hold every record LMDB lacks;
+//!   meanwhile the failure is published ([`Checkpointer::stall`]) and the
+//!   database refuses new batches, so the log stops growing.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
@@ -92,7 +94,8 @@ pub(crate) struct Checkpointer {
 impl Checkpointer {
     /// Moves `store` to a new thread. `schemas` holds every stored collection's
     /// number and schema. A checkpoint runs `interval` after the oldest record
-    /// not yet checkpointed arrived, or as soon as `max_pending_bytes` of records wait.
+    /// not yet checkpointed arrived, or as soon as `max_pending_bytes` of records
+    /// have arrived since the last checkpoint.
     pub(crate) fn spawn(
         store: Store,
         schemas: Vec<(u32, Schema)>,
@@ -106,12 +109,14 @@ impl Checkpointer {
             stall: Mutex::new(None),
             skip_final_checkpoint: AtomicBool::new(false),
         });
+        let store_last_seq = store.last_seq();
         let state = State {
             target: store.checkpoint_target(),
             scratch: WriteScratch::default(),
             store,
             schemas: schemas.into_iter().collect(),
-            pending: Vec::new(),
+            received_seq: store_last_seq,
+            received_bytes: 0,
             batch: Batch::new(),
             recycle,
             shared: Arc::clone(&shared),
@@ -200,12 +205,13 @@ struct State {
     scratch: WriteScratch,
     /// Schema of each collection, by number.
     schemas: std::collections::HashMap<u32, Schema>,
-    /// Records received since the last checkpoint, oldest first: kept until LMDB
-    /// has committed them, so a failed checkpoint can be written again. Copied out
-    /// of the writer's buffers, which go straight back for reuse: the writer then
-    /// allocates nothing per group, and this buffer keeps its capacity (at most
-    /// `max_pending_bytes` and one group).
-    pending: Vec<u8>,
+    /// The sequence number of the last record handed over (every one of them is
+    /// in the log). Records are added to the open checkpoint as they arrive, and
+    /// their buffers go straight back to the writer: nothing is copied or kept.
+    /// A checkpoint written again after a failure reads its records from the log.
+    received_seq: u64,
+    /// Bytes of records handed over since the last checkpoint (the early trigger).
+    received_bytes: usize,
     /// The batch each record is decoded into, reused for every record.
     batch: Batch,
     recycle: Sender<Vec<u8>>,
@@ -223,30 +229,62 @@ enum Collected {
 }
 
 /// The open checkpoint, as far as it got.
-enum Applying<'s> {
+enum Applying<'t> {
     /// No record since the last commit.
     Idle,
-    Open(OpenCheckpoint<'s>),
+    Open(OpenCheckpoint<'t>),
     /// Adding a record failed; the rest wait for the commit, which reports this
     /// (and writes them all again if the map has grown).
     Failed(heed::Error),
 }
 
-/// Buffers and lookups for adding records, borrowed from [`State`].
+/// Lookups and buffers for adding records, borrowed from [`State`].
 struct Adder<'a> {
+    dir: &'a std::path::Path,
     schemas: &'a std::collections::HashMap<u32, Schema>,
     batch: &'a mut Batch,
     scratch: &'a mut WriteScratch,
 }
 
-/// Adds the records of `pending` from byte `*applied` on to the open checkpoint,
-/// which starts (as the batch after `last_seq`) if there is none.
-fn apply_pending<'t>(
+impl Adder<'_> {
+    fn add(&mut self, open: &mut OpenCheckpoint<'_>, record: &wal::RawRecord<'_>) -> heed::Result<()> {
+        let corrupt = |expected: &'static str| heed::Error::Decoding(expected.into());
+        if record.seq != open.next_seq() {
+            return Err(corrupt("log records in sequence"));
+        }
+        let schema = self.schemas.get(&record.collection_number).ok_or(corrupt("log records of known collections"))?;
+        wal::decode_batch(record, schema, self.batch).map_err(|damaged| corrupt(damaged.0))?;
+        open.add(record.collection_number, schema, self.batch, self.scratch)
+    }
+
+    /// Adds the records of the log from the open checkpoint's next one through
+    /// `through_seq`, read back from the segment files.
+    fn catch_up(&mut self, open: &mut OpenCheckpoint<'_>, through_seq: u64) -> heed::Result<()> {
+        let mut failure = None;
+        let outcome = wal::read_records(self.dir, open.next_seq(), through_seq, &mut |record| {
+            self.add(open, record).map_err(|error| {
+                let message = error.to_string();
+                failure = Some(error);
+                StoreError::CheckpointFailed { dir: self.dir.to_owned(), reason: message }
+            })
+        });
+        match (outcome, failure) {
+            (Ok(()), _) => Ok(()),
+            (Err(_), Some(error)) => Err(error),
+            (Err(error), None) => Err(heed::Error::Io(std::io::Error::other(error.to_string()))),
+        }
+    }
+}
+
+/// Starts the checkpoint (as the batch after `last_seq`) if none is open, brings
+/// it up to the record before `records` from the log if it is behind (after a
+/// failure), then adds `records` (framed log records, in sequence order).
+fn apply<'t>(
     target: &'t CheckpointTarget,
     last_seq: u64,
     applying: &mut Applying<'t>,
-    pending: &[u8],
-    applied: &mut usize,
+    records: &[u8],
+    first_seq_in_records: u64,
     adder: &mut Adder<'_>,
 ) {
     if matches!(applying, Applying::Idle) {
@@ -255,41 +293,51 @@ fn apply_pending<'t>(
             Err(error) => Applying::Failed(error),
         };
     }
-    let Adder { schemas, batch, scratch } = adder;
     let Applying::Open(open) = applying else { return };
-    let corrupt = |expected: &'static str| heed::Error::Decoding(expected.into());
-    while *applied < pending.len() {
-        let outcome = (|| {
-            let (record, len) = wal::next_record(&pending[*applied..]).ok_or(corrupt("intact log records"))?;
-            if record.seq != open.next_seq() {
-                return Err(corrupt("log records in sequence"));
-            }
-            let schema = schemas.get(&record.collection_number).ok_or(corrupt("log records of known collections"))?;
-            wal::decode_batch(&record, schema, batch).map_err(|damaged| corrupt(damaged.0))?;
-            open.add(record.collection_number, schema, batch, scratch)?;
-            Ok(len)
-        })();
-        match outcome {
-            Ok(len) => *applied += len,
-            Err(error) => {
-                *applying = Applying::Failed(error);
-                return;
-            }
+    let mut outcome = Ok(());
+    if open.next_seq() < first_seq_in_records {
+        outcome = adder.catch_up(open, first_seq_in_records - 1);
+    }
+    let mut offset = 0;
+    while outcome.is_ok() && offset < records.len() {
+        let Some((record, len)) = wal::next_record(&records[offset..]) else {
+            outcome = Err(heed::Error::Decoding("intact log records".into()));
+            break;
+        };
+        // Records the checkpoint holds already (read back from the log) are skipped.
+        if record.seq >= open.next_seq() {
+            outcome = adder.add(open, &record);
         }
+        offset += len;
+    }
+    if let Err(error) = outcome {
+        *applying = Applying::Failed(error);
     }
 }
 
+/// The sequence number of the first and of the last record in `records`.
+fn seq_range(records: &[u8]) -> Option<(u64, u64)> {
+    let (first, mut offset) = wal::next_record(records)?;
+    let mut last = first.seq;
+    while let Some((record, len)) = wal::next_record(&records[offset..]) {
+        last = record.seq;
+        offset += len;
+    }
+    Some((first.seq, last))
+}
+
 fn run(mut state: State, jobs: Receiver<Job>, interval: Duration, max_pending_bytes: usize) {
-    // When the oldest pending record is due to be checkpointed (records left by
-    // a failed checkpoint wait one interval for the retry).
-    let mut due: Option<Instant> = (!state.pending.is_empty()).then(|| Instant::now() + interval);
+    // When the oldest record LMDB lacks is due to be checkpointed (after a failed
+    // checkpoint, the retry waits one interval).
+    let mut due: Option<Instant> = (state.received_seq > state.store.last_seq()).then(|| Instant::now() + interval);
     loop {
         let (collected, outcome) = {
-            let State { store, target, scratch, schemas, pending, batch, recycle, shared } = &mut state;
-            let mut adder = Adder { schemas, batch, scratch };
+            let State { store, target, scratch, schemas, received_seq, received_bytes, batch, recycle, shared } =
+                &mut state;
+            let dir = store.dir().to_owned();
+            let mut adder = Adder { dir: &dir, schemas, batch, scratch };
             // Records are added to LMDB as they arrive and committed when due.
             let mut applying = Applying::Idle;
-            let mut applied = 0;
             let collected = loop {
                 let job = match due {
                     None => jobs.recv().ok(),
@@ -302,14 +350,17 @@ fn run(mut state: State, jobs: Receiver<Job>, interval: Duration, max_pending_by
                 match job {
                     None => break Collected::Stop,
                     Some(Job::Records(mut records)) => {
-                        pending.extend_from_slice(&records);
+                        if let Some((first_seq, last_seq)) = seq_range(&records) {
+                            *received_seq = last_seq;
+                            *received_bytes += records.len();
+                            due.get_or_insert_with(|| Instant::now() + interval);
+                            if shared.stall.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_none() {
+                                apply(target, store.last_seq(), &mut applying, &records, first_seq, &mut adder);
+                            }
+                        }
                         records.clear();
                         let _ = recycle.send(records);
-                        due.get_or_insert_with(|| Instant::now() + interval);
-                        if shared.stall.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_none() {
-                            apply_pending(target, store.last_seq(), &mut applying, pending, &mut applied, &mut adder);
-                        }
-                        if pending.len() >= max_pending_bytes {
+                        if *received_bytes >= max_pending_bytes {
                             break Collected::Due;
                         }
                     }
@@ -317,12 +368,11 @@ fn run(mut state: State, jobs: Receiver<Job>, interval: Duration, max_pending_by
                 }
             };
             if matches!(collected, Collected::Stop) && shared.skip_final_checkpoint.load(Ordering::Acquire) {
-                // As a crash would: what is pending is replayed from the log at the next open.
+                // As a crash would: the next open replays the log.
                 return;
             }
-            let outcome = if applied < pending.len() || !matches!(applying, Applying::Idle) {
-                apply_pending(target, store.last_seq(), &mut applying, pending, &mut applied, &mut adder);
-                finish(store, target, applying, pending, &mut adder)
+            let outcome = if *received_seq > store.last_seq() || !matches!(applying, Applying::Idle) {
+                finish(store, target, applying, *received_seq, &mut adder)
             } else {
                 // Nothing to write: LMDB is as up to date as it can be, or still failing.
                 match shared.stall.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).as_ref() {
@@ -330,6 +380,9 @@ fn run(mut state: State, jobs: Receiver<Job>, interval: Duration, max_pending_by
                     None => Ok(store.last_seq()),
                 }
             };
+            if outcome.is_ok() {
+                *received_bytes = 0;
+            }
             (collected, outcome)
         };
         state.publish(&outcome);
@@ -353,38 +406,39 @@ fn run(mut state: State, jobs: Receiver<Job>, interval: Duration, max_pending_by
     }
 }
 
-/// Commits the open checkpoint. When the map was full it grows and every pending
-/// record is written again in a new checkpoint. On success `pending` is empty;
-/// on failure it keeps every record for the next attempt.
-fn finish(
+/// Brings the open checkpoint up to `through_seq` and commits it. When the map
+/// was full it grows, and the checkpoint is written again from the log. Returns
+/// the sequence number LMDB holds.
+fn finish<'t>(
     store: &mut Store,
-    target: &CheckpointTarget,
-    applying: Applying<'_>,
-    pending: &mut Vec<u8>,
+    target: &'t CheckpointTarget,
+    mut applying: Applying<'t>,
+    through_seq: u64,
     adder: &mut Adder<'_>,
 ) -> Result<u64, StoreError> {
-    let mut result = match applying {
-        Applying::Idle => unreachable!("called with a checkpoint open"),
-        Applying::Open(open) => open.commit(adder.scratch),
-        Applying::Failed(error) => Err(error),
-    };
     loop {
+        if matches!(applying, Applying::Idle) {
+            applying = match target.begin(store.last_seq() + 1, adder.scratch) {
+                Ok(open) => Applying::Open(open),
+                Err(error) => Applying::Failed(error),
+            };
+        }
+        let result = match applying {
+            Applying::Idle => unreachable!("begun above"),
+            Applying::Open(mut open) => match adder.catch_up(&mut open, through_seq) {
+                Ok(()) => open.commit(adder.scratch),
+                Err(error) => Err(error),
+            },
+            Applying::Failed(error) => Err(error),
+        };
         match result {
             Ok(n_batches) => {
                 store.checkpoint_committed(n_batches);
-                pending.clear();
                 return Ok(store.last_seq());
             }
             Err(error) => store.recover_from(error)?,
         }
-        let mut applying = Applying::Idle;
-        let mut applied = 0;
-        apply_pending(target, store.last_seq(), &mut applying, pending, &mut applied, adder);
-        result = match applying {
-            Applying::Idle => unreachable!("apply_pending opens a checkpoint"),
-            Applying::Open(open) => open.commit(adder.scratch),
-            Applying::Failed(error) => Err(error),
-        };
+        applying = Applying::Idle;
     }
 }
 

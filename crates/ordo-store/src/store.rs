@@ -41,7 +41,8 @@ pub struct StoreOptions {
     /// Longer: fewer, larger checkpoints that write a page touched by many
     /// batches once; more log to replay at the next open.
     pub checkpoint_interval: Duration,
-    /// A checkpoint starts early once this many bytes of log records wait.
+    /// A checkpoint starts early once this many bytes of log records have been
+    /// written since the last one (bounds the log to replay at the next open).
     pub checkpoint_bytes: usize,
     /// A log segment is closed and a new one started past this size; closed
     /// segments are deleted once checkpointed.
@@ -54,8 +55,8 @@ impl Default for StoreOptions {
             durability: Durability::Full,
             initial_map_size: 1 << 30,
             max_map_size: 1 << 40,
-            checkpoint_interval: Duration::from_secs(5),
-            checkpoint_bytes: 64 << 20,
+            checkpoint_interval: Duration::from_secs(60),
+            checkpoint_bytes: 256 << 20,
             log_segment_bytes: 64 << 20,
         }
     }

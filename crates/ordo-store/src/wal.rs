@@ -235,6 +235,59 @@ pub(crate) struct WalRecovery {
     pub(crate) n_torn_bytes_removed: u64,
 }
 
+/// Calls `each` with every record of the log in `dir` whose sequence number is in
+/// `from_seq..=through_seq`, in order. For a checkpoint that failed and must be
+/// written again: the checkpointer keeps no copy of the records it was handed,
+/// the log has them (segments are deleted only once LMDB holds all of theirs).
+/// Fails with `Corrupt` if a record of the range is missing.
+pub(crate) fn read_records(
+    dir: &Path,
+    from_seq: u64,
+    through_seq: u64,
+    each: &mut dyn FnMut(&RawRecord<'_>) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    if from_seq > through_seq {
+        return Ok(());
+    }
+    let mut segments = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(wal_io(dir, "listing the write-ahead log"))? {
+        let entry = entry.map_err(wal_io(dir, "listing the write-ahead log"))?;
+        if let Some(first_seq) = entry.file_name().to_str().and_then(parse_segment_name) {
+            segments.push((first_seq, entry.path()));
+        }
+    }
+    segments.sort_unstable();
+    let mut next_seq = from_seq;
+    let mut bytes = Vec::new();
+    for (index, (first_seq, path)) in segments.iter().enumerate() {
+        // Skip segments that end before the range (the next one starts at or before it).
+        if segments.get(index + 1).is_some_and(|(next_first, _)| *next_first <= next_seq) || *first_seq > next_seq {
+            continue;
+        }
+        bytes.clear();
+        File::open(path)
+            .and_then(|mut file| file.read_to_end(&mut bytes))
+            .map_err(wal_io(dir, "reading the write-ahead log"))?;
+        let mut offset = 0;
+        // The writer may be appending to the last segment: a record cut short at
+        // its end is one that was never handed over, past `through_seq`.
+        while let Some((record, len)) = next_record(&bytes[offset..]) {
+            if record.seq == next_seq {
+                each(&record)?;
+                if next_seq == through_seq {
+                    return Ok(());
+                }
+                next_seq += 1;
+            }
+            offset += len;
+        }
+    }
+    Err(StoreError::Corrupt {
+        dir: dir.to_owned(),
+        expected: "every record after the checkpoint in the write-ahead log",
+    })
+}
+
 fn wal_io<'a>(dir: &'a Path, doing: &'static str) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
     move |source| {
         if source.raw_os_error() == Some(28) {
