@@ -46,8 +46,8 @@ if "proxy" in inspect.signature(connect.__init__).parameters:
 
 
 class _TokenBucket:
-    """Keeps the client under the server's message rate (a refused message has
-    no `sub`, so the client could not tell which op was dropped)."""
+    """Keeps the client under the server's message rate: an op refused with
+    `rate_limited` did nothing, and pacing is simpler than re-sending it."""
 
     def __init__(self, rate: float, burst: float) -> None:
         self.rate = max(rate, 1.0)
