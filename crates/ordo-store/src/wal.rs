@@ -249,14 +249,7 @@ pub(crate) fn read_records(
     if from_seq > through_seq {
         return Ok(());
     }
-    let mut segments = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(wal_io(dir, "listing the write-ahead log"))? {
-        let entry = entry.map_err(wal_io(dir, "listing the write-ahead log"))?;
-        if let Some(first_seq) = entry.file_name().to_str().and_then(parse_segment_name) {
-            segments.push((first_seq, entry.path()));
-        }
-    }
-    segments.sort_unstable();
+    let segments = list_segments(dir)?;
     let mut next_seq = from_seq;
     let mut bytes = Vec::new();
     for (index, (first_seq, path)) in segments.iter().enumerate() {
@@ -288,6 +281,19 @@ pub(crate) fn read_records(
     })
 }
 
+/// The log segments in `dir`, by the sequence number of their first record.
+fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
+    let mut segments = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(wal_io(dir, "listing the write-ahead log"))? {
+        let entry = entry.map_err(wal_io(dir, "listing the write-ahead log"))?;
+        if let Some(first_seq) = entry.file_name().to_str().and_then(parse_segment_name) {
+            segments.push((first_seq, entry.path()));
+        }
+    }
+    segments.sort_unstable();
+    Ok(segments)
+}
+
 fn wal_io<'a>(dir: &'a Path, doing: &'static str) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
     move |source| {
         if source.raw_os_error() == Some(28) {
@@ -314,14 +320,7 @@ impl Wal {
         replay: &mut dyn FnMut(&RawRecord<'_>) -> Result<(), StoreError>,
     ) -> Result<(Wal, WalRecovery), StoreError> {
         let corrupt = |expected| StoreError::Corrupt { dir: dir.to_owned(), expected };
-        let mut segments = Vec::new();
-        for entry in std::fs::read_dir(dir).map_err(wal_io(dir, "listing the write-ahead log"))? {
-            let entry = entry.map_err(wal_io(dir, "listing the write-ahead log"))?;
-            if let Some(first_seq) = entry.file_name().to_str().and_then(parse_segment_name) {
-                segments.push((first_seq, entry.path()));
-            }
-        }
-        segments.sort_unstable();
+        let segments = list_segments(dir)?;
         let mut recovery = WalRecovery { n_records_replayed: 0, n_torn_bytes_removed: 0 };
         let mut closed = Vec::new();
         let mut last_seq = checkpointed_seq;
