@@ -298,7 +298,7 @@ async fn live_diffs(server: &Server) -> Case {
         write(server, ops);
         recorder.settle(server, std::slice::from_ref(&view), "after a write").await;
     }
-    let mut rng = Rng(0x5eed_0001);
+    let mut rng = Rng::new(0x5eed_0001);
     for _ in 0..20 {
         let ops: Vec<Value> = (0..1 + rng.below(3)).map(|_| random_op(&mut rng, 26)).collect();
         write(server, Value::Array(ops));
@@ -363,7 +363,7 @@ async fn window_changes(server: &Server) -> Case {
 
 async fn random_session(server: &Server, name: &'static str, seed: u64) -> Case {
     reset_rooms(server, 10);
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ seed);
+    let mut rng = Rng::new(seed);
     let mut recorder = Recorder::connect(server, BTreeMap::new(), fresh(&["a", "b", "c"])).await;
     let initial = recorder.client.lists.clone();
     let mut views: Vec<Value> = ["a", "b", "c"]

@@ -87,7 +87,7 @@ async fn random_writes_and_window_changes_keep_every_subscription_equal_to_a_que
     let server = Server::start(dir.path(), &[]);
     server.ok("PUT", "/v1/collections/rooms", room_schema());
     for seed in [1u64, 2, 3] {
-        let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ seed);
+        let mut rng = Rng::new(seed);
         let mut client = server.connect().await;
         let mut subs: Vec<Value> = Vec::new();
         for n in 0..3 {
@@ -154,7 +154,7 @@ async fn a_resume_replays_missed_frames_exactly_and_a_restart_resets_without_a_g
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), &[]);
     server.ok("PUT", "/v1/collections/rooms", room_schema());
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     let ops: Vec<Value> = (0..30).map(|n| json!({"op": "upsert", "id": format!("!r{n:03}:example.org"), "fields": {"recency": n, "name": format!("room {n}")}})).collect();
     server.ok("POST", "/v1/collections/rooms/batch", json!({"ops": ops}));
     let sub = json!({"op": "subscribe", "sub": "top", "collection": "rooms", "filter": null,

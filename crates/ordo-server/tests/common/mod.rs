@@ -256,22 +256,7 @@ pub fn room_schema() -> Value {
     ]})
 }
 
-/// A deterministic generator (xorshift64*), so a failing seed can be replayed.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    pub fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
+/// The crate's seeded generator, so a failing seed can be replayed. (Not every
+/// test file that includes this module uses it.)
+#[allow(unused_imports)]
+pub use ordo_server::rng::Rng;
