@@ -33,7 +33,12 @@ type StoreJob = Box<dyn FnOnce(&Store, Result<u64, StoreError>) + Send>;
 
 enum Job {
     /// Framed log records, already durable in the log, in sequence order.
-    Records(Vec<u8>),
+    Records {
+        records: Vec<u8>,
+        /// Sequence numbers of the first and the last record (the writer knows them).
+        first_seq: u64,
+        last_seq: u64,
+    },
     CreateCollection {
         number: u32,
         name: String,
@@ -146,8 +151,9 @@ impl Checkpointer {
     }
 
     /// Hands over records that are durable in the log.
-    pub(crate) fn send_records(&self, records: Vec<u8>) {
-        self.send(Job::Records(records));
+    /// `records` holds the records `first_seq..=last_seq`, framed as in the log.
+    pub(crate) fn send_records(&self, records: Vec<u8>, first_seq: u64, last_seq: u64) {
+        self.send(Job::Records { records, first_seq, last_seq });
     }
 
     /// Creates a collection in LMDB, after a checkpoint of every record before it.
@@ -315,17 +321,6 @@ fn apply<'t>(
     }
 }
 
-/// The sequence number of the first and of the last record in `records`.
-fn seq_range(records: &[u8]) -> Option<(u64, u64)> {
-    let (first, mut offset) = wal::next_record(records)?;
-    let mut last = first.seq;
-    while let Some((record, len)) = wal::next_record(&records[offset..]) {
-        last = record.seq;
-        offset += len;
-    }
-    Some((first.seq, last))
-}
-
 fn run(mut state: State, jobs: Receiver<Job>, interval: Duration, max_pending_bytes: usize) {
     // When the oldest record LMDB lacks is due to be checkpointed (after a failed
     // checkpoint, the retry waits one interval).
@@ -349,14 +344,12 @@ fn run(mut state: State, jobs: Receiver<Job>, interval: Duration, max_pending_by
                 };
                 match job {
                     None => break Collected::Stop,
-                    Some(Job::Records(mut records)) => {
-                        if let Some((first_seq, last_seq)) = seq_range(&records) {
-                            *received_seq = last_seq;
-                            *received_bytes += records.len();
-                            due.get_or_insert_with(|| Instant::now() + interval);
-                            if shared.stall.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_none() {
-                                apply(target, store.last_seq(), &mut applying, &records, first_seq, &mut adder);
-                            }
+                    Some(Job::Records { mut records, first_seq, last_seq }) => {
+                        *received_seq = last_seq;
+                        *received_bytes += records.len();
+                        due.get_or_insert_with(|| Instant::now() + interval);
+                        if shared.stall.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_none() {
+                            apply(target, store.last_seq(), &mut applying, &records, first_seq, &mut adder);
                         }
                         records.clear();
                         let _ = recycle.send(records);
@@ -393,7 +386,7 @@ fn run(mut state: State, jobs: Receiver<Job>, interval: Duration, max_pending_by
         match collected {
             Collected::Due => {}
             Collected::Stop => return,
-            Collected::Job(Job::Records(_)) => unreachable!("records are collected above"),
+            Collected::Job(Job::Records { .. }) => unreachable!("records are collected above"),
             Collected::Job(Job::CreateCollection { number, name, schema, reply }) => {
                 let created = outcome.and_then(|_| state.store.create_collection(number, &name, &schema));
                 if created.is_ok() {

@@ -100,6 +100,7 @@ impl Database {
         // The batches acknowledged after the last checkpoint, from the log.
         let mut batch = Batch::new();
         let mut handoff = Vec::new();
+        let mut handoff_first_seq = checkpointed_seq + 1;
         let (wal, recovery) = Wal::open(
             dir,
             checkpointed_seq,
@@ -119,13 +120,14 @@ impl Database {
                     .map_err(|_| corrupt("log records that apply to the stored items"))?;
                 handoff.extend_from_slice(record.framed);
                 if handoff.len() >= REPLAY_HANDOFF_BYTES {
-                    checkpointer.send_records(std::mem::take(&mut handoff));
+                    checkpointer.send_records(std::mem::take(&mut handoff), handoff_first_seq, record.seq);
+                    handoff_first_seq = record.seq + 1;
                 }
                 Ok(())
             },
         )?;
         if !handoff.is_empty() {
-            checkpointer.send_records(handoff);
+            checkpointer.send_records(handoff, handoff_first_seq, wal.last_seq());
         }
         let report = OpenReport {
             n_collections: collection_numbers.len(),
@@ -287,7 +289,7 @@ impl Database {
         self.n_group_commits += 1;
         self.n_batches_committed += accepted.len() as u64;
         let records = std::mem::replace(&mut self.records, self.checkpointer.take_buffer());
-        self.checkpointer.send_records(records);
+        self.checkpointer.send_records(records, first_seq, last_seq);
         self.remove_checkpointed_log();
         for (offset, &index) in accepted.iter().enumerate() {
             let write = &mut group[index];
