@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Instant;
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
@@ -22,7 +23,7 @@ use ordo_store::{Ack, Database, PendingWrite, MAX_BATCHES_PER_COMMIT, MAX_BYTES_
 
 use crate::encode::{write_diff, write_item, write_items};
 use crate::error::{ApiError, ErrorCode};
-use crate::metrics::{self, CoreGauges, METRICS};
+use crate::metrics::{self, CoreGauges, Stage, METRICS};
 use crate::name_routes::NameRoutes;
 use crate::wire::{Projection, WindowSpec};
 
@@ -70,6 +71,8 @@ pub enum Outgoing {
         body: Bytes,
         n_diffs: u32,
         is_reset: bool,
+        /// When the writer thread queued it (for `Stage::FrameQueue`).
+        queued_at: Instant,
     },
     /// The subscription was refused; the task forgets it and tells the client.
     SubscribeFailed {
@@ -95,6 +98,36 @@ pub type Outbox = mpsc::UnboundedSender<Outgoing>;
 
 pub type WriteResults = Vec<Result<Ack, ApiError>>;
 
+/// The answer to a `Command::Write`: a result per part, and the parts' batches
+/// back (with the list that carried them) so the network thread reuses their buffers.
+pub struct WriteReply {
+    pub results: WriteResults,
+    pub batches: Vec<(CollectionId, Batch)>,
+}
+
+/// A request's list of parts while its batches are in the group being written.
+struct WriteParts {
+    list: Vec<(CollectionId, Batch)>,
+    /// How many of the group's writes are this request's.
+    n_parts: usize,
+}
+
+/// Moves a request's batches into the group; returns their bytes.
+fn add_to_group(
+    group: &mut Vec<PendingWrite>,
+    replies: &mut Vec<(oneshot::Sender<WriteReply>, WriteParts)>,
+    mut batches: Vec<(CollectionId, Batch)>,
+    reply: oneshot::Sender<WriteReply>,
+    queued_at: Instant,
+) -> usize {
+    metrics::record_stage(Stage::WriteQueue, queued_at.elapsed());
+    let n_bytes = batches.iter().map(|(_, batch)| batch.n_bytes()).sum();
+    let n_parts = batches.len();
+    group.extend(batches.drain(..).map(|(collection, batch)| PendingWrite::new(collection, batch)));
+    replies.push((reply, WriteParts { list: batches, n_parts }));
+    n_bytes
+}
+
 pub enum Command {
     CreateCollection {
         name: String,
@@ -104,7 +137,9 @@ pub enum Command {
     /// One HTTP write: batches (one per collection part), each atomic on its own.
     Write {
         batches: Vec<(CollectionId, Batch)>,
-        reply: oneshot::Sender<WriteResults>,
+        reply: oneshot::Sender<WriteReply>,
+        /// When the request was handed to the writer (for `Stage::WriteQueue`).
+        queued_at: Instant,
     },
     Query {
         collection: CollectionId,
@@ -251,24 +286,32 @@ impl DiffSink for Fanout {
         // The one copy per window change: every subscriber shares these bytes.
         let body = Bytes::copy_from_slice(&self.body);
         metrics::add(&METRICS.frames_encoded, 1);
-        let (n_diffs, is_reset) = (self.n_diffs, self.is_reset);
+        let frame = FrameMeta { n_diffs: self.n_diffs, is_reset: self.is_reset, queued_at: Instant::now() };
         match self.route {
             Route::Subscribers => {
                 let Some(shared) = self.windows.get(&window) else { return };
                 // Indexing by position keeps the borrow of `windows` short.
                 for index in 0..shared.subscribers.len() {
                     let (session, handle) = self.windows[&window].subscribers[index];
-                    self.push(session, handle, body.clone(), n_diffs, is_reset);
+                    self.push(session, handle, body.clone(), frame);
                 }
             }
-            Route::Only(session, handle) => self.push(session, handle, body, n_diffs, is_reset),
+            Route::Only(session, handle) => self.push(session, handle, body, frame),
             Route::Capture | Route::Discard => {}
         }
     }
 }
 
+/// What every copy of one encoded frame shares besides its body.
+#[derive(Clone, Copy)]
+struct FrameMeta {
+    n_diffs: u32,
+    is_reset: bool,
+    queued_at: Instant,
+}
+
 impl Fanout {
-    fn push(&mut self, session_id: SessionId, handle: SubHandle, body: Bytes, n_diffs: u32, is_reset: bool) {
+    fn push(&mut self, session_id: SessionId, handle: SubHandle, body: Bytes, frame: FrameMeta) {
         let Some(session) = self.sessions.get_mut(&session_id) else { return };
         let Some(sub) = session.subs.get_mut(&handle) else { return };
         if sub.needs_reset {
@@ -291,7 +334,8 @@ impl Fanout {
         session.shared.queued_bytes.fetch_add(cost, Ordering::AcqRel);
         metrics::add(&METRICS.outbound_queued_bytes, cost as u64);
         let epoch = session.shared.epoch.load(Ordering::Acquire);
-        if session.outbox.send(Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset }).is_err() {
+        let FrameMeta { n_diffs, is_reset, queued_at } = frame;
+        if session.outbox.send(Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset, queued_at }).is_err() {
             // The session's receiver is gone (the session is being dropped).
             session.shared.queued_bytes.fetch_sub(cost, Ordering::AcqRel);
             metrics::sub_queued(cost);
@@ -364,7 +408,8 @@ impl Core {
     pub fn run(mut self, mut commands: mpsc::Receiver<Command>) -> Database {
         metrics::set_thread_kind(metrics::ThreadKind::Writer);
         let mut group: Vec<PendingWrite> = Vec::new();
-        let mut replies: Vec<(oneshot::Sender<WriteResults>, usize)> = Vec::new();
+        // Each request's reply, and its parts' list (emptied into `group`, refilled after).
+        let mut replies: Vec<(oneshot::Sender<WriteReply>, WriteParts)> = Vec::new();
         let mut waiting: Option<Command> = None;
         loop {
             let command = match waiting.take() {
@@ -374,21 +419,15 @@ impl Core {
                     None => return self.database,
                 },
             };
-            let Command::Write { batches, reply } = command else {
+            let Command::Write { batches, reply, queued_at } = command else {
                 self.handle(command);
                 continue;
             };
-            let mut n_bytes: usize = batches.iter().map(|(_, batch)| batch.n_bytes()).sum();
-            replies.push((reply, batches.len()));
-            group.extend(batches.into_iter().map(|(collection, batch)| PendingWrite::new(collection, batch)));
+            let mut n_bytes = add_to_group(&mut group, &mut replies, batches, reply, queued_at);
             while group.len() < MAX_BATCHES_PER_COMMIT && n_bytes < MAX_BYTES_PER_COMMIT {
                 match commands.try_recv() {
-                    Ok(Command::Write { batches, reply }) => {
-                        n_bytes += batches.iter().map(|(_, batch)| batch.n_bytes()).sum::<usize>();
-                        replies.push((reply, batches.len()));
-                        group.extend(
-                            batches.into_iter().map(|(collection, batch)| PendingWrite::new(collection, batch)),
-                        );
+                    Ok(Command::Write { batches, reply, queued_at }) => {
+                        n_bytes += add_to_group(&mut group, &mut replies, batches, reply, queued_at);
                     }
                     Ok(other) => {
                         waiting = Some(other);
@@ -398,19 +437,23 @@ impl Core {
                 }
             }
             self.fanout.route = Route::Subscribers;
+            let group_started = Instant::now();
             self.database.write_group(&mut group, &mut self.fanout);
-            let mut results = group.drain(..).map(|write| write.result.expect("every write gets a result"));
-            for (reply, n_parts) in replies.drain(..) {
-                let part_results: WriteResults = results
-                    .by_ref()
-                    .take(n_parts)
-                    .map(|result| {
-                        let counter = if result.is_ok() { &METRICS.batches } else { &METRICS.batches_refused };
-                        metrics::add(counter, 1);
-                        result.map_err(ApiError::from)
-                    })
-                    .collect();
-                let _ = reply.send(part_results);
+            let log_append = self.database.last_log_append();
+            metrics::record_stage(Stage::LogAppend, log_append);
+            metrics::record_stage(Stage::Apply, group_started.elapsed().saturating_sub(log_append));
+            let mut done = group.drain(..);
+            for (reply, mut parts) in replies.drain(..) {
+                let mut results: WriteResults = Vec::with_capacity(parts.n_parts);
+                for write in done.by_ref().take(parts.n_parts) {
+                    let result = write.result.expect("every write gets a result");
+                    let counter = if result.is_ok() { &METRICS.batches } else { &METRICS.batches_refused };
+                    metrics::add(counter, 1);
+                    results.push(result.map_err(ApiError::from));
+                    // The batch goes back to the network thread that built it, for reuse.
+                    parts.list.push((write.collection, write.batch));
+                }
+                let _ = reply.send(WriteReply { results, batches: parts.list });
             }
         }
     }

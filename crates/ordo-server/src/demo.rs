@@ -231,7 +231,8 @@ async fn write_rooms(core: &CoreSender, entry: &CollectionEntry, n_rooms: usize)
                 .payload(&demo_data::room_payload(&room.last_message));
         }
         let (reply, answer) = oneshot::channel();
-        let mut results = ask(core, Command::Write { batches: vec![(entry.id, batch)], reply }, answer).await?;
+        let command = Command::Write { batches: vec![(entry.id, batch)], reply, queued_at: std::time::Instant::now() };
+        let mut results = ask(core, command, answer).await?.results;
         results.pop().expect("one result per batch").map_err(|error| format!("writing the demo rooms: {error}"))?;
         written += n;
     }
@@ -385,10 +386,11 @@ async fn run_simulator(
             continue;
         }
         let (reply, answer) = oneshot::channel();
-        let Ok(mut results) = ask(&core, Command::Write { batches: vec![(entry.id, batch)], reply }, answer).await
-        else {
+        let command = Command::Write { batches: vec![(entry.id, batch)], reply, queued_at: std::time::Instant::now() };
+        let Ok(reply) = ask(&core, command, answer).await else {
             return;
         };
+        let mut results = reply.results;
         match results.pop().expect("one result per batch") {
             Ok(_) => {
                 simulator.sent.fetch_add(n_written, Ordering::Relaxed);

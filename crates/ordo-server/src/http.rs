@@ -4,7 +4,7 @@
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -19,6 +19,7 @@ use ordo_core::Batch;
 
 use crate::core::{Command, CoreSender, Routes};
 use crate::error::{ApiError, ErrorCode};
+use crate::frame::{write_json_str, write_u64};
 use crate::limits;
 use crate::metrics::{self, METRICS};
 use crate::rate_limit::TokenBucket;
@@ -197,11 +198,15 @@ async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response
             let body = read_body(request).await?;
             let batch_request: BatchRequest = parse(&body)?;
             check_op_count(batch_request.ops.len())?;
-            let mut batch = Batch::new();
+            let mut batch = write_buffers::take_batch();
             wire::fill_batch(&mut batch, &entry.schema, &batch_request.ops, 0)?;
-            let mut results = write(state, vec![(entry.id, batch)]).await?;
+            let mut parts = write_buffers::take_list();
+            parts.push((entry.id, batch));
+            let mut results = write(state, parts).await?;
             let ack = results.pop().expect("one result per part")?;
-            Ok(json_response(200, ack_json(&ack).to_string().into_bytes()))
+            let mut body = Vec::with_capacity(64);
+            write_ack(&mut body, &ack);
+            Ok(json_response(200, body))
         }
         (&Method::POST, ["v1", "batch"]) => {
             let body = read_body(request).await?;
@@ -209,41 +214,54 @@ async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response
             check_op_count(multi.writes.iter().map(|write| write.ops.len()).sum())?;
             // A part refused here (unknown collection, a value of the wrong type) fails
             // alone, as a part refused by the engine would; the others are written.
-            let mut results: Vec<Result<ordo_store::Ack, ApiError>> = Vec::with_capacity(multi.writes.len());
-            let mut batches = Vec::with_capacity(multi.writes.len());
+            let mut refused: Vec<(usize, ApiError)> = Vec::new();
+            let mut parts = write_buffers::take_list();
             for (index, part) in multi.writes.iter().enumerate() {
                 let prepared = collection(state, &part.collection).and_then(|entry| {
-                    let mut batch = Batch::new();
-                    wire::fill_batch(&mut batch, &entry.schema, &part.ops, 0)?;
-                    Ok((entry.id, batch))
+                    let mut batch = write_buffers::take_batch();
+                    match wire::fill_batch(&mut batch, &entry.schema, &part.ops, 0) {
+                        Ok(()) => Ok((entry.id, batch)),
+                        Err(error) => {
+                            write_buffers::give_batch(batch);
+                            Err(error)
+                        }
+                    }
                 });
                 match prepared {
-                    Ok(prepared) => {
-                        batches.push(prepared);
-                        results.push(Ok(ordo_store::Ack { seq: 0, summary: Default::default() }));
-                    }
+                    Ok(prepared) => parts.push(prepared),
+                    Err(error) => refused
+                        .push((index, ApiError { message: format!("write {index}: {}", error.message), ..error })),
+                }
+            }
+            let mut written = write(state, parts).await?.into_iter();
+            let mut refused = refused.into_iter().peekable();
+            let mut status = 200;
+            // `{"results":[...]}`, written directly: one allocation for the whole answer.
+            let mut body = Vec::with_capacity(16 + 48 * multi.writes.len());
+            body.extend_from_slice(b"{\"results\":[");
+            for index in 0..multi.writes.len() {
+                if index > 0 {
+                    body.push(b',');
+                }
+                let result = match refused.next_if(|(refused_index, _)| *refused_index == index) {
+                    Some((_, error)) => Err(error),
+                    None => written.next().expect("one result per part written"),
+                };
+                match result {
+                    Ok(ack) => write_ack(&mut body, &ack),
                     Err(error) => {
-                        results.push(Err(ApiError { message: format!("write {index}: {}", error.message), ..error }))
+                        metrics::count_error(error.code);
+                        status = 422;
+                        body.extend_from_slice(b"{\"error\":{\"code\":\"");
+                        body.extend_from_slice(error.code.as_str().as_bytes());
+                        body.extend_from_slice(b"\",\"message\":");
+                        write_json_str(&mut body, &error.message);
+                        body.extend_from_slice(b"}}");
                     }
                 }
             }
-            let mut written = write(state, batches).await?.into_iter();
-            for result in results.iter_mut().filter(|result| result.is_ok()) {
-                *result = written.next().expect("one result per part written");
-            }
-            let all_ok = results.iter().all(Result::is_ok);
-            let list: Vec<serde_json::Value> = results
-                .iter()
-                .map(|result| match result {
-                    Ok(ack) => ack_json(ack),
-                    Err(error) => {
-                        metrics::count_error(error.code);
-                        serde_json::json!({"error": {"code": error.code.as_str(), "message": error.message}})
-                    }
-                })
-                .collect();
-            let body = serde_json::json!({"results": list}).to_string().into_bytes();
-            Ok(json_response(if all_ok { 200 } else { 422 }, body))
+            body.extend_from_slice(b"]}");
+            Ok(json_response(status, body))
         }
         (&Method::GET, ["v1", "collections", name, "items", id]) => {
             let entry = collection(state, name)?;
@@ -301,8 +319,15 @@ async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response
     }
 }
 
-fn ack_json(ack: &ordo_store::Ack) -> serde_json::Value {
-    serde_json::json!({"seq": ack.seq, "upserted": ack.summary.n_upserted, "removed": ack.summary.n_removed})
+/// `{"seq":..,"upserted":..,"removed":..}`
+fn write_ack(out: &mut Vec<u8>, ack: &ordo_store::Ack) {
+    out.extend_from_slice(b"{\"seq\":");
+    write_u64(out, ack.seq);
+    out.extend_from_slice(b",\"upserted\":");
+    write_u64(out, ack.summary.n_upserted as u64);
+    out.extend_from_slice(b",\"removed\":");
+    write_u64(out, ack.summary.n_removed as u64);
+    out.push(b'}');
 }
 
 fn check_op_count(n_ops: usize) -> Result<(), ApiError> {
@@ -329,13 +354,16 @@ async fn gauges(state: &HttpState) -> Result<crate::metrics::CoreGauges, ApiErro
     answer.await.map_err(|_| ApiError::shutting_down())
 }
 
+/// Hands the parts to the writer thread; their buffers come back to this thread's pool.
 async fn write(
     state: &HttpState,
-    batches: Vec<(ordo_core::CollectionId, Batch)>,
+    parts: Vec<(ordo_core::CollectionId, Batch)>,
 ) -> Result<crate::core::WriteResults, ApiError> {
     let (reply, answer) = oneshot::channel();
-    send(state, Command::Write { batches, reply }).await?;
-    answer.await.map_err(|_| ApiError::shutting_down())
+    send(state, Command::Write { batches: parts, reply, queued_at: Instant::now() }).await?;
+    let reply = answer.await.map_err(|_| ApiError::shutting_down())?;
+    write_buffers::give_list(reply.batches);
+    Ok(reply.results)
 }
 
 fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
@@ -398,4 +426,62 @@ fn upgrade(mut request: Request<Incoming>, state: &HttpState) -> Result<Response
     });
     let (parts, _) = response.into_parts();
     Ok(Response::from_parts(parts, Full::new(Bytes::new())))
+}
+
+/// Batch buffers that came back from the writer thread, kept for this network
+/// thread's next writes (go-capnp's reused segments): in a steady stream of
+/// writes, building a batch allocates nothing. Bounded in count and in size.
+mod write_buffers {
+    use std::cell::RefCell;
+
+    use ordo_core::{Batch, CollectionId};
+
+    use crate::limits::{MAX_POOLED_BATCHES, MAX_POOLED_BATCH_BYTES, MAX_POOLED_PART_LISTS};
+
+    #[derive(Default)]
+    struct Pool {
+        batches: Vec<Batch>,
+        lists: Vec<Vec<(CollectionId, Batch)>>,
+    }
+
+    thread_local! {
+        static POOL: RefCell<Pool> = RefCell::new(Pool::default());
+    }
+
+    /// An empty batch, with grown buffers when one is pooled.
+    pub fn take_batch() -> Batch {
+        POOL.with(|pool| pool.borrow_mut().batches.pop()).unwrap_or_default()
+    }
+
+    /// An empty list of parts.
+    pub fn take_list() -> Vec<(CollectionId, Batch)> {
+        POOL.with(|pool| pool.borrow_mut().lists.pop()).unwrap_or_default()
+    }
+
+    pub fn give_batch(mut batch: Batch) {
+        // A batch grown by one huge write is not worth keeping.
+        if batch.n_bytes() > MAX_POOLED_BATCH_BYTES {
+            return;
+        }
+        batch.clear();
+        POOL.with(|pool| {
+            let mut pool = pool.borrow_mut();
+            if pool.batches.len() < MAX_POOLED_BATCHES {
+                pool.batches.push(batch);
+            }
+        });
+    }
+
+    /// Takes back a list's batches and the list itself.
+    pub fn give_list(mut list: Vec<(CollectionId, Batch)>) {
+        for (_, batch) in list.drain(..) {
+            give_batch(batch);
+        }
+        POOL.with(|pool| {
+            let mut pool = pool.borrow_mut();
+            if pool.lists.len() < MAX_POOLED_PART_LISTS && list.capacity() <= MAX_POOLED_BATCHES {
+                pool.lists.push(list);
+            }
+        });
+    }
 }

@@ -24,7 +24,7 @@ use crate::core::{
 use crate::error::{ApiError, ErrorCode};
 use crate::frame::{write_diffs_frame, write_json_str};
 use crate::limits;
-use crate::metrics::{self, METRICS};
+use crate::metrics::{self, Stage, METRICS};
 use crate::rate_limit::TokenBucket;
 use crate::sub_table::SubTable;
 use crate::wire::{self, ClientMessage, WindowSpec};
@@ -352,8 +352,12 @@ impl Connection {
             return;
         }
         let deadline = self.context.config.slow_close_after;
+        let started = Instant::now();
         match tokio::time::timeout(deadline, self.writer.write_all(&self.out)).await {
-            Ok(Ok(())) => metrics::add(&METRICS.bytes_sent, self.out.len() as u64),
+            Ok(Ok(())) => {
+                metrics::record_stage(Stage::SocketWrite, started.elapsed());
+                metrics::add(&METRICS.bytes_sent, self.out.len() as u64);
+            }
             Ok(Err(_)) => self.closed = true,
             Err(_) => {
                 metrics::add(&METRICS.closed_slow, 1);
@@ -408,7 +412,8 @@ impl Connection {
 
     async fn on_outgoing(&mut self, outgoing: Outgoing) {
         match outgoing {
-            Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset } => {
+            Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset, queued_at } => {
+                metrics::record_stage(Stage::FrameQueue, queued_at.elapsed());
                 let cost = body.len() + FRAME_OVERHEAD_BYTES;
                 self.session.shared.queued_bytes.fetch_sub(cost, Ordering::AcqRel);
                 metrics::sub_queued(cost);

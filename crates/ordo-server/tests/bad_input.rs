@@ -74,6 +74,27 @@ fn http_refuses_bad_input_with_its_documented_code_and_writes_nothing() {
         (
             "POST",
             "/v1/collections/rooms/batch",
+            Some(json!({"ops": [{"op": "upsert", "id": "!a", "fields": {"recency": [1]}}]})),
+            422,
+            "invalid_batch",
+        ),
+        (
+            "POST",
+            "/v1/collections/rooms/batch",
+            Some(json!({"ops": [{"op": "upsert", "id": "!a", "fields": {"recency": 1.5}}]})),
+            422,
+            "invalid_batch",
+        ),
+        (
+            "POST",
+            "/v1/collections/rooms/batch",
+            Some(json!({"ops": [{"op": "upsert", "id": "!a", "fields": 5}]})),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/v1/collections/rooms/batch",
             Some(json!({"ops": [{"op": "upsert", "id": "x".repeat(256)}]})),
             422,
             "invalid_batch",

@@ -244,7 +244,6 @@ async fn a_client_that_stops_reading_gets_bounded_memory_then_one_reset() {
         max_queued = max_queued.max(server.metric("ordo_outbound_queued_bytes"));
     }
     settle(&mut healthy, &server, std::slice::from_ref(&healthy_sub), "healthy subscriber").await;
-    let resets_before_reading = server.metric("ordo_resets_slow_total");
     // Memory stays within the budget plus one frame (a frame larger than the whole
     // budget still goes out when the queue is empty).
     let largest_frame = 500.0 * 2_200.0;
@@ -254,7 +253,9 @@ async fn a_client_that_stops_reading_gets_bounded_memory_then_one_reset() {
     settle(&mut slow, &server, std::slice::from_ref(&sub), "slow subscriber after draining").await;
     assert!(slow.lists["all"].n_resets >= 2, "the first Reset and at least one for falling behind");
     assert!(server.metric("ordo_resets_slow_total") >= 1.0);
-    assert_eq!(resets_before_reading, 0.0, "resets are sent once the connection drains, not before");
+    // (Whether a reset already went out before it read again depends on the
+    // kernel's socket buffers: a burst can overflow the budget while the socket
+    // still takes bytes, and then the queue drains at once. So no assertion on it.)
     server.stop();
 }
 

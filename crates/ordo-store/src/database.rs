@@ -68,6 +68,8 @@ pub struct Database {
     records: Vec<u8>,
     n_group_commits: u64,
     n_batches_committed: u64,
+    /// How long the last group's log write and sync took (for the server's metrics).
+    last_log_append: Duration,
 }
 
 impl Database {
@@ -149,6 +151,7 @@ impl Database {
             checkpointer,
             records: Vec::new(),
             n_group_commits: 0,
+            last_log_append: Duration::ZERO,
             n_batches_committed: 0,
         };
         Ok((database, report))
@@ -175,6 +178,11 @@ impl Database {
         let outcome = self.checkpointer.run(|_, outcome| outcome);
         self.remove_checkpointed_log();
         outcome
+    }
+
+    /// How long the last group commit's log write and `fdatasync` took.
+    pub fn last_log_append(&self) -> Duration {
+        self.last_log_append
     }
 
     pub fn store_stats(&self) -> StoreStats {
@@ -280,7 +288,10 @@ impl Database {
             wal::encode_record(&mut self.records, first_seq + offset as u64, number, schema, &write.batch);
         }
         let last_seq = first_seq + accepted.len() as u64 - 1;
-        if let Err(error) = self.wal.append(&self.records, last_seq) {
+        let append_started = Instant::now();
+        let appended = self.wal.append(&self.records, last_seq);
+        self.last_log_append = append_started.elapsed();
+        if let Err(error) = appended {
             for &index in &accepted {
                 group[index].result = Some(Err(error.again()));
             }

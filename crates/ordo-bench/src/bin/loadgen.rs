@@ -2074,6 +2074,51 @@ fn print_metric_deltas(live: &LiveResult, names: &[&str]) {
     println!("{}", line.trim_end_matches(';'));
 }
 
+/// The server's `ordo_stage_seconds` histograms over the write phase: where a
+/// write's latency goes, step by step. Quantiles are bucket upper bounds.
+fn print_stage_latencies(live: &LiveResult) {
+    const STAGES: [&str; 5] = ["write_queue", "log_append", "apply", "frame_queue", "socket_write"];
+    let (Some(before), Some(after)) = (&live.metrics_before, &live.metrics_after) else { return };
+    println!("  server stages (count, mean, p50 ≤, p99 ≤, p99.9 ≤, max ≤; ms):");
+    for stage in STAGES {
+        let prefix = format!("ordo_stage_seconds_bucket{{stage=\"{stage}\",le=\"");
+        // (upper bound in seconds, cumulative count in the write phase)
+        let buckets: Vec<(f64, f64)> = after
+            .iter()
+            .filter_map(|(name, value)| {
+                let bound = name.strip_prefix(&prefix)?.strip_suffix("\"}")?;
+                let bound = if bound == "+Inf" { f64::INFINITY } else { bound.parse().ok()? };
+                let earlier = before.iter().find(|(other, _)| other == name).map_or(0.0, |(_, value)| *value);
+                Some((bound, value - earlier))
+            })
+            .collect();
+        let Some(&(_, count)) = buckets.last() else { continue };
+        if count == 0.0 {
+            println!("    {stage:>13}: none");
+            continue;
+        }
+        let quantile = |q: f64| {
+            let bound = buckets.iter().find(|(_, cumulative)| *cumulative >= q * count).map_or(f64::INFINITY, |b| b.0);
+            if bound.is_finite() {
+                format!("{:.3}", bound * 1e3)
+            } else {
+                "inf".to_owned()
+            }
+        };
+        let sum_name = format!("ordo_stage_seconds_sum{{stage=\"{stage}\"}}");
+        let sum = metric(&live.metrics_after, &sum_name).unwrap_or(0.0)
+            - metric(&live.metrics_before, &sum_name).unwrap_or(0.0);
+        println!(
+            "    {stage:>13}: {count:>8.0}  {:>7.3}  {:>7}  {:>7}  {:>7}  {:>7}",
+            sum / count * 1e3,
+            quantile(0.5),
+            quantile(0.99),
+            quantile(0.999),
+            quantile(1.0)
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Scenarios
 
@@ -2239,8 +2284,16 @@ async fn run_chat(
     print_costs(&live);
     print_metric_deltas(
         &live,
-        &["ordo_frames_encoded_total", "ordo_frames_sent_total", "ordo_resets_slow_total", "ordo_batches_total"],
+        &[
+            "ordo_frames_encoded_total",
+            "ordo_frames_sent_total",
+            "ordo_resets_slow_total",
+            "ordo_batches_total",
+            "ordo_thread_allocations_total{thread=\"network\"}",
+            "ordo_thread_allocations_total{thread=\"writer\"}",
+        ],
     );
+    print_stage_latencies(&live);
     println!("  {CHAT_GOAL}");
     println!();
     drop(pool);
