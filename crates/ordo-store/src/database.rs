@@ -97,7 +97,13 @@ impl Database {
         let open_time = started.elapsed();
         store.load_into(&mut engine, &collection_numbers, &engine_ids, progress)?;
         let checkpointed_seq = store.last_seq();
-        let checkpointer = Checkpointer::spawn(store, schemas, options.checkpoint_interval, options.checkpoint_bytes);
+        let checkpointer = Checkpointer::spawn(
+            store,
+            schemas,
+            options.checkpoint_interval,
+            options.checkpoint_bytes,
+            options.checkpoint_nice,
+        );
 
         // The batches acknowledged after the last checkpoint, from the log.
         let mut batch = Batch::new();
@@ -108,6 +114,7 @@ impl Database {
             checkpointed_seq,
             options.log_segment_bytes,
             options.durability == Durability::Full,
+            options.durability == Durability::Full && options.preallocate_log,
             &mut |record| {
                 let corrupt = |expected| StoreError::Corrupt { dir: dir.to_owned(), expected };
                 let index = collection_numbers

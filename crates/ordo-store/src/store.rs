@@ -47,6 +47,14 @@ pub struct StoreOptions {
     /// A log segment is closed and a new one started past this size; closed
     /// segments are deleted once checkpointed.
     pub log_segment_bytes: u64,
+    /// The checkpointer thread's nice value (0 leaves it as it is). Checkpoints
+    /// are background work: at the writer's priority they take CPU slices from
+    /// the threads a write waits on whenever the machine is busy.
+    pub checkpoint_nice: i32,
+    /// In full durability, start each log segment as a file of zeros written in
+    /// the background (see `wal.rs`): syncs then leave the file size alone.
+    /// Costs one segment of disk space for the spare.
+    pub preallocate_log: bool,
 }
 
 impl Default for StoreOptions {
@@ -58,6 +66,8 @@ impl Default for StoreOptions {
             checkpoint_interval: Duration::from_secs(60),
             checkpoint_bytes: 256 << 20,
             log_segment_bytes: 64 << 20,
+            checkpoint_nice: 10,
+            preallocate_log: true,
         }
     }
 }

@@ -109,7 +109,10 @@ fn reopen_after_checkpoints_clean_closes_and_crashes_equals_the_model() {
 /// the model after each batch (`models[k]` = after `k` batches).
 fn crashed_directory(dir: &Path, n: usize) -> Vec<Model> {
     let schema = test_schema();
-    let (mut database, _) = open(dir);
+    // Segments end where their records end (no spare of zeros): the tests cut and
+    // damage them at known places. `preallocated_segments_...` covers the zeros.
+    let options = StoreOptions { preallocate_log: false, ..options() };
+    let (mut database, _) = Database::open(dir, options, &mut |_| {}).unwrap();
     let [rooms, _] = collections(&mut database);
     database.checkpoint().unwrap();
     let mut rng = Rng::new(99);
@@ -201,4 +204,142 @@ fn damage_before_the_end_of_the_log_is_refused_at_open() {
     crashed_directory(dir.path(), 60);
     std::fs::remove_file(dir.path().join(&segment_files(dir.path())[1])).unwrap();
     assert!(matches!(Database::open(dir.path(), options(), &mut |_| {}), Err(StoreError::Corrupt { .. })));
+}
+
+/// Waits for the background thread to publish the spare segment.
+fn wait_for_spare(dir: &Path) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !dir.join("wal-spare").exists() {
+        assert!(std::time::Instant::now() < deadline, "no spare segment after 10 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn preallocated_segments_are_used_and_their_zeros_are_not_damage() {
+    let schema = test_schema();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut database, _) = open(dir.path());
+    let [rooms, _] = collections(&mut database);
+    database.checkpoint().unwrap();
+    let mut rng = Rng::new(5);
+    let mut models = vec![Model::default()];
+    let mut n_preallocated = 0;
+    for _ in 0..6 {
+        // Each round fills the current segment past its size, so the next write
+        // starts a new one: from the spare, which is ready by then.
+        wait_for_spare(dir.path());
+        let before = segment_files(dir.path());
+        while segment_files(dir.path()) == before {
+            let ops = random_ops(&mut rng, "!r", 30, 8);
+            write(&mut database, rooms, &ops);
+            let mut model = models.last().unwrap().clone();
+            model.apply(&schema, &ops);
+            models.push(model);
+        }
+        let newest = last_segment(dir.path());
+        let bytes = std::fs::read(&newest).unwrap();
+        assert_eq!(bytes.len() as u64, options().log_segment_bytes, "the new segment is the spare");
+        assert_eq!(bytes.last(), Some(&0), "records first, zeros after");
+        n_preallocated += 1;
+    }
+    assert_eq!(n_preallocated, 6);
+    let n = models.len() - 1;
+    database.close_without_checkpoint();
+
+    // Zeros after the last record are not a cut-off write; every record is replayed.
+    let (database, report) = open(dir.path());
+    assert_eq!(report.last_seq, n as u64);
+    assert_eq!(report.n_log_bytes_cut_off, 0);
+    assert_engine_matches(database.engine(), "rooms", &models[n], "preallocated segments");
+    drop(database);
+
+    // Garbage inside the zeros of the last segment is a write cut short: dropped,
+    // and only its own bytes are counted, not the zeros around it.
+    let path = dir.path().join(
+        segment_files(dir.path())
+            .iter()
+            .rev()
+            .find(|name| {
+                let bytes = std::fs::read(dir.path().join(name)).unwrap();
+                bytes.iter().any(|&byte| byte != 0) && bytes.last() == Some(&0)
+            })
+            .expect("a preallocated segment with records"),
+    );
+    let mut bytes = std::fs::read(&path).unwrap();
+    let records_end = bytes.iter().rposition(|&byte| byte != 0).unwrap() + 1;
+    bytes[records_end + 100..records_end + 103].copy_from_slice(&[7, 7, 7]);
+    std::fs::write(&path, &bytes).unwrap();
+    // Make it the last segment: remove those after it (they hold no records, or
+    // the reopen's new, empty segment).
+    for name in segment_files(dir.path()) {
+        if dir.path().join(&name) > path {
+            let later = std::fs::read(dir.path().join(&name)).unwrap();
+            assert!(later.iter().all(|&byte| byte == 0), "{name} holds records");
+            std::fs::remove_file(dir.path().join(&name)).unwrap();
+        }
+    }
+    let (database, report) = open(dir.path());
+    // The last record may end in zero bytes (up to 8: an integer 0), so its true
+    // end is a little after `records_end`.
+    let cut = report.n_log_bytes_cut_off;
+    assert!((95..=103).contains(&cut), "cut off {cut} bytes, not just the garbage");
+    assert_eq!(report.last_seq, n as u64);
+    assert_engine_matches(database.engine(), "rooms", &models[n], "garbage in the zeros");
+    drop(database);
+
+    // The same garbage in a segment that is not the last one is damage.
+    let (mut database, _) = open(dir.path());
+    let [rooms, _] = collections(&mut database);
+    while segment_files(dir.path()).len() < 2 {
+        let ops = random_ops(&mut rng, "!r", 30, 8);
+        write(&mut database, rooms, &ops);
+    }
+    database.close_without_checkpoint();
+    let first = dir.path().join(&segment_files(dir.path())[0]);
+    let mut bytes = std::fs::read(&first).unwrap();
+    if bytes.last() == Some(&0) {
+        let records_end = bytes.iter().rposition(|&byte| byte != 0).unwrap() + 1;
+        bytes[records_end + 5] = 9;
+    } else {
+        bytes.extend_from_slice(&[0, 0, 9, 0]);
+    }
+    std::fs::write(&first, &bytes).unwrap();
+    assert!(matches!(Database::open(dir.path(), options(), &mut |_| {}), Err(StoreError::Corrupt { .. })));
+}
+
+/// The nice value in `/proc/self/task/{tid}/stat` of each thread with this name.
+fn nice_of_threads_named(name: &str) -> Vec<i64> {
+    let mut nices = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let path = task.unwrap().path();
+        let Ok(comm) = std::fs::read_to_string(path.join("comm")) else { continue };
+        if comm.trim_end() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(path.join("stat")).unwrap();
+        // Fields after the `(comm)`: state is field 3, nice is field 19.
+        let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+        nices.push(after_comm.split(' ').nth(16).unwrap().parse().unwrap());
+    }
+    nices
+}
+
+#[test]
+fn checkpointer_runs_at_its_nice_value_and_leaves_other_threads_alone() {
+    let own_nice = || {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+        // Fields after the `(comm)`: state is field 3, nice is field 19.
+        stat[stat.rfind(')').unwrap() + 2..].split(' ').nth(16).unwrap().parse::<i64>().unwrap()
+    };
+    let before = own_nice();
+    let dir = tempfile::tempdir().unwrap();
+    let options = StoreOptions { checkpoint_nice: 7, ..options() };
+    let (database, _) = Database::open(dir.path(), options, &mut |_| {}).unwrap();
+    // Other tests of this binary may run checkpointers too, at the default nice value.
+    assert!(nice_of_threads_named("ordo-checkpoint").contains(&7));
+    // Only the checkpointer's thread changed: not the thread that opened the database.
+    assert_eq!(own_nice(), before);
+    assert_ne!(before, 7);
+    drop(database);
 }

@@ -44,7 +44,7 @@ use std::future::Future;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -959,6 +959,8 @@ struct TimelineSecond {
     over_10ms: AtomicU64,
     over_25ms: AtomicU64,
     max_us: AtomicU64,
+    /// The wake meter's latest wake-up in this second (see `WakeMeter`).
+    wake_max_us: AtomicU64,
 }
 
 impl Timeline {
@@ -979,8 +981,15 @@ impl Timeline {
         second.max_us.fetch_max(latency_us, Ordering::Relaxed);
     }
 
+    fn record_wake(&self, woke_us: u64, late_us: u64) {
+        let second = &self.seconds[((woke_us / 1_000_000) as usize).min(TIMELINE_SECONDS - 1)];
+        second.wake_max_us.fetch_max(late_us, Ordering::Relaxed);
+    }
+
     fn print(&self) {
-        println!("  timeline (second of send time: updates, share over 5 / 10 / 25 ms, max):");
+        println!(
+            "  timeline (second of send time: updates, share over 5 / 10 / 25 ms, max; the machine's latest 1 ms wake-up in that second):"
+        );
         for (index, second) in self.seconds.iter().enumerate() {
             let n = second.n_samples.load(Ordering::Relaxed);
             if n == 0 {
@@ -988,11 +997,12 @@ impl Timeline {
             }
             let share = |counter: &AtomicU64| 100.0 * counter.load(Ordering::Relaxed) as f64 / n as f64;
             println!(
-                "    {index:>4} s: {n:>7}  {:>5.1} % {:>5.1} % {:>5.1} %  max {}",
+                "    {index:>4} s: {n:>7}  {:>5.1} % {:>5.1} % {:>5.1} %  max {:>9}  wake-up late by {}",
                 share(&second.over_5ms),
                 share(&second.over_10ms),
                 share(&second.over_25ms),
                 ms(second.max_us.load(Ordering::Relaxed)),
+                ms(second.wake_max_us.load(Ordering::Relaxed)),
             );
         }
     }
@@ -1798,6 +1808,8 @@ struct LiveResult {
     loadgen_cpu: Option<String>,
     metrics_before: Option<Vec<(String, f64)>>,
     metrics_after: Option<Vec<(String, f64)>>,
+    /// How late a thread sleeping 1 ms at a time woke, in µs (`WakeMeter`).
+    wake_delays: Option<Histogram>,
 }
 
 /// Subscribes every spec, waits for every first frame, writes for the plan's
@@ -1871,9 +1883,11 @@ async fn run_live_phase(
     let delivered_before = counters.snapshot();
     let server_cpu_before = server_pid.as_deref().and_then(CpuSample::read);
     let loadgen_cpu_before = CpuSample::read("self");
+    let wake_meter = WakeMeter::start(clock, counters.clone());
     let write =
         run_write_loop(pool, source, plan.rate, Duration::from_secs_f64(plan.seconds), options.tick, clock, &stats)
             .await;
+    let wake_delays = wake_meter.stop();
     let server_cpu_after = server_pid.as_deref().and_then(CpuSample::read);
     let loadgen_cpu_after = CpuSample::read("self");
     let server_memory = server_pid.as_deref().and_then(memory_bytes);
@@ -1915,7 +1929,45 @@ async fn run_live_phase(
         server_memory,
         metrics_before,
         metrics_after,
+        wake_delays,
     })
+}
+
+/// The machine's own scheduling noise, measured during the write phase: a
+/// thread that sleeps 1 ms at a time records how late it wakes. Every hop of
+/// the pipeline (loadgen → network thread → writer → disk → network thread →
+/// subscriber) is a wake-up like this one, so its tail bounds what the
+/// end-to-end tail can be on this machine. It costs about 1 % of a core.
+struct WakeMeter {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Histogram>,
+}
+
+impl WakeMeter {
+    fn start(clock: Clock, counters: Arc<DeliveryCounters>) -> WakeMeter {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("loadgen-wake".to_owned())
+            .spawn(move || {
+                let delays = Histogram::new();
+                while !stopping.load(Ordering::Relaxed) {
+                    let started = Instant::now();
+                    std::thread::sleep(Duration::from_millis(1));
+                    let late = started.elapsed().saturating_sub(Duration::from_millis(1)).as_micros() as u64;
+                    delays.record(late);
+                    counters.timeline.record_wake(clock.now_us(), late);
+                }
+                delays
+            })
+            .expect("spawning the wake meter");
+        WakeMeter { stop, thread }
+    }
+
+    fn stop(self) -> Option<Histogram> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().ok()
+    }
 }
 
 /// Compares every subscriber's list with a one-shot query of its window;
@@ -2056,6 +2108,16 @@ fn print_costs(live: &LiveResult) {
     }
     if let Some(cpu) = &live.loadgen_cpu {
         println!("  loadgen: {cpu} over the write phase (`loadgen`: the writer; `loadgen-subs`: the subscribers)");
+    }
+    if let Some(delays) = &live.wake_delays {
+        println!(
+            "  machine: a thread sleeping 1 ms woke late by p50 {}, p99 {}, p99.9 {}, max {} ({} wake-ups; each hop of the pipeline is such a wake-up)",
+            ms(delays.quantile(0.5)),
+            ms(delays.quantile(0.99)),
+            ms(delays.quantile(0.999)),
+            ms(delays.max()),
+            delays.len()
+        );
     }
 }
 
