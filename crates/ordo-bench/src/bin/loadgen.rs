@@ -2475,6 +2475,7 @@ async fn run_leaderboard(
             "ordo_batches_total",
         ],
     );
+    print_stage_latencies(&live);
     let encoded = metric(&live.metrics_after, "ordo_frames_encoded_total")
         .zip(metric(&live.metrics_before, "ordo_frames_encoded_total"))
         .map(|(after, before)| after - before);
