@@ -217,9 +217,9 @@ impl Database {
         self.wal.last_seq()
     }
 
-    /// Deletes the log segments LMDB holds in full. A segment that cannot be
-    /// deleted now is tried again after the next write; it is never replayed twice
-    /// (the checkpoint's sequence number is the boundary), only kept longer.
+    /// Deletes the log segments LMDB holds in full, now. A segment that cannot be
+    /// deleted is left for the next open; it is never replayed twice (the
+    /// checkpoint's sequence number is the boundary), only kept longer.
     fn remove_checkpointed_log(&mut self) {
         let _ = self.wal.remove_checkpointed(self.checkpointer.checkpointed_seq());
     }
@@ -308,7 +308,8 @@ impl Database {
         self.n_batches_committed += accepted.len() as u64;
         let records = std::mem::replace(&mut self.records, self.checkpointer.take_buffer());
         self.checkpointer.send_records(records, first_seq, last_seq);
-        self.remove_checkpointed_log();
+        // Off this thread: every write waits for this one.
+        self.wal.remove_checkpointed_in_background(self.checkpointer.checkpointed_seq());
         for (offset, &index) in accepted.iter().enumerate() {
             let write = &mut group[index];
             // Validated against the same state before the append: the engine cannot refuse it now.

@@ -343,3 +343,38 @@ fn checkpointer_runs_at_its_nice_value_and_leaves_other_threads_alone() {
     assert_ne!(before, 7);
     drop(database);
 }
+
+#[test]
+fn checkpointed_segments_are_removed_in_the_background_as_writes_go_on() {
+    let schema = test_schema();
+    let dir = tempfile::tempdir().unwrap();
+    // Timed checkpoints every 20 ms; no explicit `checkpoint()`, which removes
+    // segments itself: only the writes' background removal can delete them here.
+    let options = StoreOptions { checkpoint_interval: Duration::from_millis(20), ..options() };
+    let (mut database, _) = Database::open(dir.path(), options.clone(), &mut |_| {}).unwrap();
+    let [rooms, _] = collections(&mut database);
+    let mut rng = Rng::new(11);
+    let mut model = Model::default();
+    let mut n_most = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut n_writes = 0;
+    loop {
+        let ops = random_ops(&mut rng, "!r", 30, 8);
+        write(&mut database, rooms, &ops);
+        model.apply(&schema, &ops);
+        n_writes += 1;
+        let n_segments = segment_files(dir.path()).len();
+        n_most = n_most.max(n_segments);
+        // Enough writes for many rotations, and the old segments are gone.
+        if n_writes >= 200 && n_segments <= 2 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{n_segments} segments still there after {n_writes} writes");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(n_most >= 3, "the segments rotated ({n_most} at most)");
+    database.close_without_checkpoint();
+    let (database, report) = Database::open(dir.path(), options, &mut |_| {}).unwrap();
+    assert_eq!(report.last_seq, n_writes);
+    assert_engine_matches(database.engine(), "rooms", &model, "after background removals");
+}
