@@ -61,9 +61,12 @@ const SEGMENT_SUFFIX: &str = ".log";
 const SPARE_NAME: &str = "wal-spare";
 /// The spare while it is being written (renamed to `SPARE_NAME` once complete).
 const SPARE_TMP_NAME: &str = "wal-spare.tmp";
-/// The spare is written and synced this much at a time, so that the log's own
-/// `fdatasync` never waits behind more than one chunk of write-back.
-const SPARE_CHUNK_BYTES: usize = 1 << 20;
+/// The spare is written and synced this much at a time, with a pause after
+/// each, so that the log's own `fdatasync` never waits behind more than one
+/// small chunk of write-back: with 1 MiB chunks and no pause, appends of the
+/// first seconds after a rotation took 7–10 ms instead of 0.5.
+const SPARE_CHUNK_BYTES: usize = 256 << 10;
+const SPARE_CHUNK_PAUSE: std::time::Duration = std::time::Duration::from_millis(5);
 /// The nice value of the thread writing the spare (background work).
 const SPARE_WRITER_NICE: i32 = 10;
 
@@ -383,6 +386,7 @@ fn write_spare(dir: &Path, size: u64, stop: &AtomicBool) -> std::io::Result<()> 
         file.write_all(&zeros[..n])?;
         file.sync_data()?;
         written += n as u64;
+        std::thread::sleep(SPARE_CHUNK_PAUSE);
     }
     file.sync_all()?;
     std::fs::rename(&tmp, dir.join(SPARE_NAME))?;
