@@ -528,6 +528,7 @@ impl Core {
                     n_subscriptions: self.fanout.sessions.values().map(|session| session.subs.len()).sum(),
                     n_sessions: self.fanout.sessions.len(),
                     last_seq: self.database.last_seq(),
+                    checkpointed_seq: self.database.checkpointed_seq(),
                 });
             }
             Command::OpenSession { session, shared, outbox } => {

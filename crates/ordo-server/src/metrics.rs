@@ -136,6 +136,7 @@ pub struct CoreGauges {
     pub n_subscriptions: usize,
     pub n_sessions: usize,
     pub last_seq: u64,
+    pub checkpointed_seq: u64,
 }
 
 pub fn render(gauges: &CoreGauges, core_queue_depth: usize) -> String {
@@ -147,6 +148,12 @@ pub fn render(gauges: &CoreGauges, core_queue_depth: usize) -> String {
     line("ordo_batches_total", "counter", "Batches acknowledged.", m.batches.load(Relaxed));
     line("ordo_batches_refused_total", "counter", "Batches refused.", m.batches_refused.load(Relaxed));
     line("ordo_last_seq", "gauge", "Sequence number of the last committed batch.", gauges.last_seq);
+    line(
+        "ordo_checkpoint_lag_batches",
+        "gauge",
+        "Committed batches not yet checkpointed into LMDB (replayed from the log at the next start).",
+        gauges.last_seq.saturating_sub(gauges.checkpointed_seq),
+    );
     line("ordo_items", "gauge", "Items in all collections.", gauges.n_items as u64);
     line("ordo_collections", "gauge", "Collections.", gauges.n_collections as u64);
     line("ordo_views", "gauge", "Live views (shared sorted indexes).", gauges.n_views as u64);

@@ -187,6 +187,12 @@ impl Database {
         outcome
     }
 
+    /// The sequence number LMDB holds: batches after it are only in the log
+    /// (replayed at the next open). Cheap: one atomic load.
+    pub fn checkpointed_seq(&self) -> u64 {
+        self.checkpointer.checkpointed_seq()
+    }
+
     /// How long the last group commit's log write and `fdatasync` took.
     pub fn last_log_append(&self) -> Duration {
         self.last_log_append
