@@ -19,7 +19,7 @@ use ordo_core::Batch;
 
 use crate::core::{Command, CoreSender, Routes};
 use crate::error::{ApiError, ErrorCode};
-use crate::frame::{write_json_str, write_u64};
+use crate::frame::write_u64;
 use crate::limits;
 use crate::metrics::{self, METRICS};
 use crate::rate_limit::TokenBucket;
@@ -252,11 +252,7 @@ async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response
                     Err(error) => {
                         metrics::count_error(error.code);
                         status = 422;
-                        body.extend_from_slice(b"{\"error\":{\"code\":\"");
-                        body.extend_from_slice(error.code.as_str().as_bytes());
-                        body.extend_from_slice(b"\",\"message\":");
-                        write_json_str(&mut body, &error.message);
-                        body.extend_from_slice(b"}}");
+                        body.extend_from_slice(&error.to_json_body());
                     }
                 }
             }
@@ -436,7 +432,7 @@ mod write_buffers {
 
     use ordo_core::{Batch, CollectionId};
 
-    use crate::limits::{MAX_POOLED_BATCHES, MAX_POOLED_BATCH_BYTES, MAX_POOLED_PART_LISTS};
+    use crate::limits::{MAX_POOLED_BATCHES, MAX_POOLED_BATCH_BYTES, MAX_POOLED_LIST_PARTS, MAX_POOLED_PART_LISTS};
 
     #[derive(Default)]
     struct Pool {
@@ -479,7 +475,7 @@ mod write_buffers {
         }
         POOL.with(|pool| {
             let mut pool = pool.borrow_mut();
-            if pool.lists.len() < MAX_POOLED_PART_LISTS && list.capacity() <= MAX_POOLED_BATCHES {
+            if pool.lists.len() < MAX_POOLED_PART_LISTS && list.capacity() <= MAX_POOLED_LIST_PARTS {
                 pool.lists.push(list);
             }
         });

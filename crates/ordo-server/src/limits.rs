@@ -39,10 +39,12 @@ pub const MAX_CONNECTIONS: usize = 10_000;
 /// Requests waiting for the writer thread; network tasks wait when it is full.
 pub const CORE_QUEUE_CAPACITY: usize = 4_096;
 /// Per network thread: write batches kept for reuse, the largest one kept (in
-/// bytes held), and lists of parts kept. Beyond these, buffers are freed.
+/// bytes held), lists of parts kept, and the longest list kept (in parts).
+/// Beyond these, buffers are freed.
 pub const MAX_POOLED_BATCHES: usize = 4_096;
 pub const MAX_POOLED_BATCH_BYTES: usize = 64 * 1024;
 pub const MAX_POOLED_PART_LISTS: usize = 64;
+pub const MAX_POOLED_LIST_PARTS: usize = 1_024;
 /// Client messages read ahead of the connection task.
 pub const INBOUND_QUEUE_CAPACITY: usize = 16;
 

@@ -306,7 +306,23 @@ impl<'de> Deserialize<'de> for Literal<'de> {
     }
 }
 
-impl Literal<'_> {
+impl<'a> Literal<'a> {
+    /// A value already parsed (filters): the same typing rules as a write's fields.
+    fn from_json(json: &'a Json) -> Literal<'a> {
+        match json {
+            Json::Null => Literal::Null,
+            Json::Bool(value) => Literal::Bool(*value),
+            Json::Number(number) => match (number.as_u64(), number.as_i64()) {
+                (Some(value), _) => Literal::U64(value),
+                (None, Some(value)) => Literal::I64(value),
+                _ => Literal::F64(number.as_f64().unwrap_or(f64::NAN)),
+            },
+            Json::String(value) => Literal::Str(Cow::Borrowed(value)),
+            Json::Array(_) => Literal::Array,
+            Json::Object(_) => Literal::Object,
+        }
+    }
+
     /// The value as a field of `field_type`, converting numbers when that is lossless.
     fn typed(&self, field_type: FieldType) -> Option<Value<'_>> {
         Some(match (self, field_type) {
@@ -323,7 +339,7 @@ impl Literal<'_> {
         })
     }
 
-    /// What was found, for an error message (as `describe` says it of a `Json`).
+    /// What was found, for an error message.
     fn describe(&self) -> String {
         match self {
             Literal::Null => "null".to_owned(),
@@ -341,48 +357,27 @@ impl Literal<'_> {
     }
 }
 
-/// A JSON value as a field of `field_type`, converting numbers when that is lossless.
-/// On failure, describes what was found.
-fn typed_value(json: &Json, field_type: FieldType) -> Result<Value<'_>, String> {
-    let value = match (json, field_type) {
-        (Json::Null, _) => Value::Null,
-        (Json::Bool(value), FieldType::Bool) => Value::Bool(*value),
-        (Json::String(value), FieldType::String) => Value::Str(value),
-        (Json::Number(number), FieldType::I64) if number.as_i64().is_some() => Value::I64(number.as_i64().unwrap()),
-        (Json::Number(number), FieldType::U64) if number.as_u64().is_some() => Value::U64(number.as_u64().unwrap()),
-        (Json::Number(number), FieldType::F64) => Value::F64(number.as_f64().unwrap_or(f64::NAN)),
-        _ => return Err(describe(json)),
-    };
-    Ok(value)
-}
-
 fn typed_owned_value(json: &Json, field_type: Option<FieldType>) -> Result<OwnedValue, String> {
+    let literal = Literal::from_json(json);
     match field_type {
-        Some(field_type) => typed_value(json, field_type).map(|value| value.to_owned_value()),
+        Some(field_type) => {
+            literal.typed(field_type).map(|value| value.to_owned_value()).ok_or_else(|| literal.describe())
+        }
         // An unknown field: keep the literal's own type; the engine names the field in its error.
-        None => Ok(match json {
-            Json::Null => OwnedValue::Null,
-            Json::Bool(value) => OwnedValue::Bool(*value),
-            Json::Number(number) => match (number.as_i64(), number.as_u64()) {
-                (Some(value), _) => OwnedValue::I64(value),
-                (None, Some(value)) => OwnedValue::U64(value),
-                _ => OwnedValue::F64(number.as_f64().unwrap_or(f64::NAN)),
-            },
-            Json::String(value) => OwnedValue::Str(value.clone()),
-            other => return Err(describe(other)),
+        None => Ok(match literal {
+            Literal::Null => OwnedValue::Null,
+            Literal::Bool(value) => OwnedValue::Bool(value),
+            Literal::U64(value) => i64::try_from(value).map_or(OwnedValue::U64(value), OwnedValue::I64),
+            Literal::I64(value) => OwnedValue::I64(value),
+            Literal::F64(value) => OwnedValue::F64(value),
+            Literal::Str(value) => OwnedValue::Str(value.into_owned()),
+            Literal::Array | Literal::Object => return Err(literal.describe()),
         }),
     }
 }
 
 fn describe(json: &Json) -> String {
-    match json {
-        Json::Null => "null".to_owned(),
-        Json::Bool(value) => format!("the bool {value}"),
-        Json::Number(number) => format!("the number {number}"),
-        Json::String(_) => "a string".to_owned(),
-        Json::Array(_) => "an array".to_owned(),
-        Json::Object(_) => "an object".to_owned(),
-    }
+    Literal::from_json(json).describe()
 }
 
 /// `"sort": null` means no sort, as `"filter": null` means no filter.
@@ -780,8 +775,8 @@ mod tests {
                         Json::Object(fields) => {
                             for (name, json) in &fields {
                                 let field_id = schema.field_id(name).ok_or(ErrorCode::InvalidBatch)?;
-                                let value = typed_value(json, schema.field(field_id).field_type)
-                                    .map_err(|_| ErrorCode::InvalidBatch)?;
+                                let value = reference_typed_value(json, schema.field(field_id).field_type)
+                                    .ok_or(ErrorCode::InvalidBatch)?;
                                 builder = builder.set(name, value);
                             }
                         }
@@ -805,6 +800,19 @@ mod tests {
     }
 
     type RawOp = std::collections::BTreeMap<String, Box<RawValue>>;
+
+    /// The typing of field values before `Literal`, from a `serde_json::Value`.
+    fn reference_typed_value(json: &Json, field_type: FieldType) -> Option<Value<'_>> {
+        Some(match (json, field_type) {
+            (Json::Null, _) => Value::Null,
+            (Json::Bool(value), FieldType::Bool) => Value::Bool(*value),
+            (Json::String(value), FieldType::String) => Value::Str(value),
+            (Json::Number(number), FieldType::I64) => Value::I64(number.as_i64()?),
+            (Json::Number(number), FieldType::U64) => Value::U64(number.as_u64()?),
+            (Json::Number(number), FieldType::F64) => Value::F64(number.as_f64().unwrap_or(f64::NAN)),
+            _ => return None,
+        })
+    }
 
     /// Ops as comparable data: id, remove?, fields sorted by name, payload.
     type OpDump = (String, bool, Vec<(String, String)>, Option<Vec<u8>>);

@@ -130,7 +130,7 @@ impl Checkpointer {
         let thread = std::thread::Builder::new()
             .name("ordo-checkpoint".to_owned())
             .spawn(move || {
-                lower_priority(nice);
+                crate::background::lower_priority(nice);
                 run(state, receiver, interval, max_pending_bytes)
             })
             .expect("spawning the checkpointer thread");
@@ -322,20 +322,6 @@ fn apply<'t>(
     }
     if let Err(error) = outcome {
         *applying = Applying::Failed(error);
-    }
-}
-
-/// Raises the calling thread's nice value to `nice` (a lower priority); best
-/// effort, as a refusal only means the checkpoint competes for CPU as before.
-pub(crate) fn lower_priority(nice: i32) {
-    if nice == 0 {
-        return;
-    }
-    // SAFETY: `setpriority` reads only its integer arguments. On Linux, `who = 0`
-    // with `PRIO_PROCESS` names the calling thread alone (each thread has its own
-    // nice value), which `checkpointer_runs_at_its_nice_value` checks.
-    unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, 0, nice);
     }
 }
 

@@ -44,6 +44,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod background;
 mod checkpointer;
 mod codec;
 mod database;

@@ -263,6 +263,8 @@ pub(crate) struct Wal {
 
 struct SpareWriter {
     stop: Arc<AtomicBool>,
+    /// Set once the spare is published under `SPARE_NAME`.
+    ready: Arc<AtomicBool>,
     thread: JoinHandle<()>,
 }
 
@@ -577,11 +579,9 @@ impl Wal {
     }
 
     /// A spare is ready while the current segment is not one: worth a rotation.
+    /// Checked before every append, so it is one atomic load, no system call.
     fn spare_is_waiting(&self) -> bool {
-        self.preallocate
-            && !self.current_is_spare
-            && self.spare_writer.as_ref().is_some_and(|spare| spare.thread.is_finished())
-            && self.dir.join(SPARE_NAME).exists()
+        !self.current_is_spare && self.spare_writer.as_ref().is_some_and(|spare| spare.ready.load(Ordering::Acquire))
     }
 
     /// Starts writing the next spare segment in the background, unless one is
@@ -599,18 +599,22 @@ impl Wal {
             let _ = spare.thread.join();
         }
         let stop = Arc::new(AtomicBool::new(false));
-        let stopping = Arc::clone(&stop);
+        let ready = Arc::new(AtomicBool::new(false));
+        let (stopping, published) = (Arc::clone(&stop), Arc::clone(&ready));
         let dir = self.dir.clone();
         let size = self.segment_bytes;
         let spawned = std::thread::Builder::new().name("ordo-log-spare".to_owned()).spawn(move || {
-            crate::checkpointer::lower_priority(SPARE_WRITER_NICE);
+            crate::background::lower_priority(SPARE_WRITER_NICE);
             // Best effort: without a spare, the next segment is an empty file, as before.
-            if write_spare(&dir, size, &stopping).is_err() {
-                let _ = std::fs::remove_file(dir.join(SPARE_TMP_NAME));
+            match write_spare(&dir, size, &stopping) {
+                Ok(()) => published.store(true, Ordering::Release),
+                Err(_) => {
+                    let _ = std::fs::remove_file(dir.join(SPARE_TMP_NAME));
+                }
             }
         });
         if let Ok(thread) = spawned {
-            self.spare_writer = Some(SpareWriter { stop, thread });
+            self.spare_writer = Some(SpareWriter { stop, ready, thread });
         }
     }
 
