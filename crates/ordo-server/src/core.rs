@@ -289,16 +289,21 @@ impl DiffSink for Fanout {
         self.current = None;
         self.body.push(b']');
         // The one copy per window change: every subscriber shares these bytes.
-        let body = Bytes::copy_from_slice(&self.body);
+        let mut body = Bytes::copy_from_slice(&self.body);
         metrics::add(&METRICS.frames_encoded, 1);
         let frame = FrameMeta { n_diffs: self.n_diffs, is_reset: self.is_reset, queued_at: Instant::now() };
         match self.route {
             Route::Subscribers => {
                 let Some(shared) = self.windows.get(&window) else { return };
+                let n_subscribers = shared.subscribers.len();
                 // Indexing by position keeps the borrow of `windows` short.
-                for index in 0..shared.subscribers.len() {
+                for index in 0..n_subscribers {
                     let (session, handle) = self.windows[&window].subscribers[index];
-                    self.push(session, handle, body.clone(), frame);
+                    // The last subscriber takes the bytes themselves: a window with
+                    // one subscriber (a chat user's room list) then never pays for
+                    // the shared header a clone allocates.
+                    let copy = if index + 1 == n_subscribers { std::mem::take(&mut body) } else { body.clone() };
+                    self.push(session, handle, copy, frame);
                 }
             }
             Route::Only(session, handle) => self.push(session, handle, body, frame),

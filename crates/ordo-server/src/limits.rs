@@ -36,6 +36,11 @@ pub const RETAINED_FRAMES_PER_SUBSCRIPTION: usize = 256;
 pub const RETAINED_BYTES_PER_SUBSCRIPTION: usize = 256 * 1024;
 /// Most WebSocket connections at once; more are refused with 503.
 pub const MAX_CONNECTIONS: usize = 10_000;
+/// Network threads by default: one per core, at most this many. Two beat one for
+/// the chat load on a 2-core machine (docs/BENCHMARKS.md); more is unmeasured.
+pub const DEFAULT_MAX_NETWORK_THREADS: usize = 4;
+/// Most network threads `--network-threads` accepts.
+pub const MAX_NETWORK_THREADS: usize = 64;
 /// Requests waiting for the writer thread; network tasks wait when it is full.
 pub const CORE_QUEUE_CAPACITY: usize = 4_096;
 /// Per network thread: write batches kept for reuse, the largest one kept (in

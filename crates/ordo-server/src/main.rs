@@ -26,7 +26,8 @@ options:
   --slow-close-after SECS       close a client that reads nothing for this long (default 10)
   --ws-messages-per-second N    per WebSocket connection (default 100, burst 200)
   --http-requests-per-second N  per HTTP connection (default 5000, burst 10000)
-  --network-threads N           threads for sockets and JSON (default 1; the writer has its own)
+  --network-threads N           threads for sockets and JSON (default: one per core, at most 4;
+                                at most 64; the writer has its own)
   --session-retention SECS      how long a disconnected client's subscriptions wait for its resume (default 60)
   --checkpoint-interval SECS    how long writes stay only in the write-ahead log before LMDB gets them
                                 (default 60; longer: less disk traffic, a longer log to replay at start)
@@ -89,7 +90,12 @@ fn parse_serve(args: &[String]) -> Result<ServeOptions, String> {
             "--slow-close-after" => options.slow_close_after = Duration::from_secs(number(flag, value()?)?),
             "--ws-messages-per-second" => options.ws_messages_per_second = number(flag, value()?)?,
             "--http-requests-per-second" => options.http_requests_per_second = number(flag, value()?)?,
-            "--network-threads" => options.network_threads = number(flag, value()?)?,
+            "--network-threads" => {
+                options.network_threads = number(flag, value()?)?;
+                if !(1..=ordo_server::limits::MAX_NETWORK_THREADS).contains(&options.network_threads) {
+                    return Err(format!("--network-threads is 1..={}", ordo_server::limits::MAX_NETWORK_THREADS));
+                }
+            }
             "--session-retention" => options.session_retention = Duration::from_secs(number(flag, value()?)?),
             "--checkpoint-interval" => {
                 options.checkpoint_interval =

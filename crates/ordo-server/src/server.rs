@@ -47,13 +47,20 @@ impl Default for ServeOptions {
             slow_close_after: Duration::from_secs(limits::DEFAULT_SLOW_CLOSE_AFTER_SECS),
             ws_messages_per_second: limits::DEFAULT_WS_MESSAGES_PER_SECOND,
             http_requests_per_second: limits::DEFAULT_HTTP_REQUESTS_PER_SECOND,
-            network_threads: 1,
+            network_threads: default_network_threads(),
             session_retention: Duration::from_secs(limits::DEFAULT_SESSION_RETENTION_SECS),
             checkpoint_interval: StoreOptions::default().checkpoint_interval,
             demo: false,
             demo_rate: limits::DEFAULT_DEMO_MESSAGES_PER_SECOND,
         }
     }
+}
+
+/// One network thread per core, at most [`limits::DEFAULT_MAX_NETWORK_THREADS`].
+/// A second thread keeps frames moving while the first is descheduled or busy
+/// with a burst (docs/BENCHMARKS.md, "network threads").
+pub fn default_network_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, limits::DEFAULT_MAX_NETWORK_THREADS)
 }
 
 /// Runs the server until a signal stops it.
@@ -115,6 +122,7 @@ pub fn serve(options: ServeOptions) -> Result<(), String> {
             .map_err(|error| format!("cannot listen on {}: {error}", options.listen))?;
         let address = listener.local_addr().map_err(|error| error.to_string())?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let stop_signal = signal_listener()?;
         // The demo's rooms are written before the address is printed, so whoever
         // waits for that line finds them there.
         let demo = if options.demo {
@@ -155,7 +163,7 @@ pub fn serve(options: ServeOptions) -> Result<(), String> {
         });
         tokio::spawn(expire_sessions(registry, core_tx.clone(), shutdown_rx.clone()));
         tokio::spawn(async move {
-            wait_for_signal().await;
+            stop_signal.await;
             println!("ordo: stopping (finishing the requests in flight)");
             let _ = shutdown_tx.send(true);
         });
@@ -195,13 +203,19 @@ async fn expire_sessions(registry: Arc<Registry>, core: mpsc::Sender<Command>, m
     }
 }
 
-async fn wait_for_signal() {
+/// Installs the SIGINT and SIGTERM handlers now (so a signal that comes right
+/// after the address is printed stops the server gracefully instead of killing
+/// it) and returns what waits for either.
+fn signal_listener() -> Result<impl std::future::Future<Output = ()>, String> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut terminate = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate.recv() => {}
-    }
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(|error| format!("cannot handle SIGINT: {error}"))?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(|error| format!("cannot handle SIGTERM: {error}"))?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+    })
 }
 
 /// A server holds a socket per connection: lift the soft descriptor limit to

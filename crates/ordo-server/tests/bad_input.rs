@@ -331,3 +331,43 @@ async fn websocket_limits_rate_and_closes_on_a_huge_frame() {
     assert!(other.read_until(Duration::from_secs(5), |c| c.lists.contains_key("a")).await);
     server.stop();
 }
+
+/// The number of the server's threads named `ordo-network`, from `/proc`, once
+/// it is `expected` or after 5 s (a new thread takes its name when it first runs).
+fn n_network_threads(pid: u32, expected: usize) -> usize {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let n = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .filter(|task| {
+                let comm = std::fs::read_to_string(task.as_ref().unwrap().path().join("comm")).unwrap_or_default();
+                comm.trim_end() == "ordo-network"
+            })
+            .count();
+        if n == expected || std::time::Instant::now() > deadline {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn network_threads_follow_the_flag_within_its_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--network-threads", "3"]);
+    assert_eq!(n_network_threads(server.pid(), 3), 3);
+    server.stop();
+    let server = Server::start(dir.path(), &[]);
+    let default = ordo_server::server::default_network_threads();
+    assert_eq!(n_network_threads(server.pid(), default), default);
+    server.stop();
+    for refused in ["0", "65"] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_ordo"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--network-threads", refused])
+            .output()
+            .unwrap();
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("--network-threads is 1..=64"), "{stderr}");
+    }
+}

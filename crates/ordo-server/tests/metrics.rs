@@ -29,3 +29,19 @@ fn checkpoint_lag_counts_the_batches_only_the_log_holds() {
     assert_eq!(server.metric("ordo_last_seq"), 3.0);
     server.stop();
 }
+
+/// The signal handlers are in place before the address is printed: a SIGINT
+/// or SIGTERM that comes at once still stops the server gracefully (it used to
+/// kill it when it won the race with the handler's installation).
+#[test]
+fn a_signal_right_after_the_address_is_printed_stops_the_server_gracefully() {
+    let dir = tempfile::tempdir().unwrap();
+    for _ in 0..10 {
+        Server::start(dir.path(), &[]).stop();
+    }
+    let mut server = Server::start(dir.path(), &[]);
+    // SAFETY: `kill` with the pid of a child we own and a valid signal number.
+    unsafe { libc::kill(server.pid() as i32, libc::SIGTERM) };
+    let status = server.wait();
+    assert!(status.success(), "ordo exited with {status}");
+}

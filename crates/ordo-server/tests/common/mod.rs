@@ -44,6 +44,16 @@ impl Server {
         Server { child, port, dir: dir.to_owned() }
     }
 
+    /// The server process's id (for reading `/proc`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the process to exit (after a signal sent by the test).
+    pub fn wait(&mut self) -> std::process::ExitStatus {
+        self.child.wait().expect("waiting for ordo")
+    }
+
     /// SIGINT, then wait: the graceful path.
     pub fn stop(mut self) {
         // SAFETY: `kill` with a pid we own and a valid signal number.
