@@ -262,7 +262,8 @@ impl Adder<'_> {
         if record.seq != open.next_seq() {
             return Err(corrupt("log records in sequence"));
         }
-        let schema = self.schemas.get(&record.collection_number).ok_or(corrupt("log records of known collections"))?;
+        let schema =
+            self.schemas.get(&record.collection_number).ok_or_else(|| corrupt("log records of known collections"))?;
         wal::decode_batch(record, schema, self.batch).map_err(|damaged| corrupt(damaged.0))?;
         open.add(record.collection_number, schema, self.batch, self.scratch)
     }

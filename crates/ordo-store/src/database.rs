@@ -66,6 +66,8 @@ pub struct Database {
     checkpointer: Checkpointer,
     /// The log records of the group being written, reused.
     records: Vec<u8>,
+    /// Scratch of `write_group`, reused: a group allocates nothing once it has grown.
+    group_scratch: GroupScratch,
     n_group_commits: u64,
     n_batches_committed: u64,
     /// How long the last group's log write and sync took (for the server's metrics).
@@ -120,7 +122,7 @@ impl Database {
                 let index = collection_numbers
                     .iter()
                     .position(|&number| number == record.collection_number)
-                    .ok_or(corrupt("log records of known collections"))?;
+                    .ok_or_else(|| corrupt("log records of known collections"))?;
                 let collection = engine_ids[index];
                 let schema = engine.collection(collection).expect("created above").schema();
                 wal::decode_batch(record, schema, &mut batch).map_err(|damaged| corrupt(damaged.0))?;
@@ -157,6 +159,7 @@ impl Database {
             wal,
             checkpointer,
             records: Vec::new(),
+            group_scratch: GroupScratch::default(),
             n_group_commits: 0,
             last_log_append: Duration::ZERO,
             n_batches_committed: 0,
@@ -264,30 +267,50 @@ impl Database {
     /// Writes a group of batches with one log append and one sync (group commit).
     /// Each gets its own result: a refused batch does not hold back the others.
     pub fn write_group(&mut self, group: &mut [PendingWrite], sink: &mut dyn DiffSink) {
-        let mut accepted: Vec<usize> = Vec::with_capacity(group.len());
-        // Items that accepted batches may add, per collection: validation must count them.
-        let mut pending_items: Vec<(CollectionId, usize)> = Vec::new();
+        let mut scratch = std::mem::take(&mut self.group_scratch);
+        self.validate_group(group, &mut scratch);
+        self.write_accepted(group, &scratch.accepted, sink);
+        self.group_scratch = scratch;
+    }
+
+    /// Validates each write of `group` against the engine and the writes before
+    /// it; the accepted ones' positions go to `scratch.accepted`.
+    fn validate_group(&mut self, group: &mut [PendingWrite], scratch: &mut GroupScratch) {
+        let GroupScratch { accepted, pending_items, touched } = scratch;
+        accepted.clear();
         for (index, write) in group.iter_mut().enumerate() {
-            let pending = pending_items.iter().find(|(id, _)| *id == write.collection).map_or(0, |(_, n)| *n);
-            match self.engine.validate_batch(write.collection, &write.batch, pending) {
+            // Items that accepted batches before this one may add to its collection:
+            // validation must count them. Indexed by collection, so a group of
+            // many collections costs no more per write than one of a single one.
+            let slot = write.collection.index();
+            if pending_items.len() <= slot {
+                pending_items.resize(slot + 1, 0);
+            }
+            match self.engine.validate_batch(write.collection, &write.batch, pending_items[slot]) {
                 Ok(()) => {
                     accepted.push(index);
-                    let n_new = write.batch.ops().filter(|op| !op.is_remove()).count();
-                    match pending_items.iter_mut().find(|(id, _)| *id == write.collection) {
-                        Some((_, n)) => *n += n_new,
-                        None => pending_items.push((write.collection, n_new)),
+                    if pending_items[slot] == 0 {
+                        touched.push(slot);
                     }
+                    pending_items[slot] += write.batch.ops().filter(|op| !op.is_remove()).count();
                 }
                 Err(error) => write.result = Some(Err(StoreError::Batch(error))),
             }
         }
+        for slot in touched.drain(..) {
+            pending_items[slot] = 0;
+        }
+    }
+
+    /// Appends the accepted writes of `group` to the log, then applies them.
+    fn write_accepted(&mut self, group: &mut [PendingWrite], accepted: &[usize], sink: &mut dyn DiffSink) {
         if accepted.is_empty() {
             return;
         }
         if let Some(stall) = self.checkpointer.stall() {
             // LMDB cannot take more: stop the log (and memory) from growing.
             let error = stall.to_error(&self.dir);
-            for &index in &accepted {
+            for &index in accepted {
                 group[index].result = Some(Err(error.again()));
             }
             return;
@@ -305,7 +328,7 @@ impl Database {
         let appended = self.wal.append(&self.records, last_seq);
         self.last_log_append = append_started.elapsed();
         if let Err(error) = appended {
-            for &index in &accepted {
+            for &index in accepted {
                 group[index].result = Some(Err(error.again()));
             }
             return;
@@ -400,4 +423,16 @@ pub fn print_load_progress(progress: &LoadProgress) {
         progress.n_items_total,
         progress.elapsed.as_secs_f64()
     );
+}
+
+/// What [`Database::write_group`] reuses from one group to the next.
+#[derive(Default)]
+struct GroupScratch {
+    /// Positions in the group of the writes that passed validation.
+    accepted: Vec<usize>,
+    /// Items the accepted writes may add, by `CollectionId::index()`; all zero
+    /// between groups.
+    pending_items: Vec<usize>,
+    /// The collections whose `pending_items` entry is not zero.
+    touched: Vec<usize>,
 }

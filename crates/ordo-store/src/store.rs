@@ -671,7 +671,7 @@ fn fill_engine(
         let index = numbers
             .iter()
             .position(|&known| known == number)
-            .ok_or(StoreError::Corrupt { dir: dir.to_owned(), expected: "items of known collections only" })?;
+            .ok_or_else(|| StoreError::Corrupt { dir: dir.to_owned(), expected: "items of known collections only" })?;
         if std::mem::replace(&mut is_loaded[index], true) {
             return Err(StoreError::Corrupt {
                 dir: dir.to_owned(),
