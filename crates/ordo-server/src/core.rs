@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
-use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
 use ordo_core::{Batch, CollectionId, DiffRef, DiffSink, Schema, WindowId};
@@ -65,6 +64,11 @@ pub struct ConnShared {
     pub want_drain_notice: AtomicBool,
 }
 
+/// The JSON array of diffs of one window change, shared by every subscriber of
+/// the window and by each one's resume retention. One allocation holds the
+/// count and the bytes, so encoding a frame allocates once and sharing it never.
+pub type FrameBody = Arc<[u8]>;
+
 /// What the writer thread sends a connection.
 #[derive(Debug)]
 pub enum Outgoing {
@@ -73,7 +77,7 @@ pub enum Outgoing {
     Diffs {
         handle: SubHandle,
         epoch: u64,
-        body: Bytes,
+        body: FrameBody,
         n_diffs: u32,
         is_reset: bool,
         /// When the writer thread queued it (for `Stage::FrameQueue`).
@@ -289,21 +293,16 @@ impl DiffSink for Fanout {
         self.current = None;
         self.body.push(b']');
         // The one copy per window change: every subscriber shares these bytes.
-        let mut body = Bytes::copy_from_slice(&self.body);
+        let body: FrameBody = Arc::from(&self.body[..]);
         metrics::add(&METRICS.frames_encoded, 1);
         let frame = FrameMeta { n_diffs: self.n_diffs, is_reset: self.is_reset, queued_at: Instant::now() };
         match self.route {
             Route::Subscribers => {
                 let Some(shared) = self.windows.get(&window) else { return };
-                let n_subscribers = shared.subscribers.len();
                 // Indexing by position keeps the borrow of `windows` short.
-                for index in 0..n_subscribers {
+                for index in 0..shared.subscribers.len() {
                     let (session, handle) = self.windows[&window].subscribers[index];
-                    // The last subscriber takes the bytes themselves: a window with
-                    // one subscriber (a chat user's room list) then never pays for
-                    // the shared header a clone allocates.
-                    let copy = if index + 1 == n_subscribers { std::mem::take(&mut body) } else { body.clone() };
-                    self.push(session, handle, copy, frame);
+                    self.push(session, handle, body.clone(), frame);
                 }
             }
             Route::Only(session, handle) => self.push(session, handle, body, frame),
@@ -321,7 +320,7 @@ struct FrameMeta {
 }
 
 impl Fanout {
-    fn push(&mut self, session_id: SessionId, handle: SubHandle, body: Bytes, frame: FrameMeta) {
+    fn push(&mut self, session_id: SessionId, handle: SubHandle, body: FrameBody, frame: FrameMeta) {
         let Some(session) = self.sessions.get_mut(&session_id) else { return };
         let Some(sub) = session.subs.get_mut(&handle) else { return };
         if sub.needs_reset {

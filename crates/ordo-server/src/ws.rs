@@ -11,7 +11,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use fastwebsockets::{Frame, OpCode, Role, WebSocket, WebSocketError, WebSocketRead};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
@@ -19,7 +18,7 @@ use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, watch};
 
 use crate::core::{
-    share_key, Command, ConnShared, CoreSender, Outgoing, Routes, SessionId, SubHandle, FRAME_OVERHEAD_BYTES,
+    share_key, Command, ConnShared, CoreSender, FrameBody, Outgoing, Routes, SessionId, SubHandle, FRAME_OVERHEAD_BYTES,
 };
 use crate::error::{ApiError, ErrorCode};
 use crate::frame::{write_diffs_frame, write_json_str};
@@ -57,14 +56,14 @@ struct SubEntry {
     /// The `seq` of the last frame sent.
     seq: u64,
     /// The last frames sent, for replay on resume: (seq, body).
-    retained: VecDeque<(u64, Bytes, u32)>,
+    retained: VecDeque<(u64, FrameBody, u32)>,
     retained_bytes: usize,
     /// Frames before the next Reset are stale (a resume that could not replay).
     awaiting_reset: bool,
 }
 
 impl SubEntry {
-    fn retain(&mut self, seq: u64, body: Bytes, n_diffs: u32) {
+    fn retain(&mut self, seq: u64, body: FrameBody, n_diffs: u32) {
         self.retained_bytes += body.len();
         self.retained.push_back((seq, body, n_diffs));
         while self.retained.len() > limits::RETAINED_FRAMES_PER_SUBSCRIPTION
@@ -699,7 +698,7 @@ impl Connection {
         self.send_json(&answer).await;
         for handle in replays {
             let Some(sub) = self.session.table.get(handle) else { continue };
-            let frames: Vec<(u64, Bytes, u32)> = sub.retained.iter().cloned().collect();
+            let frames: Vec<(u64, FrameBody, u32)> = sub.retained.iter().cloned().collect();
             let client_id = sub.client_id.clone();
             for (seq, body, n_diffs) in frames {
                 self.frame.clear();
