@@ -355,7 +355,10 @@ fn checkpointed_segments_are_removed_in_the_background_as_writes_go_on() {
     let [rooms, _] = collections(&mut database);
     let mut rng = Rng::new(11);
     let mut model = Model::default();
-    let mut n_most = 0;
+    // Every segment seen, by name (the sequence number of its first record): a
+    // count of how often the log rotated that does not depend on how fast the
+    // background removal is (a count of segments present at once did, and flaked).
+    let mut seen = std::collections::BTreeSet::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let mut n_writes = 0;
     loop {
@@ -363,8 +366,9 @@ fn checkpointed_segments_are_removed_in_the_background_as_writes_go_on() {
         write(&mut database, rooms, &ops);
         model.apply(&schema, &ops);
         n_writes += 1;
-        let n_segments = segment_files(dir.path()).len();
-        n_most = n_most.max(n_segments);
+        let segments = segment_files(dir.path());
+        let n_segments = segments.len();
+        seen.extend(segments);
         // Enough writes for many rotations, and the old segments are gone.
         if n_writes >= 200 && n_segments <= 2 {
             break;
@@ -372,7 +376,7 @@ fn checkpointed_segments_are_removed_in_the_background_as_writes_go_on() {
         assert!(std::time::Instant::now() < deadline, "{n_segments} segments still there after {n_writes} writes");
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert!(n_most >= 3, "the segments rotated ({n_most} at most)");
+    assert!(seen.len() >= 10, "the log rotated often ({} segments seen)", seen.len());
     database.close_without_checkpoint();
     let (database, report) = Database::open(dir.path(), options, &mut |_| {}).unwrap();
     assert_eq!(report.last_seq, n_writes);
