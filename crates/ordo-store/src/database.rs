@@ -276,7 +276,7 @@ impl Database {
     /// Validates each write of `group` against the engine and the writes before
     /// it; the accepted ones' positions go to `scratch.accepted`.
     fn validate_group(&mut self, group: &mut [PendingWrite], scratch: &mut GroupScratch) {
-        let GroupScratch { accepted, pending_items, touched } = scratch;
+        let GroupScratch { accepted, pending_items } = scratch;
         accepted.clear();
         for (index, write) in group.iter_mut().enumerate() {
             // Items that accepted batches before this one may add to its collection:
@@ -289,16 +289,14 @@ impl Database {
             match self.engine.validate_batch(write.collection, &write.batch, pending_items[slot]) {
                 Ok(()) => {
                     accepted.push(index);
-                    if pending_items[slot] == 0 {
-                        touched.push(slot);
-                    }
                     pending_items[slot] += write.batch.ops().filter(|op| !op.is_remove()).count();
                 }
                 Err(error) => write.result = Some(Err(StoreError::Batch(error))),
             }
         }
-        for slot in touched.drain(..) {
-            pending_items[slot] = 0;
+        // Only accepted writes' collections were counted: zero them for the next group.
+        for &index in accepted.iter() {
+            pending_items[group[index].collection.index()] = 0;
         }
     }
 
@@ -433,6 +431,4 @@ struct GroupScratch {
     /// Items the accepted writes may add, by `CollectionId::index()`; all zero
     /// between groups.
     pending_items: Vec<usize>,
-    /// The collections whose `pending_items` entry is not zero.
-    touched: Vec<usize>,
 }
