@@ -97,8 +97,12 @@ fn writes_and_checkpoints_allocate_nothing_per_batch_in_steady_state() {
     let n_allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
 
     assert!(sink.n_diffs > N_WRITES, "the window saw the writes");
-    // A per-batch allocation anywhere would make this at least N_WRITES. What
-    // remains is per checkpoint (LMDB's transaction) and amortised (the record
-    // buffers' return channel allocates a block every few dozen messages).
-    assert!(n_allocations < N_WRITES / 10, "{n_allocations} allocations for {N_WRITES} batches and one checkpoint");
+    // A per-batch allocation anywhere would make this at least N_WRITES (4 070
+    // and 4 102 with either of the fixes this test came with undone). What
+    // remains is per checkpoint (LMDB's transaction) and amortised: the record
+    // buffers' return channel allocates a block every few dozen messages, and
+    // when the checkpointer lags further behind than in the warm-up (a busy
+    // machine) the writer starts a few more record buffers. About 100 on an
+    // idle machine; 212 seen with a CI run beside it.
+    assert!(n_allocations < N_WRITES / 4, "{n_allocations} allocations for {N_WRITES} batches and one checkpoint");
 }

@@ -336,8 +336,14 @@ fn checkpointer_runs_at_its_nice_value_and_leaves_other_threads_alone() {
     let dir = tempfile::tempdir().unwrap();
     let options = StoreOptions { checkpoint_nice: 7, ..options() };
     let (database, _) = Database::open(dir.path(), options, &mut |_| {}).unwrap();
-    // Other tests of this binary may run checkpointers too, at the default nice value.
-    assert!(nice_of_threads_named("ordo-checkpoint").contains(&7));
+    // Other tests of this binary may run checkpointers too, at the default nice
+    // value. The new thread takes its name and nice value when it first runs,
+    // which may be after `open` returns: wait for it (this raced, and flaked).
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !nice_of_threads_named("ordo-checkpoint").contains(&7) {
+        assert!(std::time::Instant::now() < deadline, "no checkpointer thread at nice 7");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     // Only the checkpointer's thread changed: not the thread that opened the database.
     assert_eq!(own_nice(), before);
     assert_ne!(before, 7);
