@@ -4,75 +4,15 @@ sends after a gap, on reconnect (one `resume` first), on refusal."""
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from websockets.asyncio.server import ServerConnection, serve
+from scripted_server import TIMEOUT, Conn, ScriptedServer, item, subscribed_list
 
 from ordo_client import OrdoClient, OrdoError, apply_diffs
 
-TIMEOUT = 10.0
-
-
-def item(n: int) -> dict[str, Any]:
-    return {"id": f"!{n}", "fields": {"recency": n}, "payload": None}
-
-
-class Conn:
-    def __init__(self, ws: ServerConnection) -> None:
-        self.ws = ws
-
-    async def recv(self) -> dict[str, Any]:
-        message = await asyncio.wait_for(self.ws.recv(), TIMEOUT)
-        frame = json.loads(message)
-        assert isinstance(frame, dict)
-        return frame
-
-    async def send(self, frame: dict[str, Any]) -> None:
-        await self.ws.send(json.dumps(frame))
-
-    async def diffs(self, sub: str, seq: int, *diffs: dict[str, Any]) -> None:
-        await self.send({"type": "diffs", "sub": sub, "seq": seq, "diffs": list(diffs)})
-
-
-class ScriptedServer:
-    """Each connection gets a welcome (session `s<n>`), then is handed to the test."""
-
-    def __init__(self) -> None:
-        self.connections: asyncio.Queue[Conn] = asyncio.Queue()
-        self.n = 0
-        self.url = ""
-
-    async def handler(self, ws: ServerConnection) -> None:
-        self.n += 1
-        conn = Conn(ws)
-        await conn.send({"type": "welcome", "protocol": 1, "session": f"s{self.n}",
-                         "limits": {"max_window_limit": 1000, "ws_messages_per_second": 100,
-                                    "ws_message_burst": 200}})  # fmt: skip
-        await self.connections.put(conn)
-        await ws.wait_closed()
-
-    async def next_connection(self) -> Conn:
-        return await asyncio.wait_for(self.connections.get(), TIMEOUT)
-
-
-@pytest.fixture
-async def scripted() -> AsyncIterator[ScriptedServer]:
-    server = ScriptedServer()
-    async with serve(server.handler, "127.0.0.1", 0) as ws_server:
-        port = next(iter(ws_server.sockets)).getsockname()[1]
-        server.url = f"ws://127.0.0.1:{port}/v1/ws"
-        yield server
-
-
 async def subscribed(server: ScriptedServer, client: OrdoClient, conn: Conn, **options: Any) -> Any:
-    task = asyncio.create_task(client.subscribe("rooms", limit=3, sub_id="a", **options))
-    op = await conn.recv()
-    assert op["op"] == "subscribe" and op["sub"] == "a"
-    await conn.diffs("a", 1, {"Reset": {"values": [item(1), item(2)]}})
-    return await asyncio.wait_for(task, TIMEOUT)
+    return await subscribed_list(client, conn, "a", [item(1), item(2)], **options)
 
 
 async def test_subscribe_and_updates(scripted: ScriptedServer) -> None:

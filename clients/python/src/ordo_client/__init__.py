@@ -7,6 +7,8 @@ from ._client import LiveList, OrdoClient
 from ._diffs import DIFF_KINDS, apply_diffs
 from ._errors import DiffError, OrdoError
 from ._protocol import (
+    AuthExpired,
+    Authed,
     ErrorEvent,
     Event,
     Gap,
@@ -21,6 +23,8 @@ from ._protocol import (
 
 __all__ = [
     "DIFF_KINDS",
+    "AuthExpired",
+    "Authed",
     "DiffError",
     "ErrorEvent",
     "Event",

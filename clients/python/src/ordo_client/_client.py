@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import inspect
 import json
@@ -19,6 +21,8 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from ._errors import OrdoError
 from ._protocol import (
+    AuthExpired,
+    Authed,
     ErrorEvent,
     Event,
     Gap,
@@ -35,6 +39,16 @@ __all__ = ["LiveList", "OrdoClient", "Update"]
 logger = logging.getLogger("ordo_client")
 
 ErrorCallback = Callable[[OrdoError], "Awaitable[None] | None"]
+TokenProvider = Callable[[], "str | Awaitable[str]"]
+
+#: Close code of a connection without a valid token (expired and not
+#: refreshed, or no `auth` in time).
+CLOSE_UNAUTHORIZED = 4401
+#: Error codes that answer an `auth` op.
+_AUTH_ERRORS = ("unauthorized", "forbidden")
+#: A refresh never comes sooner than this after the previous one (a provider
+#: handing out tokens about to expire would otherwise be called in a loop).
+_MIN_REFRESH_DELAY = 1.0
 
 _KEEP: Any = object()
 _END: Any = object()
@@ -43,6 +57,44 @@ _END: Any = object()
 _CONNECT_OPTIONS: dict[str, Any] = {}
 if "proxy" in inspect.signature(connect.__init__).parameters:
     _CONNECT_OPTIONS["proxy"] = None
+
+
+def token_times(token: str) -> tuple[float | None, float | None]:
+    """``(exp, iat)`` from a JWT's payload (base64url JSON; the signature is
+    not checked: the server does that). ``None`` for what is absent or not a
+    number, and for a token that is not a JWT."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return None, None
+    body = parts[1]
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    except (ValueError, binascii.Error, RecursionError):
+        return None, None
+    if not isinstance(claims, dict):
+        return None, None
+
+    def number(key: str) -> float | None:
+        value = claims.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    return number("exp"), number("iat")
+
+
+def refresh_delay(token: str, expires_at: float | None, now: float) -> float | None:
+    """Seconds from ``now`` (unix time) until the token should be replaced:
+    at ``exp - min(60 s, lifetime / 5)``, the lifetime counted from ``iat`` (or
+    from now without one). ``exp`` comes from the token, else from
+    ``expires_at`` (the ``authed`` frame's). ``None``: the token never expires
+    as far as the client can tell."""
+    exp, iat = token_times(token)
+    if exp is None:
+        exp = expires_at
+    if exp is None:
+        return None
+    start = iat if iat is not None and iat <= now else now
+    lifetime = max(0.0, exp - start)
+    return max(exp - min(60.0, lifetime / 5) - now, _MIN_REFRESH_DELAY)
 
 
 class _TokenBucket:
@@ -347,7 +399,15 @@ class OrdoClient:
         open_timeout: float = 10.0,
         on_error: ErrorCallback | None = None,
         max_queued_updates: int = 10_000,
+        token: str | None = None,
+        token_provider: TokenProvider | None = None,
     ) -> None:
+        if token is not None and token_provider is not None:
+            raise ValueError("pass token or token_provider, not both")
+        if token is not None and (not isinstance(token, str) or not token):
+            raise ValueError("token is a non-empty string")
+        if token_provider is not None and not callable(token_provider):
+            raise ValueError("token_provider is a callable returning a token (or an awaitable of one)")
         self.url = url
         self.reconnect = reconnect
         self.backoff_initial = backoff_initial
@@ -370,6 +430,12 @@ class OrdoClient:
         self._stopped = False
         self._connected_event: asyncio.Event | None = None
         self._next_sub = 0
+        self._token = token
+        self._token_provider = token_provider
+        self._identity: Authed | None = None
+        self._refresh_task: asyncio.Task[None] | None = None
+        #: The token of the `auth` op sent on the live connection and not yet answered.
+        self._auth_inflight: str | None = None
         #: How many times the connection was re-opened.
         self.reconnects = 0
 
@@ -390,6 +456,13 @@ class OrdoClient:
         return self._ready
 
     @property
+    def identity(self) -> Authed | None:
+        """Who the connection is authenticated as (``sub``, ``role``,
+        ``expires_at``, from the last ``authed``); ``None`` before, or when the
+        server runs without auth."""
+        return self._identity
+
+    @property
     def lists(self) -> dict[str, LiveList]:
         """The live lists by subscription id."""
         return dict(self._lists)
@@ -408,9 +481,10 @@ class OrdoClient:
         self._send_lock = asyncio.Lock()
         self._outbox = asyncio.Queue()
         self._connected_event = asyncio.Event()
-        ws = await self._open()
+        ws, token, authed = await self._open()
         self._ws = ws
         self._generation += 1
+        self._authenticated(token, authed)
         self._ready = True
         self._connected_event.set()
         self._supervisor = asyncio.create_task(self._supervise(), name="ordo-client-reader")
@@ -431,7 +505,9 @@ class OrdoClient:
         if ws is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(ws.close(), 5)
-        tasks = [task for task in (self._supervisor, self._sender, *self._tasks) if task is not None]
+        tasks = [
+            task for task in (self._supervisor, self._sender, self._refresh_task, *self._tasks) if task is not None
+        ]
         for task in tasks:
             if not task.done():
                 task.cancel()
@@ -453,8 +529,12 @@ class OrdoClient:
                 if not pending.done.done():
                     pending.done.set_result(False)
 
-    async def _open(self) -> ClientConnection:
-        """A new connection whose ``welcome`` has been read."""
+    async def _open(self) -> tuple[ClientConnection, str | None, Authed | None]:
+        """A new connection whose ``welcome`` has been read, authenticated if
+        the server asks for it and a token is configured; returns it with the
+        token sent and the server's ``authed`` answer (both ``None`` without
+        auth). Raises ``OrdoError`` (``unauthorized``, ``forbidden``,
+        ``token_provider``, ``bad_frame``) when that fails."""
         ws = await connect(
             self.url,
             open_timeout=self.open_timeout,
@@ -462,24 +542,127 @@ class OrdoClient:
             compression=None,
             **_CONNECT_OPTIONS,
         )
+        token: str | None = None
+        authed: Authed | None = None
         try:
             raw = await asyncio.wait_for(ws.recv(), self.open_timeout)
-            frame = json.loads(raw)
-            events = self._state.handle_frame(frame)
+            events = self._parse(raw)
             if not events or not isinstance(events[0], Welcome):
                 raise OrdoError("bad_frame", f"expected a welcome frame, got {raw!r:.200}")
+            welcome = events[0]
+            limits = self._state.limits
+            rate = limits.get("ws_messages_per_second")
+            burst = limits.get("ws_message_burst")
+            if isinstance(rate, (int, float)) and isinstance(burst, (int, float)):
+                # Stay a little under the server's token bucket.
+                self._bucket = _TokenBucket(rate * 0.9, max(1.0, burst / 2))
+            else:
+                self._bucket = _TokenBucket(90.0, 100.0)
+            if welcome.auth != "none":
+                if self._token is None and self._token_provider is None:
+                    if welcome.auth == "required":
+                        raise OrdoError(
+                            "unauthorized", "the server requires a token: pass OrdoClient(token=...) or token_provider="
+                        )
+                else:
+                    # Within the server's deadline for `auth` (10 s).
+                    token = await asyncio.wait_for(self._get_token(), self.open_timeout)
+                    await self._bucket.take()
+                    await ws.send(json.dumps({"op": "auth", "token": token}))
+                    authed = await self._await_authed(ws)
         except BaseException:
             await ws.close()
             raise
-        limits = self._state.limits
-        rate = limits.get("ws_messages_per_second")
-        burst = limits.get("ws_message_burst")
-        if isinstance(rate, (int, float)) and isinstance(burst, (int, float)):
-            # Stay a little under the server's token bucket.
-            self._bucket = _TokenBucket(rate * 0.9, max(1.0, burst / 2))
-        else:
-            self._bucket = _TokenBucket(90.0, 100.0)
-        return ws
+        return ws, token, authed
+
+    def _parse(self, raw: str | bytes) -> list[Event]:
+        """A server frame's events; any failure becomes ``OrdoError`` ``bad_frame``."""
+        try:
+            return self._state.handle_frame(json.loads(raw))
+        except OrdoError:
+            raise
+        except Exception as error:
+            raise OrdoError("bad_frame", _describe(error)) from None
+
+    async def _await_authed(self, ws: ClientConnection) -> Authed:
+        """Reads frames until the answer to the ``auth`` just sent."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.open_timeout
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise asyncio.TimeoutError("no answer to `auth`")
+            raw = await asyncio.wait_for(ws.recv(), remaining)
+            for event in self._parse(raw):
+                if isinstance(event, Authed):
+                    return event
+                if isinstance(event, ErrorEvent) and event.sub is None:
+                    raise event.to_exception()
+
+    async def _get_token(self) -> str:
+        """The static token, or a fresh one from the provider."""
+        if self._token_provider is None:
+            assert self._token is not None
+            return self._token
+        try:
+            result: Any = self._token_provider()
+            if inspect.isawaitable(result):
+                result = await result
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            raise OrdoError("token_provider", f"the token provider failed: {error!r}") from error
+        if not isinstance(result, str) or not result:
+            raise OrdoError("token_provider", f"the token provider returned {result!r:.80}, not a token string")
+        return result
+
+    # ---- token refresh --------------------------------------------------
+
+    def _authenticated(self, token: str | None, authed: Authed | None) -> None:
+        """The current connection accepted ``token``: remember who we are and
+        plan the next refresh."""
+        if authed is not None:
+            self._identity = authed
+        if token is None or self._token_provider is None:
+            return  # a static token: a refresh would send the same one
+        delay = refresh_delay(token, authed.expires_at if authed is not None else None, time.time())
+        if delay is not None:
+            self._schedule_refresh(delay)
+
+    def _schedule_refresh(self, delay: float) -> None:
+        """(Re)plans the refresh on the current connection in ``delay`` seconds."""
+        task = self._refresh_task
+        if task is not None and task is not asyncio.current_task() and not task.done():
+            task.cancel()
+        if self._token_provider is None or self._closing:
+            self._refresh_task = None
+            return
+        self._refresh_task = asyncio.create_task(self._refresh_after(delay, self._generation), name="ordo-client-auth")
+
+    def _cancel_refresh(self) -> None:
+        task, self._refresh_task = self._refresh_task, None
+        if task is not None and task is not asyncio.current_task() and not task.done():
+            task.cancel()
+        self._auth_inflight = None
+
+    async def _refresh_after(self, delay: float, generation: int) -> None:
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if generation != self._generation or not self._ready or self._closing or self._auth_inflight is not None:
+            return
+        try:
+            token = await self._get_token()
+        except OrdoError as error:
+            self._report(error)
+            self._schedule_refresh(self._auth_retry_delay())
+            return
+        if generation != self._generation or not self._ready or self._closing:
+            return  # the connection changed meanwhile: the new one authenticated itself
+        self._auth_inflight = token
+        self._enqueue([{"op": "auth", "token": token}])
+
+    def _auth_retry_delay(self) -> float:
+        return max(1.0, self.backoff_max)
 
     async def _supervise(self) -> None:
         try:
@@ -490,12 +673,17 @@ class OrdoClient:
                 if self._closing:
                     return
                 self._ready = False
+                self._cancel_refresh()
                 assert self._connected_event is not None
                 self._connected_event.clear()
                 frame = closed.rcvd if closed is not None else None
                 code = frame.code if frame is not None else None
                 reason = frame.reason if frame is not None else ""
-                logger.info("ordo: connection lost (close code %s, %s)", code, reason or "no reason")
+                if code == CLOSE_UNAUTHORIZED:
+                    # The token expired unrefreshed: the reconnection gets a fresh one.
+                    logger.warning("ordo: the server closed the connection: no valid token (%s)", reason or "4401")
+                else:
+                    logger.info("ordo: connection lost (close code %s, %s)", code, reason or "no reason")
                 if not self.reconnect:
                     self._stop_lists(OrdoError("connection_lost", f"the connection closed (code {code})"))
                     return
@@ -514,11 +702,21 @@ class OrdoClient:
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             attempt = min(attempt + 1, 30)
             try:
-                ws = await self._open()
-            except (OSError, asyncio.TimeoutError, ConnectionClosed, InvalidHandshake, OrdoError, ValueError) as error:
+                ws, token, authed = await self._open()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
                 if isinstance(error, InvalidURI):
                     raise
-                logger.info("ordo: reconnect attempt %d failed: %s", attempt, error)
+                if isinstance(error, OrdoError):
+                    # Refused token, failing provider, broken welcome: the
+                    # caller hears of it; the next attempt asks the provider again.
+                    self._report(error)
+                    logger.info("ordo: reconnect attempt %d failed: %s", attempt, error)
+                elif isinstance(error, (OSError, asyncio.TimeoutError, ConnectionClosed, InvalidHandshake)):
+                    logger.info("ordo: reconnect attempt %d failed: %s", attempt, error)
+                else:
+                    logger.warning("ordo: reconnect attempt %d failed: %r", attempt, error)
                 continue
             assert self._send_lock is not None
             async with self._send_lock:
@@ -527,6 +725,7 @@ class OrdoClient:
                 # or queued for this connection.
                 self._ws = ws
                 self._generation += 1
+                self._authenticated(token, authed)
                 op, dropped = self._state.resume_op()
                 for state in dropped:
                     live = self._lists.pop(state.sub, None)
@@ -551,16 +750,59 @@ class OrdoClient:
                 raw = await ws.recv()
             except ConnectionClosed as closed:
                 return closed
-            try:
-                frame = json.loads(raw)
-                events = self._state.handle_frame(frame)
-            except (ValueError, OrdoError) as error:
-                if not isinstance(error, OrdoError):
-                    error = OrdoError("bad_frame", f"not JSON: {error}")
-                self._report(error)
-                continue
+            self._handle_raw(raw)
+
+    def _handle_raw(self, raw: str | bytes) -> None:
+        """Handles one server frame. Nothing in it may end the connection
+        task: a frame that cannot be parsed or handled (not JSON, nested too
+        deep, an unexpected shape, a failure while dispatching it) is reported
+        and the list it concerned is re-subscribed — every list when its
+        ``sub`` cannot be read — since the frame may have carried its diffs."""
+        frame: Any = None
+        try:
+            frame = json.loads(raw)
+            events = self._state.handle_frame(frame)
             for event in events:
                 self._dispatch(event)
+        except Exception as error:  # noqa: BLE001 (see the docstring)
+            try:
+                self._bad_frame(frame, error)
+            except Exception:  # never let the recovery itself end the connection
+                logger.exception("ordo: recovering from a bad frame failed")
+
+    def _bad_frame(self, frame: Any, error: Exception) -> None:
+        code = error.code if isinstance(error, OrdoError) else "bad_frame"
+        message = error.message if isinstance(error, OrdoError) else _describe(error)
+        sub = frame.get("sub") if isinstance(frame, dict) else None
+        if isinstance(sub, str):
+            known = sub in self._state.subs
+            report = OrdoError(code, f"{message}; {'the list is subscribed again' if known else 'no such list'}", sub)
+            live = self._lists.get(sub)
+            if live is not None:
+                live._report(report)
+            else:
+                self._report(report)
+            affected = [sub]
+        else:
+            self._report(OrdoError(code, f"{message}; every list is subscribed again"))
+            affected = list(self._state.subs)
+            if self._auth_inflight is not None:
+                # It may have been the answer to our `auth`: ask again later.
+                self._auth_inflight = None
+                self._schedule_refresh(self._auth_retry_delay())
+        for name in affected:
+            self._resubscribe(name)
+
+    def _resubscribe(self, sub: str) -> None:
+        """Unsubscribes and subscribes ``sub`` anew: its first frame, a
+        ``Reset``, replaces the list. Not for a list being closed or already
+        being re-subscribed."""
+        state = self._state.subs.get(sub)
+        if state is None or state.spec is None or state.status in ("closing", "resubscribing"):
+            return
+        ops = self._state.begin_resubscribe(sub)
+        if ops:
+            self._enqueue(ops)
 
     async def _send_loop(self) -> None:
         assert self._outbox is not None and self._send_lock is not None
@@ -603,9 +845,30 @@ class OrdoClient:
                 self._enqueue(ops)
             if live is not None:
                 live._report(event.to_exception())
+        elif isinstance(event, Authed):
+            token, self._auth_inflight = self._auth_inflight, None
+            self._identity = event
+            if token is not None:
+                self._authenticated(token, event)
+        elif isinstance(event, AuthExpired):
+            if self._token_provider is None:
+                self._report(
+                    OrdoError(
+                        "auth_expired",
+                        f"the connection's token expired; without a token_provider it cannot be refreshed "
+                        f"(the server closes the connection in {event.grace_secs} s)",
+                    )
+                )
+            elif self._auth_inflight is None:
+                self._schedule_refresh(0)
         elif isinstance(event, ErrorEvent):
             live = self._lists.get(event.sub) if event.sub is not None else None
-            if live is None:
+            if event.sub is None and event.code in _AUTH_ERRORS and self._auth_inflight is not None:
+                # The refresh was refused; the connection keeps its token until it expires.
+                self._auth_inflight = None
+                self._report(event.to_exception())
+                self._schedule_refresh(self._auth_retry_delay())
+            elif live is None:
                 self._report(event.to_exception())
             elif event.fatal:
                 self._lists.pop(live.sub, None)
@@ -734,3 +997,12 @@ class OrdoClient:
             # listing it is going out right now, the queued unsubscribe follows it.
             self._lists.pop(live.sub, None)
             live._finish()
+
+
+def _describe(error: BaseException) -> str:
+    """A short description of why a frame could not be handled."""
+    if isinstance(error, RecursionError):
+        return "the frame is nested too deep to parse"
+    if isinstance(error, ValueError):
+        return f"not JSON: {error}"[:300]
+    return f"the frame could not be handled: {error!r}"[:300]

@@ -16,7 +16,17 @@ class OrdoError(Exception):
     - ``connection_lost``: the connection dropped and the client does not
       reconnect (``reconnect=False``);
     - ``closed``: the client was closed while the operation waited;
-    - ``bad_frame``: the server sent something that is not a protocol frame.
+    - ``bad_frame``: the server sent something that is not a protocol frame
+      (not JSON, nested too deep, an unexpected shape), or handling it failed;
+      the list it concerned (every list, when its ``sub`` cannot be read) is
+      subscribed again;
+    - ``token_provider``: the ``token_provider`` raised or returned no string;
+    - ``auth_expired``: the server says the token expired and the client has
+      no ``token_provider`` to get another (the server then closes with 4401).
+
+    With auth, the server's ``unauthorized`` (missing, invalid or expired
+    token) and ``forbidden`` (a token of another identity; or the identity may
+    not do this) arrive as ``OrdoError`` too.
 
     ``sub`` is the subscription id the error concerns, when there is one.
     """

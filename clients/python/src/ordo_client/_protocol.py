@@ -40,6 +40,10 @@ class Welcome:
     session: str
     protocol: int | None
     limits: dict[str, Any]
+    #: The ``auth`` key: ``"none"`` (the server runs without auth, or predates
+    #: it: the key is then absent), ``"required"`` (send ``auth`` first), or a
+    #: dict ``{"sub", "role", "expires_at"}`` (authenticated at connect).
+    auth: Any = "none"
     kind: Literal["welcome"] = "welcome"
 
     def to_vector(self) -> dict[str, Any] | None:
@@ -148,7 +152,33 @@ class InvalidDiffs:
         return OrdoError("invalid_diffs", f"frame seq {self.seq}: {self.message}", self.sub)
 
 
-Event = Union[Welcome, Update, ErrorEvent, Unsubscribed, Resumed, Gap, InvalidDiffs]  # noqa: UP007 (a runtime alias, Python 3.10)
+@dataclass(frozen=True)
+class Authed:
+    """The answer to ``auth``: the connection's identity and when its token
+    expires (unix seconds, the token's ``exp``)."""
+
+    sub: str | None
+    role: str | None
+    expires_at: float | None
+    kind: Literal["authed"] = "authed"
+
+    def to_vector(self) -> dict[str, Any] | None:
+        return None
+
+
+@dataclass(frozen=True)
+class AuthExpired:
+    """The connection's token expired: a valid ``auth`` within ``grace_secs``
+    keeps the connection, else the server closes it with code 4401."""
+
+    grace_secs: float | None
+    kind: Literal["auth_expired"] = "auth_expired"
+
+    def to_vector(self) -> dict[str, Any] | None:
+        return None
+
+
+Event = Union[Welcome, Update, ErrorEvent, Unsubscribed, Resumed, Gap, InvalidDiffs, Authed, AuthExpired]  # noqa: UP007 (a runtime alias, Python 3.10)
 
 
 @dataclass
@@ -308,7 +338,24 @@ class ProtocolState:
                 self.session = session
             self.limits = dict(limits) if isinstance(limits, Mapping) else {}
             protocol = frame.get("protocol")
-            return [Welcome(session, protocol if isinstance(protocol, int) else None, self.limits)]
+            auth = frame.get("auth", "none")
+            if auth is None:
+                auth = "none"
+            return [Welcome(session, protocol if isinstance(protocol, int) else None, self.limits, auth)]
+        if kind == "authed":
+            sub = frame.get("sub")
+            role = frame.get("role")
+            expires_at = frame.get("expires_at")
+            return [
+                Authed(
+                    sub if isinstance(sub, str) else None,
+                    role if isinstance(role, str) else None,
+                    expires_at if _is_number(expires_at) else None,
+                )
+            ]
+        if kind == "auth_expired":
+            grace = frame.get("grace_secs")
+            return [AuthExpired(grace if _is_number(grace) else None)]
         raise OrdoError("bad_frame", f"unknown frame type {kind!r}")
 
     def _on_diffs(self, frame: Mapping[str, Any]) -> list[Event]:
@@ -396,6 +443,10 @@ class ProtocolState:
             else:
                 replayed.append(sub)
         return [Resumed(session, replayed, reset, errors)]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _spec_keys(spec: Mapping[str, Any]) -> dict[str, Any]:
