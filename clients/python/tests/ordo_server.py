@@ -20,13 +20,33 @@ LISTENING = re.compile(r"listening on http://([0-9.]+):(\d+)")
 START_TIMEOUT = 60.0
 
 
-class OrdoServer:
-    """`ordo serve --listen 127.0.0.1:PORT --data-dir DIR`; port 0 picks one
-    (read from the line it prints on stdout)."""
+def ordo_help(*command: str) -> str:
+    """`ordo COMMAND --help` (empty when the binary lacks the command)."""
+    if not ORDO_BIN.exists():
+        return ""
+    done = subprocess.run([str(ORDO_BIN), *command, "--help"], capture_output=True, timeout=60)
+    return (done.stdout + done.stderr).decode(errors="replace") if done.returncode == 0 else ""
 
-    def __init__(self, data_dir: Path, port: int = 0) -> None:
+
+def mint_token(secret_file: Path, sub: str, role: str, ttl: int = 60, **claims: str) -> str:
+    """`ordo token --secret-file F --sub S --role R --ttl T [--claim k=v]...`: an HS256 JWT."""
+    args = [str(ORDO_BIN), "token", "--secret-file", str(secret_file), "--sub", sub, "--role", role, "--ttl", str(ttl)]
+    for key, value in claims.items():
+        args += ["--claim", f"{key}={value}"]
+    done = subprocess.run(args, capture_output=True, timeout=60, check=True)
+    return done.stdout.decode().strip()
+
+
+class OrdoServer:
+    """`ordo serve --listen 127.0.0.1:PORT --data-dir DIR [extra_args]`; port 0
+    picks one (read from the line it prints on stdout). HTTP requests carry
+    `Authorization: Bearer <token>` when `token` is set."""
+
+    def __init__(self, data_dir: Path, port: int = 0, extra_args: list[str] | None = None) -> None:
         self.data_dir = data_dir
         self.port = port
+        self.extra_args = list(extra_args or [])
+        self.token: str | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         self._log_offset = 0
@@ -48,6 +68,7 @@ class OrdoServer:
         log = self.log_path.open("ab")
         self._log_offset = log.tell()
         args = [str(ORDO_BIN), "serve", "--listen", f"127.0.0.1:{self.port}", "--data-dir", str(self.data_dir)]
+        args += self.extra_args
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
         deadline = time.monotonic() + START_TIMEOUT
@@ -82,10 +103,14 @@ class OrdoServer:
 
     # ---- HTTP -----------------------------------------------------------
 
-    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    def request(self, method: str, path: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:
+        """`token`: the bearer token of this request (default: `self.token`; "" for none)."""
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.http + path, data=data, method=method)
         request.add_header("Content-Type", "application/json")
+        token = self.token if token is None else token
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 return response.status, json.loads(response.read() or b"null")
