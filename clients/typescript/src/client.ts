@@ -1,8 +1,10 @@
+import { jwtTimes, refreshDelayMs } from "./auth.js";
 import { Emitter } from "./emitter.js";
 import { OrdoError } from "./errors.js";
 import { lossError, ProtocolState, type ProtocolEvent } from "./protocol.js";
 import {
   PROTOCOL_VERSION,
+  type AuthIdentity,
   type ClientMessage,
   type Filter,
   type Item,
@@ -36,6 +38,17 @@ export interface OrdoClientOptions {
   // eslint-disable-next-line @typescript-eslint/no-explicit-any
   WebSocket?: any;
   reconnect?: ReconnectOptions;
+  /**
+   * A token (a JWT) for a server with auth: sent in an `auth` message after the
+   * `welcome`, at every (re)connection. It cannot be refreshed: prefer `tokenProvider`.
+   */
+  token?: string;
+  /**
+   * Returns a token (a JWT) for a server with auth. Called at every (re)connection,
+   * before the token expires (at `exp - min(60 s, lifetime / 5)`, read from the
+   * token) and when the server says it expired. Wins over `token`.
+   */
+  tokenProvider?: () => string | Promise<string>;
 }
 
 /** What a list reports after each frame that changed it. */
@@ -67,12 +80,14 @@ const DEFAULT_MAX_DELAY_MS = 10_000;
 /** The server allows 100 messages per second with a burst of 200; stay below. */
 const SEND_BURST = 100;
 const DEFAULT_MESSAGES_PER_SECOND = 100;
-/** A connection that brings no `welcome` in this time is dropped and tried again. */
+/** A connection that brings no `welcome` (and `authed`, with auth) in this time is dropped and tried again. */
 const HANDSHAKE_TIMEOUT_MS = 20_000;
 const MAX_WINDOW_LIMIT = 1000;
+/** The close code of a connection without a valid token (expired and not refreshed, or none sent in time). */
+const CLOSE_UNAUTHORIZED = 4401;
 const MAX_WINDOW_OFFSET = 0xffff_ffff;
 
-type ClientEvents = { state: ConnectionState; error: OrdoError };
+type ClientEvents = { state: ConnectionState; error: OrdoError; auth: AuthIdentity };
 type ListEvents = { change: ListChange; error: OrdoError };
 
 function copyDefinition(definition: WindowDefinition): WindowDefinition {
@@ -251,13 +266,27 @@ export class OrdoClient {
   private readonly initialDelayMs: number;
   private readonly maxDelayMs: number;
   private readonly reconnectEnabled: boolean;
+  private readonly token: string | undefined;
+  private readonly tokenProvider: (() => string | Promise<string>) | undefined;
 
   private readonly core = new ProtocolState();
   private readonly lists = new Map<string, LiveList>();
   private readonly emitter = new Emitter<ClientEvents>();
   private socket: SocketLike | null = null;
-  /** The socket has had its `welcome`: messages may go out. */
+  /** The socket has had its `welcome`: `auth` may go out. */
+  private welcomed = false;
+  /** The socket has had its `welcome` (and `authed`, when the server wants a token): every message may go out. */
   private handshaken = false;
+  /** The `welcome`'s session, kept while `auth` is answered. */
+  private welcomeSession: string | null = null;
+  /** An `auth` is on its way (or its token is being fetched). */
+  private authPending = false;
+  /** Bumped at every token request: an answer for an older one is dropped. */
+  private authGeneration = 0;
+  private refreshTimer: ReturnType<typeof setTimeout> | null = null;
+  /** The last token sent: its `exp` sets the next refresh. */
+  private lastToken: string | null = null;
+  private _identity: AuthIdentity | null = null;
   private _state: ConnectionState = "connecting";
   /** The session to name in the next `resume`. */
   private resumeSession: string | null = null;
@@ -283,6 +312,12 @@ export class OrdoClient {
     this.initialDelayMs = Math.max(1, options.reconnect?.initialDelayMs ?? DEFAULT_INITIAL_DELAY_MS);
     this.maxDelayMs = Math.max(this.initialDelayMs, options.reconnect?.maxDelayMs ?? DEFAULT_MAX_DELAY_MS);
     this.reconnectEnabled = options.reconnect?.enabled ?? true;
+    this.token = options.token;
+    this.tokenProvider = options.tokenProvider;
+    if (this.token !== undefined && typeof this.token !== "string") throw new TypeError("`token` must be a string");
+    if (this.tokenProvider !== undefined && typeof this.tokenProvider !== "function") {
+      throw new TypeError("`tokenProvider` must be a function returning a token");
+    }
     this.connect();
   }
 
@@ -295,9 +330,20 @@ export class OrdoClient {
     return this._state;
   }
 
+  /** Who the server says the connection is (from `authed`), or null (no auth, or not yet). */
+  get identity(): AuthIdentity | null {
+    return this._identity;
+  }
+
   on(event: "state", listener: (state: ConnectionState) => void): () => void;
-  /** Errors that concern no list: rate limiting, unreadable frames, a protocol version mismatch. */
+  /**
+   * Errors that concern no list: rate limiting, unreadable frames, a protocol version
+   * mismatch, a refused token (`unauthorized`, `forbidden`), a connection closed for
+   * want of a valid token (`unauthorized`, close code 4401).
+   */
   on(event: "error", listener: (error: OrdoError) => void): () => void;
+  /** The server accepted a token (at connection or at a refresh): who the connection is. */
+  on(event: "auth", listener: (identity: AuthIdentity) => void): () => void;
   on(event: keyof ClientEvents, listener: (value: never) => void): () => void {
     return this.emitter.on(event, listener as (value: ClientEvents[typeof event]) => void);
   }
@@ -322,6 +368,15 @@ export class OrdoClient {
     this.core.subscribe(id);
     if (this.handshaken) this.sendSubscribe(list);
     return list;
+  }
+
+  /**
+   * Gets a token now (from `tokenProvider`) and sends it on the live connection, as the
+   * refresh before expiry does. Nothing happens without a provider or a connection.
+   * The token must be for the same identity (else the server answers `forbidden`).
+   */
+  refreshToken(): void {
+    if (this.tokenProvider && this.handshaken && this._identity !== null) void this.authenticate();
   }
 
   /** Closes the connection for good: every list stops (pending `ready`s reject with `closed`). */
@@ -365,7 +420,7 @@ export class OrdoClient {
       } catch {
         // Closing a socket that is still connecting may throw in some implementations.
       }
-      this.emitter.emit("error", new OrdoError("protocol", `no welcome from ${this.url} in ${HANDSHAKE_TIMEOUT_MS} ms`));
+      this.emitter.emit("error", new OrdoError("protocol", `no welcome (or no authed) from ${this.url} in ${HANDSHAKE_TIMEOUT_MS} ms`));
       this.onSocketGone(undefined);
     }, HANDSHAKE_TIMEOUT_MS);
     socket.onmessage = (event) => {
@@ -392,7 +447,13 @@ export class OrdoClient {
       socket.onerror = () => {};
     }
     this.socket = null;
+    this.welcomed = false;
     this.handshaken = false;
+    this.welcomeSession = null;
+    this.authPending = false;
+    this.authGeneration += 1;
+    if (this.refreshTimer !== null) clearTimeout(this.refreshTimer);
+    this.refreshTimer = null;
     this.outbox = [];
   }
 
@@ -405,6 +466,14 @@ export class OrdoClient {
 
   private onSocketGone(code: number | undefined): void {
     this.detachSocket();
+    if (code === CLOSE_UNAUTHORIZED && this._state !== "closed") {
+      // The token expired unrefreshed, or none was sent in time: the next connection
+      // asks the provider for a fresh one, then resumes.
+      this.emitter.emit(
+        "error",
+        new OrdoError("unauthorized", "the server closed the connection for want of a valid token (close code 4401)"),
+      );
+    }
     if (this.drainTimer !== null) clearTimeout(this.drainTimer);
     this.drainTimer = null;
     if (this._state === "closed") return;
@@ -415,7 +484,12 @@ export class OrdoClient {
       this.setState("closed");
       return;
     }
-    // 1001 (server stopping), 4001 (slow), a dropped TCP connection: all resume.
+    // 1001 (server stopping), 4001 (slow), 4401 (token expired), a dropped TCP connection: all resume.
+    this.scheduleReconnect();
+  }
+
+  /** Connects again after the backoff's delay (exponential, capped, with jitter). */
+  private scheduleReconnect(): void {
     this.setState("reconnecting");
     const ceiling = Math.min(this.maxDelayMs, this.initialDelayMs * 2 ** Math.min(this.attempt, 30));
     this.attempt += 1;
@@ -434,6 +508,13 @@ export class OrdoClient {
   private send(message: ClientMessage): void {
     if (!this.socket || !this.handshaken) return;
     this.outbox.push(JSON.stringify(message));
+    this.drain();
+  }
+
+  /** `auth` goes out as soon as the `welcome` came (before anything else at connection). */
+  private sendAuth(token: string): void {
+    if (!this.socket || !this.welcomed) return;
+    this.outbox.push(JSON.stringify({ op: "auth", token } satisfies ClientMessage));
     this.drain();
   }
 
@@ -518,23 +599,55 @@ export class OrdoClient {
 
   private onMessage(data: unknown): void {
     if (typeof data !== "string") {
-      this.emitter.emit("error", new OrdoError("protocol", "the server sent a binary frame"));
+      this.onUnreadable(undefined, "the server sent a binary frame");
       return;
     }
     let frame: unknown;
     try {
       frame = JSON.parse(data);
     } catch {
-      this.emitter.emit("error", new OrdoError("protocol", `the server sent a frame that is not JSON`));
+      this.onUnreadable(undefined, `the server sent a frame that is not JSON: ${data.length > 200 ? `${data.slice(0, 200)}…` : data}`);
       return;
     }
-    for (const event of this.core.handleFrame(frame)) this.onEvent(event);
+    let events: ProtocolEvent[];
+    try {
+      events = this.core.handleFrame(frame);
+    } catch (error) {
+      this.onUnreadable(frame, `a frame this client could not handle: ${describe(error)}`);
+      return;
+    }
+    for (const event of events) {
+      try {
+        this.onEvent(event);
+      } catch (error) {
+        this.onUnreadable(frame, `a frame this client could not handle: ${describe(error)}`);
+        return;
+      }
+    }
+  }
+
+  /** A frame that could not be read: report it, and re-subscribe what it may have concerned. */
+  private onUnreadable(frame: unknown, message: string): void {
+    this.onEvent(this.core.unreadable(frame, message));
   }
 
   private onEvent(event: ProtocolEvent): void {
     switch (event.kind) {
       case "welcome":
         this.onWelcome(event);
+        return;
+      case "authed":
+        this.onAuthed(event);
+        return;
+      case "auth_expired":
+        if (this.tokenProvider) {
+          void this.authenticate();
+        } else {
+          this.emitter.emit(
+            "error",
+            new OrdoError("auth_expired", "the token expired and cannot be refreshed without a `tokenProvider`"),
+          );
+        }
         return;
       case "resumed":
         this.resumeSession = event.session;
@@ -559,11 +672,7 @@ export class OrdoClient {
         if (!list) return;
         list._fail(lossError(event), false);
         if (this.lists.get(event.sub) !== list || !this.handshaken) return;
-        // Recover: a fresh subscription under the same id, whose first frame is a Reset.
-        this.core.restart(list.id);
-        list._restarting();
-        this.send({ op: "unsubscribe", sub: list.id });
-        this.sendSubscribe(list);
+        this.restartList(list);
         return;
       }
       case "error": {
@@ -571,6 +680,9 @@ export class OrdoClient {
         const list = event.sub === undefined ? undefined : this.lists.get(event.sub);
         if (!list) {
           this.emitter.emit("error", error);
+          if (event.sub === undefined && (event.code === "unauthorized" || event.code === "forbidden")) {
+            this.onAuthRefused();
+          }
           return;
         }
         if (event.refused === "subscribe") {
@@ -590,9 +702,76 @@ export class OrdoClient {
       case "unsubscribed":
         return;
       case "protocol":
-        this.emitter.emit("error", new OrdoError("protocol", event.message));
+        this.onProtocolError(event);
         return;
     }
+  }
+
+  /**
+   * An unreadable frame: it may have carried a list's data, so that list (or every
+   * list, when the frame named none that can be trusted) subscribes again and starts
+   * over from a Reset. The connection and the other lists go on.
+   */
+  private onProtocolError(event: Extract<ProtocolEvent, { kind: "protocol" }>): void {
+    const error = new OrdoError("protocol", event.message, event.sub);
+    const named = event.resubscribe === "sub" && event.sub !== undefined ? this.lists.get(event.sub) : undefined;
+    if (named) named._fail(error, false);
+    else this.emitter.emit("error", error);
+    if (event.resubscribe === "none") return;
+    if (!this.handshaken) {
+      // Before the connection is ready (the frame may have been the `welcome` or
+      // `authed`): start it again; nothing was applied on it yet.
+      if (this.socket) this.restartConnection(true);
+      return;
+    }
+    if (named && this.isSettled(named.id)) {
+      this.restartList(named);
+      return;
+    }
+    // Every list. One already being re-subscribed or closed waits for an `unsubscribed`
+    // that may have been this very frame: only a new connection can tell, so then
+    // every list is subscribed afresh on one.
+    for (const sub of this.core.ids()) {
+      if (!this.isSettled(sub) || !this.lists.has(sub)) {
+        this.restartConnection(false);
+        return;
+      }
+    }
+    for (const list of this.lists.values()) this.restartList(list);
+  }
+
+  /** The subscription is live or being subscribed: no `unsubscribed` is awaited for it. */
+  private isSettled(sub: string): boolean {
+    const phase = this.core.get(sub)?.phase;
+    return phase === "live" || phase === "subscribing";
+  }
+
+  /** Recovers a list: a fresh subscription under the same id, whose first frame is a Reset. */
+  private restartList(list: LiveList): void {
+    this.core.restart(list.id);
+    list._restarting();
+    this.send({ op: "unsubscribe", sub: list.id });
+    this.sendSubscribe(list);
+  }
+
+  /**
+   * Drops the connection and connects again (after the backoff's delay, even when
+   * reconnection is disabled: this is no lost connection): with `resume`, or
+   * subscribing every list afresh.
+   */
+  private restartConnection(resume: boolean): void {
+    const socket = this.socket;
+    if (!socket) return;
+    if (!resume) this.resumeSession = null;
+    this.detachSocket();
+    try {
+      socket.close(1000, "unreadable frame");
+    } catch {
+      // Closing a socket that is still connecting may throw in some implementations.
+    }
+    if (this.drainTimer !== null) clearTimeout(this.drainTimer);
+    this.drainTimer = null;
+    this.scheduleReconnect();
   }
 
   private onWelcome(event: Extract<ProtocolEvent, { kind: "welcome" }>): void {
@@ -606,6 +785,95 @@ export class OrdoClient {
     if (typeof rate === "number" && rate > 0) this.messagesPerSecond = rate * 0.9;
     this.tokens = SEND_BURST;
     this.tokensAt = Date.now();
+    this.welcomed = true;
+    this.welcomeSession = event.session;
+    if (typeof event.auth === "object") this.setIdentity(event.auth);
+    const hasToken = this.tokenProvider !== undefined || this.token !== undefined;
+    if (event.auth !== "none" && hasToken) {
+      // `auth` first; `resume` or the subscribes once `authed` comes.
+      void this.authenticate();
+      return;
+    }
+    if (event.auth === "required") {
+      this.emitter.emit(
+        "error",
+        new OrdoError("unauthorized", "the server requires a token: pass `token` or `tokenProvider` to OrdoClient"),
+      );
+    }
+    this.onReady(event.session);
+  }
+
+  /** Gets a token (the provider's, or the fixed one) and sends `auth`. */
+  private async authenticate(): Promise<void> {
+    const socket = this.socket;
+    if (!socket || !this.welcomed) return;
+    const generation = ++this.authGeneration;
+    this.authPending = true;
+    if (this.refreshTimer !== null) clearTimeout(this.refreshTimer);
+    this.refreshTimer = null;
+    let token: string;
+    try {
+      token = this.tokenProvider ? await this.tokenProvider() : this.token!;
+      if (typeof token !== "string" || token === "") throw new TypeError(`not a token: ${String(token)}`);
+    } catch (error) {
+      if (this.socket !== socket || generation !== this.authGeneration) return;
+      this.emitter.emit("error", new OrdoError("unauthorized", `the token provider failed: ${describe(error)}`));
+      this.onAuthRefused();
+      return;
+    }
+    if (this.socket !== socket || generation !== this.authGeneration) return;
+    this.lastToken = token;
+    this.sendAuth(token);
+  }
+
+  private onAuthed(event: Extract<ProtocolEvent, { kind: "authed" }>): void {
+    if (!this.welcomed) return;
+    this.authPending = false;
+    this.setIdentity({ sub: event.sub, role: event.role, expires_at: event.expires_at });
+    this.scheduleRefresh(event.expires_at);
+    if (!this.handshaken && this.welcomeSession !== null) this.onReady(this.welcomeSession);
+  }
+
+  /**
+   * A token was refused (`unauthorized`, `forbidden`) or could not be had. At connection:
+   * connect again with backoff (asking the provider again). At a refresh: the connection
+   * keeps its previous token; the server's `auth_expired` brings another try.
+   */
+  private onAuthRefused(): void {
+    if (!this.authPending) return;
+    this.authPending = false;
+    if (this.handshaken) return;
+    const socket = this.socket;
+    if (!socket) return;
+    try {
+      socket.close(1000, "token refused");
+    } catch {
+      // Closing a socket that is still connecting may throw in some implementations.
+    }
+    this.onSocketGone(undefined);
+  }
+
+  private setIdentity(identity: AuthIdentity): void {
+    this._identity = identity;
+    this.emitter.emit("auth", identity);
+  }
+
+  /** The next refresh, from the token's own `exp` (or the server's `expires_at`). */
+  private scheduleRefresh(expiresAt: number): void {
+    if (this.refreshTimer !== null) clearTimeout(this.refreshTimer);
+    this.refreshTimer = null;
+    if (!this.tokenProvider) return;
+    const times = this.lastToken === null ? { exp: null, iat: null } : jwtTimes(this.lastToken);
+    const delay = refreshDelayMs(times.exp ?? expiresAt, times.iat, Date.now());
+    if (delay === null) return;
+    this.refreshTimer = setTimeout(() => {
+      this.refreshTimer = null;
+      if (this.handshaken) void this.authenticate();
+    }, delay);
+  }
+
+  /** The connection may carry everything: resume, or subscribe every list. */
+  private onReady(session: string): void {
     this.handshaken = true;
     this.attempt = 0;
     if (this.handshakeTimer !== null) clearTimeout(this.handshakeTimer);
@@ -628,7 +896,7 @@ export class OrdoClient {
       this.send({ op: "resume", session: previous, subs });
       // `resumed` names the session to use next time; until then the old one stays.
     } else {
-      this.resumeSession = event.session;
+      this.resumeSession = session;
       for (const sub of this.core.prepareResubscribe()) {
         const list = this.lists.get(sub);
         if (list) this.sendSubscribe(list);
@@ -637,4 +905,8 @@ export class OrdoClient {
     }
     this.setState("open");
   }
+}
+
+function describe(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
 }

@@ -12,8 +12,20 @@ function checkIndex(kind: string, index: unknown, bound: number): number {
   return index;
 }
 
+/** An item must be an object with a string `id` and an object `fields`. */
+function checkItem(kind: string, value: unknown): Item {
+  if (value === null || typeof value !== "object" || Array.isArray(value)) throw bad(`${kind}: an item is not an object`);
+  const { id, fields } = value as Record<string, unknown>;
+  if (typeof id !== "string") throw bad(`${kind}: an item without a string \`id\``);
+  if (fields === null || typeof fields !== "object" || Array.isArray(fields)) {
+    throw bad(`${kind}: item \`${id}\` has no \`fields\` object`);
+  }
+  return value as Item;
+}
+
 function checkItems(kind: string, values: unknown): Item[] {
   if (!Array.isArray(values)) throw bad(`${kind}: \`values\` is not an array`);
+  for (const value of values) checkItem(kind, value);
   return values as Item[];
 }
 
@@ -22,8 +34,9 @@ function checkItems(kind: string, values: unknown): Item[] {
  * the result as a new array; `items` itself is not changed.
  *
  * Throws an `OrdoError` with code `invalid_diffs` when a diff does not fit the list
- * (an index out of range, a pop from an empty list, a truncate past the end) or is
- * not one of the eleven kinds. The diffs are then not applied at all.
+ * (an index out of range, a pop from an empty list, a truncate past the end), is
+ * not one of the eleven kinds, or carries an item that is not `{ id, fields, ... }`.
+ * The diffs are then not applied at all.
  */
 export function applyDiffs(items: readonly Item[], diffs: readonly VectorDiff[]): Item[] {
   const out = items.slice();
@@ -42,10 +55,10 @@ export function applyDiffs(items: readonly Item[], diffs: readonly VectorDiff[])
         out.length = 0;
         break;
       case "PushFront":
-        out.unshift(body.value as Item);
+        out.unshift(checkItem(kind, body.value));
         break;
       case "PushBack":
-        out.push(body.value as Item);
+        out.push(checkItem(kind, body.value));
         break;
       case "PopFront":
         if (out.length === 0) throw bad("PopFront on an empty list");
@@ -56,10 +69,10 @@ export function applyDiffs(items: readonly Item[], diffs: readonly VectorDiff[])
         out.pop();
         break;
       case "Insert":
-        out.splice(checkIndex(kind, body.index, out.length), 0, body.value as Item);
+        out.splice(checkIndex(kind, body.index, out.length), 0, checkItem(kind, body.value));
         break;
       case "Set":
-        out[checkIndex(kind, body.index, out.length - 1)] = body.value as Item;
+        out[checkIndex(kind, body.index, out.length - 1)] = checkItem(kind, body.value);
         break;
       case "Remove":
         out.splice(checkIndex(kind, body.index, out.length - 1), 1);

@@ -6,6 +6,10 @@ export { ProtocolState } from "./protocol.js";
 export type { ProtocolEvent, SubscriptionPhase, SubscriptionSnapshot } from "./protocol.js";
 export { PROTOCOL_VERSION } from "./types.js";
 export type {
+  AuthExpiredFrame,
+  AuthedFrame,
+  AuthIdentity,
+  AuthOp,
   ClientMessage,
   CompareOp,
   DiffsFrame,
@@ -29,6 +33,7 @@ export type {
   VectorDiff,
   VectorDiffKind,
   ViewSpec,
+  WelcomeAuth,
   WelcomeFrame,
   WindowDefinition,
 } from "./types.js";

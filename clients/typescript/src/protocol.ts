@@ -1,6 +1,6 @@
 import { applyDiffs } from "./diffs.js";
 import { OrdoError } from "./errors.js";
-import type { Item, VectorDiff } from "./types.js";
+import type { AuthIdentity, Item, VectorDiff, WelcomeAuth } from "./types.js";
 
 /**
  * Where a subscription stands, as far as frames go:
@@ -23,7 +23,18 @@ export interface SubscriptionSnapshot {
 
 /** What the core reports for a frame. `change` is the only kind that changes a list. */
 export type ProtocolEvent =
-  | { kind: "welcome"; session: string; protocol: number; limits: Record<string, unknown> }
+  | {
+      kind: "welcome";
+      session: string;
+      protocol: number;
+      limits: Record<string, unknown>;
+      /** `"none"` also when the server did not say (servers without auth). */
+      auth: WelcomeAuth;
+    }
+  /** The server accepted the connection's token (`auth`). */
+  | ({ kind: "authed" } & AuthIdentity)
+  /** The connection's token expired: send a fresh one within `grace_secs` or be closed (4401). */
+  | { kind: "auth_expired"; grace_secs: number }
   | {
       kind: "error";
       code: string;
@@ -44,8 +55,12 @@ export type ProtocolEvent =
   | { kind: "gap"; sub: string; expected_seq: number; got_seq: number }
   | { kind: "invalid_diffs"; sub: string; seq: number; message: string }
   | { kind: "change"; sub: string; seq: number; diffs: VectorDiff[]; items: readonly Item[]; reset: boolean }
-  /** A frame this client cannot read; it is otherwise ignored. */
-  | { kind: "protocol"; message: string };
+  /**
+   * A frame this client cannot read. `resubscribe` says which lists may have lost
+   * data through it: `sub` (the frame named a subscription held), `all` (it named
+   * none that can be trusted), or `none` (it was not about lists).
+   */
+  | { kind: "protocol"; message: string; resubscribe: "none" | "sub" | "all"; sub?: string };
 
 interface Record_ {
   items: readonly Item[];
@@ -188,9 +203,13 @@ export class ProtocolState {
   /** Handles one server frame (after `JSON.parse`) and returns what it means. */
   handleFrame(frame: unknown): ProtocolEvent[] {
     if (!isObject(frame) || typeof frame.type !== "string") {
-      return [{ kind: "protocol", message: `a frame without a type: ${JSON.stringify(frame)}` }];
+      return [this.unreadable(frame, `a frame without a type: ${preview(frame)}`)];
     }
     switch (frame.type) {
+      case "authed":
+        return this.onAuthed(frame);
+      case "auth_expired":
+        return [{ kind: "auth_expired", grace_secs: isSeq(frame.grace_secs) ? frame.grace_secs : 0 }];
       case "welcome":
         return this.onWelcome(frame);
       case "diffs":
@@ -207,20 +226,39 @@ export class ProtocolState {
     }
   }
 
+  /**
+   * The event for a frame that cannot be read (`frame` is what `JSON.parse` gave, or
+   * undefined when it gave nothing): which lists it may have concerned.
+   */
+  unreadable(frame: unknown, message: string): Extract<ProtocolEvent, { kind: "protocol" }> {
+    const sub = isObject(frame) && typeof frame.sub === "string" ? frame.sub : undefined;
+    if (sub !== undefined && this.subs.has(sub)) return { kind: "protocol", message, resubscribe: "sub", sub };
+    return { kind: "protocol", message, resubscribe: "all" };
+  }
+
   private onWelcome(frame: Record<string, unknown>): ProtocolEvent[] {
     if (typeof frame.session !== "string") {
-      return [{ kind: "protocol", message: "a welcome without a session" }];
+      return [{ kind: "protocol", message: "a welcome without a session", resubscribe: "none" }];
     }
+    const auth = readAuth(frame.auth);
     this.session = frame.session;
     const protocol = typeof frame.protocol === "number" ? frame.protocol : 0;
     const limits = isObject(frame.limits) ? frame.limits : {};
-    return [{ kind: "welcome", session: frame.session, protocol, limits }];
+    return [{ kind: "welcome", session: frame.session, protocol, limits, auth }];
+  }
+
+  private onAuthed(frame: Record<string, unknown>): ProtocolEvent[] {
+    const identity = readIdentity(frame);
+    if (identity === null) {
+      return [{ kind: "protocol", message: `an authed frame without sub, role or expires_at: ${preview(frame)}`, resubscribe: "none" }];
+    }
+    return [{ kind: "authed", ...identity }];
   }
 
   private onDiffs(frame: Record<string, unknown>): ProtocolEvent[] {
     const { sub, seq, diffs } = frame;
     if (typeof sub !== "string" || !isSeq(seq) || !Array.isArray(diffs)) {
-      return [{ kind: "protocol", message: "a diffs frame without a sub, a seq or diffs" }];
+      return [this.unreadable(frame, `a diffs frame without a sub, a seq or diffs: ${preview(frame)}`)];
     }
     const record = this.subs.get(sub);
     if (!record || record.phase === "closing" || record.phase === "restarting") return [];
@@ -270,7 +308,7 @@ export class ProtocolState {
   }
 
   private onUnsubscribed(frame: Record<string, unknown>): ProtocolEvent[] {
-    if (typeof frame.sub !== "string") return [{ kind: "protocol", message: "an unsubscribed frame without a sub" }];
+    if (typeof frame.sub !== "string") return [this.unreadable(frame, "an unsubscribed frame without a sub")];
     const sub = frame.sub;
     const record = this.subs.get(sub);
     if (record?.phase === "restarting") {
@@ -304,6 +342,36 @@ export class ProtocolState {
     }
     return [{ kind: "resumed", session: this.session ?? "", replayed, reset, failed }];
   }
+}
+
+/** A frame (or part of one) for a message, cut short. */
+function preview(value: unknown): string {
+  let text: string;
+  try {
+    text = JSON.stringify(value) ?? String(value);
+  } catch {
+    // Nested too deep to print, say.
+    text = "(unprintable)";
+  }
+  return text.length > 200 ? `${text.slice(0, 200)}…` : text;
+}
+
+function readIdentity(value: Record<string, unknown>): AuthIdentity | null {
+  const { sub, role, expires_at } = value;
+  if (typeof sub !== "string" || typeof role !== "string" || typeof expires_at !== "number" || !Number.isFinite(expires_at)) {
+    return null;
+  }
+  return { sub, role, expires_at };
+}
+
+/**
+ * `welcome.auth`. Absent means `"none"` (a server without auth); a form this client
+ * does not know is taken as `"required"`: a client with a token then sends it.
+ */
+function readAuth(value: unknown): WelcomeAuth {
+  if (value === undefined || value === null || value === "none") return "none";
+  if (isObject(value)) return readIdentity(value) ?? "required";
+  return "required";
 }
 
 /** The `OrdoError` a gap or an unappliable frame is reported as. */

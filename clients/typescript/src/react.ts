@@ -3,7 +3,7 @@
 
 import { useCallback, useEffect, useRef, useState, useSyncExternalStore } from "react";
 
-import type { LiveList, OrdoClient } from "./client.js";
+import { OrdoClient, type LiveList, type OrdoClientOptions } from "./client.js";
 import type { OrdoError } from "./errors.js";
 import type { Item, SubscribeOptions } from "./types.js";
 
@@ -23,15 +23,71 @@ const NO_ITEMS: readonly Item[] = Object.freeze([]);
 const IDLE: LiveListState = Object.freeze({ items: NO_ITEMS, ready: false, error: null, list: null });
 
 /**
+ * An `OrdoClient` owned by the component: made at mount (and when `url` changes),
+ * closed at unmount. `token` and `tokenProvider` pass through to it and are read
+ * at every authentication, so new ones need no new connection: a changed `token`
+ * is sent at once on the live connection (a refresh). They must stay for the same
+ * user; for another one, remount (a React `key`). Null options: no client.
+ */
+export function useOrdoClient(options: OrdoClientOptions | null | undefined): OrdoClient | null {
+  const latest = useRef(options);
+  latest.current = options;
+  const [client, setClient] = useState<OrdoClient | null>(null);
+  const url = options?.url ?? null;
+  const hasToken = options ? options.token !== undefined || options.tokenProvider !== undefined : false;
+
+  useEffect(() => {
+    const current = latest.current;
+    if (!current || url === null) return undefined;
+    const { token: _token, tokenProvider: _provider, ...rest } = current;
+    const made = new OrdoClient({
+      ...rest,
+      // Read at each `auth`: the props of the last render.
+      ...(hasToken
+        ? {
+            tokenProvider: async () => {
+              const now = latest.current;
+              if (now?.tokenProvider) return now.tokenProvider();
+              if (now?.token !== undefined) return now.token;
+              throw new Error("no token or tokenProvider any more");
+            },
+          }
+        : {}),
+    });
+    setClient(made);
+    return () => {
+      made.close();
+      setClient((shown) => (shown === made ? null : shown));
+    };
+  }, [url, hasToken]);
+
+  const token = options?.token;
+  useEffect(() => {
+    if (client && token !== undefined) client.refreshToken();
+  }, [client, token]);
+
+  return client;
+}
+
+function isClient(value: OrdoClient | OrdoClientOptions): value is OrdoClient {
+  return typeof (value as Partial<OrdoClient>).subscribe === "function";
+}
+
+/**
  * Subscribes to a window for as long as the component is mounted and returns its
  * contents. A change of `collection`, `fields`, `payload` or `id` subscribes anew;
  * a change of `filter`/`sort` becomes a `set_view` and of `offset`/`limit` a
  * `set_range`, so the list moves by diffs. Pass a null client or view to hold off.
+ *
+ * `client` is an `OrdoClient`, or the options of one the hook makes and owns
+ * (`{ url, token }` or `{ url, tokenProvider }`, see `useOrdoClient`).
  */
 export function useLiveList(
-  client: OrdoClient | null | undefined,
+  clientOrOptions: OrdoClient | OrdoClientOptions | null | undefined,
   view: SubscribeOptions | null | undefined,
 ): LiveListState {
+  const owned = useOrdoClient(clientOrOptions && !isClient(clientOrOptions) ? clientOrOptions : null);
+  const client = clientOrOptions && isClient(clientOrOptions) ? clientOrOptions : owned;
   const identity = view
     ? JSON.stringify([view.collection, view.fields ?? null, view.payload ?? null, view.id ?? null])
     : null;

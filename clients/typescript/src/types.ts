@@ -75,12 +75,29 @@ export type SubscribeOptions = WindowDefinition & { id?: string };
 
 // ---- Server → client frames ----
 
+/** Who a connection is, as the server says in `authed` (and in `welcome` when the token came with the upgrade). */
+export type AuthIdentity = { sub: string; role: string; expires_at: number };
+
+/**
+ * `welcome.auth`: `"none"` (the server runs without auth: send no `auth`), `"required"`
+ * (send `auth` first), or the identity the connection already has (a token in the
+ * upgrade request). Servers without auth leave it out, which means `"none"`.
+ */
+export type WelcomeAuth = "none" | "required" | AuthIdentity;
+
 export type WelcomeFrame = {
   type: "welcome";
   protocol: number;
   session: string;
   limits?: Record<string, unknown>;
+  auth?: WelcomeAuth;
 };
+
+/** The answer to `auth`: the token is accepted (`expires_at`: its `exp`, unix seconds). */
+export type AuthedFrame = { type: "authed" } & AuthIdentity;
+
+/** The connection's token has expired: a valid `auth` within `grace_secs` keeps the connection. */
+export type AuthExpiredFrame = { type: "auth_expired"; grace_secs: number };
 
 export type DiffsFrame = { type: "diffs"; sub: string; seq: number; diffs: VectorDiff[] };
 
@@ -96,7 +113,14 @@ export type ResumedSub =
 
 export type ResumedFrame = { type: "resumed"; session: string; subs: ResumedSub[] };
 
-export type ServerFrame = WelcomeFrame | DiffsFrame | ErrorFrame | UnsubscribedFrame | ResumedFrame;
+export type ServerFrame =
+  | WelcomeFrame
+  | DiffsFrame
+  | ErrorFrame
+  | UnsubscribedFrame
+  | ResumedFrame
+  | AuthedFrame
+  | AuthExpiredFrame;
 
 // ---- Client → server messages ----
 
@@ -107,4 +131,7 @@ export type UnsubscribeOp = { op: "unsubscribe"; sub: string };
 export type ResumeEntry = { sub: string; last_seq: number } & WindowDefinition;
 export type ResumeOp = { op: "resume"; session: string; subs: ResumeEntry[] };
 
-export type ClientMessage = SubscribeOp | SetRangeOp | SetViewOp | UnsubscribeOp | ResumeOp;
+/** Authenticates the connection, or refreshes its token (same identity, later `exp`). */
+export type AuthOp = { op: "auth"; token: string };
+
+export type ClientMessage = SubscribeOp | SetRangeOp | SetViewOp | UnsubscribeOp | ResumeOp | AuthOp;

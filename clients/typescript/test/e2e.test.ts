@@ -167,7 +167,8 @@ describe("OrdoClient against ordo serve", () => {
     const { errors } = watch(lists);
     await Promise.all(lists.map((list) => list.ready));
     expect(client.state).toBe("open");
-    expect(client.session).toMatch(/^[0-9a-f]{16}$/);
+    // 64 bits of hex before auth, 128 since.
+    expect(client.session).toMatch(/^(?:[0-9a-f]{16}|[0-9a-f]{32})$/);
     expect(lists.map((list) => list.id).slice(0, 4)).toEqual(["recent", "dms", "unread", "by-id"]);
     await allEqual(lists, "after subscribing");
 
@@ -338,11 +339,13 @@ describe("OrdoClient against ordo serve", () => {
     expect(first.session).toBe(session);
     expect(first.subs.map((entry) => entry.sub).sort()).toEqual(lists.map((list) => list.id).sort());
     const resumed = tap!.received[socket]!.find((frame) => (frame as { type: string }).type === "resumed") as {
+      session: string;
       subs: { sub: string; replayed?: number; reset?: boolean }[];
     };
     expect(resumed.subs.every((entry) => typeof entry.replayed === "number")).toBe(true);
     for (const list of lists) expect(resets.get(list.id)).toBe(0);
-    expect(client.session).toBe(session);
+    // The session to name next time is the one `resumed` gave (a new one at every resume since auth).
+    expect(client.session).toBe(resumed.session);
   });
 
   for (const signal of ["SIGTERM", "SIGKILL"] as const) {

@@ -1,5 +1,6 @@
-// Helpers of the end-to-end tests: a real `ordo serve` on loopback, its HTTP API,
-// a WebSocket class whose instances the tests can reach, and polling with a deadline.
+// Helpers of the tests: a real `ordo serve` on loopback, its HTTP API, a WebSocket
+// class whose instances the tests can reach, polling with a deadline, and a scripted
+// server (a WebSocket server whose frames a test writes one by one).
 
 import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
@@ -8,7 +9,7 @@ import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { isDeepStrictEqual } from "node:util";
 
-import WebSocket from "ws";
+import WebSocket, { WebSocketServer } from "ws";
 
 import type { Item, LiveList, WindowDefinition } from "../src/index.js";
 
@@ -271,4 +272,119 @@ export class Rng {
   chance(p: number): boolean {
     return this.next() < p;
   }
+}
+
+// ---- A scripted server: the tests play the server's side frame by frame ----
+
+/** One connection to a `ScriptedServer`: what the client sent, and the server's side of it. */
+export class ScriptedConnection {
+  /** Every message the client sent on this connection (after JSON.parse). */
+  readonly received: unknown[] = [];
+  /** Resolves with the close code once the connection is closed (by either side). */
+  readonly closed: Promise<number>;
+  private readonly waiting: ((message: unknown) => void)[] = [];
+  private read = 0;
+
+  constructor(readonly socket: WebSocket) {
+    socket.on("message", (data) => {
+      const message = JSON.parse(String(data));
+      this.received.push(message);
+      this.waiting.shift()?.(message);
+    });
+    this.closed = new Promise((resolvePromise) => socket.on("close", (code) => resolvePromise(code)));
+  }
+
+  /** The next message this test has not read yet, waiting for it if need be. */
+  async next(timeoutMs = 5_000): Promise<Record<string, unknown>> {
+    if (this.read < this.received.length) return this.received[this.read++] as Record<string, unknown>;
+    return new Promise((resolvePromise, reject) => {
+      const timer = setTimeout(() => {
+        const index = this.waiting.indexOf(take);
+        if (index >= 0) this.waiting.splice(index, 1);
+        reject(new Error(`no message from the client in ${timeoutMs} ms (it sent ${JSON.stringify(this.received)})`));
+      }, timeoutMs);
+      const take = (message: unknown) => {
+        clearTimeout(timer);
+        this.read += 1;
+        resolvePromise(message as Record<string, unknown>);
+      };
+      this.waiting.push(take);
+    });
+  }
+
+  /** Fails if the client sends anything within `ms`. */
+  async nothingFor(ms: number): Promise<void> {
+    const before = this.received.length;
+    await sleep(ms);
+    if (this.received.length !== before) {
+      throw new Error(`the client sent ${JSON.stringify(this.received.slice(before))} when it should have waited`);
+    }
+  }
+
+  send(frame: unknown): void {
+    this.socket.send(JSON.stringify(frame));
+  }
+
+  sendRaw(text: string): void {
+    this.socket.send(text);
+  }
+
+  welcome(session: string, auth?: unknown): void {
+    this.send({ type: "welcome", protocol: 1, session, limits: { ws_messages_per_second: 100 }, ...(auth === undefined ? {} : { auth }) });
+  }
+
+  close(code: number, reason = ""): void {
+    this.socket.close(code, reason);
+  }
+}
+
+/** A WebSocket server on loopback whose every frame the test writes by hand. */
+export class ScriptedServer {
+  readonly connections: ScriptedConnection[] = [];
+  private readonly waiting: ((connection: ScriptedConnection) => void)[] = [];
+
+  private constructor(private readonly server: WebSocketServer) {
+    server.on("connection", (socket) => {
+      const connection = new ScriptedConnection(socket);
+      this.connections.push(connection);
+      this.waiting.shift()?.(connection);
+    });
+  }
+
+  static async start(): Promise<ScriptedServer> {
+    const server = new WebSocketServer({ host: "127.0.0.1", port: 0 });
+    await new Promise<void>((resolvePromise) => server.once("listening", () => resolvePromise()));
+    return new ScriptedServer(server);
+  }
+
+  get url(): string {
+    const address = this.server.address() as { port: number };
+    return `ws://127.0.0.1:${address.port}/v1/ws`;
+  }
+
+  private taken = 0;
+
+  /** The next connection this test has not taken yet, waiting for it if need be. */
+  async nextConnection(timeoutMs = 5_000): Promise<ScriptedConnection> {
+    if (this.taken < this.connections.length) return this.connections[this.taken++]!;
+    return new Promise((resolvePromise, reject) => {
+      const timer = setTimeout(() => reject(new Error(`no connection in ${timeoutMs} ms`)), timeoutMs);
+      this.waiting.push((connection) => {
+        clearTimeout(timer);
+        this.taken += 1;
+        resolvePromise(connection);
+      });
+    });
+  }
+
+  async close(): Promise<void> {
+    for (const client of this.server.clients) client.terminate();
+    await new Promise<void>((resolvePromise) => this.server.close(() => resolvePromise()));
+  }
+}
+
+/** An unsigned JWT-shaped token with these claims (the client reads `exp`; only a server checks signatures). */
+export function fakeJwt(claims: Record<string, unknown>): string {
+  const part = (value: unknown) => Buffer.from(JSON.stringify(value)).toString("base64url");
+  return `${part({ alg: "HS256", typ: "JWT" })}.${part(claims)}.c2lnbmF0dXJl`;
 }

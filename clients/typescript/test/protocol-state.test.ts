@@ -23,9 +23,47 @@ describe("ProtocolState", () => {
   it("reports welcome and keeps the session", () => {
     const state = new ProtocolState();
     expect(state.handleFrame({ type: "welcome", protocol: 1, session: "abc", limits: { x: 1 } })).toEqual([
-      { kind: "welcome", session: "abc", protocol: 1, limits: { x: 1 } },
+      { kind: "welcome", session: "abc", protocol: 1, limits: { x: 1 }, auth: "none" },
     ]);
     expect(state.session).toBe("abc");
+  });
+
+  it("reads the welcome's auth, authed and auth_expired", () => {
+    const state = new ProtocolState();
+    const welcome = (auth: unknown) => state.handleFrame({ type: "welcome", protocol: 1, session: "s", limits: {}, auth });
+    expect(welcome("none")).toMatchObject([{ kind: "welcome", auth: "none" }]);
+    expect(welcome("required")).toMatchObject([{ kind: "welcome", auth: "required" }]);
+    expect(welcome({ sub: "u42", role: "reader", expires_at: 1732262400 })).toMatchObject([
+      { kind: "welcome", auth: { sub: "u42", role: "reader", expires_at: 1732262400 } },
+    ]);
+    // A form it does not know: a client with a token sends it.
+    expect(welcome("oauth-something")).toMatchObject([{ kind: "welcome", auth: "required" }]);
+    expect(state.handleFrame({ type: "authed", sub: "u42", role: "reader", expires_at: 1732262400 })).toEqual([
+      { kind: "authed", sub: "u42", role: "reader", expires_at: 1732262400 },
+    ]);
+    expect(state.handleFrame({ type: "authed", sub: "u42" })).toMatchObject([{ kind: "protocol", resubscribe: "none" }]);
+    expect(state.handleFrame({ type: "auth_expired", grace_secs: 30 })).toEqual([{ kind: "auth_expired", grace_secs: 30 }]);
+  });
+
+  it("says which lists an unreadable frame may have concerned", () => {
+    const state = new ProtocolState();
+    state.subscribe("a");
+    expect(state.handleFrame({ type: "diffs", sub: "a", seq: 1, diffs: "no" })).toMatchObject([
+      { kind: "protocol", resubscribe: "sub", sub: "a" },
+    ]);
+    // A sub it does not hold cannot be trusted: every list.
+    expect(state.handleFrame({ type: "diffs", sub: "zz", seq: "1" })).toMatchObject([{ kind: "protocol", resubscribe: "all" }]);
+    expect(state.handleFrame([1, 2])).toMatchObject([{ kind: "protocol", resubscribe: "all" }]);
+    expect(state.handleFrame({ type: "unsubscribed" })).toMatchObject([{ kind: "protocol", resubscribe: "all" }]);
+    // Nested too deep to print: still an event, not an exception.
+    let deep: unknown = [];
+    for (let i = 0; i < 200_000; i++) deep = [deep];
+    expect(state.handleFrame(deep)).toMatchObject([{ kind: "protocol", resubscribe: "all" }]);
+    // Items that are not items are diffs that do not apply.
+    expect(state.handleFrame({ type: "diffs", sub: "a", seq: 1, diffs: [{ Reset: { values: [{ id: 1 }] } }] })).toMatchObject([
+      { kind: "invalid_diffs", sub: "a" },
+    ]);
+    expect(state.get("a")).toMatchObject({ seq: 0, items: [] });
   });
 
   it("a refused subscribe removes the subscription; a refused request keeps it", () => {

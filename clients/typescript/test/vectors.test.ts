@@ -63,6 +63,10 @@ function asVectorEvent(event: ProtocolEvent): Record<string, unknown> | null {
       return { kind: "invalid_diffs", sub: event.sub };
     case "protocol":
       return { kind: "protocol", message: event.message };
+    case "authed":
+    case "auth_expired":
+      // Not named by the corpus.
+      return null;
   }
 }
 

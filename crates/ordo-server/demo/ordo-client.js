@@ -1,3 +1,37 @@
+// src/auth.ts
+function decodeBase64Url(text) {
+  const base64 = text.replace(/-/g, "+").replace(/_/g, "/");
+  const padded = base64 + "=".repeat((4 - base64.length % 4) % 4);
+  const binary = atob(padded);
+  const bytes = new Uint8Array(binary.length);
+  for (let index = 0; index < binary.length; index++) bytes[index] = binary.charCodeAt(index);
+  return new TextDecoder().decode(bytes);
+}
+function jwtClaims(token) {
+  const parts = token.split(".");
+  if (parts.length !== 3 || parts[1] === "") return null;
+  try {
+    const claims = JSON.parse(decodeBase64Url(parts[1]));
+    return claims !== null && typeof claims === "object" && !Array.isArray(claims) ? claims : null;
+  } catch {
+    return null;
+  }
+}
+function jwtTimes(token) {
+  const claims = jwtClaims(token);
+  const time = (value) => typeof value === "number" && Number.isFinite(value) ? value : null;
+  return { exp: time(claims?.exp), iat: time(claims?.iat) };
+}
+var MAX_REFRESH_MARGIN_MS = 6e4;
+var MIN_REFRESH_DELAY_MS = 1e3;
+function refreshDelayMs(exp, iat, nowMs) {
+  if (exp === null) return null;
+  const expMs = exp * 1e3;
+  const lifetimeMs = Math.max(0, expMs - (iat !== null ? iat * 1e3 : nowMs));
+  const at = expMs - Math.min(MAX_REFRESH_MARGIN_MS, lifetimeMs / 5);
+  return Math.min(2147483647, Math.max(MIN_REFRESH_DELAY_MS, at - nowMs));
+}
+
 // src/emitter.ts
 var Emitter = class {
   constructor() {
@@ -53,8 +87,18 @@ function checkIndex(kind, index, bound) {
   }
   return index;
 }
+function checkItem(kind, value) {
+  if (value === null || typeof value !== "object" || Array.isArray(value)) throw bad(`${kind}: an item is not an object`);
+  const { id, fields } = value;
+  if (typeof id !== "string") throw bad(`${kind}: an item without a string \`id\``);
+  if (fields === null || typeof fields !== "object" || Array.isArray(fields)) {
+    throw bad(`${kind}: item \`${id}\` has no \`fields\` object`);
+  }
+  return value;
+}
 function checkItems(kind, values) {
   if (!Array.isArray(values)) throw bad(`${kind}: \`values\` is not an array`);
+  for (const value of values) checkItem(kind, value);
   return values;
 }
 function applyDiffs(items, diffs) {
@@ -74,10 +118,10 @@ function applyDiffs(items, diffs) {
         out.length = 0;
         break;
       case "PushFront":
-        out.unshift(body.value);
+        out.unshift(checkItem(kind, body.value));
         break;
       case "PushBack":
-        out.push(body.value);
+        out.push(checkItem(kind, body.value));
         break;
       case "PopFront":
         if (out.length === 0) throw bad("PopFront on an empty list");
@@ -88,10 +132,10 @@ function applyDiffs(items, diffs) {
         out.pop();
         break;
       case "Insert":
-        out.splice(checkIndex(kind, body.index, out.length), 0, body.value);
+        out.splice(checkIndex(kind, body.index, out.length), 0, checkItem(kind, body.value));
         break;
       case "Set":
-        out[checkIndex(kind, body.index, out.length - 1)] = body.value;
+        out[checkIndex(kind, body.index, out.length - 1)] = checkItem(kind, body.value);
         break;
       case "Remove":
         out.splice(checkIndex(kind, body.index, out.length - 1), 1);
@@ -228,9 +272,13 @@ var ProtocolState = class {
   /** Handles one server frame (after `JSON.parse`) and returns what it means. */
   handleFrame(frame) {
     if (!isObject(frame) || typeof frame.type !== "string") {
-      return [{ kind: "protocol", message: `a frame without a type: ${JSON.stringify(frame)}` }];
+      return [this.unreadable(frame, `a frame without a type: ${preview(frame)}`)];
     }
     switch (frame.type) {
+      case "authed":
+        return this.onAuthed(frame);
+      case "auth_expired":
+        return [{ kind: "auth_expired", grace_secs: isSeq(frame.grace_secs) ? frame.grace_secs : 0 }];
       case "welcome":
         return this.onWelcome(frame);
       case "diffs":
@@ -245,19 +293,36 @@ var ProtocolState = class {
         return [];
     }
   }
+  /**
+   * The event for a frame that cannot be read (`frame` is what `JSON.parse` gave, or
+   * undefined when it gave nothing): which lists it may have concerned.
+   */
+  unreadable(frame, message) {
+    const sub = isObject(frame) && typeof frame.sub === "string" ? frame.sub : void 0;
+    if (sub !== void 0 && this.subs.has(sub)) return { kind: "protocol", message, resubscribe: "sub", sub };
+    return { kind: "protocol", message, resubscribe: "all" };
+  }
   onWelcome(frame) {
     if (typeof frame.session !== "string") {
-      return [{ kind: "protocol", message: "a welcome without a session" }];
+      return [{ kind: "protocol", message: "a welcome without a session", resubscribe: "none" }];
     }
+    const auth = readAuth(frame.auth);
     this.session = frame.session;
     const protocol = typeof frame.protocol === "number" ? frame.protocol : 0;
     const limits = isObject(frame.limits) ? frame.limits : {};
-    return [{ kind: "welcome", session: frame.session, protocol, limits }];
+    return [{ kind: "welcome", session: frame.session, protocol, limits, auth }];
+  }
+  onAuthed(frame) {
+    const identity = readIdentity(frame);
+    if (identity === null) {
+      return [{ kind: "protocol", message: `an authed frame without sub, role or expires_at: ${preview(frame)}`, resubscribe: "none" }];
+    }
+    return [{ kind: "authed", ...identity }];
   }
   onDiffs(frame) {
     const { sub, seq, diffs } = frame;
     if (typeof sub !== "string" || !isSeq(seq) || !Array.isArray(diffs)) {
-      return [{ kind: "protocol", message: "a diffs frame without a sub, a seq or diffs" }];
+      return [this.unreadable(frame, `a diffs frame without a sub, a seq or diffs: ${preview(frame)}`)];
     }
     const record = this.subs.get(sub);
     if (!record || record.phase === "closing" || record.phase === "restarting") return [];
@@ -303,7 +368,7 @@ var ProtocolState = class {
     }
   }
   onUnsubscribed(frame) {
-    if (typeof frame.sub !== "string") return [{ kind: "protocol", message: "an unsubscribed frame without a sub" }];
+    if (typeof frame.sub !== "string") return [this.unreadable(frame, "an unsubscribed frame without a sub")];
     const sub = frame.sub;
     const record = this.subs.get(sub);
     if (record?.phase === "restarting") {
@@ -336,6 +401,27 @@ var ProtocolState = class {
     return [{ kind: "resumed", session: this.session ?? "", replayed, reset, failed }];
   }
 };
+function preview(value) {
+  let text;
+  try {
+    text = JSON.stringify(value) ?? String(value);
+  } catch {
+    text = "(unprintable)";
+  }
+  return text.length > 200 ? `${text.slice(0, 200)}\u2026` : text;
+}
+function readIdentity(value) {
+  const { sub, role, expires_at } = value;
+  if (typeof sub !== "string" || typeof role !== "string" || typeof expires_at !== "number" || !Number.isFinite(expires_at)) {
+    return null;
+  }
+  return { sub, role, expires_at };
+}
+function readAuth(value) {
+  if (value === void 0 || value === null || value === "none") return "none";
+  if (isObject(value)) return readIdentity(value) ?? "required";
+  return "required";
+}
 function lossError(event) {
   if (event.kind === "gap") {
     return new OrdoError(
@@ -361,6 +447,7 @@ var SEND_BURST = 100;
 var DEFAULT_MESSAGES_PER_SECOND = 100;
 var HANDSHAKE_TIMEOUT_MS = 2e4;
 var MAX_WINDOW_LIMIT = 1e3;
+var CLOSE_UNAUTHORIZED = 4401;
 var MAX_WINDOW_OFFSET = 4294967295;
 function copyDefinition(definition) {
   const copy = { collection: definition.collection, limit: definition.limit };
@@ -493,8 +580,20 @@ var OrdoClient = class {
     this.lists = /* @__PURE__ */ new Map();
     this.emitter = new Emitter();
     this.socket = null;
-    /** The socket has had its `welcome`: messages may go out. */
+    /** The socket has had its `welcome`: `auth` may go out. */
+    this.welcomed = false;
+    /** The socket has had its `welcome` (and `authed`, when the server wants a token): every message may go out. */
     this.handshaken = false;
+    /** The `welcome`'s session, kept while `auth` is answered. */
+    this.welcomeSession = null;
+    /** An `auth` is on its way (or its token is being fetched). */
+    this.authPending = false;
+    /** Bumped at every token request: an answer for an older one is dropped. */
+    this.authGeneration = 0;
+    this.refreshTimer = null;
+    /** The last token sent: its `exp` sets the next refresh. */
+    this.lastToken = null;
+    this._identity = null;
     this._state = "connecting";
     /** The session to name in the next `resume`. */
     this.resumeSession = null;
@@ -517,6 +616,12 @@ var OrdoClient = class {
     this.initialDelayMs = Math.max(1, options.reconnect?.initialDelayMs ?? DEFAULT_INITIAL_DELAY_MS);
     this.maxDelayMs = Math.max(this.initialDelayMs, options.reconnect?.maxDelayMs ?? DEFAULT_MAX_DELAY_MS);
     this.reconnectEnabled = options.reconnect?.enabled ?? true;
+    this.token = options.token;
+    this.tokenProvider = options.tokenProvider;
+    if (this.token !== void 0 && typeof this.token !== "string") throw new TypeError("`token` must be a string");
+    if (this.tokenProvider !== void 0 && typeof this.tokenProvider !== "function") {
+      throw new TypeError("`tokenProvider` must be a function returning a token");
+    }
     this.connect();
   }
   /** The session of the current (or last) connection, from `welcome` then `resumed`. */
@@ -525,6 +630,10 @@ var OrdoClient = class {
   }
   get state() {
     return this._state;
+  }
+  /** Who the server says the connection is (from `authed`), or null (no auth, or not yet). */
+  get identity() {
+    return this._identity;
   }
   on(event, listener) {
     return this.emitter.on(event, listener);
@@ -550,6 +659,14 @@ var OrdoClient = class {
     this.core.subscribe(id);
     if (this.handshaken) this.sendSubscribe(list);
     return list;
+  }
+  /**
+   * Gets a token now (from `tokenProvider`) and sends it on the live connection, as the
+   * refresh before expiry does. Nothing happens without a provider or a connection.
+   * The token must be for the same identity (else the server answers `forbidden`).
+   */
+  refreshToken() {
+    if (this.tokenProvider && this.handshaken && this._identity !== null) void this.authenticate();
   }
   /** Closes the connection for good: every list stops (pending `ready`s reject with `closed`). */
   close() {
@@ -588,7 +705,7 @@ var OrdoClient = class {
         socket.close();
       } catch {
       }
-      this.emitter.emit("error", new OrdoError("protocol", `no welcome from ${this.url} in ${HANDSHAKE_TIMEOUT_MS} ms`));
+      this.emitter.emit("error", new OrdoError("protocol", `no welcome (or no authed) from ${this.url} in ${HANDSHAKE_TIMEOUT_MS} ms`));
       this.onSocketGone(void 0);
     }, HANDSHAKE_TIMEOUT_MS);
     socket.onmessage = (event) => {
@@ -612,7 +729,13 @@ var OrdoClient = class {
       };
     }
     this.socket = null;
+    this.welcomed = false;
     this.handshaken = false;
+    this.welcomeSession = null;
+    this.authPending = false;
+    this.authGeneration += 1;
+    if (this.refreshTimer !== null) clearTimeout(this.refreshTimer);
+    this.refreshTimer = null;
     this.outbox = [];
   }
   clearTimers() {
@@ -623,6 +746,12 @@ var OrdoClient = class {
   }
   onSocketGone(code) {
     this.detachSocket();
+    if (code === CLOSE_UNAUTHORIZED && this._state !== "closed") {
+      this.emitter.emit(
+        "error",
+        new OrdoError("unauthorized", "the server closed the connection for want of a valid token (close code 4401)")
+      );
+    }
     if (this.drainTimer !== null) clearTimeout(this.drainTimer);
     this.drainTimer = null;
     if (this._state === "closed") return;
@@ -633,6 +762,10 @@ var OrdoClient = class {
       this.setState("closed");
       return;
     }
+    this.scheduleReconnect();
+  }
+  /** Connects again after the backoff's delay (exponential, capped, with jitter). */
+  scheduleReconnect() {
     this.setState("reconnecting");
     const ceiling = Math.min(this.maxDelayMs, this.initialDelayMs * 2 ** Math.min(this.attempt, 30));
     this.attempt += 1;
@@ -648,6 +781,12 @@ var OrdoClient = class {
   send(message) {
     if (!this.socket || !this.handshaken) return;
     this.outbox.push(JSON.stringify(message));
+    this.drain();
+  }
+  /** `auth` goes out as soon as the `welcome` came (before anything else at connection). */
+  sendAuth(token) {
+    if (!this.socket || !this.welcomed) return;
+    this.outbox.push(JSON.stringify({ op: "auth", token }));
     this.drain();
   }
   /** Sends what the rate allows; the rest waits (the server refuses messages past its rate). */
@@ -722,22 +861,53 @@ var OrdoClient = class {
   // ---- Receiving ----
   onMessage(data) {
     if (typeof data !== "string") {
-      this.emitter.emit("error", new OrdoError("protocol", "the server sent a binary frame"));
+      this.onUnreadable(void 0, "the server sent a binary frame");
       return;
     }
     let frame;
     try {
       frame = JSON.parse(data);
     } catch {
-      this.emitter.emit("error", new OrdoError("protocol", `the server sent a frame that is not JSON`));
+      this.onUnreadable(void 0, `the server sent a frame that is not JSON: ${data.length > 200 ? `${data.slice(0, 200)}\u2026` : data}`);
       return;
     }
-    for (const event of this.core.handleFrame(frame)) this.onEvent(event);
+    let events;
+    try {
+      events = this.core.handleFrame(frame);
+    } catch (error) {
+      this.onUnreadable(frame, `a frame this client could not handle: ${describe(error)}`);
+      return;
+    }
+    for (const event of events) {
+      try {
+        this.onEvent(event);
+      } catch (error) {
+        this.onUnreadable(frame, `a frame this client could not handle: ${describe(error)}`);
+        return;
+      }
+    }
+  }
+  /** A frame that could not be read: report it, and re-subscribe what it may have concerned. */
+  onUnreadable(frame, message) {
+    this.onEvent(this.core.unreadable(frame, message));
   }
   onEvent(event) {
     switch (event.kind) {
       case "welcome":
         this.onWelcome(event);
+        return;
+      case "authed":
+        this.onAuthed(event);
+        return;
+      case "auth_expired":
+        if (this.tokenProvider) {
+          void this.authenticate();
+        } else {
+          this.emitter.emit(
+            "error",
+            new OrdoError("auth_expired", "the token expired and cannot be refreshed without a `tokenProvider`")
+          );
+        }
         return;
       case "resumed":
         this.resumeSession = event.session;
@@ -761,10 +931,7 @@ var OrdoClient = class {
         if (!list) return;
         list._fail(lossError(event), false);
         if (this.lists.get(event.sub) !== list || !this.handshaken) return;
-        this.core.restart(list.id);
-        list._restarting();
-        this.send({ op: "unsubscribe", sub: list.id });
-        this.sendSubscribe(list);
+        this.restartList(list);
         return;
       }
       case "error": {
@@ -772,6 +939,9 @@ var OrdoClient = class {
         const list = event.sub === void 0 ? void 0 : this.lists.get(event.sub);
         if (!list) {
           this.emitter.emit("error", error);
+          if (event.sub === void 0 && (event.code === "unauthorized" || event.code === "forbidden")) {
+            this.onAuthRefused();
+          }
           return;
         }
         if (event.refused === "subscribe") {
@@ -790,9 +960,66 @@ var OrdoClient = class {
       case "unsubscribed":
         return;
       case "protocol":
-        this.emitter.emit("error", new OrdoError("protocol", event.message));
+        this.onProtocolError(event);
         return;
     }
+  }
+  /**
+   * An unreadable frame: it may have carried a list's data, so that list (or every
+   * list, when the frame named none that can be trusted) subscribes again and starts
+   * over from a Reset. The connection and the other lists go on.
+   */
+  onProtocolError(event) {
+    const error = new OrdoError("protocol", event.message, event.sub);
+    const named = event.resubscribe === "sub" && event.sub !== void 0 ? this.lists.get(event.sub) : void 0;
+    if (named) named._fail(error, false);
+    else this.emitter.emit("error", error);
+    if (event.resubscribe === "none") return;
+    if (!this.handshaken) {
+      if (this.socket) this.restartConnection(true);
+      return;
+    }
+    if (named && this.isSettled(named.id)) {
+      this.restartList(named);
+      return;
+    }
+    for (const sub of this.core.ids()) {
+      if (!this.isSettled(sub) || !this.lists.has(sub)) {
+        this.restartConnection(false);
+        return;
+      }
+    }
+    for (const list of this.lists.values()) this.restartList(list);
+  }
+  /** The subscription is live or being subscribed: no `unsubscribed` is awaited for it. */
+  isSettled(sub) {
+    const phase = this.core.get(sub)?.phase;
+    return phase === "live" || phase === "subscribing";
+  }
+  /** Recovers a list: a fresh subscription under the same id, whose first frame is a Reset. */
+  restartList(list) {
+    this.core.restart(list.id);
+    list._restarting();
+    this.send({ op: "unsubscribe", sub: list.id });
+    this.sendSubscribe(list);
+  }
+  /**
+   * Drops the connection and connects again (after the backoff's delay, even when
+   * reconnection is disabled: this is no lost connection): with `resume`, or
+   * subscribing every list afresh.
+   */
+  restartConnection(resume) {
+    const socket = this.socket;
+    if (!socket) return;
+    if (!resume) this.resumeSession = null;
+    this.detachSocket();
+    try {
+      socket.close(1e3, "unreadable frame");
+    } catch {
+    }
+    if (this.drainTimer !== null) clearTimeout(this.drainTimer);
+    this.drainTimer = null;
+    this.scheduleReconnect();
   }
   onWelcome(event) {
     if (event.protocol !== PROTOCOL_VERSION) {
@@ -805,6 +1032,87 @@ var OrdoClient = class {
     if (typeof rate === "number" && rate > 0) this.messagesPerSecond = rate * 0.9;
     this.tokens = SEND_BURST;
     this.tokensAt = Date.now();
+    this.welcomed = true;
+    this.welcomeSession = event.session;
+    if (typeof event.auth === "object") this.setIdentity(event.auth);
+    const hasToken = this.tokenProvider !== void 0 || this.token !== void 0;
+    if (event.auth !== "none" && hasToken) {
+      void this.authenticate();
+      return;
+    }
+    if (event.auth === "required") {
+      this.emitter.emit(
+        "error",
+        new OrdoError("unauthorized", "the server requires a token: pass `token` or `tokenProvider` to OrdoClient")
+      );
+    }
+    this.onReady(event.session);
+  }
+  /** Gets a token (the provider's, or the fixed one) and sends `auth`. */
+  async authenticate() {
+    const socket = this.socket;
+    if (!socket || !this.welcomed) return;
+    const generation = ++this.authGeneration;
+    this.authPending = true;
+    if (this.refreshTimer !== null) clearTimeout(this.refreshTimer);
+    this.refreshTimer = null;
+    let token;
+    try {
+      token = this.tokenProvider ? await this.tokenProvider() : this.token;
+      if (typeof token !== "string" || token === "") throw new TypeError(`not a token: ${String(token)}`);
+    } catch (error) {
+      if (this.socket !== socket || generation !== this.authGeneration) return;
+      this.emitter.emit("error", new OrdoError("unauthorized", `the token provider failed: ${describe(error)}`));
+      this.onAuthRefused();
+      return;
+    }
+    if (this.socket !== socket || generation !== this.authGeneration) return;
+    this.lastToken = token;
+    this.sendAuth(token);
+  }
+  onAuthed(event) {
+    if (!this.welcomed) return;
+    this.authPending = false;
+    this.setIdentity({ sub: event.sub, role: event.role, expires_at: event.expires_at });
+    this.scheduleRefresh(event.expires_at);
+    if (!this.handshaken && this.welcomeSession !== null) this.onReady(this.welcomeSession);
+  }
+  /**
+   * A token was refused (`unauthorized`, `forbidden`) or could not be had. At connection:
+   * connect again with backoff (asking the provider again). At a refresh: the connection
+   * keeps its previous token; the server's `auth_expired` brings another try.
+   */
+  onAuthRefused() {
+    if (!this.authPending) return;
+    this.authPending = false;
+    if (this.handshaken) return;
+    const socket = this.socket;
+    if (!socket) return;
+    try {
+      socket.close(1e3, "token refused");
+    } catch {
+    }
+    this.onSocketGone(void 0);
+  }
+  setIdentity(identity) {
+    this._identity = identity;
+    this.emitter.emit("auth", identity);
+  }
+  /** The next refresh, from the token's own `exp` (or the server's `expires_at`). */
+  scheduleRefresh(expiresAt) {
+    if (this.refreshTimer !== null) clearTimeout(this.refreshTimer);
+    this.refreshTimer = null;
+    if (!this.tokenProvider) return;
+    const times = this.lastToken === null ? { exp: null, iat: null } : jwtTimes(this.lastToken);
+    const delay = refreshDelayMs(times.exp ?? expiresAt, times.iat, Date.now());
+    if (delay === null) return;
+    this.refreshTimer = setTimeout(() => {
+      this.refreshTimer = null;
+      if (this.handshaken) void this.authenticate();
+    }, delay);
+  }
+  /** The connection may carry everything: resume, or subscribe every list. */
+  onReady(session) {
     this.handshaken = true;
     this.attempt = 0;
     if (this.handshakeTimer !== null) clearTimeout(this.handshakeTimer);
@@ -825,7 +1133,7 @@ var OrdoClient = class {
       }
       this.send({ op: "resume", session: previous, subs });
     } else {
-      this.resumeSession = event.session;
+      this.resumeSession = session;
       for (const sub of this.core.prepareResubscribe()) {
         const list = this.lists.get(sub);
         if (list) this.sendSubscribe(list);
@@ -835,6 +1143,9 @@ var OrdoClient = class {
     this.setState("open");
   }
 };
+function describe(error) {
+  return error instanceof Error ? error.message : String(error);
+}
 export {
   LiveList,
   OrdoClient,
