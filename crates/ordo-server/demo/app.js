@@ -2,6 +2,11 @@
 // room list. Every control changes the subscription (set_view / set_range); the
 // server sends the diffs that keep `list.items` equal to the window, and the page
 // renders `list.items`, reusing each row's element by room id.
+//
+// The server runs with auth (`ordo serve --demo`): the page signs in as one of the
+// demo's users with a token from `POST /demo/token`, through the client's
+// `tokenProvider` (asked again before the token expires). Each user reads only the
+// rooms it owns; switching users makes a new connection.
 
 import { OrdoClient } from "/demo/ordo-client.js";
 
@@ -13,7 +18,8 @@ const MAX_WINDOW = 1000;
 const LOAD_MORE_PX = 400;
 // Typing sends at most one set_view per pause: a connection may send 100 messages/s.
 const SEARCH_DEBOUNCE_MS = 150;
-const MAX_RATE = 5000;
+const USERS = ["alice", "bob"];
+const USER_KEY = "ordo-demo-user";
 
 const CHIP_FILTERS = {
   all: null,
@@ -37,8 +43,11 @@ const elements = {
   viewJson: $("view-json"),
   rate: $("rate"),
   rateNumber: $("rate-number"),
+  rateHint: $("rate-hint"),
   simulator: $("simulator"),
   simulatorStatus: $("simulator-status"),
+  signedIn: $("signed-in"),
+  userSwitch: document.querySelector(".user-switch"),
 };
 
 const controls = { chip: "all", search: "", sort: "activity", limit: PAGE };
@@ -57,8 +66,139 @@ function currentView() {
 }
 
 const wsUrl = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/ws`;
-const client = new OrdoClient({ url: wsUrl });
-const list = client.subscribe({ collection: COLLECTION, ...currentView(), payload: true });
+
+// ---- signing in ---------------------------------------------------------------
+
+/** Who the page is (or is becoming): the demo user, the client and list made for it, its last token. */
+const account = { user: null, token: null, identity: null };
+let client = null;
+let list = null;
+
+function savedUser() {
+  const asked = new URLSearchParams(location.search).get("user");
+  if (USERS.includes(asked)) return asked;
+  try {
+    const saved = localStorage.getItem(USER_KEY);
+    if (USERS.includes(saved)) return saved;
+  } catch {
+    // Storage may be off; alice it is.
+  }
+  return USERS[0];
+}
+
+/** The client's tokenProvider: a fresh demo token for `user` (called at every connection and before expiry). */
+async function demoToken(user) {
+  const response = await fetch("/demo/token", {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ user }),
+  });
+  if (!response.ok) throw new Error(`POST /demo/token answered ${response.status}: ${await response.text()}`);
+  const { token } = await response.json();
+  if (account.user === user) account.token = token;
+  return token;
+}
+
+/** Signs in as `user`: a new connection whose list has the page's current view. */
+function signIn(user) {
+  if (client) client.close();
+  account.user = user;
+  account.token = null;
+  account.identity = null;
+  try {
+    localStorage.setItem(USER_KEY, user);
+  } catch {
+    // Not kept, then.
+  }
+  for (const button of document.querySelectorAll("[data-user]")) {
+    button.setAttribute("aria-pressed", String(button.dataset.user === user));
+  }
+  showAccount();
+  document.body.dataset.ready = "false";
+  // Another user has other rooms: start from the first page, with an empty list.
+  controls.limit = PAGE;
+  elements.scroller.scrollTop = 0;
+  for (const row of rows.values()) row.element.remove();
+  rows.clear();
+  elements.footer.textContent = "connecting…";
+  stats.newestRecencyShown = 0;
+  showView();
+
+  elements.connection.dataset.state = "connecting";
+  elements.connection.textContent = "connecting";
+  const mine = new OrdoClient({ url: wsUrl, tokenProvider: () => demoToken(user) });
+  client = mine;
+  // A previous client's events (its close, say) no longer show.
+  mine.on("state", (state) => {
+    if (client !== mine) return;
+    elements.connection.dataset.state = state;
+    elements.connection.textContent = state;
+    // Open without an identity: the server runs without auth.
+    if (state === "open" && mine.identity === null) showAccount();
+  });
+  mine.on("auth", (identity) => {
+    if (client !== mine) return;
+    account.identity = identity;
+    showAccount();
+  });
+  mine.on("error", (error) => {
+    if (client === mine) showError(`${error.code ?? "error"}: ${error.message}`);
+  });
+
+  list = mine.subscribe({ collection: COLLECTION, ...currentView(), payload: true });
+  const shown = list;
+  list.on("change", ({ diffs }) => {
+    const now = performance.now();
+    const nDiffs = Array.isArray(diffs) ? diffs.length : 0;
+    stats.framesTotal += 1;
+    stats.diffsTotal += nDiffs;
+    stats.recent.push([now, nDiffs]);
+    stats.firstUnrenderedAt ??= now;
+    scheduleRender();
+  });
+  list.on("error", (error) => showError(`${error.code ?? "error"}: ${error.message}`));
+  list.ready.then(
+    () => {
+      if (list === shown) document.body.dataset.ready = "true";
+    },
+    (error) => {
+      if (list === shown && error.code !== "closed") showError(`subscribing failed: ${error.code}: ${error.message}`);
+    },
+  );
+}
+
+function showAccount() {
+  const { identity, user } = account;
+  const label = elements.signedIn;
+  label.replaceChildren();
+  elements.userSwitch.hidden = false;
+  if (identity) {
+    const name = document.createElement("strong");
+    name.id = "user-name";
+    name.textContent = identity.sub;
+    const role = document.createElement("span");
+    role.className = "role";
+    role.textContent = identity.role;
+    label.append("Signed in as ", name, " ", role);
+    label.dataset.user = identity.sub;
+  } else if (client?.state === "open") {
+    label.append("No sign-in: the server runs without auth");
+    delete label.dataset.user;
+    elements.userSwitch.hidden = true;
+  } else {
+    const name = document.createElement("strong");
+    name.id = "user-name";
+    name.textContent = user ?? "…";
+    label.append("Signing in as ", name, "…");
+    delete label.dataset.user;
+  }
+}
+
+for (const button of document.querySelectorAll("[data-user]")) {
+  button.addEventListener("click", () => {
+    if (button.dataset.user !== account.user) signIn(button.dataset.user);
+  });
+}
 
 // ---- statistics -------------------------------------------------------------
 
@@ -73,24 +213,9 @@ const stats = {
   renders: 0,
 };
 
-list.on("change", ({ diffs }) => {
-  const now = performance.now();
-  const nDiffs = Array.isArray(diffs) ? diffs.length : 0;
-  stats.framesTotal += 1;
-  stats.diffsTotal += nDiffs;
-  stats.recent.push([now, nDiffs]);
-  stats.firstUnrenderedAt ??= now;
-  scheduleRender();
-});
-
-list.on("error", (error) => showError(`${error.code ?? "error"}: ${error.message}`));
-client.on("state", (state) => {
-  elements.connection.dataset.state = state;
-  elements.connection.textContent = state;
-});
-
-function showError(text) {
+function showError(text, kind = "error") {
   elements.error.textContent = text;
+  elements.error.dataset.kind = kind;
   elements.error.hidden = false;
   clearTimeout(showError.timer);
   showError.timer = setTimeout(() => (elements.error.hidden = true), 6000);
@@ -307,11 +432,20 @@ elements.search.addEventListener("input", () => {
 });
 
 // Clicking a room marks it read: a plain HTTP write; the subscription brings the change.
+// The demo's users are readers, whom the server refuses writes: say so instead of asking.
 elements.rooms.addEventListener("click", async (event) => {
   const row = event.target.closest("[data-id]");
   if (!row) return;
+  const role = account.identity?.role;
+  if (role === "reader") {
+    showError(`${account.identity.sub} is a reader: marking a room read takes a writer or admin token.`, "note");
+    return;
+  }
+  const headers = { "content-type": "application/json" };
+  if (account.identity && account.token) headers.authorization = `Bearer ${account.token}`;
   const response = await fetch(`/v1/collections/${COLLECTION}/batch`, {
     method: "POST",
+    headers,
     body: JSON.stringify({ ops: [{ op: "upsert", id: row.dataset.id, fields: { unread: 0 } }] }),
   });
   if (!response.ok) showError(`marking read failed: ${response.status} ${await response.text()}`);
@@ -319,6 +453,7 @@ elements.rooms.addEventListener("click", async (event) => {
 
 // ---- simulator --------------------------------------------------------------
 
+// Read-only: `GET /demo/simulator` is public, setting the rate takes an admin token.
 let simulatorOn = true;
 let lastSent = null;
 
@@ -329,14 +464,16 @@ async function refreshSimulator() {
     if (response.status === 404) {
       simulatorOn = false;
       elements.simulator.classList.add("off");
-      for (const input of elements.simulator.querySelectorAll("input, button")) input.disabled = true;
+      elements.rateHint.hidden = true;
       elements.simulatorStatus.textContent = "Off: start the server with `ordo serve --demo` for live traffic.";
       return;
     }
     const { rate, sent } = await response.json();
     const perSecond = lastSent === null ? null : (sent - lastSent.sent) / ((performance.now() - lastSent.at) / 1000);
     lastSent = { sent, at: performance.now() };
-    if (document.activeElement !== elements.rate && document.activeElement !== elements.rateNumber) showRate(rate);
+    elements.rate.value = rate;
+    elements.rateNumber.value = String(rate);
+    elements.rateNumber.textContent = String(rate);
     elements.simulatorStatus.textContent =
       `${sent.toLocaleString("en")} messages written` + (perSecond === null ? "" : `, ${Math.round(perSecond)} / s`);
   } catch (error) {
@@ -344,40 +481,29 @@ async function refreshSimulator() {
   }
 }
 
-function showRate(rate) {
-  elements.rate.value = rate;
-  elements.rateNumber.value = rate;
-}
-
-async function setRate(rate) {
-  rate = Math.max(0, Math.min(MAX_RATE, Math.round(Number(rate) || 0)));
-  showRate(rate);
-  const response = await fetch("/demo/simulator", { method: "POST", body: JSON.stringify({ rate }) });
-  if (!response.ok) showError(`setting the rate failed: ${response.status} ${await response.text()}`);
-  refreshSimulator();
-}
-
-elements.rate.addEventListener("input", () => (elements.rateNumber.value = elements.rate.value));
-elements.rate.addEventListener("change", () => setRate(elements.rate.value));
-elements.rateNumber.addEventListener("change", () => setRate(elements.rateNumber.value));
-for (const button of document.querySelectorAll("[data-rate]")) {
-  button.addEventListener("click", () => setRate(button.dataset.rate));
-}
 refreshSimulator();
 setInterval(refreshSimulator, 1000);
 
 // ---- for the browser test and the console -----------------------------------
 
-showView();
 window.ordoDemo = {
-  client,
-  list,
+  get client() {
+    return client;
+  },
+  get list() {
+    return list;
+  },
+  /** The demo user the page signed in as (or is signing in as). */
+  get user() {
+    return account.user;
+  },
+  /** Who the server says the connection is (`authed`), or null. */
+  get identity() {
+    return account.identity;
+  },
+  signIn,
   currentView,
   idsOnScreen: () => [...elements.rooms.querySelectorAll("[data-id]")].map((row) => row.dataset.id),
   stats,
-  setRate,
 };
-list.ready.then(
-  () => (document.body.dataset.ready = "true"),
-  (error) => showError(`subscribing failed: ${error.code}: ${error.message}`),
-);
+signIn(savedUser());

@@ -24,6 +24,7 @@ use crate::encode::{write_diff, write_item, write_items};
 use crate::error::{ApiError, ErrorCode};
 use crate::metrics::{self, CoreGauges, Stage, METRICS};
 use crate::name_routes::NameRoutes;
+use crate::rules::WriteGuard;
 use crate::wire::{Projection, WindowSpec};
 
 pub type SessionId = u64;
@@ -37,6 +38,17 @@ const MAX_UNPREPARED_WINDOWS: usize = 4096;
 /// the writes came right after the subscriptions, before the idle time, and
 /// groups of the first second cost 50–170 µs a batch instead of 13.
 const EAGER_PREPARE_MAX_ITEMS: usize = 16 * 1024;
+
+/// The reserved collection that holds the access rules (one item, `RULES_ITEM`,
+/// whose payload is the rules document), so that they are as durable as the
+/// data, replayed with it and copied with it. Clients cannot reach it.
+pub const RULES_COLLECTION: &str = "_ordo/rules";
+pub const RULES_ITEM: &str = "rules";
+
+/// Whether a collection name is reserved for the server (`_ordo...`, any case).
+pub fn is_reserved_name(name: &str) -> bool {
+    name.len() >= 5 && name.as_bytes()[..5].eq_ignore_ascii_case(b"_ordo")
+}
 
 /// Bytes counted for a queued frame beyond its body: the envelope and the queue node.
 pub const FRAME_OVERHEAD_BYTES: usize = 96;
@@ -149,6 +161,16 @@ pub enum Command {
         reply: oneshot::Sender<WriteReply>,
         /// When the request was handed to the writer (for `Stage::WriteQueue`).
         queued_at: Instant,
+        /// Parts written under a filtered write rule, by index: checked against
+        /// the items as they are before the part is written (empty for most writes,
+        /// which then allocates nothing).
+        guards: Vec<(usize, Arc<WriteGuard>)>,
+    },
+    /// Replaces the access rules: `doc` is written to the reserved collection
+    /// `_ordo/rules` (durable like any batch); the answer is its `seq`.
+    SetRules {
+        doc: String,
+        reply: oneshot::Sender<Result<u64, ApiError>>,
     },
     Query {
         collection: CollectionId,
@@ -158,6 +180,8 @@ pub enum Command {
     GetItem {
         collection: CollectionId,
         id: String,
+        /// An access rule's row predicate: an item outside it reads as missing.
+        predicate: Option<ordo_core::Filter>,
         reply: oneshot::Sender<Option<Vec<u8>>>,
     },
     CollectionLen {
@@ -397,6 +421,10 @@ impl Core {
         let mut routes = self.routes.write().expect("routes lock");
         for id in engine.collection_ids() {
             let collection = engine.collection(id).expect("listed");
+            // The server's own collections (the access rules) are not routable.
+            if is_reserved_name(collection.name()) {
+                continue;
+            }
             let entry = Arc::new(CollectionEntry {
                 id,
                 name: collection.name().to_owned(),
@@ -428,14 +456,19 @@ impl Core {
                     None => return self.database,
                 },
             };
-            let Command::Write { batches, reply, queued_at } = command else {
+            let Command::Write { batches, reply, queued_at, guards } = command else {
                 self.handle(command);
                 continue;
             };
+            if !guards.is_empty() {
+                self.guarded_write(batches, guards, reply, queued_at);
+                continue;
+            }
             let mut n_bytes = add_to_group(&mut group, &mut replies, batches, reply, queued_at);
             while group.len() < MAX_BATCHES_PER_COMMIT && n_bytes < MAX_BYTES_PER_COMMIT {
                 match commands.try_recv() {
-                    Ok(Command::Write { batches, reply, queued_at }) => {
+                    // A guarded write checks the items as committed, so it starts a group of its own.
+                    Ok(Command::Write { batches, reply, queued_at, guards }) if guards.is_empty() => {
                         n_bytes += add_to_group(&mut group, &mut replies, batches, reply, queued_at);
                     }
                     Ok(other) => {
@@ -465,6 +498,74 @@ impl Core {
                 let _ = reply.send(WriteReply { results, batches: parts.list });
             }
         }
+    }
+
+    /// A write with parts under filtered write rules: each such part is checked
+    /// against the committed items (no group is pending, so they are the items
+    /// the write will change), refused whole with `forbidden` if an op leaves
+    /// the grant, and the rest are committed together.
+    fn guarded_write(
+        &mut self,
+        batches: Vec<(CollectionId, Batch)>,
+        guards: Vec<(usize, Arc<WriteGuard>)>,
+        reply: oneshot::Sender<WriteReply>,
+        queued_at: Instant,
+    ) {
+        metrics::record_stage(Stage::WriteQueue, queued_at.elapsed());
+        let mut refusals: Vec<Option<ApiError>> = (0..batches.len()).map(|_| None).collect();
+        for (index, guard) in &guards {
+            let (collection, batch) = &batches[*index];
+            let Some(collection) = self.database.engine().collection(*collection) else { continue };
+            if let Err(op) = guard.check(collection, batch) {
+                let id = batch.ops().nth(op).map_or("", |op| op.id());
+                refusals[*index] = Some(ApiError::new(
+                    ErrorCode::Forbidden,
+                    format!("op {op}: this identity may not write item `{id}` (its write rule does not allow it)"),
+                ));
+            }
+        }
+        let mut group = Vec::with_capacity(batches.len());
+        let mut returned = Vec::with_capacity(batches.len());
+        for ((collection, batch), refusal) in batches.into_iter().zip(&refusals) {
+            match refusal {
+                None => group.push(PendingWrite::new(collection, batch)),
+                Some(_) => returned.push((collection, batch)),
+            }
+        }
+        self.fanout.route = Route::Subscribers;
+        self.database.write_group(&mut group, &mut self.fanout);
+        let mut written = group.into_iter();
+        let mut results: WriteResults = Vec::with_capacity(refusals.len());
+        for refusal in refusals {
+            let result = match refusal {
+                Some(error) => Err(error),
+                None => {
+                    let write = written.next().expect("one write per accepted part");
+                    returned.push((write.collection, write.batch));
+                    write.result.expect("every write gets a result").map_err(ApiError::from)
+                }
+            };
+            let counter = if result.is_ok() { &METRICS.batches } else { &METRICS.batches_refused };
+            metrics::add(counter, 1);
+            results.push(result);
+        }
+        let _ = reply.send(WriteReply { results, batches: returned });
+    }
+
+    /// Writes the access rules into their reserved collection, creating it the first time.
+    fn set_rules(&mut self, doc: &str) -> Result<u64, ApiError> {
+        let collection = match self.database.engine().collection_id(RULES_COLLECTION) {
+            Some(id) => id,
+            None => self.database.create_collection(RULES_COLLECTION, Schema::new())?,
+        };
+        let mut batch = Batch::new();
+        batch.upsert(RULES_ITEM).payload(doc.as_bytes());
+        self.fanout.route = Route::Subscribers;
+        let mut group = [PendingWrite::new(collection, batch)];
+        self.database.write_group(&mut group, &mut self.fanout);
+        let [write] = group;
+        let ack = write.result.expect("every write gets a result")?;
+        Ok(ack.seq)
     }
 
     /// A window was opened (its first frame is queued). A small view is sorted
@@ -509,10 +610,20 @@ impl Core {
             Command::Query { collection, spec, reply } => {
                 let _ = reply.send(self.query(collection, spec));
             }
-            Command::GetItem { collection, id, reply } => {
+            Command::SetRules { doc, reply } => {
+                let _ = reply.send(self.set_rules(&doc));
+            }
+            Command::GetItem { collection, id, predicate, reply } => {
                 let engine = self.database.engine();
                 let item = engine.collection(collection).and_then(|collection| {
                     let item = collection.get(&id)?;
+                    if let Some(predicate) = &predicate {
+                        // Compiled here: the schema is this collection's for sure.
+                        let compiled = ordo_core::CompiledFilter::compile(predicate, collection.schema()).ok()?;
+                        if !compiled.matches_item(item) {
+                            return None;
+                        }
+                    }
                     let mut out = Vec::new();
                     write_item(&mut out, item, &Projection::all(collection.schema()));
                     Some(out)

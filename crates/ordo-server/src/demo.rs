@@ -18,11 +18,13 @@ use tokio::sync::{oneshot, watch};
 
 use ordo_core::{Batch, FieldType, Value};
 
+use crate::access::Gate;
 use crate::core::{CollectionEntry, Command, CoreSender, Routes};
 use crate::demo_data::{self, ROOMS_COLLECTION, ROOMS_PER_BATCH, ROOM_FIELDS};
 use crate::error::ApiError;
 use crate::limits;
 use crate::rng::Rng;
+use crate::rules::{AccessDoc, RuleDoc, RuleSet};
 use crate::wire;
 
 const INDEX_HTML: &str = include_str!("../demo/index.html");
@@ -154,6 +156,7 @@ pub struct DemoStart {
 pub async fn start(
     core: &CoreSender,
     routes: &Routes,
+    gate: &Gate,
     rate: u32,
     shutdown: watch::Receiver<bool>,
 ) -> Result<DemoStart, String> {
@@ -181,11 +184,52 @@ pub async fn start(
         n_rooms_written = limits::DEMO_ROOMS;
         n_rooms = limits::DEMO_ROOMS;
     }
+    install_rule(core, gate).await?;
     let room_ids = room_ids(core, &entry).await?;
     if !room_ids.is_empty() {
         tokio::spawn(run_simulator(simulator.clone(), core.clone(), entry, room_ids, shutdown));
     }
     Ok(DemoStart { simulator, n_rooms_written, n_rooms })
+}
+
+/// The demo's access rule: a reader reads the rooms it owns (`owner == $sub`).
+/// Added to the stored rules when they have none for `rooms`, so an operator's
+/// own rules are kept.
+async fn install_rule(core: &CoreSender, gate: &Gate) -> Result<(), String> {
+    let rules = gate.rules();
+    if rules.doc().rules.iter().any(|rule| rule.collection == ROOMS_COLLECTION) {
+        return Ok(());
+    }
+    let mut doc = rules.doc().clone();
+    let filter = serde_json::json!({"field": "owner", "op": "eq", "value": "$sub"});
+    doc.rules.push(RuleDoc {
+        collection: ROOMS_COLLECTION.to_owned(),
+        roles: vec!["reader".to_owned()],
+        read: AccessDoc::Where { filter },
+        write: AccessDoc::None,
+        create: false,
+    });
+    let compiled = RuleSet::compile(doc.clone()).map_err(|error| format!("the demo's access rule: {error}"))?;
+    let (reply, answer) = oneshot::channel();
+    let text = serde_json::to_string(&doc).expect("rules serialise");
+    ask(core, Command::SetRules { doc: text, reply }, answer).await?.map_err(|error| error.to_string())?;
+    gate.set_rules(compiled);
+    Ok(())
+}
+
+/// The body of `POST /demo/token`: `{"user": "alice"}`, one of the demo's users.
+pub fn parse_token_request(body: &[u8]) -> Result<&'static str, ApiError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct TokenRequest {
+        user: String,
+    }
+    let request: TokenRequest = serde_json::from_slice(body).map_err(|error| ApiError::from_json(&error))?;
+    demo_data::DEMO_USERS
+        .iter()
+        .copied()
+        .find(|user| *user == request.user)
+        .ok_or_else(|| ApiError::bad_request(format!("the demo's users are {}", demo_data::DEMO_USERS.join(" and "))))
 }
 
 /// Sends a command to the writer thread and waits for its answer.
@@ -228,10 +272,16 @@ async fn write_rooms(core: &CoreSender, entry: &CollectionEntry, n_rooms: usize)
                 .set("unread", Value::U64(room.unread))
                 .set("dm", Value::Bool(room.dm))
                 .set("favourite", Value::Bool(room.favourite))
+                .set("owner", Value::Str(room.owner))
                 .payload(&demo_data::room_payload(&room.last_message));
         }
         let (reply, answer) = oneshot::channel();
-        let command = Command::Write { batches: vec![(entry.id, batch)], reply, queued_at: std::time::Instant::now() };
+        let command = Command::Write {
+            batches: vec![(entry.id, batch)],
+            reply,
+            queued_at: std::time::Instant::now(),
+            guards: Vec::new(),
+        };
         let mut results = ask(core, command, answer).await?.results;
         results.pop().expect("one result per batch").map_err(|error| format!("writing the demo rooms: {error}"))?;
         written += n;
@@ -365,7 +415,9 @@ async fn run_simulator(
             let id = &room_ids[plan.room];
             // Read the room's count as it is now: someone may have marked it read.
             let (reply, answer) = oneshot::channel();
-            let Ok(item) = ask(&core, Command::GetItem { collection: entry.id, id: id.clone(), reply }, answer).await
+            let Ok(item) =
+                ask(&core, Command::GetItem { collection: entry.id, id: id.clone(), predicate: None, reply }, answer)
+                    .await
             else {
                 return;
             };
@@ -386,7 +438,12 @@ async fn run_simulator(
             continue;
         }
         let (reply, answer) = oneshot::channel();
-        let command = Command::Write { batches: vec![(entry.id, batch)], reply, queued_at: std::time::Instant::now() };
+        let command = Command::Write {
+            batches: vec![(entry.id, batch)],
+            reply,
+            queued_at: std::time::Instant::now(),
+            guards: Vec::new(),
+        };
         let Ok(reply) = ask(&core, command, answer).await else {
             return;
         };

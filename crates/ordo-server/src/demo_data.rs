@@ -18,13 +18,18 @@ use serde_json::{json, Value};
 pub const ROOMS_COLLECTION: &str = "rooms";
 
 /// The room list's fields, in schema order.
-pub const ROOM_FIELDS: [(&str, FieldType); 5] = [
+pub const ROOM_FIELDS: [(&str, FieldType); 6] = [
     ("name", FieldType::String),
     ("recency", FieldType::U64),
     ("unread", FieldType::U64),
     ("dm", FieldType::Bool),
     ("favourite", FieldType::Bool),
+    ("owner", FieldType::String),
 ];
+
+/// The demo's users: each room belongs to one, and the demo's access rule lets a
+/// signed-in user read only their own rooms, so the two lists differ.
+pub const DEMO_USERS: [&str; 2] = ["alice", "bob"];
 
 /// Rooms per request: well inside `MAX_OPS_PER_REQUEST`.
 pub const ROOMS_PER_BATCH: usize = 2_000;
@@ -32,7 +37,31 @@ pub const ROOMS_PER_BATCH: usize = 2_000;
 /// How far back the generated rooms' last activity goes: 30 days, in ms.
 const HISTORY_MS: u64 = 30 * 24 * 3_600 * 1_000;
 
-const FIRST_NAMES: [&str; 24] = [
+const FIRST_NAMES: [&str; 48] = [
+    "Aarav",
+    "Beatriz",
+    "Camille",
+    "Dario",
+    "Eleni",
+    "Farid",
+    "Greta",
+    "Hiroshi",
+    "Isabel",
+    "Jonas",
+    "Kasia",
+    "Leila",
+    "Mateo",
+    "Nadia",
+    "Oskar",
+    "Priya",
+    "Quentin",
+    "Rania",
+    "Sven",
+    "Tomás",
+    "Uma",
+    "Vera",
+    "Wiktor",
+    "Yusuf",
     "Alice",
     "Bob",
     "Chloé",
@@ -58,7 +87,31 @@ const FIRST_NAMES: [&str; 24] = [
     "Åsa",
     "Ünal",
 ];
-const LAST_NAMES: [&str; 16] = [
+const LAST_NAMES: [&str; 40] = [
+    "Abbott",
+    "Bianchi",
+    "Castillo",
+    "Delacroix",
+    "Eriksen",
+    "Fischer",
+    "Gallagher",
+    "Haddad",
+    "Iglesias",
+    "Jansen",
+    "Kovač",
+    "Lindqvist",
+    "Moreau",
+    "Nakamura",
+    "O'Brien",
+    "Petrov",
+    "Quispe",
+    "Rossi",
+    "Sato",
+    "Novák",
+    "Ueda",
+    "Varga",
+    "Wójcik",
+    "Yilmaz",
     "Martin",
     "Müller",
     "Nowak",
@@ -126,6 +179,7 @@ pub struct DemoRoom {
     pub unread: u64,
     pub dm: bool,
     pub favourite: bool,
+    pub owner: &'static str,
     pub last_message: String,
 }
 
@@ -147,11 +201,7 @@ fn rooms_schema_json() -> Value {
 /// Room `index` of the demo; rooms are generated in order from one `rng`.
 pub fn demo_room(index: usize, rng: &mut Rng, now_ms: u64) -> DemoRoom {
     let dm = rng.chance(35);
-    let name = if dm {
-        format!("{} {}", *rng.pick(&FIRST_NAMES), *rng.pick(&LAST_NAMES))
-    } else {
-        format!("{} {index}", *rng.pick(&TOPICS))
-    };
+    let name = if dm { dm_name(index) } else { format!("{} {index}", *rng.pick(&TOPICS)) };
     DemoRoom {
         id: room_id(index),
         name,
@@ -159,7 +209,21 @@ pub fn demo_room(index: usize, rng: &mut Rng, now_ms: u64) -> DemoRoom {
         unread: if rng.chance(25) { 1 + rng.below(9) } else { 0 },
         dm,
         favourite: rng.chance(10),
+        owner: DEMO_USERS[rng.index(DEMO_USERS.len())],
         last_message: demo_message(rng),
+    }
+}
+
+/// A person's name, distinct for every room index: the first 1 920 rooms pair
+/// each first name with each last name once, later rounds add a middle initial.
+/// (Names drawn at random repeated: sorted by name, the list opened with eight
+/// rooms called "Alice Dubois".)
+fn dm_name(index: usize) -> String {
+    let first = FIRST_NAMES[index % FIRST_NAMES.len()];
+    let last = LAST_NAMES[(index / FIRST_NAMES.len()) % LAST_NAMES.len()];
+    match index / (FIRST_NAMES.len() * LAST_NAMES.len()) {
+        0 => format!("{first} {last}"),
+        round => format!("{first} {}. {last}", (b'A' + ((round - 1) % 26) as u8) as char),
     }
 }
 
@@ -201,7 +265,7 @@ pub fn load_demo(address: &str, n_rooms: usize) -> Result<(), String> {
                 let room = demo_room(index, &mut rng, now);
                 json!({"op": "upsert", "id": room.id, "fields": {
                     "name": room.name, "recency": room.recency_ms, "unread": room.unread,
-                    "dm": room.dm, "favourite": room.favourite,
+                    "dm": room.dm, "favourite": room.favourite, "owner": room.owner,
                 }, "payload": {"last_message": room.last_message}})
             })
             .collect();
@@ -253,12 +317,21 @@ mod tests {
         assert!(rooms.iter().any(|room| room.dm) && rooms.iter().any(|room| !room.dm));
         assert!(rooms.iter().any(|room| room.favourite) && rooms.iter().any(|room| room.unread > 0));
         assert!(rooms.iter().all(|room| room.recency_ms <= 1_000_000_000_000));
+        for user in DEMO_USERS {
+            assert!(rooms.iter().filter(|room| room.owner == user).count() > 500, "{user} owns too few rooms");
+        }
+    }
+
+    #[test]
+    fn person_names_do_not_repeat() {
+        let names: std::collections::HashSet<String> = (0..10_000).map(dm_name).collect();
+        assert_eq!(names.len(), 10_000);
     }
 
     #[test]
     fn the_schema_has_the_room_fields_in_order() {
         let schema = rooms_schema();
         let names: Vec<&str> = schema.fields().iter().map(|field| field.name.as_str()).collect();
-        assert_eq!(names, ["name", "recency", "unread", "dm", "favourite"]);
+        assert_eq!(names, ["name", "recency", "unread", "dm", "favourite", "owner"]);
     }
 }

@@ -21,10 +21,15 @@ pub enum ErrorCode {
     StoreFull,
     ShuttingDown,
     Internal,
+    Unauthorized,
+    Forbidden,
+    OriginNotAllowed,
+    HostNotAllowed,
+    InvalidRules,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 15] = [
+    pub const ALL: [ErrorCode; 20] = [
         ErrorCode::BadJson,
         ErrorCode::BadRequest,
         ErrorCode::InvalidSchema,
@@ -40,6 +45,11 @@ impl ErrorCode {
         ErrorCode::StoreFull,
         ErrorCode::ShuttingDown,
         ErrorCode::Internal,
+        ErrorCode::Unauthorized,
+        ErrorCode::Forbidden,
+        ErrorCode::OriginNotAllowed,
+        ErrorCode::HostNotAllowed,
+        ErrorCode::InvalidRules,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -59,6 +69,11 @@ impl ErrorCode {
             ErrorCode::StoreFull => "store_full",
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::Internal => "internal",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::OriginNotAllowed => "origin_not_allowed",
+            ErrorCode::HostNotAllowed => "host_not_allowed",
+            ErrorCode::InvalidRules => "invalid_rules",
         }
     }
 
@@ -74,6 +89,10 @@ impl ErrorCode {
             ErrorCode::StoreFull => 507,
             ErrorCode::ShuttingDown => 503,
             ErrorCode::Internal => 500,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden | ErrorCode::OriginNotAllowed => 403,
+            ErrorCode::HostNotAllowed => 421,
+            ErrorCode::InvalidRules => 400,
         }
     }
 }

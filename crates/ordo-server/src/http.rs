@@ -17,12 +17,15 @@ use tokio::sync::{oneshot, watch};
 
 use ordo_core::Batch;
 
-use crate::core::{Command, CoreSender, Routes};
+use crate::access::Gate;
+use crate::auth::{self, Identity, Role};
+use crate::core::{is_reserved_name, CollectionEntry, Command, CoreSender, Routes};
 use crate::error::{ApiError, ErrorCode};
 use crate::frame::write_u64;
 use crate::limits;
 use crate::metrics::{self, METRICS};
 use crate::rate_limit::TokenBucket;
+use crate::rules::{self, Action, Grant, RuleSet, RulesDoc, WriteGuard};
 use crate::wire::{self, BatchRequest, MultiBatchRequest, QueryRequest, SchemaRequest};
 use crate::ws::{self, ConnectionContext, Registry};
 
@@ -36,6 +39,13 @@ pub struct HttpState {
     pub limits_json: Arc<serde_json::Value>,
     /// The traffic simulator's controls, with `ordo serve --demo` only.
     pub demo: Option<Arc<crate::demo::Simulator>>,
+    /// `--demo`: `/demo` and `/demo/*` exist (otherwise they are 404).
+    pub demo_enabled: bool,
+    /// `--demo`: the generated secret that signs the demo users' tokens.
+    pub demo_secret: Option<Arc<Vec<u8>>>,
+    pub gate: Arc<Gate>,
+    /// `--metrics-public`: `/metrics` without an admin token.
+    pub metrics_public: bool,
 }
 
 type Body = Full<Bytes>;
@@ -44,6 +54,7 @@ type Body = Full<Bytes>;
 /// `grace`) for the requests in flight.
 pub async fn serve(listener: TcpListener, state: Arc<HttpState>, mut shutdown: watch::Receiver<bool>, grace: Duration) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let cors = cors_layer(state.gate.allowed_origins());
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -61,11 +72,12 @@ pub async fn serve(listener: TcpListener, state: Arc<HttpState>, mut shutdown: w
         let _ = stream.set_nodelay(true);
         let state = state.clone();
         let bucket = Arc::new(Mutex::new(TokenBucket::new(state.http_requests_per_second, limits::HTTP_REQUEST_BURST)));
-        let service = hyper::service::service_fn(move |request| {
+        let service = tower::ServiceBuilder::new().layer(cors.clone()).service_fn(move |request| {
             let state = state.clone();
             let bucket = bucket.clone();
             async move { Ok::<_, Infallible>(handle(request, state, bucket).await) }
         });
+        let service = hyper_util::service::TowerToHyperService::new(service);
         let connection = auto::Builder::new(TokioExecutor::new())
             .serve_connection_with_upgrades(TokioIo::new(stream), service)
             .into_owned();
@@ -76,6 +88,21 @@ pub async fn serve(listener: TcpListener, state: Arc<HttpState>, mut shutdown: w
     }
     drop(listener);
     let _ = tokio::time::timeout(grace, graceful.shutdown()).await;
+}
+
+/// CORS for the allowed origins (`--allow-origin`): preflights answered, the
+/// API's methods and the `Authorization` header allowed. With none listed, no
+/// origin but the server's own can read an answer; `Gate::check_origin` refuses
+/// the request itself (CORS only hides answers).
+fn cors_layer(origins: &[String]) -> tower_http::cors::CorsLayer {
+    use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    let origins: Vec<HeaderValue> = origins.iter().filter_map(|origin| HeaderValue::from_str(origin).ok()).collect();
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::list(origins))
+        .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
+        .allow_headers([AUTHORIZATION, CONTENT_TYPE])
+        .max_age(Duration::from_secs(600))
 }
 
 fn json_response(status: u16, body: Vec<u8>) -> Response<Body> {
@@ -116,10 +143,86 @@ async fn handle(request: Request<Incoming>, state: Arc<HttpState>, bucket: Arc<M
     if *state.shutdown.borrow() {
         return error_response(&ApiError::shutting_down());
     }
+    // Where the request comes from is checked before anything else is read.
+    let host = host_of(&request);
+    let origin = request.headers().get(hyper::header::ORIGIN).and_then(|value| value.to_str().ok());
+    let checked =
+        state.gate.check_host(host.as_deref()).and_then(|()| state.gate.check_origin(origin, host.as_deref()));
+    if let Err(error) = checked {
+        eprintln!("ordo: refused {} {} ({})", request.method(), request.uri().path(), error.code.as_str());
+        return error_response(&error);
+    }
     match route(request, &state).await {
         Ok(response) => response,
         Err(error) => error_response(&error),
     }
+}
+
+/// The request's host: `Host`, or the URI's authority (HTTP/2's `:authority`).
+fn host_of(request: &Request<Incoming>) -> Option<String> {
+    match request.headers().get(hyper::header::HOST).and_then(|value| value.to_str().ok()) {
+        Some(host) => Some(host.to_owned()),
+        None => request.uri().authority().map(|authority| authority.as_str().to_owned()),
+    }
+}
+
+/// The bearer token of the request's `Authorization` header.
+fn bearer_token(request: &Request<Incoming>) -> Option<String> {
+    let header = request.headers().get(hyper::header::AUTHORIZATION)?.to_str().ok()?;
+    auth::bearer(header).map(str::to_owned)
+}
+
+/// The caller, or `unauthorized`; a reader's request counts against its identity's rate.
+fn caller(state: &HttpState, token: Option<&str>, path: &str) -> Result<Arc<Identity>, ApiError> {
+    let identity = state.gate.authenticate(token, path)?;
+    state.gate.take_request(&identity)?;
+    Ok(identity)
+}
+
+fn require_admin(identity: &Identity, what: &str) -> Result<(), ApiError> {
+    if identity.role == Role::Admin {
+        Ok(())
+    } else {
+        Err(ApiError::new(ErrorCode::Forbidden, format!("{what} needs an admin token")))
+    }
+}
+
+/// The collection `name` as `identity` may use it for `action`, and what it is
+/// granted. Rules are checked before the name is looked up, so a refusal says
+/// the same whether the collection exists or not. Non-admins must spell names
+/// exactly: `lists/U42` must not reach `lists/u42` through case-insensitive routing.
+fn granted_collection(
+    state: &HttpState,
+    identity: &Identity,
+    name: &str,
+    action: Action,
+) -> Result<(Arc<CollectionEntry>, Grant), ApiError> {
+    if is_reserved_name(name) {
+        return Err(ApiError::new(ErrorCode::Forbidden, format!("`{name}` is reserved for the server")));
+    }
+    let verb = match action {
+        Action::Read => "read",
+        Action::Write => "write to",
+    };
+    let grant = state.gate.rules().grant(identity, name, action).ok_or_else(|| rules::forbidden(name, verb))?;
+    let entry = collection(state, name)?;
+    if identity.role != Role::Admin && entry.name != name {
+        return Err(ApiError::unknown_collection(name));
+    }
+    Ok((entry, grant))
+}
+
+/// A write's part and, under a filtered write rule, the guard the writer checks.
+fn write_guard(
+    index: usize,
+    entry: &CollectionEntry,
+    grant: &Grant,
+    guards: &mut Vec<(usize, Arc<WriteGuard>)>,
+) -> Result<(), ApiError> {
+    if let Some(guard) = WriteGuard::new(grant, &entry.schema)? {
+        guards.push((index, Arc::new(guard)));
+    }
+    Ok(())
 }
 
 async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response<Body>, ApiError> {
@@ -128,17 +231,36 @@ async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response
         path.trim_start_matches('/').split('/').map(percent_decode).collect::<Result<_, _>>()?;
     let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
     let method = request.method().clone();
+    let token = bearer_token(&request);
+    let token = token.as_deref();
+    let demo_path = segments.first() == Some(&"demo");
+    if demo_path && !state.demo_enabled {
+        return Err(ApiError::new(
+            ErrorCode::NotFound,
+            format!("no such path: {path} (the demo runs with `ordo serve --demo`)"),
+        ));
+    }
     match (&method, segments.as_slice()) {
         (&Method::GET, ["v1", "health"]) => {
-            let gauges = gauges(state).await?;
-            let body = serde_json::json!({
-                "status": "ok", "protocol": 1, "last_seq": gauges.last_seq,
-                "collections": gauges.n_collections, "items": gauges.n_items,
-            });
+            // Anyone may ask whether the server is up; only an admin learns its sizes.
+            let admin = token.is_some() || !state.gate.auth_enabled();
+            let admin = admin && caller(state, token, &path).is_ok_and(|identity| identity.role == Role::Admin);
+            let body = if admin {
+                let gauges = gauges(state).await?;
+                serde_json::json!({
+                    "status": "ok", "protocol": 1, "last_seq": gauges.last_seq,
+                    "collections": gauges.n_collections, "items": gauges.n_items,
+                })
+            } else {
+                serde_json::json!({"status": "ok", "protocol": 1})
+            };
             Ok(json_response(200, body.to_string().into_bytes()))
         }
         (&Method::GET, ["v1", "limits"]) => Ok(json_response(200, state.limits_json.to_string().into_bytes())),
         (&Method::GET, ["metrics"]) => {
+            if !state.metrics_public {
+                require_admin(&*caller(state, token, &path)?, "/metrics (or `--metrics-public`)")?;
+            }
             let gauges = gauges(state).await?;
             let depth = state.core.max_capacity() - state.core.capacity();
             let text = metrics::render(&gauges, depth);
@@ -148,7 +270,35 @@ async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response
                 .body(Full::new(Bytes::from(text)))
                 .expect("a valid response"))
         }
-        (&Method::GET, ["v1", "ws"]) => upgrade(request, state),
+        (&Method::GET, ["v1", "ws"]) => upgrade(request, state, token),
+        (&Method::GET, ["v1", "rules"]) => {
+            require_admin(&*caller(state, token, &path)?, "reading the rules")?;
+            let body = serde_json::to_vec(state.gate.rules().doc()).expect("rules serialise");
+            Ok(json_response(200, body))
+        }
+        (&Method::PUT, ["v1", "rules"]) => {
+            require_admin(&*caller(state, token, &path)?, "changing the rules")?;
+            let body = read_body(request).await?;
+            let doc: RulesDoc = parse(&body)?;
+            let rules = RuleSet::compile(doc.clone())?;
+            let text = serde_json::to_string(&doc).expect("rules serialise");
+            let (reply, answer) = oneshot::channel();
+            send(state, Command::SetRules { doc: text, reply }).await?;
+            let seq = answer.await.map_err(|_| ApiError::shutting_down())??;
+            state.gate.set_rules(rules);
+            let mut body = serde_json::to_value(&doc).expect("rules serialise");
+            body["seq"] = seq.into();
+            Ok(json_response(200, body.to_string().into_bytes()))
+        }
+        (&Method::POST, ["demo", "token"]) => {
+            let body = read_body(request).await?;
+            let user = crate::demo::parse_token_request(&body)?;
+            let secret = state.demo_secret.as_ref().expect("--demo has a secret");
+            let ttl = limits::DEMO_TOKEN_TTL_SECS;
+            let token = auth::mint(secret, "role", user, Role::Reader, ttl, &serde_json::Map::new());
+            let body = serde_json::json!({"token": token, "sub": user, "role": "reader", "expires_in": ttl});
+            Ok(json_response(200, body.to_string().into_bytes()))
+        }
         (_, ["demo", "simulator"]) if state.demo.is_none() => {
             Err(ApiError::new(ErrorCode::NotFound, "the demo's simulator runs only with `ordo serve --demo`"))
         }
@@ -157,6 +307,7 @@ async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response
             Ok(json_response(200, simulator.status_json().to_string().into_bytes()))
         }
         (&Method::POST, ["demo", "simulator"]) => {
+            require_admin(&*caller(state, token, &path)?, "changing the simulator's rate")?;
             let simulator = state.demo.as_ref().expect("checked above");
             let body = read_body(request).await?;
             let rate = crate::demo::parse_rate_request(&body)?;
@@ -167,18 +318,31 @@ async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response
         (&Method::GET, ["demo", name]) => demo_asset(name)
             .ok_or_else(|| ApiError::new(ErrorCode::NotFound, format!("no such path: {path} (the demo is at /demo)"))),
         (&Method::GET, ["v1", "collections"]) => {
+            let identity = caller(state, token, &path)?;
+            let rules = state.gate.rules();
             let routes = state.routes.read().expect("routes lock");
-            let mut list: Vec<serde_json::Value> =
-                routes.iter().map(|(_, entry)| wire::schema_json(&entry.name, &entry.schema, None)).collect();
+            let mut list: Vec<serde_json::Value> = routes
+                .iter()
+                .filter(|(_, entry)| identity.role == Role::Admin || rules.may_read(&identity, &entry.name))
+                .map(|(_, entry)| wire::schema_json(&entry.name, &entry.schema, None))
+                .collect();
             drop(routes);
             list.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
             Ok(json_response(200, serde_json::json!({"collections": list}).to_string().into_bytes()))
         }
         (&Method::PUT, ["v1", "collections", name]) => {
+            let identity = caller(state, token, &path)?;
+            if is_reserved_name(name) {
+                return Err(ApiError::new(ErrorCode::Forbidden, format!("`{name}` is reserved for the server")));
+            }
+            if !state.gate.rules().may_create(&identity, name) {
+                return Err(rules::forbidden(name, "create"));
+            }
             let name = name.to_string();
             let body = read_body(request).await?;
             let schema_request: SchemaRequest = parse(&body)?;
             let schema = schema_request.to_schema()?;
+            state.gate.take_creation(&identity)?;
             let (reply, answer) = oneshot::channel();
             send(state, Command::CreateCollection { name, schema, reply }).await?;
             let (created, entry) = answer.await.map_err(|_| ApiError::shutting_down())??;
@@ -186,15 +350,25 @@ async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response
             Ok(json_response(if created { 201 } else { 200 }, body.to_string().into_bytes()))
         }
         (&Method::GET, ["v1", "collections", name]) => {
-            let entry = collection(state, name)?;
-            let (reply, answer) = oneshot::channel();
-            send(state, Command::CollectionLen { collection: entry.id, reply }).await?;
-            let n_items = answer.await.map_err(|_| ApiError::shutting_down())?;
-            let body = wire::schema_json(&entry.name, &entry.schema, Some(n_items));
+            let identity = caller(state, token, &path)?;
+            let (entry, grant) = granted_collection(state, &identity, name, Action::Read)?;
+            // The item count would tell a reader how many items its rule hides.
+            let n_items = match grant {
+                Grant::All => {
+                    let (reply, answer) = oneshot::channel();
+                    send(state, Command::CollectionLen { collection: entry.id, reply }).await?;
+                    Some(answer.await.map_err(|_| ApiError::shutting_down())?)
+                }
+                Grant::Where(_) => None,
+            };
+            let body = wire::schema_json(&entry.name, &entry.schema, n_items);
             Ok(json_response(200, body.to_string().into_bytes()))
         }
         (&Method::POST, ["v1", "collections", name, "batch"]) => {
-            let entry = collection(state, name)?;
+            let identity = caller(state, token, &path)?;
+            let (entry, grant) = granted_collection(state, &identity, name, Action::Write)?;
+            let mut guards = Vec::new();
+            write_guard(0, &entry, &grant, &mut guards)?;
             let body = read_body(request).await?;
             let batch_request: BatchRequest = parse(&body)?;
             check_op_count(batch_request.ops.len())?;
@@ -202,13 +376,14 @@ async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response
             wire::fill_batch(&mut batch, &entry.schema, &batch_request.ops, 0)?;
             let mut parts = write_buffers::take_list();
             parts.push((entry.id, batch));
-            let mut results = write(state, parts).await?;
+            let mut results = write(state, parts, guards).await?;
             let ack = results.pop().expect("one result per part")?;
             let mut body = Vec::with_capacity(64);
             write_ack(&mut body, &ack);
             Ok(json_response(200, body))
         }
         (&Method::POST, ["v1", "batch"]) => {
+            let identity = caller(state, token, &path)?;
             let body = read_body(request).await?;
             let multi: MultiBatchRequest = parse(&body)?;
             check_op_count(multi.writes.iter().map(|write| write.ops.len()).sum())?;
@@ -216,24 +391,30 @@ async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response
             // alone, as a part refused by the engine would; the others are written.
             let mut refused: Vec<(usize, ApiError)> = Vec::new();
             let mut parts = write_buffers::take_list();
+            let mut guards = Vec::new();
             for (index, part) in multi.writes.iter().enumerate() {
-                let prepared = collection(state, &part.collection).and_then(|entry| {
-                    let mut batch = write_buffers::take_batch();
-                    match wire::fill_batch(&mut batch, &entry.schema, &part.ops, 0) {
-                        Ok(()) => Ok((entry.id, batch)),
-                        Err(error) => {
-                            write_buffers::give_batch(batch);
-                            Err(error)
+                let prepared =
+                    granted_collection(state, &identity, &part.collection, Action::Write).and_then(|(entry, grant)| {
+                        write_guard(parts.len(), &entry, &grant, &mut guards)?;
+                        let mut batch = write_buffers::take_batch();
+                        match wire::fill_batch(&mut batch, &entry.schema, &part.ops, 0) {
+                            Ok(()) => Ok((entry.id, batch)),
+                            Err(error) => {
+                                if guards.last().is_some_and(|(guarded, _)| *guarded == parts.len()) {
+                                    guards.pop();
+                                }
+                                write_buffers::give_batch(batch);
+                                Err(error)
+                            }
                         }
-                    }
-                });
+                    });
                 match prepared {
                     Ok(prepared) => parts.push(prepared),
                     Err(error) => refused
                         .push((index, ApiError { message: format!("write {index}: {}", error.message), ..error })),
                 }
             }
-            let mut written = write(state, parts).await?.into_iter();
+            let mut written = write(state, parts, guards).await?.into_iter();
             let mut refused = refused.into_iter().peekable();
             let mut status = 200;
             // `{"results":[...]}`, written directly: one allocation for the whole answer.
@@ -260,28 +441,34 @@ async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response
             Ok(json_response(status, body))
         }
         (&Method::GET, ["v1", "collections", name, "items", id]) => {
-            let entry = collection(state, name)?;
+            let identity = caller(state, token, &path)?;
+            let (entry, grant) = granted_collection(state, &identity, name, Action::Read)?;
+            let predicate = grant.predicate(&entry.schema)?;
             let (reply, answer) = oneshot::channel();
-            send(state, Command::GetItem { collection: entry.id, id: id.to_string(), reply }).await?;
+            send(state, Command::GetItem { collection: entry.id, id: id.to_string(), predicate, reply }).await?;
             match answer.await.map_err(|_| ApiError::shutting_down())? {
                 Some(body) => Ok(json_response(200, body)),
                 None => Err(ApiError::new(ErrorCode::NotFound, format!("no item `{id}` in `{}`", entry.name))),
             }
         }
         (&Method::DELETE, ["v1", "collections", name, "items", id]) => {
-            let entry = collection(state, name)?;
+            let identity = caller(state, token, &path)?;
+            let (entry, grant) = granted_collection(state, &identity, name, Action::Write)?;
+            let mut guards = Vec::new();
+            write_guard(0, &entry, &grant, &mut guards)?;
             let mut batch = Batch::new();
             batch.remove(id);
-            let mut results = write(state, vec![(entry.id, batch)]).await?;
+            let mut results = write(state, vec![(entry.id, batch)], guards).await?;
             let ack = results.pop().expect("one result per part")?;
             let body = serde_json::json!({"seq": ack.seq, "removed": ack.summary.n_removed == 1});
             Ok(json_response(200, body.to_string().into_bytes()))
         }
         (&Method::POST, ["v1", "collections", name, "query"]) => {
-            let entry = collection(state, name)?;
+            let identity = caller(state, token, &path)?;
+            let (entry, grant) = granted_collection(state, &identity, name, Action::Read)?;
             let body = read_body(request).await?;
             let query: QueryRequest = parse(&body)?;
-            let spec = wire::window_spec(
+            let mut spec = wire::window_spec(
                 &entry.schema,
                 &query.filter,
                 &query.sort,
@@ -290,6 +477,7 @@ async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response
                 query.fields.as_deref(),
                 query.payload,
             )?;
+            wire::restrict(&mut spec.def, grant.predicate(&entry.schema)?.as_ref(), &entry.schema)?;
             let (reply, answer) = oneshot::channel();
             send(state, Command::Query { collection: entry.id, spec, reply }).await?;
             let body = answer.await.map_err(|_| ApiError::shutting_down())??;
@@ -298,10 +486,10 @@ async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response
         _ => {
             let known_path = matches!(
                 segments.as_slice(),
-                ["v1", "health" | "limits" | "ws" | "collections" | "batch"]
+                ["v1", "health" | "limits" | "ws" | "collections" | "batch" | "rules"]
                     | ["metrics"]
                     | ["demo"]
-                    | ["demo", "simulator"]
+                    | ["demo", "simulator" | "token"]
                     | ["v1", "collections", _]
                     | ["v1", "collections", _, "batch" | "query"]
                     | ["v1", "collections", _, "items", _]
@@ -354,9 +542,10 @@ async fn gauges(state: &HttpState) -> Result<crate::metrics::CoreGauges, ApiErro
 async fn write(
     state: &HttpState,
     parts: Vec<(ordo_core::CollectionId, Batch)>,
+    guards: Vec<(usize, Arc<WriteGuard>)>,
 ) -> Result<crate::core::WriteResults, ApiError> {
     let (reply, answer) = oneshot::channel();
-    send(state, Command::Write { batches: parts, reply, queued_at: Instant::now() }).await?;
+    send(state, Command::Write { batches: parts, reply, queued_at: Instant::now(), guards }).await?;
     let reply = answer.await.map_err(|_| ApiError::shutting_down())?;
     write_buffers::give_list(reply.batches);
     Ok(reply.results)
@@ -397,7 +586,10 @@ fn percent_decode(segment: &str) -> Result<String, ApiError> {
     String::from_utf8(out).map_err(|_| ApiError::bad_request(format!("`{segment}` is not UTF-8 once decoded")))
 }
 
-fn upgrade(mut request: Request<Incoming>, state: &HttpState) -> Result<Response<Body>, ApiError> {
+/// The WebSocket upgrade. A token may come in the `Authorization` header or the
+/// `access_token` query parameter (browsers cannot set headers; the `auth`
+/// message is the better way for them, as it keeps the token out of URLs and logs).
+fn upgrade(mut request: Request<Incoming>, state: &HttpState, token: Option<&str>) -> Result<Response<Body>, ApiError> {
     if !fastwebsockets::upgrade::is_upgrade_request(&request) {
         return Err(ApiError::bad_request("/v1/ws takes a WebSocket upgrade request"));
     }
@@ -405,6 +597,16 @@ fn upgrade(mut request: Request<Incoming>, state: &HttpState) -> Result<Response
         let error = ApiError::limit(format!("the server holds {} connections already", limits::MAX_CONNECTIONS));
         return Err(ApiError { status: Some(503), ..error });
     }
+    let query_token = request
+        .uri()
+        .query()
+        .and_then(|query| query.split('&').find_map(|pair| pair.strip_prefix("access_token=")).map(percent_decode));
+    let query_token = query_token.transpose()?;
+    let identity = state.gate.authenticate_optional(token.or(query_token.as_deref()), "/v1/ws")?;
+    if let Some(identity) = &identity {
+        state.gate.take_request(identity)?;
+    }
+    let slot = state.gate.open_connection(identity.as_deref())?;
     let (response, upgrade) = fastwebsockets::upgrade::upgrade(&mut request)
         .map_err(|error| ApiError::bad_request(format!("WebSocket upgrade refused: {error}")))?;
     let context = ConnectionContext {
@@ -414,10 +616,12 @@ fn upgrade(mut request: Request<Incoming>, state: &HttpState) -> Result<Response
         config: state.connection.clone(),
         shutdown: state.shutdown.clone(),
         limits_json: state.limits_json.clone(),
+        gate: state.gate.clone(),
+        identity,
     };
     tokio::spawn(async move {
         if let Ok(ws) = upgrade.await {
-            ws::serve_connection(ws, context).await;
+            ws::serve_connection(ws, context, slot).await;
         }
     });
     let (parts, _) = response.into_parts();

@@ -3,6 +3,8 @@
 //! equal to the server's (docs/PROTOCOL.md). One writer thread owns the engine
 //! and the store ([`core`]); network tasks talk to it through a bounded queue.
 
+pub mod access;
+pub mod auth;
 pub mod core;
 pub mod demo;
 pub mod demo_data;
@@ -15,6 +17,7 @@ pub mod metrics;
 pub mod name_routes;
 pub mod rate_limit;
 pub mod rng;
+pub mod rules;
 pub mod server;
 pub mod sub_table;
 pub mod wire;

@@ -53,6 +53,35 @@ pub const MAX_POOLED_LIST_PARTS: usize = 1_024;
 /// Client messages read ahead of the connection task.
 pub const INBOUND_QUEUE_CAPACITY: usize = 16;
 
+/// Largest bearer token accepted, in bytes (a JWT with a few claims is well under 1 KiB).
+pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
+/// Shortest HS256 secret `ordo serve` accepts (RFC 7518: at least the hash size).
+pub const MIN_SECRET_BYTES: usize = 32;
+/// Clock skew allowed on a token's `exp` and `nbf`, in seconds.
+pub const TOKEN_LEEWAY_SECS: u64 = 30;
+/// Longest `sub` claim, in bytes.
+pub const MAX_SUBJECT_BYTES: usize = 255;
+/// Most public keys in a JWKS file.
+pub const MAX_JWKS_KEYS: usize = 64;
+/// Most access rules.
+pub const MAX_RULES: usize = 256;
+/// A WebSocket opened without a token must send `auth` within this many seconds (else close 4401).
+pub const AUTH_TIMEOUT_SECS: u64 = 10;
+/// After its token expires, a WebSocket has this many seconds to send a fresh one (else close 4401).
+pub const AUTH_EXPIRY_GRACE_SECS: u64 = 30;
+/// Most WebSocket connections one `reader` identity may hold at once.
+pub const MAX_CONNECTIONS_PER_IDENTITY: usize = 32;
+/// Requests (HTTP requests and WebSocket messages together) per second per
+/// `reader` identity, across all its connections, and the burst allowed.
+pub const IDENTITY_REQUESTS_PER_SECOND: u32 = 200;
+pub const IDENTITY_REQUEST_BURST: u32 = 400;
+/// Collections one non-admin identity may create per hour (rules granting `create`).
+pub const COLLECTIONS_CREATED_PER_IDENTITY_PER_HOUR: u32 = 100;
+/// Identities whose counters are kept; past it, idle ones are forgotten first.
+pub const MAX_TRACKED_IDENTITIES: usize = 100_000;
+/// Lifetime of the tokens `POST /demo/token` hands out (the page refreshes them).
+pub const DEMO_TOKEN_TTL_SECS: u64 = 300;
+
 /// Every limit by name, for `GET /v1/limits` and the `welcome` frame.
 pub fn as_json() -> serde_json::Value {
     serde_json::json!({
@@ -76,6 +105,15 @@ pub fn as_json() -> serde_json::Value {
         "retained_frames_per_subscription": RETAINED_FRAMES_PER_SUBSCRIPTION,
         "retained_bytes_per_subscription": RETAINED_BYTES_PER_SUBSCRIPTION,
         "max_connections": MAX_CONNECTIONS,
+        "max_token_bytes": MAX_TOKEN_BYTES,
+        "token_leeway_secs": TOKEN_LEEWAY_SECS,
+        "auth_timeout_secs": AUTH_TIMEOUT_SECS,
+        "auth_expiry_grace_secs": AUTH_EXPIRY_GRACE_SECS,
+        "max_connections_per_identity": MAX_CONNECTIONS_PER_IDENTITY,
+        "identity_requests_per_second": IDENTITY_REQUESTS_PER_SECOND,
+        "identity_request_burst": IDENTITY_REQUEST_BURST,
+        "collections_created_per_identity_per_hour": COLLECTIONS_CREATED_PER_IDENTITY_PER_HOUR,
+        "max_rules": MAX_RULES,
     })
 }
 

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+use crate::auth::AuthFailure;
 use crate::error::ErrorCode;
 
 #[derive(Default)]
@@ -25,6 +26,7 @@ pub struct Metrics {
     pub resume_reset: AtomicU64,
     pub closed_slow: AtomicU64,
     errors: [AtomicU64; ErrorCode::ALL.len()],
+    auth_failures: [AtomicU64; AuthFailure::ALL.len()],
     stages: [StageHistogram; Stage::ALL.len()],
 }
 
@@ -43,6 +45,7 @@ pub static METRICS: Metrics = Metrics {
     resume_reset: AtomicU64::new(0),
     closed_slow: AtomicU64::new(0),
     errors: [const { AtomicU64::new(0) }; ErrorCode::ALL.len()],
+    auth_failures: [const { AtomicU64::new(0) }; AuthFailure::ALL.len()],
     stages: [const { StageHistogram::new() }; Stage::ALL.len()],
 };
 
@@ -53,6 +56,12 @@ pub fn add(counter: &AtomicU64, n: u64) {
 pub fn count_error(code: ErrorCode) {
     let index = ErrorCode::ALL.iter().position(|&c| c == code).expect("every code is listed");
     METRICS.errors[index].fetch_add(1, Relaxed);
+}
+
+/// A refused token, by reason (`ordo_auth_failures_total`).
+pub fn count_auth_failure(failure: AuthFailure) {
+    let index = AuthFailure::ALL.iter().position(|&f| f == failure).expect("every reason is listed");
+    METRICS.auth_failures[index].fetch_add(1, Relaxed);
 }
 
 /// The steps between a write arriving and its diffs reaching the sockets, timed
@@ -195,6 +204,13 @@ pub fn render(gauges: &CoreGauges, core_queue_depth: usize) -> String {
     let _ = writeln!(out, "# HELP ordo_errors_total Errors answered, by code.\n# TYPE ordo_errors_total counter");
     for (code, counter) in ErrorCode::ALL.iter().zip(&m.errors) {
         let _ = writeln!(out, "ordo_errors_total{{code=\"{}\"}} {}", code.as_str(), counter.load(Relaxed));
+    }
+    let _ = writeln!(
+        out,
+        "# HELP ordo_auth_failures_total Tokens refused, by reason.\n# TYPE ordo_auth_failures_total counter"
+    );
+    for (failure, counter) in AuthFailure::ALL.iter().zip(&m.auth_failures) {
+        let _ = writeln!(out, "ordo_auth_failures_total{{reason=\"{}\"}} {}", failure.reason(), counter.load(Relaxed));
     }
     let _ = writeln!(
         out,

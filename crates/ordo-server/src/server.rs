@@ -11,12 +11,15 @@ use tokio::sync::{mpsc, watch};
 
 use ordo_store::{print_load_progress, Database, Durability, StoreOptions};
 
-use crate::core::{Command, Core};
+use crate::access::Gate;
+use crate::auth::{AuthOptions, Verifier};
+use crate::core::{Command, Core, RULES_COLLECTION, RULES_ITEM};
 use crate::demo;
 use crate::http::{self, HttpState};
 use crate::limits;
 use crate::metrics::{self, ThreadKind};
 use crate::name_routes::NameRoutes;
+use crate::rules::{RuleSet, RulesDoc};
 use crate::ws::{ConnectionConfig, Registry};
 
 #[derive(Clone, Debug)]
@@ -35,6 +38,16 @@ pub struct ServeOptions {
     pub demo: bool,
     /// `--demo-rate`: the simulator's messages per second at start.
     pub demo_rate: u32,
+    /// How tokens are verified; no secret and no JWKS: auth is off.
+    pub auth: AuthOptions,
+    /// `--allow-origin`: browser origins allowed besides the server's own.
+    pub allow_origins: Vec<String>,
+    /// `--allow-host`: host names the server answers to besides IP literals and `localhost`.
+    pub allow_hosts: Vec<String>,
+    /// `--insecure`: run without auth on a non-loopback address.
+    pub insecure: bool,
+    /// `--metrics-public`: `/metrics` without an admin token.
+    pub metrics_public: bool,
 }
 
 impl Default for ServeOptions {
@@ -52,6 +65,11 @@ impl Default for ServeOptions {
             checkpoint_interval: StoreOptions::default().checkpoint_interval,
             demo: false,
             demo_rate: limits::DEFAULT_DEMO_MESSAGES_PER_SECOND,
+            auth: AuthOptions::default(),
+            allow_origins: Vec::new(),
+            allow_hosts: Vec::new(),
+            insecure: false,
+            metrics_public: false,
         }
     }
 }
@@ -64,8 +82,32 @@ pub fn default_network_threads() -> usize {
 }
 
 /// Runs the server until a signal stops it.
-pub fn serve(options: ServeOptions) -> Result<(), String> {
+pub fn serve(mut options: ServeOptions) -> Result<(), String> {
     raise_open_file_limit();
+    // The demo signs its users' tokens with a secret of its own, kept with the
+    // data so that `ordo token --secret-file DATA_DIR/demo-secret` can mint an admin's.
+    let demo_secret = if options.demo {
+        if options.auth.secret.is_none() {
+            options.auth.secret = Some(demo_secret(&options.data_dir)?);
+        }
+        options.auth.secret.clone().map(Arc::new)
+    } else {
+        None
+    };
+    if !options.auth.is_configured() {
+        if !options.listen.ip().is_loopback() && !options.insecure {
+            return Err(format!(
+                "refusing to listen on {} without auth: anyone who can reach it could read and write everything. \
+                 Configure --auth-secret-file or --auth-jwks (docs/SECURITY.md), or pass --insecure if a proxy in front does the checking",
+                options.listen
+            ));
+        }
+        eprintln!(
+            "ordo: WARNING: auth is off: every caller is an admin{}",
+            if options.insecure { " (--insecure), on a non-loopback address" } else { " (loopback only)" }
+        );
+    }
+    let verifier = if options.auth.is_configured() { Some(Verifier::new(&options.auth)?) } else { None };
     let started = Instant::now();
     let store_options = StoreOptions {
         durability: options.durability,
@@ -99,6 +141,8 @@ pub fn serve(options: ServeOptions) -> Result<(), String> {
         );
     }
 
+    let rules = load_rules(&database)?;
+    let gate = Arc::new(Gate::new(verifier, rules, options.allow_hosts.clone(), options.allow_origins.clone()));
     let routes = Arc::new(RwLock::new(NameRoutes::new()));
     let core = Core::new(database, routes.clone(), options.outbound_budget);
     core.publish_routes();
@@ -126,7 +170,7 @@ pub fn serve(options: ServeOptions) -> Result<(), String> {
         // The demo's rooms are written before the address is printed, so whoever
         // waits for that line finds them there.
         let demo = if options.demo {
-            let started = demo::start(&core_tx, &routes, options.demo_rate, shutdown_rx.clone()).await?;
+            let started = demo::start(&core_tx, &routes, &gate, options.demo_rate, shutdown_rx.clone()).await?;
             if started.n_rooms_written > 0 {
                 println!("ordo: demo: wrote {} rooms into `rooms`", started.n_rooms_written);
             } else {
@@ -137,12 +181,16 @@ pub fn serve(options: ServeOptions) -> Result<(), String> {
             None
         };
         println!("ordo: listening on http://{address} (WebSocket: ws://{address}/v1/ws); Ctrl-C stops");
-        match &demo {
-            Some(simulator) => println!(
-                "ordo: demo on http://{address}/demo (simulator: {} messages/s; POST /demo/simulator {{\"rate\":N}} changes it)",
+        if let Some(simulator) = &demo {
+            println!(
+                "ordo: demo on http://{address}/demo (simulator: {} messages/s); demo users sign in there",
                 simulator.rate()
-            ),
-            None => println!("ordo: demo page on http://{address}/demo (`--demo` adds rooms and live traffic)"),
+            );
+            println!(
+                "ordo: an admin token (to change the simulator's rate: POST /demo/simulator {{\"rate\":N}}): \
+                 ordo token --secret-file {} --role admin --sub ops",
+                options.data_dir.join(DEMO_SECRET_FILE).display()
+            );
         }
         let limits_json = Arc::new(limits_json(&options));
         let registry = Arc::new(Registry::default());
@@ -160,6 +208,10 @@ pub fn serve(options: ServeOptions) -> Result<(), String> {
             shutdown: shutdown_rx.clone(),
             limits_json,
             demo,
+            demo_enabled: options.demo,
+            demo_secret,
+            gate,
+            metrics_public: options.metrics_public,
         });
         tokio::spawn(expire_sessions(registry, core_tx.clone(), shutdown_rx.clone()));
         tokio::spawn(async move {
@@ -177,6 +229,41 @@ pub fn serve(options: ServeOptions) -> Result<(), String> {
     drop(database);
     println!("ordo: stopped; last seq {last_seq}");
     result
+}
+
+/// The demo's secret file, in the data directory.
+pub const DEMO_SECRET_FILE: &str = "demo-secret";
+
+/// Reads the demo's secret, or makes one (mode 0600) on the first `--demo` start.
+fn demo_secret(data_dir: &std::path::Path) -> Result<Vec<u8>, String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data_dir.join(DEMO_SECRET_FILE);
+    if path.exists() {
+        return crate::auth::read_secret_file(&path);
+    }
+    std::fs::create_dir_all(data_dir).map_err(|error| format!("cannot create {}: {error}", data_dir.display()))?;
+    let secret = crate::auth::generate_secret();
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|error| format!("cannot create {}: {error}", path.display()))?;
+    file.write_all(&secret).map_err(|error| format!("cannot write {}: {error}", path.display()))?;
+    Ok(secret)
+}
+
+/// The access rules stored in the data directory (none in a new one).
+fn load_rules(database: &Database) -> Result<RuleSet, String> {
+    let engine = database.engine();
+    let Some(collection) = engine.collection_id(RULES_COLLECTION).and_then(|id| engine.collection(id)) else {
+        return Ok(RuleSet::default());
+    };
+    let Some(item) = collection.get(RULES_ITEM) else { return Ok(RuleSet::default()) };
+    let doc: RulesDoc = serde_json::from_slice(item.payload())
+        .map_err(|error| format!("the stored access rules do not parse: {error}"))?;
+    RuleSet::compile(doc).map_err(|error| format!("the stored access rules are refused: {error}"))
 }
 
 fn limits_json(options: &ServeOptions) -> serde_json::Value {

@@ -542,6 +542,31 @@ pub fn view_def(schema: &Schema, filter: &Json, sort: &[SortRequest]) -> Result<
     Ok(def)
 }
 
+/// A rule's filter (claims already bound) as an engine filter over `schema`,
+/// under the same limits and checks as a client's.
+pub fn filter_from_rule(schema: &Schema, filter: &Json) -> Result<Filter, ApiError> {
+    let mut n_nodes = 0;
+    let filter = filter_from_json(schema, filter, 1, &mut n_nodes)?;
+    ordo_core::CompiledFilter::compile(&filter, schema)?;
+    Ok(filter)
+}
+
+/// Conjoins an access rule's predicate into a checked view: the client's filter
+/// can then only narrow what the rule lets through. The combined filter is
+/// compiled again (it is one level deeper than either part).
+pub fn restrict(def: &mut ViewDef, predicate: Option<&Filter>, schema: &Schema) -> Result<(), ApiError> {
+    let Some(predicate) = predicate else { return Ok(()) };
+    let client = std::mem::replace(&mut def.filter, Filter::True);
+    def.filter = match client {
+        Filter::True => predicate.clone(),
+        client => Filter::All(vec![predicate.clone(), client]),
+    };
+    ordo_core::CompiledFilter::compile(&def.filter, schema).map_err(|_| {
+        ApiError::limit("the filter is too deep or too large once this collection's access rule is added to it")
+    })?;
+    Ok(())
+}
+
 trait WithCase {
     fn with_case(self, case_insensitive: bool) -> Self;
 }
@@ -720,6 +745,10 @@ pub enum ClientMessage {
     Resume {
         session: String,
         subs: Vec<ResumeEntry>,
+    },
+    /// A token for this connection: the first one, or a fresh one before the last expires.
+    Auth {
+        token: String,
     },
 }
 

@@ -17,6 +17,8 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, watch};
 
+use crate::access::{ConnectionSlot, Gate};
+use crate::auth::{self, AuthFailure, Identity, Role as AuthRole};
 use crate::core::{
     share_key, Command, ConnShared, CoreSender, FrameBody, Outgoing, Routes, SessionId, SubHandle, FRAME_OVERHEAD_BYTES,
 };
@@ -25,6 +27,7 @@ use crate::frame::{write_diffs_frame, write_json_str};
 use crate::limits;
 use crate::metrics::{self, Stage, METRICS};
 use crate::rate_limit::TokenBucket;
+use crate::rules::Action;
 use crate::sub_table::SubTable;
 use crate::wire::{self, ClientMessage, WindowSpec};
 
@@ -35,6 +38,11 @@ pub const CLOSE_GOING_AWAY: u16 = 1001;
 pub const CLOSE_NOT_UTF8: u16 = 1007;
 pub const CLOSE_TOO_BIG: u16 = 1009;
 pub const CLOSE_SLOW: u16 = 4001;
+/// The access rules changed: reconnect and resume (views are rebuilt under the new rules).
+pub const CLOSE_RULES_CHANGED: u16 = 4403;
+/// No valid token: none came within `AUTH_TIMEOUT_SECS` of connecting, or the
+/// token expired and no fresh one came within `AUTH_EXPIRY_GRACE_SECS`.
+pub const CLOSE_UNAUTHORIZED: u16 = 4401;
 
 /// Frames written in one syscall, at most (about): bounds the latency of the first.
 const WRITE_BATCH_BYTES: usize = 64 * 1024;
@@ -78,7 +86,10 @@ impl SubEntry {
 /// A connection's subscription state; it outlives the connection for resume.
 pub struct Session {
     id: SessionId,
+    /// The resume token: 128 random bits, replaced at every resume.
     token: String,
+    /// The identity the session belongs to (`Identity::key`): only it may resume it.
+    owner: Arc<str>,
     shared: Arc<ConnShared>,
     outbox: mpsc::UnboundedReceiver<Outgoing>,
     table: SubTable<SubEntry>,
@@ -98,8 +109,16 @@ impl Registry {
         self.parked.lock().expect("registry lock").insert(session.token.clone(), (session, expires));
     }
 
-    fn take(&self, token: &str) -> Option<Session> {
-        self.parked.lock().expect("registry lock").remove(token).map(|(session, _)| session)
+    /// The parked session of `token` if `owner` owns it. Another identity's
+    /// token is answered exactly as an unknown one, and the session stays parked
+    /// for its owner.
+    fn take(&self, token: &str, owner: &str) -> Option<Session> {
+        let mut parked = self.parked.lock().expect("registry lock");
+        if parked.get(token).is_some_and(|(session, _)| &*session.owner == owner) {
+            parked.remove(token).map(|(session, _)| session)
+        } else {
+            None
+        }
     }
 
     /// Drops expired sessions; returns their ids so their windows can be closed.
@@ -120,9 +139,12 @@ pub struct ConnectionContext {
     pub config: ConnectionConfig,
     pub shutdown: watch::Receiver<bool>,
     pub limits_json: Arc<serde_json::Value>,
+    pub gate: Arc<Gate>,
+    /// Who opened the connection, when the upgrade carried a token (or auth is off).
+    pub identity: Option<Arc<Identity>>,
 }
 
-/// A fresh session token: random enough that one client cannot guess another's.
+/// The writer thread's name for a session (not a secret: the resume token is).
 fn new_session_id() -> SessionId {
     use std::hash::{BuildHasher, Hasher};
     static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -145,7 +167,7 @@ enum Inbound {
 }
 
 /// Runs one upgraded connection to its end.
-pub async fn serve_connection(ws: WebSocket<Stream>, context: ConnectionContext) {
+pub async fn serve_connection(ws: WebSocket<Stream>, context: ConnectionContext, slot: ConnectionSlot) {
     metrics::add(&METRICS.connections, 1);
     // fastwebsockets parses what the client sends; frames to the client are written
     // here (see `queue_frame`), so that several can share one write.
@@ -153,7 +175,7 @@ pub async fn serve_connection(ws: WebSocket<Stream>, context: ConnectionContext)
     let (reader, _unused_writer) = fastwebsockets::after_handshake_split(read_half, tokio::io::sink(), Role::Server);
     let (inbound_tx, inbound_rx) = mpsc::channel(limits::INBOUND_QUEUE_CAPACITY);
     let reader_task = tokio::spawn(read_frames(reader, inbound_tx));
-    let mut connection = Connection::open(writer, context).await;
+    let mut connection = Connection::open(writer, context, slot).await;
     if let Some(connection) = connection.as_mut() {
         connection.run(inbound_rx).await;
     }
@@ -222,27 +244,41 @@ struct Connection {
     /// The reused buffer every frame is written into.
     frame: Vec<u8>,
     bucket: TokenBucket,
-    /// Whether the client may still send `resume` (only as its first message).
+    /// Whether the client may still send `resume` (only as its first message after `auth`).
     may_resume: bool,
     closed: bool,
+    /// The verified caller; `None` until an `auth` message when the upgrade had no token.
+    identity: Option<Arc<Identity>>,
+    /// When the token situation must be looked at again: the auth timeout of a
+    /// connection without a token, the token's expiry, or the end of the grace.
+    auth_deadline: Option<tokio::time::Instant>,
+    /// The token expired and `auth_expired` was sent: the grace is running.
+    in_grace: bool,
+    /// The identity's connection slot (readers are capped), held while connected.
+    slot: Option<ConnectionSlot>,
+    rules_changed: watch::Receiver<u64>,
 }
 
 enum Event {
     Inbound(Option<Inbound>),
     Outgoing(Option<Outgoing>),
     Shutdown,
+    AuthDeadline,
+    RulesChanged,
 }
 
 impl Connection {
-    async fn open(writer: WriteHalf<Stream>, context: ConnectionContext) -> Option<Connection> {
+    async fn open(writer: WriteHalf<Stream>, context: ConnectionContext, slot: ConnectionSlot) -> Option<Connection> {
         let id = new_session_id();
         let shared = Arc::new(ConnShared::default());
         let (outbox_tx, outbox) = mpsc::unbounded_channel();
         let command = Command::OpenSession { session: id, shared: shared.clone(), outbox: outbox_tx };
         context.core.send(command).await.ok()?;
+        let identity = context.identity.clone();
         let session = Session {
             id,
-            token: format!("{id:016x}"),
+            token: auth::new_session_token(),
+            owner: identity.as_ref().map_or_else(|| Arc::from(""), |identity| identity.key.clone()),
             shared,
             outbox,
             table: SubTable::new(),
@@ -250,6 +286,11 @@ impl Connection {
             next_handle: 0,
         };
         let bucket = TokenBucket::new(context.config.messages_per_second, limits::WS_MESSAGE_BURST);
+        let auth_deadline = match &identity {
+            Some(identity) => expiry_deadline(identity),
+            None => Some(tokio::time::Instant::now() + Duration::from_secs(limits::AUTH_TIMEOUT_SECS)),
+        };
+        let rules_changed = context.gate.rules_changed.subscribe();
         let mut connection = Connection {
             writer,
             out: Vec::with_capacity(16 * 1024),
@@ -259,11 +300,22 @@ impl Connection {
             bucket,
             may_resume: true,
             closed: false,
+            identity,
+            auth_deadline,
+            in_grace: false,
+            slot: Some(slot),
+            rules_changed,
+        };
+        let auth = match (&connection.identity, connection.context.gate.auth_enabled()) {
+            (_, false) => serde_json::json!("none"),
+            (Some(identity), true) => identity.to_json(),
+            (None, true) => serde_json::json!("required"),
         };
         let welcome = serde_json::json!({
             "type": "welcome",
             "protocol": 1,
             "session": connection.session.token,
+            "auth": auth,
             "limits": *connection.context.limits_json,
         });
         connection.send_json(&welcome).await;
@@ -273,10 +325,13 @@ impl Connection {
     async fn run(&mut self, mut inbound: mpsc::Receiver<Inbound>) {
         let mut shutdown = self.context.shutdown.clone();
         while !self.closed {
+            let auth_deadline = self.auth_deadline;
             let event = tokio::select! {
                 message = inbound.recv() => Event::Inbound(message),
                 outgoing = self.session.outbox.recv() => Event::Outgoing(outgoing),
                 _ = shutdown.wait_for(|stopping| *stopping) => Event::Shutdown,
+                _ = tokio::time::sleep_until(auth_deadline.unwrap_or_else(tokio::time::Instant::now)), if auth_deadline.is_some() => Event::AuthDeadline,
+                Ok(()) = self.rules_changed.changed() => Event::RulesChanged,
             };
             match event {
                 Event::Inbound(Some(message)) => self.on_inbound(message).await,
@@ -296,8 +351,66 @@ impl Connection {
                 }
                 Event::Outgoing(None) => self.close(CLOSE_GOING_AWAY, "server stopping").await,
                 Event::Shutdown => self.close(CLOSE_GOING_AWAY, "server stopping").await,
+                Event::AuthDeadline => self.on_auth_deadline().await,
+                Event::RulesChanged => {
+                    // An admin's views never depended on rules.
+                    if self.identity.as_ref().is_some_and(|identity| identity.role != AuthRole::Admin) {
+                        self.close(CLOSE_RULES_CHANGED, "access rules changed; reconnect and resume").await;
+                    }
+                }
             }
         }
+    }
+
+    /// The connection's token deadline passed: no token yet (close), the token
+    /// just expired (warn, start the grace), or the grace ran out (close).
+    async fn on_auth_deadline(&mut self) {
+        if self.identity.is_none() {
+            refuse_and_count(AuthFailure::Missing);
+            self.close(CLOSE_UNAUTHORIZED, "no `auth` message within the auth timeout").await;
+        } else if self.in_grace {
+            refuse_and_count(AuthFailure::Expired);
+            self.close(CLOSE_UNAUTHORIZED, "token expired").await;
+        } else {
+            self.in_grace = true;
+            self.auth_deadline =
+                Some(tokio::time::Instant::now() + Duration::from_secs(limits::AUTH_EXPIRY_GRACE_SECS));
+            self.frame.clear();
+            self.frame.extend_from_slice(b"{\"type\":\"auth_expired\",\"grace_secs\":");
+            crate::frame::write_u64(&mut self.frame, limits::AUTH_EXPIRY_GRACE_SECS);
+            self.frame.push(b'}');
+            self.write(OpCode::Text).await;
+        }
+    }
+
+    /// `{"op":"auth"}`: a first token, or a fresh one for the same identity.
+    async fn authenticate(&mut self, token: &str) -> Result<(), ApiError> {
+        if !self.context.gate.auth_enabled() {
+            return Err(ApiError::bad_request(
+                "this server runs without auth (`welcome.auth` is \"none\"); send no `auth`",
+            ));
+        }
+        let identity = self.context.gate.authenticate(Some(token), "/v1/ws auth")?;
+        match &self.identity {
+            Some(current) if current.key != identity.key => {
+                return Err(ApiError::new(
+                    ErrorCode::Forbidden,
+                    "a connection keeps one identity: a fresh token must name the same one (same claims but exp, nbf, iat, jti)",
+                ));
+            }
+            Some(_) => {}
+            None => {
+                self.slot = Some(self.context.gate.open_connection(Some(&identity))?);
+                self.session.owner = identity.key.clone();
+            }
+        }
+        self.auth_deadline = expiry_deadline(&identity);
+        self.in_grace = false;
+        let mut answer = identity.to_json();
+        answer["type"] = "authed".into();
+        self.identity = Some(identity);
+        self.send_json(&answer).await;
+        Ok(())
     }
 
     /// After the connection: a session with subscriptions is held for resume.
@@ -502,8 +615,25 @@ impl Connection {
     }
 
     async fn on_message(&mut self, message: ClientMessage) {
+        if let ClientMessage::Auth { token } = &message {
+            // Not counted as the first message: `resume` may follow it.
+            if let Err(error) = self.authenticate(token).await {
+                self.send_error(&error, None).await;
+            }
+            return;
+        }
+        let Some(identity) = self.identity.clone() else {
+            let error = ApiError::new(ErrorCode::Unauthorized, "send `{\"op\":\"auth\",\"token\":..}` first");
+            self.send_error(&error, None).await;
+            return;
+        };
+        if let Err(error) = self.context.gate.take_request(&identity) {
+            self.send_error(&error, None).await;
+            return;
+        }
         let first = std::mem::replace(&mut self.may_resume, false);
         let result = match message {
+            ClientMessage::Auth { .. } => unreachable!("handled above"),
             ClientMessage::Subscribe { sub, collection, filter, sort, offset, limit, fields, payload } => {
                 let spec =
                     self.check_subscribe(&sub, &collection, &filter, &sort, offset, limit, fields.as_deref(), payload);
@@ -568,10 +698,34 @@ impl Connection {
                 limits::MAX_SUBSCRIPTIONS_PER_CONNECTION
             )));
         }
-        let entry = self.context.routes.read().expect("routes lock").get(collection).cloned();
-        let entry = entry.ok_or_else(|| ApiError::unknown_collection(collection))?;
-        let spec = wire::window_spec(&entry.schema, filter, sort, offset, limit, fields, payload)?;
+        let (entry, predicate) = self.readable(collection)?;
+        let mut spec = wire::window_spec(&entry.schema, filter, sort, offset, limit, fields, payload)?;
+        wire::restrict(&mut spec.def, predicate.as_ref(), &entry.schema)?;
         Ok((entry, spec))
+    }
+
+    /// The collection as this connection's identity may read it, and the row
+    /// predicate its rules bind (conjoined into every view; `None`: every item).
+    /// Refused the same way whether the collection exists or not.
+    fn readable(&self, name: &str) -> Result<(Arc<crate::core::CollectionEntry>, Option<ordo_core::Filter>), ApiError> {
+        let identity =
+            self.identity.as_ref().ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "send `auth` first"))?;
+        if crate::core::is_reserved_name(name) {
+            return Err(ApiError::new(ErrorCode::Forbidden, format!("`{name}` is reserved for the server")));
+        }
+        let grant = self
+            .context
+            .gate
+            .rules()
+            .grant(identity, name, Action::Read)
+            .ok_or_else(|| crate::rules::forbidden(name, "read"))?;
+        let entry = self.context.routes.read().expect("routes lock").get(name).cloned();
+        let entry = entry.ok_or_else(|| ApiError::unknown_collection(name))?;
+        if identity.role != AuthRole::Admin && entry.name != name {
+            return Err(ApiError::unknown_collection(name));
+        }
+        let predicate = grant.predicate(&entry.schema)?;
+        Ok((entry, predicate))
     }
 
     /// Registers the subscription here, then asks the writer thread for its window;
@@ -621,8 +775,12 @@ impl Connection {
         sort: &[wire::SortRequest],
     ) -> Result<(), ApiError> {
         let handle = self.handle_of(sub)?;
+        let name = self.session.table.get(handle).expect("mapped handles are live").collection.name.clone();
+        // The rules as they are now: a view change never widens past them.
+        let (_, predicate) = self.readable(&name)?;
         let entry = self.session.table.get_mut(handle).expect("mapped handles are live");
-        let def = wire::view_def(&entry.collection.schema, filter, sort)?;
+        let mut def = wire::view_def(&entry.collection.schema, filter, sort)?;
+        wire::restrict(&mut def, predicate.as_ref(), &entry.collection.schema)?;
         entry.spec.def = def.clone();
         let command = Command::SetView { session: self.session.id, handle, def };
         let _ = self.context.core.send(command).await;
@@ -632,10 +790,12 @@ impl Connection {
     async fn resume(&mut self, token: &str, entries: Vec<wire::ResumeEntry>) {
         let mut outcomes: Vec<serde_json::Value> = Vec::with_capacity(entries.len());
         let mut replays: Vec<SubHandle> = Vec::new();
-        if let Some(old) = self.context.registry.take(token) {
+        if let Some(old) = self.context.registry.take(token, &self.session.owner) {
             // Adopt the old session: its queue, table and retained frames.
             let fresh = std::mem::replace(&mut self.session, old);
             let _ = self.context.core.send(Command::DropSession { session: fresh.id }).await;
+            // A resume token is good for one resume: whoever saw this one cannot reuse it.
+            self.session.token = auth::new_session_token();
         }
         let mut listed: Vec<SubHandle> = Vec::with_capacity(entries.len());
         for entry in entries {
@@ -722,9 +882,8 @@ impl Connection {
         entry: &wire::ResumeEntry,
     ) -> Result<(Arc<crate::core::CollectionEntry>, WindowSpec), ApiError> {
         wire::check_sub_id(&entry.sub)?;
-        let collection = self.context.routes.read().expect("routes lock").get(&entry.collection).cloned();
-        let collection = collection.ok_or_else(|| ApiError::unknown_collection(&entry.collection))?;
-        let spec = wire::window_spec(
+        let (collection, predicate) = self.readable(&entry.collection)?;
+        let mut spec = wire::window_spec(
             &collection.schema,
             &entry.filter,
             &entry.sort,
@@ -733,8 +892,22 @@ impl Connection {
             entry.fields.as_deref(),
             entry.payload,
         )?;
+        wire::restrict(&mut spec.def, predicate.as_ref(), &collection.schema)?;
         Ok((collection, spec))
     }
+}
+
+/// When a verified token must be looked at again: its expiry plus the leeway.
+fn expiry_deadline(identity: &Identity) -> Option<tokio::time::Instant> {
+    if identity.expires_at == u64::MAX {
+        return None;
+    }
+    let left = (identity.expires_at + limits::TOKEN_LEEWAY_SECS).saturating_sub(auth::now_unix());
+    Some(tokio::time::Instant::now() + Duration::from_secs(left))
+}
+
+fn refuse_and_count(failure: AuthFailure) {
+    let _ = crate::access::refuse(failure, "/v1/ws");
 }
 
 fn unknown_subscription(sub: &str) -> ApiError {

@@ -39,7 +39,7 @@ fn names_matching(server: &Server, needle: &str) -> Vec<String> {
 #[test]
 fn the_demo_page_and_its_files_are_served_with_their_types() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &[]);
+    let server = Server::start(dir.path(), &["--demo", "--demo-rate", "0"]);
     for (path, content_type, marker) in [
         ("/demo", "text/html; charset=utf-8", "id=\"rooms\""),
         ("/demo/", "text/html; charset=utf-8", "id=\"rooms\""),
@@ -60,11 +60,21 @@ fn the_demo_page_and_its_files_are_served_with_their_types() {
     assert_eq!((status, answer["error"]["code"].as_str()), (404, Some("not_found")), "{answer}");
     let (status, _) = server.http("POST", "/demo", Some(&json!({})));
     assert_eq!(status, 405);
+    server.stop();
 
-    // Without --demo there is no simulator, and no rooms are written.
-    for method in ["GET", "POST"] {
-        let (status, answer) = server.http(method, "/demo/simulator", Some(&json!({"rate": 1})));
-        assert_eq!((status, answer["error"]["code"].as_str()), (404, Some("not_found")), "{method}: {answer}");
+    // Without --demo there is no demo at all: no page, no simulator, no tokens, no rooms.
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    for (method, path) in [
+        ("GET", "/demo"),
+        ("GET", "/demo/"),
+        ("GET", "/demo/app.js"),
+        ("GET", "/demo/simulator"),
+        ("POST", "/demo/simulator"),
+        ("POST", "/demo/token"),
+    ] {
+        let (status, answer) = server.http(method, path, Some(&json!({"rate": 1, "user": "alice"})));
+        assert_eq!((status, answer["error"]["code"].as_str()), (404, Some("not_found")), "{method} {path}: {answer}");
     }
     let (status, _) = server.http("GET", "/v1/collections/rooms", None);
     assert_eq!(status, 404);
@@ -72,9 +82,38 @@ fn the_demo_page_and_its_files_are_served_with_their_types() {
 }
 
 #[test]
-fn demo_writes_searchable_rooms_and_checks_the_rate() {
+fn demo_users_sign_in_and_see_only_their_own_rooms() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), &["--demo", "--demo-rate", "0"]);
+    let mut totals = Vec::new();
+    for user in ["alice", "bob"] {
+        let answer = server.ok("POST", "/demo/token", json!({"user": user}));
+        assert_eq!((answer["sub"].as_str(), answer["role"].as_str()), (Some(user), Some("reader")), "{answer}");
+        let token = answer["token"].as_str().unwrap();
+        let query = json!({"limit": 1000, "fields": ["owner"]});
+        let (status, rooms) = server.http_as(Some(token), "POST", "/v1/collections/rooms/query", Some(&query));
+        assert_eq!(status, 200, "{rooms}");
+        let items = rooms["items"].as_array().unwrap();
+        assert!(!items.is_empty() && items.iter().all(|item| item["fields"]["owner"] == user), "{user}: {rooms}");
+        totals.push(rooms["total"].as_u64().unwrap());
+    }
+    assert_eq!(totals.iter().sum::<u64>(), 10_000, "the two users' rooms are all the rooms: {totals:?}");
+    let (status, answer) = server.http("POST", "/demo/token", Some(&json!({"user": "mallory"})));
+    assert_eq!(status, 400, "{answer}");
+    // A demo user cannot change the simulator; without a token nobody can.
+    let alice = server.ok("POST", "/demo/token", json!({"user": "alice"}))["token"].as_str().unwrap().to_owned();
+    let (status, answer) = server.http_as(Some(&alice), "POST", "/demo/simulator", Some(&json!({"rate": 100})));
+    assert_eq!((status, answer["error"]["code"].as_str()), (403, Some("forbidden")), "{answer}");
+    let (status, _) = server.http("POST", "/demo/simulator", Some(&json!({"rate": 100})));
+    assert_eq!(status, 401);
+    assert_eq!(server.ok("GET", "/demo/simulator", json!(null))["rate"], 0);
+    server.stop();
+}
+
+#[test]
+fn demo_writes_searchable_rooms_and_checks_the_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--demo", "--demo-rate", "0"]).signed_in_as_demo_admin();
     let rooms = server.ok("GET", "/v1/collections/rooms", json!(null));
     assert_eq!(rooms["items"], 10_000, "{rooms}");
 
@@ -102,7 +141,7 @@ fn demo_writes_searchable_rooms_and_checks_the_rate() {
     server.stop();
 
     // A second start finds the rooms there and writes none.
-    let server = Server::start(dir.path(), &["--demo", "--demo-rate", "0"]);
+    let server = Server::start(dir.path(), &["--demo", "--demo-rate", "0"]).signed_in_as_demo_admin();
     assert_eq!(server.ok("GET", "/v1/collections/rooms", json!(null))["items"], 10_000);
     server.stop();
 }
@@ -110,7 +149,7 @@ fn demo_writes_searchable_rooms_and_checks_the_rate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn simulated_messages_reach_a_subscriber_as_diffs() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &["--demo", "--demo-rate", "0"]);
+    let server = Server::start(dir.path(), &["--demo", "--demo-rate", "0"]).signed_in_as_demo_admin();
     let mut client = server.connect().await;
     let sub = json!({"op": "subscribe", "sub": "top", "collection": "rooms",
         "sort": [{"field": "recency", "dir": "desc"}], "limit": 20});

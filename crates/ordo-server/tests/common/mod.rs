@@ -19,6 +19,27 @@ pub struct Server {
     child: Child,
     pub port: u16,
     pub dir: PathBuf,
+    /// Sent as `Authorization: Bearer` by `http`, `ok` and `metric` when set.
+    pub token: Option<String>,
+}
+
+/// A 32-byte HS256 secret in `dir/secret`, for `--auth-secret-file`.
+pub fn write_secret(dir: &Path) -> PathBuf {
+    let path = dir.join("secret");
+    std::fs::write(&path, "test-secret-0123456789abcdef0123456789\n").unwrap();
+    path
+}
+
+/// A token minted by `ordo token` with the secret in `secret_file`.
+pub fn mint(secret_file: &Path, sub: &str, role: &str, extra: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_ordo"))
+        .args(["token", "--sub", sub, "--role", role, "--secret-file"])
+        .arg(secret_file)
+        .args(extra)
+        .output()
+        .expect("running ordo token");
+    assert!(output.status.success(), "ordo token: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout).unwrap().trim().to_owned()
 }
 
 impl Server {
@@ -41,7 +62,13 @@ impl Server {
         };
         // Keep draining stdout so the server never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Server { child, port, dir: dir.to_owned() }
+        Server { child, port, dir: dir.to_owned(), token: None }
+    }
+
+    /// With `--demo`: an admin token signed with the demo's secret, used from now on.
+    pub fn signed_in_as_demo_admin(mut self) -> Server {
+        self.token = Some(mint(&self.dir.join("demo-secret"), "ops", "admin", &[]));
+        self
     }
 
     /// The server process's id (for reading `/proc`).
@@ -70,10 +97,26 @@ impl Server {
     }
 
     pub fn http_raw(&self, method: &str, path: &str, body: Option<&[u8]>) -> (u16, Vec<u8>) {
+        let auth = self.token.as_ref().map(|token| format!("Authorization: Bearer {token}\r\n")).unwrap_or_default();
+        self.http_with(method, path, &auth, body)
+    }
+
+    /// `http` as the holder of `token` (or without one), whatever `self.token` is.
+    pub fn http_as(&self, token: Option<&str>, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let auth = token.map(|token| format!("Authorization: Bearer {token}\r\n")).unwrap_or_default();
+        let body = body.map(|body| body.to_string());
+        let (status, bytes) = self.http_with(method, path, &auth, body.as_deref().map(str::as_bytes));
+        let value = serde_json::from_slice(&bytes).unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()));
+        (status, value)
+    }
+
+    /// A request with extra header lines (each ending in `\r\n`).
+    pub fn http_with(&self, method: &str, path: &str, extra_headers: &str, body: Option<&[u8]>) -> (u16, Vec<u8>) {
         let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
         let body = body.unwrap_or(b"");
+        let host = if extra_headers.to_ascii_lowercase().contains("host:") { "" } else { "Host: localhost\r\n" };
         let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\n{host}{extra_headers}Content-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()
         );
         stream.write_all(head.as_bytes()).unwrap();
@@ -108,6 +151,13 @@ impl Server {
     }
 
     pub async fn connect(&self) -> Client {
+        let token = self.token.clone();
+        self.connect_as(token.as_deref()).await
+    }
+
+    /// A WebSocket that authenticates with `token` (an `auth` message after the
+    /// `welcome`, as a browser would) and waits for `authed`.
+    pub async fn connect_as(&self, token: Option<&str>) -> Client {
         let url = format!("ws://127.0.0.1:{}/v1/ws", self.port);
         let (socket, _) = tokio_tungstenite::connect_async(url).await.expect("WebSocket connect");
         let mut client = Client { socket, session: String::new(), lists: Default::default(), frames: Vec::new() };
@@ -115,6 +165,11 @@ impl Server {
         assert_eq!(welcome["type"], "welcome", "{welcome}");
         assert_eq!(welcome["protocol"], 1);
         client.session = welcome["session"].as_str().unwrap().to_owned();
+        if let Some(token) = token {
+            client.send(json!({"op": "auth", "token": token})).await;
+            let authed = client.next_json(Duration::from_secs(5)).await.expect("authed");
+            assert_eq!(authed["type"], "authed", "{authed}");
+        }
         client
     }
 }

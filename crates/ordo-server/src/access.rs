@@ -1,0 +1,293 @@
+//! The server's gate: who is calling (a verified token, or everyone an admin
+//! when auth is off), from where (`Host` and `Origin` checks against DNS
+//! rebinding and cross-site requests), and how much each identity may take
+//! (connections, request rate, collection creation). Rules live in `rules`;
+//! this module holds the state shared by every network task.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use crate::auth::{AuthFailure, Identity, Role, Verifier};
+use crate::error::{ApiError, ErrorCode};
+use crate::limits;
+use crate::metrics;
+use crate::rate_limit::TokenBucket;
+use crate::rules::{RuleSet, SharedRules};
+
+/// Who may reach the server and from where; built at start.
+pub struct Gate {
+    /// `None`: auth is off and every caller is an admin (`ordo serve` without auth options).
+    verifier: Option<Verifier>,
+    pub rules: SharedRules,
+    /// Host names (besides IP literals and `localhost`) requests may be addressed to.
+    allowed_hosts: Vec<String>,
+    /// Origins (`scheme://host[:port]`) allowed to call from a browser, besides the server's own.
+    allowed_origins: Vec<String>,
+    identities: Mutex<HashMap<Arc<str>, IdentityUse>>,
+    /// Raised by a rules change: live connections of non-admins close so that
+    /// their views are rebuilt under the new rules when they come back.
+    pub rules_changed: tokio::sync::watch::Sender<u64>,
+    anonymous: Arc<Identity>,
+}
+
+/// What one identity is using right now.
+struct IdentityUse {
+    connections: usize,
+    requests: TokenBucket,
+    created_this_hour: u32,
+    hour_started: Instant,
+}
+
+impl IdentityUse {
+    fn new() -> IdentityUse {
+        IdentityUse {
+            connections: 0,
+            requests: TokenBucket::new(limits::IDENTITY_REQUESTS_PER_SECOND, limits::IDENTITY_REQUEST_BURST),
+            created_this_hour: 0,
+            hour_started: Instant::now(),
+        }
+    }
+}
+
+/// Holds one of an identity's connection slots; gives it back when dropped.
+pub struct ConnectionSlot {
+    gate: Arc<Gate>,
+    key: Option<Arc<str>>,
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        if let Some(key) = &self.key {
+            let mut identities = self.gate.identities.lock().expect("identities lock");
+            if let Some(usage) = identities.get_mut(key) {
+                usage.connections = usage.connections.saturating_sub(1);
+            }
+        }
+    }
+}
+
+impl Gate {
+    pub fn new(
+        verifier: Option<Verifier>,
+        rules: RuleSet,
+        allowed_hosts: Vec<String>,
+        allowed_origins: Vec<String>,
+    ) -> Gate {
+        Gate {
+            verifier,
+            rules: Arc::new(RwLock::new(Arc::new(rules))),
+            allowed_hosts: allowed_hosts.into_iter().map(|host| host.to_ascii_lowercase()).collect(),
+            allowed_origins: allowed_origins
+                .into_iter()
+                .map(|origin| origin.trim_end_matches('/').to_ascii_lowercase())
+                .collect(),
+            identities: Mutex::new(HashMap::new()),
+            rules_changed: tokio::sync::watch::channel(0).0,
+            anonymous: Arc::new(Identity::anonymous_admin()),
+        }
+    }
+
+    pub fn auth_enabled(&self) -> bool {
+        self.verifier.is_some()
+    }
+
+    pub fn rules(&self) -> Arc<RuleSet> {
+        self.rules.read().expect("rules lock").clone()
+    }
+
+    /// Replaces the rules (after they are durable) and tells live connections.
+    pub fn set_rules(&self, rules: RuleSet) {
+        *self.rules.write().expect("rules lock") = Arc::new(rules);
+        self.rules_changed.send_modify(|version| *version += 1);
+    }
+
+    /// The caller of a request: `token` is the bearer token if one came.
+    /// With auth off every caller is the anonymous admin, token or not.
+    pub fn authenticate(&self, token: Option<&str>, where_: &str) -> Result<Arc<Identity>, ApiError> {
+        let Some(verifier) = &self.verifier else { return Ok(self.anonymous.clone()) };
+        let result = match token {
+            None => Err(AuthFailure::Missing),
+            Some(token) => verifier.verify(token),
+        };
+        result.map(Arc::new).map_err(|failure| refuse(failure, where_))
+    }
+
+    /// The identity of a request that may come without a token (`/v1/ws`, whose
+    /// token may come in a message): `Ok(None)` when none was presented.
+    pub fn authenticate_optional(&self, token: Option<&str>, where_: &str) -> Result<Option<Arc<Identity>>, ApiError> {
+        match (&self.verifier, token) {
+            (None, _) => Ok(Some(self.anonymous.clone())),
+            (Some(_), None) => Ok(None),
+            (Some(_), Some(token)) => self.authenticate(Some(token), where_).map(Some),
+        }
+    }
+
+    /// `Host` must name this server: an IP literal, `localhost`, or a name given
+    /// with `--allow-host`. Anything else is a DNS-rebinding attempt (a page of
+    /// evil.example whose name now points at this machine) or a misrouted request.
+    pub fn check_host(&self, host: Option<&str>) -> Result<(), ApiError> {
+        let Some(host) = host else {
+            return Err(ApiError::new(ErrorCode::HostNotAllowed, "the request names no host (`Host`)"));
+        };
+        let name = host_name(host);
+        let allowed = name.parse::<IpAddr>().is_ok()
+            || name.eq_ignore_ascii_case("localhost")
+            || self.allowed_hosts.iter().any(|allowed| allowed.eq_ignore_ascii_case(name));
+        if allowed {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                ErrorCode::HostNotAllowed,
+                format!("this server does not answer to `{name}` (start it with `--allow-host {name}` if it should)"),
+            ))
+        }
+    }
+
+    /// A browser request from another site must come from an allowed origin:
+    /// CORS alone would only hide the answer, not stop a write (a `text/plain`
+    /// POST needs no preflight), nor a WebSocket (browsers do not apply CORS to it).
+    pub fn check_origin(&self, origin: Option<&str>, host: Option<&str>) -> Result<(), ApiError> {
+        let Some(origin) = origin else { return Ok(()) };
+        let origin = origin.trim_end_matches('/').to_ascii_lowercase();
+        let same_origin = host.is_some_and(|host| {
+            let host = host.to_ascii_lowercase();
+            origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://")) == Some(host.as_str())
+        });
+        if same_origin || self.allowed_origins.contains(&origin) {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            ErrorCode::OriginNotAllowed,
+            format!("requests from the origin `{origin}` are not allowed (`--allow-origin` lists the allowed ones)"),
+        ))
+    }
+
+    pub fn allowed_origins(&self) -> &[String] {
+        &self.allowed_origins
+    }
+
+    /// Takes a WebSocket connection slot of `identity` (readers are capped).
+    pub fn open_connection(self: &Arc<Self>, identity: Option<&Identity>) -> Result<ConnectionSlot, ApiError> {
+        let Some(identity) = identity.filter(|identity| identity.role == Role::Reader) else {
+            return Ok(ConnectionSlot { gate: self.clone(), key: None });
+        };
+        let mut identities = self.identities.lock().expect("identities lock");
+        let usage = entry(&mut identities, &identity.key);
+        if usage.connections >= limits::MAX_CONNECTIONS_PER_IDENTITY {
+            return Err(ApiError::limit(format!(
+                "this identity holds {} connections already",
+                limits::MAX_CONNECTIONS_PER_IDENTITY
+            )));
+        }
+        usage.connections += 1;
+        Ok(ConnectionSlot { gate: self.clone(), key: Some(identity.key.clone()) })
+    }
+
+    /// Counts one request (or WebSocket message) against a reader's budget.
+    /// Writers and admins are trusted backends, limited per connection only.
+    pub fn take_request(&self, identity: &Identity) -> Result<(), ApiError> {
+        if identity.role != Role::Reader {
+            return Ok(());
+        }
+        let mut identities = self.identities.lock().expect("identities lock");
+        if entry(&mut identities, &identity.key).requests.try_take() {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                ErrorCode::RateLimited,
+                format!(
+                    "more than {} requests per second from this identity, over all its connections",
+                    limits::IDENTITY_REQUESTS_PER_SECOND
+                ),
+            ))
+        }
+    }
+
+    /// Counts one collection creation against a non-admin's hourly quota.
+    pub fn take_creation(&self, identity: &Identity) -> Result<(), ApiError> {
+        if identity.role == Role::Admin {
+            return Ok(());
+        }
+        let mut identities = self.identities.lock().expect("identities lock");
+        let usage = entry(&mut identities, &identity.key);
+        if usage.hour_started.elapsed() >= Duration::from_secs(3600) {
+            usage.hour_started = Instant::now();
+            usage.created_this_hour = 0;
+        }
+        if usage.created_this_hour >= limits::COLLECTIONS_CREATED_PER_IDENTITY_PER_HOUR {
+            return Err(ApiError::limit(format!(
+                "this identity created {} collections in the last hour already",
+                limits::COLLECTIONS_CREATED_PER_IDENTITY_PER_HOUR
+            )));
+        }
+        usage.created_this_hour += 1;
+        Ok(())
+    }
+}
+
+/// The identity's counters, creating them; past `MAX_TRACKED_IDENTITIES` the
+/// ones without a connection are forgotten first (their budgets start full again,
+/// which at worst gives one burst more).
+fn entry<'a>(identities: &'a mut HashMap<Arc<str>, IdentityUse>, key: &Arc<str>) -> &'a mut IdentityUse {
+    if !identities.contains_key(key) && identities.len() >= limits::MAX_TRACKED_IDENTITIES {
+        identities.retain(|_, usage| usage.connections > 0);
+    }
+    identities.entry(key.clone()).or_insert_with(IdentityUse::new)
+}
+
+/// Counts and logs a refused token (the reason, never the token) and makes the error.
+pub fn refuse(failure: AuthFailure, where_: &str) -> ApiError {
+    metrics::count_auth_failure(failure);
+    eprintln!("ordo: auth refused ({}) on {where_}", failure.reason());
+    ApiError::new(ErrorCode::Unauthorized, failure.message())
+}
+
+/// The name part of a `Host` value: `example.org:7070` → `example.org`, `[::1]:80` → `::1`.
+fn host_name(host: &str) -> &str {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(hosts: &[&str], origins: &[&str]) -> Gate {
+        Gate::new(
+            None,
+            RuleSet::default(),
+            hosts.iter().map(|h| h.to_string()).collect(),
+            origins.iter().map(|o| o.to_string()).collect(),
+        )
+    }
+
+    #[test]
+    fn hosts_are_ip_literals_localhost_or_listed() {
+        let gate = gate(&["chat.example.org"], &[]);
+        for good in ["127.0.0.1:7070", "localhost", "LOCALHOST:1", "[::1]:7070", "10.0.0.1", "chat.example.org:443"] {
+            assert!(gate.check_host(Some(good)).is_ok(), "{good}");
+        }
+        for bad in ["evil.example", "evil.example:7070", "localhost.evil.example", "chat.example.org.evil"] {
+            assert_eq!(gate.check_host(Some(bad)).unwrap_err().code, ErrorCode::HostNotAllowed, "{bad}");
+        }
+        assert!(gate.check_host(None).is_err());
+    }
+
+    #[test]
+    fn origins_are_the_servers_own_or_listed() {
+        let gate = gate(&[], &["https://app.example.org"]);
+        assert!(gate.check_origin(None, Some("x")).is_ok());
+        assert!(gate.check_origin(Some("http://127.0.0.1:7070"), Some("127.0.0.1:7070")).is_ok());
+        assert!(gate.check_origin(Some("https://app.example.org"), Some("127.0.0.1:7070")).is_ok());
+        assert!(gate.check_origin(Some("http://evil.example"), Some("127.0.0.1:7070")).is_err());
+        assert!(gate.check_origin(Some("http://127.0.0.1:7071"), Some("127.0.0.1:7070")).is_err());
+        assert!(gate.check_origin(Some("null"), Some("127.0.0.1:7070")).is_err());
+    }
+}

@@ -1,0 +1,461 @@
+//! Access rules: which identities may read, write or create which collections,
+//! and the row predicate bound into every view they open. The engine knows
+//! nothing of this: a predicate becomes an ordinary filter, conjoined with the
+//! client's before the view is built, so views with the same bound predicate
+//! share one index as any two equal views do.
+//!
+//! A rule names a collection pattern (`rooms`, `lists/{sub}`), the roles it is
+//! for, and what it grants. `admin` needs no rule. Everything not granted is
+//! refused with `forbidden`, whether the collection exists or not.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value as Json;
+
+use ordo_core::{Batch, Collection, CompareOp, FieldId, Filter, OwnedValue, Schema};
+
+use crate::auth::{Identity, Role};
+use crate::error::{ApiError, ErrorCode};
+use crate::limits;
+
+/// `PUT /v1/rules`: the whole rule set at once.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RulesDoc {
+    pub rules: Vec<RuleDoc>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RuleDoc {
+    /// A collection name, or a pattern with `{claim}` placeholders (`lists/{sub}`).
+    pub collection: String,
+    /// `reader`, `writer` (not `admin`: admins need no rule).
+    pub roles: Vec<String>,
+    #[serde(default, skip_serializing_if = "AccessDoc::is_none")]
+    pub read: AccessDoc,
+    #[serde(default, skip_serializing_if = "AccessDoc::is_none")]
+    pub write: AccessDoc,
+    /// May create a collection of this name (`PUT /v1/collections/{name}`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub create: bool,
+}
+
+/// `false` (the default), `true`, or `{"filter": ...}` with `$claim` values.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum AccessDoc {
+    #[default]
+    #[serde(skip)]
+    None,
+    Flag(bool),
+    Where {
+        filter: Json,
+    },
+}
+
+impl AccessDoc {
+    fn is_none(&self) -> bool {
+        matches!(self, AccessDoc::None | AccessDoc::Flag(false))
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Access {
+    Denied,
+    All,
+    /// The filter as written, claims unbound.
+    Where(Json),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum PatternPart {
+    Literal(String),
+    Claim(String),
+}
+
+#[derive(Clone, Debug)]
+struct Rule {
+    pattern: Vec<PatternPart>,
+    roles: Vec<Role>,
+    read: Access,
+    write: Access,
+    create: bool,
+}
+
+/// The rules in force, compiled from a [`RulesDoc`].
+#[derive(Debug, Default)]
+pub struct RuleSet {
+    rules: Vec<Rule>,
+    doc: RulesDoc,
+}
+
+/// What a grant allows on one collection.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Grant {
+    /// Every item.
+    All,
+    /// The items some of these filters (claims bound) match.
+    Where(Vec<Json>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Read,
+    Write,
+}
+
+pub type SharedRules = Arc<std::sync::RwLock<Arc<RuleSet>>>;
+
+impl RuleSet {
+    pub fn compile(doc: RulesDoc) -> Result<RuleSet, ApiError> {
+        let invalid =
+            |index: usize, message: String| ApiError::new(ErrorCode::InvalidRules, format!("rule {index}: {message}"));
+        if doc.rules.len() > limits::MAX_RULES {
+            return Err(ApiError::limit(format!("at most {} rules", limits::MAX_RULES)));
+        }
+        let mut rules = Vec::with_capacity(doc.rules.len());
+        for (index, rule) in doc.rules.iter().enumerate() {
+            let pattern = parse_pattern(&rule.collection).map_err(|message| invalid(index, message))?;
+            if rule.roles.is_empty() {
+                return Err(invalid(index, "`roles` lists no role".to_owned()));
+            }
+            let mut roles = Vec::with_capacity(rule.roles.len());
+            for name in &rule.roles {
+                match Role::parse(name) {
+                    Some(Role::Admin) => {
+                        return Err(invalid(index, "`admin` needs no rule: admins may do everything".to_owned()))
+                    }
+                    Some(role) => roles.push(role),
+                    None => return Err(invalid(index, format!("unknown role `{name}` (reader, writer)"))),
+                }
+            }
+            let read = access(&rule.read).map_err(|message| invalid(index, format!("`read`: {message}")))?;
+            let write = access(&rule.write).map_err(|message| invalid(index, format!("`write`: {message}")))?;
+            if let Access::Where(filter) = &write {
+                check_write_filter(filter).map_err(|message| invalid(index, format!("`write`: {message}")))?;
+            }
+            rules.push(Rule { pattern, roles, read, write, create: rule.create });
+        }
+        Ok(RuleSet { rules, doc })
+    }
+
+    pub fn doc(&self) -> &RulesDoc {
+        &self.doc
+    }
+
+    /// What `identity` may do on the collection `name` (as the client spelled it).
+    /// `None`: nothing.
+    pub fn grant(&self, identity: &Identity, name: &str, action: Action) -> Option<Grant> {
+        if identity.role == Role::Admin {
+            return Some(Grant::All);
+        }
+        let mut filters = Vec::new();
+        for rule in &self.rules {
+            if !rule.roles.contains(&identity.role) || !pattern_matches(&rule.pattern, name, identity) {
+                continue;
+            }
+            let access = match action {
+                Action::Read => &rule.read,
+                Action::Write => &rule.write,
+            };
+            match access {
+                Access::Denied => {}
+                Access::All => return Some(Grant::All),
+                Access::Where(filter) => {
+                    // A filter naming a claim the token lacks grants nothing.
+                    if let Some(bound) = bind_claims(filter, identity) {
+                        filters.push(bound);
+                    }
+                }
+            }
+        }
+        (!filters.is_empty()).then_some(Grant::Where(filters))
+    }
+
+    pub fn may_create(&self, identity: &Identity, name: &str) -> bool {
+        identity.role == Role::Admin
+            || self.rules.iter().any(|rule| {
+                rule.create && rule.roles.contains(&identity.role) && pattern_matches(&rule.pattern, name, identity)
+            })
+    }
+
+    /// Whether some rule lets `identity` read `name`: the collection list shows only those.
+    pub fn may_read(&self, identity: &Identity, name: &str) -> bool {
+        self.grant(identity, name, Action::Read).is_some()
+    }
+}
+
+fn access(doc: &AccessDoc) -> Result<Access, String> {
+    Ok(match doc {
+        AccessDoc::None | AccessDoc::Flag(false) => Access::Denied,
+        AccessDoc::Flag(true) => Access::All,
+        AccessDoc::Where { filter } => {
+            if !filter.is_object() {
+                return Err("`filter` is a filter object".to_owned());
+            }
+            Access::Where(filter.clone())
+        }
+    })
+}
+
+/// A write filter must be `{"field":f,"op":"eq","value":v}` or `{"all":[...]}` of
+/// those: the server checks an upsert by the values it sets and an existing
+/// item by its fields, which is exact only for equalities.
+fn check_write_filter(filter: &Json) -> Result<(), String> {
+    let message = "a write filter is an `eq` comparison or `all` of them";
+    if let Some(list) = filter.get("all") {
+        let list = list.as_array().ok_or(message)?;
+        return list.iter().try_for_each(check_write_filter);
+    }
+    match (filter.get("field"), filter.get("op"), filter.get("value")) {
+        (Some(Json::String(_)), Some(Json::String(op)), Some(_))
+            if op == "eq" && filter.as_object().map_or(0, |o| o.len()) == 3 =>
+        {
+            Ok(())
+        }
+        _ => Err(message.to_owned()),
+    }
+}
+
+fn parse_pattern(pattern: &str) -> Result<Vec<PatternPart>, String> {
+    if pattern.is_empty() || pattern.len() > ordo_core::limits::MAX_COLLECTION_NAME_BYTES {
+        return Err(format!("a collection pattern is 1..={} bytes", ordo_core::limits::MAX_COLLECTION_NAME_BYTES));
+    }
+    let mut parts = Vec::new();
+    let mut rest = pattern;
+    while !rest.is_empty() {
+        match rest.find('{') {
+            Some(0) => {
+                let end = rest.find('}').ok_or_else(|| format!("`{pattern}`: a `{{` without its `}}`"))?;
+                let claim = &rest[1..end];
+                if claim.is_empty() || !claim.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                    return Err(format!("`{pattern}`: `{{{claim}}}` is not a claim name"));
+                }
+                if matches!(parts.last(), Some(PatternPart::Claim(_))) {
+                    return Err(format!("`{pattern}`: two placeholders must be separated by text"));
+                }
+                parts.push(PatternPart::Claim(claim.to_owned()));
+                rest = &rest[end + 1..];
+            }
+            Some(start) => {
+                parts.push(PatternPart::Literal(rest[..start].to_owned()));
+                rest = &rest[start..];
+            }
+            None => {
+                if rest.contains('}') {
+                    return Err(format!("`{pattern}`: a `}}` without its `{{`"));
+                }
+                parts.push(PatternPart::Literal(rest.to_owned()));
+                rest = "";
+            }
+        }
+    }
+    Ok(parts)
+}
+
+/// Whether `name` is exactly the pattern with the identity's claims put in.
+/// Exact bytes, not the routing's case-insensitive match: `lists/{sub}` for
+/// `U42` is `lists/U42`, and never `lists/u42` (someone else's).
+fn pattern_matches(pattern: &[PatternPart], name: &str, identity: &Identity) -> bool {
+    let mut rest = name;
+    for part in pattern {
+        let piece = match part {
+            PatternPart::Literal(text) => std::borrow::Cow::Borrowed(text.as_str()),
+            PatternPart::Claim(claim) => match identity.claim_text(claim) {
+                Some(value) if !value.is_empty() => std::borrow::Cow::Owned(value),
+                _ => return false,
+            },
+        };
+        match rest.strip_prefix(piece.as_ref()) {
+            Some(after) => rest = after,
+            None => return false,
+        }
+    }
+    rest.is_empty()
+}
+
+/// The filter with every `"$claim"` string replaced by the claim's value
+/// (`"$$..."` is a literal string starting with `$`). `None` when a named claim
+/// is missing.
+fn bind_claims(filter: &Json, identity: &Identity) -> Option<Json> {
+    Some(match filter {
+        Json::String(text) => match text.strip_prefix('$') {
+            Some(escaped) if escaped.starts_with('$') => Json::String(escaped.to_owned()),
+            Some("sub") => Json::String(identity.sub.clone()),
+            Some(claim) => match identity.claims.get(claim)? {
+                value @ (Json::String(_) | Json::Number(_) | Json::Bool(_)) => value.clone(),
+                _ => return None,
+            },
+            None => filter.clone(),
+        },
+        Json::Array(list) => Json::Array(list.iter().map(|item| bind_claims(item, identity)).collect::<Option<_>>()?),
+        Json::Object(object) => Json::Object(
+            object
+                .iter()
+                .map(|(key, value)| Some((key.clone(), bind_claims(value, identity)?)))
+                .collect::<Option<_>>()?,
+        ),
+        other => other.clone(),
+    })
+}
+
+impl Grant {
+    /// The grant's predicate as an engine filter over `schema`: `None` for every
+    /// item. A rule that does not fit the schema refuses (fails closed).
+    pub fn predicate(&self, schema: &Schema) -> Result<Option<Filter>, ApiError> {
+        let Grant::Where(filters) = self else { return Ok(None) };
+        let mut compiled = Vec::with_capacity(filters.len());
+        for filter in filters {
+            let filter = crate::wire::filter_from_rule(schema, filter).map_err(|error| {
+                ApiError::new(
+                    ErrorCode::Forbidden,
+                    format!(
+                        "the access rule of this collection does not fit its schema ({}); ask an admin",
+                        error.message
+                    ),
+                )
+            })?;
+            compiled.push(filter);
+        }
+        Ok(Some(if compiled.len() == 1 { compiled.pop().expect("one") } else { Filter::Any(compiled) }))
+    }
+}
+
+/// What a write under a filtered grant must respect, checked on the writer
+/// thread against the items as they are: every item the batch touches must be
+/// inside the grant before (if it exists) and after. A grant is a list of
+/// alternatives, each a conjunction of `field == value`.
+#[derive(Debug)]
+pub struct WriteGuard {
+    alternatives: Vec<Vec<(FieldId, OwnedValue)>>,
+}
+
+impl WriteGuard {
+    /// `None` for a grant of every item.
+    pub fn new(grant: &Grant, schema: &Schema) -> Result<Option<WriteGuard>, ApiError> {
+        let Some(predicate) = grant.predicate(schema)? else { return Ok(None) };
+        let alternatives = match predicate {
+            Filter::Any(list) => list,
+            single => vec![single],
+        };
+        let mut compiled = Vec::with_capacity(alternatives.len());
+        for alternative in alternatives {
+            let mut equalities = Vec::new();
+            collect_equalities(&alternative, schema, &mut equalities)?;
+            compiled.push(equalities);
+        }
+        Ok(Some(WriteGuard { alternatives: compiled }))
+    }
+
+    /// The index of the first op that leaves the grant, if one does.
+    pub fn check(&self, collection: &Collection, batch: &Batch) -> Result<(), usize> {
+        for (index, op) in batch.ops().enumerate() {
+            let existing = collection.get(op.id());
+            if let Some(item) = existing {
+                let inside = self
+                    .alternatives
+                    .iter()
+                    .any(|equalities| equalities.iter().all(|(field, value)| item.field(*field) == value.as_value()));
+                if !inside {
+                    return Err(index);
+                }
+            }
+            if op.is_remove() {
+                continue;
+            }
+            let schema = collection.schema();
+            let after_inside = self.alternatives.iter().any(|equalities| {
+                equalities.iter().all(|(field, value)| {
+                    let name = &schema.field(*field).name;
+                    match op.fields().find(|(set, _)| set == name) {
+                        Some((_, set)) => set.coerce_to(schema.field(*field).field_type) == Some(value.as_value()),
+                        // Unchanged: equal only if the item exists and already had it.
+                        None => existing.is_some_and(|item| item.field(*field) == value.as_value()),
+                    }
+                })
+            });
+            if !after_inside {
+                return Err(index);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn collect_equalities(filter: &Filter, schema: &Schema, out: &mut Vec<(FieldId, OwnedValue)>) -> Result<(), ApiError> {
+    match filter {
+        Filter::All(list) => list.iter().try_for_each(|child| collect_equalities(child, schema, out)),
+        Filter::Compare { field, op: CompareOp::Eq, value } => {
+            let field_id = schema
+                .field_id(field)
+                .ok_or_else(|| ApiError::new(ErrorCode::Forbidden, "the write rule names a field the schema lacks"))?;
+            out.push((field_id, value.clone()));
+            Ok(())
+        }
+        _ => Err(ApiError::new(ErrorCode::Forbidden, "a write rule's filter is `eq` comparisons only")),
+    }
+}
+
+/// `forbidden`, with the same words whether the collection exists or not.
+pub fn forbidden(name: &str, what: &str) -> ApiError {
+    ApiError::new(ErrorCode::Forbidden, format!("this identity may not {what} `{name}`"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity(sub: &str, role: Role, claims: Json) -> Identity {
+        let claims = claims.as_object().cloned().unwrap_or_default();
+        Identity { sub: sub.to_owned(), role, claims, expires_at: u64::MAX, key: Arc::from(sub) }
+    }
+
+    fn rules(json: Json) -> RuleSet {
+        RuleSet::compile(serde_json::from_value(json).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_user_pattern_grants_only_the_users_own_collection() {
+        let set = rules(serde_json::json!({"rules":[{"collection":"lists/{sub}","roles":["reader"],"read":true}]}));
+        let u42 = identity("u42", Role::Reader, Json::Null);
+        assert_eq!(set.grant(&u42, "lists/u42", Action::Read), Some(Grant::All));
+        assert_eq!(set.grant(&u42, "lists/u43", Action::Read), None);
+        assert_eq!(set.grant(&u42, "lists/U42", Action::Read), None);
+        assert_eq!(set.grant(&u42, "lists/u42x", Action::Read), None);
+        assert_eq!(set.grant(&u42, "lists/u42", Action::Write), None);
+        let writer = identity("u42", Role::Writer, Json::Null);
+        assert_eq!(set.grant(&writer, "lists/u42", Action::Read), None);
+    }
+
+    #[test]
+    fn a_predicate_binds_claims_and_a_missing_claim_grants_nothing() {
+        let set = rules(serde_json::json!({"rules":[
+            {"collection":"rooms","roles":["reader"],"read":{"filter":{"all":[
+                {"field":"owner","op":"eq","value":"$sub"},{"field":"team","op":"eq","value":"$team"},
+                {"field":"tag","op":"eq","value":"$$literal"}]}}}]}));
+        let with_team = identity("u1", Role::Reader, serde_json::json!({"team": 7}));
+        let Some(Grant::Where(filters)) = set.grant(&with_team, "rooms", Action::Read) else { panic!() };
+        assert_eq!(filters[0]["all"][0]["value"], "u1");
+        assert_eq!(filters[0]["all"][1]["value"], 7);
+        assert_eq!(filters[0]["all"][2]["value"], "$literal");
+        let without = identity("u1", Role::Reader, Json::Null);
+        assert_eq!(set.grant(&without, "rooms", Action::Read), None);
+    }
+
+    #[test]
+    fn bad_rules_are_refused_with_their_index() {
+        for bad in [
+            serde_json::json!({"rules":[{"collection":"a{sub","roles":["reader"]}]}),
+            serde_json::json!({"rules":[{"collection":"a","roles":["admin"]}]}),
+            serde_json::json!({"rules":[{"collection":"a","roles":[]}]}),
+            serde_json::json!({"rules":[{"collection":"a/{sub}{x}","roles":["reader"]}]}),
+            serde_json::json!({"rules":[{"collection":"a","roles":["writer"],"write":{"filter":{"field":"x","op":"ne","value":1}}}]}),
+        ] {
+            let doc: RulesDoc = serde_json::from_value(bad.clone()).unwrap();
+            let error = RuleSet::compile(doc).unwrap_err();
+            assert!(error.message.starts_with("rule 0"), "{bad}: {error}");
+        }
+    }
+}
