@@ -5,6 +5,10 @@ why, while the binary has no auth options."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import hmac
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -54,6 +58,16 @@ def seed(server: OrdoServer) -> None:
     ])  # fmt: skip
 
 
+def hs256(secret: str, claims: dict[str, object]) -> str:
+    """A JWT signed as `ordo token` does (to make one `ordo token` will not: already expired)."""
+
+    def part(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    head = part(json.dumps({"alg": "HS256", "typ": "JWT"}).encode()) + "." + part(json.dumps(claims).encode())
+    return head + "." + part(hmac.new(secret.encode(), head.encode(), hashlib.sha256).digest())
+
+
 class Provider:
     """Mints a token per call (in a thread: `ordo token` is a subprocess)."""
 
@@ -92,7 +106,13 @@ async def test_tokens_are_checked(auth_server: AuthServer, tmp_path: Path) -> No
     assert raised.value.code == "unauthorized"
     other = tmp_path / "other-secret"
     other.write_text("x" * 40)
-    for bad in (mint_token(other, "alice", "admin"), auth_server.mint("alice", "admin", ttl=-120)):
+    expired = hs256(auth_server.secret_file.read_text().strip(), {"sub": "alice", "role": "admin",
+                                                                  "iat": int(time.time()) - 300, "exp": int(time.time()) - 120})  # fmt: skip
+    assert auth_server.request("GET", "/v1/collections", token=expired)[0] == 401
+    fresh = hs256(auth_server.secret_file.read_text().strip(), {"sub": "alice", "role": "admin",
+                                                                "exp": int(time.time()) + 60})  # fmt: skip
+    assert auth_server.request("GET", "/v1/collections", token=fresh)[0] == 200, "signed like `ordo token`"
+    for bad in (mint_token(other, "alice", "admin"), expired, "not-a-jwt"):
         with pytest.raises(OrdoError) as raised:
             await OrdoClient(auth_server.ws_url, token=bad).connect()
         assert raised.value.code == "unauthorized"
