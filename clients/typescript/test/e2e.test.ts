@@ -16,7 +16,16 @@ import {
   type SortKey,
   type SubscribeOptions,
 } from "../src/index.js";
-import { OrdoServer, Rng, tappedWebSocket, waitFor, waitForQuery, type SocketTap } from "./helpers.js";
+import {
+  mintToken,
+  OrdoServer,
+  Rng,
+  sleep,
+  tappedWebSocket,
+  waitFor,
+  waitForQuery,
+  type SocketTap,
+} from "./helpers.js";
 
 const SCHEMA = {
   fields: [
@@ -415,5 +424,187 @@ describe("OrdoClient against ordo serve", () => {
       () => "no unsubscribed frame",
     );
     expect(second.items.length).toBe(4);
+  });
+});
+
+// The same client against a server with auth (`--auth-secret-file`), tokens minted
+// with `ordo token`: the handshake, refresh on the live connection, refused tokens,
+// close code 4401, and resume (a new session every time).
+describe("OrdoClient against ordo serve with auth", () => {
+  const secure = new OrdoServer();
+  let secretFile = "";
+
+  /** A token provider minting tokens for `sub` with `ordo token`; counts its calls. */
+  function minter(sub: string, role: string, ttl = 600) {
+    const minted: string[] = [];
+    const get = async () => {
+      const token = await mintToken(secretFile, { sub, role, ttl });
+      minted.push(token);
+      return token;
+    };
+    return { get, minted };
+  }
+
+  function connectSecure(options: { tokenProvider?: () => Promise<string>; token?: string }) {
+    const tapped = tappedWebSocket();
+    const client = new OrdoClient({
+      url: secure.wsUrl,
+      WebSocket: tapped.ctor,
+      reconnect: { initialDelayMs: 20, maxDelayMs: 200 },
+      ...options,
+    });
+    clients.push(client);
+    const errors: OrdoError[] = [];
+    client.on("error", (error) => errors.push(error));
+    return { client, tap: tapped.tap, errors };
+  }
+
+  const framesOf = (tap: SocketTap, type: string) =>
+    tap.received.flat().filter((frame) => (frame as { type?: string }).type === type) as Record<string, unknown>[];
+
+  beforeAll(async () => {
+    secretFile = await secure.useAuth();
+    await secure.start(0);
+    await secure.ok("PUT", "/v1/collections/rooms", SCHEMA);
+    await secure.ok("POST", "/v1/collections/rooms/batch", { ops: randomOps(new Rng(11), 80) });
+    // Readers and writers read `rooms`, writers write it (admins need no rule).
+    await secure.ok("PUT", "/v1/rules", {
+      rules: [
+        { collection: "rooms", roles: ["reader", "writer"], read: true },
+        { collection: "rooms", roles: ["writer"], write: true },
+      ],
+    });
+  });
+
+  afterAll(async () => {
+    await secure.dispose();
+  });
+
+  it("HTTP without a token is refused with 401", async () => {
+    const { status, json } = await secure.request("POST", "/v1/collections/rooms/query", { limit: 1 }, null);
+    expect(status).toBe(401);
+    expect(json).toMatchObject({ error: { code: "unauthorized" } });
+  });
+
+  it("authenticates after welcome, then subscribes; lists equal queries made with the same token", async () => {
+    const writer = minter("alice", "writer");
+    const { client, tap, errors } = connectSecure({ tokenProvider: writer.get });
+    const lists = VIEWS.slice(0, 3).map((view) => client.subscribe(view));
+    await Promise.all(lists.map((list) => list.ready));
+    const welcome = tap.received[0]![0] as { type: string; auth: unknown };
+    expect(welcome).toMatchObject({ type: "welcome", auth: "required" });
+    const sent = tap.sent[0]!.map((message) => (message as { op: string }).op);
+    expect(sent[0]).toBe("auth");
+    expect(sent.slice(1).every((op) => op === "subscribe")).toBe(true);
+    expect(client.identity).toMatchObject({ sub: "alice", role: "writer" });
+    const token = writer.minted[0]!;
+    for (const list of lists) await waitForQuery(secure, list, "after subscribing", 15_000, token);
+    // A write by the writer itself reaches its lists.
+    await secure.ok("POST", "/v1/collections/rooms/batch", { ops: randomOps(new Rng(12), 6) }, token);
+    for (const list of lists) await waitForQuery(secure, list, "after a write", 15_000, token);
+    expect(errors).toEqual([]);
+  });
+
+  it("refreshes short-lived tokens on the live connection", async () => {
+    const shortLived = minter("alice", "reader", 3);
+    const { client, tap, errors } = connectSecure({ tokenProvider: shortLived.get });
+    const list = client.subscribe({ collection: "rooms", sort: [{ field: "recency", dir: "desc" }], limit: 5 });
+    await list.ready;
+    // A 3 s token is refreshed 0.6 s before its exp: three tokens by 5 s.
+    await waitFor(
+      () => shortLived.minted.length >= 3 && framesOf(tap, "authed").length >= 3,
+      () => `${shortLived.minted.length} tokens minted, ${framesOf(tap, "authed").length} authed`,
+      10_000,
+    );
+    expect(tap.sockets).toHaveLength(1);
+    expect(framesOf(tap, "auth_expired")).toEqual([]);
+    const latest = shortLived.minted[shortLived.minted.length - 1]!;
+    await secure.ok("POST", "/v1/collections/rooms/batch", {
+      ops: [{ op: "upsert", id: "!fresh:example.org", fields: { name: "fresh", recency: 900_000 } }],
+    });
+    await waitForQuery(secure, list, "after the refreshes", 15_000, latest);
+    expect(errors).toEqual([]);
+    expect(client.state).toBe("open");
+    await secure.ok("POST", "/v1/collections/rooms/batch", { ops: [{ op: "remove", id: "!fresh:example.org" }] });
+  });
+
+  it("a refused token is reported and retried with the provider until one is accepted", async () => {
+    let calls = 0;
+    const good = minter("alice", "reader");
+    const { client, errors } = connectSecure({
+      tokenProvider: async () => {
+        calls += 1;
+        // Signed with another secret, then a good one.
+        return calls === 1 ? "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4IiwiZXhwIjo0MTAyNDQ0ODAwfQ.AAAA" : good.get();
+      },
+    });
+    const list = client.subscribe({ collection: "rooms", limit: 4 });
+    await list.ready;
+    expect(errors[0]).toMatchObject({ code: "unauthorized" });
+    expect(calls).toBe(2);
+    await waitForQuery(secure, list, "after the retry", 15_000, good.minted[0]!);
+  });
+
+  it("a client without a token is told the server requires one", async () => {
+    const { client, errors } = connectSecure({});
+    const list = client.subscribe({ collection: "rooms", limit: 4 });
+    await waitFor(
+      () => errors.some((error) => error.code === "unauthorized"),
+      () => `errors: ${JSON.stringify(errors.map((error) => error.code))}`,
+    );
+    await sleep(300);
+    expect(list.status).not.toBe("live");
+  });
+
+  it("close code 4401 (no auth in time): it reconnects with a fresh token and goes on", async () => {
+    let calls = 0;
+    const reader = minter("bob", "reader");
+    const { client, tap, errors } = connectSecure({
+      tokenProvider: async () => {
+        calls += 1;
+        // The first token comes too late: the server closes with 4401 after 10 s.
+        if (calls === 1) await sleep(12_000);
+        return reader.get();
+      },
+    });
+    const codes: number[] = [];
+    const list = client.subscribe({ collection: "rooms", sort: [{ field: "name" }], limit: 4 });
+    await waitFor(
+      () => tap.sockets.length > 0,
+      () => "no socket",
+    );
+    tap.sockets[0]!.on("close", (code) => codes.push(code));
+    await list.ready;
+    expect(codes).toEqual([4401]);
+    expect(errors.map((error) => error.code)).toContain("unauthorized");
+    expect(calls).toBeGreaterThanOrEqual(2);
+    await waitForQuery(secure, list, "after the 4401", 15_000, reader.minted[reader.minted.length - 1]!);
+  }, 60_000);
+
+  it("resumes after a dropped connection: auth first, then resume; a new session each time", async () => {
+    const reader = minter("carol", "reader");
+    const { client, tap } = connectSecure({ tokenProvider: reader.get });
+    const list = client.subscribe({ id: "resumable", collection: "rooms", sort: [{ field: "recency", dir: "desc" }], limit: 6 });
+    await list.ready;
+    const sessions = [client.session!];
+    for (let drop = 1; drop <= 2; drop++) {
+      tap.sockets[tap.sockets.length - 1]!.terminate();
+      await waitFor(
+        () => tap.sockets.length === drop + 1 && framesOf(tap, "resumed").length === drop,
+        () => `${tap.sockets.length} sockets, ${framesOf(tap, "resumed").length} resumed`,
+      );
+      const sent = tap.sent[drop]!.map((message) => message as { op: string; session?: string });
+      expect(sent.map((message) => message.op).slice(0, 2)).toEqual(["auth", "resume"]);
+      expect(sent[1]!.session).toBe(sessions[drop - 1]);
+      const resumed = framesOf(tap, "resumed")[drop - 1]!;
+      expect(resumed.session).toMatch(/^[0-9a-f]{32}$/);
+      expect(sessions).not.toContain(resumed.session);
+      await waitFor(
+        () => client.session === resumed.session,
+        () => `client.session ${client.session}, resumed ${resumed.session as string}`,
+      );
+      sessions.push(resumed.session as string);
+    }
+    await waitForQuery(secure, list, "after two resumes", 15_000, reader.minted[reader.minted.length - 1]!);
   });
 });

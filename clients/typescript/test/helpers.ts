@@ -2,12 +2,13 @@
 // class whose instances the tests can reach, polling with a deadline, and a scripted
 // server (a WebSocket server whose frames a test writes one by one).
 
-import { spawn, type ChildProcess } from "node:child_process";
-import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { isDeepStrictEqual } from "node:util";
+import { isDeepStrictEqual, promisify } from "node:util";
 
 import WebSocket, { WebSocketServer } from "ws";
 
@@ -28,9 +29,26 @@ export class OrdoServer {
   private child: ChildProcess | null = null;
   private output = "";
   port = 0;
+  /** Options added to `ordo serve` (auth, say). */
+  args: string[] = [];
+  /** Sent as `Authorization: Bearer` with every HTTP request, when set. */
+  token: string | null = null;
 
   constructor(dataDir?: string) {
     this.dataDir = dataDir ?? mkdtempSync(join(tmpdir(), "ordo-ts-client-"));
+  }
+
+  /**
+   * Turns auth on for the next start: a fresh HS256 secret in a file of the data
+   * directory, `--auth-secret-file`, and an admin token for the helpers' own requests.
+   * Returns the secret file (for `mintToken`).
+   */
+  async useAuth(): Promise<string> {
+    const secretFile = join(this.dataDir, "test-secret");
+    writeFileSync(secretFile, randomBytes(32).toString("hex"), { mode: 0o600 });
+    this.args = ["--auth-secret-file", secretFile];
+    this.token = await mintToken(secretFile, { sub: "test-admin", role: "admin", ttl: 3600 });
+    return secretFile;
   }
 
   get httpUrl(): string {
@@ -69,7 +87,7 @@ export class OrdoServer {
   private startOnce(port: number, deadline: number): Promise<void> {
     const child = spawn(
       ORDO_BIN,
-      ["serve", "--listen", `127.0.0.1:${port}`, "--data-dir", this.dataDir],
+      ["serve", "--listen", `127.0.0.1:${port}`, "--data-dir", this.dataDir, ...this.args],
       { stdio: ["ignore", "pipe", "pipe"] },
     );
     this.child = child;
@@ -121,34 +139,53 @@ export class OrdoServer {
     rmSync(this.dataDir, { recursive: true, force: true });
   }
 
-  async request(method: string, path: string, body?: unknown): Promise<{ status: number; json: unknown }> {
-    const init: RequestInit = { method };
+  async request(
+    method: string,
+    path: string,
+    body?: unknown,
+    token: string | null = this.token,
+  ): Promise<{ status: number; json: unknown }> {
+    const headers: Record<string, string> = {};
+    const init: RequestInit = { method, headers };
     if (body !== undefined) {
       init.body = JSON.stringify(body);
-      init.headers = { "content-type": "application/json" };
+      headers["content-type"] = "application/json";
     }
+    if (token !== null) headers.authorization = `Bearer ${token}`;
     const response = await fetch(this.httpUrl + path, init);
     const text = await response.text();
     return { status: response.status, json: text ? JSON.parse(text) : null };
   }
 
   /** A request that must succeed (2xx). */
-  async ok(method: string, path: string, body?: unknown): Promise<unknown> {
-    const { status, json } = await this.request(method, path, body);
+  async ok(method: string, path: string, body?: unknown, token: string | null = this.token): Promise<unknown> {
+    const { status, json } = await this.request(method, path, body, token);
     if (status < 200 || status >= 300) {
       throw new Error(`${method} ${path} answered ${status}: ${JSON.stringify(json)}`);
     }
     return json;
   }
 
-  /** The one-shot query of a window: what a live list of it must hold. */
-  async query(view: WindowDefinition): Promise<Item[]> {
+  /** The one-shot query of a window (as `token`'s identity sees it): what a live list of it must hold. */
+  async query(view: WindowDefinition, token: string | null = this.token): Promise<Item[]> {
     const { collection, ...body } = view;
-    const answer = (await this.ok("POST", `/v1/collections/${encodeURIComponent(collection)}/query`, body)) as {
-      items: Item[];
-    };
+    const path = `/v1/collections/${encodeURIComponent(collection)}/query`;
+    const answer = (await this.ok("POST", path, body, token)) as { items: Item[] };
     return answer.items;
   }
+}
+
+/** A token from `ordo token` (HS256, signed with the secret in `secretFile`). */
+export async function mintToken(
+  secretFile: string,
+  claims: { sub: string; role?: string; ttl?: number },
+): Promise<string> {
+  if (!existsSync(ORDO_BIN)) throw new Error(binaryMissingMessage());
+  const args = ["token", "--secret-file", secretFile, "--sub", claims.sub];
+  if (claims.role !== undefined) args.push("--role", claims.role);
+  if (claims.ttl !== undefined) args.push("--ttl", String(claims.ttl));
+  const { stdout } = await promisify(execFile)(ORDO_BIN, args, { timeout: 10_000 });
+  return stdout.trim();
 }
 
 export function sleep(ms: number): Promise<void> {
@@ -173,12 +210,13 @@ function summary(items: readonly Item[]): string {
   return JSON.stringify(items.map((item) => [item.id, item.fields]));
 }
 
-/** Waits until the list holds exactly what a one-shot query of its window returns. */
+/** Waits until the list holds exactly what a one-shot query of its window returns (as `token` sees it). */
 export async function waitForQuery(
   server: OrdoServer,
   list: LiveList,
   label: string,
   timeoutMs = 15_000,
+  token: string | null = server.token,
 ): Promise<void> {
   let expected: Item[] = [];
   let queriedAt = 0;
@@ -186,7 +224,7 @@ export async function waitForQuery(
     async () => {
       // The data do not change while we wait; query again now and then all the same.
       if (Date.now() - queriedAt > 1000) {
-        expected = await server.query(list.view);
+        expected = await server.query(list.view, token);
         queriedAt = Date.now();
       }
       return isDeepStrictEqual(list.items, expected);

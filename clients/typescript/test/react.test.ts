@@ -7,7 +7,7 @@ import WebSocket from "ws";
 
 import { OrdoClient, type LiveList, type SubscribeOptions } from "../src/index.js";
 import { useLiveList, type LiveListState } from "../src/react.js";
-import { OrdoServer, waitFor } from "./helpers.js";
+import { fakeJwt, OrdoServer, ScriptedServer, waitFor } from "./helpers.js";
 
 // Tell React that updates in tests go through `act`.
 (globalThis as { IS_REACT_ACT_ENVIRONMENT?: boolean }).IS_REACT_ACT_ENVIRONMENT = true;
@@ -128,5 +128,67 @@ describe("useLiveList", () => {
     await act(async () => {
       renderer.unmount();
     });
+  });
+
+  it("with client options, makes its own client: token and tokenProvider pass through to auth", async () => {
+    const scripted = await ScriptedServer.start();
+    try {
+      const exp = Math.floor(Date.now() / 1000) + 3600;
+      const tokens = [fakeJwt({ sub: "alice", exp, jti: "1" }), fakeJwt({ sub: "alice", exp, jti: "2" })];
+      function Rooms(props: { token: string }): ReactElement {
+        const state = useLiveList(
+          { url: scripted.url, WebSocket, token: props.token, reconnect: { initialDelayMs: 20 } },
+          { id: "rooms", collection: "rooms", limit: 3 },
+        );
+        return createElement("p", null, state.ready ? state.items.map((item) => item.id).join(",") : "loading");
+      }
+      let renderer!: ReactTestRenderer;
+      await act(async () => {
+        renderer = TestRenderer.create(createElement(Rooms, { token: tokens[0]! }));
+      });
+      const connection = await scripted.nextConnection();
+      connection.welcome("s1", "required");
+      expect(await connection.next()).toEqual({ op: "auth", token: tokens[0] });
+      connection.send({ type: "authed", sub: "alice", role: "reader", expires_at: exp });
+      expect(await connection.next()).toMatchObject({ op: "subscribe", sub: "rooms" });
+      connection.send({ type: "diffs", sub: "rooms", seq: 1, diffs: [{ Reset: { values: [{ id: "a", fields: {} }] } }] });
+      await until(
+        () => JSON.stringify(renderer.toJSON()).includes('"a"'),
+        () => `rendered ${JSON.stringify(renderer.toJSON())}`,
+      );
+      // A new token prop: sent at once on the same connection.
+      await act(async () => {
+        renderer.update(createElement(Rooms, { token: tokens[1]! }));
+      });
+      expect(await connection.next()).toEqual({ op: "auth", token: tokens[1] });
+      expect(scripted.connections).toHaveLength(1);
+      // Unmounting closes the client the hook made.
+      await act(async () => {
+        renderer.unmount();
+      });
+      expect(await connection.closed).toBe(1000);
+
+      // A tokenProvider the same way.
+      let calls = 0;
+      function WithProvider(): ReactElement {
+        const state = useLiveList(
+          { url: scripted.url, WebSocket, tokenProvider: async () => tokens[calls++ % 2]! },
+          { id: "rooms", collection: "rooms", limit: 3 },
+        );
+        return createElement("p", null, state.ready ? "ready" : "loading");
+      }
+      await act(async () => {
+        renderer = TestRenderer.create(createElement(WithProvider));
+      });
+      const second = await scripted.nextConnection();
+      second.welcome("s2", "required");
+      expect(await second.next()).toEqual({ op: "auth", token: tokens[0] });
+      expect(calls).toBe(1);
+      await act(async () => {
+        renderer.unmount();
+      });
+    } finally {
+      await scripted.close();
+    }
   });
 });
