@@ -180,17 +180,17 @@ function showAccount() {
     role.className = "role";
     role.textContent = identity.role;
     label.append("Signed in as ", name, " ", role);
-    label.dataset.user = identity.sub;
+    label.dataset.sub = identity.sub;
   } else if (client?.state === "open") {
     label.append("No sign-in: the server runs without auth");
-    delete label.dataset.user;
+    delete label.dataset.sub;
     elements.userSwitch.hidden = true;
   } else {
     const name = document.createElement("strong");
     name.id = "user-name";
     name.textContent = user ?? "…";
     label.append("Signing in as ", name, "…");
-    delete label.dataset.user;
+    delete label.dataset.sub;
   }
 }
 

@@ -49,6 +49,9 @@ and the server listens on loopback addresses only unless --insecure):
                                 localhost; repeatable (DNS-rebinding protection)
   --insecure                    allow running without auth on a non-loopback address
   --metrics-public              serve /metrics without an admin token
+  --auth-timeout SECS           a WebSocket opened without a token must send `auth` within this (default 10)
+  --auth-grace SECS             after its token expires, a WebSocket has this long to send a fresh one
+                                before it is closed with 4401 (default 30)
 
   --demo                        the web demo's data: write 10 000 rooms into collection `rooms` if it is
                                 missing or empty, and simulate chat traffic; the page is at /demo
@@ -159,6 +162,8 @@ fn parse_serve(args: &[String]) -> Result<ServeOptions, String> {
             "--allow-host" => options.allow_hosts.push(value()?.clone()),
             "--insecure" => options.insecure = true,
             "--metrics-public" => options.metrics_public = true,
+            "--auth-timeout" => options.auth_timeout = Duration::from_secs(number::<u64>(flag, value()?)?.max(1)),
+            "--auth-grace" => options.auth_grace = Duration::from_secs(number(flag, value()?)?),
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown option `{other}`\n\n{USAGE}")),
         }

@@ -73,6 +73,8 @@ enum Access {
 enum PatternPart {
     Literal(String),
     Claim(String),
+    /// `*`: one or more characters other than `/` (a backend's `lists/*`).
+    Any,
 }
 
 #[derive(Clone, Debug)]
@@ -226,14 +228,22 @@ fn parse_pattern(pattern: &str) -> Result<Vec<PatternPart>, String> {
     let mut parts = Vec::new();
     let mut rest = pattern;
     while !rest.is_empty() {
-        match rest.find('{') {
+        if let Some(after) = rest.strip_prefix('*') {
+            if !matches!(parts.last(), None | Some(PatternPart::Literal(_))) {
+                return Err(format!("`{pattern}`: `*` and placeholders must be separated by text"));
+            }
+            parts.push(PatternPart::Any);
+            rest = after;
+            continue;
+        }
+        match rest.find(['{', '*']) {
             Some(0) => {
                 let end = rest.find('}').ok_or_else(|| format!("`{pattern}`: a `{{` without its `}}`"))?;
                 let claim = &rest[1..end];
                 if claim.is_empty() || !claim.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
                     return Err(format!("`{pattern}`: `{{{claim}}}` is not a claim name"));
                 }
-                if matches!(parts.last(), Some(PatternPart::Claim(_))) {
+                if matches!(parts.last(), Some(PatternPart::Claim(_) | PatternPart::Any)) {
                     return Err(format!("`{pattern}`: two placeholders must be separated by text"));
                 }
                 parts.push(PatternPart::Claim(claim.to_owned()));
@@ -259,21 +269,25 @@ fn parse_pattern(pattern: &str) -> Result<Vec<PatternPart>, String> {
 /// Exact bytes, not the routing's case-insensitive match: `lists/{sub}` for
 /// `U42` is `lists/U42`, and never `lists/u42` (someone else's).
 fn pattern_matches(pattern: &[PatternPart], name: &str, identity: &Identity) -> bool {
-    let mut rest = name;
-    for part in pattern {
-        let piece = match part {
-            PatternPart::Literal(text) => std::borrow::Cow::Borrowed(text.as_str()),
-            PatternPart::Claim(claim) => match identity.claim_text(claim) {
-                Some(value) if !value.is_empty() => std::borrow::Cow::Owned(value),
-                _ => return false,
-            },
-        };
-        match rest.strip_prefix(piece.as_ref()) {
-            Some(after) => rest = after,
-            None => return false,
+    let Some((part, later)) = pattern.split_first() else { return name.is_empty() };
+    let piece = match part {
+        PatternPart::Literal(text) => std::borrow::Cow::Borrowed(text.as_str()),
+        PatternPart::Claim(claim) => match identity.claim_text(claim) {
+            Some(value) if !value.is_empty() => std::borrow::Cow::Owned(value),
+            _ => return false,
+        },
+        PatternPart::Any => {
+            // Every split of the segment; parts never nest, so this is linear per `*`.
+            let segment_end = name.find('/').unwrap_or(name.len());
+            return (1..=segment_end)
+                .filter(|&end| name.is_char_boundary(end))
+                .any(|end| pattern_matches(later, &name[end..], identity));
         }
+    };
+    match name.strip_prefix(piece.as_ref()) {
+        Some(after) => pattern_matches(later, after, identity),
+        None => false,
     }
-    rest.is_empty()
 }
 
 /// The filter with every `"$claim"` string replaced by the claim's value
@@ -427,6 +441,19 @@ mod tests {
         assert_eq!(set.grant(&u42, "lists/u42", Action::Write), None);
         let writer = identity("u42", Role::Writer, Json::Null);
         assert_eq!(set.grant(&writer, "lists/u42", Action::Read), None);
+    }
+
+    #[test]
+    fn a_wildcard_matches_one_segment() {
+        let set = rules(serde_json::json!({"rules":[{"collection":"lists/*","roles":["writer"],"write":true},
+            {"collection":"t/*-{sub}","roles":["writer"],"read":true}]}));
+        let backend = identity("svc", Role::Writer, Json::Null);
+        assert_eq!(set.grant(&backend, "lists/u42", Action::Write), Some(Grant::All));
+        for name in ["lists/", "lists/a/b", "list/a", "lists"] {
+            assert_eq!(set.grant(&backend, name, Action::Write), None, "{name}");
+        }
+        assert_eq!(set.grant(&backend, "t/x-y-svc", Action::Read), Some(Grant::All));
+        assert_eq!(set.grant(&backend, "t/x-y-sv", Action::Read), None);
     }
 
     #[test]

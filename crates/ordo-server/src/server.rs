@@ -48,6 +48,10 @@ pub struct ServeOptions {
     pub insecure: bool,
     /// `--metrics-public`: `/metrics` without an admin token.
     pub metrics_public: bool,
+    /// `--auth-timeout`: how long a WebSocket may go without a token.
+    pub auth_timeout: Duration,
+    /// `--auth-grace`: how long a WebSocket may keep going after its token expired.
+    pub auth_grace: Duration,
 }
 
 impl Default for ServeOptions {
@@ -70,6 +74,8 @@ impl Default for ServeOptions {
             allow_hosts: Vec::new(),
             insecure: false,
             metrics_public: false,
+            auth_timeout: Duration::from_secs(limits::AUTH_TIMEOUT_SECS),
+            auth_grace: Duration::from_secs(limits::AUTH_EXPIRY_GRACE_SECS),
         }
     }
 }
@@ -203,6 +209,8 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
                 slow_close_after: options.slow_close_after,
                 messages_per_second: options.ws_messages_per_second,
                 session_retention: options.session_retention,
+                auth_timeout: options.auth_timeout,
+                auth_grace: options.auth_grace,
             },
             http_requests_per_second: options.http_requests_per_second,
             shutdown: shutdown_rx.clone(),
@@ -273,6 +281,8 @@ fn limits_json(options: &ServeOptions) -> serde_json::Value {
     json["ws_messages_per_second"] = options.ws_messages_per_second.into();
     json["http_requests_per_second"] = options.http_requests_per_second.into();
     json["session_retention_secs"] = options.session_retention.as_secs().into();
+    json["auth_timeout_secs"] = options.auth_timeout.as_secs().into();
+    json["auth_expiry_grace_secs"] = options.auth_grace.as_secs().into();
     json
 }
 

@@ -54,6 +54,10 @@ pub struct ConnectionConfig {
     pub slow_close_after: Duration,
     pub messages_per_second: u32,
     pub session_retention: Duration,
+    /// A connection without a token must send `auth` within this (`--auth-timeout`).
+    pub auth_timeout: Duration,
+    /// After its token expires, a connection has this long to send a fresh one (`--auth-grace`).
+    pub auth_grace: Duration,
 }
 
 /// A subscription as its connection knows it.
@@ -288,7 +292,7 @@ impl Connection {
         let bucket = TokenBucket::new(context.config.messages_per_second, limits::WS_MESSAGE_BURST);
         let auth_deadline = match &identity {
             Some(identity) => expiry_deadline(identity),
-            None => Some(tokio::time::Instant::now() + Duration::from_secs(limits::AUTH_TIMEOUT_SECS)),
+            None => Some(tokio::time::Instant::now() + context.config.auth_timeout),
         };
         let rules_changed = context.gate.rules_changed.subscribe();
         let mut connection = Connection {
@@ -373,11 +377,10 @@ impl Connection {
             self.close(CLOSE_UNAUTHORIZED, "token expired").await;
         } else {
             self.in_grace = true;
-            self.auth_deadline =
-                Some(tokio::time::Instant::now() + Duration::from_secs(limits::AUTH_EXPIRY_GRACE_SECS));
+            self.auth_deadline = Some(tokio::time::Instant::now() + self.context.config.auth_grace);
             self.frame.clear();
             self.frame.extend_from_slice(b"{\"type\":\"auth_expired\",\"grace_secs\":");
-            crate::frame::write_u64(&mut self.frame, limits::AUTH_EXPIRY_GRACE_SECS);
+            crate::frame::write_u64(&mut self.frame, self.context.config.auth_grace.as_secs());
             self.frame.push(b'}');
             self.write(OpCode::Text).await;
         }

@@ -226,7 +226,9 @@ impl Client {
             let text = match message {
                 Message::Text(text) => text,
                 Message::Close(frame) => {
-                    return Some(json!({"type": "close", "code": frame.map(|f| u16::from(f.code))}))
+                    let close = json!({"type": "close", "code": frame.map(|f| u16::from(f.code))});
+                    self.frames.push(close.clone());
+                    return Some(close);
                 }
                 _ => continue,
             };
