@@ -1,22 +1,29 @@
-// The web demo in a real browser: `ordo serve --demo` on loopback, /demo in
+// The web demo in a real browser: `ordo serve --demo` on loopback (auth on: the
+// page signs in as a demo user with a token from POST /demo/token), /demo in
 // Debian's headless Chromium (driven by playwright-core, no browser download),
 // and after every user action the room ids on screen must equal a one-shot query
-// (POST /v1/collections/rooms/query) of the view the page says it shows.
+// (POST /v1/collections/rooms/query, with the signed-in user's token) of the view
+// the page says it shows. Also: switching users, the page at phone width (390 px),
+// and a page of another origin opening a WebSocket (refused, then allowed with
+// --allow-origin).
 //
 //   ORDO_BIN                 the server binary (default: target/release/ordo; this test builds nothing)
 //   CHROMIUM_BIN             the browser (default: /usr/bin/chromium)
-//   ORDO_UPDATE_SCREENSHOTS  1: write the screenshots to docs/ (default: target/browser-test/)
+//   ORDO_UPDATE_SCREENSHOTS  1: write the screenshots (demo-room-list.png, demo-search.png,
+//                            demo-phone.png) to docs/ (default: target/browser-test/)
 //
 // Run with `node --test` (tests/browser/run.sh installs what it needs first).
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
+import { execFile, spawn } from "node:child_process";
+import { createServer } from "node:http";
 import { mkdtempSync, mkdirSync, rmSync, existsSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
 import { chromium } from "playwright-core";
 
 const REPO = resolve(dirname(fileURLToPath(import.meta.url)), "../..");
@@ -52,12 +59,14 @@ after(async () => {
   if (server) await stopServer(server);
 });
 
-/** Starts `ordo serve --demo` on a free port; resolves once it printed its address. */
-async function startServer() {
+/** Starts `ordo serve --demo` (plus `args`) on a free port; resolves once it printed its address. */
+async function startServer(args = []) {
   const dataDir = mkdtempSync(join(tmpdir(), "ordo-browser-"));
-  const child = spawn(ORDO_BIN, ["serve", "--demo", "--listen", "127.0.0.1:0", "--data-dir", dataDir, "--durability", "relaxed"], {
-    stdio: ["ignore", "pipe", "inherit"],
-  });
+  const child = spawn(
+    ORDO_BIN,
+    ["serve", "--demo", "--listen", "127.0.0.1:0", "--data-dir", dataDir, "--durability", "relaxed", ...args],
+    { stdio: ["ignore", "pipe", "inherit"] },
+  );
   const lines = createInterface({ input: child.stdout });
   const base = await new Promise((resolvePort, reject) => {
     const timer = setTimeout(() => reject(new Error("ordo did not print its address within 60 s")), 60_000);
@@ -86,8 +95,15 @@ async function stopServer({ child, dataDir }) {
   rmSync(dataDir, { recursive: true, force: true });
 }
 
-async function http(method, path, body) {
-  const response = await fetch(server.base + path, { method, body: body === undefined ? undefined : JSON.stringify(body) });
+/** A request to `target` (the demo's server by default), with `token` as a bearer token when given. */
+async function http(method, path, body, { token = null, target = server } = {}) {
+  const headers = { "content-type": "application/json" };
+  if (token) headers.authorization = `Bearer ${token}`;
+  const response = await fetch(target.base + path, {
+    method,
+    headers,
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
   const text = await response.text();
   let json;
   try {
@@ -100,9 +116,50 @@ async function http(method, path, body) {
 
 const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
 
-/** What the page shows now: its view and the room ids on screen, read in one go. */
+/** A demo user's token, from POST /demo/token (as the page gets it), kept a minute. */
+const demoTokens = new Map();
+async function demoToken(user, target = server) {
+  const key = `${target.base} ${user}`;
+  const kept = demoTokens.get(key);
+  if (kept && Date.now() - kept.at < 60_000) return kept.token;
+  const { status, body } = await http("POST", "/demo/token", { user }, { target });
+  assert.equal(status, 200, `POST /demo/token for ${user}: ${JSON.stringify(body)}`);
+  assert.equal(body.sub, user);
+  assert.equal(body.role, "reader");
+  assert.equal(typeof body.token, "string");
+  demoTokens.set(key, { token: body.token, at: Date.now() });
+  return body.token;
+}
+
+/** An admin token, minted with `ordo token` and the demo's secret (DATA_DIR/demo-secret). */
+async function adminToken() {
+  const secretFile = join(server.dataDir, "demo-secret");
+  assert.ok(existsSync(secretFile), `no ${secretFile}: ordo serve --demo keeps its secret there`);
+  const { stdout } = await promisify(execFile)(ORDO_BIN, [
+    "token", "--secret-file", secretFile, "--role", "admin", "--sub", "ops", "--ttl", "3600",
+  ]);
+  return stdout.trim();
+}
+
+/** What the page shows now: its user, its view and the room ids on screen, read in one go. */
 function readScreen() {
-  return page.evaluate(() => ({ view: window.ordoDemo.currentView(), ids: window.ordoDemo.idsOnScreen() }));
+  return page.evaluate(() => ({
+    user: window.ordoDemo.user,
+    view: window.ordoDemo.currentView(),
+    ids: window.ordoDemo.idsOnScreen(),
+  }));
+}
+
+/** The one-shot query of `view` as `user` sees it (the server's rule: readers read their own rooms). */
+async function queryAs(user, view, fields = ["name", "recency", "unread", "dm", "favourite"]) {
+  const { status, body } = await http(
+    "POST",
+    "/v1/collections/rooms/query",
+    { filter: view.filter, sort: view.sort, offset: view.offset, limit: view.limit, fields, payload: false },
+    { token: await demoToken(user) },
+  );
+  assert.equal(status, 200, `the query as ${user} failed: ${JSON.stringify(body)}`);
+  return body;
 }
 
 /**
@@ -119,25 +176,17 @@ async function expectScreenEqualsQuery(label, { matchesInARow = 1 } = {}) {
   let last;
   let matches = 0;
   for (;;) {
-    const { view, ids } = await readScreen();
-    const { status, body } = await http("POST", "/v1/collections/rooms/query", {
-      filter: view.filter,
-      sort: view.sort,
-      offset: view.offset,
-      limit: view.limit,
-      fields: ["name", "recency", "unread", "dm", "favourite"],
-      payload: false,
-    });
-    assert.equal(status, 200, `${label}: the query failed: ${JSON.stringify(body)}`);
+    const { user, view, ids } = await readScreen();
+    const body = await queryAs(user, view);
     const expected = body.items.map((item) => item.id);
     if (ids.length === expected.length && ids.every((id, index) => id === expected[index])) {
       matches += 1;
-      if (matches >= matchesInARow) return { view, ids, query: body };
+      if (matches >= matchesInARow) return { user, view, ids, query: body };
       await sleep(50);
       continue;
     }
     matches = 0;
-    last = { view, ids, expected };
+    last = { user, view, ids, expected };
     if (Date.now() > deadline) break;
     await sleep(100);
   }
@@ -145,7 +194,7 @@ async function expectScreenEqualsQuery(label, { matchesInARow = 1 } = {}) {
   assert.deepEqual(
     last.ids,
     last.expected,
-    `${label}: the screen (${last.ids.length} rows) differs from the query of ${JSON.stringify(last.view)} ` +
+    `${label}: the screen (${last.ids.length} rows) differs from ${last.user}'s query of ${JSON.stringify(last.view)} ` +
       `(${last.expected.length} items), first at index ${firstDifference}`,
   );
 }
@@ -174,6 +223,22 @@ test("the demo page keeps its room list equal to the server's view", async (t) =
   assert.equal(response.status(), 200);
   await page.waitForSelector("#rooms [data-id]", { timeout: SETTLE_MS });
 
+  await t.test("auth is on: the page signed in as alice with a demo token and shows it", async () => {
+    // Without a token the server answers 401.
+    const anonymous = await http("POST", "/v1/collections/rooms/query", { limit: 1 });
+    assert.equal(anonymous.status, 401, JSON.stringify(anonymous.body));
+    await page.waitForSelector('#signed-in[data-sub="alice"]', { timeout: SETTLE_MS });
+    const label = await page.textContent("#signed-in");
+    assert.match(label, /Signed in as alice/);
+    assert.match(label, /reader/);
+    assert.equal(await page.getAttribute('[data-user="alice"]', "aria-pressed"), "true");
+    assert.equal(await page.getAttribute('[data-user="bob"]', "aria-pressed"), "false");
+    assert.deepEqual(
+      await page.evaluate(() => ({ sub: window.ordoDemo.identity?.sub, role: window.ordoDemo.identity?.role })),
+      { sub: "alice", role: "reader" },
+    );
+  });
+
   await t.test("live: the first page follows the simulator's writes", async () => {
     // The simulator writes 20 messages/s by default: frames must be arriving.
     await waitFor("diff frames from the simulator", () =>
@@ -188,9 +253,17 @@ test("the demo page keeps its room list equal to the server's view", async (t) =
     await page.screenshot({ path: join(SCREENSHOT_DIR, "demo-room-list.png") });
   });
 
-  await t.test("the rate control stops the simulator", async () => {
-    await page.click('[data-rate="0"]');
+  await t.test("the rate control is read-only; an admin token stops the simulator", async () => {
+    assert.equal(await page.isDisabled("#rate"), true, "the rate slider takes input");
+    assert.ok(await page.isVisible("#rate-hint"), "no hint on the read-only rate");
+    assert.match(await page.textContent("#rate-hint"), /admin token/);
+    // POST /demo/simulator: 401 without a token, 403 for a reader, done for an admin.
+    assert.equal((await http("POST", "/demo/simulator", { rate: 0 })).status, 401);
+    assert.equal((await http("POST", "/demo/simulator", { rate: 0 }, { token: await demoToken("alice") })).status, 403);
+    const admin = await http("POST", "/demo/simulator", { rate: 0 }, { token: await adminToken() });
+    assert.equal(admin.status, 200, JSON.stringify(admin.body));
     await waitFor("rate 0 on the server", async () => (await http("GET", "/demo/simulator")).body.rate === 0);
+    await waitFor("rate 0 on the page", async () => (await page.textContent("#rate-number")).trim() === "0");
     // Let the last tick's write land, then nothing moves any more.
     await sleep(300);
     const { sent } = (await http("GET", "/demo/simulator")).body;
@@ -268,15 +341,29 @@ test("the demo page keeps its room list equal to the server's view", async (t) =
     assert.ok(favourites.query.items.length > 0 && favourites.query.items.every((item) => item.fields.favourite));
   });
 
-  await t.test("clicking a room marks it read, and it leaves the Unread view", async () => {
+  await t.test("a reader's click on a room says it may not write; an admin's write leaves the Unread view", async () => {
     await page.click('[data-chip="unread"]');
     const before = await expectScreenEqualsQuery("Unread, before the click");
     const first = before.ids[0];
     await page.click(`#rooms [data-id="${first}"]`);
+    await waitFor("the note for readers", async () => (await page.isVisible("#error")) && /reader/.test(await page.textContent("#error")));
+    const path = `/v1/collections/rooms/items/${encodeURIComponent(first)}`;
+    const admin = await adminToken();
+    assert.ok((await http("GET", path, undefined, { token: admin })).body.fields.unread > 0, "a reader's click wrote");
+    // A reader's own write is refused by the server.
+    const refused = await http(
+      "POST",
+      "/v1/collections/rooms/batch",
+      { ops: [{ op: "upsert", id: first, fields: { unread: 0 } }] },
+      { token: await demoToken("alice") },
+    );
+    assert.equal(refused.status, 403, JSON.stringify(refused.body));
+    // An admin marks it read: the subscription takes it out of the Unread view.
+    const written = await http("POST", "/v1/collections/rooms/batch", { ops: [{ op: "upsert", id: first, fields: { unread: 0 } }] }, { token: admin });
+    assert.equal(written.status, 200, JSON.stringify(written.body));
     await waitFor("the room gone from Unread", async () => !(await readScreen()).ids.includes(first));
-    await expectScreenEqualsQuery("Unread, after the click");
-    const room = await http("GET", `/v1/collections/rooms/items/${encodeURIComponent(first)}`);
-    assert.equal(room.body.fields.unread, 0);
+    await expectScreenEqualsQuery("Unread, after the admin's write");
+    assert.equal((await http("GET", path, undefined, { token: admin })).body.fields.unread, 0);
   });
 
   await t.test("the sort toggle orders by name, ignoring case", async () => {
@@ -288,16 +375,149 @@ test("the demo page keeps its room list equal to the server's view", async (t) =
     await expectScreenEqualsQuery("All by activity");
   });
 
+  await t.test("switching users: bob's list is bob's rooms, then alice's again", async () => {
+    const alice = await expectScreenEqualsQuery("alice, all by activity");
+    await page.click('[data-user="bob"]');
+    await page.waitForSelector('#signed-in[data-sub="bob"]', { timeout: SETTLE_MS });
+    assert.match(await page.textContent("#signed-in"), /Signed in as bob/);
+    assert.equal(await page.getAttribute('[data-user="bob"]', "aria-pressed"), "true");
+    await waitFor("bob's rooms on screen", async () => (await readScreen()).user === "bob");
+    const bob = await expectScreenEqualsQuery("bob, all by activity");
+    assert.equal(bob.user, "bob");
+    assert.equal(bob.ids.length, PAGE);
+    // The server's rule: a reader reads the rooms it owns.
+    const owners = await queryAs("bob", bob.view, ["owner"]);
+    assert.ok(owners.items.every((item) => item.fields.owner === "bob"), "bob's query holds rooms of others");
+    const aliceIds = new Set(alice.ids);
+    assert.ok(bob.ids.every((id) => !aliceIds.has(id)), "alice and bob share rooms on screen");
+    // The page's controls go on working for bob.
+    await page.click('[data-chip="dms"]');
+    await expectScreenEqualsQuery("bob, DMs");
+    await page.click('[data-chip="all"]');
+    await page.click('[data-user="alice"]');
+    await page.waitForSelector('#signed-in[data-sub="alice"]', { timeout: SETTLE_MS });
+    const back = await expectScreenEqualsQuery("alice again");
+    assert.equal(back.user, "alice");
+  });
+
+  await t.test("at phone width (390 px) the panels stack, names get the width, nothing scrolls sideways", async () => {
+    await page.setViewportSize({ width: 390, height: 844 });
+    await sleep(300);
+    const layout = await page.evaluate(() => {
+      const root = document.documentElement;
+      const rect = (selector) => document.querySelector(selector).getBoundingClientRect();
+      const wide = [...document.querySelectorAll("body *")]
+        .filter((element) => element.getClientRects().length > 0)
+        .filter((element) => element.getBoundingClientRect().right > root.clientWidth + 1)
+        .map((element) => `${element.tagName.toLowerCase()}#${element.id}.${element.className}`);
+      const names = [...document.querySelectorAll("#rooms .room-name")].slice(0, 20).map((element) => ({
+        text: element.textContent,
+        width: element.clientWidth,
+        clipped: element.scrollWidth > element.clientWidth,
+      }));
+      return {
+        scrollWidth: root.scrollWidth,
+        clientWidth: root.clientWidth,
+        wide,
+        list: rect(".list-column").toJSON(),
+        panel: rect(".panel").toJSON(),
+        names,
+      };
+    });
+    assert.equal(layout.clientWidth, 390);
+    assert.ok(layout.scrollWidth <= layout.clientWidth, `the document scrolls sideways: ${layout.scrollWidth} px wide`);
+    assert.deepEqual(layout.wide, [], "elements reach past the right edge");
+    assert.ok(layout.panel.top >= layout.list.bottom - 1, `the panels do not stack: ${JSON.stringify([layout.list, layout.panel])}`);
+    assert.ok(layout.list.width >= 360, `the list is ${layout.list.width} px wide`);
+    assert.ok(layout.names.length > 0, "no room names");
+    for (const name of layout.names) assert.ok(name.width >= 180, `room name ${JSON.stringify(name.text)} is ${name.width} px wide`);
+    const clipped = layout.names.filter((name) => name.clipped && [...name.text].length <= 20);
+    assert.deepEqual(clipped, [], "short room names are cut");
+    await page.mouse.move(0, 0);
+    await page.screenshot({ path: join(SCREENSHOT_DIR, "demo-phone.png") });
+    // Still a working list at this width.
+    await expectScreenEqualsQuery("at 390 px");
+    await page.fill("#search", "");
+    await typeSearch("émile");
+    await expectScreenEqualsQuery('at 390 px, search "émile"');
+    await page.fill("#search", "");
+    await waitFor("the search cleared", async () => !JSON.stringify((await readScreen()).view.filter).includes("contains"));
+    await page.setViewportSize({ width: 1280, height: 800 });
+  });
+
   await t.test("live again: the screen follows 500 messages/s", async () => {
-    const answer = await http("POST", "/demo/simulator", { rate: 500 });
+    const answer = await http("POST", "/demo/simulator", { rate: 500 }, { token: await adminToken() });
     assert.deepEqual(answer.body, { rate: 500 });
     const framesBefore = await page.evaluate(() => window.ordoDemo.stats.framesTotal);
     await waitFor("frames at 500 messages/s", async () =>
       (await page.evaluate(() => window.ordoDemo.stats.framesTotal)) > framesBefore + 10,
     );
     await expectScreenEqualsQuery("live at 500 messages/s", { matchesInARow: 3 });
-    await http("POST", "/demo/simulator", { rate: 0 });
+    await http("POST", "/demo/simulator", { rate: 0 }, { token: await adminToken() });
   });
 
   assert.deepEqual(pageErrors, [], "the page logged errors");
+});
+
+/** A page of another origin (a Node server on another loopback port) that opens a WebSocket to Ordo. */
+const OTHER_ORIGIN_PAGE = `<!doctype html>
+<meta charset="utf-8">
+<title>another origin</title>
+<script>
+  // Opens a WebSocket to \`url\`, signs in with \`token\`, subscribes to 3 rooms;
+  // resolves with what happened.
+  window.tryOrdo = (url, token) => new Promise((resolve) => {
+    let opened = false;
+    const socket = new WebSocket(url);
+    const done = (result) => { resolve(result); try { socket.close(); } catch {} };
+    const timer = setTimeout(() => done({ result: "timeout", opened }), 10000);
+    socket.onopen = () => { opened = true; };
+    socket.onmessage = (event) => {
+      const frame = JSON.parse(event.data);
+      if (frame.type === "welcome") socket.send(JSON.stringify({ op: "auth", token }));
+      else if (frame.type === "authed") socket.send(JSON.stringify({ op: "subscribe", sub: "x", collection: "rooms", limit: 3 }));
+      else if (frame.type === "diffs") { clearTimeout(timer); done({ result: "works", rooms: frame.diffs[0].Reset.values.length }); }
+      else if (frame.type === "error") { clearTimeout(timer); done({ result: "error", code: frame.code }); }
+    };
+    socket.onclose = (event) => { if (!opened) { clearTimeout(timer); resolve({ result: "refused", code: event.code }); } };
+  });
+</script>
+<p>another origin</p>`;
+
+/** Serves OTHER_ORIGIN_PAGE on a free loopback port; resolves with its origin and a stop function. */
+async function startOtherOrigin() {
+  const other = createServer((request, response) => {
+    response.writeHead(200, { "content-type": "text/html; charset=utf-8" });
+    response.end(OTHER_ORIGIN_PAGE);
+  });
+  await new Promise((done) => other.listen(0, "127.0.0.1", done));
+  const origin = `http://127.0.0.1:${other.address().port}`;
+  return { origin, stop: () => new Promise((done) => other.close(done)) };
+}
+
+test("a page of another origin: its WebSocket is refused, unless the server allows the origin", async () => {
+  const other = await startOtherOrigin();
+  let allowing;
+  const foreign = await browser.newPage();
+  try {
+    await foreign.goto(`${other.origin}/`);
+    const wsUrl = (target) => `${target.base.replace(/^http/, "ws")}/v1/ws`;
+
+    // The demo's server allows its own origin only.
+    const refused = await foreign.evaluate(([url, token]) => window.tryOrdo(url, token), [wsUrl(server), await demoToken("alice")]);
+    assert.equal(refused.result, "refused", `a WebSocket from ${other.origin} was not refused: ${JSON.stringify(refused)}`);
+
+    // A second server that allows that origin.
+    allowing = await startServer(["--allow-origin", other.origin]);
+    const works = await foreign.evaluate(([url, token]) => window.tryOrdo(url, token), [
+      wsUrl(allowing),
+      await demoToken("bob", allowing),
+    ]);
+    assert.equal(works.result, "works", `a WebSocket from an allowed origin: ${JSON.stringify(works)}`);
+    assert.equal(works.rooms, 3);
+  } finally {
+    await foreign.close();
+    await other.stop();
+    if (allowing) await stopServer(allowing);
+  }
 });

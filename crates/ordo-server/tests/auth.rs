@@ -181,7 +181,7 @@ fn every_bad_token_is_refused_with_its_reason_and_writes_nothing() {
         ("unknown role", hs256(&secret, &with(json!({"role": "superuser"}))), "bad_claims"),
         // A signature cut short (to a whole base64 quantum, so it still decodes).
         ("truncated", good[..good.rfind('.').unwrap() + 5].to_owned(), "bad_signature"),
-        ("two parts", good.rsplitn(2, '.').nth(1).unwrap().to_owned(), "malformed"),
+        ("two parts", good.rsplit_once('.').unwrap().0.to_owned(), "malformed"),
         ("oversized", hs256(&secret, &with(json!({"pad": "x".repeat(9000)}))), "too_large"),
         ("claims not JSON", raw_hs256(&secret, r#"{"alg":"HS256","typ":"JWT"}"#, b"not json at all"), "bad_claims"),
         ("claims a list", raw_hs256(&secret, r#"{"alg":"HS256","typ":"JWT"}"#, b"[1,2,3]"), "bad_claims"),
