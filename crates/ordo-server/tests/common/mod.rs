@@ -160,7 +160,13 @@ impl Server {
     pub async fn connect_as(&self, token: Option<&str>) -> Client {
         let url = format!("ws://127.0.0.1:{}/v1/ws", self.port);
         let (socket, _) = tokio_tungstenite::connect_async(url).await.expect("WebSocket connect");
-        let mut client = Client { socket, session: String::new(), lists: Default::default(), frames: Vec::new() };
+        let mut client = Client {
+            socket,
+            session: String::new(),
+            lists: Default::default(),
+            frames: Vec::new(),
+            diffs_seen: Vec::new(),
+        };
         let welcome = client.next_json(Duration::from_secs(5)).await.expect("welcome");
         assert_eq!(welcome["type"], "welcome", "{welcome}");
         assert_eq!(welcome["protocol"], 1);
@@ -208,6 +214,8 @@ pub struct Client {
     pub lists: std::collections::BTreeMap<String, LocalList>,
     /// Every non-diff frame received (errors, unsubscribed, resumed), in order.
     pub frames: Vec<Value>,
+    /// Every diff frame received since the test last took them.
+    pub diffs_seen: Vec<Value>,
 }
 
 impl Client {
@@ -235,6 +243,7 @@ impl Client {
             let value: Value = serde_json::from_str(&text).expect("server frames are JSON");
             if value["type"] == "diffs" {
                 self.apply(&value);
+                self.diffs_seen.push(value.clone());
             } else {
                 self.frames.push(value.clone());
             }
