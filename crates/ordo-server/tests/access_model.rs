@@ -313,7 +313,12 @@ impl Model {
                     self.world.docs.get_mut(&id).unwrap().score = score;
                     ops.push(json!({"op": "upsert", "id": id, "fields": {"score": score}}));
                 } else {
-                    let doc = Doc { owner, team, score: self.rng.below(20) as i64 - 3, title: self.rng.pick(&TITLES) };
+                    let doc = Doc {
+                        owner,
+                        team,
+                        score: self.rng.below(20) as i64 - 3,
+                        title: TITLES[self.rng.index(TITLES.len())],
+                    };
                     ops.push(json!({"op": "upsert", "id": id, "fields": {"owner": owner, "team": team, "score": doc.score, "title": doc.title}}));
                     self.world.docs.insert(id, doc);
                 }
