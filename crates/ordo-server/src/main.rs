@@ -31,6 +31,8 @@ options:
   --session-retention SECS      how long a disconnected client's subscriptions wait for its resume (default 60)
   --checkpoint-interval SECS    how long writes stay only in the write-ahead log before LMDB gets them
                                 (default 60; longer: less disk traffic, a longer log to replay at start)
+  --header-timeout SECS         close a connection that takes longer to send a request head, or sits
+                                idle this long between HTTP/1.1 requests (default 10)
   --demo                        the web demo's data: write 10 000 rooms into collection `rooms` if it is
                                 missing or empty, and simulate chat traffic; the page is at /demo
   --demo-rate N                 the simulator's messages per second at start (default 20, at most 5000;
@@ -100,6 +102,13 @@ fn parse_serve(args: &[String]) -> Result<ServeOptions, String> {
             "--checkpoint-interval" => {
                 options.checkpoint_interval =
                     Duration::from_secs(number(flag, value()?)?).max(Duration::from_millis(100))
+            }
+            "--header-timeout" => {
+                let secs: u64 = number(flag, value()?)?;
+                if secs == 0 {
+                    return Err("--header-timeout is at least 1 second".to_owned());
+                }
+                options.header_timeout = Duration::from_secs(secs);
             }
             "--demo" => options.demo = true,
             "--demo-rate" => {
