@@ -9,6 +9,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::{Server, StartOptions};
+use serde_json::Value;
 
 /// A GET that gives up after `timeout` (the common helper waits forever, and a
 /// server that never accepts is what some of these tests look for). `None`: no
@@ -106,4 +107,127 @@ fn idle_sockets_past_the_descriptor_limit_leave_the_server_reachable() {
     let lines = server.stderr_lines();
     let n_accept_lines = lines.iter().filter(|line| line.contains("accept")).count();
     assert!(n_accept_lines <= 5 && lines.len() <= 20, "the server's log: {lines:#?}");
+}
+
+/// A WebSocket client written by hand, to send frames no library would.
+struct RawWs {
+    stream: TcpStream,
+}
+
+impl RawWs {
+    /// Connects, upgrades, and reads the `welcome` frame.
+    fn connect(port: u16) -> RawWs {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        stream
+            .write_all(
+                b"GET /v1/ws HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                  Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+            )
+            .unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            stream.read_exact(&mut byte).expect("the upgrade answer");
+            head.push(byte[0]);
+        }
+        assert!(head.starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&head));
+        let mut ws = RawWs { stream };
+        let (opcode, welcome) = ws.read_frame().expect("welcome");
+        assert_eq!(opcode, 1);
+        let welcome: Value = serde_json::from_slice(&welcome).expect("JSON");
+        assert_eq!(welcome["type"], "welcome", "{welcome}");
+        ws
+    }
+
+    /// The next server frame (opcode, payload); `None` when the stream ends or stalls.
+    fn read_frame(&mut self) -> Option<(u8, Vec<u8>)> {
+        let mut head = [0u8; 2];
+        self.stream.read_exact(&mut head).ok()?;
+        assert_eq!(head[1] & 0x80, 0, "server frames are not masked");
+        let length = match head[1] & 0x7F {
+            126 => {
+                let mut bytes = [0u8; 2];
+                self.stream.read_exact(&mut bytes).ok()?;
+                u16::from_be_bytes(bytes) as usize
+            }
+            127 => {
+                let mut bytes = [0u8; 8];
+                self.stream.read_exact(&mut bytes).ok()?;
+                u64::from_be_bytes(bytes) as usize
+            }
+            length => length as usize,
+        };
+        let mut payload = vec![0u8; length];
+        self.stream.read_exact(&mut payload).ok()?;
+        Some((head[0] & 0x0F, payload))
+    }
+
+    /// Reads frames until a close frame; returns its code (`None`: the stream
+    /// ended without one). Text frames before it are returned too.
+    fn read_until_close(&mut self) -> (Option<u16>, Vec<Value>) {
+        let mut texts = Vec::new();
+        while let Some((opcode, payload)) = self.read_frame() {
+            match opcode {
+                1 => texts.push(serde_json::from_slice(&payload).expect("JSON")),
+                8 => return (payload.get(..2).map(|code| u16::from_be_bytes([code[0], code[1]])), texts),
+                _ => {}
+            }
+        }
+        (None, texts)
+    }
+}
+
+/// A client frame: `first_byte` is FIN, RSV and opcode; masked with `mask` when given.
+fn client_frame(first_byte: u8, payload: &[u8], mask: Option<[u8; 4]>) -> Vec<u8> {
+    assert!(payload.len() < 126);
+    let mut frame = vec![first_byte, payload.len() as u8 | if mask.is_some() { 0x80 } else { 0 }];
+    match mask {
+        Some(mask) => {
+            frame.extend_from_slice(&mask);
+            frame.extend(payload.iter().enumerate().map(|(index, byte)| byte ^ mask[index % 4]));
+        }
+        None => frame.extend_from_slice(payload),
+    }
+    frame
+}
+
+const MASK: Option<[u8; 4]> = Some([0x37, 0xfa, 0x21, 0x3d]);
+
+/// Regression: an unmasked client frame was accepted (RFC 6455 §5.1: the server
+/// must close the connection, with 1002).
+#[test]
+fn an_unmasked_client_frame_closes_with_1002() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let mut ws = RawWs::connect(server.port);
+    // A masked message, then an unmasked one in the same write: the first is
+    // answered (it is valid), the second closes the connection.
+    let mut bytes = client_frame(0x81, br#"{"op":"unsubscribe","sub":"a"}"#, MASK);
+    bytes.extend(client_frame(0x81, br#"{"op":"unsubscribe","sub":"b"}"#, None));
+    ws.stream.write_all(&bytes).unwrap();
+    let (code, texts) = ws.read_until_close();
+    assert_eq!(code, Some(1002), "frames before the close: {texts:?}");
+    assert_eq!(texts.len(), 1, "{texts:?}");
+    assert_eq!(texts[0]["code"], "unknown_subscription");
+    assert_eq!(texts[0]["sub"], "a");
+}
+
+/// Regression: a frame with a reserved bit set was dropped without a close code.
+#[test]
+fn reserved_bits_and_stray_continuations_close_with_1002() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    for first_byte in [
+        0xC1, /* RSV1 */
+        0xA1, /* RSV2 */
+        0x91, /* RSV3 */
+        0x80, /* a continuation outside a message */
+    ] {
+        let mut ws = RawWs::connect(server.port);
+        ws.stream.write_all(&client_frame(first_byte, br#"{"op":"unsubscribe","sub":"a"}"#, MASK)).unwrap();
+        let (code, texts) = ws.read_until_close();
+        assert_eq!(code, Some(1002), "first byte {first_byte:#04x}; frames before the close: {texts:?}");
+        assert!(texts.is_empty(), "{texts:?}");
+    }
 }
