@@ -9,7 +9,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::{Server, StartOptions};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// A GET that gives up after `timeout` (the common helper waits forever, and a
 /// server that never accepts is what some of these tests look for). `None`: no
@@ -230,4 +230,66 @@ fn reserved_bits_and_stray_continuations_close_with_1002() {
         assert_eq!(code, Some(1002), "first byte {first_byte:#04x}; frames before the close: {texts:?}");
         assert!(texts.is_empty(), "{texts:?}");
     }
+}
+
+/// `depth` arrays, one inside the other.
+fn nested_arrays(depth: usize) -> String {
+    "[".repeat(depth) + &"]".repeat(depth)
+}
+
+/// A batch body with one upsert whose payload is `payload` (raw JSON text).
+fn upsert_with_payload(id: &str, payload: &str) -> String {
+    format!(r#"{{"op":"upsert","id":"{id}","fields":{{"name":"x"}},"payload":{payload}}}"#)
+}
+
+/// Regression: a payload nested 100 000 arrays deep was accepted, stored and
+/// sent verbatim to every subscriber (whose JSON parser may overflow its stack).
+#[test]
+fn deeply_nested_payloads_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    server.ok("PUT", "/v1/collections/rooms", common::room_schema());
+    let (_, limits) = server.http("GET", "/v1/limits", None);
+    let max_depth = limits["max_payload_depth"].as_u64().expect("max_payload_depth in /v1/limits") as usize;
+
+    // One collection's batch: the deep op is named, and nothing is written.
+    for depth in [max_depth + 1, 100_000] {
+        let body = format!(
+            r#"{{"ops":[{},{}]}}"#,
+            upsert_with_payload("ok", "1"),
+            upsert_with_payload("deep", &nested_arrays(depth))
+        );
+        let (status, answer) = server.http_raw("POST", "/v1/collections/rooms/batch", Some(body.as_bytes()));
+        let answer: Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(status, 422, "depth {depth}: {answer}");
+        assert_eq!(answer["error"]["code"], "invalid_batch", "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("op 1") && message.contains(&max_depth.to_string()), "{message}");
+    }
+    let (status, _) = server.http("GET", "/v1/collections/rooms/items/ok", None);
+    assert_eq!(status, 404, "a refused batch writes nothing");
+
+    // At the limit (objects count too, and brackets inside strings do not).
+    let at_limit = "[".repeat(max_depth - 1) + r#"{"s":"[[[[\"[["}"# + &"]".repeat(max_depth - 1);
+    let body = format!(r#"{{"ops":[{}]}}"#, upsert_with_payload("edge", &at_limit));
+    let (status, answer) = server.http_raw("POST", "/v1/collections/rooms/batch", Some(body.as_bytes()));
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+    let item = server.ok("GET", "/v1/collections/rooms/items/edge", json!(null));
+    assert_eq!(item["payload"], serde_json::from_str::<Value>(&at_limit).unwrap());
+
+    // `POST /v1/batch`: the deep part is refused alone, the other is written.
+    let body = format!(
+        r#"{{"writes":[{{"collection":"rooms","ops":[{}]}},{{"collection":"rooms","ops":[{}]}}]}}"#,
+        upsert_with_payload("part0", &nested_arrays(100_000)),
+        upsert_with_payload("part1", &nested_arrays(max_depth)),
+    );
+    let (status, answer) = server.http_raw("POST", "/v1/batch", Some(body.as_bytes()));
+    let answer: Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(answer["results"][0]["error"]["code"], "invalid_batch", "{answer}");
+    assert!(answer["results"][0]["error"]["message"].as_str().unwrap().contains("write 0"), "{answer}");
+    assert!(answer["results"][1]["seq"].is_u64(), "{answer}");
+    let (status, _) = server.http("GET", "/v1/collections/rooms/items/part0", None);
+    assert_eq!(status, 404);
+    server.ok("GET", "/v1/collections/rooms/items/part1", json!(null));
 }
