@@ -6,7 +6,7 @@
 //! each in its envelope (`sub`, `seq`) in one reused buffer, so sending a frame
 //! allocates nothing once the buffer has grown.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -775,8 +775,26 @@ impl Connection {
             let _ = self.context.core.send(Command::DropSession { session: fresh.id }).await;
         }
         let mut listed: Vec<SubHandle> = Vec::with_capacity(entries.len());
+        // Ids seen so far in this resume: a second entry for one id is refused,
+        // as a second `subscribe` of it would be.
+        let mut seen: HashSet<String> = HashSet::with_capacity(entries.len());
         for entry in entries {
-            let checked = self.check_resume_entry(&entry);
+            let checked = if !seen.insert(entry.sub.clone()) {
+                Err(ApiError::new(
+                    ErrorCode::SubscriptionExists,
+                    format!("subscription `{}` is listed twice in this resume; the first entry stands", entry.sub),
+                ))
+            } else if listed.len() >= limits::MAX_SUBSCRIPTIONS_PER_CONNECTION {
+                // The subscriptions not listed are closed below, so after the
+                // resume the connection holds exactly the entries listed.
+                Err(ApiError::limit(format!(
+                    "a connection holds at most {} subscriptions (max_subscriptions_per_connection); \
+                     this resume lists more",
+                    limits::MAX_SUBSCRIPTIONS_PER_CONNECTION
+                )))
+            } else {
+                self.check_resume_entry(&entry)
+            };
             let (collection, spec) = match checked {
                 Ok(checked) => checked,
                 Err(error) => {

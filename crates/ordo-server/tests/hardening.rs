@@ -293,3 +293,48 @@ fn deeply_nested_payloads_are_refused() {
     assert_eq!(status, 404);
     server.ok("GET", "/v1/collections/rooms/items/part1", json!(null));
 }
+
+/// Regression: one `resume` listing 1 000 subscriptions was accepted whole,
+/// past the per-connection limit that `subscribe` enforces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_obeys_the_subscription_limit_and_refuses_duplicates() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    server.ok("PUT", "/v1/collections/rooms", common::room_schema());
+    server.ok(
+        "POST",
+        "/v1/collections/rooms/batch",
+        json!({"ops": [{"op": "upsert", "id": "a", "fields": {"recency": 1}}]}),
+    );
+    let (_, limits) = server.http("GET", "/v1/limits", None);
+    let max_subs = limits["max_subscriptions_per_connection"].as_u64().unwrap() as usize;
+
+    // `s0` twice, then more ids than the limit allows.
+    let entry = |sub: String| json!({"sub": sub, "collection": "rooms", "limit": 1, "last_seq": 0});
+    let mut entries = vec![entry("s0".to_owned()), entry("s0".to_owned())];
+    entries.extend((1..max_subs + 20).map(|index| entry(format!("s{index}"))));
+    let n_entries = entries.len();
+    let mut client = server.connect().await;
+    client.send(json!({"op": "resume", "session": "0000000000000000", "subs": entries})).await;
+    let is_resumed = |frame: &Value| frame["type"] == "resumed";
+    assert!(client.read_until(Duration::from_secs(10), |client| client.frames.iter().any(is_resumed)).await);
+    let resumed = client.frames.iter().find(|frame| is_resumed(frame)).unwrap().clone();
+    let outcomes = resumed["subs"].as_array().unwrap();
+    assert_eq!(outcomes.len(), n_entries);
+    assert_eq!(outcomes[0]["reset"], true, "{}", outcomes[0]);
+    assert_eq!(outcomes[1]["sub"], "s0");
+    assert_eq!(outcomes[1]["error"]["code"], "subscription_exists", "{}", outcomes[1]);
+    let n_accepted = outcomes.iter().filter(|outcome| outcome["reset"] == true).count();
+    assert_eq!(n_accepted, max_subs);
+    for outcome in &outcomes[max_subs + 1..] {
+        assert_eq!(outcome["error"]["code"], "limit_exceeded", "{outcome}");
+    }
+
+    // The connection holds exactly the limit: each accepted entry gets its Reset,
+    // and one more subscribe is refused.
+    assert!(client.read_until(Duration::from_secs(10), |client| client.lists.len() == max_subs).await);
+    client.send(json!({"op": "subscribe", "sub": "extra", "collection": "rooms", "limit": 1})).await;
+    let error = client.expect_error().await;
+    assert_eq!(error["code"], "limit_exceeded", "{error}");
+    assert_eq!(server.metric("ordo_subscriptions"), max_subs as f64);
+}
