@@ -78,10 +78,16 @@ impl SubEntry {
     }
 }
 
+/// The owner of every session until connections carry identities.
+pub const ANONYMOUS_OWNER: &str = "anonymous";
+
 /// A connection's subscription state; it outlives the connection for resume.
 pub struct Session {
     id: SessionId,
     token: String,
+    /// The identity that opened the session: parked sessions are budgeted per
+    /// owner, and only the same owner may resume one.
+    owner: Arc<str>,
     shared: Arc<ConnShared>,
     outbox: mpsc::UnboundedReceiver<Outgoing>,
     table: SubTable<SubEntry>,
@@ -89,28 +95,138 @@ pub struct Session {
     next_handle: SubHandle,
 }
 
-/// Sessions whose connection is gone, held for resume until they expire.
+impl Session {
+    /// The estimated bytes a parked session holds, besides the frames queued for
+    /// it (those are read live: they may grow while it is parked). See
+    /// `limits::PARKED_WINDOW_ITEM_BYTES`.
+    fn parked_cost_bytes(&self) -> usize {
+        let subs: usize = self
+            .table
+            .iter()
+            .map(|(_, entry)| {
+                limits::PARKED_SUBSCRIPTION_OVERHEAD_BYTES
+                    + entry.client_id.len()
+                    + entry.retained_bytes
+                    + entry.retained.len() * FRAME_OVERHEAD_BYTES
+                    + entry.spec.limit.saturating_mul(limits::PARKED_WINDOW_ITEM_BYTES)
+            })
+            .sum();
+        limits::PARKED_SESSION_OVERHEAD_BYTES + subs
+    }
+}
+
+/// A session held for resume.
+struct ParkedSession {
+    session: Session,
+    expires: Instant,
+    /// Its place in `RegistryInner::by_age`.
+    parked_index: u64,
+    /// `Session::parked_cost_bytes` when it was parked (its table does not change while parked).
+    cost_bytes: usize,
+}
+
+impl ParkedSession {
+    fn cost_bytes(&self) -> usize {
+        self.cost_bytes + self.session.shared.queued_bytes.load(Ordering::Acquire)
+    }
+}
+
+/// Sessions whose connection is gone, held for resume until they expire or
+/// the parked budgets (`limits::MAX_PARKED_BYTES`, `MAX_PARKED_BYTES_PER_OWNER`)
+/// push them out, oldest first.
 #[derive(Default)]
 pub struct Registry {
-    parked: Mutex<HashMap<String, (Session, Instant)>>,
+    inner: Mutex<RegistryInner>,
+}
+
+#[derive(Default)]
+struct RegistryInner {
+    by_token: HashMap<String, ParkedSession>,
+    /// Tokens by the order they were parked in, oldest first.
+    by_age: std::collections::BTreeMap<u64, String>,
+    next_parked_index: u64,
+}
+
+impl RegistryInner {
+    fn remove(&mut self, token: &str) -> Option<ParkedSession> {
+        let parked = self.by_token.remove(token)?;
+        self.by_age.remove(&parked.parked_index);
+        Some(parked)
+    }
+
+    /// Drops the oldest sessions until both budgets hold; returns their ids.
+    /// One pass, oldest first: a session goes while the total, or its owner's
+    /// total, is over budget.
+    fn evict_over_budget(&mut self) -> Vec<SessionId> {
+        let mut total_bytes = 0usize;
+        let mut owner_bytes: HashMap<Arc<str>, usize> = HashMap::new();
+        for parked in self.by_token.values() {
+            let cost = parked.cost_bytes();
+            total_bytes += cost;
+            *owner_bytes.entry(parked.session.owner.clone()).or_default() += cost;
+        }
+        let over =
+            |total: usize, owner: usize| total > limits::MAX_PARKED_BYTES || owner > limits::MAX_PARKED_BYTES_PER_OWNER;
+        if !owner_bytes.values().any(|&owner| over(total_bytes, owner)) {
+            return Vec::new();
+        }
+        let mut evicted = Vec::new();
+        let mut evicted_tokens = Vec::new();
+        for token in self.by_age.values() {
+            let parked = &self.by_token[token];
+            let owner = owner_bytes.get_mut(&parked.session.owner).expect("counted above");
+            if over(total_bytes, *owner) {
+                let cost = parked.cost_bytes();
+                total_bytes = total_bytes.saturating_sub(cost);
+                *owner = owner.saturating_sub(cost);
+                evicted_tokens.push(token.clone());
+            }
+        }
+        for token in evicted_tokens {
+            let parked = self.remove(&token).expect("listed");
+            evicted.push(parked.session.id);
+        }
+        evicted
+    }
 }
 
 impl Registry {
-    fn park(&self, session: Session, retention: Duration) {
-        let expires = Instant::now() + retention;
-        self.parked.lock().expect("registry lock").insert(session.token.clone(), (session, expires));
+    /// Holds `session` for resume; returns the sessions pushed out to stay
+    /// within the budgets (maybe this one), whose windows must be closed.
+    fn park(&self, session: Session, retention: Duration) -> Vec<SessionId> {
+        let mut inner = self.inner.lock().expect("registry lock");
+        let parked_index = inner.next_parked_index;
+        inner.next_parked_index += 1;
+        let token = session.token.clone();
+        let cost_bytes = session.parked_cost_bytes();
+        let parked = ParkedSession { session, expires: Instant::now() + retention, parked_index, cost_bytes };
+        if let Some(replaced) = inner.by_token.insert(token.clone(), parked) {
+            inner.by_age.remove(&replaced.parked_index);
+        }
+        inner.by_age.insert(parked_index, token);
+        inner.evict_over_budget()
     }
 
-    fn take(&self, token: &str) -> Option<Session> {
-        self.parked.lock().expect("registry lock").remove(token).map(|(session, _)| session)
+    /// The parked session `token` names, if `owner` opened it.
+    fn take(&self, token: &str, owner: &str) -> Option<Session> {
+        let mut inner = self.inner.lock().expect("registry lock");
+        if &*inner.by_token.get(token)?.session.owner != owner {
+            return None;
+        }
+        inner.remove(token).map(|parked| parked.session)
     }
 
-    /// Drops expired sessions; returns their ids so their windows can be closed.
+    /// Drops expired sessions, and the oldest while over the budgets (frames
+    /// queued for parked sessions grow their cost); returns their ids so their
+    /// windows can be closed.
     pub fn expire(&self, now: Instant) -> Vec<SessionId> {
-        let mut parked = self.parked.lock().expect("registry lock");
+        let mut inner = self.inner.lock().expect("registry lock");
         let expired: Vec<String> =
-            parked.iter().filter(|(_, (_, expires))| *expires <= now).map(|(token, _)| token.clone()).collect();
-        expired.into_iter().filter_map(|token| parked.remove(&token)).map(|(session, _)| session.id).collect()
+            inner.by_token.iter().filter(|(_, parked)| parked.expires <= now).map(|(token, _)| token.clone()).collect();
+        let mut dropped: Vec<SessionId> =
+            expired.iter().filter_map(|token| inner.remove(token)).map(|parked| parked.session.id).collect();
+        dropped.extend(inner.evict_over_budget());
+        dropped
     }
 }
 
@@ -164,7 +280,7 @@ pub async fn serve_connection(ws: WebSocket<Stream>, context: ConnectionContext)
     reader_task.abort();
     METRICS.connections.fetch_sub(1, Ordering::Relaxed);
     if let Some(connection) = connection {
-        connection.finish();
+        connection.finish().await;
     }
 }
 
@@ -380,6 +496,7 @@ impl Connection {
         let session = Session {
             id,
             token: format!("{id:016x}"),
+            owner: Arc::from(ANONYMOUS_OWNER),
             shared,
             outbox,
             table: SubTable::new(),
@@ -437,13 +554,20 @@ impl Connection {
         }
     }
 
-    /// After the connection: a session with subscriptions is held for resume.
-    fn finish(self) {
+    /// After the connection: a session with subscriptions is held for resume,
+    /// within the parked budgets; the sessions that pushes out are closed.
+    async fn finish(self) {
         let stopping = *self.context.shutdown.borrow();
         if self.session.table.is_empty() || stopping {
             let _ = self.context.core.try_send(Command::DropSession { session: self.session.id });
         } else {
-            self.context.registry.park(self.session, self.context.config.session_retention);
+            let evicted = self.context.registry.park(self.session, self.context.config.session_retention);
+            for session in evicted {
+                // The writer frees the session's windows and queued frames.
+                if self.context.core.send(Command::DropSession { session }).await.is_err() {
+                    return;
+                }
+            }
         }
     }
 
@@ -769,7 +893,7 @@ impl Connection {
     async fn resume(&mut self, token: &str, entries: Vec<wire::ResumeEntry>) {
         let mut outcomes: Vec<serde_json::Value> = Vec::with_capacity(entries.len());
         let mut replays: Vec<SubHandle> = Vec::new();
-        if let Some(old) = self.context.registry.take(token) {
+        if let Some(old) = self.context.registry.take(token, &self.session.owner) {
             // Adopt the old session: its queue, table and retained frames.
             let fresh = std::mem::replace(&mut self.session, old);
             let _ = self.context.core.send(Command::DropSession { session: fresh.id }).await;

@@ -338,3 +338,94 @@ async fn resume_obeys_the_subscription_limit_and_refuses_duplicates() {
     assert_eq!(error["code"], "limit_exceeded", "{error}");
     assert_eq!(server.metric("ordo_subscriptions"), max_subs as f64);
 }
+
+/// The server's resident memory, from `/proc`.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|line| line.starts_with("VmRSS:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+/// Regression: 30 cycles of (connect, subscribe 128 windows of 1 000 items,
+/// drop the TCP connection) took the server from 7 MB to 450 MB: every parked
+/// session kept its retained frames and windows until it expired (60 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_sessions_stay_within_their_budget() {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    server.ok("PUT", "/v1/collections/rooms", common::room_schema());
+    let ops: Vec<Value> = (0..2_000)
+        .map(|index| json!({"op": "upsert", "id": format!("room-{index:05}"), "fields": {"name": format!("room number {index}"), "recency": index}}))
+        .collect();
+    server.ok("POST", "/v1/collections/rooms/batch", json!({ "ops": ops }));
+    let (_, limits) = server.http("GET", "/v1/limits", None);
+    let max_subs = limits["max_subscriptions_per_connection"].as_u64().unwrap() as usize;
+    let window = |index: usize| {
+        json!({"sub": format!("w{index}"), "collection": "rooms", "sort": [{"field": "recency", "dir": "desc"}],
+               "offset": index, "limit": 1_000})
+    };
+    let rss_before = rss_bytes(server.pid());
+
+    const N_CYCLES: usize = 20;
+    let mut first_session = String::new();
+    for cycle in 0..N_CYCLES {
+        let mut client = server.connect().await;
+        if cycle == 0 {
+            first_session = client.session.clone();
+        }
+        for index in 0..max_subs {
+            let mut subscribe = window(index);
+            subscribe["op"] = json!("subscribe");
+            client.send(subscribe).await;
+        }
+        // Every window's first frame (~100 KB each), read without parsing: the
+        // server now retains them for resume. Then the TCP connection is dropped.
+        let mut n_frames = 0;
+        while n_frames < max_subs {
+            let message = tokio::time::timeout(Duration::from_secs(30), client.socket.next()).await;
+            match message.expect("frames kept coming").expect("the stream is open").expect("a frame") {
+                Message::Text(text) => {
+                    assert!(text.starts_with(r#"{"type":"diffs""#), "{text}");
+                    n_frames += 1;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        drop(client);
+    }
+
+    // The parked sessions settle within the budget: a few of the 20 are kept.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let max_sessions_kept = 6.0;
+    while server.metric("ordo_sessions") > max_sessions_kept && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // 20 sessions of ~13 MB of retained frames each would be 260 MB; the
+    // per-owner budget (64 MiB of estimated bytes) keeps a few.
+    let rss_after = rss_bytes(server.pid());
+    let grown_mib = rss_after.saturating_sub(rss_before) / (1024 * 1024);
+    eprintln!("server RSS: {} MiB before, {} MiB after", rss_before / (1024 * 1024), rss_after / (1024 * 1024));
+    assert!(grown_mib < 150, "the server grew by {grown_mib} MiB (from {} MiB)", rss_before / (1024 * 1024));
+    let n_sessions = server.metric("ordo_sessions");
+    assert!(n_sessions <= max_sessions_kept, "{n_sessions} sessions still held");
+    let n_subscriptions = server.metric("ordo_subscriptions");
+    assert!(n_subscriptions <= max_sessions_kept * max_subs as f64, "{n_subscriptions} subscriptions still held");
+
+    // The first session was pushed out: its resume resets.
+    let mut client = server.connect().await;
+    client.lists.insert("w0".to_owned(), common::LocalList { seq: 1, ..Default::default() });
+    let mut entry = window(0);
+    entry["last_seq"] = json!(1);
+    client.send(json!({"op": "resume", "session": first_session, "subs": [entry]})).await;
+    let is_resumed = |frame: &Value| frame["type"] == "resumed";
+    assert!(client.read_until(Duration::from_secs(10), |client| client.frames.iter().any(is_resumed)).await);
+    let resumed = client.frames.iter().find(|frame| is_resumed(frame)).unwrap().clone();
+    assert_eq!(resumed["subs"][0], json!({"sub": "w0", "reset": true}), "{resumed}");
+    assert!(client.read_until(Duration::from_secs(10), |client| client.lists["w0"].seq >= 2).await);
+    let list = &client.lists["w0"];
+    assert_eq!((list.seq, list.n_resets, list.items.len()), (2, 1, 1_000));
+}
