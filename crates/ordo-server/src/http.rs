@@ -3,6 +3,7 @@
 //! request budget (token bucket).
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -10,9 +11,10 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, watch};
 
 use ordo_core::Batch;
@@ -37,6 +39,10 @@ pub struct HttpState {
     pub http_requests_per_second: u32,
     pub shutdown: watch::Receiver<bool>,
     pub limits_json: Arc<serde_json::Value>,
+    /// Most TCP connections at once (`limits::connection_cap`).
+    pub max_connections: usize,
+    /// `--header-timeout`: the most a connection may take to send a request head.
+    pub header_timeout: Duration,
     /// The traffic simulator's controls, with `ordo serve --demo` only.
     pub demo: Option<Arc<crate::demo::Simulator>>,
     /// `--demo`: `/demo` and `/demo/*` exist (otherwise they are 404).
@@ -52,38 +58,73 @@ type Body = Full<Bytes>;
 
 /// Accepts connections until `shutdown` turns true, then waits (at most
 /// `grace`) for the requests in flight.
+///
+/// Every accepted socket holds a `ConnectionSlot` under the cap
+/// (`state.max_connections`, below the descriptor limit), so a flood of idle
+/// sockets meets a `503` instead of exhausting descriptors; and every one must
+/// send a request head within `state.header_timeout`, so idle and half-sent
+/// ones are closed instead of held.
 pub async fn serve(listener: TcpListener, state: Arc<HttpState>, mut shutdown: watch::Receiver<bool>, grace: Duration) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let cors = cors_layer(state.gate.allowed_origins());
+    let refusal = Bytes::from(refusal_response(state.max_connections));
+    let mut accept_errors = AcceptErrors::default();
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = shutdown.wait_for(|stopping| *stopping) => break,
         };
         let (stream, _peer) = match accepted {
-            Ok(accepted) => accepted,
+            Ok(accepted) => {
+                accept_errors.n_in_a_row = 0;
+                accepted
+            }
             Err(error) => {
-                // Out of file descriptors, most likely: wait instead of spinning.
-                eprintln!("ordo: accept failed: {error}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
+                let wait = accept_errors.on_error(&error);
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => continue,
+                    _ = shutdown.wait_for(|stopping| *stopping) => break,
+                }
             }
         };
+        // Only this loop adds to the count, so the check and the add cannot race.
+        if METRICS.tcp_connections.load(Ordering::Relaxed) as usize >= state.max_connections {
+            refuse(stream, refusal.clone());
+            continue;
+        }
+        let slot = ConnectionSlot::take();
         let _ = stream.set_nodelay(true);
         let state = state.clone();
-        let bucket = Arc::new(Mutex::new(TokenBucket::new(state.http_requests_per_second, limits::HTTP_REQUEST_BURST)));
-        let service = tower::ServiceBuilder::new().layer(cors.clone()).service_fn(move |request| {
-            let state = state.clone();
-            let bucket = bucket.clone();
-            async move { Ok::<_, Infallible>(handle(request, state, bucket).await) }
-        });
-        let service = hyper_util::service::TowerToHyperService::new(service);
-        let connection = auto::Builder::new(TokioExecutor::new())
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let connection = graceful.watch(connection);
+        let watcher = graceful.watcher();
+        let mut stopping = shutdown.clone();
+        let cors = cors.clone();
         tokio::spawn(async move {
-            let _ = connection.await;
+            let header_timeout = state.header_timeout;
+            let started = tokio::select! {
+                started = tokio::time::timeout(header_timeout, wait_for_request_start(&stream)) => {
+                    started.unwrap_or(false)
+                }
+                _ = stopping.wait_for(|stopping| *stopping) => false,
+            };
+            if !started {
+                // Dropping the stream and the slot closes the connection and frees its place.
+                return;
+            }
+            let bucket =
+                Arc::new(Mutex::new(TokenBucket::new(state.http_requests_per_second, limits::HTTP_REQUEST_BURST)));
+            let service = tower::ServiceBuilder::new().layer(cors).service_fn(move |request| {
+                let state = state.clone();
+                let bucket = bucket.clone();
+                let slot = slot.clone();
+                async move { Ok::<_, Infallible>(handle(request, state, bucket, slot).await) }
+            });
+            let service = hyper_util::service::TowerToHyperService::new(service);
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            // The head of each HTTP/1.1 request (the first, and the next on a kept-alive
+            // connection) must arrive within the timeout; hyper measures it with this timer.
+            builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout);
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
+            let _ = watcher.watch(connection).await;
         });
     }
     drop(listener);
@@ -103,6 +144,129 @@ fn cors_layer(origins: &[String]) -> tower_http::cors::CorsLayer {
         .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
         .allow_headers([AUTHORIZATION, CONTENT_TYPE])
         .max_age(Duration::from_secs(600))
+}
+
+/// One accepted TCP connection's place under the connection cap. The HTTP
+/// connection's service holds it, and so does the WebSocket task it upgrades
+/// to; the place is free again when the last holder drops it.
+pub struct ConnectionSlot(());
+
+impl ConnectionSlot {
+    fn take() -> Arc<ConnectionSlot> {
+        metrics::add(&METRICS.tcp_connections, 1);
+        Arc::new(ConnectionSlot(()))
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        METRICS.tcp_connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Waits until the client has sent enough to tell an HTTP/1.1 request from the
+/// HTTP/2 preface; false when it closed first. hyper's version detection (the
+/// `auto` builder) has no deadline of its own, so a socket that never sends a
+/// byte, or stops inside the preface, would be held forever without this.
+async fn wait_for_request_start(stream: &TcpStream) -> bool {
+    const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let mut peeked = [0u8; H2_PREFACE.len()];
+    loop {
+        let n_peeked = match stream.peek(&mut peeked).await {
+            Ok(n_peeked) => n_peeked,
+            Err(_) => return false,
+        };
+        if n_peeked == 0 {
+            return false;
+        }
+        if n_peeked == H2_PREFACE.len() || peeked[..n_peeked] != H2_PREFACE[..n_peeked] {
+            return true;
+        }
+        // Part of the preface: `peek` would return the same bytes at once, so
+        // wait a little for the rest (only an HTTP/2 client mid-preface gets here).
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Connections past the cap answering their `503` now.
+static N_REFUSING: AtomicUsize = AtomicUsize::new(0);
+
+/// The whole answer to a connection past the cap: an HTTP/1.1 `503` with the
+/// usual error body, written before hyper sees the socket.
+fn refusal_response(max_connections: usize) -> Vec<u8> {
+    let error = ApiError::limit(format!(
+        "the server holds {max_connections} connections already (max_connections); retry later"
+    ));
+    let body = error.to_json_body();
+    let mut response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    response.extend_from_slice(&body);
+    response
+}
+
+/// Answers a connection past the cap with `503` and closes it. It reads what
+/// the client sent for a moment first: closing a socket with unread input sends
+/// a reset, which can discard the answer. At most `MAX_REFUSING_CONNECTIONS` do
+/// this at once (each holds a descriptor); others are closed unanswered.
+fn refuse(stream: TcpStream, response: Bytes) {
+    metrics::add(&METRICS.connections_refused, 1);
+    metrics::count_error(ErrorCode::LimitExceeded);
+    if N_REFUSING.fetch_add(1, Ordering::Relaxed) >= limits::MAX_REFUSING_CONNECTIONS {
+        N_REFUSING.fetch_sub(1, Ordering::Relaxed);
+        return;
+    }
+    tokio::spawn(async move {
+        let mut stream = stream;
+        let linger = Duration::from_millis(limits::REFUSAL_LINGER_MS);
+        let _ = tokio::time::timeout(linger, async {
+            stream.write_all(&response).await?;
+            stream.shutdown().await?;
+            let mut sink = [0u8; 1024];
+            while stream.read(&mut sink).await? > 0 {}
+            Ok::<(), std::io::Error>(())
+        })
+        .await;
+        drop(stream);
+        N_REFUSING.fetch_sub(1, Ordering::Relaxed);
+    });
+}
+
+/// `accept` failures in a row, and the log's rate limit.
+#[derive(Default)]
+struct AcceptErrors {
+    n_in_a_row: u32,
+    n_unlogged: u64,
+    last_logged: Option<Instant>,
+}
+
+impl AcceptErrors {
+    /// Logs the failure (at most one line per `ACCEPT_ERROR_LOG_INTERVAL_MS`,
+    /// with the count since the last) and returns how long to wait before the
+    /// next `accept`. Out of descriptors or memory, the wait doubles with each
+    /// failure in a row: retrying at once would fail again, spin a core and,
+    /// before this, wrote hundreds of log lines a second.
+    fn on_error(&mut self, error: &std::io::Error) -> Duration {
+        self.n_in_a_row = self.n_in_a_row.saturating_add(1);
+        self.n_unlogged += 1;
+        let now = Instant::now();
+        let interval = Duration::from_millis(limits::ACCEPT_ERROR_LOG_INTERVAL_MS);
+        if self.last_logged.is_none_or(|last| now.duration_since(last) >= interval) {
+            eprintln!("ordo: accept failed ({} times since the last report): {error}", self.n_unlogged);
+            self.n_unlogged = 0;
+            self.last_logged = Some(now);
+        }
+        let out_of_resources =
+            matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM));
+        if !out_of_resources {
+            // A failure of one connection (aborted before it was accepted, say): the next may succeed.
+            return Duration::ZERO;
+        }
+        let doublings = (self.n_in_a_row - 1).min(16);
+        Duration::from_millis((limits::ACCEPT_BACKOFF_FIRST_MS << doublings).min(limits::ACCEPT_BACKOFF_MAX_MS))
+    }
 }
 
 fn json_response(status: u16, body: Vec<u8>) -> Response<Body> {
@@ -131,7 +295,12 @@ fn error_response(error: &ApiError) -> Response<Body> {
     json_response(error.status(), error.to_json_body())
 }
 
-async fn handle(request: Request<Incoming>, state: Arc<HttpState>, bucket: Arc<Mutex<TokenBucket>>) -> Response<Body> {
+async fn handle(
+    request: Request<Incoming>,
+    state: Arc<HttpState>,
+    bucket: Arc<Mutex<TokenBucket>>,
+    slot: Arc<ConnectionSlot>,
+) -> Response<Body> {
     metrics::add(&METRICS.http_requests, 1);
     if !bucket.lock().expect("budget lock").try_take() {
         let error = ApiError::new(
@@ -152,7 +321,7 @@ async fn handle(request: Request<Incoming>, state: Arc<HttpState>, bucket: Arc<M
         eprintln!("ordo: refused {} {} ({})", request.method(), request.uri().path(), error.code.as_str());
         return error_response(&error);
     }
-    match route(request, &state).await {
+    match route(request, &state, slot).await {
         Ok(response) => response,
         Err(error) => error_response(&error),
     }
@@ -225,7 +394,11 @@ fn write_guard(
     Ok(())
 }
 
-async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response<Body>, ApiError> {
+async fn route(
+    request: Request<Incoming>,
+    state: &HttpState,
+    slot: Arc<ConnectionSlot>,
+) -> Result<Response<Body>, ApiError> {
     let path = request.uri().path().to_owned();
     let segments: Vec<String> =
         path.trim_start_matches('/').split('/').map(percent_decode).collect::<Result<_, _>>()?;
@@ -270,7 +443,7 @@ async fn route(request: Request<Incoming>, state: &HttpState) -> Result<Response
                 .body(Full::new(Bytes::from(text)))
                 .expect("a valid response"))
         }
-        (&Method::GET, ["v1", "ws"]) => upgrade(request, state, token),
+        (&Method::GET, ["v1", "ws"]) => upgrade(request, state, token, slot),
         (&Method::GET, ["v1", "rules"]) => {
             require_admin(&*caller(state, token, &path)?, "reading the rules")?;
             let body = serde_json::to_vec(state.gate.rules().doc()).expect("rules serialise");
@@ -586,16 +759,19 @@ fn percent_decode(segment: &str) -> Result<String, ApiError> {
     String::from_utf8(out).map_err(|_| ApiError::bad_request(format!("`{segment}` is not UTF-8 once decoded")))
 }
 
-/// The WebSocket upgrade. A token may come in the `Authorization` header or the
-/// `access_token` query parameter (browsers cannot set headers; the `auth`
-/// message is the better way for them, as it keeps the token out of URLs and logs).
-fn upgrade(mut request: Request<Incoming>, state: &HttpState, token: Option<&str>) -> Result<Response<Body>, ApiError> {
+/// The WebSocket upgrade. The WebSocket takes over the TCP connection, and with
+/// it the connection's `slot` under the cap (so WebSockets need no cap of their
+/// own). A token may come in the `Authorization` header or the `access_token`
+/// query parameter (browsers cannot set headers; the `auth` message is the
+/// better way for them, as it keeps the token out of URLs and logs).
+fn upgrade(
+    mut request: Request<Incoming>,
+    state: &HttpState,
+    token: Option<&str>,
+    slot: Arc<ConnectionSlot>,
+) -> Result<Response<Body>, ApiError> {
     if !fastwebsockets::upgrade::is_upgrade_request(&request) {
         return Err(ApiError::bad_request("/v1/ws takes a WebSocket upgrade request"));
-    }
-    if METRICS.connections.load(std::sync::atomic::Ordering::Relaxed) as usize >= limits::MAX_CONNECTIONS {
-        let error = ApiError::limit(format!("the server holds {} connections already", limits::MAX_CONNECTIONS));
-        return Err(ApiError { status: Some(503), ..error });
     }
     let query_token = request
         .uri()
@@ -606,7 +782,7 @@ fn upgrade(mut request: Request<Incoming>, state: &HttpState, token: Option<&str
     if let Some(identity) = &identity {
         state.gate.take_request(identity)?;
     }
-    let slot = state.gate.open_connection(identity.as_deref())?;
+    let identity_slot = state.gate.open_connection(identity.as_deref())?;
     let (response, upgrade) = fastwebsockets::upgrade::upgrade(&mut request)
         .map_err(|error| ApiError::bad_request(format!("WebSocket upgrade refused: {error}")))?;
     let context = ConnectionContext {
@@ -620,8 +796,9 @@ fn upgrade(mut request: Request<Incoming>, state: &HttpState, token: Option<&str
         identity,
     };
     tokio::spawn(async move {
+        let _slot = slot;
         if let Ok(ws) = upgrade.await {
-            ws::serve_connection(ws, context, slot).await;
+            ws::serve_connection(ws, context, identity_slot).await;
         }
     });
     let (parts, _) = response.into_parts();

@@ -34,8 +34,34 @@ pub const DEFAULT_SESSION_RETENTION_SECS: u64 = 60;
 /// Per subscription: frames, and bytes of frames, kept for replay on resume.
 pub const RETAINED_FRAMES_PER_SUBSCRIPTION: usize = 256;
 pub const RETAINED_BYTES_PER_SUBSCRIPTION: usize = 256 * 1024;
-/// Most WebSocket connections at once; more are refused with 503.
+/// Most TCP connections at once (HTTP and WebSocket alike, counted from
+/// `accept`); past it a connection gets a minimal `503 limit_exceeded` and is
+/// closed. The cap in force is lower when the descriptor limit is: see
+/// `connection_cap`.
 pub const MAX_CONNECTIONS: usize = 10_000;
+/// Descriptors kept free of connections under `RLIMIT_NOFILE`: LMDB's files, the
+/// write-ahead log's segments (and the one being preallocated), the runtime's
+/// epoll and wake-up descriptors, the listener, and the connections being
+/// refused below. Without this margin the server runs out of descriptors for
+/// its own files before it refuses a connection.
+pub const DESCRIPTOR_RESERVE: usize = 128;
+/// Connections past the cap that may be answering their `503` at once (each
+/// holds a descriptor for at most `REFUSAL_LINGER_MS`); more are closed unanswered.
+pub const MAX_REFUSING_CONNECTIONS: usize = 32;
+/// How long a refused connection is kept to read what the client sent, so that
+/// closing it sends a FIN after the `503`, not a reset that could discard it.
+pub const REFUSAL_LINGER_MS: u64 = 500;
+/// How long a new connection may take to send a complete request head (or the
+/// HTTP/2 preface), and how long an HTTP/1.1 connection may sit idle between
+/// requests, by default (`--header-timeout`).
+pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 10;
+/// Backoff after `accept` fails for lack of descriptors (EMFILE, ENFILE): the
+/// first wait, doubled on each failure in a row up to the last value.
+pub const ACCEPT_BACKOFF_FIRST_MS: u64 = 5;
+pub const ACCEPT_BACKOFF_MAX_MS: u64 = 1_000;
+/// A failing `accept` is logged at most once per this many milliseconds (with
+/// the count of failures since the last line).
+pub const ACCEPT_ERROR_LOG_INTERVAL_MS: u64 = 1_000;
 /// Network threads by default: one per core, at most this many. Two beat one for
 /// the chat load on a 2-core machine (docs/BENCHMARKS.md); more is unmeasured.
 pub const DEFAULT_MAX_NETWORK_THREADS: usize = 4;
@@ -50,6 +76,25 @@ pub const MAX_POOLED_BATCHES: usize = 4_096;
 pub const MAX_POOLED_BATCH_BYTES: usize = 64 * 1024;
 pub const MAX_POOLED_PART_LISTS: usize = 64;
 pub const MAX_POOLED_LIST_PARTS: usize = 1_024;
+/// Deepest nesting of arrays and objects in an item's payload (a scalar is 0,
+/// `[]` is 1). The text is stored and sent verbatim, but a client parsing it
+/// (a browser's `JSON.parse`, a recursive decoder) may overflow its stack.
+pub const MAX_PAYLOAD_DEPTH: usize = 64;
+/// Budgets for sessions parked for resume (their connection is gone), in
+/// estimated bytes: server-wide and per owner (the identity that opened them).
+/// Past either, the oldest parked sessions (of that owner, for the second) are
+/// dropped; their resume resets every subscription.
+pub const MAX_PARKED_BYTES: usize = 256 * 1024 * 1024;
+pub const MAX_PARKED_BYTES_PER_OWNER: usize = 64 * 1024 * 1024;
+/// The cost of a parked session is its retained frames' bytes, the frames
+/// still queued for it, these per session and per subscription, and, per
+/// subscription, its window limit times the per-item estimate: the engine's
+/// window holds a slot (4 bytes) and a pending entry per item, a view's
+/// `OrderTree` entry is 20 bytes, and the first frame encodes every item.
+/// An over-estimate when windows are shared, which errs on the safe side.
+pub const PARKED_SESSION_OVERHEAD_BYTES: usize = 4 * 1024;
+pub const PARKED_SUBSCRIPTION_OVERHEAD_BYTES: usize = 1024;
+pub const PARKED_WINDOW_ITEM_BYTES: usize = 64;
 /// Client messages read ahead of the connection task.
 pub const INBOUND_QUEUE_CAPACITY: usize = 16;
 
@@ -114,7 +159,18 @@ pub fn as_json() -> serde_json::Value {
         "identity_request_burst": IDENTITY_REQUEST_BURST,
         "collections_created_per_identity_per_hour": COLLECTIONS_CREATED_PER_IDENTITY_PER_HOUR,
         "max_rules": MAX_RULES,
+        "max_payload_depth": MAX_PAYLOAD_DEPTH,
     })
+}
+
+/// The connection cap in force for a descriptor limit of `nofile_soft` (the
+/// soft `RLIMIT_NOFILE` after `raise_open_file_limit`): `MAX_CONNECTIONS`, or
+/// the limit less `DESCRIPTOR_RESERVE` when that is lower (half the limit when
+/// the limit is tiny), so that `accept` never meets EMFILE.
+pub fn connection_cap(nofile_soft: u64) -> usize {
+    let nofile = usize::try_from(nofile_soft).unwrap_or(usize::MAX);
+    let below_limit = if nofile > 2 * DESCRIPTOR_RESERVE { nofile - DESCRIPTOR_RESERVE } else { nofile / 2 };
+    MAX_CONNECTIONS.min(below_limit).max(1)
 }
 
 /// `ordo serve --demo`: rooms written into an empty `rooms` collection at start.

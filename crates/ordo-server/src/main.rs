@@ -35,6 +35,8 @@ options:
   --session-retention SECS      how long a disconnected client's subscriptions wait for its resume (default 60)
   --checkpoint-interval SECS    how long writes stay only in the write-ahead log before LMDB gets them
                                 (default 60; longer: less disk traffic, a longer log to replay at start)
+  --header-timeout SECS         close a connection that takes longer to send a request head, or sits
+                                idle this long between HTTP/1.1 requests (default 10)
 auth (docs/SECURITY.md; without --auth-secret-file or --auth-jwks, every caller is an admin,
 and the server listens on loopback addresses only unless --insecure):
   --auth-secret-file FILE       HS256 tokens signed with the secret in FILE (at least 32 bytes);
@@ -136,6 +138,13 @@ fn parse_serve(args: &[String]) -> Result<ServeOptions, String> {
             "--checkpoint-interval" => {
                 options.checkpoint_interval =
                     Duration::from_secs(number(flag, value()?)?).max(Duration::from_millis(100))
+            }
+            "--header-timeout" => {
+                let secs: u64 = number(flag, value()?)?;
+                if secs == 0 {
+                    return Err("--header-timeout is at least 1 second".to_owned());
+                }
+                options.header_timeout = Duration::from_secs(secs);
             }
             "--demo" => options.demo = true,
             "--demo-rate" => {

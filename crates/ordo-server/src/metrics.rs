@@ -16,6 +16,8 @@ pub struct Metrics {
     pub batches_refused: AtomicU64,
     pub http_requests: AtomicU64,
     pub connections: AtomicU64,
+    pub tcp_connections: AtomicU64,
+    pub connections_refused: AtomicU64,
     pub outbound_queued_bytes: AtomicU64,
     pub frames_sent: AtomicU64,
     pub bytes_sent: AtomicU64,
@@ -35,6 +37,8 @@ pub static METRICS: Metrics = Metrics {
     batches_refused: AtomicU64::new(0),
     http_requests: AtomicU64::new(0),
     connections: AtomicU64::new(0),
+    tcp_connections: AtomicU64::new(0),
+    connections_refused: AtomicU64::new(0),
     outbound_queued_bytes: AtomicU64::new(0),
     frames_sent: AtomicU64::new(0),
     bytes_sent: AtomicU64::new(0),
@@ -175,6 +179,18 @@ pub fn render(gauges: &CoreGauges, core_queue_depth: usize) -> String {
     );
     line("ordo_sessions", "gauge", "Sessions, attached or held for resume.", gauges.n_sessions as u64);
     line("ordo_connections", "gauge", "Open WebSocket connections.", m.connections.load(Relaxed));
+    line(
+        "ordo_tcp_connections",
+        "gauge",
+        "Open TCP connections (HTTP and WebSocket), counted against max_connections.",
+        m.tcp_connections.load(Relaxed),
+    );
+    line(
+        "ordo_connections_refused_total",
+        "counter",
+        "TCP connections refused (503) because max_connections were open.",
+        m.connections_refused.load(Relaxed),
+    );
     line("ordo_http_requests_total", "counter", "HTTP requests answered.", m.http_requests.load(Relaxed));
     line("ordo_core_queue_depth", "gauge", "Requests waiting for the writer thread.", core_queue_depth as u64);
     line(

@@ -34,6 +34,9 @@ pub struct ServeOptions {
     pub network_threads: usize,
     pub session_retention: Duration,
     pub checkpoint_interval: Duration,
+    /// `--header-timeout`: how long a connection may take to send a request head
+    /// (or sit idle between HTTP/1.1 requests) before it is closed.
+    pub header_timeout: Duration,
     /// `--demo`: fill `rooms` if it is empty and run the traffic simulator.
     pub demo: bool,
     /// `--demo-rate`: the simulator's messages per second at start.
@@ -67,6 +70,7 @@ impl Default for ServeOptions {
             network_threads: default_network_threads(),
             session_retention: Duration::from_secs(limits::DEFAULT_SESSION_RETENTION_SECS),
             checkpoint_interval: StoreOptions::default().checkpoint_interval,
+            header_timeout: Duration::from_secs(limits::DEFAULT_HEADER_TIMEOUT_SECS),
             demo: false,
             demo_rate: limits::DEFAULT_DEMO_MESSAGES_PER_SECOND,
             auth: AuthOptions::default(),
@@ -89,7 +93,8 @@ pub fn default_network_threads() -> usize {
 
 /// Runs the server until a signal stops it.
 pub fn serve(mut options: ServeOptions) -> Result<(), String> {
-    raise_open_file_limit();
+    let nofile = raise_open_file_limit();
+    let max_connections = limits::connection_cap(nofile);
     // The demo signs its users' tokens with a secret of its own, kept with the
     // data so that `ordo token --secret-file DATA_DIR/demo-secret` can mint an admin's.
     let demo_secret = if options.demo {
@@ -198,7 +203,13 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
                 options.data_dir.join(DEMO_SECRET_FILE).display()
             );
         }
-        let limits_json = Arc::new(limits_json(&options));
+        if max_connections < limits::MAX_CONNECTIONS {
+            println!(
+                "ordo: at most {max_connections} connections at once (the descriptor limit is {nofile}; \
+                 raise `ulimit -n` for more)"
+            );
+        }
+        let limits_json = Arc::new(limits_json(&options, max_connections));
         let registry = Arc::new(Registry::default());
         let state = Arc::new(HttpState {
             core: core_tx.clone(),
@@ -213,6 +224,8 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
                 auth_grace: options.auth_grace,
             },
             http_requests_per_second: options.http_requests_per_second,
+            max_connections,
+            header_timeout: options.header_timeout,
             shutdown: shutdown_rx.clone(),
             limits_json,
             demo,
@@ -274,8 +287,10 @@ fn load_rules(database: &Database) -> Result<RuleSet, String> {
     RuleSet::compile(doc).map_err(|error| format!("the stored access rules are refused: {error}"))
 }
 
-fn limits_json(options: &ServeOptions) -> serde_json::Value {
+fn limits_json(options: &ServeOptions, max_connections: usize) -> serde_json::Value {
     let mut json = limits::as_json();
+    json["max_connections"] = max_connections.into();
+    json["header_timeout_secs"] = options.header_timeout.as_secs().into();
     json["outbound_buffer_bytes"] = options.outbound_budget.into();
     json["slow_close_after_secs"] = options.slow_close_after.as_secs().into();
     json["ws_messages_per_second"] = options.ws_messages_per_second.into();
@@ -316,15 +331,23 @@ fn signal_listener() -> Result<impl std::future::Future<Output = ()>, String> {
 }
 
 /// A server holds a socket per connection: lift the soft descriptor limit to
-/// the hard one, which is often 1 024 against 500 000.
-fn raise_open_file_limit() {
+/// the hard one, which is often 1 024 against 500 000. Returns the soft limit
+/// in force afterwards, which the connection cap stays below.
+fn raise_open_file_limit() -> u64 {
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `getrlimit` and `setrlimit` read or write only the struct we pass,
     // which lives on our stack for the duration of each call.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            // Unknown: assume the common default, so the cap stays below it.
+            return 1024;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
         }
     }
+    limit.rlim_cur
 }

@@ -135,6 +135,16 @@ pub fn fill_batch(
                 }
                 if let Some(payload) = &op.payload {
                     let text = payload.get();
+                    if nesting_exceeds(text.as_bytes(), limits::MAX_PAYLOAD_DEPTH) {
+                        return Err(ApiError::new(
+                            ErrorCode::InvalidBatch,
+                            format!(
+                                "op {op_index}: the payload nests arrays and objects more than {} deep \
+                                 (max_payload_depth)",
+                                limits::MAX_PAYLOAD_DEPTH
+                            ),
+                        ));
+                    }
                     builder.payload(if text == "null" { b"" } else { text.as_bytes() });
                 }
             }
@@ -152,6 +162,42 @@ pub fn fill_batch(
         }
     }
     Ok(())
+}
+
+/// Whether `json` (valid JSON text, as a `RawValue` holds) nests arrays and
+/// objects more than `max_depth` deep. One pass over the bytes, no recursion
+/// (the text may nest 100 000 deep): brackets inside strings are skipped, and
+/// so is every escaped character. A scalar payload costs one comparison.
+pub fn nesting_exceeds(json: &[u8], max_depth: usize) -> bool {
+    if !matches!(json.first(), Some(b'[' | b'{')) {
+        return false;
+    }
+    let mut depth = 0usize;
+    let mut index = 0;
+    while index < json.len() {
+        match json[index] {
+            b'"' => {
+                index += 1;
+                while index < json.len() {
+                    match json[index] {
+                        b'\\' => index += 2,
+                        b'"' => break,
+                        _ => index += 1,
+                    }
+                }
+            }
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max_depth {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        index += 1;
+    }
+    false
 }
 
 /// Decodes an op's `fields` object into the upsert, field by field, without an
@@ -786,6 +832,24 @@ pub fn check_sub_id(sub: &str) -> Result<(), ApiError> {
 mod tests {
     use super::*;
     use crate::rng::Rng;
+
+    #[test]
+    fn nesting_depth_skips_strings_and_escapes() {
+        for (json, depth) in [
+            ("1", 0),
+            ("\"[[[\"", 0),
+            ("[]", 1),
+            ("{\"a\":[1,{\"b\":[]}]}", 4),
+            ("[\"]\\\"[[\",[[]]]", 3),
+            ("[\"\\\\\",[]]", 2),
+            ("[{},{},[[]]]", 3),
+        ] {
+            assert!(!nesting_exceeds(json.as_bytes(), depth), "{json} is {depth} deep");
+            assert!(depth == 0 || nesting_exceeds(json.as_bytes(), depth - 1), "{json} is {depth} deep");
+        }
+        let deep = "[".repeat(100_000) + &"]".repeat(100_000);
+        assert!(nesting_exceeds(deep.as_bytes(), limits::MAX_PAYLOAD_DEPTH));
+    }
 
     /// The decoding `fill_batch` replaced: the whole op parsed into a
     /// `serde_json::Value` first. Kept as the reference the streaming decoder must match.

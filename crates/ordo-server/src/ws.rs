@@ -6,7 +6,7 @@
 //! each in its envelope (`sub`, `seq`) in one reused buffer, so sending a frame
 //! allocates nothing once the buffer has grown.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -35,6 +35,9 @@ type Stream = TokioIo<Upgraded>;
 
 pub const CLOSE_NORMAL: u16 = 1000;
 pub const CLOSE_GOING_AWAY: u16 = 1001;
+/// RFC 6455 §7.4.1: a frame the protocol forbids (unmasked, reserved bits or
+/// opcode, a fragmented control frame, a continuation out of place).
+pub const CLOSE_PROTOCOL_ERROR: u16 = 1002;
 pub const CLOSE_NOT_UTF8: u16 = 1007;
 pub const CLOSE_TOO_BIG: u16 = 1009;
 pub const CLOSE_SLOW: u16 = 4001;
@@ -87,12 +90,16 @@ impl SubEntry {
     }
 }
 
+/// The owner of every session until connections carry identities.
+pub const ANONYMOUS_OWNER: &str = "anonymous";
+
 /// A connection's subscription state; it outlives the connection for resume.
 pub struct Session {
     id: SessionId,
     /// The resume token: 128 random bits, replaced at every resume.
     token: String,
-    /// The identity the session belongs to (`Identity::key`): only it may resume it.
+    /// The identity that opened the session: parked sessions are budgeted per
+    /// owner, and only the same owner may resume one.
     owner: Arc<str>,
     shared: Arc<ConnShared>,
     outbox: mpsc::UnboundedReceiver<Outgoing>,
@@ -101,36 +108,138 @@ pub struct Session {
     next_handle: SubHandle,
 }
 
-/// Sessions whose connection is gone, held for resume until they expire.
+impl Session {
+    /// The estimated bytes a parked session holds, besides the frames queued for
+    /// it (those are read live: they may grow while it is parked). See
+    /// `limits::PARKED_WINDOW_ITEM_BYTES`.
+    fn parked_cost_bytes(&self) -> usize {
+        let subs: usize = self
+            .table
+            .iter()
+            .map(|(_, entry)| {
+                limits::PARKED_SUBSCRIPTION_OVERHEAD_BYTES
+                    + entry.client_id.len()
+                    + entry.retained_bytes
+                    + entry.retained.len() * FRAME_OVERHEAD_BYTES
+                    + entry.spec.limit.saturating_mul(limits::PARKED_WINDOW_ITEM_BYTES)
+            })
+            .sum();
+        limits::PARKED_SESSION_OVERHEAD_BYTES + subs
+    }
+}
+
+/// A session held for resume.
+struct ParkedSession {
+    session: Session,
+    expires: Instant,
+    /// Its place in `RegistryInner::by_age`.
+    parked_index: u64,
+    /// `Session::parked_cost_bytes` when it was parked (its table does not change while parked).
+    cost_bytes: usize,
+}
+
+impl ParkedSession {
+    fn cost_bytes(&self) -> usize {
+        self.cost_bytes + self.session.shared.queued_bytes.load(Ordering::Acquire)
+    }
+}
+
+/// Sessions whose connection is gone, held for resume until they expire or
+/// the parked budgets (`limits::MAX_PARKED_BYTES`, `MAX_PARKED_BYTES_PER_OWNER`)
+/// push them out, oldest first.
 #[derive(Default)]
 pub struct Registry {
-    parked: Mutex<HashMap<String, (Session, Instant)>>,
+    inner: Mutex<RegistryInner>,
+}
+
+#[derive(Default)]
+struct RegistryInner {
+    by_token: HashMap<String, ParkedSession>,
+    /// Tokens by the order they were parked in, oldest first.
+    by_age: std::collections::BTreeMap<u64, String>,
+    next_parked_index: u64,
+}
+
+impl RegistryInner {
+    fn remove(&mut self, token: &str) -> Option<ParkedSession> {
+        let parked = self.by_token.remove(token)?;
+        self.by_age.remove(&parked.parked_index);
+        Some(parked)
+    }
+
+    /// Drops the oldest sessions until both budgets hold; returns their ids.
+    /// One pass, oldest first: a session goes while the total, or its owner's
+    /// total, is over budget.
+    fn evict_over_budget(&mut self) -> Vec<SessionId> {
+        let mut total_bytes = 0usize;
+        let mut owner_bytes: HashMap<Arc<str>, usize> = HashMap::new();
+        for parked in self.by_token.values() {
+            let cost = parked.cost_bytes();
+            total_bytes += cost;
+            *owner_bytes.entry(parked.session.owner.clone()).or_default() += cost;
+        }
+        let over =
+            |total: usize, owner: usize| total > limits::MAX_PARKED_BYTES || owner > limits::MAX_PARKED_BYTES_PER_OWNER;
+        if !owner_bytes.values().any(|&owner| over(total_bytes, owner)) {
+            return Vec::new();
+        }
+        let mut evicted = Vec::new();
+        let mut evicted_tokens = Vec::new();
+        for token in self.by_age.values() {
+            let parked = &self.by_token[token];
+            let owner = owner_bytes.get_mut(&parked.session.owner).expect("counted above");
+            if over(total_bytes, *owner) {
+                let cost = parked.cost_bytes();
+                total_bytes = total_bytes.saturating_sub(cost);
+                *owner = owner.saturating_sub(cost);
+                evicted_tokens.push(token.clone());
+            }
+        }
+        for token in evicted_tokens {
+            let parked = self.remove(&token).expect("listed");
+            evicted.push(parked.session.id);
+        }
+        evicted
+    }
 }
 
 impl Registry {
-    fn park(&self, session: Session, retention: Duration) {
-        let expires = Instant::now() + retention;
-        self.parked.lock().expect("registry lock").insert(session.token.clone(), (session, expires));
-    }
-
-    /// The parked session of `token` if `owner` owns it. Another identity's
-    /// token is answered exactly as an unknown one, and the session stays parked
-    /// for its owner.
-    fn take(&self, token: &str, owner: &str) -> Option<Session> {
-        let mut parked = self.parked.lock().expect("registry lock");
-        if parked.get(token).is_some_and(|(session, _)| &*session.owner == owner) {
-            parked.remove(token).map(|(session, _)| session)
-        } else {
-            None
+    /// Holds `session` for resume; returns the sessions pushed out to stay
+    /// within the budgets (maybe this one), whose windows must be closed.
+    fn park(&self, session: Session, retention: Duration) -> Vec<SessionId> {
+        let mut inner = self.inner.lock().expect("registry lock");
+        let parked_index = inner.next_parked_index;
+        inner.next_parked_index += 1;
+        let token = session.token.clone();
+        let cost_bytes = session.parked_cost_bytes();
+        let parked = ParkedSession { session, expires: Instant::now() + retention, parked_index, cost_bytes };
+        if let Some(replaced) = inner.by_token.insert(token.clone(), parked) {
+            inner.by_age.remove(&replaced.parked_index);
         }
+        inner.by_age.insert(parked_index, token);
+        inner.evict_over_budget()
     }
 
-    /// Drops expired sessions; returns their ids so their windows can be closed.
+    /// The parked session `token` names, if `owner` opened it.
+    fn take(&self, token: &str, owner: &str) -> Option<Session> {
+        let mut inner = self.inner.lock().expect("registry lock");
+        if &*inner.by_token.get(token)?.session.owner != owner {
+            return None;
+        }
+        inner.remove(token).map(|parked| parked.session)
+    }
+
+    /// Drops expired sessions, and the oldest while over the budgets (frames
+    /// queued for parked sessions grow their cost); returns their ids so their
+    /// windows can be closed.
     pub fn expire(&self, now: Instant) -> Vec<SessionId> {
-        let mut parked = self.parked.lock().expect("registry lock");
+        let mut inner = self.inner.lock().expect("registry lock");
         let expired: Vec<String> =
-            parked.iter().filter(|(_, (_, expires))| *expires <= now).map(|(token, _)| token.clone()).collect();
-        expired.into_iter().filter_map(|token| parked.remove(&token)).map(|(session, _)| session.id).collect()
+            inner.by_token.iter().filter(|(_, parked)| parked.expires <= now).map(|(token, _)| token.clone()).collect();
+        let mut dropped: Vec<SessionId> =
+            expired.iter().filter_map(|token| inner.remove(token)).map(|parked| parked.session.id).collect();
+        dropped.extend(inner.evict_over_budget());
+        dropped
     }
 }
 
@@ -176,6 +285,7 @@ pub async fn serve_connection(ws: WebSocket<Stream>, context: ConnectionContext,
     // fastwebsockets parses what the client sends; frames to the client are written
     // here (see `queue_frame`), so that several can share one write.
     let (read_half, writer) = tokio::io::split(ws.into_inner());
+    let read_half = MaskCheck::new(read_half);
     let (reader, _unused_writer) = fastwebsockets::after_handshake_split(read_half, tokio::io::sink(), Role::Server);
     let (inbound_tx, inbound_rx) = mpsc::channel(limits::INBOUND_QUEUE_CAPACITY);
     let reader_task = tokio::spawn(read_frames(reader, inbound_tx));
@@ -186,15 +296,18 @@ pub async fn serve_connection(ws: WebSocket<Stream>, context: ConnectionContext,
     reader_task.abort();
     METRICS.connections.fetch_sub(1, Ordering::Relaxed);
     if let Some(connection) = connection {
-        connection.finish();
+        connection.finish().await;
     }
 }
 
-async fn read_frames(mut reader: WebSocketRead<ReadHalf<Stream>>, inbound: mpsc::Sender<Inbound>) {
+async fn read_frames(mut reader: WebSocketRead<MaskCheck<ReadHalf<Stream>>>, inbound: mpsc::Sender<Inbound>) {
     reader.set_max_message_size(limits::MAX_INBOUND_FRAME_BYTES + 1);
     // A fragmented message is reassembled here, within the same limit.
     let mut message: Vec<u8> = Vec::new();
     let mut message_is_text = false;
+    // Whether a fragmented message has begun and not ended (RFC 6455 §5.4: a
+    // continuation belongs inside one, a new text or binary frame outside).
+    let mut in_message = false;
     loop {
         let reply_to = inbound.clone();
         let mut send = move |frame: Frame<'_>| {
@@ -206,11 +319,18 @@ async fn read_frames(mut reader: WebSocketRead<ReadHalf<Stream>>, inbound: mpsc:
             Ok(frame) => match frame.opcode {
                 OpCode::Close => Inbound::Closed,
                 OpCode::Ping | OpCode::Pong => continue,
+                OpCode::Continuation if !in_message => {
+                    Inbound::Fatal(CLOSE_PROTOCOL_ERROR, "protocol error: a continuation frame outside a message")
+                }
+                OpCode::Text | OpCode::Binary if in_message => {
+                    Inbound::Fatal(CLOSE_PROTOCOL_ERROR, "protocol error: a new message inside a fragmented one")
+                }
                 OpCode::Text | OpCode::Binary | OpCode::Continuation => {
                     if frame.opcode != OpCode::Continuation {
                         message.clear();
                         message_is_text = frame.opcode == OpCode::Text;
                     }
+                    in_message = !frame.fin;
                     if message.len() + frame.payload.len() > limits::MAX_INBOUND_FRAME_BYTES {
                         Inbound::Fatal(CLOSE_TOO_BIG, "message too big")
                     } else {
@@ -230,12 +350,135 @@ async fn read_frames(mut reader: WebSocketRead<ReadHalf<Stream>>, inbound: mpsc:
             },
             Err(WebSocketError::FrameTooLarge) => Inbound::Fatal(CLOSE_TOO_BIG, "message too big"),
             Err(WebSocketError::InvalidUTF8) => Inbound::Fatal(CLOSE_NOT_UTF8, "text frame is not UTF-8"),
+            Err(WebSocketError::IoError(error)) if UnmaskedFrame::is(&error) => {
+                Inbound::Fatal(CLOSE_PROTOCOL_ERROR, "protocol error: an unmasked client frame")
+            }
+            // fastwebsockets found the frame malformed: RFC 6455 asks for 1002, not
+            // a silent drop. (An invalid close code got its 1002 reply already.)
+            Err(
+                WebSocketError::ReservedBitsNotZero
+                | WebSocketError::InvalidValue
+                | WebSocketError::ControlFrameFragmented
+                | WebSocketError::PingFrameTooLarge
+                | WebSocketError::InvalidFragment
+                | WebSocketError::InvalidContinuationFrame
+                | WebSocketError::InvalidCloseFrame
+                | WebSocketError::InvalidCloseCode,
+            ) => Inbound::Fatal(CLOSE_PROTOCOL_ERROR, "protocol error: a malformed frame"),
             Err(_) => Inbound::Closed,
         };
         let last = !matches!(event, Inbound::Text(_) | Inbound::Binary);
         if inbound.send(event).await.is_err() || last {
             return;
         }
+    }
+}
+
+/// The error `MaskCheck` reads fail with after an unmasked frame.
+#[derive(Debug)]
+struct UnmaskedFrame;
+
+impl std::fmt::Display for UnmaskedFrame {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("an unmasked client frame")
+    }
+}
+
+impl std::error::Error for UnmaskedFrame {}
+
+impl UnmaskedFrame {
+    fn is(error: &std::io::Error) -> bool {
+        error.get_ref().is_some_and(|inner| inner.is::<UnmaskedFrame>())
+    }
+}
+
+/// The client's byte stream on its way to fastwebsockets, which unmasks masked
+/// frames but passes unmasked ones through, and whose `Frame` does not say which
+/// it was. RFC 6455 §5.1 obliges a server to close on an unmasked client frame,
+/// so this follows the frame headers in the stream (skipping payloads, so the
+/// cost is per frame, not per byte) and, at the first unmasked header, holds
+/// back everything from its mask bit on: fastwebsockets decodes the frames
+/// before it, then its next read fails with `UnmaskedFrame`.
+struct MaskCheck<R> {
+    inner: R,
+    /// Payload bytes of the current frame still to pass.
+    payload_left: u64,
+    /// The frame header being read (at most 14 bytes), and how much of it arrived.
+    header: [u8; 14],
+    n_header: usize,
+    /// An unmasked frame was seen: every read fails from now on.
+    unmasked: bool,
+}
+
+impl<R> MaskCheck<R> {
+    fn new(inner: R) -> MaskCheck<R> {
+        MaskCheck { inner, payload_left: 0, header: [0; 14], n_header: 0, unmasked: false }
+    }
+
+    /// Follows the frames through `data`, the bytes just read; returns the index
+    /// of the first byte to hold back when a header says "unmasked".
+    fn scan(&mut self, data: &[u8]) -> Option<usize> {
+        let mut index = 0;
+        while index < data.len() {
+            if self.payload_left > 0 {
+                let n_skipped = self.payload_left.min((data.len() - index) as u64);
+                self.payload_left -= n_skipped;
+                index += n_skipped as usize;
+                continue;
+            }
+            self.header[self.n_header] = data[index];
+            self.n_header += 1;
+            if self.n_header == 2 && self.header[1] & 0x80 == 0 {
+                return Some(index);
+            }
+            if self.n_header >= 2 {
+                let length_code = self.header[1] & 0x7F;
+                let n_length_bytes = match length_code {
+                    126 => 2,
+                    127 => 8,
+                    _ => 0,
+                };
+                if self.n_header == 2 + n_length_bytes + 4 {
+                    self.payload_left = match n_length_bytes {
+                        0 => u64::from(length_code),
+                        2 => u64::from(u16::from_be_bytes([self.header[2], self.header[3]])),
+                        _ => u64::from_be_bytes(self.header[2..10].try_into().expect("8 bytes")),
+                    };
+                    self.n_header = 0;
+                }
+            }
+            index += 1;
+        }
+        None
+    }
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for MaskCheck<R> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        let unmasked = || std::io::Error::new(std::io::ErrorKind::InvalidData, UnmaskedFrame);
+        if this.unmasked {
+            return Poll::Ready(Err(unmasked()));
+        }
+        let n_before = buf.filled().len();
+        match std::pin::Pin::new(&mut this.inner).poll_read(context, buf) {
+            Poll::Ready(Ok(())) => {}
+            other => return other,
+        }
+        if let Some(n_passed) = this.scan(&buf.filled()[n_before..]) {
+            this.unmasked = true;
+            if n_passed == 0 {
+                // Nothing to pass: an empty read would mean end of stream.
+                return Poll::Ready(Err(unmasked()));
+            }
+            buf.set_filled(n_before + n_passed);
+        }
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -416,13 +659,20 @@ impl Connection {
         Ok(())
     }
 
-    /// After the connection: a session with subscriptions is held for resume.
-    fn finish(self) {
+    /// After the connection: a session with subscriptions is held for resume,
+    /// within the parked budgets; the sessions that pushes out are closed.
+    async fn finish(self) {
         let stopping = *self.context.shutdown.borrow();
         if self.session.table.is_empty() || stopping {
             let _ = self.context.core.try_send(Command::DropSession { session: self.session.id });
         } else {
-            self.context.registry.park(self.session, self.context.config.session_retention);
+            let evicted = self.context.registry.park(self.session, self.context.config.session_retention);
+            for session in evicted {
+                // The writer frees the session's windows and queued frames.
+                if self.context.core.send(Command::DropSession { session }).await.is_err() {
+                    return;
+                }
+            }
         }
     }
 
@@ -801,8 +1051,26 @@ impl Connection {
             self.session.token = auth::new_session_token();
         }
         let mut listed: Vec<SubHandle> = Vec::with_capacity(entries.len());
+        // Ids seen so far in this resume: a second entry for one id is refused,
+        // as a second `subscribe` of it would be.
+        let mut seen: HashSet<String> = HashSet::with_capacity(entries.len());
         for entry in entries {
-            let checked = self.check_resume_entry(&entry);
+            let checked = if !seen.insert(entry.sub.clone()) {
+                Err(ApiError::new(
+                    ErrorCode::SubscriptionExists,
+                    format!("subscription `{}` is listed twice in this resume; the first entry stands", entry.sub),
+                ))
+            } else if listed.len() >= limits::MAX_SUBSCRIPTIONS_PER_CONNECTION {
+                // The subscriptions not listed are closed below, so after the
+                // resume the connection holds exactly the entries listed.
+                Err(ApiError::limit(format!(
+                    "a connection holds at most {} subscriptions (max_subscriptions_per_connection); \
+                     this resume lists more",
+                    limits::MAX_SUBSCRIPTIONS_PER_CONNECTION
+                )))
+            } else {
+                self.check_resume_entry(&entry)
+            };
             let (collection, spec) = match checked {
                 Ok(checked) => checked,
                 Err(error) => {

@@ -7,6 +7,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
@@ -21,6 +22,8 @@ pub struct Server {
     pub dir: PathBuf,
     /// Sent as `Authorization: Bearer` by `http`, `ok` and `metric` when set.
     pub token: Option<String>,
+    /// What the server wrote to stderr, line by line, when the test asked to capture it.
+    stderr: Option<Arc<Mutex<Vec<String>>>>,
 }
 
 /// A 32-byte HS256 secret in `dir/secret`, for `--auth-secret-file`.
@@ -42,16 +45,55 @@ pub fn mint(secret_file: &Path, sub: &str, role: &str, extra: &[&str]) -> String
     String::from_utf8(output.stdout).unwrap().trim().to_owned()
 }
 
+/// How to start a server, beyond its command-line arguments.
+#[derive(Default, Clone, Copy)]
+pub struct StartOptions {
+    /// The server's descriptor limit (soft and hard `RLIMIT_NOFILE`), set in the child before it starts.
+    pub nofile: Option<u64>,
+    /// Keep the server's stderr (see `Server::stderr_lines`) instead of passing it through.
+    pub capture_stderr: bool,
+}
+
 impl Server {
     pub fn start(dir: &Path, extra_args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ordo"))
+        Server::start_with(dir, extra_args, StartOptions::default())
+    }
+
+    pub fn start_with(dir: &Path, extra_args: &[&str], options: StartOptions) -> Server {
+        use std::os::unix::process::CommandExt;
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ordo"));
+        command
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(dir)
             .args(extra_args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("starting ordo");
+            .stderr(if options.capture_stderr { Stdio::piped() } else { Stdio::inherit() });
+        if let Some(nofile) = options.nofile {
+            let limit = libc::rlimit { rlim_cur: nofile as libc::rlim_t, rlim_max: nofile as libc::rlim_t };
+            // SAFETY: runs in the forked child before exec; `setrlimit` is
+            // async-signal-safe and reads only `limit`, a copy on this stack.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = command.spawn().expect("starting ordo");
+        let stderr = child.stderr.take().map(|pipe| {
+            let lines = Arc::new(Mutex::new(Vec::new()));
+            let sink = lines.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(pipe).lines() {
+                    let Ok(line) = line else { break };
+                    eprintln!("{line}");
+                    sink.lock().unwrap().push(line);
+                }
+            });
+            lines
+        });
         let stdout = child.stdout.take().expect("piped");
         let mut lines = BufReader::new(stdout).lines();
         let port = loop {
@@ -62,13 +104,18 @@ impl Server {
         };
         // Keep draining stdout so the server never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Server { child, port, dir: dir.to_owned(), token: None }
+        Server { child, port, dir: dir.to_owned(), token: None, stderr }
     }
 
     /// With `--demo`: an admin token signed with the demo's secret, used from now on.
     pub fn signed_in_as_demo_admin(mut self) -> Server {
         self.token = Some(mint(&self.dir.join("demo-secret"), "ops", "admin", &[]));
         self
+    }
+
+    /// The server's stderr so far (empty unless started with `capture_stderr`).
+    pub fn stderr_lines(&self) -> Vec<String> {
+        self.stderr.as_ref().map_or_else(Vec::new, |lines| lines.lock().unwrap().clone())
     }
 
     /// The server process's id (for reading `/proc`).
