@@ -515,3 +515,100 @@ fn collection_creation_needs_a_rule_and_has_a_quota() {
     assert_eq!(created, 100);
     server.stop();
 }
+
+#[test]
+fn a_write_rule_with_a_filter_keeps_writers_to_their_own_items() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = write_secret(dir.path());
+    let mut server = Server::start(&dir.path().join("data"), &["--auth-secret-file", secret_file.to_str().unwrap()]);
+    server.token = Some(mint(&secret_file, "ops", "admin", &[]));
+    server.ok("PUT", "/v1/collections/notes", notes_schema());
+    server.ok(
+        "POST",
+        "/v1/collections/notes/batch",
+        json!({"ops": [{"op": "upsert", "id": "bobs", "fields": {"owner": "bob", "score": 1}}]}),
+    );
+    server.ok(
+        "PUT",
+        "/v1/rules",
+        json!({"rules": [{"collection": "notes", "roles": ["writer"],
+            "read": {"filter": {"field": "owner", "op": "eq", "value": "$sub"}},
+            "write": {"filter": {"field": "owner", "op": "eq", "value": "$sub"}}}]}),
+    );
+    let alice = mint(&secret_file, "alice", "writer", &[]);
+    let write =
+        |ops: Value| server.http_as(Some(&alice), "POST", "/v1/collections/notes/batch", Some(&json!({"ops": ops})));
+    // Her own new item, then a change that keeps it hers: accepted.
+    let (status, answer) = write(json!([{"op": "upsert", "id": "a1", "fields": {"owner": "alice", "score": 5}}]));
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = write(json!([{"op": "upsert", "id": "a1", "fields": {"score": 6}}]));
+    assert_eq!(status, 200, "{answer}");
+    // Each of these would write outside her rule: refused whole, nothing written.
+    for (what, ops) in [
+        ("an item for someone else", json!([{"op": "upsert", "id": "a2", "fields": {"owner": "bob", "score": 1}}])),
+        ("an item with no owner", json!([{"op": "upsert", "id": "a3", "fields": {"score": 1}}])),
+        ("giving her item away", json!([{"op": "upsert", "id": "a1", "fields": {"owner": "bob"}}])),
+        ("overwriting Bob's item", json!([{"op": "upsert", "id": "bobs", "fields": {"owner": "alice", "score": 9}}])),
+        ("removing Bob's item", json!([{"op": "remove", "id": "bobs"}])),
+        (
+            "a good op then a bad one",
+            json!([{"op": "upsert", "id": "a4", "fields": {"owner": "alice"}},
+                                           {"op": "remove", "id": "bobs"}]),
+        ),
+    ] {
+        let (status, answer) = write(ops);
+        assert_eq!((status, answer["error"]["code"].as_str()), (403, Some("forbidden")), "{what}: {answer}");
+    }
+    let (status, answer) = server.http_as(Some(&alice), "DELETE", "/v1/collections/notes/items/bobs", None);
+    assert_eq!(status, 403, "{answer}");
+    let all = server.ok("POST", "/v1/collections/notes/query", json!({"limit": 10}));
+    let ids: Vec<&str> = all["items"].as_array().unwrap().iter().map(|item| item["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["a1", "bobs"], "{all}");
+    assert_eq!(all["items"][1]["fields"], json!({"owner": "bob", "score": 1}));
+    assert_eq!(all["items"][0]["fields"], json!({"owner": "alice", "score": 6}));
+    server.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_is_limited_per_identity_not_only_per_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = write_secret(dir.path());
+    let server = Server::start(&dir.path().join("data"), &["--auth-secret-file", secret_file.to_str().unwrap()]);
+    let reader = mint(&secret_file, "u1", "reader", &[]);
+    // Connections: 32 at once, the 33rd refused; another identity is not affected.
+    let mut clients = Vec::new();
+    for _ in 0..32 {
+        clients.push(server.connect_as(Some(&reader)).await);
+    }
+    let mut extra = server.connect_as(None).await;
+    extra.send(json!({"op": "auth", "token": reader})).await;
+    let error = extra.expect_error().await;
+    assert_eq!(error["code"], "limit_exceeded", "{error}");
+    let other = mint(&secret_file, "u2", "reader", &[]);
+    let _other = server.connect_as(Some(&other)).await;
+    drop(clients.pop());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _again = server.connect_as(Some(&reader)).await;
+    drop(clients);
+
+    // Requests: a burst of 400 over all of the identity's connections, then 200 a
+    // second; past that each request is refused with `rate_limited`.
+    let started = std::time::Instant::now();
+    let (mut accepted, mut refused) = (0u32, 0u32);
+    while refused < 50 && started.elapsed() < Duration::from_secs(20) {
+        match server.http_as(Some(&reader), "GET", "/v1/collections", None) {
+            (200, _) => accepted += 1,
+            (429, answer) => {
+                assert_eq!(answer["error"]["code"], "rate_limited", "{answer}");
+                refused += 1;
+            }
+            (status, answer) => panic!("{status} {answer}"),
+        }
+    }
+    let allowed = 400.0 + 200.0 * started.elapsed().as_secs_f64();
+    assert!(refused >= 50, "nothing refused in 20 s ({accepted} accepted)");
+    assert!(f64::from(accepted) <= allowed + 5.0, "{accepted} accepted; the budget allowed {allowed:.0}");
+    let (status, _) = server.http_as(Some(&other), "GET", "/v1/collections", None);
+    assert_eq!(status, 200, "another identity has its own budget");
+    server.stop();
+}
