@@ -356,7 +356,9 @@ class ProtocolState:
         if kind == "auth_expired":
             grace = frame.get("grace_secs")
             return [AuthExpired(grace if _is_number(grace) else None)]
-        raise OrdoError("bad_frame", f"unknown frame type {kind!r}")
+        # A newer server's frame type: ignored, as the protocol's versioning allows
+        # (a change an existing client could misread gets a new protocol version).
+        return []
 
     def _on_diffs(self, frame: Mapping[str, Any]) -> list[Event]:
         sub = _require(frame, "sub", str)
