@@ -85,6 +85,15 @@ fn start_with_auth(dir: &Path, extra: &[&str]) -> Server {
     Server::start(&dir.join("data"), &args)
 }
 
+/// A server with HS256 auth, signed in as an admin, and an empty `notes` collection.
+fn start_with_notes(dir: &Path) -> (Server, std::path::PathBuf) {
+    let secret_file = write_secret(dir);
+    let mut server = Server::start(&dir.join("data"), &["--auth-secret-file", secret_file.to_str().unwrap()]);
+    server.token = Some(mint(&secret_file, "ops", "admin", &[]));
+    server.ok("PUT", "/v1/collections/notes", notes_schema());
+    (server, secret_file)
+}
+
 fn notes_schema() -> Value {
     json!({"fields": [{"name": "owner", "type": "string"}, {"name": "score", "type": "i64"}]})
 }
@@ -365,10 +374,7 @@ fn host_origin_and_cors_protect_browsers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_resumes_only_under_its_own_identity_and_its_token_changes_every_time() {
     let dir = tempfile::tempdir().unwrap();
-    let secret_file = write_secret(dir.path());
-    let mut server = Server::start(&dir.path().join("data"), &["--auth-secret-file", secret_file.to_str().unwrap()]);
-    server.token = Some(mint(&secret_file, "ops", "admin", &[]));
-    server.ok("PUT", "/v1/collections/notes", notes_schema());
+    let (server, secret_file) = start_with_notes(dir.path());
     server.ok(
         "PUT",
         "/v1/rules",
@@ -519,10 +525,7 @@ fn collection_creation_needs_a_rule_and_has_a_quota() {
 #[test]
 fn a_write_rule_with_a_filter_keeps_writers_to_their_own_items() {
     let dir = tempfile::tempdir().unwrap();
-    let secret_file = write_secret(dir.path());
-    let mut server = Server::start(&dir.path().join("data"), &["--auth-secret-file", secret_file.to_str().unwrap()]);
-    server.token = Some(mint(&secret_file, "ops", "admin", &[]));
-    server.ok("PUT", "/v1/collections/notes", notes_schema());
+    let (server, secret_file) = start_with_notes(dir.path());
     server.ok(
         "POST",
         "/v1/collections/notes/batch",
