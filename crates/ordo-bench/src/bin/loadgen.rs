@@ -32,6 +32,16 @@
 //! (`unread` in chat, `update` in leaderboard) so that a subscriber counts it once
 //! however often the server re-sends the item.
 //!
+//! With `--auth`, the server is started with `--auth-secret-file` (a fresh HS256
+//! secret in a file next to its data directory) and the run is what an
+//! authenticated deployment does: an admin installs access rules (`PUT
+//! /v1/rules`: in chat, a reader reads only `user-{sub}`; a writer writes any
+//! `user-*`), every subscriber connects under its own identity (a distinct
+//! reader token, sub = its user id, sent as `{"op":"auth"}` after `welcome`, as
+//! a browser does, and `authed` awaited before subscribing), the live writes
+//! carry a writer token and the set-up and checks an admin token. Without
+//! `--auth` nothing of this happens and the run is the same as before.
+//!
 //! The writer runs on this thread's runtime and the subscribers on their own
 //! (`--subscriber-threads`, 1 by default), so that frame parsing does not delay the
 //! writer's clock readings.
@@ -41,7 +51,8 @@ use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashSet};
 use std::fmt::Write as _;
 use std::future::Future;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write as _};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -52,10 +63,11 @@ use fastwebsockets::{FragmentCollector, Frame, OpCode, Payload};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Bytes;
 use hyper::client::conn::http1::SendRequest;
-use hyper::header::{CONNECTION, HOST, UPGRADE};
+use hyper::header::{AUTHORIZATION, CONNECTION, HOST, UPGRADE};
 use hyper::upgrade::Upgraded;
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
+use ordo_server::auth::Role;
 use serde::Deserialize;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -99,6 +111,11 @@ const SETTLE_QUIET: Duration = Duration::from_millis(500);
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Printed next to the chat figures: the targets of the issue this bench serves.
 const CHAT_GOAL: &str = "goal: p99 ≤ 10 ms, 0 lost, server ≤ 1 core";
+/// Tokens minted by loadgen live this much longer than the write phase (set-up
+/// of a million rooms and a thousand connections included).
+const TOKEN_TTL_MARGIN_SECS: u64 = 3_600;
+/// The auth issue's target for a run with `--auth` against one without.
+const AUTH_GOAL: &str = "auth goal: p99 and server CPU within 5 % of the same run without --auth";
 
 const USAGE: &str = "\
 usage: loadgen [options]
@@ -122,6 +139,10 @@ usage: loadgen [options]
   --server-url URL         use a running server (http://host:port); CPU and RSS are not measured
   --durability full|relaxed  passed to `ordo serve`
   --server-arg ARG         one more argument for `ordo serve` (repeatable)
+  --auth                   run with auth: the server verifies HS256 tokens (a secret loadgen writes),
+                           rules let each chat user read only its own collection, every subscriber
+                           authenticates as itself (`auth` message), every write carries a writer token
+  --auth-secret-file FILE  with --auth: this secret (e.g. the one of a --server-url server) instead of a fresh one
   --timeline               also print end-to-end latency per second of send time (where the tail is)";
 
 // ---------------------------------------------------------------------------
@@ -154,6 +175,8 @@ struct Options {
     durability: Option<String>,
     server_args: Vec<String>,
     timeline: bool,
+    auth: bool,
+    auth_secret_file: Option<PathBuf>,
 }
 
 fn parse_number<T: std::str::FromStr>(flag: &str, value: &str) -> std::result::Result<T, String> {
@@ -193,6 +216,8 @@ impl Options {
         let mut durability = None;
         let mut server_args = Vec::new();
         let mut timeline = false;
+        let mut auth = false;
+        let mut auth_secret_file = None;
 
         let mut args = args.peekable();
         while let Some(arg) = args.next() {
@@ -210,6 +235,8 @@ impl Options {
             match flag.as_str() {
                 "-h" | "--help" => return Err(String::new()),
                 "--quick" => quick = true,
+                "--auth" => auth = true,
+                "--auth-secret-file" => auth_secret_file = Some(PathBuf::from(value()?)),
                 "--timeline" => timeline = true,
                 "--scenario" => {
                     scenario = match value()?.as_str() {
@@ -271,6 +298,12 @@ impl Options {
         if server_url.is_some() && (durability.is_some() || !server_args.is_empty()) {
             return Err("--durability and --server-arg need a server started by loadgen, not --server-url".into());
         }
+        if auth_secret_file.is_some() && !auth {
+            return Err("--auth-secret-file needs --auth".to_string());
+        }
+        if auth && server_url.is_some() && auth_secret_file.is_none() {
+            return Err("--auth with --server-url needs the server's --auth-secret-file".to_string());
+        }
         // The quick run keeps every mechanism (load, 1 WebSocket per subscriber,
         // batched writes, verification) at sizes that finish in seconds.
         let options = Options {
@@ -293,6 +326,8 @@ impl Options {
             durability,
             server_args,
             timeline,
+            auth,
+            auth_secret_file,
         };
         if options.chat_collections > MAX_SUBSCRIBERS {
             return Err(format!("--collections: at most {MAX_SUBSCRIBERS} subscribers (one per collection)"));
@@ -541,10 +576,12 @@ fn raise_open_files_limit() -> u64 {
 struct ServerProcess {
     child: Child,
     data_dir: PathBuf,
+    /// The secret file loadgen wrote for `--auth` (removed with the data directory).
+    secret_file: Option<PathBuf>,
 }
 
 impl ServerProcess {
-    fn start(binary: &Path, options: &Options, scenario: &str) -> Result<(ServerProcess, String)> {
+    fn start(binary: &Path, options: &Options, scenario: &str, auth: Option<&Auth>) -> Result<(ServerProcess, String)> {
         let data_dir = std::env::temp_dir().join(format!(
             "ordo-loadgen-{}-{scenario}-{}",
             std::process::id(),
@@ -559,11 +596,31 @@ impl ServerProcess {
         if let Some(durability) = &options.durability {
             command.args(["--durability", durability]);
         }
+        let mut secret_file = None;
+        if let Some(auth) = auth {
+            let path = match &options.auth_secret_file {
+                Some(path) => path.clone(),
+                None => {
+                    // Next to the data directory, readable by us only.
+                    let path = PathBuf::from(format!("{}.secret", data_dir.display()));
+                    let mut file = std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o600)
+                        .open(&path)
+                        .map_err(|error| format!("cannot write {}: {error}", path.display()))?;
+                    file.write_all(&auth.secret)?;
+                    secret_file = Some(path.clone());
+                    path
+                }
+            };
+            command.arg("--auth-secret-file").arg(path);
+        }
         command.args(&options.server_args);
         command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
         let mut child = command.spawn().map_err(|error| format!("cannot start {}: {error}", binary.display()))?;
         let stdout = child.stdout.take().ok_or("the server's stdout is not piped")?;
-        let mut server = ServerProcess { child, data_dir };
+        let mut server = ServerProcess { child, data_dir, secret_file };
 
         // A thread reads the server's stdout for the whole run: it finds the
         // listening line, and afterwards keeps the pipe drained (a full pipe would
@@ -618,6 +675,9 @@ impl ServerProcess {
         }
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.data_dir);
+        if let Some(secret_file) = &self.secret_file {
+            let _ = std::fs::remove_file(secret_file);
+        }
     }
 }
 
@@ -681,6 +741,64 @@ fn resolve_server_binary(options: &Options) -> Result<Option<PathBuf>> {
 }
 
 // ---------------------------------------------------------------------------
+// Auth (`--auth`)
+
+/// The HS256 secret of a run with `--auth`, and tokens minted with it as
+/// `ordo token` mints them.
+struct Auth {
+    secret: Vec<u8>,
+    ttl_secs: u64,
+}
+
+impl Auth {
+    /// A fresh secret per server (or the one of `--auth-secret-file`); `None` without `--auth`.
+    fn new(options: &Options) -> Result<Option<Arc<Auth>>> {
+        if !options.auth {
+            return Ok(None);
+        }
+        let secret = match &options.auth_secret_file {
+            Some(path) => ordo_server::auth::read_secret_file(path)?,
+            None => ordo_server::auth::generate_secret(),
+        };
+        Ok(Some(Arc::new(Auth { secret, ttl_secs: options.seconds.ceil() as u64 + TOKEN_TTL_MARGIN_SECS })))
+    }
+
+    fn token(&self, sub: &str, role: Role) -> Arc<str> {
+        Arc::from(ordo_server::auth::mint(&self.secret, "role", sub, role, self.ttl_secs, &serde_json::Map::new()))
+    }
+}
+
+/// With `--auth`, a request the rules must refuse: `forbidden` (403) is
+/// printed, anything else is a correctness failure (the rules would not be
+/// what the run claims to measure).
+async fn expect_forbidden(
+    pool: &mut HttpPool,
+    token: Option<Arc<str>>,
+    what: &str,
+    path: &str,
+    body: &str,
+) -> Result<()> {
+    let mut connection = pool.acquire().await;
+    let reply = connection.request(Method::POST, path, body.as_bytes().to_vec(), token.as_deref()).await;
+    let _ = pool.releaser().send(connection);
+    let reply = reply?;
+    if reply.status == 403 {
+        println!("  auth check: {what}: HTTP 403, refused as it must be");
+    } else {
+        count_failures(1);
+        println!("  auth check FAILED: {what}: HTTP {} (expected 403): {}", reply.status, preview(&reply.body));
+    }
+    Ok(())
+}
+
+/// `PUT /v1/rules` as admin; connections of non-admins opened before would be
+/// closed by it, so it comes before the subscribers connect.
+async fn install_rules(pool: &mut HttpPool, rules: &str) -> Result<()> {
+    pool.run_requests(1, |_| (Method::PUT, "/v1/rules".to_string(), rules.as_bytes().to_vec()), None).await?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
 // HTTP/1.1 keep-alive client
 
 struct HttpReply {
@@ -712,12 +830,13 @@ impl HttpConnection {
         Ok(HttpConnection { authority: authority.to_string(), sender })
     }
 
-    async fn request(&mut self, method: Method, path: &str, body: Vec<u8>) -> Result<HttpReply> {
-        let request = Request::builder()
-            .method(method)
-            .uri(path)
-            .header(HOST, &self.authority)
-            .body(Full::new(Bytes::from(body)))?;
+    /// `token`: sent as `Authorization: Bearer`.
+    async fn request(&mut self, method: Method, path: &str, body: Vec<u8>, token: Option<&str>) -> Result<HttpReply> {
+        let mut request = Request::builder().method(method).uri(path).header(HOST, &self.authority);
+        if let Some(token) = token {
+            request = request.header(AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let request = request.body(Full::new(Bytes::from(body)))?;
         self.sender.ready().await?;
         let response = self.sender.send_request(request).await?;
         let status = response.status().as_u16();
@@ -731,15 +850,18 @@ struct HttpPool {
     idle_tx: mpsc::UnboundedSender<HttpConnection>,
     idle_rx: mpsc::UnboundedReceiver<HttpConnection>,
     size: usize,
+    /// With `--auth`: the admin token of `request` and `run_requests` (set-up,
+    /// `/metrics`, checks). The live writes bring their own.
+    token: Option<Arc<str>>,
 }
 
 impl HttpPool {
-    async fn connect(authority: &str, size: usize) -> Result<HttpPool> {
+    async fn connect(authority: &str, size: usize, token: Option<Arc<str>>) -> Result<HttpPool> {
         let (idle_tx, idle_rx) = mpsc::unbounded_channel();
         for _ in 0..size {
             idle_tx.send(HttpConnection::connect(authority).await?).map_err(|_| "pool channel closed")?;
         }
-        Ok(HttpPool { idle_tx, idle_rx, size })
+        Ok(HttpPool { idle_tx, idle_rx, size, token })
     }
 
     async fn acquire(&mut self) -> HttpConnection {
@@ -757,7 +879,7 @@ impl HttpPool {
 
     async fn request(&mut self, method: Method, path: &str, body: Vec<u8>) -> Result<HttpReply> {
         let mut connection = self.acquire().await;
-        let reply = connection.request(method, path, body).await;
+        let reply = connection.request(method, path, body, self.token.as_deref()).await;
         let _ = self.idle_tx.send(connection);
         reply
     }
@@ -801,8 +923,9 @@ impl HttpPool {
             let (method, path, body) = make_request(index);
             let mut connection = self.acquire().await;
             let release = self.releaser();
+            let token = self.token.clone();
             in_flight.spawn(async move {
-                let reply = connection.request(method, &path, body).await;
+                let reply = connection.request(method, &path, body, token.as_deref()).await;
                 let _ = release.send(connection);
                 let reply = reply.and_then(|reply| {
                     if reply.status == 200 || reply.status == 201 {
@@ -905,6 +1028,26 @@ struct ServerFrame<'a> {
     code: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     message: Option<Cow<'a, str>>,
+}
+
+/// `welcome.auth`: `"none"`, `"required"`, or the identity of a token sent at connect.
+#[derive(Deserialize)]
+struct WelcomeAuth {
+    #[serde(default)]
+    auth: Option<serde_json::Value>,
+}
+
+/// The answer to `{"op":"auth"}`: `authed` or `error`.
+#[derive(Deserialize)]
+struct AuthReply {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    sub: Option<String>,
+    #[serde(default)]
+    code: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -1056,6 +1199,14 @@ struct SubscriberSpec {
     marks: UpdateMarks,
     /// Update numbers above this are a corrupted item, not a reason to grow the bitmap.
     max_update_number: u64,
+    /// With `--auth`: who this subscriber is.
+    auth: Option<SubscriberAuth>,
+}
+
+/// A subscriber's own identity: its reader token and the `sub` it names.
+struct SubscriberAuth {
+    sub: String,
+    token: Arc<str>,
 }
 
 /// Which update numbers a subscriber has received: a bitmap, so that memory is
@@ -1229,6 +1380,18 @@ impl Subscriber {
         if frame.kind != FrameKind::Welcome {
             return Err(format!("first frame is not a welcome: {}", preview(&welcome.payload)).into());
         }
+        let welcome_auth = serde_json::from_slice::<WelcomeAuth>(&welcome.payload)?.auth;
+        let auth_required = welcome_auth.as_ref().and_then(serde_json::Value::as_str) == Some("required");
+        match (&self.spec.auth, auth_required) {
+            (Some(auth), true) => Self::authenticate(&mut socket, auth).await?,
+            (Some(_), false) => {
+                return Err(format!("--auth, but the server's welcome says `auth`: {welcome_auth:?}").into());
+            }
+            (None, true) => {
+                return Err("the server requires auth (welcome `auth`: \"required\"): run with --auth".into())
+            }
+            (None, false) => {}
+        }
 
         let subscribe = format!(
             r#"{{"op":"subscribe","sub":"s","collection":"{}","sort":[{{"field":"{}","dir":"desc"}}],"offset":0,"limit":{}}}"#,
@@ -1236,6 +1399,31 @@ impl Subscriber {
         );
         socket.write_frame(Frame::text(Payload::Owned(subscribe.into_bytes()))).await?;
         Ok(socket)
+    }
+
+    /// What a browser client does after `welcome` says auth is required: sends
+    /// its token in an `auth` message and waits for `authed` before subscribing.
+    async fn authenticate(socket: &mut FragmentCollector<TokioIo<Upgraded>>, auth: &SubscriberAuth) -> Result<()> {
+        let message = format!(r#"{{"op":"auth","token":{}}}"#, serde_json::to_string(&*auth.token)?);
+        socket.write_frame(Frame::text(Payload::Owned(message.into_bytes()))).await?;
+        let reply = tokio::time::timeout(WELCOME_TIMEOUT, socket.read_frame())
+            .await
+            .map_err(|_| format!("no answer to `auth` within {WELCOME_TIMEOUT:?}"))??;
+        if reply.opcode != OpCode::Text {
+            return Err(format!("the answer to `auth` is {:?}, not text", reply.opcode).into());
+        }
+        let parsed: AuthReply = serde_json::from_slice(&reply.payload)
+            .map_err(|error| format!("unparsable answer to `auth` ({error}): {}", preview(&reply.payload)))?;
+        match parsed.kind.as_str() {
+            "authed" if parsed.sub.as_deref() == Some(auth.sub.as_str()) => Ok(()),
+            "error" => Err(format!(
+                "`auth` refused: {}: {}",
+                parsed.code.unwrap_or_default(),
+                parsed.message.unwrap_or_default()
+            )
+            .into()),
+            _ => Err(format!("unexpected answer to `auth` as {}: {}", auth.sub, preview(&reply.payload)).into()),
+        }
     }
 
     fn on_text(&mut self, payload: &[u8], now_us: u64, counters: &DeliveryCounters) {
@@ -1714,6 +1902,13 @@ impl WriteStats {
     }
 }
 
+/// How fast and how long the writer writes.
+struct WritePace {
+    rate: f64,
+    duration: Duration,
+    tick: Duration,
+}
+
 struct WriteSummary {
     generated: u64,
     stalled_ticks: u64,
@@ -1727,12 +1922,12 @@ struct WriteSummary {
 async fn run_write_loop(
     pool: &mut HttpPool,
     source: &mut dyn UpdateSource,
-    rate: f64,
-    duration: Duration,
-    tick: Duration,
+    pace: WritePace,
     clock: Clock,
     stats: &Arc<WriteStats>,
+    write_token: Option<Arc<str>>,
 ) -> WriteSummary {
+    let WritePace { rate, duration, tick } = pace;
     let started = Instant::now();
     let mut interval = tokio::time::interval(tick);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -1757,11 +1952,12 @@ async fn run_write_loop(
         generated += request.parts.iter().map(|part| part.n_updates).sum::<u64>();
         let release = pool.releaser();
         let stats = Arc::clone(stats);
+        let token = write_token.clone();
         tokio::spawn(async move {
             let mut request = request;
             let body = std::mem::take(&mut request.body);
             let sent = Instant::now();
-            let reply = connection.request(Method::POST, request.path, body).await;
+            let reply = connection.request(Method::POST, request.path, body, token.as_deref()).await;
             let _ = release.send(connection);
             stats.ack_latency_us.record(sent.elapsed().as_micros() as u64);
             match reply {
@@ -1794,6 +1990,8 @@ struct LivePlan {
     rate: f64,
     seconds: f64,
     n_collections: usize,
+    /// With `--auth`: the writer token every live write carries.
+    write_token: Option<Arc<str>>,
 }
 
 struct LiveResult {
@@ -1884,9 +2082,8 @@ async fn run_live_phase(
     let server_cpu_before = server_pid.as_deref().and_then(CpuSample::read);
     let loadgen_cpu_before = CpuSample::read("self");
     let wake_meter = WakeMeter::start(clock, counters.clone());
-    let write =
-        run_write_loop(pool, source, plan.rate, Duration::from_secs_f64(plan.seconds), options.tick, clock, &stats)
-            .await;
+    let pace = WritePace { rate: plan.rate, duration: Duration::from_secs_f64(plan.seconds), tick: options.tick };
+    let write = run_write_loop(pool, source, pace, clock, &stats, plan.write_token).await;
     let wake_delays = wake_meter.stop();
     let server_cpu_after = server_pid.as_deref().and_then(CpuSample::read);
     let loadgen_cpu_after = CpuSample::read("self");
@@ -2121,6 +2318,25 @@ fn print_costs(live: &LiveResult) {
     }
 }
 
+/// With `--auth`: tokens the server refused over the whole run (any is a
+/// failure: every token loadgen sends is valid), and the goal.
+fn print_auth(live: &LiveResult, auth: bool) {
+    if !auth {
+        return;
+    }
+    let refused: Option<f64> = live.metrics_after.as_ref().map(|metrics| {
+        metrics.iter().filter(|(name, _)| name.starts_with("ordo_auth_failures_total")).map(|(_, value)| value).sum()
+    });
+    match refused {
+        Some(refused) => {
+            count_failures(refused as u64);
+            println!("  auth: {refused:.0} tokens refused by the server over the whole run (ordo_auth_failures_total)");
+        }
+        None => println!("  auth: refused tokens unknown (/metrics unavailable)"),
+    }
+    println!("  {AUTH_GOAL}");
+}
+
 fn print_metric_deltas(live: &LiveResult, names: &[&str]) {
     if live.metrics_before.is_none() || live.metrics_after.is_none() {
         println!("  server /metrics: unavailable");
@@ -2188,18 +2404,26 @@ fn print_stage_latencies(live: &LiveResult) {
 struct Target {
     authority: String,
     server: Option<ServerProcess>,
+    /// With `--auth`: the secret the server verifies tokens with.
+    auth: Option<Arc<Auth>>,
 }
 
 impl Target {
     fn open(options: &Options, server_binary: Option<&Path>, scenario: &str) -> Result<Target> {
+        let auth = Auth::new(options)?;
         match (server_binary, &options.server_url) {
-            (_, Some(url)) => Ok(Target { authority: url_authority(url)?, server: None }),
+            (_, Some(url)) => Ok(Target { authority: url_authority(url)?, server: None, auth }),
             (Some(binary), None) => {
-                let (server, authority) = ServerProcess::start(binary, options, scenario)?;
-                Ok(Target { authority, server: Some(server) })
+                let (server, authority) = ServerProcess::start(binary, options, scenario, auth.as_deref())?;
+                Ok(Target { authority, server: Some(server), auth })
             }
             (None, None) => Err("no server binary and no --server-url".into()),
         }
+    }
+
+    /// A token of `sub` in `role`, when the run has auth.
+    fn token(&self, sub: &str, role: Role) -> Option<Arc<str>> {
+        self.auth.as_ref().map(|auth| auth.token(sub, role))
     }
 
     fn pid(&self) -> Option<String> {
@@ -2210,6 +2434,25 @@ impl Target {
 fn chat_collection(index: usize) -> String {
     format!("user-{index:04}")
 }
+
+/// With `--auth`: the chat user whose collection is `chat_collection(index)`,
+/// the `sub` of its subscriber's token (the rules bind `user-{sub}`).
+fn chat_user(index: usize) -> String {
+    format!("{index:04}")
+}
+
+fn leaderboard_viewer(index: usize) -> String {
+    format!("viewer-{index:04}")
+}
+
+/// With `--auth`: who sets up and checks (admin), who writes live (writer).
+const ADMIN_SUB: &str = "loadgen-admin";
+const WRITER_SUB: &str = "loadgen-writer";
+
+/// With `--auth`: each chat user reads only its own collection; the writer
+/// (a trusted backend) writes to every user's.
+const CHAT_RULES: &str = r#"{"rules":[{"collection":"user-{sub}","roles":["reader"],"read":true},{"collection":"user-*","roles":["writer"],"write":true}]}"#;
+const LEADERBOARD_RULES: &str = r#"{"rules":[{"collection":"leaderboard","roles":["reader"],"read":true},{"collection":"leaderboard","roles":["writer"],"write":true}]}"#;
 
 fn chat_marks() -> UpdateMarks {
     UpdateMarks { number: |fields| fields.unread, stamp_us: |fields| fields.recency }
@@ -2238,7 +2481,15 @@ async fn run_chat(
         options.chat_rate, options.seconds
     );
     let target = Target::open(options, server_binary, "chat")?;
-    let mut pool = HttpPool::connect(&target.authority, options.http_connections).await?;
+    let mut pool =
+        HttpPool::connect(&target.authority, options.http_connections, target.token(ADMIN_SUB, Role::Admin)).await?;
+    if target.auth.is_some() {
+        install_rules(&mut pool, CHAT_RULES).await?;
+        println!("  auth: on; rules {CHAT_RULES}");
+        println!(
+            "        {n_collections} subscribers, each with its own reader token (sub = its user id: `0000` reads `user-0000`) sent as an `auth` message; live writes with a writer token; set-up and checks as admin"
+        );
+    }
 
     let started = Instant::now();
     let schema = br#"{"fields":[{"name":"name","type":"string"},{"name":"recency","type":"u64"},{"name":"unread","type":"u64"}]}"#;
@@ -2291,6 +2542,12 @@ async fn run_chat(
     let n_items = n_collections * n_rooms;
     println!("  loaded {n_items} rooms in {load_seconds:.2} s ({:.0} items/s)", n_items as f64 / load_seconds);
 
+    if target.auth.is_some() && n_collections > 1 {
+        let query = r#"{"sort":[{"field":"recency","dir":"desc"}],"offset":0,"limit":1}"#;
+        let path = format!("/v1/collections/{}/query", chat_collection(1));
+        let what = format!("reader `{}` querying {}", chat_user(0), chat_collection(1));
+        expect_forbidden(&mut pool, target.token(&chat_user(0), Role::Reader), &what, &path, query).await?;
+    }
     let max_number = max_update_number(options.chat_rate, options.seconds);
     let specs = (0..n_collections)
         .map(|collection| SubscriberSpec {
@@ -2300,9 +2557,18 @@ async fn run_chat(
             window_limit,
             marks: chat_marks(),
             max_update_number: max_number,
+            auth: target
+                .token(&chat_user(collection), Role::Reader)
+                .map(|token| SubscriberAuth { sub: chat_user(collection), token }),
         })
         .collect();
-    let plan = LivePlan { specs, rate: options.chat_rate, seconds: options.seconds, n_collections };
+    let plan = LivePlan {
+        specs,
+        rate: options.chat_rate,
+        seconds: options.seconds,
+        n_collections,
+        write_token: target.token(WRITER_SUB, Role::Writer),
+    };
     let mut source = ChatUpdates::new(options.seed, n_collections, n_rooms);
     let live = run_live_phase(plan, &mut source, &mut pool, options, target.pid(), subscriber_runtime, clock).await?;
     let (n_mismatches, first_mismatch) =
@@ -2356,6 +2622,7 @@ async fn run_chat(
         ],
     );
     print_stage_latencies(&live);
+    print_auth(&live, target.auth.is_some());
     println!("  {CHAT_GOAL}");
     println!();
     drop(pool);
@@ -2380,7 +2647,15 @@ async fn run_leaderboard(
         options.leaderboard_rate, options.seconds
     );
     let target = Target::open(options, server_binary, "leaderboard")?;
-    let mut pool = HttpPool::connect(&target.authority, options.http_connections).await?;
+    let mut pool =
+        HttpPool::connect(&target.authority, options.http_connections, target.token(ADMIN_SUB, Role::Admin)).await?;
+    if target.auth.is_some() {
+        install_rules(&mut pool, LEADERBOARD_RULES).await?;
+        println!("  auth: on; rules {LEADERBOARD_RULES}");
+        println!(
+            "        {n_subscribers} subscribers, each with its own reader token (sub `viewer-NNNN`) sent as an `auth` message; live writes with a writer token; set-up and checks as admin"
+        );
+    }
     let schema = br#"{"fields":[{"name":"name","type":"string"},{"name":"score","type":"i64"},{"name":"sent_at","type":"u64"},{"name":"update","type":"u64"}]}"#;
     pool.run_requests(1, |_| (Method::PUT, "/v1/collections/leaderboard".to_string(), schema.to_vec()), None).await?;
 
@@ -2413,18 +2688,33 @@ async fn run_leaderboard(
     let load_seconds = started.elapsed().as_secs_f64();
     println!("  loaded {n_rooms} rooms in {load_seconds:.2} s ({:.0} items/s)", n_rooms as f64 / load_seconds);
 
+    if target.auth.is_some() {
+        let write = r#"{"ops":[{"op":"remove","id":"!r000000:example.org"}]}"#;
+        let what = format!("reader `{}` writing to leaderboard", leaderboard_viewer(0));
+        let token = target.token(&leaderboard_viewer(0), Role::Reader);
+        expect_forbidden(&mut pool, token, &what, "/v1/collections/leaderboard/batch", write).await?;
+    }
     let max_number = max_update_number(options.leaderboard_rate, options.seconds);
     let specs = (0..n_subscribers)
-        .map(|_| SubscriberSpec {
+        .map(|index| SubscriberSpec {
             authority: target.authority.clone(),
             collection: "leaderboard".to_string(),
             sort_field: "score",
             window_limit,
             marks: leaderboard_marks(),
             max_update_number: max_number,
+            auth: target
+                .token(&leaderboard_viewer(index), Role::Reader)
+                .map(|token| SubscriberAuth { sub: leaderboard_viewer(index), token }),
         })
         .collect();
-    let plan = LivePlan { specs, rate: options.leaderboard_rate, seconds: options.seconds, n_collections: 1 };
+    let plan = LivePlan {
+        specs,
+        rate: options.leaderboard_rate,
+        seconds: options.seconds,
+        n_collections: 1,
+        write_token: target.token(WRITER_SUB, Role::Writer),
+    };
     let mut source = LeaderboardUpdates::new(options.seed, scores, window_limit);
     let live = run_live_phase(plan, &mut source, &mut pool, options, target.pid(), subscriber_runtime, clock).await?;
     let (n_mismatches, first_mismatch) =
@@ -2487,6 +2777,7 @@ async fn run_leaderboard(
             println!("  frames sent per frame encoded: {:.1} (the subscribers share one window)", sent / encoded);
         }
     }
+    print_auth(&live, target.auth.is_some());
     println!();
     drop(pool);
     drop(target);
@@ -2497,8 +2788,9 @@ async fn run_all(options: Options, subscriber_runtime: tokio::runtime::Handle) -
     let clock = Clock { origin: Instant::now() };
     let server_binary = resolve_server_binary(&options)?;
     println!(
-        "loadgen: seed {}, durability {}, tick {} ms, {} HTTP connections, {} subscriber thread(s){}",
+        "loadgen: seed {}, auth {}, durability {}, tick {} ms, {} HTTP connections, {} subscriber thread(s){}",
         options.seed,
+        if options.auth { "on (HS256, one identity per subscriber)" } else { "off" },
         options.durability.as_deref().unwrap_or("server default"),
         options.tick.as_millis(),
         options.http_connections,

@@ -8,9 +8,14 @@
 //! c. `write_diffs_frame` into a reused `Vec` against a fresh `Vec` per frame
 //!    and against a frame built with `format!` and `serde_json`;
 //!
-//! and d., the sweep behind `SubTable`'s scan/binary-search threshold:
+//! d., the sweep behind `SubTable`'s scan/binary-search threshold:
 //! binary search against two linear scans, on keys laid out as `SubTable`
-//! lays them out.
+//! lays them out;
+//!
+//! and e., `auth::Verifier::verify` per token (what a connection's `auth`
+//! message or an HTTP request's bearer token costs) for HS256 and for EdDSA,
+//! RS256 and ES256 keys from a JWKS file, next to the auth issue's goals.
+//! Tokens are timed one by one (each takes microseconds).
 //!
 //! Each sample times a batch of operations (one clock read per batch, not per
 //! operation: these operations take nanoseconds), so ns/op is the batch time
@@ -22,8 +27,10 @@ use std::hint::black_box;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use ordo_bench::data::Rng;
 use ordo_bench::harness::{time_ops, OpPlan};
+use ordo_server::auth::{self, AuthOptions, Role, Verifier};
 use ordo_server::frame::write_diffs_frame;
 use ordo_server::name_routes::NameRoutes;
 use ordo_server::sub_table::{SubTable, LINEAR_SCAN_MAX_LEN};
@@ -33,7 +40,8 @@ usage: server-micro [--quick] [--runs R]
 
   --quick   a short run (well under a second) for CI: 3 runs, small batches;
             figures are rougher (short batches let the branch predictor learn them)
-  --runs R  timed runs per case; medians are reported (default 7)";
+  --runs R  timed runs per case; medians are reported (default 7)
+  --only tokens   only e., the token verification benchmark";
 
 const SEED: u64 = 0x5eed_0bd0;
 
@@ -41,11 +49,18 @@ struct Config {
     runs: usize,
     /// Operations per timed sample, for operations of a few nanoseconds.
     batch_len: usize,
+    /// Tokens verified (each timed on its own) per algorithm...
+    tokens: usize,
+    /// ...cycling through this many distinct ones (RSA signing takes
+    /// milliseconds, more in a debug build).
+    distinct_tokens: usize,
+    only_tokens: bool,
 }
 
 fn parse() -> Result<Config, String> {
     let mut quick = false;
     let mut runs = None;
+    let mut only_tokens = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -54,14 +69,18 @@ fn parse() -> Result<Config, String> {
                 let value = args.next().ok_or("--runs needs a value")?;
                 runs = Some(value.parse::<usize>().ok().filter(|&r| r > 0).ok_or("bad --runs value")?);
             }
+            "--only" => match args.next().as_deref() {
+                Some("tokens") => only_tokens = true,
+                _ => return Err("--only takes `tokens`".to_string()),
+            },
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
     Ok(if quick {
-        Config { runs: runs.unwrap_or(3), batch_len: 4 * 1024 }
+        Config { runs: runs.unwrap_or(3), batch_len: 4 * 1024, tokens: 64, distinct_tokens: 8, only_tokens }
     } else {
-        Config { runs: runs.unwrap_or(7), batch_len: 256 * 1024 }
+        Config { runs: runs.unwrap_or(7), batch_len: 256 * 1024, tokens: 2_000, distinct_tokens: 64, only_tokens }
     })
 }
 
@@ -450,6 +469,121 @@ fn bench_search(config: &Config) {
     }
 }
 
+// ---------------------------------------------------------------------------
+// e. Token verification
+
+/// The test keys of ordo-server's `tests/auth.rs` (made with `openssl genpkey`;
+/// they protect nothing): private halves to sign, the JWKS the server reads.
+const ED25519_PEM: &str = include_str!("../../../ordo-server/tests/keys/ed25519.pem");
+const RSA_PEM: &str = include_str!("../../../ordo-server/tests/keys/rsa.pem");
+const P256_PEM: &str = include_str!("../../../ordo-server/tests/keys/p256.pem");
+const JWKS_JSON: &str = include_str!("../../../ordo-server/tests/keys/jwks.json");
+
+/// What one case of e. verifies with, and the issue's goal for it.
+struct TokenCase {
+    name: &'static str,
+    verifier: &'static str,
+    goal_us: Option<f64>,
+    tokens: Vec<String>,
+}
+
+/// The claims `ordo token` writes (`auth::mint`): sub, role, iat, exp.
+fn claims(sub: &str, role: Role, ttl_secs: u64) -> serde_json::Map<String, serde_json::Value> {
+    let now = auth::now_unix();
+    let mut claims = serde_json::Map::new();
+    claims.insert("sub".to_owned(), sub.into());
+    claims.insert("role".to_owned(), role.as_str().into());
+    claims.insert("iat".to_owned(), now.into());
+    claims.insert("exp".to_owned(), (now + ttl_secs).into());
+    claims
+}
+
+fn sign(algorithm: Algorithm, kid: &str, key: &EncodingKey, sub: &str) -> String {
+    let mut header = Header::new(algorithm);
+    header.kid = Some(kid.to_owned());
+    jsonwebtoken::encode(&header, &claims(sub, Role::Reader, 3600), key).expect("signing with a test key")
+}
+
+fn bench_tokens(config: &Config) -> Result<(), String> {
+    println!();
+    println!(
+        "e. token verification: auth::Verifier::verify per token ({} tokens per case, {} distinct, each timed on its own)",
+        config.tokens, config.distinct_tokens
+    );
+    println!("{:<34} {:>10} {:>10} {:>8}   goal (per connection)", "case", "p50 µs", "p99 µs", "alloc");
+
+    let secret = auth::generate_secret();
+    let hs256 = Verifier::new(&AuthOptions { secret: Some(secret.clone()), ..AuthOptions::default() })?;
+    // Verifier reads the JWKS from a file, as `ordo serve --auth-jwks` does.
+    let jwks_path = std::env::temp_dir().join(format!("ordo-server-micro-{}-jwks.json", std::process::id()));
+    std::fs::write(&jwks_path, JWKS_JSON).map_err(|error| format!("{}: {error}", jwks_path.display()))?;
+    let jwks = Verifier::new(&AuthOptions { jwks_path: Some(jwks_path.clone()), ..AuthOptions::default() });
+    let _ = std::fs::remove_file(&jwks_path);
+    let jwks = jwks?;
+
+    let key = |result: Result<EncodingKey, jsonwebtoken::errors::Error>| result.map_err(|error| error.to_string());
+    let ed25519 = key(EncodingKey::from_ed_pem(ED25519_PEM.as_bytes()))?;
+    let rsa = key(EncodingKey::from_rsa_pem(RSA_PEM.as_bytes()))?;
+    let p256 = key(EncodingKey::from_ec_pem(P256_PEM.as_bytes()))?;
+    let subs: Vec<String> = (0..config.distinct_tokens).map(|i| format!("{i:04}")).collect();
+    let cases = [
+        TokenCase {
+            name: "HS256 (shared secret)",
+            verifier: "hs256",
+            goal_us: Some(50.0),
+            tokens: subs
+                .iter()
+                .map(|sub| auth::mint(&secret, "role", sub, Role::Reader, 3600, &Default::default()))
+                .collect(),
+        },
+        TokenCase {
+            name: "EdDSA (Ed25519, JWKS kid ed-1)",
+            verifier: "jwks",
+            goal_us: Some(200.0),
+            tokens: subs.iter().map(|sub| sign(Algorithm::EdDSA, "ed-1", &ed25519, sub)).collect(),
+        },
+        TokenCase {
+            name: "ES256 (P-256, JWKS kid ec-1)",
+            verifier: "jwks",
+            goal_us: None,
+            tokens: subs.iter().map(|sub| sign(Algorithm::ES256, "ec-1", &p256, sub)).collect(),
+        },
+        TokenCase {
+            name: "RS256 (RSA 2048, JWKS kid rsa-1)",
+            verifier: "jwks",
+            goal_us: None,
+            tokens: subs.iter().map(|sub| sign(Algorithm::RS256, "rsa-1", &rsa, sub)).collect(),
+        },
+    ];
+    for case in &cases {
+        let verifier = if case.verifier == "hs256" { &hs256 } else { &jwks };
+        // Every token verifies, and names the sub it was minted for.
+        for (token, sub) in case.tokens.iter().zip(&subs) {
+            let identity = verifier.verify(token).map_err(|failure| format!("{}: {}", case.name, failure.message()))?;
+            assert_eq!(&identity.sub, sub);
+        }
+        let plan = OpPlan {
+            warmup: config.distinct_tokens,
+            min_ops: config.tokens,
+            max_ops: config.tokens,
+            budget: Duration::from_secs(60),
+        };
+        let samples = time_ops(&plan, |i| {
+            let identity = verifier.verify(black_box(&case.tokens[i % case.tokens.len()]));
+            // The identity is dropped after the clock is read, as a connection keeps it.
+            (0, identity)
+        });
+        let m = samples.measurement(false);
+        let (p50, p99) = (m.ns_median as f64 / 1e3, m.ns_p99 as f64 / 1e3);
+        let goal = match case.goal_us {
+            Some(goal) => format!("≤ {goal:.0} µs: {}", if p50 <= goal { "met" } else { "NOT met" }),
+            None => "none".to_owned(),
+        };
+        println!("{:<34} {p50:>10.1} {p99:>10.1} {:>8.1}   {goal}", case.name, m.allocs_per_op);
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let config = match parse() {
         Ok(config) => config,
@@ -462,6 +596,15 @@ fn main() -> ExitCode {
         }
     };
     println!("$ {}", std::env::args().collect::<Vec<_>>().join(" "));
+    if config.only_tokens {
+        return match bench_tokens(&config) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(message) => {
+                eprintln!("server-micro: {message}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     println!(
         "server-micro: ordo-server's SubTable, NameRoutes and frame writer against the obvious alternatives.\n\
          Each sample times a batch of {} operations (fewer for churn and frames); figures are the median\n\
@@ -476,5 +619,9 @@ fn main() -> ExitCode {
     bench_name_routes(&config);
     bench_frames(&config);
     bench_search(&config);
+    if let Err(message) = bench_tokens(&config) {
+        eprintln!("server-micro: {message}");
+        return ExitCode::FAILURE;
+    }
     ExitCode::SUCCESS
 }
