@@ -24,6 +24,10 @@
 //!   each move a random room of a random user to the top of that user's list.
 //! - `leaderboard`: one collection of 100 000 rooms, 1 000 subscribers on the same
 //!   top 20 by `score`; 1 000 updates/s, about one in five entering the top 20.
+//! - `chat-shared` (only when named): chat's users and rooms in one collection
+//!   `rooms` with an `owner` field; each subscriber watches its own rows, through
+//!   a filter it sends, or with `--auth` through the rules' row predicate
+//!   `owner == $sub` (sending none): the same views either way.
 //!
 //! Latency is measured with one clock shared by the writer and the subscribers
 //! (one `Instant` in this process): every update carries its send time in
@@ -120,7 +124,10 @@ const AUTH_GOAL: &str = "auth goal: p99 and server CPU within 5 % of the same ru
 const USAGE: &str = "\
 usage: loadgen [options]
 
-  --scenario chat|leaderboard|both   (default both)
+  --scenario chat|leaderboard|both|chat-shared   (default both; chat-shared only when named:
+                           the chat users' rooms in one collection `rooms` with an `owner` field, each
+                           subscriber on its own rows: by its filter, or with --auth by the rules' row
+                           predicate owner == $sub; --collections and --rooms size it as chat)
   --quick                  small sizes and 3 s of writes per scenario (CI smoke run, ~10 s)
   --seconds N              length of the write phase (default 20; at most 3600)
   --rate N                 chat updates per second (default 20000)
@@ -153,6 +160,8 @@ enum ScenarioChoice {
     Chat,
     Leaderboard,
     Both,
+    /// Only when named: chat with every user's rooms in one collection.
+    ChatShared,
 }
 
 struct Options {
@@ -243,7 +252,10 @@ impl Options {
                         "chat" => ScenarioChoice::Chat,
                         "leaderboard" => ScenarioChoice::Leaderboard,
                         "both" => ScenarioChoice::Both,
-                        other => return Err(format!("--scenario: `{other}` is not chat, leaderboard or both")),
+                        "chat-shared" => ScenarioChoice::ChatShared,
+                        other => {
+                            return Err(format!("--scenario: `{other}` is not chat, leaderboard, both or chat-shared"))
+                        }
                     }
                 }
                 "--seconds" => seconds = Some(check_range(&flag, parse_number(&flag, &value()?)?, 0.1, MAX_SECONDS)?),
@@ -336,11 +348,15 @@ impl Options {
     }
 
     fn runs_chat(&self) -> bool {
-        self.scenario != ScenarioChoice::Leaderboard
+        matches!(self.scenario, ScenarioChoice::Chat | ScenarioChoice::Both)
     }
 
     fn runs_leaderboard(&self) -> bool {
-        self.scenario != ScenarioChoice::Chat
+        matches!(self.scenario, ScenarioChoice::Leaderboard | ScenarioChoice::Both)
+    }
+
+    fn runs_chat_shared(&self) -> bool {
+        self.scenario == ScenarioChoice::ChatShared
     }
 }
 
@@ -791,6 +807,32 @@ async fn expect_forbidden(
     Ok(())
 }
 
+/// With `--auth` in chat-shared: a query the row predicate must leave empty.
+async fn expect_no_rows(
+    pool: &mut HttpPool,
+    token: Option<Arc<str>>,
+    what: &str,
+    path: &str,
+    body: &str,
+) -> Result<()> {
+    let mut connection = pool.acquire().await;
+    let reply = connection.request(Method::POST, path, body.as_bytes().to_vec(), token.as_deref()).await;
+    let _ = pool.releaser().send(connection);
+    let reply = reply?;
+    let items = serde_json::from_slice::<QueryReply>(&reply.body).map(|parsed| parsed.items.len());
+    if reply.status == 200 && items.as_ref().is_ok_and(|&n| n == 0) {
+        println!("  auth check: {what}: no rows, as it must be");
+    } else {
+        count_failures(1);
+        println!(
+            "  auth check FAILED: {what}: HTTP {} (expected 200, no items): {}",
+            reply.status,
+            preview(&reply.body)
+        );
+    }
+    Ok(())
+}
+
 /// `PUT /v1/rules` as admin; connections of non-admins opened before would be
 /// closed by it, so it comes before the subscribers connect.
 async fn install_rules(pool: &mut HttpPool, rules: &str) -> Result<()> {
@@ -1201,6 +1243,8 @@ struct SubscriberSpec {
     max_update_number: u64,
     /// With `--auth`: who this subscriber is.
     auth: Option<SubscriberAuth>,
+    /// The filter (JSON) of its subscription, if any.
+    filter: Option<String>,
 }
 
 /// A subscriber's own identity: its reader token and the `sub` it names.
@@ -1393,8 +1437,9 @@ impl Subscriber {
             (None, false) => {}
         }
 
+        let filter = self.spec.filter.as_ref().map_or(String::new(), |filter| format!(r#""filter":{filter},"#));
         let subscribe = format!(
-            r#"{{"op":"subscribe","sub":"s","collection":"{}","sort":[{{"field":"{}","dir":"desc"}}],"offset":0,"limit":{}}}"#,
+            r#"{{"op":"subscribe","sub":"s","collection":"{}",{filter}"sort":[{{"field":"{}","dir":"desc"}}],"offset":0,"limit":{}}}"#,
             self.spec.collection, self.spec.sort_field, self.spec.window_limit
         );
         socket.write_frame(Frame::text(Payload::Owned(subscribe.into_bytes()))).await?;
@@ -1634,11 +1679,13 @@ struct ChatUpdates {
     last_recency_us: Vec<u64>,
     picked: HashSet<(u32, u32)>,
     updates: Vec<(u32, u32)>,
+    layout: ChatLayout,
 }
 
 impl ChatUpdates {
-    fn new(seed: u64, n_collections: usize, n_rooms: usize) -> ChatUpdates {
+    fn new(seed: u64, n_collections: usize, n_rooms: usize, layout: ChatLayout) -> ChatUpdates {
         ChatUpdates {
+            layout,
             rng: XorShift64::new(seed),
             n_rooms,
             last_number: vec![0; n_collections],
@@ -1665,6 +1712,9 @@ impl UpdateSource for ChatUpdates {
             }
         }
         self.updates.sort_unstable();
+        if self.layout == ChatLayout::Shared {
+            return self.build_shared_request(now_us);
+        }
 
         let mut body = String::with_capacity(64 + n_updates * 90);
         let mut parts: Vec<WritePart> = Vec::new();
@@ -1695,6 +1745,44 @@ impl UpdateSource for ChatUpdates {
         }
         body.push_str("]}]}");
         WriteRequest { id: 0, path: "/v1/batch", body: body.into_bytes(), parts, multi_collection: true }
+    }
+}
+
+impl ChatUpdates {
+    /// `chat-shared`: the picked updates as one batch of the collection `rooms`.
+    fn build_shared_request(&mut self, now_us: u64) -> WriteRequest {
+        let mut body = String::with_capacity(16 + self.updates.len() * 90);
+        let mut parts: Vec<WritePart> = Vec::new();
+        body.push_str(r#"{"ops":["#);
+        for (index, &(collection, room)) in self.updates.iter().enumerate() {
+            if index > 0 {
+                body.push(',');
+            }
+            // `parts` only counts each user's updates: the request is one batch.
+            if parts.last().is_none_or(|part| part.collection != collection) {
+                parts.push(WritePart { collection, n_updates: 0 });
+            }
+            let slot = collection as usize;
+            let recency_us = now_us.max(self.last_recency_us[slot] + 1);
+            self.last_recency_us[slot] = recency_us;
+            self.last_number[slot] += 1;
+            write!(
+                body,
+                r#"{{"op":"upsert","id":"{}","fields":{{"recency":{recency_us},"unread":{}}}}}"#,
+                shared_room_id(slot, room as usize),
+                self.last_number[slot]
+            )
+            .expect("writing to a String");
+            parts.last_mut().expect("a part was started").n_updates += 1;
+        }
+        body.push_str("]}");
+        WriteRequest {
+            id: 0,
+            path: "/v1/collections/rooms/batch",
+            body: body.into_bytes(),
+            parts,
+            multi_collection: false,
+        }
     }
 }
 
@@ -2176,20 +2264,38 @@ async fn verify_lists(
     sort_field: &str,
     window_limit: usize,
 ) -> Result<(usize, Option<String>)> {
-    // One query per distinct collection (the leaderboard's subscribers share one).
-    let mut collections: Vec<String> = (0..outcomes.len()).map(&collection_of).collect();
+    verify_filtered_lists(pool, outcomes, |index| (collection_of(index), None), sort_field, window_limit).await
+}
+
+/// `verify_lists` where subscriber `index` watches `view_of(index)`: a
+/// collection and the filter (JSON) it sees it through, if any.
+async fn verify_filtered_lists(
+    pool: &mut HttpPool,
+    outcomes: &[SubscriberOutcome],
+    view_of: impl Fn(usize) -> (String, Option<String>),
+    sort_field: &str,
+    window_limit: usize,
+) -> Result<(usize, Option<String>)> {
+    // One query per distinct view (the leaderboard's subscribers share one).
+    let mut collections: Vec<(String, Option<String>)> = (0..outcomes.len()).map(&view_of).collect();
     collections.sort_unstable();
     collections.dedup();
-    let query = format!(r#"{{"sort":[{{"field":"{sort_field}","dir":"desc"}}],"offset":0,"limit":{window_limit}}}"#);
     let replies = pool
         .run_requests(
             collections.len(),
-            |index| (Method::POST, format!("/v1/collections/{}/query", collections[index]), query.clone().into_bytes()),
+            |index| {
+                let (collection, filter) = &collections[index];
+                let filter = filter.as_ref().map_or(String::new(), |filter| format!(r#""filter":{filter},"#));
+                let query = format!(
+                    r#"{{{filter}"sort":[{{"field":"{sort_field}","dir":"desc"}}],"offset":0,"limit":{window_limit}}}"#
+                );
+                (Method::POST, format!("/v1/collections/{collection}/query"), query.into_bytes())
+            },
             None,
         )
         .await?;
     let mut windows = Vec::with_capacity(replies.len());
-    for (collection, reply) in collections.iter().zip(&replies) {
+    for ((collection, _), reply) in collections.iter().zip(&replies) {
         let parsed: QueryReply = serde_json::from_slice(reply)
             .map_err(|error| format!("query of {collection}: unparsable reply ({error}): {}", preview(reply)))?;
         windows.push(parsed.items);
@@ -2197,8 +2303,12 @@ async fn verify_lists(
     let mut n_mismatches = 0;
     let mut first_mismatch = None;
     for (index, outcome) in outcomes.iter().enumerate() {
-        let collection = collection_of(index);
-        let position = collections.binary_search(&collection).expect("every collection was queried");
+        let view = view_of(index);
+        let position = collections.binary_search(&view).expect("every view was queried");
+        let collection = match &view.1 {
+            Some(filter) => format!("{} where {filter}", view.0),
+            None => view.0,
+        };
         let expected = &windows[position];
         if outcome.list != *expected {
             n_mismatches += 1;
@@ -2445,6 +2555,23 @@ fn leaderboard_viewer(index: usize) -> String {
     format!("viewer-{index:04}")
 }
 
+/// Where chat lives: a collection per user, or one for all (`chat-shared`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum ChatLayout {
+    PerUser,
+    Shared,
+}
+
+/// chat-shared: room `room` of user `user`, unique in `rooms`.
+fn shared_room_id(user: usize, room: usize) -> String {
+    format!("!u{user:04}r{room:04}:example.org")
+}
+
+/// chat-shared: the rows of user `index`, as its own filter (JSON).
+fn owner_filter(index: usize) -> String {
+    format!(r#"{{"field":"owner","op":"eq","value":"{}"}}"#, chat_user(index))
+}
+
 /// With `--auth`: who sets up and checks (admin), who writes live (writer).
 const ADMIN_SUB: &str = "loadgen-admin";
 const WRITER_SUB: &str = "loadgen-writer";
@@ -2452,6 +2579,8 @@ const WRITER_SUB: &str = "loadgen-writer";
 /// With `--auth`: each chat user reads only its own collection; the writer
 /// (a trusted backend) writes to every user's.
 const CHAT_RULES: &str = r#"{"rules":[{"collection":"user-{sub}","roles":["reader"],"read":true},{"collection":"user-*","roles":["writer"],"write":true}]}"#;
+/// chat-shared with `--auth`: a reader reads the rows it owns, whatever filter it sends.
+const SHARED_RULES: &str = r#"{"rules":[{"collection":"rooms","roles":["reader"],"read":{"filter":{"field":"owner","op":"eq","value":"$sub"}}},{"collection":"rooms","roles":["writer"],"write":true}]}"#;
 const LEADERBOARD_RULES: &str = r#"{"rules":[{"collection":"leaderboard","roles":["reader"],"read":true},{"collection":"leaderboard","roles":["writer"],"write":true}]}"#;
 
 fn chat_marks() -> UpdateMarks {
@@ -2467,30 +2596,9 @@ fn max_update_number(rate: f64, seconds: f64) -> u64 {
     (rate * (seconds + 1.0)) as u64 + MAX_OPS_PER_REQUEST as u64
 }
 
-async fn run_chat(
-    options: &Options,
-    server_binary: Option<&Path>,
-    subscriber_runtime: &tokio::runtime::Handle,
-    clock: Clock,
-) -> Result<()> {
-    let n_collections = options.chat_collections;
-    let n_rooms = options.chat_rooms;
-    let window_limit = options.window_limit;
-    println!(
-        "== chat: {n_collections} users × {n_rooms} rooms; one subscriber per user on its top {window_limit} by recency desc; {:.0} updates/s for {:.1} s ==",
-        options.chat_rate, options.seconds
-    );
-    let target = Target::open(options, server_binary, "chat")?;
-    let mut pool =
-        HttpPool::connect(&target.authority, options.http_connections, target.token(ADMIN_SUB, Role::Admin)).await?;
-    if target.auth.is_some() {
-        install_rules(&mut pool, CHAT_RULES).await?;
-        println!("  auth: on; rules {CHAT_RULES}");
-        println!(
-            "        {n_collections} subscribers, each with its own reader token (sub = its user id: `0000` reads `user-0000`) sent as an `auth` message; live writes with a writer token; set-up and checks as admin"
-        );
-    }
-
+/// Chat's set-up: a collection per user, then every user's rooms.
+async fn load_chat(pool: &mut HttpPool, options: &Options) -> Result<()> {
+    let (n_collections, n_rooms) = (options.chat_collections, options.chat_rooms);
     let started = Instant::now();
     let schema = br#"{"fields":[{"name":"name","type":"string"},{"name":"recency","type":"u64"},{"name":"unread","type":"u64"}]}"#;
     pool.run_requests(
@@ -2541,18 +2649,125 @@ async fn run_chat(
     let load_seconds = started.elapsed().as_secs_f64();
     let n_items = n_collections * n_rooms;
     println!("  loaded {n_items} rooms in {load_seconds:.2} s ({:.0} items/s)", n_items as f64 / load_seconds);
+    Ok(())
+}
+
+/// chat-shared's set-up: one collection `rooms`, every user's rooms in it.
+async fn load_shared_chat(pool: &mut HttpPool, options: &Options) -> Result<()> {
+    let (n_users, n_rooms) = (options.chat_collections, options.chat_rooms);
+    let schema = br#"{"fields":[{"name":"owner","type":"string"},{"name":"name","type":"string"},{"name":"recency","type":"u64"},{"name":"unread","type":"u64"}]}"#;
+    pool.run_requests(1, |_| (Method::PUT, "/v1/collections/rooms".to_string(), schema.to_vec()), None).await?;
+    let started = Instant::now();
+    let n_items = n_users * n_rooms;
+    let mut rng = XorShift64::new(options.seed ^ 0x10AD);
+    pool.run_requests(
+        n_items.div_ceil(MAX_OPS_PER_REQUEST),
+        |request| {
+            let items = request * MAX_OPS_PER_REQUEST..((request + 1) * MAX_OPS_PER_REQUEST).min(n_items);
+            let mut body = String::with_capacity(items.len() * 110);
+            body.push_str(r#"{"ops":["#);
+            for item in items.clone() {
+                if item > items.start {
+                    body.push(',');
+                }
+                let (user, room) = (item / n_rooms, item % n_rooms);
+                write!(
+                    body,
+                    r#"{{"op":"upsert","id":"{}","fields":{{"owner":"{}","name":"Room {room}","recency":{},"unread":0}}}}"#,
+                    shared_room_id(user, room),
+                    chat_user(user),
+                    rng.below(1_000)
+                )
+                .expect("writing to a String");
+            }
+            body.push_str("]}");
+            (Method::POST, "/v1/collections/rooms/batch".to_string(), body.into_bytes())
+        },
+        Some("load"),
+    )
+    .await?;
+    let load_seconds = started.elapsed().as_secs_f64();
+    println!("  loaded {n_items} rooms in {load_seconds:.2} s ({:.0} items/s)", n_items as f64 / load_seconds);
+    Ok(())
+}
+
+async fn run_chat(
+    options: &Options,
+    server_binary: Option<&Path>,
+    subscriber_runtime: &tokio::runtime::Handle,
+    clock: Clock,
+    layout: ChatLayout,
+) -> Result<()> {
+    let n_collections = options.chat_collections;
+    let n_rooms = options.chat_rooms;
+    let window_limit = options.window_limit;
+    let shared = layout == ChatLayout::Shared;
+    if shared {
+        println!(
+            "== chat-shared: {n_collections} users × {n_rooms} rooms in one collection `rooms` (field `owner`); one subscriber per user on its own rooms' top {window_limit} by recency desc ({}); {:.0} updates/s for {:.1} s ==",
+            if options.auth { "the rules' row predicate owner == $sub" } else { "its own filter owner == user" },
+            options.chat_rate,
+            options.seconds
+        );
+    } else {
+        println!(
+            "== chat: {n_collections} users × {n_rooms} rooms; one subscriber per user on its top {window_limit} by recency desc; {:.0} updates/s for {:.1} s ==",
+            options.chat_rate, options.seconds
+        );
+    }
+    let target = Target::open(options, server_binary, if shared { "chat-shared" } else { "chat" })?;
+    let mut pool =
+        HttpPool::connect(&target.authority, options.http_connections, target.token(ADMIN_SUB, Role::Admin)).await?;
+    if target.auth.is_some() {
+        let rules = if shared { SHARED_RULES } else { CHAT_RULES };
+        install_rules(&mut pool, rules).await?;
+        println!("  auth: on; rules {rules}");
+        if shared {
+            println!(
+                "        {n_collections} subscribers, each with its own reader token (sub = its user id) sent as an `auth` message and no filter of its own; live writes with a writer token; set-up and checks as admin"
+            );
+        } else {
+            println!(
+                "        {n_collections} subscribers, each with its own reader token (sub = its user id: `0000` reads `user-0000`) sent as an `auth` message; live writes with a writer token; set-up and checks as admin"
+            );
+        }
+    }
+
+    if shared {
+        load_shared_chat(&mut pool, options).await?;
+    } else {
+        load_chat(&mut pool, options).await?;
+    }
 
     if target.auth.is_some() && n_collections > 1 {
-        let query = r#"{"sort":[{"field":"recency","dir":"desc"}],"offset":0,"limit":1}"#;
-        let path = format!("/v1/collections/{}/query", chat_collection(1));
-        let what = format!("reader `{}` querying {}", chat_user(0), chat_collection(1));
-        expect_forbidden(&mut pool, target.token(&chat_user(0), Role::Reader), &what, &path, query).await?;
+        let reader = target.token(&chat_user(0), Role::Reader);
+        if shared {
+            let what = format!("reader `{}` asking `rooms` for the rows of `{}`", chat_user(0), chat_user(1));
+            let query = format!(
+                r#"{{"filter":{},"sort":[{{"field":"recency","dir":"desc"}}],"offset":0,"limit":1}}"#,
+                owner_filter(1)
+            );
+            expect_no_rows(&mut pool, reader, &what, "/v1/collections/rooms/query", &query).await?;
+        } else {
+            let query = r#"{"sort":[{"field":"recency","dir":"desc"}],"offset":0,"limit":1}"#;
+            let path = format!("/v1/collections/{}/query", chat_collection(1));
+            let what = format!("reader `{}` querying {}", chat_user(0), chat_collection(1));
+            expect_forbidden(&mut pool, reader, &what, &path, query).await?;
+        }
     }
     let max_number = max_update_number(options.chat_rate, options.seconds);
+    // The view of user `index`'s subscriber: a collection and, in chat-shared
+    // without auth, the filter it sends itself.
+    let view_of = |index: usize| match (shared, options.auth) {
+        (false, _) => (chat_collection(index), None),
+        (true, false) => ("rooms".to_string(), Some(owner_filter(index))),
+        (true, true) => ("rooms".to_string(), None),
+    };
     let specs = (0..n_collections)
         .map(|collection| SubscriberSpec {
             authority: target.authority.clone(),
-            collection: chat_collection(collection),
+            collection: view_of(collection).0,
+            filter: view_of(collection).1,
             sort_field: "recency",
             window_limit,
             marks: chat_marks(),
@@ -2569,10 +2784,16 @@ async fn run_chat(
         n_collections,
         write_token: target.token(WRITER_SUB, Role::Writer),
     };
-    let mut source = ChatUpdates::new(options.seed, n_collections, n_rooms);
+    let mut source = ChatUpdates::new(options.seed, n_collections, n_rooms, layout);
     let live = run_live_phase(plan, &mut source, &mut pool, options, target.pid(), subscriber_runtime, clock).await?;
-    let (n_mismatches, first_mismatch) =
-        verify_lists(&mut pool, &live.outcomes, chat_collection, "recency", window_limit).await?;
+    // Checked as admin, with the owner filter spelled out in chat-shared: an
+    // independent reference for the view the rules' predicate built.
+    let (n_mismatches, first_mismatch) = if shared {
+        let reference = |index: usize| ("rooms".to_string(), Some(owner_filter(index)));
+        verify_filtered_lists(&mut pool, &live.outcomes, reference, "recency", window_limit).await?
+    } else {
+        verify_lists(&mut pool, &live.outcomes, chat_collection, "recency", window_limit).await?
+    };
 
     // Losses per user: acknowledged updates its subscriber never received. They
     // count only where no reset announced a possible gap; where one did (the
@@ -2703,6 +2924,7 @@ async fn run_leaderboard(
             window_limit,
             marks: leaderboard_marks(),
             max_update_number: max_number,
+            filter: None,
             auth: target
                 .token(&leaderboard_viewer(index), Role::Reader)
                 .map(|token| SubscriberAuth { sub: leaderboard_viewer(index), token }),
@@ -2798,7 +3020,10 @@ async fn run_all(options: Options, subscriber_runtime: tokio::runtime::Handle) -
         if options.quick { ", quick" } else { "" },
     );
     if options.runs_chat() {
-        run_chat(&options, server_binary.as_deref(), &subscriber_runtime, clock).await?;
+        run_chat(&options, server_binary.as_deref(), &subscriber_runtime, clock, ChatLayout::PerUser).await?;
+    }
+    if options.runs_chat_shared() {
+        run_chat(&options, server_binary.as_deref(), &subscriber_runtime, clock, ChatLayout::Shared).await?;
     }
     if options.runs_leaderboard() {
         run_leaderboard(&options, server_binary.as_deref(), &subscriber_runtime, clock).await?;
