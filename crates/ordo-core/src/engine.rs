@@ -897,6 +897,8 @@ fn apply_remove(
     id: &str,
 ) -> bool {
     let Some(slot) = state.collection.find_slot(id) else {
+        // Visits nothing (and must not count the previous operation's visits again).
+        scratch.visited_views.clear();
         return false;
     };
     plan_visits(state, scratch, Some(slot), None);

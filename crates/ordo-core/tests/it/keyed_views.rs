@@ -129,6 +129,8 @@ fn an_update_visits_only_the_views_of_its_old_and_new_keys() {
     batch.remove(&item_id(item));
     assert_eq!(keyed.apply(&batch), n_unkeyed + 1);
     assert!(!keyed.user_window_items(8).contains(&item_id(item)));
+    // Removing it again: no item, no visit.
+    assert_eq!(keyed.apply(&batch), 0);
     assert_eq!(keyed.upsert(N_USERS * ITEMS_PER_USER, Some(9), 2_000_000), n_unkeyed + 1);
     assert_eq!(keyed.user_window_items(9)[0], item_id(N_USERS * ITEMS_PER_USER));
     // Between owners with no view: only the unkeyed views.
