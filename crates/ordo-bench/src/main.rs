@@ -16,10 +16,12 @@ usage: ordo-bench [--quick] [--json] [--scenario NAME[,NAME…]]… [--n N[,N…
                 time budgets: the whole run takes well under a minute
   --json        one JSON object per line on stdout (progress goes to stderr)
   --scenario    create, new-message, load-more, filter-switch, fan-out,
-                many-lists (default: all)
+                many-lists, shared-predicate (default: all)
   --n           restrict N (default 1000,10000,100000,1000000; many-lists is
                 sized in collections and ignores it)
-  --system      ordo, eyeball, naive, naive-full (default: all)
+  --system      ordo, eyeball, naive, naive-full (default: all); in
+                shared-predicate, ordo runs against ordo-unkeyed (the same
+                engine with view keying off) instead of the peers
   --seed        seed of the data set and update streams (default 1)
 
 Each operation is timed individually (Instant::now() before and after; the

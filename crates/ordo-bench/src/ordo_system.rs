@@ -323,3 +323,96 @@ pub fn many_lists(data: &ManyLists, updates: &[Update], plan: &OpPlan) -> Option
     });
     Some(memory.attach(samples.measurement(true)))
 }
+
+/// Items per user in `shared-predicate`.
+pub const SHARED_ITEMS_PER_USER: usize = 100;
+
+/// The view a server opens for `user` on the shared collection under the row
+/// predicate `owner == user`: most recent first (then id).
+pub fn shared_predicate_def(user: &str) -> ViewDef {
+    ViewDef::new(Filter::eq("owner", OwnedValue::Str(user.to_owned())), vec![SortKey::desc("recency")])
+}
+
+/// **shared-predicate** — one collection of `n_items` items with `owner` (a
+/// string, `n_items / 100` users, owners drawn at random) and `recency` (u64);
+/// for each user, a window "owner == user, recency desc, top 20", as a server
+/// that conjoins a row predicate into every view opens it. Returns two
+/// measurements: creating one user's view and window (every user's, each timed
+/// on its own, the initial Reset drained), with the engine's heap growth as
+/// extras; and one update (operation `i`: item `updates[i].0` gets recency
+/// `updates[i].1`, as one batch, its diffs drained). `is_keyed: false` is the
+/// peer: the same engine with view keying switched off
+/// ([`Engine::set_view_keying`]), so that every update visits every user's view
+/// and every view is built by filtering the whole collection.
+pub fn shared_predicate(
+    n_items: usize,
+    updates: &[(u32, u64)],
+    plan: &OpPlan,
+    seed: u64,
+    is_keyed: bool,
+) -> Option<[Measurement; 2]> {
+    let n_users = (n_items / SHARED_ITEMS_PER_USER).max(1);
+    let probe = MemProbe::start();
+    let mut engine = Engine::new();
+    engine.set_view_keying(is_keyed);
+    let schema = Schema::new().with_field("owner", FieldType::String).with_field("recency", FieldType::U64);
+    let collection = engine.create_collection("shared", schema).ok()?;
+    let users: Vec<String> = (0..n_users).map(|user| format!("user-{user:05}")).collect();
+    let ids: Vec<String> = (0..n_items).map(|item| format!("item-{item:07}")).collect();
+    let mut rng = crate::data::Rng::derived(seed, "shared-predicate");
+    let mut batch = Batch::new();
+    let mut sink = CountingSink::default();
+    for chunk in ids.chunks(100_000) {
+        batch.clear();
+        for id in chunk {
+            let owner = &users[rng.below(n_users as u64) as usize];
+            batch
+                .upsert(id)
+                .set("owner", Value::Str(owner))
+                .set("recency", Value::U64(rng.below(1_000_000_000_000)))
+                .payload(&[b'p'; 32]);
+        }
+        engine.apply_batch(collection, &batch, &mut sink).ok()?;
+    }
+    let items_memory = probe.per_unit(1);
+
+    // Every user's view and window, each creation timed on its own.
+    let mut creations = crate::harness::Samples::default();
+    let mut windows = Vec::with_capacity(n_users);
+    for user in &users {
+        let def = shared_predicate_def(user);
+        let allocations_before = crate::alloc_counter::allocations();
+        let start = std::time::Instant::now();
+        windows.push(engine.open_window(collection, &def, 0, WINDOW_LIMIT, &mut sink).ok()?);
+        let n_diffs = sink.take();
+        creations.ns.push(start.elapsed().as_nanos() as u64);
+        creations.allocs.push(crate::alloc_counter::allocations() - allocations_before);
+        creations.diffs.push(n_diffs as u64);
+    }
+    // Untimed: every view's full index, as its first update would build it, so that
+    // the memory and the updates below are those of the steady state.
+    for &window in &windows {
+        engine.prepare_window(window).ok()?;
+    }
+    let total_memory = probe.per_unit(1);
+    let views_memory = total_memory.heap - items_memory.heap;
+    let create = creations
+        .measurement(true)
+        .with_extra("heap_bytes_total", total_memory.heap)
+        .with_extra("heap_bytes_items", items_memory.heap)
+        .with_extra("heap_bytes_per_user_view", views_memory / n_users as f64);
+
+    let samples = time_ops(plan, |i| {
+        let (item, recency) = updates[i];
+        batch.clear();
+        batch.upsert(&ids[item as usize]).set("recency", Value::U64(recency));
+        engine.apply_batch(collection, &batch, &mut sink).expect("valid update");
+        (sink.take(), ())
+    });
+    let stats = engine.stats();
+    let update = samples.measurement(true).with_extra(
+        "views_visited_per_update",
+        stats.n_view_visits as f64 / (samples.len() + samples.first_index).max(1) as f64,
+    );
+    Some([create, update])
+}

@@ -190,7 +190,11 @@ pub fn table(scenario: &str, groups: &[Group]) -> String {
                         (_, Some(x)) => format!("{x:.2}x"),
                     });
                     cells.push(m.ops.to_string());
-                    let mem: Vec<String> = m.extra.iter().map(|(k, v)| format!("{k} {}", fmt_bytes(*v))).collect();
+                    let mem: Vec<String> = m
+                        .extra
+                        .iter()
+                        .map(|(k, v)| format!("{k} {}", if k.contains("bytes") { fmt_bytes(*v) } else { fmt_num(*v) }))
+                        .collect();
                     if !mem.is_empty() {
                         cells.push(mem.join(", "));
                     }

@@ -16,7 +16,8 @@ use crate::peers::naive::{self, Mode};
 use crate::report::{Group, Outcome, Row};
 
 /// Scenario names, in run order.
-pub const SCENARIOS: [&str; 6] = ["create", "new-message", "load-more", "filter-switch", "fan-out", "many-lists"];
+pub const SCENARIOS: [&str; 7] =
+    ["create", "new-message", "load-more", "filter-switch", "fan-out", "many-lists", "shared-predicate"];
 
 /// System names, in report order.
 pub const SYSTEMS: [&str; 4] = ["ordo", "eyeball", "naive", "naive-full"];
@@ -89,6 +90,7 @@ pub fn plan(scenario: &str, quick: bool) -> OpPlan {
         "filter-switch" => (4, 4, 200, 1_500),
         "fan-out" => (3, 5, 1_000, 1_500),
         "many-lists" => (20, 20, 5_000, 1_000),
+        "shared-predicate" => (200, 20, 20_000, 1_000),
         other => panic!("unknown scenario {other}"),
     };
     if quick {
@@ -166,6 +168,14 @@ impl Runner {
     pub fn run_scenario(&mut self, scenario: &'static str, emit: &mut dyn FnMut(Group)) {
         if scenario == "many-lists" {
             self.many_lists(emit);
+            return;
+        }
+        if scenario == "shared-predicate" {
+            // Its own data (items with owners), not the rooms.
+            for n in self.cfg.sizes() {
+                progress(&format!("[{scenario}] n={n}"));
+                self.shared_predicate(n, emit);
+            }
             return;
         }
         for n in self.cfg.sizes() {
@@ -317,6 +327,27 @@ impl Runner {
             })
         });
         emit(Group { scenario: "fan-out", n, dist: Dist::Uniform.label().into(), rows });
+    }
+
+    /// Ordo against itself with view keying switched off (`ordo-unkeyed`): the
+    /// peers have no row predicates to compare with.
+    fn shared_predicate(&self, n: usize, emit: &mut dyn FnMut(Group)) {
+        if !self.cfg.systems.contains(&"ordo") {
+            return;
+        }
+        let plan = plan("shared-predicate", self.cfg.quick);
+        let mut rng = crate::data::Rng::derived(self.cfg.seed, "shared-predicate-updates");
+        let updates: Vec<(u32, u64)> =
+            (0..plan.inputs()).map(|i| (rng.below(n as u64) as u32, 1_000_000_000_000 + i as u64)).collect();
+        let mut per_system = Vec::new();
+        for (system, is_keyed) in [("ordo", true), ("ordo-unkeyed", false)] {
+            let t = Instant::now();
+            let result = ordo_system::shared_predicate(n, &updates, &plan, self.cfg.seed, is_keyed);
+            progress(&format!("  shared-predicate n={n} {system}: {:.1} s", t.elapsed().as_secs_f64()));
+            per_system.push((system, result.map(Vec::from)));
+        }
+        let labels = ["create-view".to_owned(), "update".to_owned()];
+        self.emit_kinds("shared-predicate", n, &labels, per_system, emit);
     }
 
     fn many_lists(&self, emit: &mut dyn FnMut(Group)) {

@@ -8,6 +8,11 @@
 //! caused by that move. *Deliver* resolves each touched window's recorded diffs to
 //! borrowed item data (or a reset, when that is smaller) and hands them to the sink.
 //! All three phases use buffers owned by the engine and reused across batches.
+//!
+//! An operation visits only the views its item can be in, before or after: every
+//! unkeyed view, and the keyed views of the item's old and new key values (see
+//! `key_index`). So its cost does not grow with the number of views keyed by other
+//! values, such as other users' views under a row predicate.
 
 use std::collections::HashMap;
 
@@ -17,6 +22,7 @@ use crate::collection::{Collection, Slot};
 use crate::diff::{DiffRef, DiffSink, ItemList, WindowId};
 use crate::error::{BatchError, LoadError, ViewError};
 use crate::filter::{CompiledFilter, FilterScratch};
+use crate::key_index::{KeyIndex, KeyMove, ViewKey};
 use crate::limits;
 use crate::list_diff::{emit_list_diff, ListDiffScratch};
 use crate::order_tree::Entry;
@@ -40,8 +46,18 @@ impl CollectionId {
 
 struct CollectionState {
     collection: Collection,
-    /// Views on this collection (indices into `Engine::views`).
-    views: Vec<u32>,
+    /// Views on this collection without an equality key (indices into
+    /// `Engine::views`): every update of the collection visits them.
+    unkeyed_views: Vec<u32>,
+    /// Views keyed by an equality conjunct, and the equality index of each field
+    /// that keys one: an update visits only the views of its item's key values.
+    keys: KeyIndex,
+}
+
+impl CollectionState {
+    fn has_views(&self) -> bool {
+        !self.unkeyed_views.is_empty() || !self.keys.is_empty()
+    }
 }
 
 struct WindowSlot {
@@ -55,8 +71,13 @@ struct Scratch {
     filter: FilterScratch,
     /// The resolved field of each `batch.fields` entry, filled by validation.
     resolved_fields: Vec<FieldId>,
-    /// For the operation being applied: where the item was in each view.
+    /// For the operation being applied: the views it visits (see `plan_visits`) and,
+    /// position for position, where the item was in each.
+    visited_views: Vec<u32>,
     old_ranks: Vec<OldRank>,
+    /// For the operation being applied, per keyed field of its collection: the
+    /// item's key before and after.
+    key_moves: Vec<KeyMove>,
     touched_windows: Vec<u32>,
     old_slots: Vec<Slot>,
     new_slots: Vec<Slot>,
@@ -113,7 +134,13 @@ pub struct EngineStats {
     pub n_collections: usize,
     pub n_items: usize,
     pub n_views: usize,
+    /// Views registered under an equality key (included in `n_views`).
+    pub n_keyed_views: usize,
     pub n_windows: usize,
+    /// Views visited by the operations of every batch applied so far (one per view
+    /// per operation). Divided by the operations applied, it is the work per update
+    /// that grows with the number of views.
+    pub n_view_visits: u64,
 }
 
 #[derive(Default)]
@@ -125,6 +152,9 @@ pub struct Engine {
     windows: Vec<WindowSlot>,
     free_windows: Vec<u32>,
     scratch: Scratch,
+    /// See [`Engine::set_view_keying`].
+    is_view_keying_disabled: bool,
+    n_view_visits: u64,
 }
 
 impl Engine {
@@ -135,7 +165,11 @@ impl Engine {
     pub fn create_collection(&mut self, name: &str, schema: Schema) -> Result<CollectionId, CreateCollectionError> {
         self.check_new_collection(name)?;
         let collection_id = CollectionId(self.collections.len() as u32);
-        self.collections.push(CollectionState { collection: Collection::new(name, schema), views: Vec::new() });
+        self.collections.push(CollectionState {
+            collection: Collection::new(name, schema),
+            unkeyed_views: Vec::new(),
+            keys: KeyIndex::default(),
+        });
         self.collection_by_name.insert(name.to_owned(), collection_id);
         Ok(collection_id)
     }
@@ -173,7 +207,27 @@ impl Engine {
             n_collections: self.collections.len(),
             n_items: self.collections.iter().map(|state| state.collection.len()).sum(),
             n_views: self.views.iter().filter(|view| view.is_some()).count(),
+            n_keyed_views: self.collections.iter().map(|state| state.keys.n_views()).sum(),
             n_windows: self.windows.iter().filter(|slot| slot.window.is_some()).count(),
+            n_view_visits: self.n_view_visits,
+        }
+    }
+
+    /// For benchmarks and tests only: with `false`, views created from now on are
+    /// never keyed, so every update visits them and building one filters the whole
+    /// collection (the engine as it was before keyed views). Views already created
+    /// keep what they are. Results are the same either way; only the cost differs.
+    #[doc(hidden)]
+    pub fn set_view_keying(&mut self, is_enabled: bool) {
+        self.is_view_keying_disabled = !is_enabled;
+    }
+
+    /// For tests: checks every collection's equality indexes against its items
+    /// (a full scan; panics on a mismatch).
+    #[doc(hidden)]
+    pub fn check_key_indexes(&self) {
+        for state in &self.collections {
+            state.keys.check(&state.collection);
         }
     }
 
@@ -185,13 +239,10 @@ impl Engine {
         batch: &Batch,
         sink: &mut dyn DiffSink,
     ) -> Result<BatchSummary, BatchError> {
-        let Engine { collections, views, windows, scratch, .. } = self;
+        let Engine { collections, views, windows, scratch, n_view_visits, .. } = self;
         let state = collections.get_mut(collection_id.index()).ok_or(BatchError::UnknownCollection)?;
         validate_batch(&state.collection, batch, 0, &mut scratch.resolved_fields)?;
 
-        for &view_index in &state.views {
-            views[view_index as usize].as_mut().expect("live view").ensure_ready(&state.collection);
-        }
         let mut summary = BatchSummary::default();
         for op in &batch.ops {
             match op.kind {
@@ -205,6 +256,7 @@ impl Engine {
                     }
                 }
             }
+            *n_view_visits += scratch.visited_views.len() as u64;
         }
         summary.n_windows_changed = deliver_pending(&state.collection, views, windows, scratch, sink);
         state.collection.recycle_freed_slots();
@@ -229,7 +281,9 @@ impl Engine {
     /// once). `n_items_hint` presizes the tables. See [`BulkLoad`].
     pub fn bulk_load(&mut self, collection_id: CollectionId, n_items_hint: usize) -> Result<BulkLoad<'_>, LoadError> {
         let state = self.collections.get_mut(collection_id.index()).ok_or(LoadError::UnknownCollection)?;
-        if !state.views.is_empty() {
+        // Without views there are no keyed views, hence no equality index for the
+        // load to maintain (`KeyIndex` drops a field's index with its last view).
+        if state.has_views() {
             return Err(LoadError::CollectionHasViews);
         }
         Ok(BulkLoad::new(&mut state.collection, n_items_hint))
@@ -426,18 +480,36 @@ impl Engine {
         n_first: usize,
     ) -> Result<u32, ViewError> {
         let state = self.collections.get_mut(collection_id.index()).ok_or(ViewError::UnknownCollection)?;
-        for &view_index in &state.views {
+        let filter = CompiledFilter::compile(&def.filter, state.collection.schema())?;
+        let key = match filter.equality_key() {
+            Some((field_id, value)) if !self.is_view_keying_disabled => {
+                Some(ViewKey { field_id, hash: state.keys.hash_value(value).expect("keys are never null or floats") })
+            }
+            _ => None,
+        };
+        // An equal definition has the same key, so only the views of that key are compared.
+        let same_key_views = match key {
+            Some(key) => state.keys.views_of(key),
+            None => &state.unkeyed_views[..],
+        };
+        for &view_index in same_key_views {
             if self.views[view_index as usize].as_ref().is_some_and(|view| view.def == *def) {
                 return Ok(view_index);
             }
         }
-        let filter = CompiledFilter::compile(&def.filter, state.collection.schema())?;
         let sort = CompiledSort::compile(&def.sort, state.collection.schema())?;
+        let candidates = &mut self.scratch.old_slots;
+        candidates.clear();
+        if let Some(key) = key {
+            state.keys.ensure_field(&state.collection, key.field_id);
+            state.keys.collect_slots(key, candidates);
+        }
         let view = View::build(
             collection_id.0,
             def.clone(),
             filter,
             sort,
+            key.map(|key| (key, &candidates[..])),
             &state.collection,
             &mut self.scratch.filter,
             n_first,
@@ -452,7 +524,10 @@ impl Engine {
                 (self.views.len() - 1) as u32
             }
         };
-        state.views.push(view_index);
+        match key {
+            Some(key) => state.keys.add_view(key, view_index),
+            None => state.unkeyed_views.push(view_index),
+        }
         Ok(view_index)
     }
 
@@ -461,10 +536,14 @@ impl Engine {
         let view = self.views[view_index as usize].as_mut().expect("live view");
         view.windows.retain(|&index| index != window_index);
         if view.windows.is_empty() {
-            let collection = view.collection;
+            let (collection, key) = (view.collection, view.key);
             self.views[view_index as usize] = None;
             self.free_views.push(view_index);
-            self.collections[collection as usize].views.retain(|&index| index != view_index);
+            let state = &mut self.collections[collection as usize];
+            match key {
+                Some(key) => state.keys.remove_view(key, view_index),
+                None => state.unkeyed_views.retain(|&index| index != view_index),
+            }
         }
     }
 }
@@ -609,20 +688,76 @@ fn validate_batch(
     Ok(())
 }
 
-/// Takes a slot's entry out of every view of its collection, recording old ranks.
-/// `changed_fields` lists the fields the operation writes (`None`: all of them, as
-/// for a remove); a view that reads none of them keeps the entry where it is.
+/// Lists in `scratch.visited_views` the views an operation on an item visits:
+/// every unkeyed view and, per keyed field, the views keyed by the item's old value
+/// and by its new one; fills `scratch.key_moves` with those values' hashes. `slot`
+/// is the item's (`None`: a new item); `written` the upsert writing it (`None`: a
+/// remove, after which the item has no value). A view keyed by a value the item
+/// neither had nor gets holds it neither before nor after, so skipping it changes
+/// nothing. The lists are disjoint (a view has at most one key), so no view is
+/// listed twice.
+fn plan_visits(
+    state: &CollectionState,
+    scratch: &mut Scratch,
+    slot: Option<Slot>,
+    written: Option<(&Batch, &StoredOp)>,
+) {
+    let Scratch { visited_views, key_moves, resolved_fields, .. } = scratch;
+    visited_views.clear();
+    visited_views.extend_from_slice(&state.unkeyed_views);
+    key_moves.clear();
+    for field in state.keys.fields() {
+        let old = slot.and_then(|slot| state.keys.hash_value(state.collection.value(slot, field.field_id)));
+        let new = match written {
+            None => None,
+            Some((batch, op)) => {
+                let resolved = &resolved_fields[op.fields_start as usize..(op.fields_start + op.fields_len) as usize];
+                // The last write of the field wins, as when the fields are written.
+                match resolved.iter().rposition(|&field_id| field_id == field.field_id) {
+                    Some(position) => {
+                        let field_type = state.collection.schema().field(field.field_id).field_type;
+                        let value = batch.field_value(&batch.op_fields(op)[position]);
+                        state.keys.hash_value(value.coerce_to(field_type).expect("validated"))
+                    }
+                    None => old,
+                }
+            }
+        };
+        if let Some(hash) = old {
+            visited_views.extend_from_slice(field.views_of_hash(hash));
+        }
+        if let (Some(hash), true) = (new, new != old) {
+            visited_views.extend_from_slice(field.views_of_hash(hash));
+        }
+        key_moves.push(KeyMove { old, new });
+    }
+}
+
+/// Takes a slot's entry out of every view in `scratch.visited_views`, recording
+/// old ranks. `slot` is `None` for a new item (in no view yet). `changed_fields`
+/// lists the fields the operation writes (`None`: all of them, as for a remove);
+/// a view that reads none of them keeps the entry where it is.
 fn remove_from_views(
     state: &CollectionState,
     views: &mut [Option<View>],
-    old_ranks: &mut Vec<OldRank>,
-    slot: Slot,
+    scratch: &mut Scratch,
+    slot: Option<Slot>,
     changed_fields: Option<&[FieldId]>,
 ) {
+    let Scratch { visited_views, old_ranks, filter: filter_scratch, .. } = scratch;
     old_ranks.clear();
-    for &view_index in &state.views {
+    for &view_index in visited_views.iter() {
         let view = views[view_index as usize].as_mut().expect("live view");
-        if !view.is_member(slot) {
+        // A view sorts lazily; it needs its tree by its first update, which may come
+        // batches after it was built (an update visits only the views of its keys).
+        // Its entries are still exact then: the data of the items in it has not
+        // changed, since any such change would have visited it.
+        view.ensure_ready(&state.collection);
+        let Some(slot) = slot else {
+            old_ranks.push(OldRank::NotMember);
+            continue;
+        };
+        if !view.is_member(&state.collection, slot, filter_scratch) {
             old_ranks.push(OldRank::NotMember);
             continue;
         }
@@ -660,8 +795,8 @@ enum OldRank {
     Unchanged(usize),
 }
 
-/// Puts a slot's new entry into every view whose filter it passes, and records
-/// each affected window's diffs.
+/// Puts a slot's new entry into every visited view whose filter it passes, and
+/// records each affected window's diffs.
 fn insert_into_views(
     state: &CollectionState,
     views: &mut [Option<View>],
@@ -670,17 +805,19 @@ fn insert_into_views(
     slot: Slot,
     is_alive: bool,
 ) {
-    for (position, &view_index) in state.views.iter().enumerate() {
+    let Scratch { visited_views, old_ranks, filter: filter_scratch, touched_windows, .. } = scratch;
+    debug_assert_eq!(visited_views.len(), old_ranks.len());
+    for (&view_index, &old) in visited_views.iter().zip(old_ranks.iter()) {
         let view = views[view_index as usize].as_mut().expect("live view");
-        let (old_rank, new_rank) = match scratch.old_ranks[position] {
+        let (old_rank, new_rank) = match old {
             OldRank::Unchanged(rank) => (Some(rank), Some(rank)),
             OldRank::NotMember => {
-                let is_member = is_alive && view.filter.matches(&state.collection, slot, &mut scratch.filter);
+                let is_member = is_alive && view.filter.matches(&state.collection, slot, filter_scratch);
                 (None, insert_entry(view, &state.collection, slot, is_member))
             }
             OldRank::Removed { rank, still_member } => {
                 let is_member =
-                    is_alive && (still_member || view.filter.matches(&state.collection, slot, &mut scratch.filter));
+                    is_alive && (still_member || view.filter.matches(&state.collection, slot, filter_scratch));
                 (Some(rank), insert_entry(view, &state.collection, slot, is_member))
             }
         };
@@ -692,7 +829,7 @@ fn insert_into_views(
         for &window_index in &view.windows {
             let window = windows[window_index as usize].window.as_mut().expect("live window");
             if window.record(change, |rank| tree.select(rank).slot) {
-                scratch.touched_windows.push(window_index);
+                touched_windows.push(window_index);
             }
         }
     }
@@ -721,16 +858,19 @@ fn apply_upsert(
     op: &StoredOp,
 ) {
     let id = batch.id(op);
-    let slot = match state.collection.find_slot(id) {
+    let existing = state.collection.find_slot(id);
+    plan_visits(state, scratch, existing, Some((batch, op)));
+    let slot = match existing {
         Some(slot) => {
-            let changed_fields =
-                &scratch.resolved_fields[op.fields_start as usize..(op.fields_start + op.fields_len) as usize];
-            remove_from_views(state, views, &mut scratch.old_ranks, slot, Some(changed_fields));
+            // Taken out for the call and put back: no copy, no allocation.
+            let resolved_fields = std::mem::take(&mut scratch.resolved_fields);
+            let changed_fields = &resolved_fields[op.fields_start as usize..(op.fields_start + op.fields_len) as usize];
+            remove_from_views(state, views, scratch, Some(slot), Some(changed_fields));
+            scratch.resolved_fields = resolved_fields;
             slot
         }
         None => {
-            scratch.old_ranks.clear();
-            scratch.old_ranks.resize(state.views.len(), OldRank::NotMember);
+            remove_from_views(state, views, scratch, None, None);
             state.collection.insert_slot(id)
         }
     };
@@ -744,6 +884,7 @@ fn apply_upsert(
     if let Some(payload) = batch.payload(op) {
         state.collection.set_payload(slot, payload);
     }
+    state.keys.apply_moves(slot, &scratch.key_moves);
     insert_into_views(state, views, windows, scratch, slot, true);
 }
 
@@ -756,10 +897,14 @@ fn apply_remove(
     id: &str,
 ) -> bool {
     let Some(slot) = state.collection.find_slot(id) else {
+        // Visits nothing (and must not count the previous operation's visits again).
+        scratch.visited_views.clear();
         return false;
     };
-    remove_from_views(state, views, &mut scratch.old_ranks, slot, None);
+    plan_visits(state, scratch, Some(slot), None);
+    remove_from_views(state, views, scratch, Some(slot), None);
     insert_into_views(state, views, windows, scratch, slot, false);
+    state.keys.apply_moves(slot, &scratch.key_moves);
     state.collection.remove_slot(slot);
     true
 }

@@ -149,6 +149,38 @@ impl CompiledFilter {
         &self.fields_read
     }
 
+    /// The first top-level equality conjunct on a bool, integer or string field:
+    /// `field == literal` as the whole filter, or as a child of a top-level `all`
+    /// (the first such child, so the choice is deterministic). Every item the filter
+    /// accepts holds that value, so a view needs to look only at those items (see
+    /// `key_index`). Equalities under `any` or `not` do not qualify, and neither do
+    /// floats (`-0.0 == 0.0`, yet their bits differ).
+    pub(crate) fn equality_key(&self) -> Option<(FieldId, Value<'_>)> {
+        let key_of = |node: &Node| match *node {
+            Node::Compare { field_id, op: CompareOp::Eq, literal } => match literal {
+                Literal::Bool(flag) => Some((field_id, Value::Bool(flag))),
+                Literal::I64(number) => Some((field_id, Value::I64(number))),
+                Literal::U64(number) => Some((field_id, Value::U64(number))),
+                Literal::Str(index) => Some((field_id, Value::Str(&self.texts[index as usize]))),
+                Literal::F64(_) => None,
+            },
+            _ => None,
+        };
+        match self.nodes[0] {
+            Node::All { subtree_end } => {
+                let mut child_index = 1;
+                while child_index < subtree_end as usize {
+                    if let Some(key) = key_of(&self.nodes[child_index]) {
+                        return Some(key);
+                    }
+                    child_index = self.subtree_end(child_index);
+                }
+                None
+            }
+            ref root => key_of(root),
+        }
+    }
+
     /// Whether the item in `slot` passes. `collection` must have the schema the
     /// filter was compiled against.
     pub(crate) fn matches(&self, collection: &Collection, slot: Slot, scratch: &mut FilterScratch) -> bool {
@@ -748,6 +780,42 @@ mod tests {
         assert_eq!(compiled.nodes[3], Node::Not { subtree_end: 5 });
         assert_eq!(compiled.nodes[5], Node::Constant(true));
         assert_eq!(compiled.reads_fields(), &[FieldId(0), FieldId(1)]);
+    }
+
+    #[test]
+    fn filter_equality_key_is_the_first_top_level_equality() {
+        let schema = Schema::new()
+            .with_field("owner", FieldType::String)
+            .with_field("n", FieldType::I64)
+            .with_field("u", FieldType::U64)
+            .with_field("flag", FieldType::Bool)
+            .with_field("ratio", FieldType::F64);
+        let key = |filter: Filter| {
+            let compiled = CompiledFilter::compile(&filter, &schema).expect("compiles");
+            compiled.equality_key().map(|(field_id, value)| (field_id, value.to_owned_value()))
+        };
+        let owner = || Filter::eq("owner", OwnedValue::Str("u42".into()));
+        assert_eq!(key(owner()), Some((FieldId(0), OwnedValue::Str("u42".into()))));
+        assert_eq!(key(Filter::eq("n", OwnedValue::U64(3))), Some((FieldId(1), OwnedValue::I64(3))));
+        assert_eq!(key(Filter::eq("u", OwnedValue::U64(3))), Some((FieldId(2), OwnedValue::U64(3))));
+        assert_eq!(key(Filter::eq("flag", OwnedValue::Bool(false))), Some((FieldId(3), OwnedValue::Bool(false))));
+        // The first qualifying conjunct, skipping what does not qualify.
+        let filter = Filter::All(vec![
+            Filter::eq("ratio", OwnedValue::F64(0.0)),
+            Filter::Any(vec![Filter::eq("n", OwnedValue::I64(1))]),
+            Filter::compare("u", CompareOp::Ne, OwnedValue::U64(1)),
+            Filter::eq("flag", OwnedValue::Bool(true)),
+            owner(),
+        ]);
+        assert_eq!(key(filter), Some((FieldId(3), OwnedValue::Bool(true))));
+        // Never under `any`, `not`, or a nested `all`; never a float or another operator.
+        assert_eq!(key(Filter::Any(vec![owner()])), None);
+        assert_eq!(key(Filter::Not(Box::new(owner()))), None);
+        assert_eq!(key(Filter::All(vec![Filter::All(vec![owner()])])), None);
+        assert_eq!(key(Filter::eq("ratio", OwnedValue::F64(1.0))), None);
+        assert_eq!(key(Filter::compare("n", CompareOp::Ge, OwnedValue::I64(1))), None);
+        assert_eq!(key(Filter::True), None);
+        assert_eq!(key(Filter::All(vec![])), None);
     }
 
     /// Every pool text against every needle, through `matches` with one shared scratch

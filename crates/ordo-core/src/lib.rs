@@ -49,6 +49,7 @@ mod diff;
 mod engine;
 mod error;
 mod filter;
+mod key_index;
 mod list_diff;
 mod order_tree;
 mod schema;

@@ -145,3 +145,63 @@ fn the_counter_sees_allocations() {
     drop(boxed);
     assert_eq!(allocations_on_this_thread() - before, 1);
 }
+
+/// Updates on a collection shared by 1 000 users, each with a view under a row
+/// predicate (`owner == user`), plus an unkeyed view: recency changes, items
+/// moving between owners, removes and re-creations. The equality index, the
+/// visited-view list and the keyed views' trees all reach their working size in
+/// the warm-up; then nothing allocates.
+#[test]
+fn keyed_view_updates_allocate_nothing_in_steady_state() {
+    use crate::keyed_views::{item_id, shared_collection, user_def, user_name, N_USERS};
+
+    let mut engine = Engine::new();
+    let collection = shared_collection(&mut engine);
+    let mut sink = ReadingSink::default();
+    for user in 0..N_USERS {
+        engine.open_window(collection, &user_def(user), 0, 20, &mut sink).unwrap();
+    }
+    let everything = ViewDef::new(Filter::True, vec![SortKey::desc("recency")]);
+    engine.open_window(collection, &everything, 0, 20, &mut sink).unwrap();
+    assert_eq!(engine.stats().n_keyed_views, N_USERS);
+    let n_items = engine.collection(collection).unwrap().len();
+    let ids: Vec<String> = (0..n_items).map(item_id).collect();
+    let names: Vec<String> = (0..N_USERS).map(user_name).collect();
+
+    let mut rng = Rng(7);
+    let mut batch = Batch::new();
+    let mut recency = 1_000_000u64;
+    let mut run_updates = |engine: &mut Engine, batch: &mut Batch, sink: &mut ReadingSink, n: usize| {
+        for _ in 0..n {
+            recency += 1;
+            batch.clear();
+            let id = &ids[rng.below(n_items)];
+            match rng.below(10) {
+                0..=5 => {
+                    batch.upsert(id).set("recency", Value::U64(recency)).payload(b"new message");
+                }
+                6..=8 => {
+                    let owner = &names[rng.below(N_USERS)];
+                    batch.upsert(id).set("owner", Value::Str(owner)).set("recency", Value::U64(recency));
+                }
+                _ => {
+                    // Removed and created again in one batch: the slot is recycled at the next batch.
+                    batch.remove(id);
+                    batch.upsert(id).set("owner", Value::Str(&names[rng.below(N_USERS)]));
+                }
+            }
+            engine.apply_batch(collection, batch, sink).unwrap();
+        }
+    };
+    run_updates(&mut engine, &mut batch, &mut sink, 30_000);
+    let n_diffs_before = sink.n_diffs;
+    let n_visits_before = engine.stats().n_view_visits;
+    let before = allocations_on_this_thread();
+    run_updates(&mut engine, &mut batch, &mut sink, 20_000);
+    let allocations = allocations_on_this_thread() - before;
+    assert!(sink.n_diffs > n_diffs_before, "the updates produced no diffs: the test measured nothing");
+    // At most the unkeyed view and two keyed ones per operation (a remove and an upsert in some batches).
+    let n_visits = engine.stats().n_view_visits - n_visits_before;
+    assert!(n_visits <= 20_000 * 2 * 3, "{n_visits} view visits for 20 000 batches");
+    assert_eq!(allocations, 0, "heap allocations during 20 000 steady-state updates");
+}

@@ -3,6 +3,13 @@
 //! equal the reference's filter + full sort + slice. With the `eyeball` feature the
 //! same diffs are also applied through `eyeball_im::VectorDiff::apply`.
 //!
+//! Many views carry a row predicate, as the server conjoins one per user
+//! (`all([owner == "u42", <client filter>])`), on fields of every keyable type
+//! that updates also change, so items move between keyed views; others put the
+//! equality under `any` or `not` (never keyed), and the engine sometimes creates
+//! views with keying switched off, so keyed and unkeyed views of one definition
+//! coexist. The equality indexes are checked against the items after every step.
+//!
 //! `ORDO_MODEL_SEEDS` and `ORDO_MODEL_STEPS` lengthen the run; `ORDO_MODEL_SEED`
 //! replays one seed. A failure prints its seed.
 
@@ -15,14 +22,19 @@ use ordo_core::{
 
 use crate::reference::{ReferenceCollection, Rng};
 
-const FIELDS: [(&str, ordo_core::FieldType); 6] = [
+const FIELDS: [(&str, ordo_core::FieldType); 7] = [
     ("name", ordo_core::FieldType::String),
     ("recency", ordo_core::FieldType::U64),
     ("score", ordo_core::FieldType::I64),
     ("ratio", ordo_core::FieldType::F64),
     ("flag", ordo_core::FieldType::Bool),
     ("unread", ordo_core::FieldType::U64),
+    ("owner", ordo_core::FieldType::String),
 ];
+
+/// Owners of rows (the row predicate's values): short, long (past the column's
+/// 28-byte head), non-ASCII, empty, and case variants (equality is byte-exact).
+const OWNERS: [&str; 7] = ["u1", "u2", "U1", "user-with-a-name-longer-than-the-head-3", "ü4", "", "u5"];
 
 /// Names with ties, case variants, non-ASCII letters and shared prefixes longer than
 /// the 8 bytes the index caches, so that prefix ties reach the full comparison.
@@ -74,6 +86,7 @@ fn random_value(rng: &mut Rng, field: &str) -> OwnedValue {
         "ratio" => OwnedValue::F64(*rng.pick(&[-1.5, -0.0, 0.0, 0.25, 3.0, f64::INFINITY, f64::NEG_INFINITY])),
         "flag" => OwnedValue::Bool(rng.chance(50)),
         "unread" => OwnedValue::U64(if rng.chance(60) { 0 } else { rng.below(5) as u64 }),
+        "owner" => OwnedValue::Str(rng.pick(&OWNERS).to_string()),
         _ => unreachable!(),
     }
 }
@@ -121,12 +134,40 @@ fn random_sort(rng: &mut Rng) -> Vec<SortKey> {
     keys
 }
 
+/// An equality on a field of each keyable type (string, i64, u64, bool), mostly
+/// on `owner`; every one of these fields is also written by updates.
+fn random_equality(rng: &mut Rng) -> Filter {
+    match rng.below(8) {
+        0..=3 => Filter::eq("owner", OwnedValue::Str(rng.pick(&OWNERS).to_string())),
+        4 => Filter::eq("score", OwnedValue::I64(rng.below(9) as i64 - 4)),
+        5 => Filter::eq("flag", OwnedValue::Bool(rng.chance(50))),
+        6 => Filter::eq("unread", OwnedValue::U64(rng.below(3) as u64)),
+        // An i64 literal on a u64 field: converted, and keyed like a u64.
+        _ => Filter::eq("recency", OwnedValue::I64(rng.below(12) as i64 * 1000)),
+    }
+}
+
+/// A filter as the server builds it for a user under a row predicate, or a
+/// variant that must not be keyed.
+fn random_row_filter(rng: &mut Rng) -> Filter {
+    let predicate = random_equality(rng);
+    match rng.below(10) {
+        0..=4 => Filter::All(vec![predicate, random_filter(rng, 2)]),
+        // The client's filter first: the key is its first equality conjunct, if any.
+        5 => Filter::All(vec![random_filter(rng, 2), predicate, random_equality(rng)]),
+        6 => predicate,
+        7 => Filter::Any(vec![predicate, random_filter(rng, 2)]),
+        8 => Filter::Not(Box::new(predicate)),
+        _ => Filter::All(vec![Filter::All(vec![predicate]), random_filter(rng, 1)]),
+    }
+}
+
 /// A few definitions are reused often so that windows share views.
 fn random_def(rng: &mut Rng, shared: &[ViewDef]) -> ViewDef {
-    if rng.chance(50) {
-        rng.pick(shared).clone()
-    } else {
-        ViewDef::new(random_filter(rng, 3), random_sort(rng))
+    match rng.below(100) {
+        0..=39 => rng.pick(shared).clone(),
+        40..=74 => ViewDef::new(random_row_filter(rng), random_sort(rng)),
+        _ => ViewDef::new(random_filter(rng, 3), random_sort(rng)),
     }
 }
 
@@ -276,8 +317,9 @@ fn run_seed(seed: u64, n_steps: usize) -> std::collections::BTreeMap<String, usi
     let schema = schema();
     let mut engine = Engine::new();
     let collection = engine.create_collection("rooms", schema.clone()).unwrap();
-    let shared_defs: Vec<ViewDef> =
+    let mut shared_defs: Vec<ViewDef> =
         (0..3).map(|_| ViewDef::new(random_filter(&mut rng, 2), random_sort(&mut rng))).collect();
+    shared_defs.extend((0..3).map(|_| ViewDef::new(random_row_filter(&mut rng), random_sort(&mut rng))));
     let mut harness = Harness {
         engine,
         collection,
@@ -290,25 +332,38 @@ fn run_seed(seed: u64, n_steps: usize) -> std::collections::BTreeMap<String, usi
         n_ids: if seed % 4 == 3 { 700 } else { 48 },
         max_ops_per_batch: if seed % 4 == 3 { 40 } else { 6 },
     };
+    // One seed in four opens many windows (on few ids, to keep the reference
+    // cheap), so that many keyed views coexist.
+    let max_windows = if seed % 4 == 1 { 40 } else { 12 };
+    let (mut max_keyed_views, mut n_unkeyed_view_steps) = (0, 0);
     for step in 0..n_steps {
         let context = format!("seed {seed} step {step}");
         let action = rng.below(100);
-        let open_window = harness.windows.is_empty() || (action < 72 && harness.windows.len() < 12);
+        let open_window = harness.windows.is_empty() || (action < 72 && harness.windows.len() < max_windows);
+        if rng.chance(3) {
+            // Views created from now on are keyed, or not: both kinds coexist.
+            harness.engine.set_view_keying(rng.chance(70));
+        }
         if action < 60 {
             harness.random_batch(&mut rng);
         } else if open_window {
-            let def = random_def(&mut rng, &shared_defs);
-            let (offset, limit) = (rng.below(harness.n_ids / 2 + 10), rng.below(25));
-            let id = harness.engine.open_window(harness.collection, &def, offset, limit, &mut harness.sink).unwrap();
-            harness.windows.push(ClientWindow {
-                id,
-                def,
-                offset,
-                limit,
-                items: Vec::new(),
-                #[cfg(feature = "eyeball")]
-                eyeball_items: imbl::Vector::new(),
-            });
+            // Several users at once on the many-window seeds.
+            let n_new = if max_windows > 12 { 1 + rng.below(4) } else { 1 };
+            for _ in 0..n_new {
+                let def = random_def(&mut rng, &shared_defs);
+                let (offset, limit) = (rng.below(harness.n_ids / 2 + 10), rng.below(25));
+                let id =
+                    harness.engine.open_window(harness.collection, &def, offset, limit, &mut harness.sink).unwrap();
+                harness.windows.push(ClientWindow {
+                    id,
+                    def,
+                    offset,
+                    limit,
+                    items: Vec::new(),
+                    #[cfg(feature = "eyeball")]
+                    eyeball_items: imbl::Vector::new(),
+                });
+            }
         } else if action < 78 && !harness.windows.is_empty() {
             let index = rng.below(harness.windows.len());
             let window = harness.windows.remove(index);
@@ -338,7 +393,14 @@ fn run_seed(seed: u64, n_steps: usize) -> std::collections::BTreeMap<String, usi
         }
         harness.deliver(&context);
         harness.check(&context);
+        harness.engine.check_key_indexes();
+        let stats = harness.engine.stats();
+        max_keyed_views = max_keyed_views.max(stats.n_keyed_views);
+        n_unkeyed_view_steps += usize::from(stats.n_views > stats.n_keyed_views);
     }
+    // Counted like diff kinds, so that a run which stops keying views is noticed.
+    harness.diff_counts.insert("(max keyed views at once)".into(), max_keyed_views);
+    harness.diff_counts.insert("(steps with unkeyed views)".into(), n_unkeyed_view_steps);
     harness.diff_counts
 }
 
@@ -355,9 +417,11 @@ fn windows_rebuilt_from_diffs_equal_the_reference() {
         Err(_) => (0..n_seeds).collect(),
     };
     let mut diff_counts = std::collections::BTreeMap::<String, usize>::new();
+    let mut max_keyed_views = 0;
     for seed in seeds {
         match std::panic::catch_unwind(|| run_seed(seed, n_steps)) {
-            Ok(counts) => {
+            Ok(mut counts) => {
+                max_keyed_views = max_keyed_views.max(counts.remove("(max keyed views at once)").unwrap_or(0));
                 for (kind, count) in counts {
                     *diff_counts.entry(kind).or_default() += count;
                 }
@@ -368,5 +432,8 @@ fn windows_rebuilt_from_diffs_equal_the_reference() {
             }
         }
     }
-    eprintln!("diffs checked, by kind: {diff_counts:?}");
+    eprintln!("diffs checked, by kind: {diff_counts:?}; at most {max_keyed_views} keyed views at once");
+    if n_steps >= 100 {
+        assert!(max_keyed_views >= 5, "the run hardly keyed any view: {max_keyed_views} at most");
+    }
 }

@@ -1,0 +1,283 @@
+//! Keyed views and the equality index.
+//!
+//! A view whose filter requires `field == literal` at its top level (the filter
+//! itself, or one child of a top-level `all`; see
+//! [`CompiledFilter::equality_key`]) can only ever hold items whose `field` has
+//! that value. Such a view is *keyed* by `(field, value)`: it is listed under that
+//! key instead of in its collection's list of unkeyed views, and an update visits
+//! it only when the item's old or new value of `field` is the key's value. A
+//! server that conjoins a row predicate (`owner == "u42"`) into every view of
+//! 10 000 users thus visits, per update, the views of the item's owner and not
+//! the 10 000.
+//!
+//! Keys are 64-bit hashes of the value, never the value itself: no string is
+//! copied into the index, and two values that collide share one entry. That is
+//! safe because a key only ever *narrows* the candidates: every visited view
+//! still evaluates its whole filter, and a view built from its key's slots still
+//! tests each of them. A collision costs work, never correctness.
+//!
+//! For every field that keys at least one view, the index also lists, per value,
+//! the live slots holding it (the *equality index*), so that building a keyed
+//! view reads only those slots instead of filtering the whole collection. It is
+//! built by one scan when the field's first keyed view appears, kept exact by
+//! every upsert and remove, and dropped with the field's last keyed view (so a
+//! collection without views, the only kind a bulk load accepts, has none to
+//! maintain). Each value's slots form a doubly linked list threaded through two
+//! per-slot arrays: an item changing value is unlinked and linked in O(1), and
+//! never allocates, however the number of items per value drifts (a `Vec` per
+//! value would grow each time a value reached a new high).
+
+use hashbrown::{DefaultHashBuilder, HashTable};
+use std::hash::BuildHasher;
+
+use crate::collection::{Collection, Slot};
+use crate::schema::FieldId;
+use crate::value::Value;
+
+/// The key a view is registered under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ViewKey {
+    pub(crate) field_id: FieldId,
+    pub(crate) hash: u64,
+}
+
+/// A slot's key hash for one keyed field before and after the operation being
+/// applied (`None`: null, or no item).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KeyMove {
+    pub(crate) old: Option<u64>,
+    pub(crate) new: Option<u64>,
+}
+
+/// The end of a slot list.
+const NO_SLOT: Slot = Slot::MAX;
+
+/// One value (hash) of a keyed field: the views keyed by it and the slots holding it.
+struct KeyEntry {
+    hash: u64,
+    views: Vec<u32>,
+    /// Head of the list of slots holding the value, linked by `KeyedField::next`.
+    first_slot: Slot,
+    n_slots: u32,
+}
+
+/// A field that keys at least one view, with its equality index.
+pub(crate) struct KeyedField {
+    pub(crate) field_id: FieldId,
+    n_views: usize,
+    /// By `hash`. An entry exists while it has a view or a slot.
+    entries: HashTable<KeyEntry>,
+    /// Per slot, the next and previous slot of its value's list (`NO_SLOT` at the
+    /// ends, and for slots in no list: null values, free slots).
+    next: Vec<Slot>,
+    previous: Vec<Slot>,
+}
+
+/// The keyed views and equality indexes of one collection.
+#[derive(Default)]
+pub(crate) struct KeyIndex {
+    hasher: DefaultHashBuilder,
+    /// Usually one field (the row predicate's); searched linearly.
+    fields: Vec<KeyedField>,
+}
+
+impl KeyIndex {
+    /// The hash a value is keyed under; `None` for null and floats (which are never
+    /// keys: `-0.0 == 0.0` would need equal hashes). Within one field every value
+    /// has the field's type, so types need no tag.
+    #[inline]
+    pub(crate) fn hash_value(&self, value: Value<'_>) -> Option<u64> {
+        match value {
+            Value::Bool(flag) => Some(self.hasher.hash_one(flag)),
+            Value::I64(number) => Some(self.hasher.hash_one(number)),
+            Value::U64(number) => Some(self.hasher.hash_one(number)),
+            Value::Str(text) => Some(self.hasher.hash_one(text)),
+            Value::Null | Value::F64(_) => None,
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.fields.is_empty()
+    }
+
+    pub(crate) fn fields(&self) -> &[KeyedField] {
+        &self.fields
+    }
+
+    pub(crate) fn n_views(&self) -> usize {
+        self.fields.iter().map(|field| field.n_views).sum()
+    }
+
+    fn field(&self, field_id: FieldId) -> Option<&KeyedField> {
+        self.fields.iter().find(|field| field.field_id == field_id)
+    }
+
+    /// Views registered under `key`.
+    pub(crate) fn views_of(&self, key: ViewKey) -> &[u32] {
+        self.field(key.field_id).map_or(&[], |field| field.views_of_hash(key.hash))
+    }
+
+    /// Appends to `out` the live slots whose value of `key.field_id` hashes to
+    /// `key.hash` (a superset of the slots holding the key's value, on a collision).
+    pub(crate) fn collect_slots(&self, key: ViewKey, out: &mut Vec<Slot>) {
+        let Some(field) = self.field(key.field_id) else { return };
+        let Some(entry) = field.entry(key.hash) else { return };
+        out.reserve(entry.n_slots as usize);
+        let mut slot = entry.first_slot;
+        while slot != NO_SLOT {
+            out.push(slot);
+            slot = field.next[slot as usize];
+        }
+    }
+
+    /// Makes sure `field_id` has an equality index, building it by one scan of the
+    /// collection if it has none (the field's first keyed view).
+    pub(crate) fn ensure_field(&mut self, collection: &Collection, field_id: FieldId) {
+        if self.field(field_id).is_some() {
+            return;
+        }
+        let mut field = KeyedField {
+            field_id,
+            n_views: 0,
+            entries: HashTable::new(),
+            next: vec![NO_SLOT; collection.slot_capacity()],
+            previous: vec![NO_SLOT; collection.slot_capacity()],
+        };
+        for slot in collection.live_slots() {
+            if let Some(hash) = self.hash_value(collection.value(slot, field_id)) {
+                field.add_slot(slot, hash);
+            }
+        }
+        self.fields.push(field);
+    }
+
+    /// Registers a view under `key`; the field's index must exist (`ensure_field`).
+    pub(crate) fn add_view(&mut self, key: ViewKey, view_index: u32) {
+        let field = self.fields.iter_mut().find(|field| field.field_id == key.field_id).expect("ensure_field ran");
+        field.n_views += 1;
+        field.entry_or_insert(key.hash).views.push(view_index);
+    }
+
+    /// Unregisters a view; drops the field's index with its last keyed view.
+    pub(crate) fn remove_view(&mut self, key: ViewKey, view_index: u32) {
+        let field_position =
+            self.fields.iter().position(|field| field.field_id == key.field_id).expect("a keyed view's field");
+        let field = &mut self.fields[field_position];
+        let entry = field.entry_mut(key.hash).expect("a keyed view's entry");
+        let view_position = entry.views.iter().position(|&index| index == view_index).expect("registered");
+        entry.views.swap_remove(view_position);
+        field.remove_entry_if_empty(key.hash);
+        field.n_views -= 1;
+        if field.n_views == 0 {
+            // Not `swap_remove`: keeping the order keeps visits (and so delivery) deterministic.
+            self.fields.remove(field_position);
+        }
+    }
+
+    /// Moves `slot` between entries as `moves` (one per field, in `fields()` order) says.
+    pub(crate) fn apply_moves(&mut self, slot: Slot, moves: &[KeyMove]) {
+        debug_assert_eq!(moves.len(), self.fields.len());
+        for (field, key_move) in self.fields.iter_mut().zip(moves) {
+            if key_move.old == key_move.new {
+                continue;
+            }
+            if let Some(hash) = key_move.old {
+                field.remove_slot(slot, hash);
+            }
+            if let Some(hash) = key_move.new {
+                field.add_slot(slot, hash);
+            }
+        }
+    }
+
+    /// Checks every index against the collection (a full scan, for tests).
+    pub(crate) fn check(&self, collection: &Collection) {
+        for field in &self.fields {
+            let mut n_indexed = 0;
+            for entry in field.entries.iter() {
+                assert!(!entry.views.is_empty() || entry.n_slots > 0, "an empty entry was kept");
+                let (mut slot, mut previous, mut n_slots) = (entry.first_slot, NO_SLOT, 0);
+                while slot != NO_SLOT {
+                    assert_eq!(field.previous[slot as usize], previous, "the list's back link");
+                    assert_eq!(self.hash_value(collection.value(slot, field.field_id)), Some(entry.hash));
+                    (previous, slot) = (slot, field.next[slot as usize]);
+                    n_slots += 1;
+                }
+                assert_eq!(n_slots, entry.n_slots);
+                n_indexed += n_slots as usize;
+            }
+            let n_live_with_value = collection
+                .live_slots()
+                .filter(|&slot| self.hash_value(collection.value(slot, field.field_id)).is_some())
+                .count();
+            assert_eq!(n_indexed, n_live_with_value, "the equality index misses live slots");
+        }
+    }
+}
+
+impl KeyedField {
+    fn entry(&self, hash: u64) -> Option<&KeyEntry> {
+        self.entries.find(hash, |entry| entry.hash == hash)
+    }
+
+    fn entry_mut(&mut self, hash: u64) -> Option<&mut KeyEntry> {
+        self.entries.find_mut(hash, |entry| entry.hash == hash)
+    }
+
+    fn entry_or_insert(&mut self, hash: u64) -> &mut KeyEntry {
+        self.entries
+            .entry(hash, |entry| entry.hash == hash, |entry| entry.hash)
+            .or_insert_with(|| KeyEntry { hash, views: Vec::new(), first_slot: NO_SLOT, n_slots: 0 })
+            .into_mut()
+    }
+
+    /// Views keyed by the value that hashes to `hash`.
+    #[inline]
+    pub(crate) fn views_of_hash(&self, hash: u64) -> &[u32] {
+        self.entry(hash).map_or(&[], |entry| &entry.views)
+    }
+
+    /// Links `slot` at the head of its value's list.
+    fn add_slot(&mut self, slot: Slot, hash: u64) {
+        if slot as usize >= self.next.len() {
+            // Grows with the collection; amortised like a Vec push.
+            self.next.resize(slot as usize + 1, NO_SLOT);
+            self.previous.resize(slot as usize + 1, NO_SLOT);
+        }
+        let entry = self.entry_or_insert(hash);
+        debug_assert_ne!(entry.first_slot, slot, "slot {slot} linked twice");
+        let old_first = std::mem::replace(&mut entry.first_slot, slot);
+        entry.n_slots += 1;
+        self.next[slot as usize] = old_first;
+        self.previous[slot as usize] = NO_SLOT;
+        if old_first != NO_SLOT {
+            self.previous[old_first as usize] = slot;
+        }
+    }
+
+    /// Unlinks `slot` from the list of the value hashing to `hash`.
+    fn remove_slot(&mut self, slot: Slot, hash: u64) {
+        let next = std::mem::replace(&mut self.next[slot as usize], NO_SLOT);
+        let previous = std::mem::replace(&mut self.previous[slot as usize], NO_SLOT);
+        let entry = self.entries.find_mut(hash, |entry| entry.hash == hash).expect("the slot's old entry");
+        entry.n_slots -= 1;
+        if previous == NO_SLOT {
+            debug_assert_eq!(entry.first_slot, slot, "a slot without a predecessor heads its list");
+            entry.first_slot = next;
+        } else {
+            self.next[previous as usize] = next;
+        }
+        if next != NO_SLOT {
+            self.previous[next as usize] = previous;
+        }
+        self.remove_entry_if_empty(hash);
+    }
+
+    fn remove_entry_if_empty(&mut self, hash: u64) {
+        if let Ok(entry) = self.entries.find_entry(hash, |entry| entry.hash == hash) {
+            if entry.get().views.is_empty() && entry.get().n_slots == 0 {
+                entry.remove();
+            }
+        }
+    }
+}
