@@ -2096,6 +2096,16 @@ struct LiveResult {
     metrics_after: Option<Vec<(String, f64)>>,
     /// How late a thread sleeping 1 ms at a time woke, in µs (`WakeMeter`).
     wake_delays: Option<Histogram>,
+    /// Cores the whole machine was busy and stolen by the hypervisor during
+    /// the write phase, and how much of the busy time neither the server nor
+    /// loadgen used (other processes: a comparison of runs needs it near 0).
+    machine_cores: Option<MachineCores>,
+}
+
+struct MachineCores {
+    busy: f64,
+    steal: f64,
+    others: Option<f64>,
 }
 
 /// Subscribes every spec, waits for every first frame, writes for the plan's
@@ -2169,12 +2179,26 @@ async fn run_live_phase(
     let delivered_before = counters.snapshot();
     let server_cpu_before = server_pid.as_deref().and_then(CpuSample::read);
     let loadgen_cpu_before = CpuSample::read("self");
+    let machine_before = machine_cpu_seconds();
     let wake_meter = WakeMeter::start(clock, counters.clone());
     let pace = WritePace { rate: plan.rate, duration: Duration::from_secs_f64(plan.seconds), tick: options.tick };
     let write = run_write_loop(pool, source, pace, clock, &stats, plan.write_token).await;
     let wake_delays = wake_meter.stop();
     let server_cpu_after = server_pid.as_deref().and_then(CpuSample::read);
     let loadgen_cpu_after = CpuSample::read("self");
+    let machine_after = machine_cpu_seconds();
+    let machine_cores = machine_before.zip(machine_after).map(|((busy_before, steal_before), (busy, steal))| {
+        let seconds = write.write_seconds;
+        let used = |before: &Option<CpuSample>, after: &Option<CpuSample>| {
+            Some((after.as_ref()?.total_seconds - before.as_ref()?.total_seconds) / seconds)
+        };
+        let ours = used(&loadgen_cpu_before, &loadgen_cpu_after)
+            .map(|loadgen| loadgen + used(&server_cpu_before, &server_cpu_after).unwrap_or(0.0));
+        let busy = (busy - busy_before) / seconds;
+        // Without a server of ours (--server-url) the rest is not "others".
+        let others = ours.filter(|_| server_pid.is_some()).map(|ours| (busy - ours).max(0.0));
+        MachineCores { busy, steal: (steal - steal_before) / seconds, others }
+    });
     let server_memory = server_pid.as_deref().and_then(memory_bytes);
     let delivered_after = counters.snapshot();
     let cores =
@@ -2215,6 +2239,7 @@ async fn run_live_phase(
         metrics_before,
         metrics_after,
         wake_delays,
+        machine_cores,
     })
 }
 
@@ -2426,6 +2451,36 @@ fn print_costs(live: &LiveResult) {
             delays.len()
         );
     }
+    if let Some(machine) = &live.machine_cores {
+        let others = machine.others.map_or(String::new(), |others| format!("; {others:.2} by other processes"));
+        println!(
+            "  machine: {:.2} cores busy over the write phase{others}; {:.2} cores stolen by the hypervisor",
+            machine.busy, machine.steal
+        );
+    }
+}
+
+/// `(busy, steal)` CPU seconds of all cores together since boot, from
+/// /proc/stat's `cpu` line (busy: user, nice, system, irq, softirq; guest
+/// time is inside user).
+fn machine_cpu_seconds() -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()?
+        .strip_prefix("cpu ")?
+        .split_whitespace()
+        .map(|field| field.parse().ok())
+        .collect::<Option<_>>()?;
+    let (user, nice, system, irq, softirq, steal) =
+        (*ticks.first()?, *ticks.get(1)?, *ticks.get(2)?, *ticks.get(5)?, *ticks.get(6)?, *ticks.get(7)?);
+    // SAFETY: sysconf only reads a configuration value.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if per_second <= 0 {
+        return None;
+    }
+    let seconds = |ticks: u64| ticks as f64 / per_second as f64;
+    Some((seconds(user + nice + system + irq + softirq), seconds(steal)))
 }
 
 /// With `--auth`: tokens the server refused over the whole run (any is a
