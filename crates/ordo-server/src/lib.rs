@@ -4,6 +4,7 @@
 //! and the store ([`core`]); network tasks talk to it through a bounded queue.
 
 pub mod access;
+pub mod api;
 pub mod auth;
 pub mod core;
 pub mod demo;
@@ -21,4 +22,5 @@ pub mod rules;
 pub mod server;
 pub mod sub_table;
 pub mod wire;
+pub mod write_buffers;
 pub mod ws;

@@ -1,0 +1,564 @@
+//! The HTTP API: every request after the accept loop. The `Host` and `Origin`
+//! gate, then the router: each route authenticates its caller, asks the rules
+//! what it may do, and hands typed, pre-checked commands to the writer thread.
+//! The WebSocket upgrade ends here and continues in `ws`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response};
+use tokio::sync::oneshot;
+
+use ordo_core::Batch;
+
+use crate::auth::{self, Identity, Role};
+use crate::core::{is_reserved_name, CollectionEntry, Command};
+use crate::error::{ApiError, ErrorCode};
+use crate::frame::write_u64;
+use crate::http::{Body, ConnectionSlot, HttpState};
+use crate::limits;
+use crate::metrics::{self, METRICS};
+use crate::rate_limit::TokenBucket;
+use crate::rules::{self, Action, Grant, RuleSet, RulesDoc, WriteGuard};
+use crate::wire::{self, BatchRequest, MultiBatchRequest, QueryRequest, SchemaRequest};
+use crate::write_buffers;
+use crate::ws::{self, ConnectionContext};
+
+fn json_response(status: u16, body: Vec<u8>) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .expect("a valid response")
+}
+
+/// A file of the demo page. `no-cache`: a browser revalidates, so a rebuilt
+/// server's page is never mixed with a cached script of the last one.
+fn demo_asset(name: &str) -> Option<Response<Body>> {
+    let (content_type, body) = crate::demo::asset(name)?;
+    let response = Response::builder()
+        .status(200)
+        .header("content-type", content_type)
+        .header("cache-control", "no-cache")
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .expect("a valid response");
+    Some(response)
+}
+
+fn error_response(error: &ApiError) -> Response<Body> {
+    metrics::count_error(error.code);
+    json_response(error.status(), error.to_json_body())
+}
+
+pub(crate) async fn handle(
+    request: Request<Incoming>,
+    state: Arc<HttpState>,
+    bucket: Arc<Mutex<TokenBucket>>,
+    slot: Arc<ConnectionSlot>,
+) -> Response<Body> {
+    metrics::add(&METRICS.http_requests, 1);
+    if !bucket.lock().expect("budget lock").try_take() {
+        let error = ApiError::new(
+            ErrorCode::RateLimited,
+            format!("more than {} requests per second on this connection", state.http_requests_per_second),
+        );
+        return error_response(&error);
+    }
+    if *state.shutdown.borrow() {
+        return error_response(&ApiError::shutting_down());
+    }
+    // Where the request comes from is checked before anything else is read.
+    let host = host_of(&request);
+    let origin = request.headers().get(hyper::header::ORIGIN).and_then(|value| value.to_str().ok());
+    let checked =
+        state.gate.check_host(host.as_deref()).and_then(|()| state.gate.check_origin(origin, host.as_deref()));
+    if let Err(error) = checked {
+        eprintln!("ordo: refused {} {} ({})", request.method(), request.uri().path(), error.code.as_str());
+        return error_response(&error);
+    }
+    match route(request, &state, slot).await {
+        Ok(response) => response,
+        Err(error) => error_response(&error),
+    }
+}
+
+/// The request's host: `Host`, or the URI's authority (HTTP/2's `:authority`).
+fn host_of(request: &Request<Incoming>) -> Option<String> {
+    match request.headers().get(hyper::header::HOST).and_then(|value| value.to_str().ok()) {
+        Some(host) => Some(host.to_owned()),
+        None => request.uri().authority().map(|authority| authority.as_str().to_owned()),
+    }
+}
+
+/// The bearer token of the request's `Authorization` header.
+fn bearer_token(request: &Request<Incoming>) -> Option<String> {
+    let header = request.headers().get(hyper::header::AUTHORIZATION)?.to_str().ok()?;
+    auth::bearer(header).map(str::to_owned)
+}
+
+/// The caller, or `unauthorized`; a reader's request counts against its identity's rate.
+fn caller(state: &HttpState, token: Option<&str>, path: &str) -> Result<Arc<Identity>, ApiError> {
+    let identity = state.gate.authenticate(token, path)?;
+    state.gate.take_request(&identity)?;
+    Ok(identity)
+}
+
+fn require_admin(identity: &Identity, what: &str) -> Result<(), ApiError> {
+    if identity.role == Role::Admin {
+        Ok(())
+    } else {
+        Err(ApiError::new(ErrorCode::Forbidden, format!("{what} needs an admin token")))
+    }
+}
+
+/// The collection `name` as `identity` may use it for `action`, and what it is
+/// granted. Rules are checked before the name is looked up, so a refusal says
+/// the same whether the collection exists or not. Non-admins must spell names
+/// exactly: `lists/U42` must not reach `lists/u42` through case-insensitive routing.
+fn granted_collection(
+    state: &HttpState,
+    identity: &Identity,
+    name: &str,
+    action: Action,
+) -> Result<(Arc<CollectionEntry>, Grant), ApiError> {
+    if is_reserved_name(name) {
+        return Err(ApiError::new(ErrorCode::Forbidden, format!("`{name}` is reserved for the server")));
+    }
+    let verb = match action {
+        Action::Read => "read",
+        Action::Write => "write to",
+    };
+    let grant = state.gate.rules().grant(identity, name, action).ok_or_else(|| rules::forbidden(name, verb))?;
+    let entry = collection(state, name)?;
+    if identity.role != Role::Admin && entry.name != name {
+        return Err(ApiError::unknown_collection(name));
+    }
+    Ok((entry, grant))
+}
+
+/// A write's part and, under a filtered write rule, the guard the writer checks.
+fn write_guard(
+    index: usize,
+    entry: &CollectionEntry,
+    grant: &Grant,
+    guards: &mut Vec<(usize, Arc<WriteGuard>)>,
+) -> Result<(), ApiError> {
+    if let Some(guard) = WriteGuard::new(grant, &entry.schema)? {
+        guards.push((index, Arc::new(guard)));
+    }
+    Ok(())
+}
+
+async fn route(
+    request: Request<Incoming>,
+    state: &HttpState,
+    slot: Arc<ConnectionSlot>,
+) -> Result<Response<Body>, ApiError> {
+    let path = request.uri().path().to_owned();
+    let segments: Vec<String> =
+        path.trim_start_matches('/').split('/').map(percent_decode).collect::<Result<_, _>>()?;
+    let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+    let method = request.method().clone();
+    let token = bearer_token(&request);
+    let token = token.as_deref();
+    let demo_path = segments.first() == Some(&"demo");
+    if demo_path && !state.demo_enabled {
+        return Err(ApiError::new(
+            ErrorCode::NotFound,
+            format!("no such path: {path} (the demo runs with `ordo serve --demo`)"),
+        ));
+    }
+    match (&method, segments.as_slice()) {
+        (&Method::GET, ["v1", "health"]) => {
+            // Anyone may ask whether the server is up; only an admin learns its sizes.
+            let admin = token.is_some() || !state.gate.auth_enabled();
+            let admin = admin && caller(state, token, &path).is_ok_and(|identity| identity.role == Role::Admin);
+            let body = if admin {
+                let gauges = gauges(state).await?;
+                serde_json::json!({
+                    "status": "ok", "protocol": 1, "last_seq": gauges.last_seq,
+                    "collections": gauges.n_collections, "items": gauges.n_items,
+                })
+            } else {
+                serde_json::json!({"status": "ok", "protocol": 1})
+            };
+            Ok(json_response(200, body.to_string().into_bytes()))
+        }
+        (&Method::GET, ["v1", "limits"]) => Ok(json_response(200, state.limits_json.to_string().into_bytes())),
+        (&Method::GET, ["metrics"]) => {
+            if !state.metrics_public {
+                require_admin(&*caller(state, token, &path)?, "/metrics (or `--metrics-public`)")?;
+            }
+            let gauges = gauges(state).await?;
+            let depth = state.core.max_capacity() - state.core.capacity();
+            let text = metrics::render(&gauges, depth);
+            Ok(Response::builder()
+                .status(200)
+                .header("content-type", "text/plain; version=0.0.4")
+                .body(Full::new(Bytes::from(text)))
+                .expect("a valid response"))
+        }
+        (&Method::GET, ["v1", "ws"]) => upgrade(request, state, token, slot),
+        (&Method::GET, ["v1", "rules"]) => {
+            require_admin(&*caller(state, token, &path)?, "reading the rules")?;
+            let body = serde_json::to_vec(state.gate.rules().doc()).expect("rules serialise");
+            Ok(json_response(200, body))
+        }
+        (&Method::PUT, ["v1", "rules"]) => {
+            require_admin(&*caller(state, token, &path)?, "changing the rules")?;
+            let body = read_body(request).await?;
+            let doc: RulesDoc = parse(&body)?;
+            let rules = RuleSet::compile(doc.clone())?;
+            let text = serde_json::to_string(&doc).expect("rules serialise");
+            let (reply, answer) = oneshot::channel();
+            send(state, Command::SetRules { doc: text, reply }).await?;
+            let seq = answer.await.map_err(|_| ApiError::shutting_down())??;
+            state.gate.set_rules(rules);
+            let mut body = serde_json::to_value(&doc).expect("rules serialise");
+            body["seq"] = seq.into();
+            Ok(json_response(200, body.to_string().into_bytes()))
+        }
+        (&Method::POST, ["demo", "token"]) => {
+            let body = read_body(request).await?;
+            let user = crate::demo::parse_token_request(&body)?;
+            let secret = state.demo_secret.as_ref().expect("--demo has a secret");
+            let ttl = limits::DEMO_TOKEN_TTL_SECS;
+            let token = auth::mint(secret, "role", user, Role::Reader, ttl, &serde_json::Map::new());
+            let body = serde_json::json!({"token": token, "sub": user, "role": "reader", "expires_in": ttl});
+            Ok(json_response(200, body.to_string().into_bytes()))
+        }
+        (_, ["demo", "simulator"]) if state.demo.is_none() => {
+            Err(ApiError::new(ErrorCode::NotFound, "the demo's simulator runs only with `ordo serve --demo`"))
+        }
+        (&Method::GET, ["demo", "simulator"]) => {
+            let simulator = state.demo.as_ref().expect("checked above");
+            Ok(json_response(200, simulator.status_json().to_string().into_bytes()))
+        }
+        (&Method::POST, ["demo", "simulator"]) => {
+            require_admin(&*caller(state, token, &path)?, "changing the simulator's rate")?;
+            let simulator = state.demo.as_ref().expect("checked above");
+            let body = read_body(request).await?;
+            let rate = crate::demo::parse_rate_request(&body)?;
+            simulator.set_rate(rate);
+            Ok(json_response(200, serde_json::json!({ "rate": rate }).to_string().into_bytes()))
+        }
+        (&Method::GET, ["demo"]) => Ok(demo_asset("").expect("the page is embedded")),
+        (&Method::GET, ["demo", name]) => demo_asset(name)
+            .ok_or_else(|| ApiError::new(ErrorCode::NotFound, format!("no such path: {path} (the demo is at /demo)"))),
+        (&Method::GET, ["v1", "collections"]) => {
+            let identity = caller(state, token, &path)?;
+            let rules = state.gate.rules();
+            let routes = state.routes.read().expect("routes lock");
+            let mut list: Vec<serde_json::Value> = routes
+                .iter()
+                .filter(|(_, entry)| identity.role == Role::Admin || rules.may_read(&identity, &entry.name))
+                .map(|(_, entry)| wire::schema_json(&entry.name, &entry.schema, None))
+                .collect();
+            drop(routes);
+            list.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+            Ok(json_response(200, serde_json::json!({"collections": list}).to_string().into_bytes()))
+        }
+        (&Method::PUT, ["v1", "collections", name]) => {
+            let identity = caller(state, token, &path)?;
+            if is_reserved_name(name) {
+                return Err(ApiError::new(ErrorCode::Forbidden, format!("`{name}` is reserved for the server")));
+            }
+            if !state.gate.rules().may_create(&identity, name) {
+                return Err(rules::forbidden(name, "create"));
+            }
+            let name = name.to_string();
+            let body = read_body(request).await?;
+            let schema_request: SchemaRequest = parse(&body)?;
+            let schema = schema_request.to_schema()?;
+            state.gate.take_creation(&identity)?;
+            let (reply, answer) = oneshot::channel();
+            send(state, Command::CreateCollection { name, schema, reply }).await?;
+            let (created, entry) = answer.await.map_err(|_| ApiError::shutting_down())??;
+            let body = wire::schema_json(&entry.name, &entry.schema, None);
+            Ok(json_response(if created { 201 } else { 200 }, body.to_string().into_bytes()))
+        }
+        (&Method::GET, ["v1", "collections", name]) => {
+            let identity = caller(state, token, &path)?;
+            let (entry, grant) = granted_collection(state, &identity, name, Action::Read)?;
+            // The item count would tell a reader how many items its rule hides.
+            let n_items = match grant {
+                Grant::All => {
+                    let (reply, answer) = oneshot::channel();
+                    send(state, Command::CollectionLen { collection: entry.id, reply }).await?;
+                    Some(answer.await.map_err(|_| ApiError::shutting_down())?)
+                }
+                Grant::Where(_) => None,
+            };
+            let body = wire::schema_json(&entry.name, &entry.schema, n_items);
+            Ok(json_response(200, body.to_string().into_bytes()))
+        }
+        (&Method::POST, ["v1", "collections", name, "batch"]) => {
+            let identity = caller(state, token, &path)?;
+            let (entry, grant) = granted_collection(state, &identity, name, Action::Write)?;
+            let mut guards = Vec::new();
+            write_guard(0, &entry, &grant, &mut guards)?;
+            let body = read_body(request).await?;
+            let batch_request: BatchRequest = parse(&body)?;
+            check_op_count(batch_request.ops.len())?;
+            let mut batch = write_buffers::take_batch();
+            wire::fill_batch(&mut batch, &entry.schema, &batch_request.ops, 0)?;
+            let mut parts = write_buffers::take_list();
+            parts.push((entry.id, batch));
+            let mut results = write(state, parts, guards).await?;
+            let ack = results.pop().expect("one result per part")?;
+            let mut body = Vec::with_capacity(64);
+            write_ack(&mut body, &ack);
+            Ok(json_response(200, body))
+        }
+        (&Method::POST, ["v1", "batch"]) => {
+            let identity = caller(state, token, &path)?;
+            let body = read_body(request).await?;
+            let multi: MultiBatchRequest = parse(&body)?;
+            check_op_count(multi.writes.iter().map(|write| write.ops.len()).sum())?;
+            // A part refused here (unknown collection, a value of the wrong type) fails
+            // alone, as a part refused by the engine would; the others are written.
+            let mut refused: Vec<(usize, ApiError)> = Vec::new();
+            let mut parts = write_buffers::take_list();
+            let mut guards = Vec::new();
+            for (index, part) in multi.writes.iter().enumerate() {
+                let prepared =
+                    granted_collection(state, &identity, &part.collection, Action::Write).and_then(|(entry, grant)| {
+                        write_guard(parts.len(), &entry, &grant, &mut guards)?;
+                        let mut batch = write_buffers::take_batch();
+                        match wire::fill_batch(&mut batch, &entry.schema, &part.ops, 0) {
+                            Ok(()) => Ok((entry.id, batch)),
+                            Err(error) => {
+                                if guards.last().is_some_and(|(guarded, _)| *guarded == parts.len()) {
+                                    guards.pop();
+                                }
+                                write_buffers::give_batch(batch);
+                                Err(error)
+                            }
+                        }
+                    });
+                match prepared {
+                    Ok(prepared) => parts.push(prepared),
+                    Err(error) => refused
+                        .push((index, ApiError { message: format!("write {index}: {}", error.message), ..error })),
+                }
+            }
+            let mut written = write(state, parts, guards).await?.into_iter();
+            let mut refused = refused.into_iter().peekable();
+            let mut status = 200;
+            // `{"results":[...]}`, written directly: one allocation for the whole answer.
+            let mut body = Vec::with_capacity(16 + 48 * multi.writes.len());
+            body.extend_from_slice(b"{\"results\":[");
+            for index in 0..multi.writes.len() {
+                if index > 0 {
+                    body.push(b',');
+                }
+                let result = match refused.next_if(|(refused_index, _)| *refused_index == index) {
+                    Some((_, error)) => Err(error),
+                    None => written.next().expect("one result per part written"),
+                };
+                match result {
+                    Ok(ack) => write_ack(&mut body, &ack),
+                    Err(error) => {
+                        metrics::count_error(error.code);
+                        status = 422;
+                        body.extend_from_slice(&error.to_json_body());
+                    }
+                }
+            }
+            body.extend_from_slice(b"]}");
+            Ok(json_response(status, body))
+        }
+        (&Method::GET, ["v1", "collections", name, "items", id]) => {
+            let identity = caller(state, token, &path)?;
+            let (entry, grant) = granted_collection(state, &identity, name, Action::Read)?;
+            let predicate = grant.predicate(&entry.schema)?;
+            let (reply, answer) = oneshot::channel();
+            send(state, Command::GetItem { collection: entry.id, id: id.to_string(), predicate, reply }).await?;
+            match answer.await.map_err(|_| ApiError::shutting_down())? {
+                Some(body) => Ok(json_response(200, body)),
+                None => Err(ApiError::new(ErrorCode::NotFound, format!("no item `{id}` in `{}`", entry.name))),
+            }
+        }
+        (&Method::DELETE, ["v1", "collections", name, "items", id]) => {
+            let identity = caller(state, token, &path)?;
+            let (entry, grant) = granted_collection(state, &identity, name, Action::Write)?;
+            let mut guards = Vec::new();
+            write_guard(0, &entry, &grant, &mut guards)?;
+            let mut batch = Batch::new();
+            batch.remove(id);
+            let mut results = write(state, vec![(entry.id, batch)], guards).await?;
+            let ack = results.pop().expect("one result per part")?;
+            let body = serde_json::json!({"seq": ack.seq, "removed": ack.summary.n_removed == 1});
+            Ok(json_response(200, body.to_string().into_bytes()))
+        }
+        (&Method::POST, ["v1", "collections", name, "query"]) => {
+            let identity = caller(state, token, &path)?;
+            let (entry, grant) = granted_collection(state, &identity, name, Action::Read)?;
+            let body = read_body(request).await?;
+            let query: QueryRequest = parse(&body)?;
+            let mut spec = wire::window_spec(
+                &entry.schema,
+                &query.filter,
+                &query.sort,
+                query.offset,
+                query.limit,
+                query.fields.as_deref(),
+                query.payload,
+            )?;
+            wire::restrict(&mut spec.def, grant.predicate(&entry.schema)?.as_ref(), &entry.schema)?;
+            let (reply, answer) = oneshot::channel();
+            send(state, Command::Query { collection: entry.id, spec, reply }).await?;
+            let body = answer.await.map_err(|_| ApiError::shutting_down())??;
+            Ok(json_response(200, body))
+        }
+        _ => {
+            let known_path = matches!(
+                segments.as_slice(),
+                ["v1", "health" | "limits" | "ws" | "collections" | "batch" | "rules"]
+                    | ["metrics"]
+                    | ["demo"]
+                    | ["demo", "simulator" | "token"]
+                    | ["v1", "collections", _]
+                    | ["v1", "collections", _, "batch" | "query"]
+                    | ["v1", "collections", _, "items", _]
+            ) || matches!(segments.as_slice(), ["demo", name] if crate::demo::asset(name).is_some());
+            if known_path {
+                let error = ApiError::bad_request(format!("{method} is not allowed on {path}"));
+                return Err(ApiError { status: Some(405), ..error });
+            }
+            Err(ApiError::new(ErrorCode::NotFound, format!("no such path: {path} (see docs/PROTOCOL.md)")))
+        }
+    }
+}
+
+/// `{"seq":..,"upserted":..,"removed":..}`
+fn write_ack(out: &mut Vec<u8>, ack: &ordo_store::Ack) {
+    out.extend_from_slice(b"{\"seq\":");
+    write_u64(out, ack.seq);
+    out.extend_from_slice(b",\"upserted\":");
+    write_u64(out, ack.summary.n_upserted as u64);
+    out.extend_from_slice(b",\"removed\":");
+    write_u64(out, ack.summary.n_removed as u64);
+    out.push(b'}');
+}
+
+fn check_op_count(n_ops: usize) -> Result<(), ApiError> {
+    if n_ops > limits::MAX_OPS_PER_REQUEST {
+        return Err(ApiError::limit(format!(
+            "the request has {n_ops} ops; at most {} are allowed",
+            limits::MAX_OPS_PER_REQUEST
+        )));
+    }
+    Ok(())
+}
+
+fn collection(state: &HttpState, name: &str) -> Result<Arc<crate::core::CollectionEntry>, ApiError> {
+    state.routes.read().expect("routes lock").get(name).cloned().ok_or_else(|| ApiError::unknown_collection(name))
+}
+
+async fn send(state: &HttpState, command: Command) -> Result<(), ApiError> {
+    state.core.send(command).await.map_err(|_| ApiError::shutting_down())
+}
+
+async fn gauges(state: &HttpState) -> Result<crate::metrics::CoreGauges, ApiError> {
+    let (reply, answer) = oneshot::channel();
+    send(state, Command::Gauges { reply }).await?;
+    answer.await.map_err(|_| ApiError::shutting_down())
+}
+
+/// Hands the parts to the writer thread; their buffers come back to this thread's pool.
+async fn write(
+    state: &HttpState,
+    parts: Vec<(ordo_core::CollectionId, Batch)>,
+    guards: Vec<(usize, Arc<WriteGuard>)>,
+) -> Result<crate::core::WriteResults, ApiError> {
+    let (reply, answer) = oneshot::channel();
+    send(state, Command::Write { batches: parts, reply, queued_at: Instant::now(), guards }).await?;
+    let reply = answer.await.map_err(|_| ApiError::shutting_down())?;
+    write_buffers::give_list(reply.batches);
+    Ok(reply.results)
+}
+
+fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|error| ApiError::from_json(&error))
+}
+
+async fn read_body(request: Request<Incoming>) -> Result<Bytes, ApiError> {
+    let limited = Limited::new(request.into_body(), limits::MAX_HTTP_BODY_BYTES);
+    match limited.collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            let error = ApiError::limit(format!("the request body is over {} bytes", limits::MAX_HTTP_BODY_BYTES));
+            Err(ApiError { status: Some(413), ..error })
+        }
+        Err(error) => Err(ApiError::bad_request(format!("could not read the request body: {error}"))),
+    }
+}
+
+fn percent_decode(segment: &str) -> Result<String, ApiError> {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        if bytes[index] == b'%' {
+            let hex = bytes.get(index + 1..index + 3).and_then(|hex| std::str::from_utf8(hex).ok());
+            let byte = hex.and_then(|hex| u8::from_str_radix(hex, 16).ok());
+            let byte = byte.ok_or_else(|| ApiError::bad_request(format!("bad percent-encoding in `{segment}`")))?;
+            out.push(byte);
+            index += 3;
+        } else {
+            out.push(bytes[index]);
+            index += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| ApiError::bad_request(format!("`{segment}` is not UTF-8 once decoded")))
+}
+
+/// The WebSocket upgrade. The WebSocket takes over the TCP connection, and with
+/// it the connection's `slot` under the cap (so WebSockets need no cap of their
+/// own). A token may come in the `Authorization` header or the `access_token`
+/// query parameter (browsers cannot set headers; the `auth` message is the
+/// better way for them, as it keeps the token out of URLs and logs).
+fn upgrade(
+    mut request: Request<Incoming>,
+    state: &HttpState,
+    token: Option<&str>,
+    slot: Arc<ConnectionSlot>,
+) -> Result<Response<Body>, ApiError> {
+    if !fastwebsockets::upgrade::is_upgrade_request(&request) {
+        return Err(ApiError::bad_request("/v1/ws takes a WebSocket upgrade request"));
+    }
+    let query_token = request
+        .uri()
+        .query()
+        .and_then(|query| query.split('&').find_map(|pair| pair.strip_prefix("access_token=")).map(percent_decode));
+    let query_token = query_token.transpose()?;
+    let identity = state.gate.authenticate_optional(token.or(query_token.as_deref()), "/v1/ws")?;
+    if let Some(identity) = &identity {
+        state.gate.take_request(identity)?;
+    }
+    let identity_slot = state.gate.open_connection(identity.as_deref())?;
+    let (response, upgrade) = fastwebsockets::upgrade::upgrade(&mut request)
+        .map_err(|error| ApiError::bad_request(format!("WebSocket upgrade refused: {error}")))?;
+    let context = ConnectionContext {
+        core: state.core.clone(),
+        routes: state.routes.clone(),
+        registry: state.registry.clone(),
+        config: state.connection.clone(),
+        shutdown: state.shutdown.clone(),
+        limits_json: state.limits_json.clone(),
+        gate: state.gate.clone(),
+        identity,
+    };
+    tokio::spawn(async move {
+        let _slot = slot;
+        if let Ok(ws) = upgrade.await {
+            ws::serve_connection(ws, context, identity_slot).await;
+        }
+    });
+    let (parts, _) = response.into_parts();
+    Ok(Response::from_parts(parts, Full::new(Bytes::new())))
+}

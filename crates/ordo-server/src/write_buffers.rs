@@ -1,0 +1,56 @@
+//! Batch buffers that came back from the writer thread, kept for this network
+//! thread's next writes (go-capnp's reused segments): in a steady stream of
+//! writes, building a batch allocates nothing. Bounded in count and in size.
+
+use std::cell::RefCell;
+
+use ordo_core::{Batch, CollectionId};
+
+use crate::limits::{MAX_POOLED_BATCHES, MAX_POOLED_BATCH_BYTES, MAX_POOLED_LIST_PARTS, MAX_POOLED_PART_LISTS};
+
+#[derive(Default)]
+struct Pool {
+    batches: Vec<Batch>,
+    lists: Vec<Vec<(CollectionId, Batch)>>,
+}
+
+thread_local! {
+    static POOL: RefCell<Pool> = RefCell::new(Pool::default());
+}
+
+/// An empty batch, with grown buffers when one is pooled.
+pub fn take_batch() -> Batch {
+    POOL.with(|pool| pool.borrow_mut().batches.pop()).unwrap_or_default()
+}
+
+/// An empty list of parts.
+pub fn take_list() -> Vec<(CollectionId, Batch)> {
+    POOL.with(|pool| pool.borrow_mut().lists.pop()).unwrap_or_default()
+}
+
+pub fn give_batch(mut batch: Batch) {
+    // A batch grown by one huge write is not worth keeping.
+    if batch.n_bytes() > MAX_POOLED_BATCH_BYTES {
+        return;
+    }
+    batch.clear();
+    POOL.with(|pool| {
+        let mut pool = pool.borrow_mut();
+        if pool.batches.len() < MAX_POOLED_BATCHES {
+            pool.batches.push(batch);
+        }
+    });
+}
+
+/// Takes back a list's batches and the list itself.
+pub fn give_list(mut list: Vec<(CollectionId, Batch)>) {
+    for (_, batch) in list.drain(..) {
+        give_batch(batch);
+    }
+    POOL.with(|pool| {
+        let mut pool = pool.borrow_mut();
+        if pool.lists.len() < MAX_POOLED_PART_LISTS && list.capacity() <= MAX_POOLED_LIST_PARTS {
+            pool.lists.push(list);
+        }
+    });
+}

@@ -1,0 +1,106 @@
+//! A connection's identity: its token's life cycle (the `auth` message, refresh,
+//! expiry with a grace, close 4401) and what its rules let it read (the row
+//! predicate conjoined into every view it opens).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fastwebsockets::OpCode;
+
+use super::{Connection, CLOSE_UNAUTHORIZED};
+use crate::auth::{self, AuthFailure, Identity, Role as AuthRole};
+use crate::error::{ApiError, ErrorCode};
+use crate::limits;
+use crate::rules::Action;
+
+impl Connection {
+    /// The connection's token deadline passed: no token yet (close), the token
+    /// just expired (warn, start the grace), or the grace ran out (close).
+    pub(super) async fn on_auth_deadline(&mut self) {
+        if self.identity.is_none() {
+            refuse_and_count(AuthFailure::Missing);
+            self.close(CLOSE_UNAUTHORIZED, "no `auth` message within the auth timeout").await;
+        } else if self.in_grace {
+            refuse_and_count(AuthFailure::Expired);
+            self.close(CLOSE_UNAUTHORIZED, "token expired").await;
+        } else {
+            self.in_grace = true;
+            self.auth_deadline = Some(tokio::time::Instant::now() + self.context.config.auth_grace);
+            self.frame.clear();
+            self.frame.extend_from_slice(b"{\"type\":\"auth_expired\",\"grace_secs\":");
+            crate::frame::write_u64(&mut self.frame, self.context.config.auth_grace.as_secs());
+            self.frame.push(b'}');
+            self.write(OpCode::Text).await;
+        }
+    }
+
+    /// `{"op":"auth"}`: a first token, or a fresh one for the same identity.
+    pub(super) async fn authenticate(&mut self, token: &str) -> Result<(), ApiError> {
+        if !self.context.gate.auth_enabled() {
+            return Err(ApiError::bad_request(
+                "this server runs without auth (`welcome.auth` is \"none\"); send no `auth`",
+            ));
+        }
+        let identity = self.context.gate.authenticate(Some(token), "/v1/ws auth")?;
+        match &self.identity {
+            Some(current) if current.key != identity.key => {
+                return Err(ApiError::new(
+                    ErrorCode::Forbidden,
+                    "a connection keeps one identity: a fresh token must name the same one (same claims but exp, nbf, iat, jti)",
+                ));
+            }
+            Some(_) => {}
+            None => {
+                self.slot = Some(self.context.gate.open_connection(Some(&identity))?);
+                self.session.owner = identity.key.clone();
+            }
+        }
+        self.auth_deadline = expiry_deadline(&identity);
+        self.in_grace = false;
+        let mut answer = identity.to_json();
+        answer["type"] = "authed".into();
+        self.identity = Some(identity);
+        self.send_json(&answer).await;
+        Ok(())
+    }
+
+    /// The collection as this connection's identity may read it, and the row
+    /// predicate its rules bind (conjoined into every view; `None`: every item).
+    /// Refused the same way whether the collection exists or not.
+    pub(super) fn readable(
+        &self,
+        name: &str,
+    ) -> Result<(Arc<crate::core::CollectionEntry>, Option<ordo_core::Filter>), ApiError> {
+        let identity =
+            self.identity.as_ref().ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "send `auth` first"))?;
+        if crate::core::is_reserved_name(name) {
+            return Err(ApiError::new(ErrorCode::Forbidden, format!("`{name}` is reserved for the server")));
+        }
+        let grant = self
+            .context
+            .gate
+            .rules()
+            .grant(identity, name, Action::Read)
+            .ok_or_else(|| crate::rules::forbidden(name, "read"))?;
+        let entry = self.context.routes.read().expect("routes lock").get(name).cloned();
+        let entry = entry.ok_or_else(|| ApiError::unknown_collection(name))?;
+        if identity.role != AuthRole::Admin && entry.name != name {
+            return Err(ApiError::unknown_collection(name));
+        }
+        let predicate = grant.predicate(&entry.schema)?;
+        Ok((entry, predicate))
+    }
+}
+
+/// When a verified token must be looked at again: its expiry plus the leeway.
+pub(super) fn expiry_deadline(identity: &Identity) -> Option<tokio::time::Instant> {
+    if identity.expires_at == u64::MAX {
+        return None;
+    }
+    let left = (identity.expires_at + limits::TOKEN_LEEWAY_SECS).saturating_sub(auth::now_unix());
+    Some(tokio::time::Instant::now() + Duration::from_secs(left))
+}
+
+fn refuse_and_count(failure: AuthFailure) {
+    let _ = crate::access::refuse(failure, "/v1/ws");
+}

@@ -1,0 +1,146 @@
+//! `resume`: a reconnecting client takes its parked session back (only its own
+//! identity's, and only with an unspent token: a new one is issued each time)
+//! and each listed subscription either replays the frames it missed or resets.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use fastwebsockets::OpCode;
+
+use super::Connection;
+use crate::auth;
+use crate::core::{share_key, Command, FrameBody, SubHandle};
+use crate::error::{ApiError, ErrorCode};
+use crate::frame::write_diffs_frame;
+use crate::limits;
+use crate::metrics::{self, METRICS};
+use crate::wire::{self, WindowSpec};
+
+impl Connection {
+    pub(super) async fn resume(&mut self, token: &str, entries: Vec<wire::ResumeEntry>) {
+        let mut outcomes: Vec<serde_json::Value> = Vec::with_capacity(entries.len());
+        let mut replays: Vec<SubHandle> = Vec::new();
+        if let Some(old) = self.context.registry.take(token, &self.session.owner) {
+            // Adopt the old session: its queue, table and retained frames.
+            let fresh = std::mem::replace(&mut self.session, old);
+            let _ = self.context.core.send(Command::DropSession { session: fresh.id }).await;
+            // A resume token is good for one resume: whoever saw this one cannot reuse it.
+            self.session.token = auth::new_session_token();
+        }
+        let mut listed: Vec<SubHandle> = Vec::with_capacity(entries.len());
+        // Ids seen so far in this resume: a second entry for one id is refused,
+        // as a second `subscribe` of it would be.
+        let mut seen: HashSet<String> = HashSet::with_capacity(entries.len());
+        for entry in entries {
+            let checked = if !seen.insert(entry.sub.clone()) {
+                Err(ApiError::new(
+                    ErrorCode::SubscriptionExists,
+                    format!("subscription `{}` is listed twice in this resume; the first entry stands", entry.sub),
+                ))
+            } else if listed.len() >= limits::MAX_SUBSCRIPTIONS_PER_CONNECTION {
+                // The subscriptions not listed are closed below, so after the
+                // resume the connection holds exactly the entries listed.
+                Err(ApiError::limit(format!(
+                    "a connection holds at most {} subscriptions (max_subscriptions_per_connection); \
+                     this resume lists more",
+                    limits::MAX_SUBSCRIPTIONS_PER_CONNECTION
+                )))
+            } else {
+                self.check_resume_entry(&entry)
+            };
+            let (collection, spec) = match checked {
+                Ok(checked) => checked,
+                Err(error) => {
+                    metrics::count_error(error.code);
+                    outcomes.push(serde_json::json!({"sub": entry.sub, "error": {"code": error.code.as_str(), "message": error.message}}));
+                    continue;
+                }
+            };
+            let existing = self.session.by_client_id.get(&entry.sub).copied();
+            let same = existing.and_then(|handle| {
+                let sub = self.session.table.get(handle)?;
+                (sub.collection.id == collection.id
+                    && share_key(collection.id, &sub.spec) == share_key(collection.id, &spec))
+                .then_some(handle)
+            });
+            match same {
+                Some(handle) => {
+                    listed.push(handle);
+                    let sub = self.session.table.get_mut(handle).expect("live");
+                    let oldest = sub.retained.front().map_or(sub.seq + 1, |(seq, _, _)| *seq);
+                    if entry.last_seq <= sub.seq && entry.last_seq + 1 >= oldest {
+                        let n = sub.seq - entry.last_seq;
+                        metrics::add(&METRICS.resume_replayed, 1);
+                        outcomes.push(serde_json::json!({"sub": entry.sub, "replayed": n}));
+                        replays.push(handle);
+                        sub.awaiting_reset = false;
+                        // Remember where to replay from in `seq` until the frames go out.
+                        sub.retained.retain(|(seq, _, _)| *seq > entry.last_seq);
+                    } else {
+                        metrics::add(&METRICS.resume_reset, 1);
+                        outcomes.push(serde_json::json!({"sub": entry.sub, "reset": true}));
+                        sub.awaiting_reset = true;
+                        sub.seq = entry.last_seq;
+                        let _ = self.context.core.send(Command::Resync { session: self.session.id, handle }).await;
+                    }
+                }
+                None => {
+                    if let Some(handle) = existing {
+                        // Same id, another definition: the old one goes.
+                        self.forget(handle).await;
+                    }
+                    metrics::add(&METRICS.resume_reset, 1);
+                    outcomes.push(serde_json::json!({"sub": entry.sub, "reset": true}));
+                    self.start_subscription(entry.sub.clone(), collection, spec, entry.last_seq).await;
+                    listed.push(self.session.next_handle - 1);
+                }
+            }
+        }
+        // Subscriptions of the old session that the client did not list are closed.
+        let unlisted: Vec<SubHandle> =
+            self.session.table.iter().map(|(handle, _)| handle).filter(|handle| !listed.contains(handle)).collect();
+        for handle in unlisted {
+            self.forget(handle).await;
+        }
+        let answer = serde_json::json!({"type": "resumed", "session": self.session.token, "subs": outcomes});
+        self.send_json(&answer).await;
+        for handle in replays {
+            let Some(sub) = self.session.table.get(handle) else { continue };
+            let frames: Vec<(u64, FrameBody, u32)> = sub.retained.iter().cloned().collect();
+            let client_id = sub.client_id.clone();
+            for (seq, body, n_diffs) in frames {
+                self.frame.clear();
+                write_diffs_frame(&mut self.frame, &client_id, seq, &body);
+                metrics::add(&METRICS.diffs_sent, n_diffs as u64);
+                self.write(OpCode::Text).await;
+            }
+        }
+    }
+
+    /// Closes a subscription without telling the client (it did not ask for it).
+    pub(super) async fn forget(&mut self, handle: SubHandle) {
+        if let Some(entry) = self.session.table.remove(handle) {
+            self.session.by_client_id.remove(&entry.client_id);
+        }
+        let _ = self.context.core.send(Command::Unsubscribe { session: self.session.id, handle }).await;
+    }
+
+    pub(super) fn check_resume_entry(
+        &self,
+        entry: &wire::ResumeEntry,
+    ) -> Result<(Arc<crate::core::CollectionEntry>, WindowSpec), ApiError> {
+        wire::check_sub_id(&entry.sub)?;
+        let (collection, predicate) = self.readable(&entry.collection)?;
+        let mut spec = wire::window_spec(
+            &collection.schema,
+            &entry.filter,
+            &entry.sort,
+            entry.offset,
+            entry.limit,
+            entry.fields.as_deref(),
+            entry.payload,
+        )?;
+        wire::restrict(&mut spec.def, predicate.as_ref(), &collection.schema)?;
+        Ok((collection, spec))
+    }
+}
