@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -26,9 +27,16 @@ pub struct Gate {
     /// Origins (`scheme://host[:port]`) allowed to call from a browser, besides the server's own.
     allowed_origins: Vec<String>,
     identities: Mutex<HashMap<Arc<str>, IdentityUse>>,
+    /// Tokens verified recently, so that a backend sending the same token with
+    /// every write pays for the signature once (HS256 ~5 µs, EdDSA ~60 µs), not
+    /// per request. Keyed by the whole token; an entry is used only until its
+    /// token expires.
+    verified: Mutex<HashMap<Box<str>, Arc<Identity>>>,
     /// Raised by a rules change: live connections of non-admins close so that
-    /// their views are rebuilt under the new rules when they come back.
-    pub rules_changed: tokio::sync::watch::Sender<u64>,
+    /// their views are rebuilt under the new rules when they come back. An atomic
+    /// each connection reads before handling anything (a watch channel would put
+    /// every connection's event loop through one shared waiter list).
+    rules_version: AtomicU64,
     anonymous: Arc<Identity>,
 }
 
@@ -84,7 +92,8 @@ impl Gate {
                 .map(|origin| origin.trim_end_matches('/').to_ascii_lowercase())
                 .collect(),
             identities: Mutex::new(HashMap::new()),
-            rules_changed: tokio::sync::watch::channel(0).0,
+            verified: Mutex::new(HashMap::new()),
+            rules_version: AtomicU64::new(0),
             anonymous: Arc::new(Identity::anonymous_admin()),
         }
     }
@@ -100,18 +109,33 @@ impl Gate {
     /// Replaces the rules (after they are durable) and tells live connections.
     pub fn set_rules(&self, rules: RuleSet) {
         *self.rules.write().expect("rules lock") = Arc::new(rules);
-        self.rules_changed.send_modify(|version| *version += 1);
+        self.rules_version.fetch_add(1, Ordering::Release);
+    }
+
+    /// How many times the rules changed since start.
+    pub fn rules_version(&self) -> u64 {
+        self.rules_version.load(Ordering::Acquire)
     }
 
     /// The caller of a request: `token` is the bearer token if one came.
     /// With auth off every caller is the anonymous admin, token or not.
     pub fn authenticate(&self, token: Option<&str>, where_: &str) -> Result<Arc<Identity>, ApiError> {
         let Some(verifier) = &self.verifier else { return Ok(self.anonymous.clone()) };
-        let result = match token {
-            None => Err(AuthFailure::Missing),
-            Some(token) => verifier.verify(token),
-        };
-        result.map(Arc::new).map_err(|failure| refuse(failure, where_))
+        let Some(token) = token else { return Err(refuse(AuthFailure::Missing, where_)) };
+        if let Some(identity) = self.verified.lock().expect("token cache lock").get(token) {
+            // A token verified before is as good as it was until it expires.
+            if identity.expires_at.saturating_add(limits::TOKEN_LEEWAY_SECS) > crate::auth::now_unix() {
+                return Ok(identity.clone());
+            }
+        }
+        let identity = Arc::new(verifier.verify(token).map_err(|failure| refuse(failure, where_))?);
+        let mut verified = self.verified.lock().expect("token cache lock");
+        if verified.len() >= limits::MAX_CACHED_TOKENS {
+            // Simpler than an LRU, and a backend's few tokens are back after one verification each.
+            verified.clear();
+        }
+        verified.insert(Box::from(token), identity.clone());
+        Ok(identity)
     }
 
     /// The identity of a request that may come without a token (`/v1/ws`, whose

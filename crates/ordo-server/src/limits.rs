@@ -108,6 +108,8 @@ pub const TOKEN_LEEWAY_SECS: u64 = 30;
 pub const MAX_SUBJECT_BYTES: usize = 255;
 /// Most public keys in a JWKS file.
 pub const MAX_JWKS_KEYS: usize = 64;
+/// Verified tokens remembered (each until it expires), so repeated tokens are not verified again.
+pub const MAX_CACHED_TOKENS: usize = 4_096;
 /// Most access rules.
 pub const MAX_RULES: usize = 256;
 /// A WebSocket opened without a token must send `auth` within this many seconds (else close 4401).

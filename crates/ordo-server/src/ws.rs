@@ -132,11 +132,16 @@ struct Connection {
     /// When the token situation must be looked at again: the auth timeout of a
     /// connection without a token, the token's expiry, or the end of the grace.
     auth_deadline: Option<tokio::time::Instant>,
+    /// Fires at `auth_deadline`: one timer for the connection's life, reset when
+    /// the deadline moves (a new timer per event would register with the timer
+    /// driver on every frame).
+    auth_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
     /// The token expired and `auth_expired` was sent: the grace is running.
     in_grace: bool,
     /// The identity's connection slot (readers are capped), held while connected.
     slot: Option<ConnectionSlot>,
-    rules_changed: watch::Receiver<u64>,
+    /// The rules' version this connection's views were built under.
+    rules_version: u64,
 }
 
 enum Event {
@@ -144,7 +149,6 @@ enum Event {
     Outgoing(Option<Outgoing>),
     Shutdown,
     AuthDeadline,
-    RulesChanged,
 }
 
 impl Connection {
@@ -170,7 +174,9 @@ impl Connection {
             Some(identity) => expiry_deadline(identity),
             None => Some(tokio::time::Instant::now() + context.config.auth_timeout),
         };
-        let rules_changed = context.gate.rules_changed.subscribe();
+        let rules_version = context.gate.rules_version();
+        let far = tokio::time::Instant::now() + Duration::from_secs(365 * 24 * 3600);
+        let auth_timer = Box::pin(tokio::time::sleep_until(auth_deadline.unwrap_or(far)));
         let mut connection = Connection {
             writer,
             out: Vec::with_capacity(16 * 1024),
@@ -184,7 +190,8 @@ impl Connection {
             auth_deadline,
             in_grace: false,
             slot: Some(slot),
-            rules_changed,
+            rules_version,
+            auth_timer,
         };
         let auth = match (&connection.identity, connection.context.gate.auth_enabled()) {
             (_, false) => serde_json::json!("none"),
@@ -205,14 +212,21 @@ impl Connection {
     async fn run(&mut self, mut inbound: mpsc::Receiver<Inbound>) {
         let mut shutdown = self.context.shutdown.clone();
         while !self.closed {
-            let auth_deadline = self.auth_deadline;
+            let timed = self.auth_deadline.is_some();
             let event = tokio::select! {
                 message = inbound.recv() => Event::Inbound(message),
                 outgoing = self.session.outbox.recv() => Event::Outgoing(outgoing),
                 _ = shutdown.wait_for(|stopping| *stopping) => Event::Shutdown,
-                _ = tokio::time::sleep_until(auth_deadline.unwrap_or_else(tokio::time::Instant::now)), if auth_deadline.is_some() => Event::AuthDeadline,
-                Ok(()) = self.rules_changed.changed() => Event::RulesChanged,
+                _ = &mut self.auth_timer, if timed => Event::AuthDeadline,
             };
+            // Nothing is handled under rules that changed meanwhile (an admin's
+            // views never depended on them).
+            if self.context.gate.rules_version() != self.rules_version
+                && self.identity.as_ref().is_some_and(|identity| identity.role != AuthRole::Admin)
+            {
+                self.close(CLOSE_RULES_CHANGED, "access rules changed; reconnect and resume").await;
+                break;
+            }
             match event {
                 Event::Inbound(Some(message)) => self.on_inbound(message).await,
                 Event::Inbound(None) => self.closed = true,
@@ -232,12 +246,6 @@ impl Connection {
                 Event::Outgoing(None) => self.close(CLOSE_GOING_AWAY, "server stopping").await,
                 Event::Shutdown => self.close(CLOSE_GOING_AWAY, "server stopping").await,
                 Event::AuthDeadline => self.on_auth_deadline().await,
-                Event::RulesChanged => {
-                    // An admin's views never depended on rules.
-                    if self.identity.as_ref().is_some_and(|identity| identity.role != AuthRole::Admin) {
-                        self.close(CLOSE_RULES_CHANGED, "access rules changed; reconnect and resume").await;
-                    }
-                }
             }
         }
     }

@@ -615,3 +615,51 @@ async fn a_reader_is_limited_per_identity_not_only_per_connection() {
     assert_eq!(status, 200, "another identity has its own budget");
     server.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rules_change_closes_readers_connections_before_they_get_another_frame() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, secret_file) = start_with_notes(dir.path());
+    let everything = json!({"rules": [{"collection": "notes", "roles": ["reader"], "read": true}]});
+    server.ok("PUT", "/v1/rules", everything);
+    let reader = mint(&secret_file, "alice", "reader", &[]);
+    let mut client = server.connect_as(Some(&reader)).await;
+    let mut admin = server.connect().await;
+    for (client, sub) in [(&mut client, "s"), (&mut admin, "a")] {
+        client.send(json!({"op": "subscribe", "sub": sub, "collection": "notes", "limit": 10})).await;
+        assert!(client.read_until(Duration::from_secs(5), |c| c.lists.get(sub).is_some_and(|l| l.seq == 1)).await);
+    }
+    // Now only her own rows: the next write must not reach her under the old rule.
+    let own = json!({"rules": [{"collection": "notes", "roles": ["reader"],
+        "read": {"filter": {"field": "owner", "op": "eq", "value": "$sub"}}}]});
+    server.ok("PUT", "/v1/rules", own);
+    server.ok(
+        "POST",
+        "/v1/collections/notes/batch",
+        json!({"ops": [{"op": "upsert", "id": "b1", "fields": {"owner": "bob"}}]}),
+    );
+    let closed = client.read_until(Duration::from_secs(5), |c| c.frames.iter().any(|f| f["type"] == "close")).await;
+    assert!(closed, "frames: {:?}", client.frames);
+    assert_eq!(client.frames.last().unwrap()["code"], 4403);
+    assert_eq!(client.lists["s"].seq, 1, "no frame after the change: {:?}", client.lists["s"]);
+    // An admin's connection carries on.
+    assert!(admin.read_until(Duration::from_secs(5), |c| c.lists["a"].seq == 2).await);
+    server.stop();
+}
+
+#[test]
+fn a_token_verified_once_is_not_accepted_past_its_expiry() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_with_auth(dir.path(), &[]);
+    let secret = secret(dir.path());
+    // Valid for about two more seconds (inside the 30 s leeway): verified, then remembered.
+    let claims = json!({"sub": "ops", "role": "admin", "aud": AUDIENCE, "iss": ISSUER, "exp": now() - 28});
+    let token = hs256(&secret, &claims);
+    for _ in 0..3 {
+        assert_eq!(server.http_as(Some(&token), "GET", "/v1/collections", None).0, 200);
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let (status, answer) = server.http_as(Some(&token), "GET", "/v1/collections", None);
+    assert_eq!((status, answer["error"]["code"].as_str()), (401, Some("unauthorized")), "{answer}");
+    server.stop();
+}

@@ -14,6 +14,14 @@ use crate::limits;
 use crate::rules::Action;
 
 impl Connection {
+    /// Moves the token deadline, and the connection's one timer with it.
+    pub(super) fn set_auth_deadline(&mut self, deadline: Option<tokio::time::Instant>) {
+        self.auth_deadline = deadline;
+        if let Some(deadline) = deadline {
+            self.auth_timer.as_mut().reset(deadline);
+        }
+    }
+
     /// The connection's token deadline passed: no token yet (close), the token
     /// just expired (warn, start the grace), or the grace ran out (close).
     pub(super) async fn on_auth_deadline(&mut self) {
@@ -25,7 +33,7 @@ impl Connection {
             self.close(CLOSE_UNAUTHORIZED, "token expired").await;
         } else {
             self.in_grace = true;
-            self.auth_deadline = Some(tokio::time::Instant::now() + self.context.config.auth_grace);
+            self.set_auth_deadline(Some(tokio::time::Instant::now() + self.context.config.auth_grace));
             self.frame.clear();
             self.frame.extend_from_slice(b"{\"type\":\"auth_expired\",\"grace_secs\":");
             crate::frame::write_u64(&mut self.frame, self.context.config.auth_grace.as_secs());
@@ -55,7 +63,7 @@ impl Connection {
                 self.session.owner = identity.key.clone();
             }
         }
-        self.auth_deadline = expiry_deadline(&identity);
+        self.set_auth_deadline(expiry_deadline(&identity));
         self.in_grace = false;
         let mut answer = identity.to_json();
         answer["type"] = "authed".into();
