@@ -784,6 +784,14 @@ impl Auth {
     }
 }
 
+/// One POST on a pooled connection, the connection returned to the pool.
+async fn post_once(pool: &mut HttpPool, token: Option<Arc<str>>, path: &str, body: &str) -> Result<HttpReply> {
+    let mut connection = pool.acquire().await;
+    let reply = connection.request(Method::POST, path, body.as_bytes().to_vec(), token.as_deref()).await;
+    let _ = pool.releaser().send(connection);
+    reply
+}
+
 /// With `--auth`, a request the rules must refuse: `forbidden` (403) is
 /// printed, anything else is a correctness failure (the rules would not be
 /// what the run claims to measure).
@@ -794,10 +802,7 @@ async fn expect_forbidden(
     path: &str,
     body: &str,
 ) -> Result<()> {
-    let mut connection = pool.acquire().await;
-    let reply = connection.request(Method::POST, path, body.as_bytes().to_vec(), token.as_deref()).await;
-    let _ = pool.releaser().send(connection);
-    let reply = reply?;
+    let reply = post_once(pool, token, path, body).await?;
     if reply.status == 403 {
         println!("  auth check: {what}: HTTP 403, refused as it must be");
     } else {
@@ -815,10 +820,7 @@ async fn expect_no_rows(
     path: &str,
     body: &str,
 ) -> Result<()> {
-    let mut connection = pool.acquire().await;
-    let reply = connection.request(Method::POST, path, body.as_bytes().to_vec(), token.as_deref()).await;
-    let _ = pool.releaser().send(connection);
-    let reply = reply?;
+    let reply = post_once(pool, token, path, body).await?;
     let items = serde_json::from_slice::<QueryReply>(&reply.body).map(|parsed| parsed.items.len());
     if reply.status == 200 && items.as_ref().is_ok_and(|&n| n == 0) {
         println!("  auth check: {what}: no rows, as it must be");
