@@ -11,11 +11,12 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::auth::{AuthFailure, Identity, Role, Verifier};
+use crate::core::{is_reserved_name, CollectionEntry, Routes};
 use crate::error::{ApiError, ErrorCode};
 use crate::limits;
 use crate::metrics;
 use crate::rate_limit::TokenBucket;
-use crate::rules::{RuleSet, SharedRules};
+use crate::rules::{Action, Grant, RuleSet, SharedRules};
 
 /// Who may reach the server and from where; built at start.
 pub struct Gate {
@@ -186,6 +187,34 @@ impl Gate {
             ErrorCode::OriginNotAllowed,
             format!("requests from the origin `{origin}` are not allowed (`--allow-origin` lists the allowed ones)"),
         ))
+    }
+
+    /// The collection `name` as `identity` may use it for `action`, and what it
+    /// is granted: the one check behind every HTTP route and WebSocket request.
+    /// Rules are checked before the name is looked up, so a refusal says the same
+    /// whether the collection exists or not. Non-admins must spell names exactly:
+    /// `lists/U42` must not reach `lists/u42` through case-insensitive routing.
+    pub fn granted_collection(
+        &self,
+        routes: &Routes,
+        identity: &Identity,
+        name: &str,
+        action: Action,
+    ) -> Result<(Arc<CollectionEntry>, Grant), ApiError> {
+        if is_reserved_name(name) {
+            return Err(ApiError::new(ErrorCode::Forbidden, format!("`{name}` is reserved for the server")));
+        }
+        let verb = match action {
+            Action::Read => "read",
+            Action::Write => "write to",
+        };
+        let grant = self.rules().grant(identity, name, action).ok_or_else(|| crate::rules::forbidden(name, verb))?;
+        let entry = routes.read().expect("routes lock").get(name).cloned();
+        let entry = entry.ok_or_else(|| ApiError::unknown_collection(name))?;
+        if identity.role != Role::Admin && entry.name != name {
+            return Err(ApiError::unknown_collection(name));
+        }
+        Ok((entry, grant))
     }
 
     pub fn allowed_origins(&self) -> &[String] {

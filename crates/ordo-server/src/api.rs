@@ -114,29 +114,13 @@ fn require_admin(identity: &Identity, what: &str) -> Result<(), ApiError> {
     }
 }
 
-/// The collection `name` as `identity` may use it for `action`, and what it is
-/// granted. Rules are checked before the name is looked up, so a refusal says
-/// the same whether the collection exists or not. Non-admins must spell names
-/// exactly: `lists/U42` must not reach `lists/u42` through case-insensitive routing.
 fn granted_collection(
     state: &HttpState,
     identity: &Identity,
     name: &str,
     action: Action,
 ) -> Result<(Arc<CollectionEntry>, Grant), ApiError> {
-    if is_reserved_name(name) {
-        return Err(ApiError::new(ErrorCode::Forbidden, format!("`{name}` is reserved for the server")));
-    }
-    let verb = match action {
-        Action::Read => "read",
-        Action::Write => "write to",
-    };
-    let grant = state.gate.rules().grant(identity, name, action).ok_or_else(|| rules::forbidden(name, verb))?;
-    let entry = collection(state, name)?;
-    if identity.role != Role::Admin && entry.name != name {
-        return Err(ApiError::unknown_collection(name));
-    }
-    Ok((entry, grant))
+    state.gate.granted_collection(&state.routes, identity, name, action)
 }
 
 /// A write's part and, under a filtered write rule, the guard the writer checks.
@@ -453,10 +437,6 @@ fn check_op_count(n_ops: usize) -> Result<(), ApiError> {
         )));
     }
     Ok(())
-}
-
-fn collection(state: &HttpState, name: &str) -> Result<Arc<crate::core::CollectionEntry>, ApiError> {
-    state.routes.read().expect("routes lock").get(name).cloned().ok_or_else(|| ApiError::unknown_collection(name))
 }
 
 async fn send(state: &HttpState, command: Command) -> Result<(), ApiError> {

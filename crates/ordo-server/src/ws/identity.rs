@@ -8,7 +8,7 @@ use std::time::Duration;
 use fastwebsockets::OpCode;
 
 use super::{Connection, CLOSE_UNAUTHORIZED};
-use crate::auth::{self, AuthFailure, Identity, Role as AuthRole};
+use crate::auth::{self, AuthFailure, Identity};
 use crate::error::{ApiError, ErrorCode};
 use crate::limits;
 use crate::rules::Action;
@@ -81,20 +81,8 @@ impl Connection {
     ) -> Result<(Arc<crate::core::CollectionEntry>, Option<ordo_core::Filter>), ApiError> {
         let identity =
             self.identity.as_ref().ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "send `auth` first"))?;
-        if crate::core::is_reserved_name(name) {
-            return Err(ApiError::new(ErrorCode::Forbidden, format!("`{name}` is reserved for the server")));
-        }
-        let grant = self
-            .context
-            .gate
-            .rules()
-            .grant(identity, name, Action::Read)
-            .ok_or_else(|| crate::rules::forbidden(name, "read"))?;
-        let entry = self.context.routes.read().expect("routes lock").get(name).cloned();
-        let entry = entry.ok_or_else(|| ApiError::unknown_collection(name))?;
-        if identity.role != AuthRole::Admin && entry.name != name {
-            return Err(ApiError::unknown_collection(name));
-        }
+        let (entry, grant) =
+            self.context.gate.granted_collection(&self.context.routes, identity, name, Action::Read)?;
         let predicate = grant.predicate(&entry.schema)?;
         Ok((entry, predicate))
     }
