@@ -1,0 +1,320 @@
+//! Views on the wire: filters, sorts, projections and window ranges, checked against a schema.
+
+use serde::Deserialize;
+use serde_json::Value as Json;
+
+use ordo_core::{CompareOp, FieldId, Filter, Schema, SortKey, ViewDef};
+
+use super::*;
+use crate::error::{ApiError, ErrorCode};
+use crate::limits;
+
+/// `POST /v1/collections/{name}/query`: the collection is in the path.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueryRequest {
+    #[serde(default)]
+    pub filter: Json,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub sort: Vec<SortRequest>,
+    #[serde(default)]
+    pub offset: usize,
+    pub limit: usize,
+    #[serde(default)]
+    pub fields: Option<Vec<String>>,
+    #[serde(default = "yes")]
+    pub payload: bool,
+}
+
+pub(crate) fn yes() -> bool {
+    true
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SortRequest {
+    pub field: String,
+    #[serde(default)]
+    pub dir: SortDirection,
+    #[serde(default)]
+    pub case_insensitive: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SortDirection {
+    #[default]
+    Asc,
+    Desc,
+}
+
+/// Which parts of each item a window sends.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Projection {
+    /// Fields in the order the client listed them (all fields, in schema order, by default).
+    pub fields: Vec<FieldId>,
+    pub payload: bool,
+}
+
+impl Projection {
+    pub fn all(schema: &Schema) -> Projection {
+        Projection { fields: (0..schema.len()).map(|index| field_id_at(schema, index)).collect(), payload: true }
+    }
+}
+
+fn field_id_at(schema: &Schema, index: usize) -> FieldId {
+    schema.field_id(&schema.fields()[index].name).expect("a schema's own field")
+}
+
+/// A checked window request: everything the writer thread needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WindowSpec {
+    pub def: ViewDef,
+    pub offset: usize,
+    pub limit: usize,
+    pub projection: Projection,
+}
+
+pub fn check_range(offset: usize, limit: usize) -> Result<(), ApiError> {
+    if limit > limits::MAX_WINDOW_LIMIT {
+        return Err(ApiError::limit(format!(
+            "the window limit is {limit}; at most {} is allowed",
+            limits::MAX_WINDOW_LIMIT
+        )));
+    }
+    if offset > limits::MAX_WINDOW_OFFSET {
+        return Err(ApiError::limit(format!(
+            "the window offset is {offset}; at most {} is allowed",
+            limits::MAX_WINDOW_OFFSET
+        )));
+    }
+    Ok(())
+}
+
+pub fn window_spec(
+    schema: &Schema,
+    filter: &Json,
+    sort: &[SortRequest],
+    offset: usize,
+    limit: usize,
+    fields: Option<&[String]>,
+    payload: bool,
+) -> Result<WindowSpec, ApiError> {
+    check_range(offset, limit)?;
+    let def = view_def(schema, filter, sort)?;
+    let projection = match fields {
+        None => Projection { payload, ..Projection::all(schema) },
+        Some(names) => {
+            if names.len() > ordo_core::limits::MAX_FIELDS_PER_SCHEMA {
+                return Err(ApiError::limit("the projection lists more fields than a schema can have"));
+            }
+            let mut ids = Vec::with_capacity(names.len());
+            for name in names {
+                let field_id = schema.field_id(name).ok_or_else(|| {
+                    ApiError::new(
+                        ErrorCode::InvalidView,
+                        format!("the projection names `{name}`, which the schema does not have"),
+                    )
+                })?;
+                if ids.contains(&field_id) {
+                    return Err(ApiError::new(ErrorCode::InvalidView, format!("the projection names `{name}` twice")));
+                }
+                ids.push(field_id);
+            }
+            Projection { fields: ids, payload }
+        }
+    };
+    Ok(WindowSpec { def, offset, limit, projection })
+}
+
+pub fn view_def(schema: &Schema, filter: &Json, sort: &[SortRequest]) -> Result<ViewDef, ApiError> {
+    let mut n_nodes = 0;
+    let filter = filter_from_json(schema, filter, 1, &mut n_nodes)?;
+    if sort.len() > ordo_core::limits::MAX_SORT_KEYS {
+        return Err(ApiError::limit(format!(
+            "the sort has {} keys; at most {} are allowed",
+            sort.len(),
+            ordo_core::limits::MAX_SORT_KEYS
+        )));
+    }
+    let sort = sort
+        .iter()
+        .map(|key| {
+            match key.dir {
+                SortDirection::Asc => SortKey::asc(&key.field),
+                SortDirection::Desc => SortKey::desc(&key.field),
+            }
+            .with_case(key.case_insensitive)
+        })
+        .collect();
+    let def = ViewDef::new(filter, sort);
+    // Compiling here reports every view error on the network thread, with the
+    // engine's own checks; the writer thread then cannot refuse the view.
+    ordo_core::CompiledFilter::compile(&def.filter, schema)?;
+    ordo_core::CompiledSort::compile(&def.sort, schema)?;
+    Ok(def)
+}
+
+/// A rule's filter (claims already bound) as an engine filter over `schema`,
+/// under the same limits and checks as a client's.
+pub fn filter_from_rule(schema: &Schema, filter: &Json) -> Result<Filter, ApiError> {
+    let mut n_nodes = 0;
+    let filter = filter_from_json(schema, filter, 1, &mut n_nodes)?;
+    ordo_core::CompiledFilter::compile(&filter, schema)?;
+    Ok(filter)
+}
+
+/// Conjoins an access rule's predicate into a checked view: the client's filter
+/// can then only narrow what the rule lets through. The combined filter is
+/// compiled again (it is one level deeper than either part).
+pub fn restrict(def: &mut ViewDef, predicate: Option<&Filter>, schema: &Schema) -> Result<(), ApiError> {
+    let Some(predicate) = predicate else { return Ok(()) };
+    let client = std::mem::replace(&mut def.filter, Filter::True);
+    def.filter = match client {
+        Filter::True => predicate.clone(),
+        client => Filter::All(vec![predicate.clone(), client]),
+    };
+    ordo_core::CompiledFilter::compile(&def.filter, schema).map_err(|_| {
+        ApiError::limit("the filter is too deep or too large once this collection's access rule is added to it")
+    })?;
+    Ok(())
+}
+
+trait WithCase {
+    fn with_case(self, case_insensitive: bool) -> Self;
+}
+
+impl WithCase for SortKey {
+    fn with_case(self, case_insensitive: bool) -> SortKey {
+        if case_insensitive {
+            self.case_insensitive()
+        } else {
+            self
+        }
+    }
+}
+
+fn filter_from_json(schema: &Schema, json: &Json, depth: usize, n_nodes: &mut usize) -> Result<Filter, ApiError> {
+    let invalid = |message: String| ApiError::new(ErrorCode::InvalidView, message);
+    if depth > ordo_core::limits::MAX_FILTER_DEPTH {
+        return Err(ApiError::limit(format!(
+            "the filter is nested more than {} deep",
+            ordo_core::limits::MAX_FILTER_DEPTH
+        )));
+    }
+    *n_nodes += 1;
+    if *n_nodes > ordo_core::limits::MAX_FILTER_NODES {
+        return Err(ApiError::limit(format!("the filter has more than {} nodes", ordo_core::limits::MAX_FILTER_NODES)));
+    }
+    let object = match json {
+        Json::Null => return Ok(Filter::True),
+        Json::Object(object) => object,
+        other => return Err(invalid(format!("a filter is a JSON object, not {}", describe(other)))),
+    };
+    let only = |keys: &[&str]| -> Result<(), ApiError> {
+        match object.keys().find(|key| !keys.contains(&key.as_str())) {
+            Some(key) => Err(invalid(format!("unexpected key `{key}` in this filter (expected {})", keys.join(", ")))),
+            None => Ok(()),
+        }
+    };
+    let children = |list: &Json, n_nodes: &mut usize| -> Result<Vec<Filter>, ApiError> {
+        let Json::Array(list) = list else {
+            return Err(invalid("`all` and `any` take a list of filters".to_owned()));
+        };
+        list.iter().map(|child| filter_from_json(schema, child, depth + 1, n_nodes)).collect()
+    };
+    if let Some(list) = object.get("all") {
+        only(&["all"])?;
+        return Ok(Filter::All(children(list, n_nodes)?));
+    }
+    if let Some(list) = object.get("any") {
+        only(&["any"])?;
+        return Ok(Filter::Any(children(list, n_nodes)?));
+    }
+    if let Some(inner) = object.get("not") {
+        only(&["not"])?;
+        return Ok(Filter::Not(Box::new(filter_from_json(schema, inner, depth + 1, n_nodes)?)));
+    }
+    let field = match object.get("field") {
+        Some(Json::String(field)) => field.clone(),
+        Some(other) => return Err(invalid(format!("`field` is a string, not {}", describe(other)))),
+        None => {
+            return Err(invalid(
+                "a filter is `{\"field\":..,\"op\":..,\"value\":..}`, `in`, `is_null`, `contains`, `prefix`, `all`, `any` or `not`"
+                    .to_owned(),
+            ))
+        }
+    };
+    let field_type = schema.field_id(&field).map(|id| schema.field(id).field_type);
+    let field_name = field.clone();
+    let literal = |json: &Json| {
+        typed_owned_value(json, field_type).map_err(|found| {
+            invalid(format!(
+                "field `{field_name}` is {}; {found} does not fit",
+                field_type.map_or("unknown", |t| t.name())
+            ))
+        })
+    };
+    let short_string = |json: &Json, what: &str| -> Result<String, ApiError> {
+        match json {
+            Json::String(text) if text.len() <= limits::MAX_FILTER_STRING_BYTES => Ok(text.clone()),
+            Json::String(text) => Err(ApiError::limit(format!(
+                "the `{what}` string is {} bytes; at most {} are allowed",
+                text.len(),
+                limits::MAX_FILTER_STRING_BYTES
+            ))),
+            other => Err(invalid(format!("`{what}` takes a string, not {}", describe(other)))),
+        }
+    };
+    if let Some(op) = object.get("op") {
+        only(&["field", "op", "value"])?;
+        let op = match op.as_str() {
+            Some("eq") => CompareOp::Eq,
+            Some("ne") => CompareOp::Ne,
+            Some("lt") => CompareOp::Lt,
+            Some("le") => CompareOp::Le,
+            Some("gt") => CompareOp::Gt,
+            Some("ge") => CompareOp::Ge,
+            _ => return Err(invalid(format!("`op` is one of eq, ne, lt, le, gt, ge; got {op}"))),
+        };
+        let value = object.get("value").ok_or_else(|| invalid("a comparison needs a `value`".to_owned()))?;
+        if let Json::String(text) = value {
+            if text.len() > ordo_core::limits::MAX_STRING_FIELD_BYTES {
+                return Err(ApiError::limit("a comparison's string is longer than a field can be"));
+            }
+        }
+        return Ok(Filter::Compare { field, op, value: literal(value)? });
+    }
+    if let Some(values) = object.get("in") {
+        only(&["field", "in"])?;
+        let Json::Array(values) = values else {
+            return Err(invalid("`in` takes a list of values".to_owned()));
+        };
+        if values.len() > ordo_core::limits::MAX_FILTER_IN_VALUES {
+            return Err(ApiError::limit(format!(
+                "`in` lists {} values; at most {} are allowed",
+                values.len(),
+                ordo_core::limits::MAX_FILTER_IN_VALUES
+            )));
+        }
+        let values = values.iter().map(literal).collect::<Result<Vec<_>, _>>()?;
+        return Ok(Filter::In { field, values });
+    }
+    if let Some(is_null) = object.get("is_null") {
+        only(&["field", "is_null"])?;
+        return match is_null {
+            Json::Bool(true) => Ok(Filter::IsNull { field }),
+            Json::Bool(false) => Ok(Filter::Not(Box::new(Filter::IsNull { field }))),
+            other => Err(invalid(format!("`is_null` takes true or false, not {}", describe(other)))),
+        };
+    }
+    if let Some(needle) = object.get("contains") {
+        only(&["field", "contains"])?;
+        return Ok(Filter::Contains { field, needle: short_string(needle, "contains")? });
+    }
+    if let Some(prefix) = object.get("prefix") {
+        only(&["field", "prefix"])?;
+        return Ok(Filter::Prefix { field, prefix: short_string(prefix, "prefix")? });
+    }
+    Err(invalid(format!("a filter on `{field}` needs one of `op`, `in`, `is_null`, `contains`, `prefix`")))
+}
