@@ -171,7 +171,12 @@ export class OrdoServer {
     const { collection, ...body } = view;
     const path = `/v1/collections/${encodeURIComponent(collection)}/query`;
     const answer = (await this.ok("POST", path, body, token)) as { items: Item[] };
-    return answer.items;
+    // Query items carry their version; items in diff frames (a live list's) do not.
+    return answer.items.map((item) => {
+      const copy: Record<string, unknown> = { ...item };
+      delete copy.version;
+      return copy as unknown as Item;
+    });
   }
 }
 

@@ -36,8 +36,56 @@ pub(crate) struct StoredOp {
     pub(crate) id_len: u32,
     pub(crate) fields_start: u32,
     pub(crate) fields_len: u32,
+    /// The op's atomic field operations, in `Batch::atomics`.
+    pub(crate) atomics_start: u32,
+    pub(crate) atomics_len: u32,
     /// `None`: keep the item's payload (partial update); a new item starts empty.
     pub(crate) payload: Option<(u32, u32)>,
+    pub(crate) precondition: Option<Precondition>,
+}
+
+/// An atomic operation on one field of an upsert, resolved against the item's
+/// current value when the batch is applied (on the writer, so concurrent writers
+/// never lose an update).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// Adds the value (null counts as 0). Numeric fields only.
+    Increment,
+    /// Subtracts the value (null counts as 0). Numeric fields only.
+    Decrement,
+    /// Sets the value if it is greater than the current one, or the current one is null.
+    SetMax,
+    /// Sets the value if it is less than the current one, or the current one is null.
+    SetMin,
+}
+
+impl AtomicOp {
+    /// The name used in error messages and on the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            AtomicOp::Increment => "increment",
+            AtomicOp::Decrement => "decrement",
+            AtomicOp::SetMax => "set_max",
+            AtomicOp::SetMin => "set_min",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StoredAtomic {
+    pub(crate) op: AtomicOp,
+    pub(crate) field: StoredField,
+}
+
+/// A condition an operation puts on its item's state just before it; a batch
+/// with a failed one is refused whole ([`crate::BatchError::Conflict`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precondition {
+    Exists,
+    NotExists,
+    /// The item exists and its version (the sequence number of the last batch
+    /// that changed it) is this one.
+    Version(u64),
 }
 
 /// A list of upserts and removes, applied whole or rejected whole.
@@ -45,11 +93,15 @@ pub(crate) struct StoredOp {
 pub struct Batch {
     pub(crate) ops: Vec<StoredOp>,
     pub(crate) fields: Vec<StoredField>,
+    pub(crate) atomics: Vec<StoredAtomic>,
     text: String,
     payload_bytes: Vec<u8>,
     /// Set when an addition would pass `MAX_BATCH_BYTES`; the addition is dropped
     /// and the batch is refused when applied.
     pub(crate) is_oversized: bool,
+    /// Some operation has an atomic field operation or a precondition: the batch
+    /// must be resolved against the items' state before it is applied or logged.
+    needs_state: bool,
 }
 
 impl Batch {
@@ -61,9 +113,11 @@ impl Batch {
     pub fn clear(&mut self) {
         self.ops.clear();
         self.fields.clear();
+        self.atomics.clear();
         self.text.clear();
         self.payload_bytes.clear();
         self.is_oversized = false;
+        self.needs_state = false;
     }
 
     /// Bytes held (ids, names, strings, payloads), checked against `MAX_BATCH_BYTES`.
@@ -86,6 +140,13 @@ impl Batch {
         self.ops.is_empty()
     }
 
+    /// Whether an operation has an atomic field operation or a precondition, so
+    /// that applying the batch depends on the items' state: a store logs such a
+    /// batch only once resolved to plain values (see [`crate::Engine::resolve_batch`]).
+    pub fn needs_state(&self) -> bool {
+        self.needs_state
+    }
+
     fn push_text(&mut self, text: &str) -> (u32, u32) {
         if !self.has_room_for(text.len()) {
             return (0, 0);
@@ -100,21 +161,59 @@ impl Batch {
     pub fn upsert(&mut self, id: &str) -> UpsertBuilder<'_> {
         let (id_start, id_len) = self.push_text(id);
         let fields_start = self.fields.len() as u32;
-        self.ops.push(StoredOp { kind: OpKind::Upsert, id_start, id_len, fields_start, fields_len: 0, payload: None });
+        let atomics_start = self.atomics.len() as u32;
+        self.ops.push(StoredOp {
+            kind: OpKind::Upsert,
+            id_start,
+            id_len,
+            fields_start,
+            fields_len: 0,
+            atomics_start,
+            atomics_len: 0,
+            payload: None,
+            precondition: None,
+        });
         UpsertBuilder { batch: self }
     }
 
     /// Removes an item; removing an absent id is a no-op.
     pub fn remove(&mut self, id: &str) {
+        self.push_remove(id, None);
+    }
+
+    /// Removes an item if `precondition` holds; otherwise the batch is refused whole.
+    pub fn remove_if(&mut self, id: &str, precondition: Precondition) {
+        self.push_remove(id, Some(precondition));
+    }
+
+    fn push_remove(&mut self, id: &str, precondition: Option<Precondition>) {
         let (id_start, id_len) = self.push_text(id);
+        self.needs_state |= precondition.is_some();
         self.ops.push(StoredOp {
             kind: OpKind::Remove,
             id_start,
             id_len,
             fields_start: 0,
             fields_len: 0,
+            atomics_start: 0,
+            atomics_len: 0,
             payload: None,
+            precondition,
         });
+    }
+
+    fn push_value(&mut self, value: Value<'_>) -> StoredValue {
+        match value {
+            Value::Null => StoredValue::Null,
+            Value::Bool(flag) => StoredValue::Bool(flag),
+            Value::I64(number) => StoredValue::I64(number),
+            Value::U64(number) => StoredValue::U64(number),
+            Value::F64(number) => StoredValue::F64(number),
+            Value::Str(text) => {
+                let (start, len) = self.push_text(text);
+                StoredValue::Str { start, len }
+            }
+        }
     }
 
     /// The operations in order, for readers outside the engine (a store persisting them).
@@ -128,6 +227,10 @@ impl Batch {
 
     pub(crate) fn op_fields(&self, op: &StoredOp) -> &[StoredField] {
         &self.fields[op.fields_start as usize..(op.fields_start + op.fields_len) as usize]
+    }
+
+    pub(crate) fn op_atomics(&self, op: &StoredOp) -> &[StoredAtomic] {
+        &self.atomics[op.atomics_start as usize..(op.atomics_start + op.atomics_len) as usize]
     }
 
     pub(crate) fn field_name(&self, field: &StoredField) -> &str {
@@ -145,6 +248,21 @@ impl Batch {
         }
     }
 
+    /// The value the last op (an upsert) sets `name` to last, if it sets it.
+    pub(crate) fn last_op_value(&self, name: &str) -> Option<Value<'_>> {
+        let op = self.ops.last()?;
+        let field = self.op_fields(op).iter().rev().find(|field| self.field_name(field) == name)?;
+        Some(self.field_value(field))
+    }
+
+    /// Sets one more field on the last op, an upsert.
+    pub(crate) fn push_set_to_last(&mut self, name: &str, value: Value<'_>) {
+        let (name_start, name_len) = self.push_text(name);
+        let value = self.push_value(value);
+        self.fields.push(StoredField { name_start, name_len, value });
+        self.ops.last_mut().expect("an upsert was started").fields_len += 1;
+    }
+
     pub(crate) fn payload(&self, op: &StoredOp) -> Option<&[u8]> {
         op.payload.map(|(start, len)| &self.payload_bytes[start as usize..(start + len) as usize])
     }
@@ -159,20 +277,57 @@ impl UpsertBuilder<'_> {
     /// Sets a field by name. Unknown names and wrong types are reported when the batch is applied.
     pub fn set(self, field: &str, value: Value<'_>) -> Self {
         let (name_start, name_len) = self.batch.push_text(field);
-        let value = match value {
-            Value::Null => StoredValue::Null,
-            Value::Bool(flag) => StoredValue::Bool(flag),
-            Value::I64(number) => StoredValue::I64(number),
-            Value::U64(number) => StoredValue::U64(number),
-            Value::F64(number) => StoredValue::F64(number),
-            Value::Str(text) => {
-                let (start, len) = self.batch.push_text(text);
-                StoredValue::Str { start, len }
-            }
-        };
+        let value = self.batch.push_value(value);
         self.batch.fields.push(StoredField { name_start, name_len, value });
         self.batch.ops.last_mut().expect("an upsert was started").fields_len += 1;
         self
+    }
+
+    /// Adds an atomic operation on a field, applied after the fields `set` on
+    /// this upsert, in the order added (see [`AtomicOp`]).
+    pub fn atomic(self, op: AtomicOp, field: &str, value: Value<'_>) -> Self {
+        let (name_start, name_len) = self.batch.push_text(field);
+        let value = self.batch.push_value(value);
+        self.batch.atomics.push(StoredAtomic { op, field: StoredField { name_start, name_len, value } });
+        self.batch.ops.last_mut().expect("an upsert was started").atomics_len += 1;
+        self.batch.needs_state = true;
+        self
+    }
+
+    /// `field += delta` (see [`AtomicOp::Increment`]).
+    pub fn increment(self, field: &str, delta: Value<'_>) -> Self {
+        self.atomic(AtomicOp::Increment, field, delta)
+    }
+
+    /// `field -= delta` (see [`AtomicOp::Decrement`]).
+    pub fn decrement(self, field: &str, delta: Value<'_>) -> Self {
+        self.atomic(AtomicOp::Decrement, field, delta)
+    }
+
+    /// `field = max(field, value)` (see [`AtomicOp::SetMax`]).
+    pub fn set_max(self, field: &str, value: Value<'_>) -> Self {
+        self.atomic(AtomicOp::SetMax, field, value)
+    }
+
+    /// `field = min(field, value)` (see [`AtomicOp::SetMin`]).
+    pub fn set_min(self, field: &str, value: Value<'_>) -> Self {
+        self.atomic(AtomicOp::SetMin, field, value)
+    }
+
+    /// Applies the upsert only if `precondition` holds; otherwise the batch is refused whole.
+    pub fn precondition(self, precondition: Precondition) -> Self {
+        self.batch.ops.last_mut().expect("an upsert was started").precondition = Some(precondition);
+        self.batch.needs_state = true;
+        self
+    }
+
+    /// Whether the upsert sets `field` or has an atomic operation on it already
+    /// (for callers that allow a field once per operation).
+    pub fn names_field(&self, field: &str) -> bool {
+        let batch = &*self.batch;
+        let op = batch.ops.last().expect("an upsert was started");
+        batch.op_fields(op).iter().any(|stored| batch.field_name(stored) == field)
+            || batch.op_atomics(op).iter().any(|atomic| batch.field_name(&atomic.field) == field)
     }
 
     /// Replaces the item's opaque payload.
@@ -213,5 +368,18 @@ impl<'a> BatchOp<'a> {
     /// The new payload, or `None` when the upsert keeps the item's payload.
     pub fn payload(&self) -> Option<&'a [u8]> {
         self.batch.payload(self.op)
+    }
+
+    /// The atomic field operations of an upsert, in order: `(op, field name, operand)`.
+    pub fn atomics(&self) -> impl ExactSizeIterator<Item = (AtomicOp, &'a str, Value<'a>)> + 'a {
+        let batch = self.batch;
+        batch
+            .op_atomics(self.op)
+            .iter()
+            .map(move |atomic| (atomic.op, batch.field_name(&atomic.field), batch.field_value(&atomic.field)))
+    }
+
+    pub fn precondition(&self) -> Option<Precondition> {
+        self.op.precondition
     }
 }

@@ -29,6 +29,17 @@ impl<'a> BulkLoad<'a> {
     /// The item is held to the same limits as a batch; a refused item adds nothing.
     /// Duplicate ids are found by [`BulkLoad::finish`].
     pub fn push(&mut self, id: &str, values: &[Value<'_>], payload: &[u8]) -> Result<(), LoadError> {
+        self.push_with_version(id, 0, values, payload)
+    }
+
+    /// As [`BulkLoad::push`], with the item's version (see [`crate::ItemRef::version`]).
+    pub fn push_with_version(
+        &mut self,
+        id: &str,
+        version: u64,
+        values: &[Value<'_>],
+        payload: &[u8],
+    ) -> Result<(), LoadError> {
         let collection = &mut *self.collection;
         let invalid = |error: BatchError| LoadError::Invalid { id: id.to_owned(), error };
         if id.is_empty() {
@@ -49,7 +60,7 @@ impl<'a> BulkLoad<'a> {
         for (field, &value) in collection.schema().fields().iter().zip(values) {
             check_field_value(0, &field.name, field.field_type, value).map_err(invalid)?;
         }
-        let slot = collection.push_unindexed_slot(id, values, payload);
+        let slot = collection.push_unindexed_slot(id, version, values, payload);
         self.pending.push(collection.pending_index_entry(slot));
         Ok(())
     }

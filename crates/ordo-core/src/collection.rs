@@ -355,6 +355,8 @@ pub struct Collection {
     columns: Vec<Column>,
     ids: Vec<String>,
     payloads: Vec<Vec<u8>>,
+    /// Per slot: the version of the item, the sequence number of the last batch that changed it.
+    versions: Vec<u64>,
     alive: Vec<bool>,
     /// id -> slot. Short ids are stored inline in the table (see `IdIndexEntry`).
     id_index: HashTable<IdIndexEntry>,
@@ -375,6 +377,7 @@ impl Collection {
             columns,
             ids: Vec::new(),
             payloads: Vec::new(),
+            versions: Vec::new(),
             alive: Vec::new(),
             id_index: HashTable::new(),
             hasher: DefaultHashBuilder::default(),
@@ -459,6 +462,7 @@ impl Collection {
         self.id_index.reserve(n_items, |entry| hasher.hash_one(entry.id_bytes(ids)));
         self.ids.reserve(n_items);
         self.payloads.reserve(n_items);
+        self.versions.reserve(n_items);
         self.alive.reserve(n_items);
         for column in &mut self.columns {
             column.reserve(n_items);
@@ -474,6 +478,7 @@ impl Collection {
                 let index = slot as usize;
                 copy_reusing_capacity_str(&mut self.ids[index], id);
                 self.payloads[index].clear();
+                self.versions[index] = 0;
                 for column in &mut self.columns {
                     column.set_null(index);
                 }
@@ -483,6 +488,7 @@ impl Collection {
                 let slot = self.ids.len() as Slot;
                 self.ids.push(id.to_owned());
                 self.payloads.push(Vec::new());
+                self.versions.push(0);
                 self.alive.push(false);
                 for column in &mut self.columns {
                     column.push_null();
@@ -502,7 +508,7 @@ impl Collection {
     /// without entering its id in the id index: the bulk-load
     /// path, which indexes every new slot at the end in one cache-friendly pass
     /// ([`Collection::index_slots_from`]). Until then the id cannot be found.
-    pub(crate) fn push_unindexed_slot(&mut self, id: &str, values: &[Value<'_>], payload: &[u8]) -> Slot {
+    pub(crate) fn push_unindexed_slot(&mut self, id: &str, version: u64, values: &[Value<'_>], payload: &[u8]) -> Slot {
         debug_assert_eq!(values.len(), self.columns.len());
         let schema = &self.schema;
         let slot = self.ids.len() as Slot;
@@ -511,6 +517,7 @@ impl Collection {
         // (a million ~200-byte previews would take 256 bytes each if rounded up). The
         // first update that brings a longer payload rounds the buffer up, once.
         self.payloads.push(payload.to_vec());
+        self.versions.push(version);
         self.alive.push(true);
         for ((column, field), &value) in self.columns.iter_mut().zip(schema.fields()).zip(values) {
             column.push(value.coerce_to(field.field_type).expect("validated by the caller"));
@@ -592,6 +599,7 @@ impl Collection {
         let n_removed = self.alive[len..].iter().filter(|&&alive| alive).count();
         self.ids.truncate(len);
         self.payloads.truncate(len);
+        self.versions.truncate(len);
         self.alive.truncate(len);
         for column in &mut self.columns {
             column.truncate(len);
@@ -601,6 +609,14 @@ impl Collection {
 
     pub(crate) fn set_value(&mut self, slot: Slot, field_id: FieldId, value: Value<'_>) {
         self.columns[field_id.index()].set(slot as usize, value);
+    }
+
+    pub(crate) fn set_version(&mut self, slot: Slot, version: u64) {
+        self.versions[slot as usize] = version;
+    }
+
+    pub(crate) fn version_of(&self, slot: Slot) -> u64 {
+        self.versions[slot as usize]
     }
 
     pub(crate) fn set_payload(&mut self, slot: Slot, payload: &[u8]) {
@@ -630,6 +646,7 @@ impl Collection {
     pub fn heap_bytes(&self) -> usize {
         let mut total = self.ids.capacity() * std::mem::size_of::<String>()
             + self.payloads.capacity() * std::mem::size_of::<Vec<u8>>()
+            + self.versions.capacity() * 8
             + self.alive.capacity()
             + self.id_index.capacity() * (std::mem::size_of::<IdIndexEntry>() + 1)
             + self.free_slots.capacity() * 4;
@@ -665,6 +682,12 @@ impl<'a> ItemRef<'a> {
 
     pub fn payload(&self) -> &'a [u8] {
         &self.collection.payloads[self.slot as usize]
+    }
+
+    /// The item's version: the sequence number of the last batch that upserted
+    /// it (see [`crate::Engine::apply_batch_at`]); 0 for an item loaded without one.
+    pub fn version(&self) -> u64 {
+        self.collection.version_of(self.slot)
     }
 
     pub fn field(&self, field_id: FieldId) -> Value<'a> {

@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 
-use crate::batch::{Batch, OpKind, StoredOp};
+use crate::batch::{AtomicOp, Batch, OpKind, StoredOp};
 use crate::bulk_load::BulkLoad;
 use crate::collection::{Collection, Slot};
 use crate::diff::{DiffRef, DiffSink, ItemList, WindowId};
@@ -26,6 +26,7 @@ use crate::key_index::{KeyIndex, KeyMove, ViewKey};
 use crate::limits;
 use crate::list_diff::{emit_list_diff, ListDiffScratch};
 use crate::order_tree::Entry;
+use crate::resolve::{self, Overlay};
 use crate::schema::{FieldId, FieldType, Schema, SchemaError};
 use crate::sort::CompiledSort;
 use crate::value::Value;
@@ -155,6 +156,12 @@ pub struct Engine {
     /// See [`Engine::set_view_keying`].
     is_view_keying_disabled: bool,
     n_view_visits: u64,
+    /// The highest version given to a batch so far (see [`Engine::apply_batch`]).
+    last_version: u64,
+    /// Batches staged by a store's group commit (see [`Engine::resolve_batch`]).
+    overlay: Overlay,
+    /// Where `apply_batch` resolves a batch with atomic operations or preconditions, reused.
+    resolved: Batch,
 }
 
 impl Engine {
@@ -233,21 +240,58 @@ impl Engine {
 
     /// Applies a batch whole, or rejects it whole with the first error found.
     /// Every window whose contents changed receives its diffs through `sink`.
+    /// The items it upserts get the next version number (one more than the
+    /// highest given so far); see [`Engine::apply_batch_at`] to choose it.
     pub fn apply_batch(
         &mut self,
         collection_id: CollectionId,
         batch: &Batch,
         sink: &mut dyn DiffSink,
     ) -> Result<BatchSummary, BatchError> {
+        self.apply_batch_at(collection_id, batch, self.last_version + 1, sink)
+    }
+
+    /// As [`Engine::apply_batch`], giving the items the batch upserts the version
+    /// `version` (a store passes the batch's sequence number, so that an item's
+    /// version is the last batch that changed it). Atomic operations and
+    /// preconditions are resolved against the collection's items first.
+    pub fn apply_batch_at(
+        &mut self,
+        collection_id: CollectionId,
+        batch: &Batch,
+        version: u64,
+        sink: &mut dyn DiffSink,
+    ) -> Result<BatchSummary, BatchError> {
+        if !batch.needs_state() {
+            return self.apply_plain_batch(collection_id, batch, version, sink);
+        }
+        let mut resolved = std::mem::take(&mut self.resolved);
+        // Nothing is staged outside a store's validation of a group.
+        self.overlay.clear();
+        let outcome = self.resolve_batch(collection_id, batch, version, &mut resolved);
+        self.overlay.clear();
+        let outcome = outcome.and_then(|()| self.apply_plain_batch(collection_id, &resolved, version, sink));
+        self.resolved = resolved;
+        outcome
+    }
+
+    fn apply_plain_batch(
+        &mut self,
+        collection_id: CollectionId,
+        batch: &Batch,
+        version: u64,
+        sink: &mut dyn DiffSink,
+    ) -> Result<BatchSummary, BatchError> {
         let Engine { collections, views, windows, scratch, n_view_visits, .. } = self;
         let state = collections.get_mut(collection_id.index()).ok_or(BatchError::UnknownCollection)?;
         validate_batch(&state.collection, batch, 0, &mut scratch.resolved_fields)?;
+        debug_assert!(!batch.needs_state(), "resolved before it is applied");
 
         let mut summary = BatchSummary::default();
         for op in &batch.ops {
             match op.kind {
                 OpKind::Upsert => {
-                    apply_upsert(state, views, windows, scratch, batch, op);
+                    apply_upsert(state, views, windows, scratch, batch, op, version);
                     summary.n_upserted += 1;
                 }
                 OpKind::Remove => {
@@ -260,7 +304,43 @@ impl Engine {
         }
         summary.n_windows_changed = deliver_pending(&state.collection, views, windows, scratch, sink);
         state.collection.recycle_freed_slots();
+        self.last_version = self.last_version.max(version);
         Ok(summary)
+    }
+
+    /// Group commit, for a store that validates several batches before applying
+    /// any: forgets the batches staged for the previous group.
+    pub fn begin_group(&mut self) {
+        self.overlay.clear();
+    }
+
+    /// Records a plain batch (validated, no atomic operations or preconditions)
+    /// accepted into the group being validated, to be applied at `version`: a
+    /// later [`Engine::resolve_batch`] of the group sees the items as it leaves them.
+    pub fn stage_batch(&mut self, collection_id: CollectionId, batch: &Batch, version: u64) {
+        debug_assert!(!batch.needs_state());
+        if let Some(state) = self.collections.get(collection_id.index()) {
+            self.overlay.stage_batch(collection_id.0, state.collection.schema(), batch, version);
+        }
+    }
+
+    /// Resolves a batch's atomic operations and preconditions into `out`, a plain
+    /// batch of concrete values that applies the same change (what a store logs,
+    /// so that a replay does not depend on the state it replays onto). Reads the
+    /// items as the collection holds them, changed by the batches staged since
+    /// [`Engine::begin_group`] and by the batch's own earlier operations. On
+    /// success the resolved batch is staged at `version`; a failed precondition
+    /// is [`BatchError::Conflict`], and then nothing is staged.
+    pub fn resolve_batch(
+        &mut self,
+        collection_id: CollectionId,
+        batch: &Batch,
+        version: u64,
+        out: &mut Batch,
+    ) -> Result<(), BatchError> {
+        let state = self.collections.get(collection_id.index()).ok_or(BatchError::UnknownCollection)?;
+        validate_batch(&state.collection, batch, 0, &mut self.scratch.resolved_fields)?;
+        resolve::resolve_batch(collection_id.0, &state.collection, &mut self.overlay, batch, version, out)
     }
 
     /// Checks a batch as [`Engine::apply_batch`] would, without applying it: a store
@@ -684,8 +764,67 @@ fn validate_batch(
             check_field_value(op_index, name, field_type, batch.field_value(field))?;
             resolved_fields.push(field_id);
         }
+        for atomic in batch.op_atomics(op) {
+            let name = batch.field_name(&atomic.field);
+            let field_id =
+                schema.field_id(name).ok_or_else(|| BatchError::UnknownField { op_index, field: name.to_owned() })?;
+            check_atomic(
+                op_index,
+                name,
+                schema.field(field_id).field_type,
+                atomic.op,
+                batch.field_value(&atomic.field),
+            )?;
+        }
     }
     Ok(())
+}
+
+/// Checks an atomic operation's field type and operand: `increment`/`decrement`
+/// take a numeric field and an operand of its kind (an integer for integer
+/// fields); `set_max`/`set_min` take a numeric or string field and a value of
+/// its type. Null operands are refused: they would mean nothing.
+fn check_atomic(
+    op_index: usize,
+    name: &str,
+    field_type: FieldType,
+    op: AtomicOp,
+    operand: Value<'_>,
+) -> Result<(), BatchError> {
+    let applies = match op {
+        AtomicOp::Increment | AtomicOp::Decrement => {
+            matches!(field_type, FieldType::I64 | FieldType::U64 | FieldType::F64)
+        }
+        AtomicOp::SetMax | AtomicOp::SetMin => {
+            matches!(field_type, FieldType::I64 | FieldType::U64 | FieldType::F64 | FieldType::String)
+        }
+    };
+    if !applies {
+        return Err(BatchError::AtomicNotApplicable {
+            op_index,
+            field: name.to_owned(),
+            operation: op.name(),
+            field_type: field_type.name(),
+        });
+    }
+    let wrong_type = |expected: &'static str| BatchError::WrongType {
+        op_index,
+        field: name.to_owned(),
+        expected,
+        found: operand.type_name(),
+    };
+    if operand.is_null() {
+        return Err(wrong_type(field_type.name()));
+    }
+    match (op, field_type) {
+        (AtomicOp::Increment | AtomicOp::Decrement, FieldType::I64 | FieldType::U64) => {
+            resolve::integer_operand(operand).map(|_| ()).ok_or_else(|| wrong_type("an integer"))
+        }
+        (AtomicOp::Increment | AtomicOp::Decrement, _) => {
+            check_field_value(op_index, name, FieldType::F64, operand).map(|_| ())
+        }
+        _ => check_field_value(op_index, name, field_type, operand).map(|_| ()),
+    }
 }
 
 /// Lists in `scratch.visited_views` the views an operation on an item visits:
@@ -856,6 +995,7 @@ fn apply_upsert(
     scratch: &mut Scratch,
     batch: &Batch,
     op: &StoredOp,
+    version: u64,
 ) {
     let id = batch.id(op);
     let existing = state.collection.find_slot(id);
@@ -884,6 +1024,7 @@ fn apply_upsert(
     if let Some(payload) = batch.payload(op) {
         state.collection.set_payload(slot, payload);
     }
+    state.collection.set_version(slot, version);
     state.keys.apply_moves(slot, &scratch.key_moves);
     insert_into_views(state, views, windows, scratch, slot, true);
 }

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use crate::batch::Precondition;
 use crate::limits;
 
 /// Why a batch was rejected. A rejected batch changes nothing.
@@ -47,6 +48,30 @@ pub enum BatchError {
         n_items_max: usize,
     },
     UnknownCollection,
+    /// An atomic operation on a field whose type it does not apply to
+    /// (`increment` on a string, `set_max` on a bool).
+    AtomicNotApplicable {
+        op_index: usize,
+        field: String,
+        operation: &'static str,
+        field_type: &'static str,
+    },
+    /// An `increment`/`decrement` whose result leaves the field's type: below 0
+    /// or above `u64::MAX` for u64, outside `i64` for i64, not finite for f64.
+    Overflow {
+        op_index: usize,
+        field: String,
+        operation: &'static str,
+        field_type: &'static str,
+    },
+    /// An operation's precondition did not hold. `found` is the item's version
+    /// (`None`: no such item) just before the operation.
+    Conflict {
+        op_index: usize,
+        id: String,
+        expected: Precondition,
+        found: Option<u64>,
+    },
 }
 
 impl fmt::Display for BatchError {
@@ -89,6 +114,30 @@ impl fmt::Display for BatchError {
                 write!(f, "the collection would exceed {n_items_max} items")
             }
             BatchError::UnknownCollection => write!(f, "no such collection"),
+            BatchError::AtomicNotApplicable { op_index, field, operation, field_type } => {
+                write!(f, "op {op_index}: `{operation}` does not apply to field `{field}` of type {field_type}")
+            }
+            BatchError::Overflow { op_index, field, operation, field_type } => write!(
+                f,
+                "op {op_index}: `{operation}` of field `{field}` would leave the range of {field_type}; \
+                 the batch is refused"
+            ),
+            BatchError::Conflict { op_index, id, expected, found } => {
+                write!(f, "op {op_index} (`{id}`): ")?;
+                match (expected, found) {
+                    (Precondition::Version(expected), Some(found)) => {
+                        write!(f, "expected version {expected}, found {found}")
+                    }
+                    (Precondition::Version(expected), None) => {
+                        write!(f, "expected version {expected}, found no item")
+                    }
+                    (Precondition::Exists, _) => write!(f, "expected the item to exist, found no item"),
+                    (Precondition::NotExists, Some(found)) => {
+                        write!(f, "expected no item, found one at version {found}")
+                    }
+                    (Precondition::NotExists, None) => write!(f, "expected no item"),
+                }
+            }
         }
     }
 }

@@ -52,6 +52,7 @@ mod filter;
 mod key_index;
 mod list_diff;
 mod order_tree;
+mod resolve;
 mod schema;
 mod sort;
 mod value;
@@ -61,7 +62,7 @@ mod window;
 
 pub mod limits;
 
-pub use batch::{Batch, BatchOp, UpsertBuilder};
+pub use batch::{AtomicOp, Batch, BatchOp, Precondition, UpsertBuilder};
 pub use bulk_load::BulkLoad;
 pub use collection::{Collection, ItemRef, OwnedItem};
 pub use diff::{CollectingSink, DiffRef, DiffSink, ItemList, NullSink, OwnedDiff, WindowId};

@@ -347,7 +347,9 @@ async fn route(
                     Ok(ack) => write_ack(&mut body, &ack),
                     Err(error) => {
                         metrics::count_error(error.code);
-                        status = 422;
+                        // 409 when every refused part is a conflict, else 422.
+                        let refusal_status = if error.code == ErrorCode::Conflict { 409 } else { 422 };
+                        status = if status == 200 || status == refusal_status { refusal_status } else { 422 };
                         body.extend_from_slice(&error.to_json_body());
                     }
                 }

@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use ordo_core::{Batch, CollectionId, DiffRef, DiffSink, Schema, WindowId};
 use ordo_store::{Ack, Database, PendingWrite, MAX_BATCHES_PER_COMMIT, MAX_BYTES_PER_COMMIT};
 
-use crate::encode::{write_diff, write_item, write_items};
+use crate::encode::{write_diff, write_versioned_item, write_versioned_items};
 use crate::error::{ApiError, ErrorCode};
 use crate::metrics::{self, CoreGauges, Stage, METRICS};
 use crate::name_routes::NameRoutes;
@@ -288,7 +288,7 @@ impl DiffSink for Fanout {
             Route::Discard => return,
             Route::Capture => {
                 if let (DiffRef::Reset { values }, Some(projection)) = (diff, &self.capture_projection) {
-                    write_items(&mut self.captured, values, projection);
+                    write_versioned_items(&mut self.captured, values, projection);
                 }
                 return;
             }
@@ -625,7 +625,7 @@ impl Core {
                         }
                     }
                     let mut out = Vec::new();
-                    write_item(&mut out, item, &Projection::all(collection.schema()));
+                    write_versioned_item(&mut out, item, &Projection::all(collection.schema()));
                     Some(out)
                 });
                 let _ = reply.send(item);

@@ -7,10 +7,25 @@ use ordo_core::{DiffRef, ItemList, ItemRef, Value};
 use crate::frame::{write_json_str, write_u64};
 use crate::wire::Projection;
 
-/// `{"id":..,"fields":{..},"payload":..}`; the payload is stored JSON text, copied as is.
+/// `{"id":..,"fields":{..},"payload":..}`; the payload is stored JSON text, copied
+/// as is. The form inside diff frames, which stay eyeball-im's serde form of an item.
 pub fn write_item(out: &mut Vec<u8>, item: ItemRef<'_>, projection: &Projection) {
+    write_item_as(out, item, projection, false);
+}
+
+/// `{"id":..,"version":N,"fields":{..},"payload":..}`: an item read by `GET` or a
+/// one-shot query, with its version (the last write that changed it).
+pub fn write_versioned_item(out: &mut Vec<u8>, item: ItemRef<'_>, projection: &Projection) {
+    write_item_as(out, item, projection, true);
+}
+
+fn write_item_as(out: &mut Vec<u8>, item: ItemRef<'_>, projection: &Projection, with_version: bool) {
     out.extend_from_slice(b"{\"id\":");
     write_json_str(out, item.id());
+    if with_version {
+        out.extend_from_slice(b",\"version\":");
+        write_u64(out, item.version());
+    }
     out.extend_from_slice(b",\"fields\":{");
     let schema = item.schema();
     for (index, &field_id) in projection.fields.iter().enumerate() {
@@ -53,12 +68,21 @@ pub fn write_value(out: &mut Vec<u8>, value: Value<'_>) {
 }
 
 pub fn write_items(out: &mut Vec<u8>, items: ItemList<'_>, projection: &Projection) {
+    write_items_as(out, items, projection, false);
+}
+
+/// A one-shot query's items, each with its version (see [`write_versioned_item`]).
+pub fn write_versioned_items(out: &mut Vec<u8>, items: ItemList<'_>, projection: &Projection) {
+    write_items_as(out, items, projection, true);
+}
+
+fn write_items_as(out: &mut Vec<u8>, items: ItemList<'_>, projection: &Projection, with_version: bool) {
     out.push(b'[');
     for (index, item) in items.iter().enumerate() {
         if index > 0 {
             out.push(b',');
         }
-        write_item(out, item, projection);
+        write_item_as(out, item, projection, with_version);
     }
     out.push(b']');
 }

@@ -26,10 +26,12 @@ pub enum ErrorCode {
     OriginNotAllowed,
     HostNotAllowed,
     InvalidRules,
+    /// A write's precondition did not hold (409); nothing of the batch was written.
+    Conflict,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::BadJson,
         ErrorCode::BadRequest,
         ErrorCode::InvalidSchema,
@@ -50,6 +52,7 @@ impl ErrorCode {
         ErrorCode::OriginNotAllowed,
         ErrorCode::HostNotAllowed,
         ErrorCode::InvalidRules,
+        ErrorCode::Conflict,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -74,6 +77,7 @@ impl ErrorCode {
             ErrorCode::OriginNotAllowed => "origin_not_allowed",
             ErrorCode::HostNotAllowed => "host_not_allowed",
             ErrorCode::InvalidRules => "invalid_rules",
+            ErrorCode::Conflict => "conflict",
         }
     }
 
@@ -93,6 +97,7 @@ impl ErrorCode {
             ErrorCode::Forbidden | ErrorCode::OriginNotAllowed => 403,
             ErrorCode::HostNotAllowed => 421,
             ErrorCode::InvalidRules => 400,
+            ErrorCode::Conflict => 409,
         }
     }
 }
@@ -103,11 +108,13 @@ pub struct ApiError {
     pub message: String,
     /// Overrides the code's usual status (413 for a body too large).
     pub status: Option<u16>,
+    /// The batch op a `conflict` names (also in the message), for clients to act on.
+    pub op: Option<usize>,
 }
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
-        ApiError { code, message: message.into(), status: None }
+        ApiError { code, message: message.into(), status: None, op: None }
     }
 
     pub fn status(&self) -> u16 {
@@ -141,8 +148,11 @@ impl ApiError {
 
     /// `{"error":{"code":..,"message":..}}`
     pub fn to_json_body(&self) -> Vec<u8> {
-        serde_json::to_vec(&serde_json::json!({"error": {"code": self.code.as_str(), "message": self.message}}))
-            .expect("an error serialises")
+        let body = match self.op {
+            Some(op) => serde_json::json!({"error": {"code": self.code.as_str(), "message": self.message, "op": op}}),
+            None => serde_json::json!({"error": {"code": self.code.as_str(), "message": self.message}}),
+        };
+        serde_json::to_vec(&body).expect("an error serialises")
     }
 }
 
@@ -165,6 +175,9 @@ impl From<ViewError> for ApiError {
 
 impl From<BatchError> for ApiError {
     fn from(error: BatchError) -> ApiError {
+        if let BatchError::Conflict { op_index, .. } = error {
+            return ApiError { op: Some(op_index), ..ApiError::new(ErrorCode::Conflict, error.to_string()) };
+        }
         let code = match error {
             BatchError::UnknownCollection => ErrorCode::UnknownCollection,
             BatchError::TooManyOps { .. } | BatchError::BatchTooLarge | BatchError::CollectionFull { .. } => {

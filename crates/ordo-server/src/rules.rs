@@ -380,6 +380,13 @@ impl WriteGuard {
                 continue;
             }
             let schema = collection.schema();
+            // An atomic operation on a field the rule pins (`owner == $user`) would
+            // change it to a value only known on the writer: refused outright, so
+            // that no increment or `set_max` can move an item out of the grant.
+            let pins = |field_id| self.alternatives.iter().flatten().any(|(pinned, _)| *pinned == field_id);
+            if op.atomics().any(|(_, name, _)| schema.field_id(name).is_some_and(pins)) {
+                return Err(index);
+            }
             let after_inside = self.alternatives.iter().any(|equalities| {
                 equalities.iter().all(|(field, value)| {
                     let name = &schema.field(*field).name;

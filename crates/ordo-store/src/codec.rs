@@ -1,4 +1,4 @@
-//! The on-disk encoding of keys and values (format 1; byte layouts in `docs/STORAGE.md`).
+//! The on-disk encoding of keys and values (format 2; byte layouts in `docs/STORAGE.md`).
 //!
 //! Every variable-length part carries its length in front of it, so decoding
 //! never scans for a delimiter, and every record starts with its own version
@@ -8,10 +8,17 @@
 use ordo_core::{FieldType, Schema, Value};
 
 /// The layout version of the whole data directory, kept in the `meta` database.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
-/// The version byte at the start of every schema and item record.
+/// The version byte at the start of every schema record.
 const RECORD_VERSION: u8 = 1;
+
+/// The version byte of item records written now: 2 carries the item's version
+/// (the sequence number of the last batch that changed it) after the byte.
+const ITEM_RECORD_VERSION: u8 = 2;
+/// Item records of format 1, without an item version, are still read: their
+/// items get version 0 (no batch has sequence number 0) until they next change.
+const ITEM_RECORD_VERSION_1: u8 = 1;
 
 /// A record that cannot be decoded: the data directory was damaged or written by
 /// something else. Carries what was expected, for the error message.
@@ -184,11 +191,19 @@ pub enum PayloadSource<'a> {
     Old(Span),
 }
 
-/// Encodes an item record: `version, n_fields, presence bitmap, present values
-/// in schema order, payload length, payload`. `Old` sources point into `old_record`.
-pub fn encode_item(buffer: &mut Vec<u8>, old_record: &[u8], fields: &[FieldSource<'_>], payload: PayloadSource<'_>) {
+/// Encodes an item record: `record version (2), u64 item version, n_fields,
+/// presence bitmap, present values in schema order, payload length, payload`.
+/// `Old` sources point into `old_record`.
+pub fn encode_item(
+    buffer: &mut Vec<u8>,
+    old_record: &[u8],
+    item_version: u64,
+    fields: &[FieldSource<'_>],
+    payload: PayloadSource<'_>,
+) {
     buffer.clear();
-    buffer.push(RECORD_VERSION);
+    buffer.push(ITEM_RECORD_VERSION);
+    buffer.extend_from_slice(&item_version.to_le_bytes());
     buffer.push(fields.len() as u8);
     let bitmap_start = buffer.len();
     buffer.resize(bitmap_start + fields.len().div_ceil(8), 0);
@@ -219,29 +234,38 @@ pub fn encode_item(buffer: &mut Vec<u8>, old_record: &[u8], fields: &[FieldSourc
 /// its payload (length prefix included), checking the record's structure.
 pub fn scan_item(bytes: &[u8], schema: &Schema, spans: &mut Vec<Option<Span>>) -> Result<Span, Corrupt> {
     spans.clear();
-    walk_item(bytes, schema, |field| spans.push(field.map(|(_, span)| span)))
+    walk_item(bytes, schema, |field| spans.push(field.map(|(_, span)| span))).map(|(_, payload)| payload)
 }
 
 /// Decodes an item record into one value per schema field (`values` is cleared
-/// first) and returns the payload. Values borrow from `bytes`: nothing is copied.
-pub fn decode_item<'a>(bytes: &'a [u8], schema: &Schema, values: &mut Vec<Value<'a>>) -> Result<&'a [u8], Corrupt> {
+/// first) and returns the item's version and payload. Values borrow from
+/// `bytes`: nothing is copied.
+pub fn decode_item<'a>(
+    bytes: &'a [u8],
+    schema: &Schema,
+    values: &mut Vec<Value<'a>>,
+) -> Result<(u64, &'a [u8]), Corrupt> {
     values.clear();
-    let payload = walk_item(bytes, schema, |field| values.push(field.map_or(Value::Null, |(value, _)| value)))?;
-    Ok(&bytes[payload.start as usize + 4..payload.end as usize])
+    let (item_version, payload) =
+        walk_item(bytes, schema, |field| values.push(field.map_or(Value::Null, |(value, _)| value)))?;
+    Ok((item_version, &bytes[payload.start as usize + 4..payload.end as usize]))
 }
 
 /// Reads an item record front to back, checking its structure, and hands each
 /// field in schema order to `field` (`None`: null), with its value and the span
-/// of its encoded bytes. Returns the payload's span (length prefix included).
+/// of its encoded bytes. Returns the item's version and the payload's span
+/// (length prefix included).
 fn walk_item<'a>(
     bytes: &'a [u8],
     schema: &Schema,
     mut field: impl FnMut(Option<(Value<'a>, Span)>),
-) -> Result<Span, Corrupt> {
+) -> Result<(u64, Span), Corrupt> {
     let mut reader = Reader { bytes };
-    if reader.u8("an item record version")? != RECORD_VERSION {
-        return Err(Corrupt("item record version 1"));
-    }
+    let item_version = match reader.u8("an item record version")? {
+        ITEM_RECORD_VERSION => reader.u64("an item version")?,
+        ITEM_RECORD_VERSION_1 => 0,
+        _ => return Err(Corrupt("item record version 1 or 2")),
+    };
     let n_fields = reader.u8("an item's field count")? as usize;
     if n_fields != schema.len() {
         return Err(Corrupt("an item with as many fields as its schema"));
@@ -274,7 +298,7 @@ fn walk_item<'a>(
     let payload_len = reader.u32("a payload length")? as usize;
     reader.take(payload_len, "a payload")?;
     reader.finish("the end of the item record")?;
-    Ok(Span { start: payload_start, end: offset(&reader) })
+    Ok((item_version, Span { start: payload_start, end: offset(&reader) }))
 }
 
 /// `meta` keys. Values: `format` a `u32`, `last_seq` a `u64`.
@@ -319,10 +343,10 @@ mod tests {
             FieldSource::New(Value::Str("Zoë")),
         ];
         let mut buffer = Vec::new();
-        encode_item(&mut buffer, &[], &fields, PayloadSource::New(b"payload"));
+        encode_item(&mut buffer, &[], 41, &fields, PayloadSource::New(b"payload"));
         let mut values = Vec::new();
-        let payload = decode_item(&buffer, &schema, &mut values).unwrap();
-        assert_eq!(payload, b"payload");
+        let (item_version, payload) = decode_item(&buffer, &schema, &mut values).unwrap();
+        assert_eq!((item_version, payload), (41, &b"payload"[..]));
         assert_eq!(
             values,
             [Value::Bool(true), Value::I64(-5), Value::Null, Value::F64(f64::NEG_INFINITY), Value::Str("Zoë")]
@@ -342,9 +366,9 @@ mod tests {
         sources[2] = FieldSource::New(Value::U64(7));
         sources[4] = FieldSource::New(Value::Null);
         let mut merged = Vec::new();
-        encode_item(&mut merged, &buffer, &sources, PayloadSource::Old(payload_span));
-        let payload = decode_item(&merged, &schema, &mut values).unwrap();
-        assert_eq!(payload, b"payload");
+        encode_item(&mut merged, &buffer, 44, &sources, PayloadSource::Old(payload_span));
+        let (item_version, payload) = decode_item(&merged, &schema, &mut values).unwrap();
+        assert_eq!((item_version, payload), (44, &b"payload"[..]));
         assert_eq!(
             values,
             [Value::Bool(true), Value::I64(-5), Value::U64(7), Value::F64(f64::NEG_INFINITY), Value::Null]
@@ -353,6 +377,35 @@ mod tests {
         let mut values = Vec::new();
         buffer.push(0);
         assert!(decode_item(&buffer, &schema, &mut values).is_err(), "a trailing byte");
+    }
+
+    /// Format 1 item records (no item version) still decode, as version 0.
+    #[test]
+    fn format_1_item_records_decode_with_version_0() {
+        let schema = Schema::new().with_field("unread", FieldType::U64).with_field("name", FieldType::String);
+        // `1, n_fields, bitmap, u64 7, (name null), payload length 2, "hi"`, as format 1 wrote it.
+        let mut record = vec![1, 2, 0b01];
+        record.extend_from_slice(&7u64.to_le_bytes());
+        record.extend_from_slice(&2u32.to_le_bytes());
+        record.extend_from_slice(b"hi");
+        let mut values = Vec::new();
+        let (item_version, payload) = decode_item(&record, &schema, &mut values).unwrap();
+        assert_eq!((item_version, payload), (0, &b"hi"[..]));
+        assert_eq!(values, [Value::U64(7), Value::Null]);
+        // Rewritten (an update keeping every field), it becomes a format 2 record.
+        let mut spans = Vec::new();
+        let payload_span = scan_item(&record, &schema, &mut spans).unwrap();
+        let sources: Vec<FieldSource<'_>> =
+            spans.iter().map(|span| span.map_or(FieldSource::Null, FieldSource::Old)).collect();
+        let mut rewritten = Vec::new();
+        encode_item(&mut rewritten, &record, 9, &sources, PayloadSource::Old(payload_span));
+        assert_eq!(rewritten[0], ITEM_RECORD_VERSION);
+        let (item_version, payload) = decode_item(&rewritten, &schema, &mut values).unwrap();
+        assert_eq!((item_version, payload), (9, &b"hi"[..]));
+        assert_eq!(values, [Value::U64(7), Value::Null]);
+        let mut unknown = record.clone();
+        unknown[0] = 3;
+        assert!(decode_item(&unknown, &schema, &mut Vec::new()).is_err(), "an unknown record version");
     }
 
     #[test]

@@ -126,8 +126,9 @@ impl Database {
                 let collection = engine_ids[index];
                 let schema = engine.collection(collection).expect("created above").schema();
                 wal::decode_batch(record, schema, &mut batch).map_err(|damaged| corrupt(damaged.0))?;
+                // The record's sequence number is the version of the items it upserts.
                 engine
-                    .apply_batch(collection, &batch, &mut NullSink)
+                    .apply_batch_at(collection, &batch, record.seq, &mut NullSink)
                     .map_err(|_| corrupt("log records that apply to the stored items"))?;
                 handoff.extend_from_slice(record.framed);
                 if handoff.len() >= REPLAY_HANDOFF_BYTES {
@@ -270,15 +271,39 @@ impl Database {
         let mut scratch = std::mem::take(&mut self.group_scratch);
         self.validate_group(group, &mut scratch);
         self.write_accepted(group, &scratch.accepted, sink);
+        // The callers get their own batches back, not the resolved copies.
+        for (index, mut original) in scratch.resolved_writes.drain(..) {
+            std::mem::swap(&mut group[index].batch, &mut original);
+            scratch.spare_batches.push(original);
+        }
         self.group_scratch = scratch;
     }
 
     /// Validates each write of `group` against the engine and the writes before
     /// it; the accepted ones' positions go to `scratch.accepted`.
+    ///
+    /// A batch with atomic operations or preconditions is resolved into a plain
+    /// batch (what is logged and applied) against the items as the accepted
+    /// batches before it in the group will leave them: from the first such batch
+    /// on, the engine stages every accepted batch (see `Engine::resolve_batch`).
+    /// A group of plain batches stages nothing, so their path is as before.
     fn validate_group(&mut self, group: &mut [PendingWrite], scratch: &mut GroupScratch) {
-        let GroupScratch { accepted, pending_items } = scratch;
+        let GroupScratch { accepted, pending_items, resolved_writes, spare_batches } = scratch;
         accepted.clear();
-        for (index, write) in group.iter_mut().enumerate() {
+        debug_assert!(resolved_writes.is_empty());
+        // Accepted writes get consecutive sequence numbers from here (see `write_accepted`).
+        let first_seq = self.wal.last_seq() + 1;
+        let mut is_staging = false;
+        for index in 0..group.len() {
+            if group[index].batch.needs_state() && !is_staging {
+                self.engine.begin_group();
+                for (position, &earlier) in accepted.iter().enumerate() {
+                    let write = &group[earlier];
+                    self.engine.stage_batch(write.collection, &write.batch, first_seq + position as u64);
+                }
+                is_staging = true;
+            }
+            let write = &mut group[index];
             // Items that accepted batches before this one may add to its collection:
             // validation must count them. Indexed by collection, so a group of
             // many collections costs no more per write than one of a single one.
@@ -286,13 +311,25 @@ impl Database {
             if pending_items.len() <= slot {
                 pending_items.resize(slot + 1, 0);
             }
-            match self.engine.validate_batch(write.collection, &write.batch, pending_items[slot]) {
-                Ok(()) => {
-                    accepted.push(index);
-                    pending_items[slot] += write.batch.ops().filter(|op| !op.is_remove()).count();
-                }
-                Err(error) => write.result = Some(Err(StoreError::Batch(error))),
+            if let Err(error) = self.engine.validate_batch(write.collection, &write.batch, pending_items[slot]) {
+                write.result = Some(Err(StoreError::Batch(error)));
+                continue;
             }
+            let seq = first_seq + accepted.len() as u64;
+            if write.batch.needs_state() {
+                let mut resolved = spare_batches.pop().unwrap_or_default();
+                if let Err(error) = self.engine.resolve_batch(write.collection, &write.batch, seq, &mut resolved) {
+                    write.result = Some(Err(StoreError::Batch(error)));
+                    spare_batches.push(resolved);
+                    continue;
+                }
+                std::mem::swap(&mut write.batch, &mut resolved);
+                resolved_writes.push((index, resolved));
+            } else if is_staging {
+                self.engine.stage_batch(write.collection, &write.batch, seq);
+            }
+            accepted.push(index);
+            pending_items[slot] += write.batch.ops().filter(|op| !op.is_remove()).count();
         }
         // Only accepted writes' collections were counted: zero them for the next group.
         for &index in accepted.iter() {
@@ -340,11 +377,12 @@ impl Database {
         for (offset, &index) in accepted.iter().enumerate() {
             let write = &mut group[index];
             // Validated against the same state before the append: the engine cannot refuse it now.
+            let seq = first_seq + offset as u64;
             let summary = self
                 .engine
-                .apply_batch(write.collection, &write.batch, sink)
+                .apply_batch_at(write.collection, &write.batch, seq, sink)
                 .expect("a logged batch was validated against this state");
-            write.result = Some(Ok(Ack { seq: first_seq + offset as u64, summary }));
+            write.result = Some(Ok(Ack { seq, summary }));
         }
     }
 
@@ -431,4 +469,9 @@ struct GroupScratch {
     /// Items the accepted writes may add, by `CollectionId::index()`; all zero
     /// between groups.
     pending_items: Vec<usize>,
+    /// Writes whose batch was swapped for its resolved copy: position in the
+    /// group, and the caller's batch, given back once the group is written.
+    resolved_writes: Vec<(usize, Batch)>,
+    /// Batches to resolve into, reused.
+    spare_batches: Vec<Batch>,
 }

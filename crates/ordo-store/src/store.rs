@@ -224,7 +224,15 @@ impl Store {
                         expected: "a format version of at least 1",
                     });
                 }
-                // Format 1 is the first; an older format would be upgraded here, in this transaction.
+                // Format 1 directories open as they are: their item records (record
+                // version 1, no item version) are still read, as version 0, and are
+                // rewritten in format 2 when their items next change. Mark the
+                // directory format 2 now, in this transaction, so that an older Ordo
+                // refuses it instead of misreading the new records.
+                if found < FORMAT_VERSION {
+                    meta.put(&mut txn, codec::META_FORMAT, &FORMAT_VERSION.to_le_bytes())
+                        .map_err(io_error(dir, "upgrading the format version"))?;
+                }
             }
             None => {
                 let is_empty = collections.is_empty(&txn).map_err(io_error(dir, "reading collections"))?
@@ -538,6 +546,8 @@ impl OpenCheckpoint<'_> {
         batch: &Batch,
         scratch: &mut WriteScratch,
     ) -> heed::Result<()> {
+        // The version of every item the batch upserts is its sequence number (see `docs/STORAGE.md`).
+        let item_version = self.next_seq();
         let OpenCheckpoint { txn, target: CheckpointTarget { items, .. }, .. } = self;
         let mut delta = 0i64;
         for op in batch.ops() {
@@ -576,7 +586,7 @@ impl OpenCheckpoint<'_> {
             if let Some(new_payload) = op.payload() {
                 payload = PayloadSource::New(new_payload);
             }
-            codec::encode_item(&mut scratch.new_record, &scratch.old_record, sources, payload);
+            codec::encode_item(&mut scratch.new_record, &scratch.old_record, item_version, sources, payload);
             items.put(txn, &scratch.key, &scratch.new_record)?;
         }
         *scratch.count_deltas.entry(collection_number).or_insert(0) += delta;
@@ -684,8 +694,8 @@ fn fill_engine(
             let (key, record) = stream.next_entry(dir)?;
             let (_, id) = codec::split_item_key(key).map_err(corrupt)?;
             let mut values = reuse_values(std::mem::take(&mut values_buffer));
-            let payload = codec::decode_item(record, &schema, &mut values).map_err(corrupt)?;
-            load.push(id, &values, payload).map_err(StoreError::Load)?;
+            let (item_version, payload) = codec::decode_item(record, &schema, &mut values).map_err(corrupt)?;
+            load.push_with_version(id, item_version, &values, payload).map_err(StoreError::Load)?;
             values_buffer = reuse_values(values);
             n_items_loaded += 1;
             if n_items_loaded.is_multiple_of(LOAD_PROGRESS_EVERY) {

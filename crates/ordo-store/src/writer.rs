@@ -20,6 +20,9 @@ pub const MAX_BYTES_PER_COMMIT: usize = 64 * 1024 * 1024;
 
 type Job = Box<dyn FnOnce(&mut Database, &mut dyn DiffSink) + Send>;
 
+// A write is moved once into the queue and once out; boxing it to shrink the
+// enum would cost an allocation per write instead.
+#[allow(clippy::large_enum_variant)]
 enum Request {
     Write { write: PendingWrite, reply: mpsc::Sender<(Batch, Result<Ack, StoreError>)> },
     Run(Job),

@@ -53,7 +53,8 @@ impl DiffSink for CountingSink {
 const N_ROOMS: u64 = 500;
 const N_WRITES: u64 = 2_000;
 
-/// `N_WRITES` batches of one upsert each, moving rooms to the top of the view.
+/// `N_WRITES` batches of one upsert each, moving rooms to the top of the view;
+/// every other one with atomic operations, resolved on the writer.
 fn write_rooms(database: &mut Database, batch: &mut Batch, sink: &mut CountingSink, clock: &mut u64) {
     let rooms = database.engine().collection_id("rooms").expect("created");
     let mut id = String::new();
@@ -63,7 +64,11 @@ fn write_rooms(database: &mut Database, batch: &mut Batch, sink: &mut CountingSi
         use std::fmt::Write as _;
         write!(id, "!room{}", (n * 7919) % N_ROOMS).unwrap();
         batch.clear();
-        batch.upsert(&id).set("recency", Value::U64(*clock)).set("unread", Value::U64(n % 5));
+        if n % 2 == 0 {
+            batch.upsert(&id).set("recency", Value::U64(*clock)).set("unread", Value::U64(n % 5));
+        } else {
+            batch.upsert(&id).set_max("recency", Value::U64(*clock)).increment("unread", Value::U64(1));
+        }
         let (returned, result) = database.write(rooms, std::mem::take(batch), sink);
         *batch = returned;
         result.expect("a valid batch is acknowledged");

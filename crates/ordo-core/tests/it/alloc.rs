@@ -40,7 +40,7 @@ unsafe impl GlobalAlloc for CountingAllocator {
     }
 }
 
-fn allocations_on_this_thread() -> u64 {
+pub fn allocations_on_this_thread() -> u64 {
     ALLOCATIONS_ON_THIS_THREAD.with(Cell::get)
 }
 

@@ -1,6 +1,7 @@
 //! Integration tests of the engine's public API (one binary, as eyeball does).
 
 mod alloc;
+mod atomics;
 mod bad_input;
 mod bulk_load;
 mod keyed_views;

@@ -16,11 +16,11 @@
 use std::collections::HashMap;
 
 use ordo_core::{
-    Batch, CollectingSink, CollectionId, CompareOp, Engine, Filter, OwnedDiff, OwnedItem, OwnedValue, Schema, SortKey,
-    Value, ViewDef, WindowId,
+    AtomicOp, Batch, BatchError, CollectingSink, CollectionId, CompareOp, Engine, Filter, OwnedDiff, OwnedItem,
+    OwnedValue, Precondition, Schema, SortKey, Value, ViewDef, WindowId,
 };
 
-use crate::reference::{ReferenceCollection, Rng};
+use crate::reference::{reference_atomic, ReferenceCollection, Rng};
 
 const FIELDS: [(&str, ordo_core::FieldType); 7] = [
     ("name", ordo_core::FieldType::String),
@@ -208,6 +208,58 @@ struct Harness {
     /// leaf, so splits, merges and rebalancing run under the engine too.
     n_ids: usize,
     max_ops_per_batch: usize,
+    /// The version the next accepted batch gives its items (the engine numbers
+    /// batches itself when not told: one more than the last).
+    next_version: u64,
+}
+
+/// A random atomic operation on a field it applies to, with an operand near the
+/// edges of the field's type so that overflows are exercised too.
+fn random_atomic(rng: &mut Rng) -> (AtomicOp, &'static str, OwnedValue) {
+    let op = *rng.pick(&[AtomicOp::Increment, AtomicOp::Decrement, AtomicOp::SetMax, AtomicOp::SetMin]);
+    let is_arithmetic = matches!(op, AtomicOp::Increment | AtomicOp::Decrement);
+    let field = if is_arithmetic {
+        *rng.pick(&["unread", "unread", "score", "ratio", "recency"])
+    } else {
+        *rng.pick(&["unread", "score", "ratio", "recency", "name"])
+    };
+    let operand = match (field, is_arithmetic) {
+        ("unread" | "recency", true) => {
+            if rng.chance(80) {
+                OwnedValue::U64(rng.below(3) as u64)
+            } else {
+                OwnedValue::U64(*rng.pick(&[u64::MAX, u64::MAX - 1, i64::MAX as u64 + 1]))
+            }
+        }
+        ("score", true) => {
+            if rng.chance(80) {
+                OwnedValue::I64(rng.below(5) as i64 - 2)
+            } else {
+                OwnedValue::I64(*rng.pick(&[i64::MAX, i64::MIN, i64::MAX - 2]))
+            }
+        }
+        ("ratio", true) => OwnedValue::F64(*rng.pick(&[0.5, -0.25, 1e308, f64::MAX, -0.0])),
+        ("name", _) => OwnedValue::Str(rng.pick(&NAMES).to_string()),
+        (field, _) => match random_value(rng, field) {
+            OwnedValue::Null => random_value(rng, field),
+            value => value,
+        },
+    };
+    // A null operand is refused at validation: keep this generator for valid ones.
+    let operand = if operand == OwnedValue::Null { OwnedValue::U64(1) } else { operand };
+    let operand = match (field, operand) {
+        ("score", OwnedValue::U64(number)) => OwnedValue::I64(number as i64),
+        ("ratio", OwnedValue::U64(number)) => OwnedValue::F64(number as f64),
+        (_, operand) => operand,
+    };
+    (op, field, operand)
+}
+
+/// Why the reference expects a batch to be refused.
+#[derive(Debug, PartialEq)]
+enum Expected {
+    Conflict(usize),
+    Overflow(usize),
 }
 
 impl Harness {
@@ -251,14 +303,49 @@ impl Harness {
         }
     }
 
+    fn check_items(&self, context: &str) {
+        let collection = self.engine.collection(self.collection).unwrap();
+        assert_eq!(collection.len(), self.reference.items.len(), "{context}: item count");
+        for (id, item) in &self.reference.items {
+            let found = collection.get(id).unwrap_or_else(|| panic!("{context}: item {id} missing"));
+            assert_eq!(&found.to_owned_item(), item, "{context}: item {id}");
+            assert_eq!(found.version(), self.reference.versions[id], "{context}: version of {id}");
+        }
+    }
+
     fn random_batch(&mut self, rng: &mut Rng) {
         self.batch.clear();
         let mut next = self.reference.clone();
-        for _ in 0..1 + rng.below(self.max_ops_per_batch) {
+        let version = self.next_version;
+        let mut expected: Option<Expected> = None;
+        // Atomics and preconditions on a third of the batches.
+        let with_state = rng.chance(35);
+        for op_index in 0..1 + rng.below(self.max_ops_per_batch) {
             let id = random_id(rng, self.n_ids);
+            let precondition = (with_state && rng.chance(30)).then(|| match rng.below(4) {
+                0 => Precondition::Exists,
+                1 => Precondition::NotExists,
+                2 => Precondition::Version(next.versions.get(&id).copied().unwrap_or(version)),
+                _ => Precondition::Version(rng.below(version as usize + 2) as u64),
+            });
+            if let Some(precondition) = precondition {
+                let found = next.versions.get(&id).copied();
+                let holds = match precondition {
+                    Precondition::Exists => found.is_some(),
+                    Precondition::NotExists => found.is_none(),
+                    Precondition::Version(expected) => found == Some(expected),
+                };
+                if !holds && expected.is_none() {
+                    expected = Some(Expected::Conflict(op_index));
+                }
+            }
             if rng.chance(20) {
-                self.batch.remove(&id);
+                match precondition {
+                    Some(precondition) => self.batch.remove_if(&id, precondition),
+                    None => self.batch.remove(&id),
+                }
                 next.items.remove(&id);
+                next.versions.remove(&id);
                 continue;
             }
             let existing = next.items.get(&id).cloned();
@@ -269,6 +356,9 @@ impl Harness {
             });
             let full = existing.is_none() || rng.chance(30);
             let mut builder = self.batch.upsert(&id);
+            if let Some(precondition) = precondition {
+                builder = builder.precondition(precondition);
+            }
             for (index, (field, _)) in FIELDS.iter().enumerate() {
                 if full || rng.chance(35) {
                     let value = random_value(rng, field);
@@ -278,15 +368,28 @@ impl Harness {
             }
             if rng.chance(70) {
                 let payload = format!("preview {}", rng.below(1000)).into_bytes();
-                builder.payload(&payload);
+                builder = builder.payload(&payload);
                 item.payload = payload;
             }
-            next.items.insert(id, item);
+            if with_state {
+                for _ in 0..rng.below(3) {
+                    let (op, field, operand) = random_atomic(rng);
+                    builder = builder.atomic(op, field, operand.as_value());
+                    let index = self.schema.field_id(field).unwrap().index();
+                    match reference_atomic(op, &item.fields[index], &operand) {
+                        Some(value) => item.fields[index] = value,
+                        None if expected.is_none() => expected = Some(Expected::Overflow(op_index)),
+                        None => {}
+                    }
+                }
+            }
+            next.items.insert(id.clone(), item);
+            next.versions.insert(id, version);
         }
         let bad = rng.chance(8);
         if bad {
             // One bad op anywhere makes the whole batch a no-op.
-            match rng.below(4) {
+            match rng.below(6) {
                 0 => {
                     self.batch.upsert("x").set("no_such_field", Value::U64(1));
                 }
@@ -295,6 +398,12 @@ impl Harness {
                 }
                 2 => {
                     self.batch.upsert("x").set("ratio", Value::F64(f64::NAN));
+                }
+                3 => {
+                    self.batch.upsert("x").increment("flag", Value::U64(1));
+                }
+                4 => {
+                    self.batch.upsert("x").increment("unread", Value::Null);
                 }
                 _ => {
                     self.batch.upsert(&"i".repeat(256));
@@ -305,9 +414,20 @@ impl Harness {
         if bad {
             assert!(result.is_err(), "bad batch accepted");
             assert!(self.sink.diffs.is_empty(), "a rejected batch emitted diffs");
-        } else {
-            result.expect("valid batch");
-            self.reference = next;
+            return;
+        }
+        match (expected, result) {
+            (None, result) => {
+                result.expect("valid batch");
+                self.reference = next;
+                self.next_version += 1;
+            }
+            (Some(Expected::Conflict(op_index)), Err(BatchError::Conflict { op_index: found, .. }))
+            | (Some(Expected::Overflow(op_index)), Err(BatchError::Overflow { op_index: found, .. })) => {
+                assert_eq!(found, op_index, "the refusal names the first failing op");
+                assert!(self.sink.diffs.is_empty(), "a refused batch emitted diffs");
+            }
+            (expected, result) => panic!("expected {expected:?}, got {result:?}"),
         }
     }
 }
@@ -331,6 +451,7 @@ fn run_seed(seed: u64, n_steps: usize) -> std::collections::BTreeMap<String, usi
         diff_counts: Default::default(),
         n_ids: if seed % 4 == 3 { 700 } else { 48 },
         max_ops_per_batch: if seed % 4 == 3 { 40 } else { 6 },
+        next_version: 1,
     };
     // One seed in four opens many windows (on few ids, to keep the reference
     // cheap), so that many keyed views coexist.
@@ -393,6 +514,7 @@ fn run_seed(seed: u64, n_steps: usize) -> std::collections::BTreeMap<String, usi
         }
         harness.deliver(&context);
         harness.check(&context);
+        harness.check_items(&context);
         harness.engine.check_key_indexes();
         let stats = harness.engine.stats();
         max_keyed_views = max_keyed_views.max(stats.n_keyed_views);

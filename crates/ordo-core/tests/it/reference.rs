@@ -5,11 +5,48 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
-use ordo_core::{CompareOp, Direction, Filter, OwnedItem, OwnedValue, Schema, SortKey, ViewDef};
+use ordo_core::{AtomicOp, CompareOp, Direction, Filter, OwnedItem, OwnedValue, Schema, SortKey, ViewDef};
 
 #[derive(Clone, Default)]
 pub struct ReferenceCollection {
     pub items: BTreeMap<String, OwnedItem>,
+    /// Each item's version: the number of the last accepted batch that upserted it.
+    pub versions: BTreeMap<String, u64>,
+}
+
+/// An atomic operation, naively: the new value, or `None` when it overflows the
+/// field's type (integers in `i128`, floats must stay finite). `set_max`/`set_min`
+/// keep the current value when it is not beaten (`Some(current)`).
+pub fn reference_atomic(op: AtomicOp, current: &OwnedValue, operand: &OwnedValue) -> Option<OwnedValue> {
+    let sign = if op == AtomicOp::Decrement { -1 } else { 1 };
+    match (op, current, operand) {
+        (AtomicOp::Increment | AtomicOp::Decrement, OwnedValue::F64(_) | OwnedValue::Null, OwnedValue::F64(delta)) => {
+            let current = if let OwnedValue::F64(value) = current { *value } else { 0.0 };
+            let result = current + sign as f64 * delta;
+            result.is_finite().then_some(OwnedValue::F64(result))
+        }
+        (AtomicOp::Increment | AtomicOp::Decrement, _, _) => {
+            let as_int = |value: &OwnedValue| match value {
+                OwnedValue::Null => 0i128,
+                OwnedValue::I64(number) => *number as i128,
+                OwnedValue::U64(number) => *number as i128,
+                other => panic!("not an integer: {other:?}"),
+            };
+            let result = as_int(current) + sign * as_int(operand);
+            match (current, operand) {
+                (OwnedValue::I64(_), _) | (OwnedValue::Null, OwnedValue::I64(_)) => {
+                    i64::try_from(result).ok().map(OwnedValue::I64)
+                }
+                _ => u64::try_from(result).ok().map(OwnedValue::U64),
+            }
+        }
+        (_, OwnedValue::Null, _) => Some(operand.clone()),
+        (_, _, _) => {
+            let ordering = compare_values(operand, current).expect("same type");
+            let wins = if op == AtomicOp::SetMax { ordering == Ordering::Greater } else { ordering == Ordering::Less };
+            Some(if wins { operand.clone() } else { current.clone() })
+        }
+    }
 }
 
 /// Splitmix64: small, seeded, reproducible.

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use ordo_core::{Batch, Schema, UpsertBuilder};
+use ordo_core::{AtomicOp, Batch, FieldType, Precondition, Schema, UpsertBuilder, Value};
 
 use super::*;
 use crate::error::{ApiError, ErrorCode};
@@ -50,6 +50,38 @@ pub struct OpRequest<'a> {
     /// `Some` whenever the key is present, even as `null` (which clears the payload).
     #[serde(default, borrow, deserialize_with = "present")]
     pub payload: Option<&'a RawValue>,
+    /// Atomic field operations, `{"field": operand}` each (see `docs/PROTOCOL.md`).
+    #[serde(default, borrow)]
+    pub increment: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    pub decrement: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    pub set_max: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    pub set_min: Option<&'a RawValue>,
+    /// The op's precondition: `{"exists":true}`, `{"exists":false}` or `{"version":N}`.
+    #[serde(default, rename = "if")]
+    pub condition: Option<IfRequest>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IfRequest {
+    exists: Option<bool>,
+    version: Option<u64>,
+}
+
+impl IfRequest {
+    fn precondition(&self, op_index: usize) -> Result<Precondition, ApiError> {
+        match (self.exists, self.version) {
+            (Some(true), None) => Ok(Precondition::Exists),
+            (Some(false), None) => Ok(Precondition::NotExists),
+            (None, Some(version)) => Ok(Precondition::Version(version)),
+            _ => Err(ApiError::bad_request(format!(
+                "op {op_index}: `if` takes exactly one of `exists` (true or false) or `version` (a number)"
+            ))),
+        }
+    }
 }
 
 fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<&'de RawValue>, D::Error> {
@@ -68,8 +100,21 @@ pub fn fill_batch(
         match &*op.op {
             "upsert" => {
                 let mut builder = batch.upsert(&op.id);
+                if let Some(condition) = &op.condition {
+                    builder = builder.precondition(condition.precondition(op_index)?);
+                }
                 if let Some(fields) = op.fields {
-                    builder = set_fields(builder, fields, schema, op_index)?;
+                    builder = set_fields(builder, fields, schema, op_index, None)?;
+                }
+                for (atomic, operands) in [
+                    (AtomicOp::Increment, op.increment),
+                    (AtomicOp::Decrement, op.decrement),
+                    (AtomicOp::SetMax, op.set_max),
+                    (AtomicOp::SetMin, op.set_min),
+                ] {
+                    if let Some(operands) = operands {
+                        builder = set_fields(builder, operands, schema, op_index, Some(atomic))?;
+                    }
                 }
                 if let Some(payload) = &op.payload {
                     let text = payload.get();
@@ -87,10 +132,17 @@ pub fn fill_batch(
                 }
             }
             "remove" => {
-                if op.fields.is_some() || op.payload.is_some() {
-                    return Err(ApiError::bad_request(format!("op {op_index}: a remove takes only an `id`")));
+                let has_atomics =
+                    op.increment.is_some() || op.decrement.is_some() || op.set_max.is_some() || op.set_min.is_some();
+                if op.fields.is_some() || op.payload.is_some() || has_atomics {
+                    return Err(ApiError::bad_request(format!(
+                        "op {op_index}: a remove takes only an `id` (and an `if`)"
+                    )));
                 }
-                batch.remove(&op.id);
+                match &op.condition {
+                    Some(condition) => batch.remove_if(&op.id, condition.precondition(op_index)?),
+                    None => batch.remove(&op.id),
+                }
             }
             other => {
                 return Err(ApiError::bad_request(format!(
@@ -138,16 +190,18 @@ pub fn nesting_exceeds(json: &[u8], max_depth: usize) -> bool {
     false
 }
 
-/// Decodes an op's `fields` object into the upsert, field by field, without an
+/// Decodes an op's `fields` object (or, with `atomic`, the object of one atomic
+/// operation's operands) into the upsert, field by field, without an
 /// intermediate map: names and strings borrow from the request body.
 fn set_fields<'b>(
     builder: UpsertBuilder<'b>,
     fields: &RawValue,
     schema: &Schema,
     op_index: usize,
+    atomic: Option<AtomicOp>,
 ) -> Result<UpsertBuilder<'b>, ApiError> {
     let mut refused = None;
-    let visitor = FieldsVisitor { builder, schema, op_index, refused: &mut refused };
+    let visitor = FieldsVisitor { builder, schema, op_index, atomic, refused: &mut refused };
     let mut deserializer = serde_json::Deserializer::from_str(fields.get());
     let result = serde::Deserializer::deserialize_map(&mut deserializer, visitor);
     match (result, refused) {
@@ -157,7 +211,8 @@ fn set_fields<'b>(
             // Positions would count from the start of `fields`, not of the body: say which op instead.
             let text = error.to_string();
             let what = text.rfind(" at line ").map_or(text.as_str(), |end| &text[..end]);
-            let message = format!("op {op_index}: `fields`: {what}");
+            let key = atomic.map_or("fields", AtomicOp::name);
+            let message = format!("op {op_index}: `{key}`: {what}");
             Err(match error.classify() {
                 serde_json::error::Category::Data => ApiError::bad_request(message),
                 _ => ApiError::new(ErrorCode::BadJson, format!("not valid JSON: {message}")),
@@ -170,6 +225,8 @@ struct FieldsVisitor<'b, 'r> {
     builder: UpsertBuilder<'b>,
     schema: &'r Schema,
     op_index: usize,
+    /// `None`: the values are set; otherwise they are this operation's operands.
+    atomic: Option<AtomicOp>,
     /// A field the schema refuses; the visitor then stops with a placeholder error.
     refused: &'r mut Option<ApiError>,
 }
@@ -182,7 +239,7 @@ impl<'de, 'b> serde::de::Visitor<'de> for FieldsVisitor<'b, '_> {
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<UpsertBuilder<'b>, A::Error> {
-        let FieldsVisitor { mut builder, schema, op_index, refused } = self;
+        let FieldsVisitor { mut builder, schema, op_index, atomic, refused } = self;
         while let Some(BorrowedStr(name)) = map.next_key::<BorrowedStr<'de>>()? {
             let literal: Literal<'de> = map.next_value()?;
             let Some(field_id) = schema.field_id(&name) else {
@@ -192,10 +249,30 @@ impl<'de, 'b> serde::de::Visitor<'de> for FieldsVisitor<'b, '_> {
                 ));
                 return Err(serde::de::Error::custom("refused"));
             };
+            // A field named by an atomic operation may appear nowhere else in its
+            // op: `{"fields":{"unread":0},"increment":{"unread":1}}` has no one
+            // obvious meaning. Checked as each is added, so a body repeating a key
+            // costs at most one pass per schema field before it is refused.
+            // (Repeated keys within `fields` keep their meaning: the last one wins.)
+            if let Some(atomic) = atomic {
+                if builder.names_field(&name) {
+                    *refused = Some(ApiError::bad_request(format!(
+                        "op {op_index}: field `{name}` is in `{}` and elsewhere in the same op; \
+                         name each field once per op",
+                        atomic.name()
+                    )));
+                    return Err(serde::de::Error::custom("refused"));
+                }
+            }
             let field_type = schema.field(field_id).field_type;
-            match literal.typed(field_type) {
-                Some(value) => builder = builder.set(&name, value),
-                None => {
+            let typed = match atomic {
+                None => literal.typed(field_type),
+                Some(atomic) => operand(&literal, atomic, field_type),
+            };
+            match (typed, atomic) {
+                (Some(value), None) => builder = builder.set(&name, value),
+                (Some(value), Some(atomic)) => builder = builder.atomic(atomic, &name, value),
+                (None, _) => {
                     *refused = Some(ApiError::new(
                         ErrorCode::InvalidBatch,
                         format!("op {op_index}: field `{name}` is {field_type}; {} does not fit", literal.describe()),
@@ -205,6 +282,23 @@ impl<'de, 'b> serde::de::Visitor<'de> for FieldsVisitor<'b, '_> {
             }
         }
         Ok(builder)
+    }
+}
+
+/// Types an atomic operation's operand by its field, as a set value is typed,
+/// except that `increment`/`decrement` of an integer field take any integer
+/// (`{"increment":{"unread":-1}}` on a u64 field decrements it). A field the
+/// operation does not apply to gets `Null`, which the engine refuses with
+/// the reason (`invalid_batch`).
+fn operand<'l>(literal: &'l Literal<'_>, atomic: AtomicOp, field_type: FieldType) -> Option<Value<'l>> {
+    match (atomic, field_type) {
+        (AtomicOp::Increment | AtomicOp::Decrement, FieldType::I64 | FieldType::U64) => {
+            literal.typed(FieldType::I64).or_else(|| literal.typed(FieldType::U64))
+        }
+        (AtomicOp::Increment | AtomicOp::Decrement, FieldType::F64) => literal.typed(FieldType::F64),
+        (AtomicOp::Increment | AtomicOp::Decrement, _) => Some(Value::Null),
+        (AtomicOp::SetMax | AtomicOp::SetMin, FieldType::Bool) => Some(Value::Null),
+        (AtomicOp::SetMax | AtomicOp::SetMin, _) => literal.typed(field_type),
     }
 }
 

@@ -369,6 +369,17 @@ pub fn apply_frame(list: &mut LocalList, frame: &Value) {
     }
 }
 
+/// A one-shot query's items as a subscription shows them: query items carry
+/// their `version`, items in diff frames do not (`docs/PROTOCOL.md`).
+pub fn without_versions(items: &Value) -> Vec<Value> {
+    let mut items = items.as_array().expect("an array of items").clone();
+    for item in &mut items {
+        let version = item.as_object_mut().expect("an item").remove("version");
+        assert!(version.as_ref().is_some_and(Value::is_u64), "a query item without a version: {item}");
+    }
+    items
+}
+
 pub fn room_schema() -> Value {
     json!({"fields": [
         {"name": "name", "type": "string"},
