@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 
-use crate::batch::{AtomicOp, Batch, OpKind, StoredOp};
+use crate::batch::{Batch, OpKind, StoredOp};
 use crate::bulk_load::BulkLoad;
 use crate::collection::{Collection, Slot};
 use crate::diff::{DiffRef, DiffSink, ItemList, WindowId};
@@ -768,7 +768,7 @@ fn validate_batch(
             let name = batch.field_name(&atomic.field);
             let field_id =
                 schema.field_id(name).ok_or_else(|| BatchError::UnknownField { op_index, field: name.to_owned() })?;
-            check_atomic(
+            resolve::check_atomic(
                 op_index,
                 name,
                 schema.field(field_id).field_type,
@@ -778,53 +778,6 @@ fn validate_batch(
         }
     }
     Ok(())
-}
-
-/// Checks an atomic operation's field type and operand: `increment`/`decrement`
-/// take a numeric field and an operand of its kind (an integer for integer
-/// fields); `set_max`/`set_min` take a numeric or string field and a value of
-/// its type. Null operands are refused: they would mean nothing.
-fn check_atomic(
-    op_index: usize,
-    name: &str,
-    field_type: FieldType,
-    op: AtomicOp,
-    operand: Value<'_>,
-) -> Result<(), BatchError> {
-    let applies = match op {
-        AtomicOp::Increment | AtomicOp::Decrement => {
-            matches!(field_type, FieldType::I64 | FieldType::U64 | FieldType::F64)
-        }
-        AtomicOp::SetMax | AtomicOp::SetMin => {
-            matches!(field_type, FieldType::I64 | FieldType::U64 | FieldType::F64 | FieldType::String)
-        }
-    };
-    if !applies {
-        return Err(BatchError::AtomicNotApplicable {
-            op_index,
-            field: name.to_owned(),
-            operation: op.name(),
-            field_type: field_type.name(),
-        });
-    }
-    let wrong_type = |expected: &'static str| BatchError::WrongType {
-        op_index,
-        field: name.to_owned(),
-        expected,
-        found: operand.type_name(),
-    };
-    if operand.is_null() {
-        return Err(wrong_type(field_type.name()));
-    }
-    match (op, field_type) {
-        (AtomicOp::Increment | AtomicOp::Decrement, FieldType::I64 | FieldType::U64) => {
-            resolve::integer_operand(operand).map(|_| ()).ok_or_else(|| wrong_type("an integer"))
-        }
-        (AtomicOp::Increment | AtomicOp::Decrement, _) => {
-            check_field_value(op_index, name, FieldType::F64, operand).map(|_| ())
-        }
-        _ => check_field_value(op_index, name, field_type, operand).map(|_| ()),
-    }
 }
 
 /// Lists in `scratch.visited_views` the views an operation on an item visits:

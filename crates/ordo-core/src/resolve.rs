@@ -23,6 +23,7 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 
 use crate::batch::{AtomicOp, Batch, OpKind, Precondition, StoredOp, StoredValue};
 use crate::collection::Collection;
+use crate::engine::check_field_value;
 use crate::error::BatchError;
 use crate::schema::{FieldId, FieldType, Schema};
 use crate::value::Value;
@@ -374,5 +375,52 @@ pub(crate) fn integer_operand(operand: Value<'_>) -> Option<i128> {
             Some(Value::U64(number)) => Some(i128::from(number)),
             _ => None,
         },
+    }
+}
+
+/// Checks an atomic operation's field type and operand: `increment`/`decrement`
+/// take a numeric field and an operand of its kind (an integer for integer
+/// fields); `set_max`/`set_min` take a numeric or string field and a value of
+/// its type. Null operands are refused: they would mean nothing.
+pub(crate) fn check_atomic(
+    op_index: usize,
+    name: &str,
+    field_type: FieldType,
+    op: AtomicOp,
+    operand: Value<'_>,
+) -> Result<(), BatchError> {
+    let applies = match op {
+        AtomicOp::Increment | AtomicOp::Decrement => {
+            matches!(field_type, FieldType::I64 | FieldType::U64 | FieldType::F64)
+        }
+        AtomicOp::SetMax | AtomicOp::SetMin => {
+            matches!(field_type, FieldType::I64 | FieldType::U64 | FieldType::F64 | FieldType::String)
+        }
+    };
+    if !applies {
+        return Err(BatchError::AtomicNotApplicable {
+            op_index,
+            field: name.to_owned(),
+            operation: op.name(),
+            field_type: field_type.name(),
+        });
+    }
+    let wrong_type = |expected: &'static str| BatchError::WrongType {
+        op_index,
+        field: name.to_owned(),
+        expected,
+        found: operand.type_name(),
+    };
+    if operand.is_null() {
+        return Err(wrong_type(field_type.name()));
+    }
+    match (op, field_type) {
+        (AtomicOp::Increment | AtomicOp::Decrement, FieldType::I64 | FieldType::U64) => {
+            integer_operand(operand).map(|_| ()).ok_or_else(|| wrong_type("an integer"))
+        }
+        (AtomicOp::Increment | AtomicOp::Decrement, _) => {
+            check_field_value(op_index, name, FieldType::F64, operand).map(|_| ())
+        }
+        _ => check_field_value(op_index, name, field_type, operand).map(|_| ()),
     }
 }
