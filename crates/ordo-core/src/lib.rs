@@ -6,12 +6,13 @@
 //! update path takes a lock or, in steady state, allocates.
 //!
 //! ```
-//! use ordo_core::{Batch, CollectingSink, Engine, FieldType, Filter, OwnedDiff, OwnedValue, Schema, SortKey, Value, ViewDef};
+//! use ordo_core::{Batch, CollectingSink, Engine, FieldType, Filter, OwnedDiff, OwnedValue, Precondition, Schema, SortKey, Value, ViewDef};
 //!
 //! let mut engine = Engine::new();
 //! let schema = Schema::new()
 //!     .with_field("name", FieldType::String)
 //!     .with_field("recency", FieldType::U64)
+//!     .with_field("unread", FieldType::U64)
 //!     .with_field("left", FieldType::Bool);
 //! let rooms = engine.create_collection("rooms", schema).unwrap();
 //!
@@ -40,6 +41,13 @@
 //!     diff.apply(&mut local);
 //! }
 //! assert_eq!(local[0].payload, b"Alice: hi!");
+//!
+//! // Atomic operations and preconditions, resolved against the item as the batch finds it.
+//! batch.clear();
+//! batch.upsert("!a:example.org").precondition(Precondition::Exists).set_max("recency", Value::U64(31)).increment("unread", Value::U64(1));
+//! engine.apply_batch(rooms, &batch, &mut sink).unwrap();
+//! let alice = engine.collection(rooms).unwrap().get("!a:example.org").unwrap();
+//! assert_eq!((alice.field_by_name("unread"), alice.version()), (Some(Value::U64(1)), 3)); // the third batch
 //! ```
 
 mod batch;
