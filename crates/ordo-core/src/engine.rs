@@ -402,6 +402,22 @@ impl Engine {
         Ok(range)
     }
 
+    /// The range `anchor` would give a window of `limit` rows, without moving it
+    /// (a server tells the client where its window lands before the diffs go out).
+    pub fn resolve_window_anchor(
+        &mut self,
+        window_id: WindowId,
+        anchor: WindowAnchor<'_>,
+        limit: usize,
+    ) -> Result<WindowRange, ViewError> {
+        check_window_limit(limit)?;
+        let window_index = self.live_window_index(window_id)?;
+        let window = self.windows[window_index].window.as_ref().expect("live window");
+        let view = self.views[window.view as usize].as_mut().expect("live view");
+        let collection = &self.collections[view.collection as usize].collection;
+        resolve_anchor(view, collection, anchor, limit, &mut self.scratch.filter)
+    }
+
     /// Where item `id` is, or would sort, in the view behind a window (see
     /// [`ItemPosition`]). O(log n) once the view's index is complete; this
     /// completes it if it is not.
