@@ -443,3 +443,44 @@ async fn an_anchor_outside_the_callers_rule_reads_exactly_as_a_missing_id() {
     assert!(client.read_until(SETTLE, |client| last_diffs_frame(client, "w", n_diffs).is_some()).await);
     assert_eq!(last_diffs_frame(&client, "w", n_diffs).unwrap()["offset"], 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tail_subscription_resumes_as_a_tail_and_replays_its_totals() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    server.ok("PUT", "/v1/collections/rooms", room_schema());
+    let ops: Vec<Value> =
+        (0..10).map(|n| json!({"op": "upsert", "id": room_id(n), "fields": {"recency": 100 + n}})).collect();
+    server.ok("POST", "/v1/collections/rooms/batch", json!({"ops": ops}));
+    let sort: Value = serde_json::from_str(SORT).unwrap();
+    let sub = json!({"sub": "end", "collection": "rooms", "sort": sort, "tail": true, "limit": 3});
+    let mut client = server.connect().await;
+    let mut subscribe = sub.clone();
+    subscribe["op"] = json!("subscribe");
+    client.send(subscribe).await;
+    assert!(client.read_until(SETTLE, |client| client.lists.contains_key("end")).await);
+    assert_eq!((client.diffs_seen[0]["offset"].as_u64(), client.diffs_seen[0]["total"].as_u64()), (Some(7), Some(10)));
+    let applied = client.lists["end"].clone();
+    let session = client.session.clone();
+    drop(client);
+    // Rows join the end (the oldest sort last) and one leaves: the tail slides.
+    for n in 10..13 {
+        let op = json!({"op": "upsert", "id": room_id(n), "fields": {"recency": n}});
+        server.ok("POST", "/v1/collections/rooms/batch", json!({"ops": [op]}));
+    }
+    server.ok("POST", "/v1/collections/rooms/batch", json!({"ops": [{"op": "remove", "id": room_id(11)}]}));
+    let mut client = server.connect().await;
+    client.lists.insert("end".into(), applied.clone());
+    let mut entry = sub.clone();
+    entry["last_seq"] = json!(applied.seq);
+    client.send(json!({"op": "resume", "session": session, "subs": [entry]})).await;
+    let resumed = client.read_until(SETTLE, |client| client.lists["end"].seq == applied.seq + 4).await;
+    assert!(resumed, "four frames replayed: {:?} {:?}", client.frames, client.diffs_seen);
+    let outcome = client.frames.iter().find(|frame| frame["type"] == "resumed").unwrap();
+    assert!(outcome["subs"][0]["replayed"].is_u64(), "{outcome}");
+    let ids: Vec<&str> = client.lists["end"].items.iter().map(|item| item["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [room_id(0), room_id(12), room_id(10)], "recency 100, 12, 10");
+    // Each replayed frame carries the total as it was sent: 11, 12, 13, 12.
+    let totals: Vec<Option<u64>> = client.diffs_seen.iter().map(|frame| frame["total"].as_u64()).collect();
+    assert_eq!(totals, [Some(11), Some(12), Some(13), Some(12)]);
+}
