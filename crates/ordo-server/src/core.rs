@@ -831,12 +831,13 @@ impl Core {
                 window
             }
         };
-        let shared = self.fanout.windows.get_mut(&window).expect("registered");
-        shared.subscribers.push((session, handle));
         if is_keyed {
-            // The client learns where its window landed on its first frame.
-            self.fanout.answer = Some((session, handle, shared.spec.offset, shared.spec.limit));
+            // The client learns where its window landed on its first frame (from the
+            // engine: a shared tail window's offset has moved since it was opened).
+            let (offset, limit) = self.database.engine().window_range(window)?;
+            self.fanout.answer = Some((session, handle, offset, limit));
         }
+        self.fanout.windows.get_mut(&window).expect("registered").subscribers.push((session, handle));
         let state = self.fanout.sessions.get_mut(&session).expect("checked");
         state.subs.insert(handle, SubState { window, needs_reset: false, last_total: None });
         self.send_reset(session, handle);
@@ -895,14 +896,23 @@ impl Core {
         let shared = &self.fanout.windows[&old_window];
         let collection = shared.collection;
         let mut spec = shared.spec.clone();
+        let mut answer = None;
         match &change {
             WindowChange::Range(position, limit) => {
                 spec.set_position(position.clone());
                 spec.limit = *limit;
                 check_seek_visible(&self.database, collection, spec.seek.as_ref())?;
+                // Found first (on the window as it is, before any private copy), so
+                // that a refusal changes nothing and the frame can say where it landed.
+                let range = self.database.resolve_window_anchor(old_window, spec.anchor(), *limit)?;
+                spec.resolve(range);
+                if matches!(position, Position::Seek(_) | Position::Tail) {
+                    answer = Some((session, handle, range.offset, range.limit));
+                }
             }
             WindowChange::View(def) => spec.def = def.clone(),
         }
+        let shared = &self.fanout.windows[&old_window];
         let window = if shared.subscribers.len() == 1 {
             old_window
         } else {
@@ -929,14 +939,7 @@ impl Core {
                 window;
             window
         };
-        if let WindowChange::Range(position, limit) = &change {
-            // Found first, so that the frame of the move can say where it landed.
-            let range = self.database.resolve_window_anchor(window, spec.anchor(), *limit)?;
-            spec.resolve(range);
-            if matches!(position, Position::Seek(_) | Position::Tail) {
-                self.fanout.answer = Some((session, handle, range.offset, range.limit));
-            }
-        }
+        self.fanout.answer = answer;
         self.fanout.route = Route::Only(session, handle);
         let result = match &change {
             WindowChange::Range(..) => {

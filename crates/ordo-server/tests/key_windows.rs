@@ -484,3 +484,46 @@ async fn a_tail_subscription_resumes_as_a_tail_and_replays_its_totals() {
     let totals: Vec<Option<u64>> = client.diffs_seen.iter().map(|frame| frame["total"].as_u64()).collect();
     assert_eq!(totals, [Some(11), Some(12), Some(13), Some(12)]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_tail_window_tells_each_subscriber_where_it_is_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    server.ok("PUT", "/v1/collections/rooms", room_schema());
+    let ops: Vec<Value> =
+        (0..6).map(|n| json!({"op": "upsert", "id": room_id(n), "fields": {"recency": 100 + n}})).collect();
+    server.ok("POST", "/v1/collections/rooms/batch", json!({"ops": ops}));
+    let sort: Value = serde_json::from_str(SORT).unwrap();
+    let subscribe = |sub: &str| json!({"op": "subscribe", "sub": sub, "collection": "rooms", "sort": sort, "tail": true, "limit": 2});
+    let mut first = server.connect().await;
+    first.send(subscribe("a")).await;
+    assert!(first.read_until(SETTLE, |client| client.diffs_seen.len() == 1).await);
+    assert_eq!(first.diffs_seen[0]["offset"], 4);
+    // Rows join the end: the shared window slides to offset 7.
+    let ops: Vec<Value> = (6..9).map(|n| json!({"op": "upsert", "id": room_id(n), "fields": {"recency": n}})).collect();
+    server.ok("POST", "/v1/collections/rooms/batch", json!({"ops": ops}));
+    assert!(first.read_until(SETTLE, |client| client.diffs_seen.len() == 2).await);
+    let mut second = server.connect().await;
+    second.send(subscribe("b")).await;
+    assert!(second.read_until(SETTLE, |client| client.diffs_seen.len() == 1).await);
+    assert_eq!((second.diffs_seen[0]["offset"].as_u64(), second.diffs_seen[0]["total"].as_u64()), (Some(7), Some(9)));
+    // One of them moves by key: the other keeps following the end.
+    second.send(json!({"op": "set_range", "sub": "b", "after": room_id(5), "limit": 2})).await;
+    assert!(second.read_until(SETTLE, |client| client.diffs_seen.len() == 2).await);
+    assert_eq!(second.diffs_seen[1]["offset"], 1);
+    let ids = |client: &Client, sub: &str| -> Vec<String> {
+        client.lists[sub].items.iter().map(|item| item["id"].as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(ids(&second, "b"), [room_id(4), room_id(3)]);
+    server.ok(
+        "POST",
+        "/v1/collections/rooms/batch",
+        json!({"ops": [{"op": "upsert", "id": room_id(9), "fields": {"recency": 1}}]}),
+    );
+    assert!(
+        first.read_until(SETTLE, |client| ids(client, "a") == [room_id(6), room_id(9)]).await,
+        "{:?}",
+        ids(&first, "a")
+    );
+    assert_eq!(ids(&second, "b"), [room_id(4), room_id(3)]);
+}
