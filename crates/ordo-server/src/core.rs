@@ -252,6 +252,10 @@ struct SubState {
     /// (or dropped only together with a reset that carries a total again), and a
     /// resume replays the frames as sent, so the client saw exactly this value.
     last_total: Option<usize>,
+    /// Where a key-positioned request placed the window, told to the client on the
+    /// next frame queued for this subscription (the answer, or a later reset when
+    /// the answer could not be queued).
+    range_due: Option<(usize, usize)>,
 }
 
 /// An engine window and the subscriptions that share it (identical collection,
@@ -288,9 +292,6 @@ struct Fanout {
     is_reset: bool,
     /// The view length of the window being encoded (see `DiffSink::view_len`).
     view_len: usize,
-    /// The range a key-positioned request resolved to, told to that one
-    /// subscription on the frame that answers it.
-    answer: Option<(SessionId, SubHandle, usize, usize)>,
     captured: Vec<u8>,
     capture_projection: Option<Projection>,
     outbound_budget: usize,
@@ -399,8 +400,7 @@ impl Fanout {
             sub.last_total = Some(view_len);
             extra.total = Some(view_len as u64);
         }
-        if let Some((_, _, offset, limit)) = self.answer.take_if(|answer| (answer.0, answer.1) == (session_id, handle))
-        {
+        if let Some((offset, limit)) = sub.range_due.take() {
             extra.range = Some((offset as u64, limit as u64));
         }
         if session.outbox.send(Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset, extra, queued_at }).is_err() {
@@ -408,6 +408,10 @@ impl Fanout {
             session.shared.queued_bytes.fetch_sub(cost, Ordering::AcqRel);
             metrics::sub_queued(cost);
         }
+    }
+
+    fn sub_mut(&mut self, session: SessionId, handle: SubHandle) -> Option<&mut SubState> {
+        self.sessions.get_mut(&session)?.subs.get_mut(&handle)
     }
 
     /// Queues a frame with no diffs for one subscription (the answer to a request
@@ -454,7 +458,6 @@ impl Core {
             n_diffs: 0,
             is_reset: false,
             view_len: 0,
-            answer: None,
             captured: Vec::new(),
             capture_projection: None,
             outbound_budget,
@@ -831,17 +834,13 @@ impl Core {
                 window
             }
         };
-        if is_keyed {
-            // The client learns where its window landed on its first frame (from the
-            // engine: a shared tail window's offset has moved since it was opened).
-            let (offset, limit) = self.database.engine().window_range(window)?;
-            self.fanout.answer = Some((session, handle, offset, limit));
-        }
+        // The client learns where its window landed on its first frame (from the
+        // engine: a shared tail window's offset has moved since it was opened).
+        let range_due = if is_keyed { Some(self.database.engine().window_range(window)?) } else { None };
         self.fanout.windows.get_mut(&window).expect("registered").subscribers.push((session, handle));
         let state = self.fanout.sessions.get_mut(&session).expect("checked");
-        state.subs.insert(handle, SubState { window, needs_reset: false, last_total: None });
+        state.subs.insert(handle, SubState { window, needs_reset: false, last_total: None, range_due });
         self.send_reset(session, handle);
-        self.fanout.answer = None;
         if opened_now {
             // After the first frame is queued: the client does not wait for the sort.
             self.note_unprepared(window, collection);
@@ -907,7 +906,7 @@ impl Core {
                 let range = self.database.resolve_window_anchor(old_window, spec.anchor(), *limit)?;
                 spec.resolve(range);
                 if matches!(position, Position::Seek(_) | Position::Tail) {
-                    answer = Some((session, handle, range.offset, range.limit));
+                    answer = Some((range.offset, range.limit));
                 }
             }
             WindowChange::View(def) => spec.def = def.clone(),
@@ -939,7 +938,9 @@ impl Core {
                 window;
             window
         };
-        self.fanout.answer = answer;
+        if let Some(sub) = self.fanout.sub_mut(session, handle) {
+            sub.range_due = answer;
+        }
         self.fanout.route = Route::Only(session, handle);
         let result = match &change {
             WindowChange::Range(..) => {
@@ -948,13 +949,21 @@ impl Core {
             WindowChange::View(def) => self.database.set_window_view(window, def, &mut self.fanout),
         };
         self.fanout.route = Route::Subscribers;
-        if self.fanout.answer.take().is_some() && result.is_ok() {
-            // A key-positioned request that changed nothing is still answered: an
-            // empty frame says where the window is.
-            let view_len = self.database.view_len(window)?;
-            self.fanout.answer = Some((session, handle, spec.offset, spec.limit));
-            self.fanout.push_empty(session, handle, view_len);
-            self.fanout.answer = None;
+        let answer_pending = self.fanout.sub_mut(session, handle).is_some_and(|sub| sub.range_due.is_some());
+        match &result {
+            Err(_) => {
+                if let Some(sub) = self.fanout.sub_mut(session, handle) {
+                    sub.range_due = None;
+                }
+            }
+            Ok(()) if answer_pending => {
+                // A key-positioned request that changed nothing is still answered: an
+                // empty frame says where the window is. (If the subscription awaits a
+                // reset, `push` drops this and that reset carries the range instead.)
+                let view_len = self.database.view_len(window)?;
+                self.fanout.push_empty(session, handle, view_len);
+            }
+            Ok(()) => {}
         }
         result?;
         if matches!(change, WindowChange::View(_)) {

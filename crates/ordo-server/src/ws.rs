@@ -373,14 +373,16 @@ impl Connection {
                 let cost = body.len() + FRAME_OVERHEAD_BYTES;
                 self.session.shared.queued_bytes.fetch_sub(cost, Ordering::AcqRel);
                 metrics::sub_queued(cost);
-                if epoch < self.session.shared.epoch.load(Ordering::Acquire) {
-                    // Dropped: the connection fell behind and a reset is due.
-                    return;
-                }
+                let is_stale = epoch < self.session.shared.epoch.load(Ordering::Acquire);
                 let Some(entry) = self.session.table.get_mut(handle) else { return };
-                if entry.awaiting_reset && !is_reset {
+                if is_stale || (entry.awaiting_reset && !is_reset) {
+                    // Dropped: the connection fell behind (or a resume could not
+                    // replay) and a reset is due; it will say where the window is.
+                    entry.range_due = extra.range.or(entry.range_due);
                     return;
                 }
+                let mut extra = extra;
+                extra.range = extra.range.or(entry.range_due.take());
                 entry.awaiting_reset = false;
                 entry.seq += 1;
                 let seq = entry.seq;
@@ -594,6 +596,7 @@ impl Connection {
             retained: VecDeque::new(),
             retained_bytes: 0,
             awaiting_reset: false,
+            range_due: None,
         };
         self.session.table.insert(handle, entry).expect("handles increase");
         self.session.by_client_id.insert(client_id, handle);

@@ -527,3 +527,50 @@ async fn a_shared_tail_window_tells_each_subscriber_where_it_is_now() {
     );
     assert_eq!(ids(&second, "b"), [room_id(4), room_id(3)]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_held_up_by_a_slow_connection_still_says_where_the_window_landed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--outbound-buffer", "65536"]);
+    server.ok("PUT", "/v1/collections/rooms", room_schema());
+    let filler = "x".repeat(2_000);
+    let ops: Vec<Value> = (0..300)
+        .map(|n| json!({"op": "upsert", "id": room_id(n), "fields": {"recency": n}, "payload": {"text": filler}}))
+        .collect();
+    server.ok("POST", "/v1/collections/rooms/batch", json!({"ops": ops}));
+    let sort: Value = serde_json::from_str(SORT).unwrap();
+    let mut slow = server.connect().await;
+    slow.send(json!({"op": "subscribe", "sub": "all", "collection": "rooms", "sort": sort, "limit": 300})).await;
+    slow.send(json!({"op": "subscribe", "sub": "b", "collection": "rooms", "sort": sort, "limit": 5})).await;
+    assert!(slow.read_until(SETTLE, |client| client.lists.contains_key("b")).await);
+    // It stops reading while whole-window changes pile up past its budget...
+    let mut recency = 1_000;
+    for _ in 0..60 {
+        let ops: Vec<Value> = (0..50)
+            .map(|n| {
+                recency += 1;
+                json!({"op": "upsert", "id": room_id((recency * 7 + n) % 300), "fields": {"recency": recency}})
+            })
+            .collect();
+        server.ok("POST", "/v1/collections/rooms/batch", json!({"ops": ops}));
+    }
+    // ...and asks to move `b` by key meanwhile.
+    let (view, _) = full_view(&server, &Value::Null);
+    let rank = view.iter().position(|id| *id == room_id(100)).unwrap();
+    slow.send(json!({"op": "set_range", "sub": "b", "after": room_id(100), "limit": 5})).await;
+    let n_diffs = slow.diffs_seen.len();
+    let answered = slow
+        .read_until(SETTLE, |client| {
+            client.diffs_seen[n_diffs..].iter().any(|frame| frame["sub"] == "b" && frame.get("offset").is_some())
+        })
+        .await;
+    assert!(answered, "no frame of `b` said where it landed");
+    let answer = slow.diffs_seen[n_diffs..].iter().find(|frame| frame["sub"] == "b" && frame.get("offset").is_some());
+    assert_eq!(answer.unwrap()["offset"].as_u64(), Some(rank as u64 + 1));
+    let expected: Vec<String> = view[rank + 1..rank + 6].to_vec();
+    let ids = |client: &Client| -> Vec<String> {
+        client.lists["b"].items.iter().map(|item| item["id"].as_str().unwrap().to_owned()).collect()
+    };
+    assert!(slow.read_until(SETTLE, |client| ids(client) == expected).await, "{:?}", ids(&slow));
+    eprintln!("slow resets: {}", server.metric("ordo_resets_slow_total"));
+}

@@ -29,6 +29,9 @@ pub(super) struct SubEntry {
     pub(super) retained_bytes: usize,
     /// Frames before the next Reset are stale (a resume that could not replay).
     pub(super) awaiting_reset: bool,
+    /// The range (`offset`, `limit`) of an answer that was dropped with a stale
+    /// frame: the next frame written for this subscription carries it instead.
+    pub(super) range_due: Option<(u64, u64)>,
 }
 
 impl SubEntry {
