@@ -50,6 +50,7 @@
 //! assert_eq!((alice.field_by_name("unread"), alice.version()), (Some(Value::U64(1)), 3)); // the third batch
 //! ```
 
+mod anchor;
 mod batch;
 mod bulk_load;
 mod collection;
@@ -70,6 +71,7 @@ mod window;
 
 pub mod limits;
 
+pub use anchor::{ItemPosition, WindowAnchor, WindowRange};
 pub use batch::{AtomicOp, Batch, BatchOp, Precondition, UpsertBuilder};
 pub use bulk_load::BulkLoad;
 pub use collection::{Collection, ItemRef, OwnedItem};
