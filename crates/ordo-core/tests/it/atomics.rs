@@ -96,7 +96,7 @@ fn set_max_and_set_min_set_a_null_field_and_keep_a_better_value() {
         ("float", AtomicOp::Increment, Value::F64(f64::NAN)),
         ("unsigned", SetMax, Value::Null),
         ("unsigned", SetMax, Value::I64(-1)),
-        ("unsigned", AtomicOp::Increment, Value::F64(1.0)),
+        ("unsigned", AtomicOp::Increment, Value::F64(0.5)),
         ("no_such_field", SetMax, Value::U64(1)),
     ] {
         let result = run(name, Value::Null, op, operand);
