@@ -107,12 +107,12 @@ fn is_write(method: &Method, path: &str) -> bool {
     let mut segments = path.trim_start_matches('/').split('/');
     let segments =
         [segments.next(), segments.next(), segments.next(), segments.next(), segments.next(), segments.next()];
-    match (method, segments) {
-        (&Method::POST, [Some("v1"), Some("batch"), None, ..]) => true,
-        (&Method::POST, [Some("v1"), Some("collections"), Some(_), Some("batch"), None, _]) => true,
-        (&Method::DELETE, [Some("v1"), Some("collections"), Some(_), Some("items"), Some(_), None]) => true,
-        _ => false,
-    }
+    matches!(
+        (method, segments),
+        (&Method::POST, [Some("v1"), Some("batch"), None, ..])
+            | (&Method::POST, [Some("v1"), Some("collections"), Some(_), Some("batch"), None, _])
+            | (&Method::DELETE, [Some("v1"), Some("collections"), Some(_), Some("items"), Some(_), None])
+    )
 }
 
 /// The request's host: `Host`, or the URI's authority (HTTP/2's `:authority`).

@@ -35,15 +35,19 @@ pub struct Cli {
 /// one (`backup`, say) is a variant and a module of its own.
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Starts the Ordo server: an HTTP API and WebSocket subscriptions (docs/PROTOCOL.md) over an
-    /// embedded LMDB data directory, which is created if missing and reloaded at start.
+    /// Starts the server (HTTP API and WebSocket subscriptions).
+    ///
+    /// An HTTP API and WebSocket subscriptions (docs/PROTOCOL.md) over an embedded LMDB data
+    /// directory, which is created if missing and reloaded at start.
     ///
     /// Every option can also be set with the environment variable ORDO_<OPTION> (e.g. ORDO_DATA_DIR)
     /// or as a key of the TOML file given with --config (e.g. `data-dir = "/var/lib/ordo"`);
     /// a flag wins over the variable, the variable over the file, the file over the default.
     Serve(Box<ServeArgs>),
-    /// Prints a signed HS256 token (for development and for backends). The secret comes from
-    /// --secret-file FILE or the environment variable ORDO_AUTH_SECRET, never from the command line.
+    /// Prints a signed HS256 token (for development and for backends).
+    ///
+    /// The secret comes from --secret-file FILE or the environment variable ORDO_AUTH_SECRET, never
+    /// from the command line.
     Token(TokenArgs),
     /// Fills a running server with a chat room list (collection `rooms`).
     LoadDemo(LoadDemoArgs),
@@ -86,10 +90,10 @@ pub struct ServeArgs {
     /// Close a client that reads nothing for this long (seconds).
     #[arg(long, env = "ORDO_SLOW_CLOSE_AFTER", value_name = "SECS", default_value_t = limits::DEFAULT_SLOW_CLOSE_AFTER_SECS)]
     pub slow_close_after: u64,
-    /// Messages per second per WebSocket connection (burst: twice that).
+    /// Messages per second per WebSocket connection (bursts of up to 200).
     #[arg(long, env = "ORDO_WS_MESSAGES_PER_SECOND", value_name = "N", default_value_t = limits::DEFAULT_WS_MESSAGES_PER_SECOND)]
     pub ws_messages_per_second: u32,
-    /// Requests per second per HTTP connection (burst: twice that).
+    /// Requests per second per HTTP connection (bursts of up to 10 000).
     #[arg(long, env = "ORDO_HTTP_REQUESTS_PER_SECOND", value_name = "N", default_value_t = limits::DEFAULT_HTTP_REQUESTS_PER_SECOND)]
     pub http_requests_per_second: u32,
     /// Threads for sockets and JSON (default: one per core, at most 4; at most 64; the writer has its own).

@@ -31,7 +31,12 @@ fn main() -> ExitCode {
             match ordo_server::server::serve(options) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(message) => {
-                    tracing::error!("ordo: {message}");
+                    // Into the log, unless its filter would swallow why the server stopped.
+                    if tracing::enabled!(tracing::Level::ERROR) {
+                        tracing::error!("{message}");
+                    } else {
+                        eprintln!("ordo: {message}");
+                    }
                     ExitCode::FAILURE
                 }
             }

@@ -373,6 +373,14 @@ impl Connection {
 
     async fn send_error(&mut self, error: &ApiError, sub: Option<&str>) {
         metrics::count_error(error.code);
+        // `debug`: a client may send up to its message rate of refused requests.
+        tracing::debug!(
+            session = self.session.id,
+            code = error.code.as_str(),
+            sub,
+            "websocket request refused: {}",
+            error.message
+        );
         self.frame.clear();
         self.frame.extend_from_slice(b"{\"type\":\"error\",\"code\":\"");
         self.frame.extend_from_slice(error.code.as_str().as_bytes());
