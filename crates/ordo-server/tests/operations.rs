@@ -177,8 +177,8 @@ fn the_json_log_has_the_start_refusals_and_the_stop() {
             .collect()
     };
     let find = |events: &[Value], message: &str| events.iter().find(|event| event["message"] == message).cloned();
-    // The refusal is logged by the time its answer is read.
-    let events = lines(&server);
+    // The refusal is logged (the test's reader thread may take a moment to see the line).
+    let events = wait_for(&|| lines(&server), "request refused");
     for event in &events {
         assert!(event["timestamp"].as_str().is_some_and(|t| t.ends_with('Z')), "{event}");
         assert!(["ERROR", "WARN", "INFO", "DEBUG", "TRACE"].contains(&event["level"].as_str().unwrap()), "{event}");
@@ -202,14 +202,14 @@ fn the_json_log_has_the_start_refusals_and_the_stop() {
         "/v1/collections/rooms/batch",
         json!({"ops": [{"op": "upsert", "id": "r1", "fields": {"recency": 1}}]}),
     );
+    std::thread::sleep(std::time::Duration::from_millis(200));
     assert_eq!(lines(&server).len(), n_lines, "{:#?}", lines(&server));
     let port = server.port;
     let mut server = server;
     // SAFETY: `kill` with the pid of a child we own and a valid signal number.
     unsafe { libc::kill(server.pid() as i32, libc::SIGINT) };
     assert!(server.wait().success());
-    std::thread::sleep(std::time::Duration::from_millis(100));
-    let events = lines(&server);
+    let events = wait_for(&|| lines(&server), "stopped");
     assert!(find(&events, "stopped").is_some_and(|event| event["last_seq"] == 1), "{events:#?} (port {port})");
     // The stop checkpointed the write.
     assert!(find(&events, "checkpoint committed").is_some(), "{events:#?}");
@@ -225,7 +225,8 @@ fn the_log_level_filters() {
         StartOptions { capture_stderr: true, ..StartOptions::default() },
     );
     let _ = quiet.http("GET", "/no/such/path", None);
-    let lines = quiet.stderr_lines();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let lines = wait_for_line(&quiet, "auth is off");
     quiet.stop();
     assert!(lines.iter().all(|line| !line.contains(" INFO ")), "{lines:#?}");
     assert!(lines.iter().any(|line| line.contains(" WARN ") && line.contains("auth is off")), "{lines:#?}");
@@ -236,11 +237,36 @@ fn the_log_level_filters() {
         StartOptions { capture_stderr: true, env: &[("RUST_LOG", "debug")], ..StartOptions::default() },
     );
     let _ = from_env.http("GET", "/v1/health", None);
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    let lines = from_env.stderr_lines();
+    let lines = wait_for_line(&from_env, "connection closed");
     from_env.stop();
     assert!(lines.iter().any(|line| line.contains(" DEBUG ") && line.contains("connection")), "{lines:#?}");
     // Human lines carry a timestamp and a level, and no colour codes when not on a terminal.
     let started = lines.iter().find(|line| line.contains("started")).expect("a start line");
     assert!(started.starts_with("20") && started.contains(" INFO ") && !started.contains('\u{1b}'), "{started}");
+}
+
+/// The log's events once one whose message starts with `message` is among them.
+fn wait_for(events: &dyn Fn() -> Vec<Value>, message: &str) -> Vec<Value> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let found = events();
+        if found.iter().any(|event| event["message"].as_str().is_some_and(|m| m.starts_with(message))) {
+            return found;
+        }
+        assert!(std::time::Instant::now() < deadline, "no `{message}` in the log: {found:#?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The server's stderr lines once one contains `text`.
+fn wait_for_line(server: &Server, text: &str) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let lines = server.stderr_lines();
+        if lines.iter().any(|line| line.contains(text)) {
+            return lines;
+        }
+        assert!(std::time::Instant::now() < deadline, "no `{text}` in the log: {lines:#?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
