@@ -122,3 +122,78 @@ fn refused_batches_are_counted_as_answered() {
     assert_eq!(server.metric("ordo_batches_total"), n_acks as f64);
     server.stop();
 }
+
+/// The same agreement with auth on: refusals by the `Origin` gate, by auth and
+/// by the rules on the network thread, and by a write rule's guard on the
+/// writer thread, in single writes and in parts of a `/v1/batch`.
+#[test]
+fn refused_batches_are_counted_as_answered_with_auth() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = common::write_secret(dir.path());
+    let mut server = Server::start(&dir.path().join("data"), &["--auth-secret-file", secret.to_str().unwrap()]);
+    server.token = Some(common::mint(&secret, "ops", "admin", &[]));
+    let schema = json!({"fields": [{"name": "owner", "type": "string"}]});
+    server.ok("PUT", "/v1/collections/notes", schema);
+    let upsert = |id: &str, owner: &str| json!({"op": "upsert", "id": id, "fields": {"owner": owner}});
+    server.ok("POST", "/v1/collections/notes/batch", json!({"ops": [upsert("bobs", "bob")]}));
+    server.ok(
+        "PUT",
+        "/v1/rules",
+        json!({"rules": [{"collection": "notes", "roles": ["writer"],
+            "write": {"filter": {"field": "owner", "op": "eq", "value": "$sub"}}}]}),
+    );
+    let alice = common::mint(&secret, "alice", "writer", &[]);
+    let reader = common::mint(&secret, "rita", "reader", &[]);
+    let batch = |ops: serde_json::Value| Some(json!({"ops": ops}));
+    let answers = [
+        server.http_as(None, "POST", "/v1/collections/notes/batch", batch(json!([upsert("a1", "alice")])).as_ref()),
+        server.http_as(
+            Some(&reader),
+            "POST",
+            "/v1/collections/notes/batch",
+            batch(json!([upsert("a1", "rita")])).as_ref(),
+        ),
+        server.http_as(
+            Some(&alice),
+            "POST",
+            "/v1/collections/notes/batch",
+            batch(json!([upsert("a1", "bob")])).as_ref(),
+        ),
+        server.http_as(
+            Some(&alice),
+            "POST",
+            "/v1/collections/notes/batch",
+            batch(json!([upsert("a1", "alice")])).as_ref(),
+        ),
+        server.http_as(Some(&alice), "DELETE", "/v1/collections/notes/items/bobs", None),
+        server.http_as(
+            Some(&alice),
+            "POST",
+            "/v1/batch",
+            Some(&json!({"writes": [
+                {"collection": "notes", "ops": [upsert("a2", "bob")]},
+                {"collection": "notes", "ops": [upsert("a3", "alice")]},
+            ]})),
+        ),
+    ];
+    let mut n_errors = 0;
+    for (status, answer) in &answers {
+        let results = answer.get("results").and_then(|results| results.as_array()).cloned();
+        let results = results.unwrap_or_else(|| vec![answer.clone()]);
+        n_errors += results.iter().filter(|result| result.get("error").is_some()).count();
+        assert!(*status == 200 || answer.to_string().contains("error"), "{status} {answer}");
+    }
+    let (status, _) = server.http_with(
+        "POST",
+        "/v1/collections/notes/batch",
+        &format!("Authorization: Bearer {alice}\r\nOrigin: http://evil.example\r\n"),
+        Some(json!({"ops": [upsert("a4", "alice")]}).to_string().as_bytes()),
+    );
+    assert_eq!(status, 403);
+    n_errors += 1;
+    assert_eq!(n_errors, 6, "{answers:#?}");
+    assert_eq!(server.metric("ordo_batches_refused_total"), n_errors as f64);
+    // The admin's write, Alice's own item, and her `/v1/batch` part that was hers.
+    assert_eq!(server.metric("ordo_batches_total"), 3.0);
+    server.stop();
+}
