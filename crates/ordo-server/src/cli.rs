@@ -228,7 +228,13 @@ where
         }
         serve
     });
-    Cli::from_arg_matches(&command.try_get_matches_from(&args)?)
+    // The same arguments parsed above: a failure now comes from a value of the file.
+    let matches = command.try_get_matches_from(&args).map_err(|error| {
+        let text = error.to_string();
+        let first_line = text.lines().next().unwrap_or_default().trim_start_matches("error: ");
+        Cli::command().error(clap::error::ErrorKind::InvalidValue, format!("{}: {first_line}", config.display()))
+    })?;
+    Cli::from_arg_matches(&matches)
 }
 
 /// The file's values as flag defaults: `(argument id, values)` for each key.
