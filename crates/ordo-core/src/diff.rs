@@ -130,6 +130,14 @@ pub trait DiffSink {
     fn window_done(&mut self, window: WindowId) {
         let _ = window;
     }
+
+    /// The diffs that follow, up to the next call, come from the batch a store
+    /// numbered `seq` (its sequence number). The engine never calls this: a store
+    /// does, before it applies each batch of a group, so that a sink can say which
+    /// write each frame reflects.
+    fn begin_batch(&mut self, seq: u64) {
+        let _ = seq;
+    }
 }
 
 /// A sink that drops everything, for callers that only read windows on demand.

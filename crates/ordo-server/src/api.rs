@@ -53,11 +53,41 @@ fn error_response(error: &ApiError) -> Response<Body> {
     json_response(error.status(), error.to_json_body())
 }
 
+/// The request's `X-Request-Id`, if it is one the server echoes: 1 to
+/// `MAX_HTTP_REQUEST_ID_BYTES` bytes of visible ASCII (no spaces, no controls).
+/// Any other value is ignored: not echoed, not logged.
+pub(crate) fn request_id(request: &Request<Incoming>) -> Option<hyper::header::HeaderValue> {
+    let value = request.headers().get(X_REQUEST_ID)?;
+    let bytes = value.as_bytes();
+    let valid = !bytes.is_empty()
+        && bytes.len() <= limits::MAX_HTTP_REQUEST_ID_BYTES
+        && bytes.iter().all(|byte| byte.is_ascii_graphic());
+    valid.then(|| value.clone())
+}
+
+pub(crate) const X_REQUEST_ID: &str = "x-request-id";
+
+/// Every answer echoes the request's `X-Request-Id` (when valid, see `request_id`).
 pub(crate) async fn handle(
     request: Request<Incoming>,
     state: Arc<HttpState>,
     bucket: Arc<Mutex<TokenBucket>>,
     slot: Arc<ConnectionSlot>,
+) -> Response<Body> {
+    let request_id = request_id(&request);
+    let mut response = handle_request(request, state, bucket, slot, request_id.as_ref()).await;
+    if let Some(request_id) = request_id {
+        response.headers_mut().insert(X_REQUEST_ID, request_id);
+    }
+    response
+}
+
+async fn handle_request(
+    request: Request<Incoming>,
+    state: Arc<HttpState>,
+    bucket: Arc<Mutex<TokenBucket>>,
+    slot: Arc<ConnectionSlot>,
+    request_id: Option<&hyper::header::HeaderValue>,
 ) -> Response<Body> {
     metrics::add(&METRICS.http_requests, 1);
     if !bucket.lock().expect("budget lock").try_take() {
@@ -76,7 +106,15 @@ pub(crate) async fn handle(
     let checked =
         state.gate.check_host(host.as_deref()).and_then(|()| state.gate.check_origin(origin, host.as_deref()));
     if let Err(error) = checked {
-        eprintln!("ordo: refused {} {} ({})", request.method(), request.uri().path(), error.code.as_str());
+        // The request id lets an operator find the client's own record of this request.
+        let request_id = request_id.and_then(|id| id.to_str().ok()).map(|id| format!("; request id {id}"));
+        eprintln!(
+            "ordo: refused {} {} ({}{})",
+            request.method(),
+            request.uri().path(),
+            error.code.as_str(),
+            request_id.unwrap_or_default()
+        );
         return error_response(&error);
     }
     match route(request, &state, slot).await {
@@ -393,6 +431,10 @@ async fn route(
                 query.payload,
             )?;
             wire::restrict(&mut spec.def, grant.predicate(&entry.schema)?.as_ref(), &entry.schema)?;
+            // Read-your-writes: the writer answers queries in order, after every
+            // batch it applied before, so once it has published `min_seq` the
+            // answer reflects it.
+            crate::min_seq::wait(&state.seq, query.min_seq).await?;
             let (reply, answer) = oneshot::channel();
             send(state, Command::Query { collection: entry.id, spec, reply }).await?;
             let body = answer.await.map_err(|_| ApiError::shutting_down())??;
@@ -532,6 +574,7 @@ fn upgrade(
         limits_json: state.limits_json.clone(),
         gate: state.gate.clone(),
         identity,
+        seq: state.seq.clone(),
     };
     tokio::spawn(async move {
         let _slot = slot;

@@ -15,6 +15,7 @@ pub mod frame;
 pub mod http;
 pub mod limits;
 pub mod metrics;
+pub mod min_seq;
 pub mod name_routes;
 pub mod rate_limit;
 pub mod rng;
