@@ -334,9 +334,10 @@ async fn a_subscription_id_is_free_as_soon_as_unsubscribe_is_sent() {
     );
     let expected = expected["items"].as_array().unwrap().clone();
     assert!(client.read_until(SETTLE, |client| client.lists["list"].items == expected).await);
-    assert!(
-        n_rounds == N_ROUNDS && n_old_frames > 0,
-        "{n_old_frames} frames of old subscriptions came before their `unsubscribed`"
-    );
+    assert_eq!(n_rounds, N_ROUNDS);
+    // How often the race happened (frames in flight when `unsubscribe` was sent)
+    // depends on timing; without this ordering such a frame came after
+    // `unsubscribed` and failed the test above (tried by sending `unsubscribed` early).
+    eprintln!("{n_old_frames} frames of old subscriptions came before their `unsubscribed`");
     server.stop();
 }
