@@ -20,8 +20,7 @@ use tokio::sync::{mpsc, watch};
 use crate::access::{ConnectionSlot, Gate};
 use crate::auth::{self, Identity, Role as AuthRole};
 use crate::core::{
-    Answer, CollectionEntry, Command, ConnShared, CoreSender, Outgoing, Routes, SessionId, SubHandle,
-    FRAME_OVERHEAD_BYTES,
+    Answer, Command, ConnShared, CoreSender, Outgoing, Routes, SessionId, SubHandle, FRAME_OVERHEAD_BYTES,
 };
 use crate::error::{ApiError, ErrorCode};
 use crate::frame::{write_diffs_frame, write_json_str, DiffsHeader};
@@ -33,11 +32,13 @@ use crate::sub_table::SubTable;
 use crate::wire::{self, ClientMessage, WindowSpec};
 
 mod identity;
+mod park;
 mod read;
 mod resume;
 mod session;
 
 use identity::expiry_deadline;
+use park::{Parked, ParkedRequest};
 use read::{read_frames, Inbound, MaskCheck};
 pub use session::{Registry, Session, ANONYMOUS_OWNER};
 use session::{RetainedFrame, SubEntry};
@@ -155,27 +156,6 @@ struct Connection {
     park_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
     /// The last `seq` applied, watched while a request is parked.
     seq: SeqWatch,
-}
-
-/// A request held until the store reaches `min_seq`, already checked otherwise.
-struct ParkedRequest {
-    min_seq: u64,
-    request: Parked,
-}
-
-enum Parked {
-    Subscribe {
-        sub: String,
-        collection: Arc<CollectionEntry>,
-        spec: WindowSpec,
-        req: Option<Box<str>>,
-    },
-    /// Entries check their own `min_seq` when the resume runs; this waits for the greatest.
-    Resume {
-        session: String,
-        entries: Vec<wire::ResumeEntry>,
-        req: Option<Box<str>>,
-    },
 }
 
 enum Event {
@@ -645,31 +625,6 @@ impl Connection {
         };
         if let Err((error, sub)) = result {
             self.send_error(&error, sub.as_deref(), req.as_deref()).await;
-        }
-    }
-
-    /// Holds a checked request until the store reaches `min_seq` or the wait
-    /// ends (see `unpark`); no later message is read meanwhile.
-    fn park(&mut self, min_seq: u64, request: Parked) {
-        self.parked = Some(ParkedRequest { min_seq, request });
-        self.park_timer.as_mut().reset(tokio::time::Instant::now() + min_seq::wait_bound());
-    }
-
-    /// The parked request's wait is over: it runs if its `min_seq` was reached,
-    /// and is refused with `seq_not_reached` otherwise (a resume runs anyway,
-    /// refusing only the entries whose `min_seq` was not reached).
-    async fn unpark(&mut self) {
-        let Some(ParkedRequest { min_seq, request }) = self.parked.take() else { return };
-        let last_seq = min_seq::last(&self.seq);
-        match request {
-            Parked::Subscribe { sub, collection, spec, req } => {
-                if last_seq >= min_seq {
-                    self.start_subscription(sub, collection, spec, 0, req).await;
-                } else {
-                    self.send_error(&min_seq::not_reached(min_seq, last_seq), Some(&sub), req.as_deref()).await;
-                }
-            }
-            Parked::Resume { session, entries, req } => self.resume(&session, entries, req).await,
         }
     }
 
