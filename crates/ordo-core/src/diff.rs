@@ -131,6 +131,14 @@ pub trait DiffSink {
         let _ = window;
     }
 
+    /// The length of the view behind `window` once the call is done: sent once per
+    /// window and call, just before `window_done`, so that a sink can tell its
+    /// client the total count without asking the engine (which it cannot borrow
+    /// during a batch).
+    fn view_len(&mut self, window: WindowId, view_len: usize) {
+        let _ = (window, view_len);
+    }
+
     /// The diffs that follow, up to the next call, come from the batch a store
     /// numbered `seq` (its sequence number). The engine never calls this: a store
     /// does, before it applies each batch of a group, so that a sink can say which

@@ -425,12 +425,12 @@ async fn route(
                 &entry.schema,
                 &query.filter,
                 &query.sort,
-                query.offset,
+                query.position_keys(),
                 query.limit,
                 query.fields.as_deref(),
                 query.payload,
             )?;
-            wire::restrict(&mut spec.def, grant.predicate(&entry.schema)?.as_ref(), &entry.schema)?;
+            wire::restrict_spec(&mut spec, grant.predicate(&entry.schema)?.as_ref(), &entry.schema)?;
             // Read-your-writes: the writer answers queries in order, after every
             // batch it applied before, so once it has published `min_seq` the
             // answer reflects it.

@@ -76,8 +76,18 @@ pub fn write_u64(out: &mut Vec<u8>, mut value: u64) {
     out.extend_from_slice(&digits[start..]);
 }
 
+/// The fields of a `diffs` frame that belong to one subscription's frame rather
+/// than to the diffs shared by every subscriber of a window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiffsExtra {
+    /// `"total":N`: the view's length (on a Reset, and when it changed).
+    pub total: Option<u64>,
+    /// `"offset":N,"limit":M`: where a key-positioned request placed the window.
+    pub range: Option<(u64, u64)>,
+}
+
 /// A diffs frame's envelope: everything but the diffs.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct DiffsHeader<'a> {
     /// The client's subscription id.
     pub sub: &'a str,
@@ -87,10 +97,12 @@ pub struct DiffsHeader<'a> {
     pub write_seq: u64,
     /// The client's id of the request this frame answers, if any.
     pub req: Option<&'a str>,
+    /// `offset`, `limit` and `total`, when due.
+    pub extra: DiffsExtra,
 }
 
 /// Appends the frame
-/// `{"type":"diffs","sub":<sub>,"seq":<seq>,"write_seq":<write_seq>[,"req":<req>],"diffs":<diffs_json>}`.
+/// `{"type":"diffs","sub":<sub>,"seq":<seq>,"write_seq":<write_seq>[,"req":<req>][,"offset":N,"limit":M][,"total":N],"diffs":<diffs_json>}`.
 ///
 /// `diffs_json` must be an encoded JSON array; it is copied verbatim.
 pub fn write_diffs_frame(out: &mut Vec<u8>, header: &DiffsHeader<'_>, diffs_json: &[u8]) {
@@ -103,10 +115,10 @@ pub fn write_diffs_frame(out: &mut Vec<u8>, header: &DiffsHeader<'_>, diffs_json
     const WRITE_SEQ: &[u8] = br#","write_seq":"#;
     const REQ: &[u8] = br#","req":"#;
     const DIFFS: &[u8] = br#","diffs":"#;
-    let DiffsHeader { sub, seq, write_seq, req } = *header;
+    let DiffsHeader { sub, seq, write_seq, req, extra } = *header;
     let req_len = req.map_or(0, |req| REQ.len() + req.len() + 2);
     // One reservation for the common case (no escapes in `sub` or `req`): the
-    // quotes, at most 20 digits per number and the closing brace.
+    // quotes, at most 20 digits per number, the extras and the closing brace.
     out.reserve(
         TYPE_AND_SUB.len()
             + sub.len()
@@ -116,6 +128,7 @@ pub fn write_diffs_frame(out: &mut Vec<u8>, header: &DiffsHeader<'_>, diffs_json
             + WRITE_SEQ.len()
             + 20
             + req_len
+            + 80
             + DIFFS.len()
             + diffs_json.len()
             + 1,
@@ -129,6 +142,16 @@ pub fn write_diffs_frame(out: &mut Vec<u8>, header: &DiffsHeader<'_>, diffs_json
     if let Some(req) = req {
         out.extend_from_slice(REQ);
         write_json_str(out, req);
+    }
+    if let Some((offset, limit)) = extra.range {
+        out.extend_from_slice(b",\"offset\":");
+        write_u64(out, offset);
+        out.extend_from_slice(b",\"limit\":");
+        write_u64(out, limit);
+    }
+    if let Some(total) = extra.total {
+        out.extend_from_slice(b",\"total\":");
+        write_u64(out, total);
     }
     out.extend_from_slice(DIFFS);
     out.extend_from_slice(diffs_json);
@@ -221,7 +244,8 @@ mod tests {
         ];
         for (sub, seq, write_seq, req) in cases {
             let mut out = b"previous frame ".to_vec();
-            write_diffs_frame(&mut out, &DiffsHeader { sub, seq, write_seq, req }, diffs);
+            let header = DiffsHeader { sub, seq, write_seq, req, ..DiffsHeader::default() };
+            write_diffs_frame(&mut out, &header, diffs);
             let frame = out.strip_prefix(b"previous frame ").expect("appends, keeping what was there");
             let parsed: serde_json::Value = serde_json::from_slice(frame).unwrap();
             let mut expected = serde_json::json!({"type": "diffs", "sub": sub, "seq": seq, "write_seq": write_seq});
@@ -242,9 +266,26 @@ mod tests {
     }
 
     #[test]
+    fn diffs_frame_extras_come_before_the_diffs() {
+        let mut out = Vec::new();
+        let extra = DiffsExtra { total: Some(42), range: Some((7, 20)) };
+        let header = DiffsHeader { sub: "rooms", seq: 3, write_seq: 9, req: Some("r"), extra };
+        write_diffs_frame(&mut out, &header, b"[]");
+        assert_eq!(
+            out,
+            br#"{"type":"diffs","sub":"rooms","seq":3,"write_seq":9,"req":"r","offset":7,"limit":20,"total":42,"diffs":[]}"#
+        );
+        out.clear();
+        let extra = DiffsExtra { total: Some(0), range: None };
+        write_diffs_frame(&mut out, &DiffsHeader { sub: "rooms", seq: 3, write_seq: 9, req: None, extra }, b"[]");
+        assert_eq!(out, br#"{"type":"diffs","sub":"rooms","seq":3,"write_seq":9,"total":0,"diffs":[]}"#);
+    }
+
+    #[test]
     fn a_reused_buffer_does_not_grow_again() {
         let diffs = format!("[{}]", [r#"{"Set":{"index":3,"value":{"id":"!room:example.org"}}}"#; 6].join(","));
-        let header = |seq| DiffsHeader { sub: "rooms", seq, write_seq: u64::MAX - seq, req: None };
+        let extra = DiffsExtra { total: Some(u64::MAX), range: Some((u64::MAX, u64::MAX)) };
+        let header = |seq| DiffsHeader { sub: "rooms", seq, write_seq: u64::MAX - seq, req: None, extra };
         let mut out = Vec::new();
         write_diffs_frame(&mut out, &header(1), diffs.as_bytes());
         let (capacity, pointer) = (out.capacity(), out.as_ptr());

@@ -419,25 +419,31 @@ impl Connection {
 
     async fn on_outgoing(&mut self, outgoing: Outgoing) {
         match outgoing {
-            Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset, write_seq, answers, queued_at } => {
+            Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset, write_seq, answers, extra, queued_at } => {
                 metrics::record_stage(Stage::FrameQueue, queued_at.elapsed());
                 let cost = body.len() + FRAME_OVERHEAD_BYTES;
                 self.session.shared.queued_bytes.fetch_sub(cost, Ordering::AcqRel);
                 metrics::sub_queued(cost);
-                if epoch < self.session.shared.epoch.load(Ordering::Acquire) {
-                    // Dropped: the connection fell behind and a reset is due.
-                    self.ack_dropped(handle, answers);
-                    return;
-                }
+                let is_stale = epoch < self.session.shared.epoch.load(Ordering::Acquire);
                 let Some(entry) = self.session.table.get_mut(handle) else { return };
-                if entry.awaiting_reset && !is_reset {
+                if is_stale || (entry.awaiting_reset && !is_reset) {
+                    // Dropped: the connection fell behind (or a resume could not
+                    // replay) and a reset is due; it will say where the window is,
+                    // and the request this frame answered gets an `ack` now.
+                    entry.range_due = extra.range.or(entry.range_due);
                     self.ack_dropped(handle, answers);
                     return;
                 }
+                let mut extra = extra;
+                extra.range = extra.range.or(entry.range_due.take());
                 entry.awaiting_reset = false;
                 entry.seq += 1;
                 let seq = entry.seq;
-                entry.retain(RetainedFrame { seq, write_seq, body: body.clone(), n_diffs });
+                if let Some((offset, limit)) = extra.range {
+                    // Where a key-positioned request placed the window: what a resume compares.
+                    (entry.spec.offset, entry.spec.limit, entry.spec.seek) = (offset as usize, limit as usize, None);
+                }
+                entry.retain(RetainedFrame { seq, write_seq, body: body.clone(), n_diffs, extra });
                 // A subscription's first frame answers its `subscribe`; a later one
                 // may answer a change of window. (Both at once cannot happen: the
                 // first frame is the subscribe's Reset. Should it, the change gets an ack.)
@@ -448,7 +454,7 @@ impl Connection {
                     (None, None) => (None, None),
                 };
                 self.frame.clear();
-                let header = DiffsHeader { sub: &entry.client_id, seq, write_seq, req: req.as_deref() };
+                let header = DiffsHeader { sub: &entry.client_id, seq, write_seq, req: req.as_deref(), extra };
                 write_diffs_frame(&mut self.frame, &header, &body);
                 let also_ack = also_ack.map(|answer| (entry.client_id.clone(), answer));
                 metrics::add(&METRICS.diffs_sent, n_diffs as u64);
@@ -563,10 +569,32 @@ impl Connection {
         let result = match message {
             ClientMessage::Auth { .. } => unreachable!("handled above"),
             ClientMessage::Subscribe {
-                sub, collection, filter, sort, offset, limit, fields, payload, min_seq, ..
+                sub,
+                collection,
+                filter,
+                sort,
+                offset,
+                around,
+                after,
+                before,
+                tail,
+                limit,
+                fields,
+                payload,
+                min_seq,
+                ..
             } => {
-                let spec =
-                    self.check_subscribe(&sub, &collection, &filter, &sort, offset, limit, fields.as_deref(), payload);
+                let position = wire::PositionKeys { offset, around, after, before, tail };
+                let spec = self.check_subscribe(
+                    &sub,
+                    &collection,
+                    &filter,
+                    &sort,
+                    position,
+                    limit,
+                    fields.as_deref(),
+                    payload,
+                );
                 match spec {
                     Ok((collection, spec)) => match min_seq::check(min_seq, min_seq::last(&self.seq)) {
                         SeqCheck::Reached => {
@@ -574,7 +602,10 @@ impl Connection {
                             Ok(())
                         }
                         SeqCheck::Wait(min_seq) => {
-                            self.park(min_seq, Parked::Subscribe { sub, collection, spec, req: req.clone() });
+                            self.park(
+                                min_seq,
+                                Parked::Subscribe { sub, collection, spec: Box::new(spec), req: req.clone() },
+                            );
                             Ok(())
                         }
                         SeqCheck::Refused(error) => Err((error, Some(sub))),
@@ -582,8 +613,9 @@ impl Connection {
                     Err(error) => Err((error, Some(sub))),
                 }
             }
-            ClientMessage::SetRange { sub, offset, limit, .. } => {
-                self.set_range(&sub, offset, limit, req.clone()).await.map_err(|e| (e, Some(sub)))
+            ClientMessage::SetRange { sub, offset, around, after, before, tail, limit, .. } => {
+                let position = wire::PositionKeys { offset, around, after, before, tail };
+                self.set_range(&sub, position, limit, req.clone()).await.map_err(|e| (e, Some(sub)))
             }
             ClientMessage::SetView { sub, filter, sort, .. } => {
                 self.set_view(&sub, &filter, &sort, req.clone()).await.map_err(|e| (e, Some(sub)))
@@ -635,7 +667,7 @@ impl Connection {
         collection: &str,
         filter: &serde_json::Value,
         sort: &[wire::SortRequest],
-        offset: usize,
+        position: wire::PositionKeys,
         limit: usize,
         fields: Option<&[String]>,
         payload: bool,
@@ -654,8 +686,8 @@ impl Connection {
             )));
         }
         let (entry, predicate) = self.readable(collection)?;
-        let mut spec = wire::window_spec(&entry.schema, filter, sort, offset, limit, fields, payload)?;
-        wire::restrict(&mut spec.def, predicate.as_ref(), &entry.schema)?;
+        let mut spec = wire::window_spec(&entry.schema, filter, sort, position, limit, fields, payload)?;
+        wire::restrict_spec(&mut spec, predicate.as_ref(), &entry.schema)?;
         Ok((entry, spec))
     }
 
@@ -679,6 +711,7 @@ impl Connection {
             retained: VecDeque::new(),
             retained_bytes: 0,
             awaiting_reset: false,
+            range_due: None,
             subscribe_req: req,
             unsubscribe_req: None,
         };
@@ -695,15 +728,25 @@ impl Connection {
     async fn set_range(
         &mut self,
         sub: &str,
-        offset: usize,
+        position: wire::PositionKeys,
         limit: usize,
         req: Option<Box<str>>,
     ) -> Result<(), ApiError> {
         let handle = self.handle_of(sub)?;
-        wire::check_range(offset, limit)?;
+        wire::check_range(0, limit)?;
+        let mut position = position.check(limit)?;
+        if let wire::Position::Seek(seek) = &mut position {
+            // The rules as they are now: an item outside them reads as missing.
+            let name = self.session.table.get(handle).expect("mapped handles are live").collection.name.clone();
+            let (_, predicate) = self.readable(&name)?;
+            seek.rule = predicate;
+        }
         let entry = self.session.table.get_mut(handle).expect("mapped handles are live");
-        (entry.spec.offset, entry.spec.limit) = (offset, limit);
-        let command = Command::SetRange { session: self.session.id, handle, offset, limit, req };
+        // Recorded now for a later resume to compare with; a key position is
+        // recorded when its answer says where it landed.
+        entry.spec.set_position(position.clone());
+        entry.spec.limit = limit;
+        let command = Command::SetRange { session: self.session.id, handle, position, limit, req };
         let _ = self.context.core.send(command).await;
         Ok(())
     }

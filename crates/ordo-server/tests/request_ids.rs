@@ -85,10 +85,23 @@ async fn every_answer_echoes_the_request_id_and_only_the_answer() {
     let frame = answer(&mut client, view).await;
     assert_eq!((&frame["type"], &frame["seq"], &frame["req"]), (&json!("diffs"), &json!(3), &json!("q5")), "{frame}");
 
+    // A request placed by key is answered by a frame even when nothing changed
+    // (it says where the window is): with no diffs, with `req`, and no `ack`.
+    let tail = json!({"op": "set_range", "sub": "list", "tail": true, "limit": 3, "req": "t1"});
+    let frame = answer(&mut client, tail).await;
+    assert_eq!(
+        (&frame["type"], &frame["offset"], &frame["req"]),
+        (&json!("diffs"), &json!(1), &json!("t1")),
+        "{frame}"
+    );
+    let tail = json!({"op": "set_range", "sub": "list", "tail": true, "limit": 3, "req": "t2"});
+    let frame = answer(&mut client, tail).await;
+    assert_eq!((&frame["diffs"], &frame["req"]), (&json!([]), &json!("t2")), "{frame}");
+
     // A write's frames answer no request.
     write(&server, json!([{"op": "upsert", "id": "r00", "fields": {"recency": 0}}, {"op": "remove", "id": "r01"}]));
-    assert!(client.read_until(SETTLE, |client| client.diffs_seen.len() == 4).await);
-    assert!(client.diffs_seen[3].get("req").is_none(), "{}", client.diffs_seen[3]);
+    assert!(client.read_until(SETTLE, |client| client.diffs_seen.len() == 6).await);
+    assert!(client.diffs_seen[5].get("req").is_none(), "{}", client.diffs_seen[5]);
 
     // Errors: from the connection, from the writer thread, for a message that does not parse.
     let errors = [

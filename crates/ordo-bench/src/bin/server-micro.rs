@@ -364,7 +364,7 @@ const DIFFS_JSON: &str = concat!(
 const WRITE_SEQ: u64 = 1_234_567;
 
 fn header(sub: &str, seq: u64) -> DiffsHeader<'_> {
-    DiffsHeader { sub, seq, write_seq: WRITE_SEQ, req: None }
+    DiffsHeader { sub, seq, write_seq: WRITE_SEQ, ..DiffsHeader::default() }
 }
 
 fn bench_frames(config: &Config) {

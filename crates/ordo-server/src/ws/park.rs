@@ -21,7 +21,7 @@ pub(super) enum Parked {
     Subscribe {
         sub: String,
         collection: Arc<CollectionEntry>,
-        spec: WindowSpec,
+        spec: Box<WindowSpec>,
         req: Option<Box<str>>,
     },
     /// Entries check their own `min_seq` when the resume runs; this waits for the greatest.
@@ -49,7 +49,7 @@ impl Connection {
         match request {
             Parked::Subscribe { sub, collection, spec, req } => {
                 if last_seq >= min_seq {
-                    self.start_subscription(sub, collection, spec, 0, req).await;
+                    self.start_subscription(sub, collection, *spec, 0, req).await;
                 } else {
                     self.send_error(&min_seq::not_reached(min_seq, last_seq), Some(&sub), req.as_deref()).await;
                 }

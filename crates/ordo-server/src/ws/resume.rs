@@ -122,10 +122,11 @@ impl Connection {
             let Some(sub) = self.session.table.get(handle) else { continue };
             let frames: Vec<RetainedFrame> = sub.retained.iter().cloned().collect();
             let client_id = sub.client_id.clone();
-            for RetainedFrame { seq, write_seq, body, n_diffs } in frames {
-                // As first sent, `write_seq` included; `req` was the old connection's.
+            for RetainedFrame { seq, write_seq, body, n_diffs, extra } in frames {
+                // As first sent (`write_seq`, `total` and all), but `req`: the old connection's.
                 self.frame.clear();
-                write_diffs_frame(&mut self.frame, &DiffsHeader { sub: &client_id, seq, write_seq, req: None }, &body);
+                let header = DiffsHeader { sub: &client_id, seq, write_seq, req: None, extra };
+                write_diffs_frame(&mut self.frame, &header, &body);
                 metrics::add(&METRICS.diffs_sent, n_diffs as u64);
                 self.write(OpCode::Text).await;
             }
@@ -146,16 +147,17 @@ impl Connection {
     ) -> Result<(Arc<crate::core::CollectionEntry>, WindowSpec), ApiError> {
         wire::check_sub_id(&entry.sub)?;
         let (collection, predicate) = self.readable(&entry.collection)?;
+        let position = wire::PositionKeys { offset: entry.offset, tail: entry.tail, ..Default::default() };
         let mut spec = wire::window_spec(
             &collection.schema,
             &entry.filter,
             &entry.sort,
-            entry.offset,
+            position,
             entry.limit,
             entry.fields.as_deref(),
             entry.payload,
         )?;
-        wire::restrict(&mut spec.def, predicate.as_ref(), &collection.schema)?;
+        wire::restrict_spec(&mut spec, predicate.as_ref(), &collection.schema)?;
         Ok((collection, spec))
     }
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use crate::core::{ConnShared, FrameBody, Outgoing, SessionId, SubHandle, FRAME_OVERHEAD_BYTES};
+use crate::frame::DiffsExtra;
 use crate::limits;
 use crate::sub_table::SubTable;
 use crate::wire::WindowSpec;
@@ -27,20 +28,24 @@ pub(super) struct SubEntry {
     pub(super) retained_bytes: usize,
     /// Frames before the next Reset are stale (a resume that could not replay).
     pub(super) awaiting_reset: bool,
+    /// The range (`offset`, `limit`) of an answer that was dropped with a stale
+    /// frame: the next frame written for this subscription carries it instead.
+    pub(super) range_due: Option<(u64, u64)>,
     /// The `req` of the `subscribe` that made it: its first frame carries it.
     pub(super) subscribe_req: Option<Box<str>>,
     /// The `req` of the `unsubscribe` sent for it: `unsubscribed` carries it.
     pub(super) unsubscribe_req: Option<Box<str>>,
 }
 
-/// A frame kept for replay: sent again exactly as it was (but without `req`:
-/// the request it answered belonged to the old connection).
+/// A frame kept for replay: sent again exactly as it was (`write_seq`, `total`
+/// and all), but without `req`: the request it answered was the old connection's.
 #[derive(Clone, Debug)]
 pub(super) struct RetainedFrame {
     pub(super) seq: u64,
     pub(super) write_seq: u64,
     pub(super) body: FrameBody,
     pub(super) n_diffs: u32,
+    pub(super) extra: DiffsExtra,
 }
 
 impl SubEntry {
