@@ -114,11 +114,13 @@ pub async fn serve_connection(ws: WebSocket<Stream>, context: ConnectionContext,
     let reader_task = tokio::spawn(read_frames(reader, inbound_tx));
     let mut connection = Connection::open(writer, context, slot).await;
     if let Some(connection) = connection.as_mut() {
+        tracing::debug!(session = connection.session.id, "websocket opened");
         connection.run(inbound_rx).await;
     }
     reader_task.abort();
     METRICS.connections.fetch_sub(1, Ordering::Relaxed);
     if let Some(connection) = connection {
+        connection.log_close();
         connection.finish().await;
     }
 }
@@ -156,6 +158,8 @@ struct Connection {
     park_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
     /// The last `seq` applied, watched while a request is parked.
     seq: SeqWatch,
+    /// The close code and reason the server sent, if it closed the connection.
+    closed_with: Option<(u16, String)>,
 }
 
 enum Event {
@@ -213,6 +217,7 @@ impl Connection {
             parked: None,
             park_timer,
             seq,
+            closed_with: None,
         };
         let auth = match (&connection.identity, connection.context.gate.auth_enabled()) {
             (_, false) => serde_json::json!("none"),
@@ -276,6 +281,20 @@ impl Connection {
                 Event::AuthDeadline => self.on_auth_deadline().await,
                 Event::Unpark => self.unpark().await,
             }
+        }
+    }
+
+    /// One line per ended connection. A close the server chose for this client
+    /// (slow, auth, protocol error, rules changed) is `info`; one the client
+    /// chose, or the server's stop (a line per client at once), is `debug`.
+    fn log_close(&self) {
+        let session = self.session.id;
+        match &self.closed_with {
+            Some((code, reason)) if !matches!(*code, CLOSE_NORMAL | CLOSE_GOING_AWAY) => {
+                tracing::info!(session, code, reason = reason.as_str(), "websocket closed by the server: {reason}")
+            }
+            Some((code, reason)) => tracing::debug!(session, code, reason = reason.as_str(), "websocket closed"),
+            None => tracing::debug!(session, reason = "closed by the client", "websocket closed"),
         }
     }
 
@@ -364,6 +383,7 @@ impl Connection {
         if self.closed {
             return;
         }
+        self.closed_with = Some((code, reason.to_owned()));
         self.frame.clear();
         self.frame.extend_from_slice(&code.to_be_bytes());
         self.frame.extend_from_slice(reason.as_bytes());
@@ -382,6 +402,14 @@ impl Connection {
 
     async fn send_error(&mut self, error: &ApiError, sub: Option<&str>, req: Option<&str>) {
         metrics::count_error(error.code);
+        // `debug`: a client may send up to its message rate of refused requests.
+        tracing::debug!(
+            session = self.session.id,
+            code = error.code.as_str(),
+            sub,
+            "websocket request refused: {}",
+            error.message
+        );
         self.frame.clear();
         self.frame.extend_from_slice(b"{\"type\":\"error\",\"code\":\"");
         self.frame.extend_from_slice(error.code.as_str().as_bytes());
