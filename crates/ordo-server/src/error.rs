@@ -28,10 +28,11 @@ pub enum ErrorCode {
     InvalidRules,
     /// A write's precondition did not hold (409); nothing of the batch was written.
     Conflict,
+    SeqNotReached,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 22] = [
         ErrorCode::BadJson,
         ErrorCode::BadRequest,
         ErrorCode::InvalidSchema,
@@ -53,6 +54,7 @@ impl ErrorCode {
         ErrorCode::HostNotAllowed,
         ErrorCode::InvalidRules,
         ErrorCode::Conflict,
+        ErrorCode::SeqNotReached,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -78,6 +80,7 @@ impl ErrorCode {
             ErrorCode::HostNotAllowed => "host_not_allowed",
             ErrorCode::InvalidRules => "invalid_rules",
             ErrorCode::Conflict => "conflict",
+            ErrorCode::SeqNotReached => "seq_not_reached",
         }
     }
 
@@ -91,7 +94,7 @@ impl ErrorCode {
             ErrorCode::RateLimited => 429,
             ErrorCode::UnknownSubscription | ErrorCode::SubscriptionExists => 400,
             ErrorCode::StoreFull => 507,
-            ErrorCode::ShuttingDown => 503,
+            ErrorCode::ShuttingDown | ErrorCode::SeqNotReached => 503,
             ErrorCode::Internal => 500,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden | ErrorCode::OriginNotAllowed => 403,
