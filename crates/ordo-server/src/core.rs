@@ -27,6 +27,10 @@ use crate::name_routes::NameRoutes;
 use crate::rules::WriteGuard;
 use crate::wire::{Projection, WindowSpec};
 
+mod schema_change;
+
+pub use schema_change::{EndReason, FieldChange};
+
 pub type SessionId = u64;
 /// A subscription's number within its session: handed out in increasing order.
 pub type SubHandle = u32;
@@ -53,7 +57,8 @@ pub fn is_reserved_name(name: &str) -> bool {
 /// Bytes counted for a queued frame beyond its body: the envelope and the queue node.
 pub const FRAME_OVERHEAD_BYTES: usize = 96;
 
-/// A collection as network tasks see it: schemas never change, so this is immutable.
+/// A collection as network tasks see it. Immutable: a schema change publishes a
+/// new entry in its place (see `core/schema_change.rs`).
 #[derive(Debug)]
 pub struct CollectionEntry {
     pub id: CollectionId,
@@ -111,6 +116,13 @@ pub enum Outgoing {
     Unsubscribed {
         handle: SubHandle,
     },
+    /// The server ended the subscription (its collection was dropped, or a field
+    /// its view reads was removed); the task forgets it and tells the client.
+    Ended {
+        handle: SubHandle,
+        reason: EndReason,
+        message: String,
+    },
     /// Wakes the task so it checks `want_drain_notice` (carries no frame).
     Wake,
 }
@@ -165,6 +177,18 @@ pub enum Command {
         /// the items as they are before the part is written (empty for most writes,
         /// which then allocates nothing).
         guards: Vec<(usize, Arc<WriteGuard>)>,
+    },
+    /// Admin schema changes (`POST /v1/collections/{name}/fields`,
+    /// `DELETE .../fields/{field}`): the answer is the new entry and the `seq`.
+    ChangeFields {
+        collection: CollectionId,
+        change: FieldChange,
+        reply: oneshot::Sender<Result<(u64, Arc<CollectionEntry>), ApiError>>,
+    },
+    /// `DELETE /v1/collections/{name}`: the answer is the drop's `seq`.
+    DropCollection {
+        collection: CollectionId,
+        reply: oneshot::Sender<Result<u64, ApiError>>,
     },
     /// Replaces the access rules: `doc` is written to the reserved collection
     /// `_ordo/rules` (durable like any batch); the answer is its `seq`.
@@ -392,9 +416,18 @@ pub struct Core {
     unprepared: Vec<WindowId>,
 }
 
-/// The identity under which subscriptions share an engine window.
+/// The identity under which subscriptions share an engine window (the
+/// collection's generation too: a collection created in a dropped one's slot is another).
 pub fn share_key(collection: CollectionId, spec: &WindowSpec) -> String {
-    format!("{}|{:?}|{}|{}|{:?}", collection.index(), spec.def, spec.offset, spec.limit, spec.projection)
+    format!(
+        "{}.{}|{:?}|{}|{}|{:?}",
+        collection.index(),
+        collection.generation(),
+        spec.def,
+        spec.offset,
+        spec.limit,
+        spec.projection
+    )
 }
 
 impl Core {
@@ -606,6 +639,12 @@ impl Core {
             Command::Write { .. } => unreachable!("writes are grouped by `run`"),
             Command::CreateCollection { name, schema, reply } => {
                 let _ = reply.send(self.create_collection(&name, schema));
+            }
+            Command::ChangeFields { collection, change, reply } => {
+                let _ = reply.send(self.change_fields(collection, change));
+            }
+            Command::DropCollection { collection, reply } => {
+                let _ = reply.send(self.drop_collection(collection));
             }
             Command::Query { collection, spec, reply } => {
                 let _ = reply.send(self.query(collection, spec));

@@ -366,6 +366,19 @@ impl Connection {
         self.write(OpCode::Text).await;
     }
 
+    /// `{"type":"ended","sub":..,"reason":..,"message":..}`
+    async fn send_ended(&mut self, client_id: &str, reason: crate::core::EndReason, message: &str) {
+        self.frame.clear();
+        self.frame.extend_from_slice(b"{\"type\":\"ended\",\"sub\":");
+        write_json_str(&mut self.frame, client_id);
+        self.frame.extend_from_slice(b",\"reason\":\"");
+        self.frame.extend_from_slice(reason.as_str().as_bytes());
+        self.frame.extend_from_slice(b"\",\"message\":");
+        write_json_str(&mut self.frame, message);
+        self.frame.push(b'}');
+        self.write(OpCode::Text).await;
+    }
+
     async fn on_outgoing(&mut self, outgoing: Outgoing) {
         match outgoing {
             Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset, queued_at } => {
@@ -413,6 +426,13 @@ impl Connection {
                     write_json_str(&mut self.frame, &entry.client_id);
                     self.frame.push(b'}');
                     self.write(OpCode::Text).await;
+                }
+            }
+            Outgoing::Ended { handle, reason, message } => {
+                // The core has detached it: no frame of it follows, and its id is free.
+                if let Some(entry) = self.session.table.remove(handle) {
+                    self.session.by_client_id.remove(&entry.client_id);
+                    self.send_ended(&entry.client_id, reason, &message).await;
                 }
             }
             Outgoing::Wake => {}
