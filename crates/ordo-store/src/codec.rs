@@ -1,4 +1,4 @@
-//! The on-disk encoding of keys and values (format 1; byte layouts in `docs/STORAGE.md`).
+//! The on-disk encoding of keys and values (format 2; byte layouts in `docs/STORAGE.md`).
 //!
 //! Every variable-length part carries its length in front of it, so decoding
 //! never scans for a delimiter, and every record starts with its own version
