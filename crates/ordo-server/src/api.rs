@@ -417,7 +417,7 @@ async fn route(
             )?;
             wire::restrict(&mut spec.def, grant.predicate(&entry.schema)?.as_ref(), &entry.schema)?;
             let (reply, answer) = oneshot::channel();
-            send(state, Command::Query { collection: entry.id, spec, reply }).await?;
+            send(state, Command::Query { collection: entry.id, schema: entry.schema.clone(), spec, reply }).await?;
             let body = answer.await.map_err(|_| ApiError::shutting_down())??;
             Ok(json_response(200, body))
         }

@@ -198,6 +198,8 @@ pub enum Command {
     },
     Query {
         collection: CollectionId,
+        /// The schema `spec` was checked against (its projection holds field ids).
+        schema: Arc<Schema>,
         spec: WindowSpec,
         reply: oneshot::Sender<Result<Vec<u8>, ApiError>>,
     },
@@ -227,6 +229,8 @@ pub enum Command {
         session: SessionId,
         handle: SubHandle,
         collection: CollectionId,
+        /// The schema `spec` was checked against (its projection holds field ids).
+        schema: Arc<Schema>,
         spec: WindowSpec,
     },
     SetRange {
@@ -549,6 +553,17 @@ impl Core {
         for (index, guard) in &guards {
             let (collection, batch) = &batches[*index];
             let Some(collection) = self.database.engine().collection(*collection) else { continue };
+            if collection.schema() != guard.schema() {
+                // Its field ids would name other fields: refused, never checked with them.
+                refusals[*index] = Some(ApiError::new(
+                    ErrorCode::InvalidBatch,
+                    format!(
+                        "the schema of `{}` changed while this write was on its way; send it again",
+                        collection.name()
+                    ),
+                ));
+                continue;
+            }
             if let Err(op) = guard.check(collection, batch) {
                 let id = batch.ops().nth(op).map_or("", |op| op.id());
                 refusals[*index] = Some(ApiError::new(
@@ -646,8 +661,9 @@ impl Core {
             Command::DropCollection { collection, reply } => {
                 let _ = reply.send(self.drop_collection(collection));
             }
-            Command::Query { collection, spec, reply } => {
-                let _ = reply.send(self.query(collection, spec));
+            Command::Query { collection, schema, spec, reply } => {
+                let result = self.check_schema(collection, &schema).and_then(|()| self.query(collection, spec));
+                let _ = reply.send(result);
             }
             Command::SetRules { doc, reply } => {
                 let _ = reply.send(self.set_rules(&doc));
@@ -697,8 +713,11 @@ impl Core {
                 }
                 self.fanout.sessions.remove(&session);
             }
-            Command::Subscribe { session, handle, collection, spec } => {
-                if let Err(error) = self.subscribe(session, handle, collection, spec) {
+            Command::Subscribe { session, handle, collection, schema, spec } => {
+                let subscribed = self
+                    .check_schema(collection, &schema)
+                    .and_then(|()| self.subscribe(session, handle, collection, spec));
+                if let Err(error) = subscribed {
                     self.fanout.send(session, Outgoing::SubscribeFailed { handle, error });
                 }
             }

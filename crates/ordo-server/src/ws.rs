@@ -590,7 +590,8 @@ impl Connection {
         };
         self.session.table.insert(handle, entry).expect("handles increase");
         self.session.by_client_id.insert(client_id, handle);
-        let command = Command::Subscribe { session: self.session.id, handle, collection: collection.id, spec };
+        let schema = collection.schema.clone();
+        let command = Command::Subscribe { session: self.session.id, handle, collection: collection.id, schema, spec };
         let _ = self.context.core.send(command).await;
     }
 

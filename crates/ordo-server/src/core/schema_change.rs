@@ -87,6 +87,20 @@ impl Core {
         Ok(seq)
     }
 
+    /// Refuses a request checked against a schema the collection no longer has
+    /// (a field was added or removed while it was queued): its projection's field
+    /// ids would name other fields, or none.
+    pub(super) fn check_schema(&self, collection: CollectionId, schema: &Schema) -> Result<(), ApiError> {
+        match self.database.engine().collection(collection) {
+            None => Err(ApiError::new(crate::error::ErrorCode::UnknownCollection, "no such collection")),
+            Some(current) if current.schema() != schema => Err(ApiError::new(
+                crate::error::ErrorCode::InvalidView,
+                format!("the schema of `{}` changed while this request was on its way; send it again", current.name()),
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
     /// Ends every subscription of the given (already closed) engine windows.
     fn end_windows(&mut self, ended: &[WindowId], reason: super::EndReason, message: &str) {
         for window in ended {
@@ -154,5 +168,79 @@ impl Core {
         routes.remove(&name);
         routes.insert(&name, entry.clone()).expect("the name was just freed");
         entry
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::Command;
+    use crate::error::ErrorCode;
+    use tokio::sync::oneshot;
+
+    /// A query checked by a network task against the schema before a removal,
+    /// reaching the writer after it: its projection's field ids are stale, and
+    /// it is refused instead of being encoded with them.
+    #[test]
+    fn a_request_checked_against_a_schema_since_changed_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = ordo_store::StoreOptions { preallocate_log: false, ..Default::default() };
+        let (database, _) = ordo_store::Database::open(dir.path(), options, &mut |_| {}).unwrap();
+        let mut core = Core::new(database, Default::default(), 1 << 20);
+        let schema = Schema::new().with_field("a", FieldType::U64).with_field("b", FieldType::String);
+        let (_, entry) = core.create_collection("rooms", schema).unwrap();
+        let mut batch = ordo_core::Batch::new();
+        batch.upsert("x").set("a", ordo_core::Value::U64(1)).set("b", ordo_core::Value::Str("text"));
+        let mut group = [ordo_store::PendingWrite::new(entry.id, batch)];
+        core.database.write_group(&mut group, &mut core.fanout);
+        let spec = crate::wire::window_spec(&entry.schema, &serde_json::Value::Null, &[], 0, 10, None, true).unwrap();
+        core.change_fields(entry.id, FieldChange::Remove { name: "a".into() }).unwrap();
+
+        let (reply, mut answer) = oneshot::channel();
+        core.handle(Command::Query { collection: entry.id, schema: entry.schema.clone(), spec: spec.clone(), reply });
+        let refused = answer.try_recv().expect("answered at once").expect_err("a stale projection");
+        assert_eq!(refused.code, ErrorCode::InvalidView, "{refused}");
+
+        // Checked against the current schema, the same request is answered.
+        let current = core.routes.read().unwrap().get("rooms").unwrap().clone();
+        let spec = crate::wire::window_spec(&current.schema, &serde_json::Value::Null, &[], 0, 10, None, true).unwrap();
+        let (reply, mut answer) = oneshot::channel();
+        core.handle(Command::Query { collection: entry.id, schema: current.schema.clone(), spec, reply });
+        let body = answer.try_recv().unwrap().unwrap();
+        assert!(String::from_utf8(body).unwrap().contains(r#""fields":{"b":"text"}"#));
+    }
+
+    /// A write under a filtered write rule, whose guard (field ids of the grant's
+    /// equalities) was built before a removal moved the fields: refused, never
+    /// checked with ids that now name other fields.
+    #[test]
+    fn a_guarded_write_checked_against_a_schema_since_changed_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = ordo_store::StoreOptions { preallocate_log: false, ..Default::default() };
+        let (database, _) = ordo_store::Database::open(dir.path(), options, &mut |_| {}).unwrap();
+        let mut core = Core::new(database, Default::default(), 1 << 20);
+        let schema = Schema::new().with_field("a", FieldType::U64).with_field("owner", FieldType::String);
+        let (_, entry) = core.create_collection("notes", schema).unwrap();
+        let grant = crate::rules::Grant::Where(vec![serde_json::json!({"field": "owner", "op": "eq", "value": "u1"})]);
+        let guard = Arc::new(crate::rules::WriteGuard::new(&grant, &entry.schema).unwrap().expect("a filtered grant"));
+        core.change_fields(entry.id, FieldChange::Remove { name: "a".into() }).unwrap();
+
+        // Owner `u2`: outside the grant. With the stale id 1 (no field now) the check
+        // would read past the schema; it must be refused before it is checked.
+        let mut batch = ordo_core::Batch::new();
+        batch.upsert("n1").set("owner", ordo_core::Value::Str("u2"));
+        let (reply, mut answer) = oneshot::channel();
+        let command = Command::Write {
+            batches: vec![(entry.id, batch)],
+            reply,
+            queued_at: std::time::Instant::now(),
+            guards: vec![(0, guard)],
+        };
+        let Command::Write { batches, reply, queued_at, guards } = command else { unreachable!() };
+        core.guarded_write(batches, guards, reply, queued_at);
+        let results = answer.try_recv().expect("answered at once").results;
+        let refused = results[0].as_ref().expect_err("a stale guard");
+        assert_eq!(refused.code, ErrorCode::InvalidBatch, "{refused}");
+        assert!(core.database.engine().collection(entry.id).unwrap().is_empty(), "nothing was written");
     }
 }
