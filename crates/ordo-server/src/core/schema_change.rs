@@ -193,7 +193,9 @@ mod tests {
         batch.upsert("x").set("a", ordo_core::Value::U64(1)).set("b", ordo_core::Value::Str("text"));
         let mut group = [ordo_store::PendingWrite::new(entry.id, batch)];
         core.database.write_group(&mut group, &mut core.fanout);
-        let spec = crate::wire::window_spec(&entry.schema, &serde_json::Value::Null, &[], 0, 10, None, true).unwrap();
+        let spec =
+            crate::wire::window_spec(&entry.schema, &serde_json::Value::Null, &[], Default::default(), 10, None, true)
+                .unwrap();
         core.change_fields(entry.id, FieldChange::Remove { name: "a".into() }).unwrap();
 
         let (reply, mut answer) = oneshot::channel();
@@ -203,7 +205,16 @@ mod tests {
 
         // Checked against the current schema, the same request is answered.
         let current = core.routes.read().unwrap().get("rooms").unwrap().clone();
-        let spec = crate::wire::window_spec(&current.schema, &serde_json::Value::Null, &[], 0, 10, None, true).unwrap();
+        let spec = crate::wire::window_spec(
+            &current.schema,
+            &serde_json::Value::Null,
+            &[],
+            Default::default(),
+            10,
+            None,
+            true,
+        )
+        .unwrap();
         let (reply, mut answer) = oneshot::channel();
         core.handle(Command::Query { collection: entry.id, schema: current.schema.clone(), spec, reply });
         let body = answer.try_recv().unwrap().unwrap();
