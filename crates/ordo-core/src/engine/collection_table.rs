@@ -7,7 +7,9 @@
 //! collection in the same slot. Why generations rather than never reusing a
 //! slot: a server that creates and drops collections all day would otherwise
 //! grow the table without bound (every input has a limit, and this one is
-//! `MAX_COLLECTIONS` live collections, not collections ever created).
+//! `MAX_COLLECTIONS` live collections, not collections ever created). A
+//! generation is 32 bits: an id could alias again only after 2^32 drops of
+//! collections in the same slot while it was kept.
 
 use super::{CollectionId, CollectionState};
 

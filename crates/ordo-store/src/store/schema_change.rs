@@ -76,7 +76,12 @@ impl Store {
                 }
             }
             store.meta.put(&mut txn, codec::META_LAST_SEQ, &seq.to_le_bytes())?;
-            txn.commit()
+            txn.commit()?;
+            // Durable before anything after it is logged, in every durability mode:
+            // with `Relaxed` (no meta-page sync) a machine crash could otherwise
+            // take the change back while later log records, written under the new
+            // schema and in a segment that starts after it, survive.
+            store.env.force_sync()
         })?;
         self.last_seq = seq;
         Ok(())
