@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use ordo_core::{
     Batch, CollectingSink, CollectionId, CompareOp, Engine, FieldType, Filter, OwnedDiff, OwnedItem, OwnedValue,
-    Schema, SchemaChangeError, SortKey, ViewDef, ViewError, WindowId,
+    Schema, SchemaChangeError, SortKey, ViewDef, ViewError, WindowAnchor, WindowId,
 };
 
 use crate::reference::{ReferenceCollection, Rng};
@@ -135,6 +135,8 @@ struct ClientWindow {
     def: ViewDef,
     offset: usize,
     limit: usize,
+    /// A tail window: the last `limit` rows, following the view's end.
+    is_tail: bool,
     items: Vec<OwnedItem>,
 }
 
@@ -175,7 +177,12 @@ impl Harness {
         for window in &self.windows {
             // Items carry every field: a window kept across a change of fields
             // must have been reset to the new shape.
-            let expected = self.reference.window(&self.schema, &window.def, window.offset, window.limit);
+            let expected = if window.is_tail {
+                let view = self.reference.view(&self.schema, &window.def);
+                view[view.len().saturating_sub(window.limit)..].to_vec()
+            } else {
+                self.reference.window(&self.schema, &window.def, window.offset, window.limit)
+            };
             assert_eq!(window.items, expected, "{context}: window {:?} def {:?}", window.id, window.def);
             assert_eq!(self.engine.window_items(window.id).unwrap(), expected, "{context}: window_items");
         }
@@ -226,9 +233,10 @@ impl Harness {
 
     fn open_window(&mut self, rng: &mut Rng) {
         let def = random_def(rng, &self.schema);
-        let (offset, limit) = (rng.below(10), 1 + rng.below(15));
-        let id = self.engine.open_window(self.collection, &def, offset, limit, &mut self.sink).unwrap();
-        self.windows.push(ClientWindow { id, def, offset, limit, items: Vec::new() });
+        let (offset, limit, is_tail) = (rng.below(10), 1 + rng.below(15), rng.chance(25));
+        let anchor = if is_tail { WindowAnchor::Tail } else { WindowAnchor::Offset(offset) };
+        let (id, _) = self.engine.open_window_at(self.collection, &def, anchor, limit, &mut self.sink).unwrap();
+        self.windows.push(ClientWindow { id, def, offset, limit, is_tail, items: Vec::new() });
     }
 
     fn add_field(&mut self, rng: &mut Rng, context: &str) {
