@@ -219,3 +219,43 @@ fn a_format_1_directory_is_upgraded_at_open() {
     assert_eq!(meta.get(&txn, b"format").unwrap(), Some(&FORMAT_VERSION.to_le_bytes()[..]));
     assert_eq!(FORMAT_VERSION, 2);
 }
+
+/// "Reclaimed" as STORAGE.md says: a drop's pages go back to LMDB's freelist
+/// and later writes reuse them, so writing as much again after a drop barely
+/// grows the file (which LMDB never shrinks).
+#[test]
+fn a_dropped_collections_pages_are_reused_by_later_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut database = open(dir.path());
+    let file_bytes = |dir: &Path| std::fs::metadata(dir.join("data.mdb")).unwrap().len();
+    let fill = |database: &mut Database, name: &str| {
+        let collection = database.create_collection(name, test_schema()).unwrap();
+        for chunk in 0..8 {
+            let mut batch = Batch::new();
+            for k in 0..500 {
+                batch
+                    .upsert(&format!("item{chunk}-{k:04}"))
+                    .set("recency", Value::U64(k))
+                    .payload(&[chunk as u8; 1000]);
+            }
+            database.write(collection, batch, &mut NullSink).1.unwrap();
+        }
+        database.checkpoint().unwrap();
+        collection
+    };
+    let before = file_bytes(dir.path());
+    let first = fill(&mut database, "first");
+    let after_first = file_bytes(dir.path());
+    assert!(after_first - before > 4 << 20, "the first collection took {} bytes", after_first - before);
+    database.drop_collection(first).unwrap();
+    // Two commits: LMDB reuses a transaction's freed pages once no reader can still see them.
+    database.checkpoint().unwrap();
+    fill(&mut database, "second");
+    let after_second = file_bytes(dir.path());
+    let growth = after_second - after_first;
+    assert!(
+        growth * 5 < after_first - before,
+        "the file grew by {growth} bytes for as much data again after the drop (the first took {})",
+        after_first - before
+    );
+}
