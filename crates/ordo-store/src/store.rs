@@ -17,6 +17,10 @@ use ordo_core::{Batch, CollectionId, Engine, Schema, Value};
 use crate::codec::{self, FieldSource, PayloadSource, Span, FORMAT_VERSION};
 use crate::error::StoreError;
 
+mod schema_change;
+
+pub(crate) use schema_change::{FieldChange, SchemaChange};
+
 /// How far a commit goes before it is acknowledged.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Durability {
@@ -218,13 +222,21 @@ impl Store {
                 if found > FORMAT_VERSION {
                     return Err(StoreError::NewerFormat { dir: dir.to_owned(), found, supported: FORMAT_VERSION });
                 }
-                if found < 1 {
+                if found < codec::OLDEST_UPGRADABLE_FORMAT {
                     return Err(StoreError::Corrupt {
                         dir: dir.to_owned(),
                         expected: "a format version of at least 1",
                     });
                 }
-                // Format 1 is the first; an older format would be upgraded here, in this transaction.
+                if found < FORMAT_VERSION {
+                    // Format 1 → 2, in this transaction (an interrupted upgrade leaves
+                    // format 1 intact). Format 2 reads every format-1 record as it is:
+                    // what it adds is that `last_seq` may be a schema change's or a
+                    // drop's sequence number, found in no log record, which a format-1
+                    // build would not expect. So only the version changes.
+                    meta.put(&mut txn, codec::META_FORMAT, &FORMAT_VERSION.to_le_bytes())
+                        .map_err(io_error(dir, "upgrading the format version"))?;
+                }
             }
             None => {
                 let is_empty = collections.is_empty(&txn).map_err(io_error(dir, "reading collections"))?
