@@ -76,7 +76,7 @@ pub use batch::{AtomicOp, Batch, BatchOp, Precondition, UpsertBuilder};
 pub use bulk_load::BulkLoad;
 pub use collection::{Collection, ItemRef, OwnedItem};
 pub use diff::{CollectingSink, DiffRef, DiffSink, ItemList, NullSink, OwnedDiff, WindowId};
-pub use engine::{BatchSummary, CollectionId, CreateCollectionError, Engine, EngineStats};
+pub use engine::{BatchSummary, CollectionId, CreateCollectionError, Engine, EngineStats, SchemaChangeError};
 pub use error::{BatchError, LoadError, ViewError};
 pub use filter::CompiledFilter;
 pub use schema::{FieldDef, FieldId, FieldType, Schema, SchemaError};

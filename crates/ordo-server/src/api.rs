@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use ordo_core::Batch;
 
 use crate::auth::{self, Identity, Role};
-use crate::core::{is_reserved_name, CollectionEntry, Command};
+use crate::core::{is_reserved_name, CollectionEntry, Command, FieldChange};
 use crate::error::{ApiError, ErrorCode};
 use crate::frame::write_u64;
 use crate::http::{Body, ConnectionSlot, HttpState};
@@ -332,6 +332,29 @@ async fn route(
             let body = wire::schema_json(&entry.name, &entry.schema, None);
             Ok(json_response(if created { 201 } else { 200 }, body.to_string().into_bytes()))
         }
+        (&Method::POST, ["v1", "collections", name, "fields"]) => {
+            require_admin(&*caller(state, token, &path)?, "adding a field")?;
+            let entry = schema_target(state, name)?;
+            let body = read_body(request).await?;
+            let add: wire::AddFieldRequest = parse(&body)?;
+            let (field_type, default) = add.typed()?;
+            let change = FieldChange::Add { name: add.name, field_type, default };
+            change_fields(state, entry.id, change).await
+        }
+        (&Method::DELETE, ["v1", "collections", name, "fields", field]) => {
+            require_admin(&*caller(state, token, &path)?, "removing a field")?;
+            let entry = schema_target(state, name)?;
+            change_fields(state, entry.id, FieldChange::Remove { name: field.to_string() }).await
+        }
+        (&Method::DELETE, ["v1", "collections", name]) => {
+            require_admin(&*caller(state, token, &path)?, "dropping a collection")?;
+            let entry = schema_target(state, name)?;
+            let (reply, answer) = oneshot::channel();
+            send(state, Command::DropCollection { collection: entry.id, reply }).await?;
+            let seq = answer.await.map_err(|_| ApiError::shutting_down())??;
+            let body = serde_json::json!({"seq": seq, "dropped": entry.name});
+            Ok(json_response(200, body.to_string().into_bytes()))
+        }
         (&Method::GET, ["v1", "collections", name]) => {
             let identity = caller(state, token, &path)?;
             let (entry, grant) = granted_collection(state, &identity, name, Action::Read)?;
@@ -470,7 +493,7 @@ async fn route(
             // answer reflects it.
             crate::min_seq::wait(&state.seq, query.min_seq).await?;
             let (reply, answer) = oneshot::channel();
-            send(state, Command::Query { collection: entry.id, spec, reply }).await?;
+            send(state, Command::Query { collection: entry.id, schema: entry.schema.clone(), spec, reply }).await?;
             let body = answer.await.map_err(|_| ApiError::shutting_down())??;
             Ok(json_response(200, body))
         }
@@ -482,7 +505,8 @@ async fn route(
                     | ["demo"]
                     | ["demo", "simulator" | "token"]
                     | ["v1", "collections", _]
-                    | ["v1", "collections", _, "batch" | "query"]
+                    | ["v1", "collections", _, "batch" | "query" | "fields"]
+                    | ["v1", "collections", _, "fields", _]
                     | ["v1", "collections", _, "items", _]
             ) || matches!(segments.as_slice(), ["demo", name] if crate::demo::asset(name).is_some());
             if known_path {
@@ -492,6 +516,29 @@ async fn route(
             Err(ApiError::new(ErrorCode::NotFound, format!("no such path: {path} (see docs/PROTOCOL.md)")))
         }
     }
+}
+
+/// The collection a schema change or drop names (admins only reach here; the
+/// server's own collections are not theirs to change).
+fn schema_target(state: &HttpState, name: &str) -> Result<Arc<CollectionEntry>, ApiError> {
+    if is_reserved_name(name) {
+        return Err(ApiError::new(ErrorCode::Forbidden, format!("`{name}` is reserved for the server")));
+    }
+    state.routes.read().expect("routes lock").get(name).cloned().ok_or_else(|| ApiError::unknown_collection(name))
+}
+
+/// Sends a change of fields to the writer; answers the collection JSON plus `seq`.
+async fn change_fields(
+    state: &HttpState,
+    collection: ordo_core::CollectionId,
+    change: FieldChange,
+) -> Result<Response<Body>, ApiError> {
+    let (reply, answer) = oneshot::channel();
+    send(state, Command::ChangeFields { collection, change, reply }).await?;
+    let (seq, entry) = answer.await.map_err(|_| ApiError::shutting_down())??;
+    let mut body = wire::schema_json(&entry.name, &entry.schema, None);
+    body["seq"] = seq.into();
+    Ok(json_response(200, body.to_string().into_bytes()))
 }
 
 /// `{"seq":..,"upserted":..,"removed":..}`

@@ -29,6 +29,10 @@ use crate::name_routes::NameRoutes;
 use crate::rules::WriteGuard;
 use crate::wire::{Position, Projection, Seek, WindowSpec};
 
+mod schema_change;
+
+pub use schema_change::{EndReason, FieldChange};
+
 pub type SessionId = u64;
 /// A subscription's number within its session: handed out in increasing order.
 pub type SubHandle = u32;
@@ -55,7 +59,8 @@ pub fn is_reserved_name(name: &str) -> bool {
 /// Bytes counted for a queued frame beyond its body: the envelope and the queue node.
 pub const FRAME_OVERHEAD_BYTES: usize = 96;
 
-/// A collection as network tasks see it: schemas never change, so this is immutable.
+/// A collection as network tasks see it. Immutable: a schema change publishes a
+/// new entry in its place (see `core/schema_change.rs`).
 #[derive(Debug)]
 pub struct CollectionEntry {
     pub id: CollectionId,
@@ -134,6 +139,13 @@ pub enum Outgoing {
     Unsubscribed {
         handle: SubHandle,
     },
+    /// The server ended the subscription (its collection was dropped, or a field
+    /// its view reads was removed); the task forgets it and tells the client.
+    Ended {
+        handle: SubHandle,
+        reason: EndReason,
+        message: String,
+    },
     /// Wakes the task so it checks `want_drain_notice` (carries no frame).
     Wake,
 }
@@ -189,6 +201,18 @@ pub enum Command {
         /// which then allocates nothing).
         guards: Vec<(usize, Arc<WriteGuard>)>,
     },
+    /// Admin schema changes (`POST /v1/collections/{name}/fields`,
+    /// `DELETE .../fields/{field}`): the answer is the new entry and the `seq`.
+    ChangeFields {
+        collection: CollectionId,
+        change: FieldChange,
+        reply: oneshot::Sender<Result<(u64, Arc<CollectionEntry>), ApiError>>,
+    },
+    /// `DELETE /v1/collections/{name}`: the answer is the drop's `seq`.
+    DropCollection {
+        collection: CollectionId,
+        reply: oneshot::Sender<Result<u64, ApiError>>,
+    },
     /// Replaces the access rules: `doc` is written to the reserved collection
     /// `_ordo/rules` (durable like any batch); the answer is its `seq`.
     SetRules {
@@ -197,6 +221,8 @@ pub enum Command {
     },
     Query {
         collection: CollectionId,
+        /// The schema `spec` was checked against (its projection holds field ids).
+        schema: Arc<Schema>,
         spec: WindowSpec,
         reply: oneshot::Sender<Result<Vec<u8>, ApiError>>,
     },
@@ -226,6 +252,8 @@ pub enum Command {
         session: SessionId,
         handle: SubHandle,
         collection: CollectionId,
+        /// The schema `spec` was checked against (its projection holds field ids).
+        schema: Arc<Schema>,
         spec: WindowSpec,
     },
     SetRange {
@@ -485,11 +513,20 @@ pub struct Core {
     unprepared: Vec<WindowId>,
 }
 
-/// The identity under which subscriptions share an engine window.
+/// The identity under which subscriptions share an engine window (the
+/// collection's generation too: a collection created in a dropped one's slot is another).
 pub fn share_key(collection: CollectionId, spec: &WindowSpec) -> String {
     // A tail window's offset moves with its view: it is identified by being a tail.
     let offset = if spec.is_tail { "tail".to_owned() } else { spec.offset.to_string() };
-    format!("{}|{:?}|{}|{}|{:?}", collection.index(), spec.def, offset, spec.limit, spec.projection)
+    format!(
+        "{}.{}|{:?}|{}|{}|{:?}",
+        collection.index(),
+        collection.generation(),
+        spec.def,
+        offset,
+        spec.limit,
+        spec.projection
+    )
 }
 
 impl Core {
@@ -638,6 +675,17 @@ impl Core {
         for (index, guard) in &guards {
             let (collection, batch) = &batches[*index];
             let Some(collection) = self.database.engine().collection(*collection) else { continue };
+            if collection.schema() != guard.schema() {
+                // Its field ids would name other fields: refused, never checked with them.
+                refusals[*index] = Some(ApiError::new(
+                    ErrorCode::InvalidBatch,
+                    format!(
+                        "the schema of `{}` changed while this write was on its way; send it again",
+                        collection.name()
+                    ),
+                ));
+                continue;
+            }
             if let Err(op) = guard.check(collection, batch) {
                 let id = batch.ops().nth(op).map_or("", |op| op.id());
                 refusals[*index] = Some(ApiError::new(
@@ -738,8 +786,15 @@ impl Core {
             Command::CreateCollection { name, schema, reply } => {
                 let _ = reply.send(self.create_collection(&name, schema));
             }
-            Command::Query { collection, spec, reply } => {
-                let _ = reply.send(self.query(collection, spec));
+            Command::ChangeFields { collection, change, reply } => {
+                let _ = reply.send(self.change_fields(collection, change));
+            }
+            Command::DropCollection { collection, reply } => {
+                let _ = reply.send(self.drop_collection(collection));
+            }
+            Command::Query { collection, schema, spec, reply } => {
+                let result = self.check_schema(collection, &schema).and_then(|()| self.query(collection, spec));
+                let _ = reply.send(result);
             }
             Command::SetRules { doc, reply } => {
                 let _ = reply.send(self.set_rules(&doc));
@@ -789,8 +844,11 @@ impl Core {
                 }
                 self.fanout.sessions.remove(&session);
             }
-            Command::Subscribe { session, handle, collection, spec } => {
-                if let Err(error) = self.subscribe(session, handle, collection, spec) {
+            Command::Subscribe { session, handle, collection, schema, spec } => {
+                let subscribed = self
+                    .check_schema(collection, &schema)
+                    .and_then(|()| self.subscribe(session, handle, collection, spec));
+                if let Err(error) = subscribed {
                     self.fanout.send(session, Outgoing::SubscribeFailed { handle, error });
                 }
             }

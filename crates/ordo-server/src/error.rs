@@ -1,7 +1,7 @@
 //! Errors answered to clients: a stable code, an HTTP status, and a message a
 //! person can act on. The codes are listed in `docs/PROTOCOL.md`.
 
-use ordo_core::{BatchError, CreateCollectionError, SchemaError, ViewError};
+use ordo_core::{BatchError, CreateCollectionError, SchemaChangeError, SchemaError, ViewError};
 use ordo_store::StoreError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -217,10 +217,24 @@ impl From<CreateCollectionError> for ApiError {
     }
 }
 
+impl From<SchemaChangeError> for ApiError {
+    fn from(error: SchemaChangeError) -> ApiError {
+        let code = match error {
+            SchemaChangeError::UnknownCollection => ErrorCode::UnknownCollection,
+            SchemaChangeError::UnknownField { .. } => ErrorCode::NotFound,
+            SchemaChangeError::Schema(SchemaError::TooManyFields { .. }) => ErrorCode::LimitExceeded,
+            SchemaChangeError::DefaultTooLong { .. } => ErrorCode::LimitExceeded,
+            _ => ErrorCode::InvalidSchema,
+        };
+        ApiError::new(code, error.to_string())
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> ApiError {
         match error {
             StoreError::Batch(error) => error.into(),
+            StoreError::SchemaChange(error) => error.into(),
             StoreError::CreateCollection(error) => error.into(),
             StoreError::MapFull { .. } | StoreError::DiskFull { .. } => {
                 ApiError::new(ErrorCode::StoreFull, error.to_string())

@@ -445,6 +445,19 @@ impl Connection {
         }
     }
 
+    /// `{"type":"ended","sub":..,"reason":..,"message":..}`
+    async fn send_ended(&mut self, client_id: &str, reason: crate::core::EndReason, message: &str) {
+        self.frame.clear();
+        self.frame.extend_from_slice(b"{\"type\":\"ended\",\"sub\":");
+        write_json_str(&mut self.frame, client_id);
+        self.frame.extend_from_slice(b",\"reason\":\"");
+        self.frame.extend_from_slice(reason.as_str().as_bytes());
+        self.frame.extend_from_slice(b"\",\"message\":");
+        write_json_str(&mut self.frame, message);
+        self.frame.push(b'}');
+        self.write(OpCode::Text).await;
+    }
+
     async fn on_outgoing(&mut self, outgoing: Outgoing) {
         match outgoing {
             Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset, write_seq, answers, extra, queued_at } => {
@@ -520,6 +533,13 @@ impl Connection {
                     push_req(&mut self.frame, entry.unsubscribe_req.as_deref());
                     self.frame.push(b'}');
                     self.write(OpCode::Text).await;
+                }
+            }
+            Outgoing::Ended { handle, reason, message } => {
+                // The core has detached it: no frame of it follows, and its id is free.
+                if let Some(entry) = self.session.table.remove(handle) {
+                    self.session.by_client_id.remove(&entry.client_id);
+                    self.send_ended(&entry.client_id, reason, &message).await;
                 }
             }
             Outgoing::Wake => {}
@@ -745,7 +765,8 @@ impl Connection {
         };
         self.session.table.insert(handle, entry).expect("handles increase");
         self.session.by_client_id.insert(client_id, handle);
-        let command = Command::Subscribe { session: self.session.id, handle, collection: collection.id, spec };
+        let schema = collection.schema.clone();
+        let command = Command::Subscribe { session: self.session.id, handle, collection: collection.id, schema, spec };
         let _ = self.context.core.send(command).await;
     }
 

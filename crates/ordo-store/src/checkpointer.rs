@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use ordo_core::{Batch, Schema};
 
 use crate::error::StoreError;
-use crate::store::{CheckpointTarget, OpenCheckpoint, Store, WriteScratch};
+use crate::store::{CheckpointTarget, OpenCheckpoint, SchemaChange, Store, WriteScratch};
 use crate::wal;
 
 /// Jobs queued for the checkpointer; a full queue makes the writer wait.
@@ -43,6 +43,13 @@ enum Job {
         number: u32,
         name: String,
         schema: Schema,
+        reply: Sender<Result<(), StoreError>>,
+    },
+    /// A schema change or drop with its own sequence number: after a checkpoint
+    /// of every record before it, one LMDB transaction (see `store/schema_change.rs`).
+    ChangeSchema {
+        change: SchemaChange,
+        seq: u64,
         reply: Sender<Result<(), StoreError>>,
     },
     /// Checkpoints everything received, then runs on the store with the outcome.
@@ -164,6 +171,14 @@ impl Checkpointer {
     pub(crate) fn create_collection(&self, number: u32, name: &str, schema: Schema) -> Result<(), StoreError> {
         let (reply, receiver) = mpsc::channel();
         self.send(Job::CreateCollection { number, name: name.to_owned(), schema, reply });
+        receiver.recv().unwrap_or_else(|_| self.propagate_panic())
+    }
+
+    /// Checkpoints every record handed over, then applies `change` as batch `seq`
+    /// (the next sequence number) in one transaction. On `Err` nothing changed.
+    pub(crate) fn change_schema(&self, change: SchemaChange, seq: u64) -> Result<(), StoreError> {
+        let (reply, receiver) = mpsc::channel();
+        self.send(Job::ChangeSchema { change, seq, reply });
         receiver.recv().unwrap_or_else(|_| self.propagate_panic())
     }
 
@@ -398,6 +413,24 @@ fn run(mut state: State, jobs: Receiver<Job>, interval: Duration, max_pending_by
                     state.schemas.insert(number, schema);
                 }
                 let _ = reply.send(created);
+            }
+            Collected::Job(Job::ChangeSchema { change, seq, reply }) => {
+                // Only on top of a complete checkpoint: LMDB then holds every batch
+                // before the change, and the change takes the next sequence number.
+                let changed = outcome.and_then(|_| state.store.change_schema(&change, seq));
+                if changed.is_ok() {
+                    match change {
+                        SchemaChange::Fields { number, new_schema, .. } => {
+                            state.schemas.insert(number, new_schema);
+                        }
+                        SchemaChange::Drop { number } => {
+                            state.schemas.remove(&number);
+                        }
+                    }
+                    state.received_seq = seq;
+                    state.shared.checkpointed_seq.store(seq, Ordering::Release);
+                }
+                let _ = reply.send(changed);
             }
             Collected::Job(Job::Run(job)) => job(&state.store, outcome),
         }

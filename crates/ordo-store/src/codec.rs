@@ -8,7 +8,12 @@
 use ordo_core::{FieldType, Schema, Value};
 
 /// The layout version of the whole data directory, kept in the `meta` database.
+/// Format 2: schema changes and drops, each with its own sequence number that
+/// no log record carries, and item records with the item's version (see
+/// `docs/STORAGE.md`); a format-1 directory is upgraded at open.
 pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format this build upgrades.
+pub const OLDEST_UPGRADABLE_FORMAT: u32 = 1;
 
 /// The version byte at the start of every schema record.
 const RECORD_VERSION: u8 = 1;
@@ -235,6 +240,16 @@ pub fn encode_item(
 pub fn scan_item(bytes: &[u8], schema: &Schema, spans: &mut Vec<Option<Span>>) -> Result<Span, Corrupt> {
     spans.clear();
     walk_item(bytes, schema, |field| spans.push(field.map(|(_, span)| span))).map(|(_, payload)| payload)
+}
+
+/// The item version an item record carries (0 for a record version 1, which has none).
+pub fn item_version(bytes: &[u8]) -> Result<u64, Corrupt> {
+    let mut reader = Reader { bytes };
+    match reader.u8("an item record version")? {
+        ITEM_RECORD_VERSION => reader.u64("an item version"),
+        ITEM_RECORD_VERSION_1 => Ok(0),
+        _ => Err(Corrupt("item record version 1 or 2")),
+    }
 }
 
 /// Decodes an item record into one value per schema field (`values` is cleared

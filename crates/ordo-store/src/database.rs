@@ -17,6 +17,8 @@ use crate::error::StoreError;
 use crate::store::{Durability, LoadProgress, Store, StoreOptions, StoreStats};
 use crate::wal::{self, Wal};
 
+mod schema_change;
+
 /// Log records replayed at open are handed to the checkpointer in buffers of this size.
 const REPLAY_HANDOFF_BYTES: usize = 4 << 20;
 
@@ -60,8 +62,9 @@ pub struct OpenReport {
 pub struct Database {
     dir: PathBuf,
     engine: Engine,
-    /// Disk number of each engine collection, by `CollectionId::index()`.
-    collection_numbers: Vec<u32>,
+    /// Disk number of each engine collection, by `CollectionId::index()` (`None`:
+    /// the slot's collection was dropped and none reuses it yet).
+    collection_numbers: Vec<Option<u32>>,
     wal: Wal,
     /// Owns the LMDB store on its own thread.
     checkpointer: Checkpointer,
@@ -157,7 +160,7 @@ impl Database {
         let database = Database {
             dir: dir.to_owned(),
             engine,
-            collection_numbers,
+            collection_numbers: collection_numbers.into_iter().map(Some).collect(),
             wal,
             checkpointer,
             records: Vec::new(),
@@ -237,18 +240,25 @@ impl Database {
 
     /// The collection's number on disk (see `docs/STORAGE.md`).
     pub fn collection_number(&self, collection_id: CollectionId) -> Option<u32> {
-        self.collection_numbers.get(collection_id.index()).copied()
+        self.engine.collection(collection_id)?;
+        self.collection_numbers.get(collection_id.index()).copied().flatten()
     }
 
     /// Creates a collection durably.
     pub fn create_collection(&mut self, name: &str, schema: Schema) -> Result<CollectionId, StoreError> {
         // Checked first: a refused collection never reaches the disk.
         self.engine.check_new_collection(name).map_err(StoreError::CreateCollection)?;
-        let number = self.collection_numbers.iter().max().map_or(0, |&max| max + 1);
+        // A dropped collection's number may come back: its drop deleted its items
+        // and checkpointed every log record before it (`docs/STORAGE.md`).
+        let number = self.collection_numbers.iter().flatten().max().map_or(0, |&max| max + 1);
         self.checkpointer.create_collection(number, name, schema.clone())?;
         let collection_id = self.engine.create_collection(name, schema).map_err(StoreError::CreateCollection)?;
-        debug_assert_eq!(collection_id.index(), self.collection_numbers.len());
-        self.collection_numbers.push(number);
+        if collection_id.index() == self.collection_numbers.len() {
+            self.collection_numbers.push(Some(number));
+        } else {
+            // A slot freed by a drop, reused by the engine.
+            self.collection_numbers[collection_id.index()] = Some(number);
+        }
         Ok(collection_id)
     }
 
@@ -355,7 +365,7 @@ impl Database {
         self.records.clear();
         for (offset, &index) in accepted.iter().enumerate() {
             let write = &group[index];
-            let number = self.collection_numbers[write.collection.index()];
+            let number = self.collection_numbers[write.collection.index()].expect("validated: a live collection");
             let schema = self.engine.collection(write.collection).expect("validated").schema();
             wal::encode_record(&mut self.records, first_seq + offset as u64, number, schema, &write.batch);
         }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use ordo_core::{BatchError, CreateCollectionError, LoadError};
+use ordo_core::{BatchError, CreateCollectionError, LoadError, SchemaChangeError};
 
 use crate::codec::Corrupt;
 
@@ -36,6 +36,8 @@ pub enum StoreError {
     /// The batch breaks a rule; nothing was written.
     Batch(BatchError),
     CreateCollection(CreateCollectionError),
+    /// A schema change or drop breaks a rule (or names no collection); nothing was written.
+    SchemaChange(SchemaChangeError),
     /// A stored item was refused by the engine while loading (a damaged directory).
     Load(LoadError),
     /// The write-ahead log could not be read or written. After a failed append
@@ -91,6 +93,7 @@ impl fmt::Display for StoreError {
             ),
             StoreError::Batch(error) => write!(f, "batch refused: {error}"),
             StoreError::CreateCollection(error) => write!(f, "cannot create the collection: {error}"),
+            StoreError::SchemaChange(error) => write!(f, "cannot change the collection: {error}"),
             StoreError::Load(error) => write!(f, "a stored item was refused while loading: {error}"),
             StoreError::Io { dir, doing, source } => write!(f, "{doing} in {}: {source}", dir.display()),
             StoreError::Wal { dir, doing, source } => {
@@ -114,6 +117,7 @@ impl std::error::Error for StoreError {
             StoreError::Batch(error) => Some(error),
             StoreError::Load(error) => Some(error),
             StoreError::CreateCollection(error) => Some(error),
+            StoreError::SchemaChange(error) => Some(error),
             _ => None,
         }
     }

@@ -17,6 +17,10 @@ use ordo_core::{Batch, CollectionId, Engine, Schema, Value};
 use crate::codec::{self, FieldSource, PayloadSource, Span, FORMAT_VERSION};
 use crate::error::StoreError;
 
+mod schema_change;
+
+pub(crate) use schema_change::{FieldChange, SchemaChange};
+
 /// How far a commit goes before it is acknowledged.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Durability {
@@ -218,18 +222,20 @@ impl Store {
                 if found > FORMAT_VERSION {
                     return Err(StoreError::NewerFormat { dir: dir.to_owned(), found, supported: FORMAT_VERSION });
                 }
-                if found < 1 {
+                if found < codec::OLDEST_UPGRADABLE_FORMAT {
                     return Err(StoreError::Corrupt {
                         dir: dir.to_owned(),
                         expected: "a format version of at least 1",
                     });
                 }
-                // Format 1 directories open as they are: their item records (record
-                // version 1, no item version) are still read, as version 0, and are
-                // rewritten in format 2 when their items next change. Mark the
-                // directory format 2 now, in this transaction, so that an older Ordo
-                // refuses it instead of misreading the new records.
                 if found < FORMAT_VERSION {
+                    // Format 1 → 2, in this transaction (an interrupted upgrade leaves
+                    // format 1 intact). Format 2 reads every format-1 record as it is:
+                    // item records of record version 1 (no item version) are read as
+                    // version 0 and rewritten as version 2 when their items next
+                    // change. What a format-1 build would misread is a version 2 item
+                    // record, and a `last_seq` that is a schema change's or a drop's
+                    // sequence number, found in no log record. So only the version changes.
                     meta.put(&mut txn, codec::META_FORMAT, &FORMAT_VERSION.to_le_bytes())
                         .map_err(io_error(dir, "upgrading the format version"))?;
                 }

@@ -515,23 +515,48 @@ impl Wal {
     fn try_append(&mut self, records: &[u8]) -> Result<(), StoreError> {
         if self.end >= self.segment_bytes || (self.end > 0 && self.spare_is_waiting()) {
             // Synced even in relaxed durability: only the last segment may end in a cut-off write.
-            self.file.sync_data().map_err(wal_io(&self.dir, "syncing the log"))?;
-            let path = self.dir.join(segment_name(self.last_seq + 1));
-            let (file, is_spare) = create_segment(&self.dir, &path, self.preallocate)?;
-            self.current_is_spare = is_spare;
-            sync_dir(&self.dir)?;
-            self.prepare_spare();
-            let old_path = self.dir.join(segment_name(self.current_first_seq));
-            self.closed.push(ClosedSegment { path: old_path, last_seq: self.last_seq });
-            self.file = file;
-            self.end = 0;
-            self.current_first_seq = self.last_seq + 1;
+            self.start_segment_after(self.last_seq)?;
         }
         self.file.write_all_at(records, self.end).map_err(wal_io(&self.dir, "appending to the log"))?;
         if self.sync {
             self.file.sync_data().map_err(wal_io(&self.dir, "syncing the log"))?;
         }
         self.end += records.len() as u64;
+        Ok(())
+    }
+
+    /// Gives sequence number `seq` (the next one) to a change LMDB committed by
+    /// itself (a schema change or a drop, see `Database::add_field`), which has no
+    /// log record. A segment's records must be consecutive, so the current segment
+    /// is closed and the next record starts a new one named `seq + 1`: at the next
+    /// open, LMDB's `last_seq` (at least `seq`) skips the closed segment, and the
+    /// new one follows without a gap. The closed segment is deleted once
+    /// checkpointed, as any other. A failure here leaves the log refusing appends
+    /// (as after a failed append) until a restart, which finds LMDB and the log
+    /// consistent either way.
+    pub(crate) fn skip_seq(&mut self, seq: u64) -> Result<(), StoreError> {
+        debug_assert_eq!(seq, self.last_seq + 1, "sequence numbers are consecutive");
+        let result = self.start_segment_after(seq);
+        self.last_seq = seq;
+        if result.is_err() {
+            self.failed = true;
+        }
+        result
+    }
+
+    /// Closes the current segment and starts the next at `last_seq + 1`.
+    fn start_segment_after(&mut self, last_seq: u64) -> Result<(), StoreError> {
+        self.file.sync_data().map_err(wal_io(&self.dir, "syncing the log"))?;
+        let path = self.dir.join(segment_name(last_seq + 1));
+        let (file, is_spare) = create_segment(&self.dir, &path, self.preallocate)?;
+        self.current_is_spare = is_spare;
+        sync_dir(&self.dir)?;
+        self.prepare_spare();
+        let old_path = self.dir.join(segment_name(self.current_first_seq));
+        self.closed.push(ClosedSegment { path: old_path, last_seq: self.last_seq });
+        self.file = file;
+        self.end = 0;
+        self.current_first_seq = last_seq + 1;
         Ok(())
     }
 

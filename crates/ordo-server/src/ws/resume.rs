@@ -9,7 +9,7 @@ use fastwebsockets::OpCode;
 
 use super::{Connection, RetainedFrame};
 use crate::auth;
-use crate::core::{share_key, Command, SubHandle};
+use crate::core::{share_key, Command, EndReason, SubHandle};
 use crate::error::{ApiError, ErrorCode};
 use crate::frame::{write_diffs_frame, DiffsHeader};
 use crate::limits;
@@ -31,6 +31,7 @@ impl Connection {
             let _ = self.context.core.send(Command::DropSession { session: fresh.id }).await;
             // A resume token is good for one resume: whoever saw this one cannot reuse it.
             self.session.token = auth::new_session_token();
+            self.end_stale_subscriptions().await;
         }
         let mut listed: Vec<SubHandle> = Vec::with_capacity(entries.len());
         // Ids seen so far in this resume: a second entry for one id is refused,
@@ -130,6 +131,42 @@ impl Connection {
                 metrics::add(&METRICS.diffs_sent, n_diffs as u64);
                 self.write(OpCode::Text).await;
             }
+        }
+    }
+
+    /// Subscriptions of an adopted session that a drop or a field removal ended
+    /// while it was parked: the `ended` frames go out first (the `Outgoing::Ended`
+    /// still queued for them then finds nothing), so the resume treats their ids
+    /// as free. The core detached them when it ended them; routes change after that.
+    async fn end_stale_subscriptions(&mut self) {
+        let mut stale = Vec::new();
+        {
+            let routes = self.context.routes.read().expect("routes lock");
+            for (handle, entry) in self.session.table.iter() {
+                let reason = match routes.get(&entry.collection.name) {
+                    Some(current) if current.id != entry.collection.id => Some(EndReason::CollectionDropped),
+                    None => Some(EndReason::CollectionDropped),
+                    Some(current) if Arc::ptr_eq(&current.schema, &entry.collection.schema) => None,
+                    Some(current) => {
+                        let compiles = ordo_core::CompiledFilter::compile(&entry.spec.def.filter, &current.schema)
+                            .is_ok()
+                            && ordo_core::CompiledSort::compile(&entry.spec.def.sort, &current.schema).is_ok();
+                        (!compiles).then_some(EndReason::FieldRemoved)
+                    }
+                };
+                if let Some(reason) = reason {
+                    stale.push((handle, reason, entry.collection.name.clone()));
+                }
+            }
+        }
+        for (handle, reason, name) in stale {
+            let Some(entry) = self.session.table.remove(handle) else { continue };
+            self.session.by_client_id.remove(&entry.client_id);
+            let message = match reason {
+                EndReason::CollectionDropped => format!("collection `{name}` was dropped"),
+                EndReason::FieldRemoved => "a field this subscription's view reads was removed".to_owned(),
+            };
+            self.send_ended(&entry.client_id, reason, &message).await;
         }
     }
 
