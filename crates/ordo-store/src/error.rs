@@ -38,8 +38,9 @@ pub enum StoreError {
     CreateCollection(CreateCollectionError),
     /// A stored item was refused by the engine while loading (a damaged directory).
     Load(LoadError),
-    /// The write-ahead log could not be read or written. After a failed append
-    /// the database refuses writes until it is reopened.
+    /// The write-ahead log could not be read or written. After an append failed
+    /// with an I/O error (not a full disk) the database refuses writes until it
+    /// is reopened.
     Wal {
         dir: PathBuf,
         doing: &'static str,
@@ -49,6 +50,15 @@ pub enum StoreError {
     /// batches are refused meanwhile. Everything acknowledged is in the log.
     CheckpointFailed {
         dir: PathBuf,
+        reason: String,
+    },
+    /// A backup was asked for while another one of the same database runs.
+    BackupRunning {
+        dir: PathBuf,
+    },
+    /// A backup's destination cannot be used; nothing was written.
+    BackupDestination {
+        to: PathBuf,
         reason: String,
     },
     /// Any other failure of the file system or of LMDB, with what was being done.
@@ -86,9 +96,18 @@ impl fmt::Display for StoreError {
             ),
             StoreError::DiskFull { dir } => write!(
                 f,
-                "no space left on the device holding {}; nothing was written. Free some space and retry",
+                "no space left on the device holding {}; nothing was written. Free some space and retry \
+                 (writes resume by themselves once there is room)",
                 dir.display()
             ),
+            StoreError::BackupRunning { dir } => write!(
+                f,
+                "a backup of {} is already running; wait for it to finish",
+                dir.display()
+            ),
+            StoreError::BackupDestination { to, reason } => {
+                write!(f, "cannot write a backup to {}: {reason}; nothing was written", to.display())
+            }
             StoreError::Batch(error) => write!(f, "batch refused: {error}"),
             StoreError::CreateCollection(error) => write!(f, "cannot create the collection: {error}"),
             StoreError::Load(error) => write!(f, "a stored item was refused while loading: {error}"),
