@@ -26,10 +26,11 @@ pub enum ErrorCode {
     OriginNotAllowed,
     HostNotAllowed,
     InvalidRules,
+    BackupRunning,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::BadJson,
         ErrorCode::BadRequest,
         ErrorCode::InvalidSchema,
@@ -50,6 +51,7 @@ impl ErrorCode {
         ErrorCode::OriginNotAllowed,
         ErrorCode::HostNotAllowed,
         ErrorCode::InvalidRules,
+        ErrorCode::BackupRunning,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -74,6 +76,7 @@ impl ErrorCode {
             ErrorCode::OriginNotAllowed => "origin_not_allowed",
             ErrorCode::HostNotAllowed => "host_not_allowed",
             ErrorCode::InvalidRules => "invalid_rules",
+            ErrorCode::BackupRunning => "backup_running",
         }
     }
 
@@ -93,6 +96,7 @@ impl ErrorCode {
             ErrorCode::Forbidden | ErrorCode::OriginNotAllowed => 403,
             ErrorCode::HostNotAllowed => 421,
             ErrorCode::InvalidRules => 400,
+            ErrorCode::BackupRunning => 409,
         }
     }
 }
@@ -199,9 +203,13 @@ impl From<StoreError> for ApiError {
         match error {
             StoreError::Batch(error) => error.into(),
             StoreError::CreateCollection(error) => error.into(),
+            // A full disk is not a bug: writes are refused until there is room
+            // again, then go on without a restart (docs/STORAGE.md).
             StoreError::MapFull { .. } | StoreError::DiskFull { .. } => {
                 ApiError::new(ErrorCode::StoreFull, error.to_string())
             }
+            StoreError::BackupRunning { .. } => ApiError::new(ErrorCode::BackupRunning, error.to_string()),
+            StoreError::BackupDestination { .. } => ApiError::bad_request(error.to_string()),
             other => ApiError::new(ErrorCode::Internal, other.to_string()),
         }
     }

@@ -17,6 +17,7 @@ const USAGE: &str = "\
 usage: ordo serve [options]
        ordo token --sub SUB [--role reader|writer|admin] [--ttl SECS] [--secret-file FILE] [--claim NAME=VALUE]...
        ordo load-demo [--url 127.0.0.1:7070] [--rooms 10000]
+       ordo backup --to DIR [--url 127.0.0.1:7070 | --data-dir DIR]   (ordo backup --help)
 
 Starts the Ordo server: an HTTP API and WebSocket subscriptions (docs/PROTOCOL.md)
 over an embedded LMDB data directory, which is created if missing and reloaded at start.
@@ -35,6 +36,8 @@ options:
   --session-retention SECS      how long a disconnected client's subscriptions wait for its resume (default 60)
   --checkpoint-interval SECS    how long writes stay only in the write-ahead log before LMDB gets them
                                 (default 60; longer: less disk traffic, a longer log to replay at start)
+  --log-segment-size BYTES      write-ahead log segment size, 1048576..=1073741824 (default 16777216;
+                                a busy server preallocates up to two; K, M and G suffixes allowed)
   --header-timeout SECS         close a connection that takes longer to send a request head, or sits
                                 idle this long between HTTP/1.1 requests (default 10)
 auth (docs/SECURITY.md; without --auth-secret-file or --auth-jwks, every caller is an admin,
@@ -85,6 +88,16 @@ fn main() -> ExitCode {
             Err(message) => {
                 eprintln!("ordo token: {message}");
                 ExitCode::from(2)
+            }
+        },
+        Some("backup") => match ordo_server::backup_cmd::run(&args[1..]) {
+            Ok(line) => {
+                println!("{line}");
+                ExitCode::SUCCESS
+            }
+            Err(message) => {
+                eprintln!("ordo backup: {message}");
+                ExitCode::FAILURE
             }
         },
         Some("load-demo") => match parse_load_demo(&args[1..]) {
@@ -138,6 +151,9 @@ fn parse_serve(args: &[String]) -> Result<ServeOptions, String> {
             "--checkpoint-interval" => {
                 options.checkpoint_interval =
                     Duration::from_secs(number(flag, value()?)?).max(Duration::from_millis(100))
+            }
+            "--log-segment-size" => {
+                options.log_segment_bytes = ordo_server::backup_cmd::parse_log_segment_size(value()?)?
             }
             "--header-timeout" => {
                 let secs: u64 = number(flag, value()?)?;

@@ -9,8 +9,11 @@
 //!    would take LMDB's writer mutex, which an open checkpoint holds for up to
 //!    its interval.
 //! 2. The log's records C+1..=S, S being the last batch acknowledged when the
-//!    copy finished. Only acknowledged records are taken: a record still being
-//!    synced may yet fail, and its sequence number be used again.
+//!    copy began (the backup's seq is the larger of C and S). Only acknowledged
+//!    records are taken: a record still being synced may yet fail, and its
+//!    sequence number be used again. And only those acknowledged before the
+//!    copy began: their collections were created in LMDB before them, so the
+//!    copy has every collection the tail writes to.
 //!
 //! Segments holding a record after the checkpoint published when the backup
 //! started are pinned (never deleted) until the backup ends, and C is at least
@@ -33,11 +36,6 @@ use heed::{CompactionOption, Env};
 use crate::error::StoreError;
 use crate::store::{Store, StoreOptions};
 use crate::wal::{self, LogShare, NO_PIN};
-
-/// A backup that found a log record of a collection its copy lacks (created
-/// after the copy's transaction began) copies again; after this many tries it
-/// stops its log tail before that record instead.
-const MAX_ATTEMPTS: u32 = 3;
 
 /// What a finished backup holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,104 +134,60 @@ impl Backup {
     }
 
     fn fill(&self, staging: &Path) -> Result<BackupReport, StoreError> {
-        let mut attempt = 1;
-        loop {
-            let data = staging.join("data.mdb");
-            let copied = self
-                .env
-                .copy_to_path(&data, CompactionOption::Enabled)
-                .map_err(|source| StoreError::Io { dir: staging.to_owned(), doing: "copying LMDB", source })?;
-            copied.sync_all().map_err(|source| wal_error(staging, "syncing the LMDB copy", source))?;
-            let mut n_bytes = copied.metadata().map(|meta| meta.len()).unwrap_or(0);
-            drop(copied);
-            let (checkpointed_seq, known) = read_copy(staging)?;
-            // Read after the copy: at least its checkpoint (only acknowledged
-            // batches are ever checkpointed).
-            let acked_seq = self.share.acked_seq.load(Ordering::Acquire);
-            let tail = write_tail(&self.dir, staging, checkpointed_seq, acked_seq, &known, attempt == MAX_ATTEMPTS)?;
-            match tail {
-                Tail::Written { last_seq, n_bytes: tail_bytes } => {
-                    sync_dir(staging).map_err(|source| wal_error(staging, "syncing the backup", source))?;
-                    n_bytes += tail_bytes;
-                    return Ok(BackupReport { seq: last_seq, checkpointed_seq, n_bytes });
-                }
-                Tail::UnknownCollection => {
-                    // Created after the copy's transaction began: a new copy has it.
-                    std::fs::remove_dir_all(staging)
-                        .and_then(|()| std::fs::create_dir(staging))
-                        .map_err(|source| wal_error(staging, "clearing the backup's directory", source))?;
-                    attempt += 1;
-                }
-            }
-        }
+        // Read before the copy begins: every collection a record up to here
+        // writes to was created (in LMDB, synchronously) before the record was
+        // acknowledged, so the copy has it. A record acknowledged later might
+        // belong to a collection created after the copy's transaction began.
+        let acked_seq = self.share.acked_seq.load(Ordering::Acquire);
+        let data = staging.join("data.mdb");
+        let copied = self.env.copy_to_path(&data, CompactionOption::Enabled).map_err(|source| StoreError::Io {
+            dir: staging.to_owned(),
+            doing: "copying LMDB",
+            source,
+        })?;
+        copied.sync_all().map_err(|source| wal_error(staging, "syncing the LMDB copy", source))?;
+        let mut n_bytes = copied.metadata().map(|meta| meta.len()).unwrap_or(0);
+        drop(copied);
+        let checkpointed_seq = read_checkpoint(staging)?;
+        // A checkpoint may have passed `acked_seq` meanwhile: the copy alone is then the backup.
+        let seq = checkpointed_seq.max(acked_seq);
+        n_bytes += write_tail(&self.dir, staging, checkpointed_seq, seq)?;
+        sync_dir(staging).map_err(|source| wal_error(staging, "syncing the backup", source))?;
+        Ok(BackupReport { seq, checkpointed_seq, n_bytes })
     }
 }
 
-/// The checkpoint and the collection numbers of the LMDB copy in `staging`,
-/// read by opening it as a store (which also checks its format). The files the
-/// open leaves (`LOCK`, `lock.mdb`) are removed: a restore makes its own.
-fn read_copy(staging: &Path) -> Result<(u64, Vec<u32>), StoreError> {
-    let (store, collections) = Store::open(staging, StoreOptions::default())?;
+/// The checkpoint of the LMDB copy in `staging`, read by opening it as a store
+/// (which also checks its format). The files the open leaves (`LOCK`,
+/// `lock.mdb`) are removed: a restore makes its own.
+fn read_checkpoint(staging: &Path) -> Result<u64, StoreError> {
+    let (store, _) = Store::open(staging, StoreOptions::default())?;
     let checkpointed_seq = store.last_seq();
     drop(store);
     for name in ["LOCK", "lock.mdb"] {
         let _ = std::fs::remove_file(staging.join(name));
     }
-    Ok((checkpointed_seq, collections.iter().map(|collection| collection.number).collect()))
-}
-
-enum Tail {
-    Written { last_seq: u64, n_bytes: u64 },
-    /// A record of a collection the copy lacks; nothing was kept.
-    UnknownCollection,
+    Ok(checkpointed_seq)
 }
 
 /// Copies the log records `checkpointed_seq + 1 ..= through_seq` of `dir` into
-/// one segment of `staging`, framed as they are. A record of a collection the
-/// copy lacks ends the tail before it when `cut_at_unknown`, else the tail is
-/// abandoned for a new copy.
-fn write_tail(
-    dir: &Path,
-    staging: &Path,
-    checkpointed_seq: u64,
-    through_seq: u64,
-    known: &[u32],
-    cut_at_unknown: bool,
-) -> Result<Tail, StoreError> {
+/// one segment of `staging`, framed as they are; returns its size.
+fn write_tail(dir: &Path, staging: &Path, checkpointed_seq: u64, through_seq: u64) -> Result<u64, StoreError> {
     if through_seq <= checkpointed_seq {
-        return Ok(Tail::Written { last_seq: checkpointed_seq, n_bytes: 0 });
+        return Ok(0);
     }
     let path = staging.join(wal::segment_name(checkpointed_seq + 1));
     let file = File::create(&path).map_err(|source| wal_error(staging, "creating the backup's log", source))?;
     let mut out = BufWriter::with_capacity(1 << 20, file);
-    let mut last_seq = checkpointed_seq;
     let mut n_bytes = 0u64;
-    let mut unknown = false;
-    let read = wal::read_records(dir, checkpointed_seq + 1, through_seq, &mut |record| {
-        if !known.contains(&record.collection_number) {
-            unknown = true;
-            return Err(StoreError::Corrupt { dir: dir.to_owned(), expected: "(stop)" });
-        }
+    wal::read_records(dir, checkpointed_seq + 1, through_seq, &mut |record| {
         out.write_all(record.framed).map_err(|source| wal_error(staging, "writing the backup's log", source))?;
         n_bytes += record.framed.len() as u64;
-        last_seq = record.seq;
         Ok(())
-    });
-    if unknown && !cut_at_unknown {
-        return Ok(Tail::UnknownCollection);
-    }
-    if !unknown {
-        read?;
-    }
+    })?;
     let file = out.into_inner().map_err(|error| wal_error(staging, "writing the backup's log", error.into_error()))?;
-    if n_bytes == 0 {
-        // Cut before its first record: the copy alone is the backup.
-        drop(file);
-        std::fs::remove_file(&path).map_err(|source| wal_error(staging, "writing the backup's log", source))?;
-    } else {
-        file.sync_all().map_err(|source| wal_error(staging, "syncing the backup's log", source))?;
-    }
-    Ok(Tail::Written { last_seq, n_bytes })
+    file.sync_all().map_err(|source| wal_error(staging, "syncing the backup's log", source))?;
+    Ok(n_bytes)
 }
 
 fn sync_dir(dir: &Path) -> std::io::Result<()> {

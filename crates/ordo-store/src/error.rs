@@ -100,11 +100,9 @@ impl fmt::Display for StoreError {
                  (writes resume by themselves once there is room)",
                 dir.display()
             ),
-            StoreError::BackupRunning { dir } => write!(
-                f,
-                "a backup of {} is already running; wait for it to finish",
-                dir.display()
-            ),
+            StoreError::BackupRunning { dir } => {
+                write!(f, "a backup of {} is already running; wait for it to finish", dir.display())
+            }
             StoreError::BackupDestination { to, reason } => {
                 write!(f, "cannot write a backup to {}: {reason}; nothing was written", to.display())
             }

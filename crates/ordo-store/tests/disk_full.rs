@@ -110,9 +110,12 @@ fn fill_free_and_go_on(preallocate_log: bool) {
                 other => panic!("still full: expected DiskFull, got {other:?}"),
             }
         }
-        assert!(!std::fs::read_dir(&data).unwrap().any(|entry| {
-            entry.unwrap().file_name().to_string_lossy().starts_with("wal-spare")
-        }) || preallocate_log);
+        assert!(
+            !std::fs::read_dir(&data)
+                .unwrap()
+                .any(|entry| { entry.unwrap().file_name().to_string_lossy().starts_with("wal-spare") })
+                || preallocate_log
+        );
 
         // Room again: the same database goes on, without a reopen.
         std::fs::remove_file(&ballast).unwrap();
