@@ -161,6 +161,7 @@ pub fn as_json() -> serde_json::Value {
         "identity_request_burst": IDENTITY_REQUEST_BURST,
         "collections_created_per_identity_per_hour": COLLECTIONS_CREATED_PER_IDENTITY_PER_HOUR,
         "max_rules": MAX_RULES,
+        "max_backup_path_bytes": MAX_BACKUP_PATH_BYTES,
         "max_payload_depth": MAX_PAYLOAD_DEPTH,
     })
 }

@@ -205,12 +205,30 @@ fn only_an_admin_may_back_up_and_bad_destinations_are_refused() {
         (data.join("inside").to_str().unwrap().to_owned(), "outside the data directory"),
         (root.path().join("no/such/parent").to_str().unwrap().to_owned(), "parent"),
         ("/".repeat(5000), "at most"),
+        // A name the file system refuses (over 255 bytes) is the caller's to fix, not a bug.
+        (root.path().join("n".repeat(300)).to_str().unwrap().to_owned(), "cannot create"),
     ] {
         let (status, answer) = server.http_as(Some(&admin), "POST", "/v1/backup", Some(&json!({"to": to})));
         assert_eq!(status, 400, "{to}: {answer}");
         assert!(answer["error"]["message"].as_str().unwrap().contains(why), "{to}: {answer}");
     }
     assert_eq!(std::fs::read_dir(&not_empty).unwrap().count(), 1, "the refused destination was left as it was");
+    // The path's limit, at its edge: 4 096 bytes is a path (refused only as not existing), 4 097 is too long.
+    let (_, limits) = server.http_as(None, "GET", "/v1/limits", None);
+    assert_eq!(limits["max_backup_path_bytes"].as_u64(), Some(4096));
+    let mut at_limit = String::new();
+    while at_limit.len() < 4096 {
+        at_limit.push('/');
+        at_limit.extend(std::iter::repeat_n('d', (4096 - at_limit.len()).min(100)));
+    }
+    let at_limit = at_limit.trim_end_matches('/').to_owned() + &"d".repeat(4096 - at_limit.trim_end_matches('/').len());
+    assert_eq!(at_limit.len(), 4096);
+    let (status, answer) = server.http_as(Some(&admin), "POST", "/v1/backup", Some(&json!({"to": at_limit})));
+    assert_eq!(status, 400, "{answer}");
+    assert!(!answer["error"]["message"].as_str().unwrap().contains("at most"), "{answer}");
+    let (status, answer) = server.http_as(Some(&admin), "POST", "/v1/backup", Some(&json!({"to": at_limit + "d"})));
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("at most"), "{answer}");
     // An empty directory is fine; unknown fields are not.
     let (status, answer) =
         server.http_as(Some(&admin), "POST", "/v1/backup", Some(&json!({"to": empty.to_str().unwrap()})));

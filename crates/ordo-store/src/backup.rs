@@ -128,8 +128,10 @@ impl Backup {
         let staging = parent.join(format!(".{}.partial-{}", name.to_string_lossy(), std::process::id()));
         // A staging directory of this process's name is a backup that died half way.
         let _ = std::fs::remove_dir_all(&staging);
-        std::fs::create_dir(&staging)
-            .map_err(|source| wal_error(&staging, "creating the backup's directory", source))?;
+        std::fs::create_dir(&staging).map_err(|source| match wal_error(&staging, "", source) {
+            StoreError::Wal { source, .. } => refuse(&format!("cannot create a directory beside it: {source}")),
+            full => full,
+        })?;
         Ok(staging)
     }
 
