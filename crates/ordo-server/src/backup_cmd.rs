@@ -28,7 +28,7 @@ enum Source {
     Directory(PathBuf),
 }
 
-/// Runs `ordo backup ARGS`; the line to print on success.
+/// Runs `ordo backup ARGS`; what to print on success (the usage for `--help`).
 pub fn run(args: &[String]) -> Result<String, String> {
     let mut to = None;
     let mut url = None;
@@ -42,7 +42,7 @@ pub fn run(args: &[String]) -> Result<String, String> {
             "--url" => url = Some(value()?.trim_start_matches("http://").trim_end_matches('/').to_owned()),
             "--token-file" => token_file = Some(PathBuf::from(value()?)),
             "--data-dir" => data_dir = Some(PathBuf::from(value()?)),
-            "-h" | "--help" => return Err(USAGE.to_owned()),
+            "-h" | "--help" => return Ok(USAGE.trim_end().to_owned()),
             other => return Err(format!("unknown option `{other}`\n\n{USAGE}")),
         }
     }

@@ -51,6 +51,9 @@ impl Drop for Tmpfs {
 fn write(server: &Server, id: &str, payload_bytes: usize) -> (u16, Option<String>) {
     let op = json!({"op": "upsert", "id": id, "fields": {"n": 1}, "payload": "x".repeat(payload_bytes)});
     let (status, answer) = server.http("POST", "/v1/collections/marks/batch", Some(&json!({"ops": [op]})));
+    if status == 500 {
+        eprintln!("500: {answer}");
+    }
     (status, answer["error"]["code"].as_str().map(str::to_owned))
 }
 

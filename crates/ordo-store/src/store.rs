@@ -159,9 +159,24 @@ fn io_error<'a>(dir: &'a Path, doing: &'static str) -> impl FnOnce(heed::Error) 
     move |source| classify(dir, doing, source)
 }
 
+/// Below this much free space, an `EIO` from LMDB is taken for a full disk (see `classify`).
+const NEARLY_FULL_BYTES: u64 = 16 << 20;
+
 fn classify(dir: &Path, doing: &'static str, source: heed::Error) -> StoreError {
-    match &source {
-        heed::Error::Io(error) if error.raw_os_error() == Some(28) => StoreError::DiskFull { dir: dir.to_owned() },
+    let errno = match &source {
+        heed::Error::Io(error) => error.raw_os_error(),
+        heed::Error::Mdb(MdbError::Other(code)) => Some(*code),
+        _ => None,
+    };
+    match errno {
+        Some(libc::ENOSPC | libc::EDQUOT) => StoreError::DiskFull { dir: dir.to_owned() },
+        // LMDB reports a short write as `EIO` (mdb_page_flush: "Use which error
+        // code?"), and a full disk makes short writes: seen on a full tmpfs,
+        // where a checkpoint failed with EIO. With the disk (nearly) full, a
+        // full disk is what it is, and it is retried like one.
+        Some(libc::EIO) if crate::wal::free_bytes(dir).is_ok_and(|free| free < NEARLY_FULL_BYTES) => {
+            StoreError::DiskFull { dir: dir.to_owned() }
+        }
         _ => StoreError::Io { dir: dir.to_owned(), doing, source },
     }
 }

@@ -21,11 +21,16 @@
 //!
 //! Preallocation: in full durability a new segment is, when one is ready, a
 //! spare file of zeros the size of a segment (`wal-spare`), written in the
-//! background at low priority after each rotation. Appending inside a file's
+//! background at low priority once the log is in use (see `want_spare`), and
+//! never into the disk's last free space (see `write_spare`). Appending inside a file's
 //! length leaves its size alone, so each `fdatasync` writes the data pages only:
 //! on this project's machine p50 0.32 → 0.20 ms and p99 0.90 → 0.33 ms for 8 KiB
 //! appends (the growing file's inode had to be written too, a second I/O the
 //! writer waited for).
+//!
+//! A full disk: an append that fails with `ENOSPC` is cut back to the last
+//! acknowledged record by the next append, which then tries again (see
+//! `repair`), so writes resume by themselves once there is room.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -404,7 +409,7 @@ fn create_segment(dir: &Path, path: &Path, preallocated: bool) -> Result<(File, 
 }
 
 /// Bytes free for an unprivileged writer on the file system holding `dir`.
-fn free_bytes(dir: &Path) -> std::io::Result<u64> {
+pub(crate) fn free_bytes(dir: &Path) -> std::io::Result<u64> {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
     let mut stats = std::mem::MaybeUninit::<libc::statvfs>::uninit();
