@@ -87,11 +87,15 @@ impl Backup {
     /// is either a whole backup or absent.
     pub fn write_to(self, to: &Path) -> Result<BackupReport, StoreError> {
         let staging = self.prepare_destination(to)?;
-        match self.fill(&staging) {
+        let written = self.fill(&staging).and_then(|report| {
+            // Fails if `to` was meanwhile made a non-empty directory: never overwrites.
+            std::fs::rename(&staging, to).map_err(|source| backup_error(to, "publishing the backup", source))?;
+            Ok(report)
+        });
+        match written {
             Ok(report) => {
-                let publish = |source| StoreError::Wal { dir: to.to_owned(), doing: "publishing the backup", source };
-                std::fs::rename(&staging, to).map_err(publish)?;
-                sync_dir(to.parent().expect("checked: `to` has a parent")).map_err(publish)?;
+                let parent = to.parent().expect("checked: `to` has a parent");
+                sync_dir(parent).map_err(|source| backup_error(to, "syncing the backup's parent directory", source))?;
                 Ok(report)
             }
             Err(error) => {
@@ -128,8 +132,8 @@ impl Backup {
         let staging = parent.join(format!(".{}.partial-{}", name.to_string_lossy(), std::process::id()));
         // A staging directory of this process's name is a backup that died half way.
         let _ = std::fs::remove_dir_all(&staging);
-        std::fs::create_dir(&staging).map_err(|source| match wal_error(&staging, "", source) {
-            StoreError::Wal { source, .. } => refuse(&format!("cannot create a directory beside it: {source}")),
+        std::fs::create_dir(&staging).map_err(|source| match backup_error(&staging, "", source) {
+            StoreError::BackupIo { source, .. } => refuse(&format!("cannot create a directory beside it: {source}")),
             full => full,
         })?;
         Ok(staging)
@@ -142,19 +146,18 @@ impl Backup {
         // belong to a collection created after the copy's transaction began.
         let acked_seq = self.share.acked_seq.load(Ordering::Acquire);
         let data = staging.join("data.mdb");
-        let copied = self.env.copy_to_path(&data, CompactionOption::Enabled).map_err(|source| StoreError::Io {
-            dir: staging.to_owned(),
-            doing: "copying LMDB",
-            source,
+        let copied = self.env.copy_to_path(&data, CompactionOption::Enabled).map_err(|source| match source {
+            heed::Error::Io(error) => backup_error(staging, "copying LMDB", error),
+            source => StoreError::Io { dir: staging.to_owned(), doing: "copying LMDB", source },
         })?;
-        copied.sync_all().map_err(|source| wal_error(staging, "syncing the LMDB copy", source))?;
+        copied.sync_all().map_err(|source| backup_error(staging, "syncing the LMDB copy", source))?;
         let mut n_bytes = copied.metadata().map(|meta| meta.len()).unwrap_or(0);
         drop(copied);
         let checkpointed_seq = read_checkpoint(staging)?;
         // A checkpoint may have passed `acked_seq` meanwhile: the copy alone is then the backup.
         let seq = checkpointed_seq.max(acked_seq);
         n_bytes += write_tail(&self.dir, staging, checkpointed_seq, seq)?;
-        sync_dir(staging).map_err(|source| wal_error(staging, "syncing the backup", source))?;
+        sync_dir(staging).map_err(|source| backup_error(staging, "syncing the backup", source))?;
         Ok(BackupReport { seq, checkpointed_seq, n_bytes })
     }
 }
@@ -179,16 +182,17 @@ fn write_tail(dir: &Path, staging: &Path, checkpointed_seq: u64, through_seq: u6
         return Ok(0);
     }
     let path = staging.join(wal::segment_name(checkpointed_seq + 1));
-    let file = File::create(&path).map_err(|source| wal_error(staging, "creating the backup's log", source))?;
+    let file = File::create(&path).map_err(|source| backup_error(staging, "creating the backup's log", source))?;
     let mut out = BufWriter::with_capacity(1 << 20, file);
     let mut n_bytes = 0u64;
     wal::read_records(dir, checkpointed_seq + 1, through_seq, &mut |record| {
-        out.write_all(record.framed).map_err(|source| wal_error(staging, "writing the backup's log", source))?;
+        out.write_all(record.framed).map_err(|source| backup_error(staging, "writing the backup's log", source))?;
         n_bytes += record.framed.len() as u64;
         Ok(())
     })?;
-    let file = out.into_inner().map_err(|error| wal_error(staging, "writing the backup's log", error.into_error()))?;
-    file.sync_all().map_err(|source| wal_error(staging, "syncing the backup's log", source))?;
+    let file =
+        out.into_inner().map_err(|error| backup_error(staging, "writing the backup's log", error.into_error()))?;
+    file.sync_all().map_err(|source| backup_error(staging, "syncing the backup's log", source))?;
     Ok(n_bytes)
 }
 
@@ -197,10 +201,10 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// An I/O error while writing the backup; a full disk is `DiskFull` (of the destination).
-fn wal_error(dir: &Path, doing: &'static str, source: std::io::Error) -> StoreError {
+fn backup_error(dir: &Path, doing: &'static str, source: std::io::Error) -> StoreError {
     if source.raw_os_error().is_some_and(|errno| errno == libc::ENOSPC || errno == libc::EDQUOT) {
         StoreError::DiskFull { dir: dir.to_owned() }
     } else {
-        StoreError::Wal { dir: dir.to_owned(), doing, source }
+        StoreError::BackupIo { dir: dir.to_owned(), doing, source }
     }
 }

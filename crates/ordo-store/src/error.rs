@@ -61,6 +61,13 @@ pub enum StoreError {
         to: PathBuf,
         reason: String,
     },
+    /// Writing a backup failed (the data directory is untouched; the partial
+    /// backup was removed).
+    BackupIo {
+        dir: PathBuf,
+        doing: &'static str,
+        source: std::io::Error,
+    },
     /// Any other failure of the file system or of LMDB, with what was being done.
     Io {
         dir: PathBuf,
@@ -106,6 +113,9 @@ impl fmt::Display for StoreError {
             StoreError::BackupDestination { to, reason } => {
                 write!(f, "cannot write a backup to {}: {reason}; nothing was written", to.display())
             }
+            StoreError::BackupIo { dir, doing, source } => {
+                write!(f, "{doing} (backup in {}): {source}; no backup was written", dir.display())
+            }
             StoreError::Batch(error) => write!(f, "batch refused: {error}"),
             StoreError::CreateCollection(error) => write!(f, "cannot create the collection: {error}"),
             StoreError::Load(error) => write!(f, "a stored item was refused while loading: {error}"),
@@ -128,6 +138,7 @@ impl std::error::Error for StoreError {
         match self {
             StoreError::Io { source, .. } => Some(source),
             StoreError::Wal { source, .. } => Some(source),
+            StoreError::BackupIo { source, .. } => Some(source),
             StoreError::Batch(error) => Some(error),
             StoreError::Load(error) => Some(error),
             StoreError::CreateCollection(error) => Some(error),
