@@ -183,3 +183,23 @@ fn the_spare_segment_does_not_fill_the_disk() {
     assert!(!data.join("wal-spare").exists(), "a spare was written into the last free space");
     assert!(!data.join("wal-spare.tmp").exists(), "a half-written spare was left behind");
 }
+
+/// A backup whose destination fills up fails with `DiskFull` and leaves
+/// nothing there; the next backup (to a roomier place) works.
+#[test]
+fn a_backup_to_a_full_disk_fails_cleanly() {
+    let Some(tmpfs) = Tmpfs::mount("1m") else { return };
+    let data = tempfile::tempdir().unwrap();
+    let (mut database, _) = Database::open(data.path(), options(false), &mut |_| {}).unwrap();
+    let rooms = database.create_collection("rooms", schema()).unwrap();
+    for n in 0..100 {
+        write(&mut database, rooms, &format!("m{n}"), 32 << 10).unwrap();
+    }
+    let to = tmpfs.path().join("backup");
+    let error = database.start_backup().and_then(|backup| backup.write_to(&to)).unwrap_err();
+    assert!(matches!(error, StoreError::DiskFull { .. }), "{error}");
+    assert_eq!(std::fs::read_dir(tmpfs.path()).unwrap().count(), 0, "a failed backup left files behind");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let report = database.start_backup().unwrap().write_to(&elsewhere.path().join("backup")).unwrap();
+    assert_eq!(report.seq, 100);
+}
