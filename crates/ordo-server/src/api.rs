@@ -392,12 +392,12 @@ async fn route(
                 &entry.schema,
                 &query.filter,
                 &query.sort,
-                query.offset,
+                query.position_keys(),
                 query.limit,
                 query.fields.as_deref(),
                 query.payload,
             )?;
-            wire::restrict(&mut spec.def, grant.predicate(&entry.schema)?.as_ref(), &entry.schema)?;
+            wire::restrict_spec(&mut spec, grant.predicate(&entry.schema)?.as_ref(), &entry.schema)?;
             let (reply, answer) = oneshot::channel();
             send(state, Command::Query { collection: entry.id, spec, reply }).await?;
             let body = answer.await.map_err(|_| ApiError::shutting_down())??;

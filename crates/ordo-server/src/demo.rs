@@ -295,8 +295,16 @@ async fn room_ids(core: &CoreSender, entry: &CollectionEntry) -> Result<Vec<Stri
     let mut ids = Vec::new();
     while ids.len() < limits::MAX_SIMULATED_ROOMS {
         let limit = limits::MAX_WINDOW_LIMIT.min(limits::MAX_SIMULATED_ROOMS - ids.len());
-        let spec = wire::window_spec(&entry.schema, &serde_json::Value::Null, &[], ids.len(), limit, Some(&[]), false)
-            .map_err(|error| error.to_string())?;
+        let spec = wire::window_spec(
+            &entry.schema,
+            &serde_json::Value::Null,
+            &[],
+            wire::PositionKeys { offset: Some(ids.len()), ..Default::default() },
+            limit,
+            Some(&[]),
+            false,
+        )
+        .map_err(|error| error.to_string())?;
         let (reply, answer) = oneshot::channel();
         let body = ask(core, Command::Query { collection: entry.id, spec, reply }, answer)
             .await?

@@ -161,6 +161,8 @@ impl From<ViewError> for ApiError {
         let code = match error {
             ViewError::UnknownCollection => ErrorCode::UnknownCollection,
             ViewError::UnknownWindow => ErrorCode::UnknownSubscription,
+            ViewError::UnknownItem { .. } => ErrorCode::NotFound,
+            ViewError::AnchorRowOutsideWindow { .. } => ErrorCode::BadRequest,
             _ => ErrorCode::InvalidView,
         };
         ApiError::new(code, error.to_string())

@@ -21,7 +21,7 @@ use crate::access::{ConnectionSlot, Gate};
 use crate::auth::{self, Identity, Role as AuthRole};
 use crate::core::{Command, ConnShared, CoreSender, Outgoing, Routes, SessionId, SubHandle, FRAME_OVERHEAD_BYTES};
 use crate::error::{ApiError, ErrorCode};
-use crate::frame::{write_diffs_frame, write_json_str};
+use crate::frame::{write_diffs_frame_with, write_json_str};
 use crate::limits;
 use crate::metrics::{self, Stage, METRICS};
 use crate::rate_limit::TokenBucket;
@@ -368,25 +368,31 @@ impl Connection {
 
     async fn on_outgoing(&mut self, outgoing: Outgoing) {
         match outgoing {
-            Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset, queued_at } => {
+            Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset, extra, queued_at } => {
                 metrics::record_stage(Stage::FrameQueue, queued_at.elapsed());
                 let cost = body.len() + FRAME_OVERHEAD_BYTES;
                 self.session.shared.queued_bytes.fetch_sub(cost, Ordering::AcqRel);
                 metrics::sub_queued(cost);
-                if epoch < self.session.shared.epoch.load(Ordering::Acquire) {
-                    // Dropped: the connection fell behind and a reset is due.
-                    return;
-                }
+                let is_stale = epoch < self.session.shared.epoch.load(Ordering::Acquire);
                 let Some(entry) = self.session.table.get_mut(handle) else { return };
-                if entry.awaiting_reset && !is_reset {
+                if is_stale || (entry.awaiting_reset && !is_reset) {
+                    // Dropped: the connection fell behind (or a resume could not
+                    // replay) and a reset is due; it will say where the window is.
+                    entry.range_due = extra.range.or(entry.range_due);
                     return;
                 }
+                let mut extra = extra;
+                extra.range = extra.range.or(entry.range_due.take());
                 entry.awaiting_reset = false;
                 entry.seq += 1;
                 let seq = entry.seq;
-                entry.retain(seq, body.clone(), n_diffs);
+                if let Some((offset, limit)) = extra.range {
+                    // Where a key-positioned request placed the window: what a resume compares.
+                    (entry.spec.offset, entry.spec.limit, entry.spec.seek) = (offset as usize, limit as usize, None);
+                }
+                entry.retain(seq, body.clone(), n_diffs, extra);
                 self.frame.clear();
-                write_diffs_frame(&mut self.frame, &entry.client_id, seq, &body);
+                write_diffs_frame_with(&mut self.frame, &entry.client_id, seq, extra, &body);
                 metrics::add(&METRICS.diffs_sent, n_diffs as u64);
                 self.queue_frame(OpCode::Text);
             }
@@ -478,9 +484,31 @@ impl Connection {
         let first = std::mem::replace(&mut self.may_resume, false);
         let result = match message {
             ClientMessage::Auth { .. } => unreachable!("handled above"),
-            ClientMessage::Subscribe { sub, collection, filter, sort, offset, limit, fields, payload } => {
-                let spec =
-                    self.check_subscribe(&sub, &collection, &filter, &sort, offset, limit, fields.as_deref(), payload);
+            ClientMessage::Subscribe {
+                sub,
+                collection,
+                filter,
+                sort,
+                offset,
+                around,
+                after,
+                before,
+                tail,
+                limit,
+                fields,
+                payload,
+            } => {
+                let position = wire::PositionKeys { offset, around, after, before, tail };
+                let spec = self.check_subscribe(
+                    &sub,
+                    &collection,
+                    &filter,
+                    &sort,
+                    position,
+                    limit,
+                    fields.as_deref(),
+                    payload,
+                );
                 match spec {
                     Ok((collection, spec)) => {
                         self.start_subscription(sub, collection, spec, 0).await;
@@ -489,8 +517,9 @@ impl Connection {
                     Err(error) => Err((error, Some(sub))),
                 }
             }
-            ClientMessage::SetRange { sub, offset, limit } => {
-                self.set_range(&sub, offset, limit).await.map_err(|e| (e, Some(sub)))
+            ClientMessage::SetRange { sub, offset, around, after, before, tail, limit } => {
+                let position = wire::PositionKeys { offset, around, after, before, tail };
+                self.set_range(&sub, position, limit).await.map_err(|e| (e, Some(sub)))
             }
             ClientMessage::SetView { sub, filter, sort } => {
                 self.set_view(&sub, &filter, &sort).await.map_err(|e| (e, Some(sub)))
@@ -524,7 +553,7 @@ impl Connection {
         collection: &str,
         filter: &serde_json::Value,
         sort: &[wire::SortRequest],
-        offset: usize,
+        position: wire::PositionKeys,
         limit: usize,
         fields: Option<&[String]>,
         payload: bool,
@@ -543,8 +572,8 @@ impl Connection {
             )));
         }
         let (entry, predicate) = self.readable(collection)?;
-        let mut spec = wire::window_spec(&entry.schema, filter, sort, offset, limit, fields, payload)?;
-        wire::restrict(&mut spec.def, predicate.as_ref(), &entry.schema)?;
+        let mut spec = wire::window_spec(&entry.schema, filter, sort, position, limit, fields, payload)?;
+        wire::restrict_spec(&mut spec, predicate.as_ref(), &entry.schema)?;
         Ok((entry, spec))
     }
 
@@ -567,6 +596,7 @@ impl Connection {
             retained: VecDeque::new(),
             retained_bytes: 0,
             awaiting_reset: false,
+            range_due: None,
         };
         self.session.table.insert(handle, entry).expect("handles increase");
         self.session.by_client_id.insert(client_id, handle);
@@ -578,12 +608,22 @@ impl Connection {
         self.session.by_client_id.get(sub).copied().ok_or_else(|| unknown_subscription(sub))
     }
 
-    async fn set_range(&mut self, sub: &str, offset: usize, limit: usize) -> Result<(), ApiError> {
+    async fn set_range(&mut self, sub: &str, position: wire::PositionKeys, limit: usize) -> Result<(), ApiError> {
         let handle = self.handle_of(sub)?;
-        wire::check_range(offset, limit)?;
+        wire::check_range(0, limit)?;
+        let mut position = position.check(limit)?;
+        if let wire::Position::Seek(seek) = &mut position {
+            // The rules as they are now: an item outside them reads as missing.
+            let name = self.session.table.get(handle).expect("mapped handles are live").collection.name.clone();
+            let (_, predicate) = self.readable(&name)?;
+            seek.rule = predicate;
+        }
         let entry = self.session.table.get_mut(handle).expect("mapped handles are live");
-        (entry.spec.offset, entry.spec.limit) = (offset, limit);
-        let command = Command::SetRange { session: self.session.id, handle, offset, limit };
+        // Recorded now for a later resume to compare with; a key position is
+        // recorded when its answer says where it landed.
+        entry.spec.set_position(position.clone());
+        entry.spec.limit = limit;
+        let command = Command::SetRange { session: self.session.id, handle, position, limit };
         let _ = self.context.core.send(command).await;
         Ok(())
     }

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ordo_core::{
-    Batch, BatchSummary, CollectionId, DiffSink, Engine, NullSink, OwnedItem, Schema, ViewDef, ViewError, WindowId,
+    Batch, BatchSummary, CollectionId, DiffSink, Engine, NullSink, OwnedItem, Schema, ViewDef, ViewError, WindowAnchor,
+    WindowId, WindowRange,
 };
 
 use crate::backup::Backup;
@@ -372,6 +373,39 @@ impl Database {
         sink: &mut dyn DiffSink,
     ) -> Result<WindowId, ViewError> {
         self.engine.open_window(collection, def, offset, limit, sink)
+    }
+
+    /// See [`Engine::open_window_at`].
+    pub fn open_window_at(
+        &mut self,
+        collection: CollectionId,
+        def: &ViewDef,
+        anchor: WindowAnchor<'_>,
+        limit: usize,
+        sink: &mut dyn DiffSink,
+    ) -> Result<(WindowId, WindowRange), ViewError> {
+        self.engine.open_window_at(collection, def, anchor, limit, sink)
+    }
+
+    /// See [`Engine::move_window`].
+    pub fn move_window(
+        &mut self,
+        window: WindowId,
+        anchor: WindowAnchor<'_>,
+        limit: usize,
+        sink: &mut dyn DiffSink,
+    ) -> Result<WindowRange, ViewError> {
+        self.engine.move_window(window, anchor, limit, sink)
+    }
+
+    /// See [`Engine::resolve_window_anchor`].
+    pub fn resolve_window_anchor(
+        &mut self,
+        window: WindowId,
+        anchor: WindowAnchor<'_>,
+        limit: usize,
+    ) -> Result<WindowRange, ViewError> {
+        self.engine.resolve_window_anchor(window, anchor, limit)
     }
 
     pub fn set_window_range(
