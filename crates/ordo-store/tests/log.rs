@@ -312,13 +312,22 @@ fn preallocated_segments_are_used_and_their_zeros_are_not_damage() {
         write(&mut database, rooms, &ops);
     }
     database.close_without_checkpoint();
-    let first = dir.path().join(&segment_files(dir.path())[0]);
+    // The first segment with records that is not the last (a segment may also
+    // be a spare that never got a record, all zeros: there is no damage to make there).
+    let names = segment_files(dir.path());
+    let first = names[..names.len() - 1]
+        .iter()
+        .map(|name| dir.path().join(name))
+        .find(|path| std::fs::read(path).unwrap().iter().any(|&byte| byte != 0))
+        .expect("a segment with records before the last");
     let mut bytes = std::fs::read(&first).unwrap();
-    if bytes.last() == Some(&0) {
-        let records_end = bytes.iter().rposition(|&byte| byte != 0).unwrap() + 1;
-        bytes[records_end + 5] = 9;
+    // The last record may end in up to 8 zero bytes: garbage goes past those,
+    // into the preallocated zeros when there are enough, else after the end.
+    let records_end = bytes.iter().rposition(|&byte| byte != 0).unwrap() + 1;
+    if bytes.len() >= records_end + 16 {
+        bytes[records_end + 12] = 9;
     } else {
-        bytes.extend_from_slice(&[0, 0, 9, 0]);
+        bytes.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 9, 0]);
     }
     std::fs::write(&first, &bytes).unwrap();
     assert!(matches!(Database::open(dir.path(), options(), &mut |_| {}), Err(StoreError::Corrupt { .. })));
