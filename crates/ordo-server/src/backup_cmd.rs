@@ -9,75 +9,56 @@ use std::path::{Path, PathBuf};
 
 use ordo_store::{print_load_progress, BackupReport, Database, StoreError, StoreOptions};
 
-pub const USAGE: &str = "\
-usage: ordo backup --to DIR [--url HOST:PORT] [--token-file FILE]
-       ordo backup --to DIR --data-dir DATA_DIR
-
-Writes a consistent copy of an Ordo data directory to DIR (which must not exist, or be
-empty), while the server keeps writing, and prints the backup's seq: the copy holds
-exactly the batches 1..=seq. `ordo serve --data-dir DIR` starts from it.
-
-  --to DIR             where to write the backup; with --url, a path on the server's machine
-  --url HOST:PORT      the running server to ask (default 127.0.0.1:7070); the token, if the
-                       server has auth, must be an admin's: --token-file FILE or ORDO_TOKEN
-  --data-dir DATA_DIR  back up a directory no server holds, without a server
-";
-
-enum Source {
-    Server { address: String, token: Option<String> },
-    Directory(PathBuf),
+/// `ordo backup`'s options (the command's help is on `cli::Command::Backup`).
+#[derive(clap::Args, Debug)]
+pub struct BackupArgs {
+    /// Where to write the backup: a directory that does not exist yet (or is empty). With --url,
+    /// a path on the server's machine (a relative one is taken from this shell's directory).
+    #[arg(long, value_name = "DIR")]
+    pub to: PathBuf,
+    /// The running server to ask [default: 127.0.0.1:7070].
+    #[arg(long, value_name = "HOST:PORT", conflicts_with = "data_dir")]
+    pub url: Option<String>,
+    /// A file holding an admin's token, if the server has auth (or the variable ORDO_TOKEN).
+    #[arg(long, value_name = "FILE", conflicts_with = "data_dir")]
+    pub token_file: Option<PathBuf>,
+    /// Back up this data directory, which no server may hold, without a server.
+    #[arg(long, value_name = "DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
 }
 
-/// Runs `ordo backup ARGS`; what to print on success (the usage for `--help`).
-pub fn run(args: &[String]) -> Result<String, String> {
-    let mut to = None;
-    let mut url = None;
-    let mut token_file = None;
-    let mut data_dir = None;
-    let mut args = args.iter();
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--to" => to = Some(PathBuf::from(value()?)),
-            "--url" => url = Some(value()?.trim_start_matches("http://").trim_end_matches('/').to_owned()),
-            "--token-file" => token_file = Some(PathBuf::from(value()?)),
-            "--data-dir" => data_dir = Some(PathBuf::from(value()?)),
-            "-h" | "--help" => return Ok(USAGE.trim_end().to_owned()),
-            other => return Err(format!("unknown option `{other}`\n\n{USAGE}")),
-        }
+impl BackupArgs {
+    /// Runs the backup; the line to print on success.
+    pub fn run(self) -> Result<String, String> {
+        let current = std::env::current_dir().map_err(|error| format!("the current directory: {error}"))?;
+        let to = current.join(&self.to);
+        let report = match self.data_dir {
+            Some(dir) => from_directory(&dir, &to)?,
+            None => {
+                let token = match &self.token_file {
+                    Some(path) => Some(
+                        std::fs::read_to_string(path)
+                            .map_err(|error| format!("--token-file {}: {error}", path.display()))?
+                            .trim()
+                            .to_owned(),
+                    ),
+                    None => std::env::var("ORDO_TOKEN").ok().map(|token| token.trim().to_owned()),
+                };
+                let url = self.url.as_deref().unwrap_or("127.0.0.1:7070");
+                let address = url.trim_start_matches("http://").trim_end_matches('/');
+                from_server(address, token.as_deref(), &to)?
+            }
+        };
+        Ok(format!(
+            "seq {}: {} holds exactly the batches 1..={} (LMDB copy at {} plus {} logged batches; {} bytes)",
+            report.seq,
+            to.display(),
+            report.seq,
+            report.checkpointed_seq,
+            report.seq - report.checkpointed_seq,
+            report.n_bytes
+        ))
     }
-    let to = to.ok_or_else(|| format!("--to is required\n\n{USAGE}"))?;
-    // Relative paths mean this shell's directory, also for a server on this machine.
-    let to = std::env::current_dir().map_err(|error| format!("the current directory: {error}"))?.join(to);
-    let source = match (data_dir, url) {
-        (Some(_), Some(_)) => return Err("--data-dir (no server) and --url (a server) exclude each other".to_owned()),
-        (Some(dir), None) => Source::Directory(dir),
-        (None, url) => {
-            let token = match token_file {
-                Some(path) => Some(
-                    std::fs::read_to_string(&path)
-                        .map_err(|error| format!("--token-file {}: {error}", path.display()))?
-                        .trim()
-                        .to_owned(),
-                ),
-                None => std::env::var("ORDO_TOKEN").ok().map(|token| token.trim().to_owned()),
-            };
-            Source::Server { address: url.unwrap_or_else(|| "127.0.0.1:7070".to_owned()), token }
-        }
-    };
-    let report = match &source {
-        Source::Server { address, token } => from_server(address, token.as_deref(), &to)?,
-        Source::Directory(dir) => from_directory(dir, &to)?,
-    };
-    Ok(format!(
-        "seq {}: {} holds exactly the batches 1..={} (LMDB copy at {} plus {} logged batches; {} bytes)",
-        report.seq,
-        to.display(),
-        report.seq,
-        report.checkpointed_seq,
-        report.seq - report.checkpointed_seq,
-        report.n_bytes
-    ))
 }
 
 /// Opens the directory as `ordo serve` would (recovering its log), copies it, closes it.

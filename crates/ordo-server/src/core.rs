@@ -487,8 +487,9 @@ impl Core {
             });
             // Names stored by an older, case-sensitive build could collide; the first wins.
             if routes.insert(collection.name(), entry).is_err() {
-                eprintln!(
-                    "ordo: collection `{}` differs from another only by case; it is not routable",
+                tracing::warn!(
+                    collection = collection.name(),
+                    "collection `{}` differs from another only by case; it is not routable",
                     collection.name()
                 );
             }
@@ -544,8 +545,11 @@ impl Core {
                 let mut results: WriteResults = Vec::with_capacity(parts.n_parts);
                 for write in done.by_ref().take(parts.n_parts) {
                     let result = write.result.expect("every write gets a result");
-                    let counter = if result.is_ok() { &METRICS.batches } else { &METRICS.batches_refused };
-                    metrics::add(counter, 1);
+                    // A refusal is counted where it is answered (`api::refused`), with
+                    // those that never reach this thread.
+                    if result.is_ok() {
+                        metrics::add(&METRICS.batches, 1);
+                    }
                     results.push(result.map_err(ApiError::from));
                     // The batch goes back to the network thread that built it, for reuse.
                     parts.list.push((write.collection, write.batch));
@@ -600,8 +604,9 @@ impl Core {
                     write.result.expect("every write gets a result").map_err(ApiError::from)
                 }
             };
-            let counter = if result.is_ok() { &METRICS.batches } else { &METRICS.batches_refused };
-            metrics::add(counter, 1);
+            if result.is_ok() {
+                metrics::add(&METRICS.batches, 1);
+            }
             results.push(result);
         }
         let _ = reply.send(WriteReply { results, batches: returned });
@@ -888,6 +893,12 @@ impl Core {
                 continue;
             }
             metrics::add(&METRICS.resets_slow, 1);
+            // Per reset, not per frame: a client this far behind is worth a line.
+            tracing::info!(
+                session,
+                sub = handle,
+                "slow consumer: its subscription gets a Reset (its queue was over the outbound budget)"
+            );
             self.send_reset(session, handle);
         }
     }

@@ -107,11 +107,13 @@ pub async fn serve_connection(ws: WebSocket<Stream>, context: ConnectionContext,
     let reader_task = tokio::spawn(read_frames(reader, inbound_tx));
     let mut connection = Connection::open(writer, context, slot).await;
     if let Some(connection) = connection.as_mut() {
+        tracing::debug!(session = connection.session.id, "websocket opened");
         connection.run(inbound_rx).await;
     }
     reader_task.abort();
     METRICS.connections.fetch_sub(1, Ordering::Relaxed);
     if let Some(connection) = connection {
+        connection.log_close();
         connection.finish().await;
     }
 }
@@ -142,6 +144,8 @@ struct Connection {
     slot: Option<ConnectionSlot>,
     /// The rules' version this connection's views were built under.
     rules_version: u64,
+    /// The close code and reason the server sent, if it closed the connection.
+    closed_with: Option<(u16, String)>,
 }
 
 enum Event {
@@ -192,6 +196,7 @@ impl Connection {
             slot: Some(slot),
             rules_version,
             auth_timer,
+            closed_with: None,
         };
         let auth = match (&connection.identity, connection.context.gate.auth_enabled()) {
             (_, false) => serde_json::json!("none"),
@@ -247,6 +252,20 @@ impl Connection {
                 Event::Shutdown => self.close(CLOSE_GOING_AWAY, "server stopping").await,
                 Event::AuthDeadline => self.on_auth_deadline().await,
             }
+        }
+    }
+
+    /// One line per ended connection. A close the server chose for this client
+    /// (slow, auth, protocol error, rules changed) is `info`; one the client
+    /// chose, or the server's stop (a line per client at once), is `debug`.
+    fn log_close(&self) {
+        let session = self.session.id;
+        match &self.closed_with {
+            Some((code, reason)) if !matches!(*code, CLOSE_NORMAL | CLOSE_GOING_AWAY) => {
+                tracing::info!(session, code, reason = reason.as_str(), "websocket closed by the server: {reason}")
+            }
+            Some((code, reason)) => tracing::debug!(session, code, reason = reason.as_str(), "websocket closed"),
+            None => tracing::debug!(session, reason = "closed by the client", "websocket closed"),
         }
     }
 
@@ -335,6 +354,7 @@ impl Connection {
         if self.closed {
             return;
         }
+        self.closed_with = Some((code, reason.to_owned()));
         self.frame.clear();
         self.frame.extend_from_slice(&code.to_be_bytes());
         self.frame.extend_from_slice(reason.as_bytes());
@@ -353,6 +373,14 @@ impl Connection {
 
     async fn send_error(&mut self, error: &ApiError, sub: Option<&str>) {
         metrics::count_error(error.code);
+        // `debug`: a client may send up to its message rate of refused requests.
+        tracing::debug!(
+            session = self.session.id,
+            code = error.code.as_str(),
+            sub,
+            "websocket request refused: {}",
+            error.message
+        );
         self.frame.clear();
         self.frame.extend_from_slice(b"{\"type\":\"error\",\"code\":\"");
         self.frame.extend_from_slice(error.code.as_str().as_bytes());

@@ -451,7 +451,7 @@ impl Database {
     }
 }
 
-/// A progress callback for [`Database::open`] that prints one line to stderr per
+/// A progress callback for [`Database::open`] that logs (or prints to stderr) one line per
 /// step of a load that has run longer than half a second.
 pub fn print_load_progress(progress: &LoadProgress) {
     if progress.elapsed < Duration::from_millis(500) {
@@ -462,12 +462,18 @@ pub fn print_load_progress(progress: &LoadProgress) {
     } else {
         100.0 * progress.n_items_loaded as f64 / progress.n_items_total as f64
     };
-    eprintln!(
+    let line = format!(
         "ordo-store: loaded {} of {} items ({percent:.0} %) in {:.2} s",
         progress.n_items_loaded,
         progress.n_items_total,
         progress.elapsed.as_secs_f64()
     );
+    // Into the log where one is set up (`ordo serve`); on stderr for tools without one.
+    if tracing::dispatcher::has_been_set() {
+        tracing::info!(loaded = progress.n_items_loaded, total = progress.n_items_total, "{line}");
+    } else {
+        eprintln!("{line}");
+    }
 }
 
 /// What [`Database::write_group`] reuses from one group to the next.

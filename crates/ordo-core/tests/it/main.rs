@@ -3,6 +3,7 @@
 mod alloc;
 mod bad_input;
 mod bulk_load;
+mod conversions;
 mod key_windows;
 mod keyed_views;
 mod many_windows;
