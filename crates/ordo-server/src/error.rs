@@ -27,10 +27,11 @@ pub enum ErrorCode {
     HostNotAllowed,
     InvalidRules,
     BackupRunning,
+    SeqNotReached,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 22] = [
         ErrorCode::BadJson,
         ErrorCode::BadRequest,
         ErrorCode::InvalidSchema,
@@ -52,6 +53,7 @@ impl ErrorCode {
         ErrorCode::HostNotAllowed,
         ErrorCode::InvalidRules,
         ErrorCode::BackupRunning,
+        ErrorCode::SeqNotReached,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -77,6 +79,7 @@ impl ErrorCode {
             ErrorCode::HostNotAllowed => "host_not_allowed",
             ErrorCode::InvalidRules => "invalid_rules",
             ErrorCode::BackupRunning => "backup_running",
+            ErrorCode::SeqNotReached => "seq_not_reached",
         }
     }
 
@@ -90,7 +93,7 @@ impl ErrorCode {
             ErrorCode::RateLimited => 429,
             ErrorCode::UnknownSubscription | ErrorCode::SubscriptionExists => 400,
             ErrorCode::StoreFull => 507,
-            ErrorCode::ShuttingDown => 503,
+            ErrorCode::ShuttingDown | ErrorCode::SeqNotReached => 503,
             ErrorCode::Internal => 500,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden | ErrorCode::OriginNotAllowed => 403,
