@@ -26,11 +26,12 @@ pub enum ErrorCode {
     OriginNotAllowed,
     HostNotAllowed,
     InvalidRules,
+    BackupRunning,
     SeqNotReached,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 22] = [
         ErrorCode::BadJson,
         ErrorCode::BadRequest,
         ErrorCode::InvalidSchema,
@@ -51,6 +52,7 @@ impl ErrorCode {
         ErrorCode::OriginNotAllowed,
         ErrorCode::HostNotAllowed,
         ErrorCode::InvalidRules,
+        ErrorCode::BackupRunning,
         ErrorCode::SeqNotReached,
     ];
 
@@ -76,6 +78,7 @@ impl ErrorCode {
             ErrorCode::OriginNotAllowed => "origin_not_allowed",
             ErrorCode::HostNotAllowed => "host_not_allowed",
             ErrorCode::InvalidRules => "invalid_rules",
+            ErrorCode::BackupRunning => "backup_running",
             ErrorCode::SeqNotReached => "seq_not_reached",
         }
     }
@@ -96,6 +99,7 @@ impl ErrorCode {
             ErrorCode::Forbidden | ErrorCode::OriginNotAllowed => 403,
             ErrorCode::HostNotAllowed => 421,
             ErrorCode::InvalidRules => 400,
+            ErrorCode::BackupRunning => 409,
         }
     }
 }
@@ -223,9 +227,13 @@ impl From<StoreError> for ApiError {
             StoreError::Batch(error) => error.into(),
             StoreError::SchemaChange(error) => error.into(),
             StoreError::CreateCollection(error) => error.into(),
+            // A full disk is not a bug: writes are refused until there is room
+            // again, then go on without a restart (docs/STORAGE.md).
             StoreError::MapFull { .. } | StoreError::DiskFull { .. } => {
                 ApiError::new(ErrorCode::StoreFull, error.to_string())
             }
+            StoreError::BackupRunning { .. } => ApiError::new(ErrorCode::BackupRunning, error.to_string()),
+            StoreError::BackupDestination { .. } => ApiError::bad_request(error.to_string()),
             other => ApiError::new(ErrorCode::Internal, other.to_string()),
         }
     }
