@@ -1,0 +1,5 @@
+//! One integration-test binary for the crate (as eyeball does).
+
+mod state;
+
+mod vectors;
