@@ -24,7 +24,8 @@ pub mod wire;
 pub use auth::{Auth, TokenFuture};
 pub use error::Error;
 pub use http::Http;
-pub use list::{DiffStream, ListStatus, LiveList, MAX_PENDING_BATCHES};
+pub use hyper::Method;
+pub use list::{DiffStream, ListStatus, LiveList, PageController, MAX_PENDING_BATCHES};
 pub use live::{Backoff, Client, ClientBuilder, ConnectionState};
 pub use wire::{Collection, DeleteResult, Ended, Field, Item, Op, Precondition, QueryResult, Upsert, View, WriteResult};
 

@@ -228,6 +228,51 @@ impl<T: Clone> LiveList<T> {
     }
 }
 
+/// "Load more" for a window that starts at 0, as matrix-rust-sdk's
+/// `RoomListDynamicEntriesController` does: the window grows by one page at a time.
+pub struct PageController {
+    sub: String,
+    commands: UnboundedSender<Command>,
+    page_size: u64,
+    limit: std::sync::atomic::AtomicU64,
+}
+
+impl PageController {
+    /// Grows the window by one page (`set_range(0, limit + page_size)`).
+    pub fn add_one_page(&self) -> Result<(), Error> {
+        let limit = self.limit.fetch_add(self.page_size, std::sync::atomic::Ordering::SeqCst) + self.page_size;
+        self.commands.send(Command::SetRange { sub: self.sub.clone(), offset: 0, limit }).map_err(|_| Error::Closed)
+    }
+
+    /// Back to the first page.
+    pub fn reset_to_one_page(&self) -> Result<(), Error> {
+        self.limit.store(self.page_size, std::sync::atomic::Ordering::SeqCst);
+        self.commands.send(Command::SetRange { sub: self.sub.clone(), offset: 0, limit: self.page_size }).map_err(|_| Error::Closed)
+    }
+
+    /// The window's limit as last asked for.
+    pub fn limit(&self) -> u64 {
+        self.limit.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl<T: Clone> LiveList<T> {
+    /// The items, their changes, and a controller that grows the window page by page:
+    /// the shape of matrix-rust-sdk's `RoomList::entries_with_dynamic_adapters`. The
+    /// window is set to `0..page_size` now.
+    pub fn entries_with_dynamic_adapters(&self, page_size: u64) -> Result<(Vector<T>, DiffStream<T>, PageController), Error> {
+        let controller = PageController {
+            sub: self.sub.clone(),
+            commands: self.commands.clone(),
+            page_size,
+            limit: std::sync::atomic::AtomicU64::new(page_size),
+        };
+        controller.reset_to_one_page()?;
+        let (values, stream) = self.entries();
+        Ok((values, stream, controller))
+    }
+}
+
 impl<T: Clone> Drop for LiveList<T> {
     fn drop(&mut self) {
         let _ = self.commands.send(Command::Unsubscribe { sub: self.sub.clone() });

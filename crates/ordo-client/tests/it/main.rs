@@ -1,5 +1,6 @@
 //! One integration-test binary for the crate (as eyeball does).
 
+mod e2e;
+mod server;
 mod state;
-
 mod vectors;
