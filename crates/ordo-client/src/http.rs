@@ -110,15 +110,28 @@ impl Http {
             }
             if !status.is_success() {
                 return Err(match serde_json::from_slice::<ErrorBody>(&bytes) {
-                    Ok(ErrorBody { error }) => Error::Api { status: status.as_u16(), code: error.code, message: error.message, op: error.op },
-                    Err(_) => Error::Api { status: status.as_u16(), code: "unknown".to_owned(), message: String::from_utf8_lossy(&bytes).into_owned(), op: None },
+                    Ok(ErrorBody { error }) => {
+                        Error::Api { status: status.as_u16(), code: error.code, message: error.message, op: error.op }
+                    }
+                    Err(_) => Error::Api {
+                        status: status.as_u16(),
+                        code: "unknown".to_owned(),
+                        message: String::from_utf8_lossy(&bytes).into_owned(),
+                        op: None,
+                    },
                 });
             }
             return serde_json::from_slice(&bytes).map_err(|error| Error::Decode(format!("{method} {path}: {error}")));
         }
     }
 
-    async fn send(&self, method: Method, path: &str, token: Option<&str>, body: Bytes) -> Result<(StatusCode, Bytes), Error> {
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Bytes,
+    ) -> Result<(StatusCode, Bytes), Error> {
         let mut request = Request::builder().method(method).uri(format!("{}{path}", self.base));
         if !body.is_empty() {
             request = request.header("content-type", "application/json");
@@ -129,7 +142,8 @@ impl Http {
         let request = request.body(Full::new(body)).map_err(|error| Error::Transport(error.to_string()))?;
         let response = self.client.request(request).await.map_err(|error| Error::Transport(error.to_string()))?;
         let status = response.status();
-        let bytes = response.into_body().collect().await.map_err(|error| Error::Transport(error.to_string()))?.to_bytes();
+        let bytes =
+            response.into_body().collect().await.map_err(|error| Error::Transport(error.to_string()))?.to_bytes();
         Ok((status, bytes))
     }
 }

@@ -27,7 +27,9 @@ pub use http::Http;
 pub use hyper::Method;
 pub use list::{DiffStream, ListStatus, LiveList, PageController, MAX_PENDING_BATCHES};
 pub use live::{Backoff, Client, ClientBuilder, ConnectionState};
-pub use wire::{Collection, DeleteResult, Ended, Field, Item, Op, Precondition, QueryResult, Upsert, View, WriteResult};
+pub use wire::{
+    Collection, DeleteResult, Ended, Field, Item, Op, Precondition, QueryResult, Upsert, View, WriteResult,
+};
 
 // The list types, re-exported so that a UI uses the very versions this crate does.
 pub use eyeball_im::VectorDiff;

@@ -247,7 +247,9 @@ impl PageController {
     /// Back to the first page.
     pub fn reset_to_one_page(&self) -> Result<(), Error> {
         self.limit.store(self.page_size, std::sync::atomic::Ordering::SeqCst);
-        self.commands.send(Command::SetRange { sub: self.sub.clone(), offset: 0, limit: self.page_size }).map_err(|_| Error::Closed)
+        self.commands
+            .send(Command::SetRange { sub: self.sub.clone(), offset: 0, limit: self.page_size })
+            .map_err(|_| Error::Closed)
     }
 
     /// The window's limit as last asked for.
@@ -260,7 +262,10 @@ impl<T: Clone> LiveList<T> {
     /// The items, their changes, and a controller that grows the window page by page:
     /// the shape of matrix-rust-sdk's `RoomList::entries_with_dynamic_adapters`. The
     /// window is set to `0..page_size` now.
-    pub fn entries_with_dynamic_adapters(&self, page_size: u64) -> Result<(Vector<T>, DiffStream<T>, PageController), Error> {
+    pub fn entries_with_dynamic_adapters(
+        &self,
+        page_size: u64,
+    ) -> Result<(Vector<T>, DiffStream<T>, PageController), Error> {
         let controller = PageController {
             sub: self.sub.clone(),
             commands: self.commands.clone(),

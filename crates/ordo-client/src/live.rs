@@ -145,7 +145,9 @@ impl Client {
         T: DeserializeOwned + Clone + Send + Sync + 'static,
     {
         let sub = format!("l{}", self.next_id.fetch_add(1, Ordering::Relaxed));
-        let Value::Object(mut message) = serde_json::to_value(&view).map_err(|error| Error::Decode(error.to_string()))? else {
+        let Value::Object(mut message) =
+            serde_json::to_value(&view).map_err(|error| Error::Decode(error.to_string()))?
+        else {
             return Err(Error::Decode("a view that is not an object".to_owned()));
         };
         message.insert("collection".to_owned(), Value::String(collection.to_owned()));
@@ -296,7 +298,9 @@ impl Task {
     }
 
     async fn connection(&mut self, stale_token: bool) -> Lost {
-        let Ok(Ok((mut socket, _))) = timeout(HANDSHAKE_TIMEOUT, tokio_tungstenite::connect_async(self.ws_url.as_str())).await else {
+        let Ok(Ok((mut socket, _))) =
+            timeout(HANDSHAKE_TIMEOUT, tokio_tungstenite::connect_async(self.ws_url.as_str())).await
+        else {
             return Lost::Retry { healthy: false, stale_token };
         };
         // The session to resume is the previous connection's, read before this welcome replaces it.
@@ -417,7 +421,9 @@ impl Task {
                     sink.note_error("lost frames; subscribing again".to_owned());
                 }
                 self.state.restart(&sub);
-                send(socket, json!({"op": "unsubscribe", "sub": sub})).await.map_err(|_| Lost::Retry { healthy: true, stale_token: false })?;
+                send(socket, json!({"op": "unsubscribe", "sub": sub}))
+                    .await
+                    .map_err(|_| Lost::Retry { healthy: true, stale_token: false })?;
                 send(socket, self.subscribe_message(&sub)).await.map_err(|_| lost)?;
             }
             // A frame that names no list may have belonged to any: a new connection and a

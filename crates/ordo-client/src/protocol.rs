@@ -136,24 +136,65 @@ pub enum Refused {
 /// What a frame means. `Change` is the only one that changes a list.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    Welcome { session: String, auth: WelcomeAuth },
+    Welcome {
+        session: String,
+        auth: WelcomeAuth,
+    },
     Authed(Identity),
-    AuthExpired { grace_secs: u64 },
-    Error { code: String, message: String, sub: Option<String>, refused: Option<Refused>, req: Option<String> },
-    Unsubscribed { sub: String },
-    Resumed { session: String, replayed: Vec<String>, reset: Vec<String>, failed: Vec<(String, String, String)> },
+    AuthExpired {
+        grace_secs: u64,
+    },
+    Error {
+        code: String,
+        message: String,
+        sub: Option<String>,
+        refused: Option<Refused>,
+        req: Option<String>,
+    },
+    Unsubscribed {
+        sub: String,
+    },
+    Resumed {
+        session: String,
+        replayed: Vec<String>,
+        reset: Vec<String>,
+        failed: Vec<(String, String, String)>,
+    },
     /// The frame's `seq` is not the next one: it was not applied; subscribe again.
-    Gap { sub: String, expected_seq: u64, got_seq: u64 },
+    Gap {
+        sub: String,
+        expected_seq: u64,
+        got_seq: u64,
+    },
     /// The frame's diffs do not apply (or do not decode): nothing was applied; subscribe again.
-    InvalidDiffs { sub: String, seq: u64, message: String },
-    Change { sub: String, seq: u64, reset: bool, req: Option<String> },
+    InvalidDiffs {
+        sub: String,
+        seq: u64,
+        message: String,
+    },
+    Change {
+        sub: String,
+        seq: u64,
+        reset: bool,
+        req: Option<String>,
+    },
     /// The server ended the subscription; it is gone.
-    Ended { sub: String, reason: String, message: String },
+    Ended {
+        sub: String,
+        reason: String,
+        message: String,
+    },
     /// A request that changed nothing (`{"type":"ack"}`).
-    Ack { sub: Option<String>, req: Option<String> },
+    Ack {
+        sub: Option<String>,
+        req: Option<String>,
+    },
     /// A frame this client cannot read; `sub` names the list it may have concerned
     /// (`None`: any list may have lost data).
-    Protocol { message: String, sub: Option<String> },
+    Protocol {
+        message: String,
+        sub: Option<String>,
+    },
 }
 
 struct Record<S> {
@@ -282,15 +323,23 @@ impl<S: ListSink> ProtocolState<S> {
             "welcome" => self.on_welcome(frame),
             "authed" => match identity(frame) {
                 Some(identity) => vec![Event::Authed(identity)],
-                None => vec![Event::Protocol { message: format!("an authed frame without sub, role or expires_at: {}", preview(frame)), sub: None }],
+                None => vec![Event::Protocol {
+                    message: format!("an authed frame without sub, role or expires_at: {}", preview(frame)),
+                    sub: None,
+                }],
             },
-            "auth_expired" => vec![Event::AuthExpired { grace_secs: frame.get("grace_secs").and_then(Value::as_u64).unwrap_or(0) }],
+            "auth_expired" => {
+                vec![Event::AuthExpired { grace_secs: frame.get("grace_secs").and_then(Value::as_u64).unwrap_or(0) }]
+            }
             "diffs" => self.on_diffs(frame),
             "error" => self.on_error(frame),
             "unsubscribed" => self.on_unsubscribed(frame),
             "resumed" => self.on_resumed(frame),
             "ended" => self.on_ended(frame),
-            "ack" => vec![Event::Ack { sub: str_of(frame, "sub").map(str::to_owned), req: str_of(frame, "req").map(str::to_owned) }],
+            "ack" => vec![Event::Ack {
+                sub: str_of(frame, "sub").map(str::to_owned),
+                req: str_of(frame, "req").map(str::to_owned),
+            }],
             // A newer server's frame: ignored, as the protocol's versioning allows.
             _ => Vec::new(),
         }
@@ -317,8 +366,14 @@ impl<S: ListSink> ProtocolState<S> {
     }
 
     fn on_diffs(&mut self, frame: &Value) -> Vec<Event> {
-        let (Some(sub), Some(seq), Some(diffs)) = (str_of(frame, "sub"), frame.get("seq").and_then(Value::as_u64), frame.get("diffs").filter(|d| d.is_array())) else {
-            return vec![self.unreadable(frame, format!("a diffs frame without a sub, a seq or diffs: {}", preview(frame)))];
+        let (Some(sub), Some(seq), Some(diffs)) = (
+            str_of(frame, "sub"),
+            frame.get("seq").and_then(Value::as_u64),
+            frame.get("diffs").filter(|d| d.is_array()),
+        ) else {
+            return vec![
+                self.unreadable(frame, format!("a diffs frame without a sub, a seq or diffs: {}", preview(frame)))
+            ];
         };
         let Some(record) = self.subs.get_mut(sub) else { return Vec::new() };
         if matches!(record.phase, Phase::Closing | Phase::Restarting) {

@@ -96,7 +96,10 @@ impl<T: Clone> From<WireDiff<T>> for VectorDiff<T> {
 
 /// Decodes a frame's `diffs` and checks that they apply, in order, to a list of `len`
 /// items. Nothing is applied: a frame either applies whole or is refused.
-pub fn decode_diffs<T: Clone + serde::de::DeserializeOwned>(diffs: &Value, len: usize) -> Result<Vec<WireDiff<T>>, String> {
+pub fn decode_diffs<T: Clone + serde::de::DeserializeOwned>(
+    diffs: &Value,
+    len: usize,
+) -> Result<Vec<WireDiff<T>>, String> {
     let diffs = Vec::<WireDiff<T>>::deserialize(diffs).map_err(|error| format!("diffs that do not decode: {error}"))?;
     let mut length = len;
     for diff in &diffs {

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use ordo_client::{Auth, Client, DiffStream, Error, Field, Item, LiveList, Op, Precondition, Vector, View};
+use ordo_client::{
+    Auth, Client, ConnectionState, DiffStream, Error, Field, Item, LiveList, Op, Precondition, Vector, View,
+};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -59,7 +61,10 @@ impl Watched {
             if got == expected {
                 break;
             }
-            assert!(Instant::now() < deadline, "{step}: the list never matched the query\n list: {got:?}\nquery: {expected:?}");
+            assert!(
+                Instant::now() < deadline,
+                "{step}: the list never matched the query\n list: {got:?}\nquery: {expected:?}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // Everything the list applied is in the stream already (published under one lock).
@@ -122,12 +127,21 @@ async fn live_list_follows_writes_load_more_and_a_server_restart() {
 
     // The server dies mid-stream; a new one starts on the same port with the same data.
     let seq_before = watched.list.status().seq;
+    let connection = reader.connection();
+    let session_before = match &*connection.borrow() {
+        ConnectionState::Connected { session } => session.clone(),
+        other => panic!("not connected before the restart: {other:?}"),
+    };
     let port = server.port;
     server.kill();
     let server = Server::start(dir.path(), port);
     admin.http().write("rooms", &[room(41, 6000, 2), room(5, 6500, 1)]).await.unwrap();
     watched.settles_to(&admin, &view, "after the restart").await;
     assert!(watched.list.status().seq > seq_before, "the resume's Reset continues the sequence");
+    assert!(
+        matches!(&*connection.borrow(), ConnectionState::Connected { session } if *session != session_before),
+        "a new connection with a new session"
+    );
 
     // And it stays live after the resume.
     admin.http().write("rooms", &[room(7, 7000, 4)]).await.unwrap();
@@ -158,7 +172,11 @@ async fn http_helpers_write_query_get_and_delete() {
     let missing = admin.http().get_item::<RoomItem>("nowhere", "!r001").await.unwrap_err();
     assert_eq!(missing.code(), Some("unknown_collection"), "{missing}");
 
-    let page = admin.http().query::<RoomItem>("rooms", &View::new().sort(json!([{"field": "recency", "dir": "desc"}])).range(0, 1)).await.unwrap();
+    let page = admin
+        .http()
+        .query::<RoomItem>("rooms", &View::new().sort(json!([{"field": "recency", "dir": "desc"}])).range(0, 1))
+        .await
+        .unwrap();
     assert_eq!(page.total, 2);
     assert_eq!(page.items.iter().map(|item| item.id.as_str()).collect::<Vec<_>>(), ["!r002"]);
 
@@ -167,7 +185,8 @@ async fn http_helpers_write_query_get_and_delete() {
     assert!(!admin.http().delete_item("rooms", "!r002").await.unwrap().removed);
 
     // A bad batch is refused whole with its code.
-    let error = admin.http().write("rooms", &[Op::upsert("!x", json!({"recency": "not a number"})).into()]).await.unwrap_err();
+    let error =
+        admin.http().write("rooms", &[Op::upsert("!x", json!({"recency": "not a number"})).into()]).await.unwrap_err();
     assert!(matches!(&error, Error::Api { status: 422, code, .. } if code == "invalid_batch"), "{error}");
 
     // A reader may not write: 403, with no retry loop.
@@ -176,7 +195,11 @@ async fn http_helpers_write_query_get_and_delete() {
     assert_eq!(error.code(), Some("forbidden"), "{error}");
 
     // Preconditions and atomic ops serialise as the protocol names them.
-    let op: Op = Op::upsert("!a", json!({"name": "A"})).increment("unread", 1).set_max("recency", 17).when(Precondition::Version(41)).into();
+    let op: Op = Op::upsert("!a", json!({"name": "A"}))
+        .increment("unread", 1)
+        .set_max("recency", 17)
+        .when(Precondition::Version(41))
+        .into();
     assert_eq!(
         serde_json::to_value(&op).unwrap(),
         json!({"op": "upsert", "id": "!a", "fields": {"name": "A"}, "increment": {"unread": 1}, "set_max": {"recency": 17}, "if": {"version": 41}})

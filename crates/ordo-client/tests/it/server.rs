@@ -35,7 +35,6 @@ pub fn ordo_bin() -> &'static Path {
 pub struct Server {
     child: Child,
     pub port: u16,
-    pub dir: PathBuf,
     pub secret: PathBuf,
 }
 
@@ -64,7 +63,7 @@ impl Server {
         };
         // Keep draining stdout so the server never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Server { child, port, dir: dir.to_owned(), secret }
+        Server { child, port, secret }
     }
 
     pub fn url(&self) -> String {

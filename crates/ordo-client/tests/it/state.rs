@@ -40,7 +40,9 @@ fn random_diff(rng: &mut Rng, len: usize, counter: &mut u64) -> Value {
         7 => json!({"Set": {"index": if rng.below(8) == 0 { stray } else { rng.below(len) }, "value": fresh}}),
         8 => json!({"Remove": {"index": if rng.below(8) == 0 { stray } else { rng.below(len) }}}),
         9 => json!({"Truncate": {"length": rng.below(len + 2)}}),
-        10 => json!({"Reset": {"values": (0..rng.below(5)).map(|k| item(*counter * 10 + k as u64)).collect::<Vec<_>>()}}),
+        10 => {
+            json!({"Reset": {"values": (0..rng.below(5)).map(|k| item(*counter * 10 + k as u64)).collect::<Vec<_>>()}})
+        }
         _ => json!({"Bogus": {}}),
     }
 }
@@ -70,7 +72,9 @@ fn naive_apply(list: &[Value], diffs: &[Value]) -> Option<Vec<Value>> {
             "Remove" if index? < out.len() => {
                 out.remove(index?);
             }
-            "Truncate" if body["length"].as_u64()? as usize <= out.len() => out.truncate(body["length"].as_u64()? as usize),
+            "Truncate" if body["length"].as_u64()? as usize <= out.len() => {
+                out.truncate(body["length"].as_u64()? as usize)
+            }
             "Reset" => out = body["values"].as_array()?.clone(),
             _ => return None,
         }
@@ -88,7 +92,8 @@ fn frames_apply_exactly_like_a_naive_list_and_bad_ones_change_nothing() {
         let mut reference: Vec<Value> = Vec::new();
         let (mut seq, mut counter) = (0u64, 0u64);
         for step in 0..300 {
-            let diffs: Vec<Value> = (0..1 + rng.below(4)).map(|_| random_diff(&mut rng, reference.len(), &mut counter)).collect();
+            let diffs: Vec<Value> =
+                (0..1 + rng.below(4)).map(|_| random_diff(&mut rng, reference.len(), &mut counter)).collect();
             let events = state.handle_frame(&json!({"type": "diffs", "sub": "s", "seq": seq + 1, "diffs": diffs}));
             let context = format!("seed {seed}, step {step}, diffs {diffs:?}");
             match naive_apply(&reference, &diffs) {
@@ -138,11 +143,18 @@ fn unknown_frame_types_and_keys_are_ignored() {
 #[test]
 fn ended_removes_the_subscription_and_tells_why() {
     let mut state = one_list(vec![item(1)], 3);
-    let events = state.handle_frame(&json!({"type": "ended", "sub": "rooms", "reason": "collection_dropped", "message": "gone"}));
-    assert_eq!(events, vec![Event::Ended { sub: "rooms".into(), reason: "collection_dropped".into(), message: "gone".into() }]);
+    let events = state
+        .handle_frame(&json!({"type": "ended", "sub": "rooms", "reason": "collection_dropped", "message": "gone"}));
+    assert_eq!(
+        events,
+        vec![Event::Ended { sub: "rooms".into(), reason: "collection_dropped".into(), message: "gone".into() }]
+    );
     assert!(!state.contains("rooms"));
     // No frame of it follows; one that did would be ignored, not applied.
-    assert_eq!(state.handle_frame(&json!({"type": "diffs", "sub": "rooms", "seq": 4, "diffs": [{"Clear": {}}]})), vec![]);
+    assert_eq!(
+        state.handle_frame(&json!({"type": "diffs", "sub": "rooms", "seq": 4, "diffs": [{"Clear": {}}]})),
+        vec![]
+    );
 }
 
 #[test]
@@ -154,11 +166,15 @@ fn a_restarted_subscription_keeps_its_list_until_the_new_reset() {
     ));
     state.restart("rooms");
     // The old subscription's frames still on their way are ignored.
-    assert_eq!(state.handle_frame(&json!({"type": "diffs", "sub": "rooms", "seq": 8, "diffs": [{"Clear": {}}]})), vec![]);
+    assert_eq!(
+        state.handle_frame(&json!({"type": "diffs", "sub": "rooms", "seq": 8, "diffs": [{"Clear": {}}]})),
+        vec![]
+    );
     assert_eq!(state.sink("rooms").unwrap().items.len(), 2);
     assert_eq!(state.handle_frame(&json!({"type": "unsubscribed", "sub": "rooms"})), vec![]);
     assert_eq!(state.phase("rooms"), Some(Phase::Subscribing));
-    let events = state.handle_frame(&json!({"type": "diffs", "sub": "rooms", "seq": 1, "diffs": [{"Reset": {"values": [item(3)]}}]}));
+    let events = state
+        .handle_frame(&json!({"type": "diffs", "sub": "rooms", "seq": 1, "diffs": [{"Reset": {"values": [item(3)]}}]}));
     assert!(matches!(events[..], [Event::Change { seq: 1, reset: true, .. }]));
     assert_eq!(state.sink("rooms").unwrap().items.iter().cloned().collect::<Vec<_>>(), vec![item(3)]);
 }

@@ -68,7 +68,8 @@ fn protocol_vectors() {
         .filter(|path| path.extension().is_some_and(|ext| ext == "json"))
         .collect();
     files.sort();
-    let names: Vec<String> = files.iter().map(|path| path.file_stem().unwrap().to_string_lossy().into_owned()).collect();
+    let names: Vec<String> =
+        files.iter().map(|path| path.file_stem().unwrap().to_string_lossy().into_owned()).collect();
     // Cases the corpus must hold for this runner to mean something.
     for name in ["all_diff_kinds", "seq_gaps", "resume_replay", "resume_reset"] {
         assert!(names.iter().any(|n| n == name), "the corpus has no {name}.json");
@@ -87,9 +88,11 @@ fn protocol_vectors() {
         for (index, step) in steps.iter().enumerate() {
             let where_ = format!("{file} ({}), step {index}", vector["name"]);
             let reported: Vec<Value> = state.handle_frame(&step["frame"]).iter().filter_map(as_vector_event).collect();
-            let expected: Vec<Value> = step["expect"].get("event").cloned().map(normalize_expected).into_iter().collect();
+            let expected: Vec<Value> =
+                step["expect"].get("event").cloned().map(normalize_expected).into_iter().collect();
             assert_eq!(reported, expected, "{where_}: event");
-            let expected_lists: BTreeMap<String, Vec<Value>> = serde_json::from_value(step["expect"]["lists"].clone()).unwrap();
+            let expected_lists: BTreeMap<String, Vec<Value>> =
+                serde_json::from_value(step["expect"]["lists"].clone()).unwrap();
             assert_eq!(lists(&state), expected_lists, "{where_}: lists");
             let expected_seqs: BTreeMap<String, u64> = serde_json::from_value(step["expect"]["seqs"].clone()).unwrap();
             assert_eq!(seqs(&state), expected_seqs, "{where_}: seqs");

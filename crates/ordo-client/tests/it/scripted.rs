@@ -1,0 +1,179 @@
+//! The client against a scripted WebSocket server whose frames each test writes:
+//! token refresh (before `exp`, on `auth_expired`, after a 4401 close), resume with the
+//! session of the last `resumed`, and re-subscribing after a gap.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::{SinkExt, StreamExt};
+use ordo_client::{Auth, Backoff, Client, View};
+use serde_json::{json, Value};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::timeout;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+struct Script {
+    listener: TcpListener,
+}
+
+struct Conn {
+    ws: WebSocketStream<TcpStream>,
+}
+
+impl Script {
+    async fn new() -> Script {
+        Script { listener: TcpListener::bind("127.0.0.1:0").await.unwrap() }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.listener.local_addr().unwrap())
+    }
+
+    /// The client's next connection, welcomed with `session` and `auth`.
+    async fn accept(&self, session: &str, auth: &str) -> Conn {
+        let (stream, _) =
+            timeout(Duration::from_secs(10), self.listener.accept()).await.expect("the client connects").unwrap();
+        let ws = tokio_tungstenite::accept_async(stream).await.unwrap();
+        let mut conn = Conn { ws };
+        conn.send(json!({"type": "welcome", "protocol": 1, "session": session, "auth": auth, "limits": {}})).await;
+        conn
+    }
+}
+
+impl Conn {
+    async fn send(&mut self, frame: Value) {
+        self.ws.send(Message::text(frame.to_string())).await.unwrap();
+    }
+
+    async fn recv(&mut self) -> Value {
+        loop {
+            let message = timeout(Duration::from_secs(10), self.ws.next()).await.expect("a client message in time");
+            match message.expect("open").unwrap() {
+                Message::Text(text) => return serde_json::from_str(text.as_str()).unwrap(),
+                Message::Close(_) => panic!("the client closed"),
+                _ => continue,
+            }
+        }
+    }
+
+    /// Reads an `auth`, answers `authed` with `expires_at`, returns the token.
+    async fn authed(&mut self, expires_at: u64) -> String {
+        let auth = self.recv().await;
+        assert_eq!(auth["op"], "auth", "{auth}");
+        self.send(json!({"type": "authed", "sub": "u1", "role": "reader", "expires_at": expires_at})).await;
+        auth["token"].as_str().unwrap().to_owned()
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+}
+
+/// A client whose provider hands out `t1`, `t2`, ... and reconnects fast.
+fn client(script: &Script) -> (Client, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let client = Client::builder(script.url())
+        .backoff(Backoff { min: Duration::from_millis(10), max: Duration::from_millis(50) })
+        .auth(Auth::provider(move || {
+            let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+            async move { Ok(format!("t{n}")) }
+        }))
+        .build();
+    (client, calls)
+}
+
+#[tokio::test]
+async fn tokens_are_refreshed_on_auth_expired_before_exp_and_after_4401() {
+    let script = Script::new().await;
+    let (_client, _) = client(&script);
+    let mut conn = script.accept("s1", "required").await;
+    assert_eq!(conn.authed(now() + 3600).await, "t1");
+
+    // `auth_expired`: a fresh token on the same connection.
+    conn.send(json!({"type": "auth_expired", "grace_secs": 30})).await;
+    assert_eq!(conn.authed(now() + 2).await, "t2");
+    // That token expires in 2 s: refreshed before (at exp - lifetime / 2 here).
+    let started = std::time::Instant::now();
+    assert_eq!(conn.authed(now() + 3600).await, "t3");
+    assert!(started.elapsed() < Duration::from_secs(2), "refreshed before exp: {:?}", started.elapsed());
+
+    // Closed with 4401: a new connection, with a fresh token.
+    conn.ws
+        .send(Message::Close(Some(CloseFrame { code: CloseCode::from(4401), reason: "expired".into() })))
+        .await
+        .unwrap();
+    let mut conn = script.accept("s2", "required").await;
+    assert_eq!(conn.authed(now() + 3600).await, "t4");
+}
+
+#[tokio::test]
+async fn every_resume_presents_the_session_of_the_last_resumed() {
+    let script = Script::new().await;
+    let (client, _) = client(&script);
+    let list = client.subscribe::<Value>("rooms", View::new().range(0, 10)).unwrap();
+
+    let mut conn = script.accept("s1", "required").await;
+    conn.authed(now() + 3600).await;
+    let subscribe = conn.recv().await;
+    assert_eq!(subscribe["op"], "subscribe", "{subscribe}");
+    let sub = subscribe["sub"].as_str().unwrap().to_owned();
+    conn.send(
+        json!({"type": "diffs", "sub": sub, "seq": 1, "diffs": [{"Reset": {"values": [{"id": "a", "fields": {}}]}}]}),
+    )
+    .await;
+    drop(conn);
+
+    let mut conn = script.accept("s2", "required").await;
+    conn.authed(now() + 3600).await;
+    let resume = conn.recv().await;
+    assert_eq!(resume["op"], "resume", "{resume}");
+    assert_eq!(resume["session"], "s1", "the previous connection's session, not this welcome's");
+    assert_eq!(resume["subs"][0]["last_seq"], 1);
+    assert_eq!(resume["subs"][0]["collection"], "rooms");
+    conn.send(json!({"type": "resumed", "session": "s3", "subs": [{"sub": sub, "replayed": 0}]})).await;
+    conn.send(
+        json!({"type": "diffs", "sub": sub, "seq": 2, "diffs": [{"PushBack": {"value": {"id": "b", "fields": {}}}}]}),
+    )
+    .await;
+    drop(conn);
+
+    let mut conn = script.accept("s4", "required").await;
+    conn.authed(now() + 3600).await;
+    let resume = conn.recv().await;
+    assert_eq!(resume["session"], "s3", "the session of the last `resumed`");
+    assert_eq!(resume["subs"][0]["last_seq"], 2);
+    assert_eq!(list.items().len(), 2);
+}
+
+#[tokio::test]
+async fn a_gap_or_a_frame_that_does_not_apply_resubscribes_and_the_list_waits_for_the_reset() {
+    let script = Script::new().await;
+    let (client, _) = client(&script);
+    let list = client.subscribe::<Value>("rooms", View::new().range(0, 10)).unwrap();
+    let mut conn = script.accept("s1", "required").await;
+    conn.authed(now() + 3600).await;
+    let sub = conn.recv().await["sub"].as_str().unwrap().to_owned();
+    let item = |id: &str| json!({"id": id, "fields": {}});
+    conn.send(json!({"type": "diffs", "sub": sub, "seq": 1, "diffs": [{"Reset": {"values": [item("a")]}}]})).await;
+
+    // seq 3 after 1: not applied; unsubscribe + subscribe under the same id.
+    conn.send(json!({"type": "diffs", "sub": sub, "seq": 3, "diffs": [{"Clear": {}}]})).await;
+    assert_eq!(conn.recv().await, json!({"op": "unsubscribe", "sub": sub}));
+    assert_eq!(conn.recv().await["op"], "subscribe");
+    assert_eq!(list.items().len(), 1, "the list keeps its items until the new Reset");
+    conn.send(json!({"type": "unsubscribed", "sub": sub})).await;
+    conn.send(json!({"type": "diffs", "sub": sub, "seq": 1, "diffs": [{"Reset": {"values": [item("b"), item("c")]}}]}))
+        .await;
+
+    // A Remove past the end: not applied either.
+    conn.send(json!({"type": "diffs", "sub": sub, "seq": 2, "diffs": [{"Remove": {"index": 5}}]})).await;
+    assert_eq!(conn.recv().await, json!({"op": "unsubscribe", "sub": sub}));
+    assert_eq!(conn.recv().await["op"], "subscribe");
+    assert_eq!(list.items().iter().map(|item| item["id"].clone()).collect::<Vec<_>>(), [json!("b"), json!("c")]);
+    assert!(list.status().last_error.is_some());
+}
