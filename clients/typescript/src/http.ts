@@ -1,5 +1,7 @@
-// HTTP helpers (docs/PROTOCOL.md "HTTP API"): schemas, writes, one-shot queries and
-// items, with the same token options as OrdoClient. Uses the platform's `fetch`.
+// `@ordo/client/http`: HTTP helpers (docs/PROTOCOL.md "HTTP API") for schemas, writes,
+// one-shot queries and items, with the same token options as OrdoClient. Uses the
+// platform's `fetch`. A separate entry: the main one and the browser bundle (which the
+// server's demo embeds byte for byte) stay as they are.
 
 import { OrdoError } from "./errors.js";
 import type { Filter, Item, SortKey } from "./types.js";
