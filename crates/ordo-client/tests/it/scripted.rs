@@ -177,3 +177,71 @@ async fn a_gap_or_a_frame_that_does_not_apply_resubscribes_and_the_list_waits_fo
     assert_eq!(list.items().iter().map(|item| item["id"].clone()).collect::<Vec<_>>(), [json!("b"), json!("c")]);
     assert!(list.status().last_error.is_some());
 }
+
+/// Subscribes one list on a fresh scripted connection; returns the connection and the sub id.
+async fn live_list(script: &Script, client: &Client) -> (Conn, ordo_client::LiveList<Value>, String) {
+    let list = client.subscribe::<Value>("rooms", View::new().range(0, 1000)).unwrap();
+    let mut conn = script.accept("s1", "required").await;
+    conn.authed(now() + 3600).await;
+    let sub = conn.recv().await["sub"].as_str().unwrap().to_owned();
+    (conn, list, sub)
+}
+
+async fn wait_for_seq(list: &ordo_client::LiveList<Value>, seq: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while list.status().seq != seq {
+        assert!(std::time::Instant::now() < deadline, "seq {} never reached {seq}", list.status().seq);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_stream_that_falls_max_pending_batches_behind_gets_one_reset() {
+    use futures_util::FutureExt;
+    let script = Script::new().await;
+    let (client, _) = client(&script);
+    let (mut conn, list, sub) = live_list(&script, &client).await;
+    let item = |n: u64| json!({"id": format!("i{n}"), "fields": {}});
+    let (_, mut at_the_limit) = list.entries();
+    conn.send(json!({"type": "diffs", "sub": sub, "seq": 1, "diffs": [{"Reset": {"values": []}}]})).await;
+    for seq in 2..=ordo_client::MAX_PENDING_BATCHES as u64 {
+        conn.send(json!({"type": "diffs", "sub": sub, "seq": seq, "diffs": [{"PushBack": {"value": item(seq)}}]}))
+            .await;
+    }
+    wait_for_seq(&list, ordo_client::MAX_PENDING_BATCHES as u64).await;
+    // Exactly at the limit: every batch is still there, one per frame.
+    let (start, mut past_the_limit) = list.entries();
+    for _ in 0..ordo_client::MAX_PENDING_BATCHES {
+        let batch = at_the_limit.next().now_or_never().expect("a batch is ready").expect("open");
+        assert_eq!(batch.len(), 1);
+    }
+    assert!(at_the_limit.next().now_or_never().is_none());
+
+    // One past it: the unread batches collapse into one Reset of the items.
+    let last = 2 * ordo_client::MAX_PENDING_BATCHES as u64 + 1;
+    for seq in ordo_client::MAX_PENDING_BATCHES as u64 + 1..=last {
+        conn.send(json!({"type": "diffs", "sub": sub, "seq": seq, "diffs": [{"PushBack": {"value": item(seq)}}]}))
+            .await;
+    }
+    wait_for_seq(&list, last).await;
+    assert_eq!(start.len(), ordo_client::MAX_PENDING_BATCHES - 1);
+    let batch = past_the_limit.next().now_or_never().expect("a batch is ready").expect("open");
+    assert_eq!(batch, vec![ordo_client::VectorDiff::Reset { values: list.items() }]);
+    assert!(past_the_limit.next().now_or_never().is_none(), "nothing after the Reset");
+}
+
+#[tokio::test]
+async fn an_ended_subscription_ends_its_streams_and_says_why() {
+    let script = Script::new().await;
+    let (client, _) = client(&script);
+    let (mut conn, list, sub) = live_list(&script, &client).await;
+    let (_, mut stream) = list.entries();
+    conn.send(json!({"type": "diffs", "sub": sub, "seq": 1, "total": 3, "diffs": [{"Reset": {"values": [{"id": "a", "fields": {}}]}}]})).await;
+    assert_eq!(stream.next().await.unwrap().len(), 1);
+    assert_eq!(list.total(), Some(3));
+    conn.send(json!({"type": "ended", "sub": sub, "reason": "collection_dropped", "message": "rooms was dropped"}))
+        .await;
+    assert_eq!(timeout(Duration::from_secs(10), stream.next()).await.unwrap(), None, "the stream ends");
+    assert_eq!(list.ended().unwrap().reason, "collection_dropped");
+    assert_eq!(list.items().len(), 1, "the last items stay readable");
+}
