@@ -28,6 +28,9 @@ type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 /// How long a connect, the `welcome` and the `authed` may each take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// What the entries of one `resume` may take: a client frame is at most 64 KiB, and
+/// the rest of the message (the op, the session) is well under 1 KiB.
+const RESUME_BUDGET_BYTES: usize = 63 * 1024;
 /// A token is refreshed this long before its `exp` (or halfway, for shorter-lived ones).
 const REFRESH_MARGIN_SECS: u64 = 60;
 
@@ -318,36 +321,54 @@ impl Task {
             }
         }
         let entries = self.state.prepare_resume();
-        if !entries.is_empty() {
-            let sent = match resume_session {
-                Some(session) => {
-                    let subs: Vec<Value> = entries
-                        .iter()
-                        .map(|(sub, last_seq)| {
-                            let mut entry = self.specs.get(sub).cloned().unwrap_or_default();
-                            entry.insert("sub".to_owned(), sub.as_str().into());
-                            entry.insert("last_seq".to_owned(), (*last_seq).into());
-                            Value::Object(entry)
-                        })
-                        .collect();
-                    send(&mut socket, json!({"op": "resume", "session": session, "subs": subs})).await
-                }
-                // Never connected before: nothing was applied, so plain subscribes.
-                None => {
-                    let mut sent = Ok(());
-                    for (sub, _) in &entries {
-                        sent = sent.and(send(&mut socket, self.subscribe_message(sub)).await);
-                    }
-                    sent
-                }
-            };
-            if sent.is_err() {
-                return Lost::Retry { healthy: false, stale_token: false };
-            }
+        if self.send_resume(&mut socket, resume_session, entries).await.is_err() {
+            return Lost::Retry { healthy: false, stale_token: false };
         }
         let session = self.state.session.clone().unwrap_or_default();
         let _ = self.status.send(ConnectionState::Connected { session });
         self.live(&mut socket).await
+    }
+
+    /// Brings every list back on a new connection: one `resume` listing as many as fit
+    /// in a client frame (64 KiB), and a fresh `subscribe` for each of the others (their
+    /// lists stay as they are until the new subscription's Reset).
+    async fn send_resume(
+        &mut self,
+        socket: &mut Socket,
+        session: Option<String>,
+        entries: Vec<(String, u64)>,
+    ) -> Result<(), ()> {
+        let mut listed = Vec::new();
+        let mut fresh = Vec::new();
+        let mut size = 0;
+        for (sub, last_seq) in entries {
+            // Never connected before: nothing was applied, so plain subscribes.
+            if session.is_none() {
+                fresh.push(sub);
+                continue;
+            }
+            let mut entry = self.specs.get(&sub).cloned().unwrap_or_default();
+            entry.insert("sub".to_owned(), sub.as_str().into());
+            entry.insert("last_seq".to_owned(), last_seq.into());
+            let entry = Value::Object(entry);
+            let entry_size = entry.to_string().len() + 1;
+            if size + entry_size > RESUME_BUDGET_BYTES {
+                self.state.resubscribe(&sub);
+                fresh.push(sub);
+            } else {
+                size += entry_size;
+                listed.push(entry);
+            }
+        }
+        if let Some(session) = session {
+            if !listed.is_empty() || !fresh.is_empty() {
+                send(socket, json!({"op": "resume", "session": session, "subs": listed})).await?;
+            }
+        }
+        for sub in fresh {
+            send(socket, self.subscribe_message(&sub)).await?;
+        }
+        Ok(())
     }
 
     async fn live(&mut self, socket: &mut Socket) -> Lost {

@@ -261,6 +261,15 @@ impl<S: ListSink> ProtocolState<S> {
         }
     }
 
+    /// The client subscribes `sub` afresh (it could not be resumed): the next frame has `seq` 1.
+    /// The list stays as it is until that frame's Reset.
+    pub fn resubscribe(&mut self, sub: &str) {
+        if let Some(record) = self.subs.get_mut(sub) {
+            record.seq = 0;
+            record.phase = Phase::Subscribing;
+        }
+    }
+
     /// The client sends `unsubscribe`.
     pub fn unsubscribe(&mut self, sub: &str) {
         if let Some(record) = self.subs.get_mut(sub) {

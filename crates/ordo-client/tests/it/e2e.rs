@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use ordo_client::{
-    Auth, Client, ConnectionState, DiffStream, Error, Field, Item, LiveList, Op, Precondition, Vector, View,
+    Auth, Client, ConnectionState, DiffStream, Error, Field, Item, LiveList, Op, PageController, Precondition, Vector,
+    View,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -35,12 +36,15 @@ struct Watched {
     list: LiveList<RoomItem>,
     mirror: Vector<RoomItem>,
     stream: DiffStream<RoomItem>,
+    pages: PageController,
 }
 
 impl Watched {
-    fn new(list: LiveList<RoomItem>) -> Watched {
-        let (mirror, stream) = list.entries();
-        Watched { list, mirror, stream }
+    /// Watched as a room-list UI would: `entries_with_dynamic_adapters` (the window is
+    /// `0..page_size`, grown by `pages.add_one_page()`).
+    fn new(list: LiveList<RoomItem>, page_size: u64) -> Watched {
+        let (mirror, stream, pages) = list.entries_with_dynamic_adapters(page_size).unwrap();
+        Watched { list, mirror, stream, pages }
     }
 
     /// Waits until the list equals the query of `view` (ids and fields, in order), then
@@ -48,17 +52,12 @@ impl Watched {
     async fn settles_to(&mut self, admin: &Client, view: &View, step: &str) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let expected: Vec<(String, Room)> = admin
-                .http()
-                .query::<RoomItem>("rooms", view)
-                .await
-                .unwrap()
-                .items
-                .into_iter()
-                .map(|item| (item.id, item.fields))
-                .collect();
+            let answer = admin.http().query::<RoomItem>("rooms", view).await.unwrap();
+            let expected: Vec<(String, Room)> = answer.items.into_iter().map(|item| (item.id, item.fields)).collect();
             let got: Vec<(String, Room)> = self.list.items().into_iter().map(|item| (item.id, item.fields)).collect();
-            if got == expected {
+            // `total`, when the server sends it, is the view's length.
+            let total_agrees = self.list.total().is_none_or(|total| total == answer.total);
+            if got == expected && total_agrees {
                 break;
             }
             assert!(
@@ -106,7 +105,7 @@ async fn live_list_follows_writes_load_more_and_a_server_restart() {
         }))
         .build();
     let mut view = View::new().sort(json!([{"field": "recency", "dir": "desc"}])).range(0, 10);
-    let mut watched = Watched::new(reader.subscribe::<RoomItem>("rooms", view.clone()).unwrap());
+    let mut watched = Watched::new(reader.subscribe::<RoomItem>("rooms", view.clone()).unwrap(), 10);
     watched.settles_to(&admin, &view, "first snapshot").await;
     assert!(provided.load(Ordering::SeqCst) >= 1, "the provider gave the WebSocket its token");
 
@@ -114,39 +113,70 @@ async fn live_list_follows_writes_load_more_and_a_server_restart() {
     admin.http().write("rooms", &[room(3, 5000, 9), Op::remove("!r029"), room(40, 4000, 1)]).await.unwrap();
     watched.settles_to(&admin, &view, "after writes").await;
 
-    // Load more: the window grows.
-    view = view.range(0, 20);
-    watched.list.set_range(0, 20).unwrap();
-    watched.settles_to(&admin, &view, "load more").await;
-    assert_eq!(watched.list.items().len(), 20);
+    // Load more: the window grows by a page, twice.
+    for limit in [20, 30] {
+        view = view.range(0, limit);
+        watched.pages.add_one_page().unwrap();
+        watched.settles_to(&admin, &view, &format!("load more to {limit}")).await;
+        assert_eq!(watched.list.items().len() as u64, limit);
+    }
+
+    // Random writes, each compared with the query (a seeded sequence).
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    for step in 0..15 {
+        let mut ops = Vec::new();
+        for _ in 0..1 + step % 4 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let n = state % 45;
+            ops.push(if state % 5 == 0 {
+                Op::remove(format!("!r{n:03}"))
+            } else {
+                room(n, 2000 + state % 3000, state % 4)
+            });
+        }
+        admin.http().write("rooms", &ops).await.unwrap();
+        watched.settles_to(&admin, &view, &format!("random step {step}")).await;
+    }
 
     // A change of view: unread rooms only.
     view.filter = Some(json!({"field": "unread", "op": "gt", "value": 0}));
     watched.list.set_view(view.filter.clone(), view.sort.clone()).unwrap();
     watched.settles_to(&admin, &view, "set_view").await;
 
-    // The server dies mid-stream; a new one starts on the same port with the same data.
-    let seq_before = watched.list.status().seq;
-    let connection = reader.connection();
-    let session_before = match &*connection.borrow() {
-        ConnectionState::Connected { session } => session.clone(),
-        other => panic!("not connected before the restart: {other:?}"),
-    };
-    let port = server.port;
-    server.kill();
-    let server = Server::start(dir.path(), port);
-    admin.http().write("rooms", &[room(41, 6000, 2), room(5, 6500, 1)]).await.unwrap();
-    watched.settles_to(&admin, &view, "after the restart").await;
-    assert!(watched.list.status().seq > seq_before, "the resume's Reset continues the sequence");
-    assert!(
-        matches!(&*connection.borrow(), ConnectionState::Connected { session } if *session != session_before),
-        "a new connection with a new session"
-    );
-
-    // And it stays live after the resume.
-    admin.http().write("rooms", &[room(7, 7000, 4)]).await.unwrap();
-    watched.settles_to(&admin, &view, "after the resume").await;
-
+    // The server dies mid-stream (SIGKILL, then a graceful SIGINT); each time a new one
+    // starts on the same port with the same data.
+    let mut server = server;
+    for (round, graceful) in [(0u64, false), (1, true)] {
+        let seq_before = watched.list.status().seq;
+        let connection = reader.connection();
+        let session_before = match &*connection.borrow() {
+            ConnectionState::Connected { session } => session.clone(),
+            other => panic!("not connected before the restart: {other:?}"),
+        };
+        let port = server.port;
+        if graceful {
+            server.interrupt();
+        } else {
+            server.kill();
+        }
+        server = Server::start(dir.path(), port);
+        admin
+            .http()
+            .write("rooms", &[room(41 + round, 6000 + round, 2), room(5 + round, 6500 + round, 1)])
+            .await
+            .unwrap();
+        watched.settles_to(&admin, &view, &format!("after restart {round}")).await;
+        assert!(watched.list.status().seq > seq_before, "the resume's Reset continues the sequence");
+        assert!(
+            matches!(&*connection.borrow(), ConnectionState::Connected { session } if *session != session_before),
+            "a new connection with a new session"
+        );
+        // And it stays live after the resume.
+        admin.http().write("rooms", &[room(7, 7000 + round, 4)]).await.unwrap();
+        watched.settles_to(&admin, &view, &format!("after resume {round}")).await;
+    }
     drop(server);
 }
 

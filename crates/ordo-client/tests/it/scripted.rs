@@ -245,3 +245,42 @@ async fn an_ended_subscription_ends_its_streams_and_says_why() {
     assert_eq!(list.ended().unwrap().reason, "collection_dropped");
     assert_eq!(list.items().len(), 1, "the last items stay readable");
 }
+
+#[tokio::test]
+async fn lists_that_do_not_fit_in_one_resume_frame_subscribe_afresh() {
+    let script = Script::new().await;
+    let (client, _) = client(&script);
+    // Two views of 40 KB each: one resume frame (at most 64 KiB) holds only one.
+    let big = |tag: &str| json!({"field": "name", "op": "ne", "value": tag.repeat(40_000)});
+    let first = client.subscribe::<Value>("rooms", View::new().filter(big("a")).range(0, 10)).unwrap();
+    let second = client.subscribe::<Value>("rooms", View::new().filter(big("b")).range(0, 10)).unwrap();
+    let mut conn = script.accept("s1", "required").await;
+    conn.authed(now() + 3600).await;
+    for _ in 0..2 {
+        let sub = conn.recv().await["sub"].as_str().unwrap().to_owned();
+        conn.send(json!({"type": "diffs", "sub": sub, "seq": 1, "diffs": [{"Reset": {"values": [{"id": sub, "fields": {}}]}}]})).await;
+    }
+    wait_for_seq(&first, 1).await;
+    wait_for_seq(&second, 1).await;
+    drop(conn);
+
+    let mut conn = script.accept("s2", "required").await;
+    conn.authed(now() + 3600).await;
+    let resume = conn.recv().await;
+    assert!(resume.to_string().len() <= 64 * 1024, "the resume fits in a client frame");
+    assert_eq!(resume["op"], "resume");
+    let listed: Vec<&str> =
+        resume["subs"].as_array().unwrap().iter().map(|entry| entry["sub"].as_str().unwrap()).collect();
+    assert_eq!(listed, [first.id()]);
+    let subscribe = conn.recv().await;
+    assert_eq!((subscribe["op"].as_str(), subscribe["sub"].as_str()), (Some("subscribe"), Some(second.id())));
+    // The fresh subscription starts again at seq 1; its list waits for that Reset.
+    assert_eq!(second.items().len(), 1);
+    conn.send(json!({"type": "resumed", "session": "s3", "subs": [{"sub": first.id(), "replayed": 0}]})).await;
+    conn.send(json!({"type": "diffs", "sub": second.id(), "seq": 1, "diffs": [{"Reset": {"values": []}}]})).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !second.items().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the fresh Reset was never applied");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

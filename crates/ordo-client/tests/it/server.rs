@@ -92,6 +92,16 @@ pub fn mint(secret: &Path, sub: &str, role: &str, ttl_secs: u64) -> String {
     String::from_utf8(output.stdout).unwrap().trim().to_owned()
 }
 
+impl Server {
+    /// SIGINT: the graceful stop (WebSockets are closed with 1001).
+    pub fn interrupt(mut self) {
+        let status = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status().expect("running kill");
+        assert!(status.success());
+        let exit = self.child.wait().expect("waiting for ordo");
+        assert!(exit.success(), "ordo exited with {exit}");
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
