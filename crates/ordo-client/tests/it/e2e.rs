@@ -130,7 +130,7 @@ async fn live_list_follows_writes_load_more_and_a_server_restart() {
             state ^= state >> 7;
             state ^= state << 17;
             let n = state % 45;
-            ops.push(if state % 5 == 0 {
+            ops.push(if state.is_multiple_of(5) {
                 Op::remove(format!("!r{n:03}"))
             } else {
                 room(n, 2000 + state % 3000, state % 4)
