@@ -107,6 +107,7 @@ impl ClientBuilder {
             commands: receiver,
             state: ProtocolState::new(),
             specs: BTreeMap::new(),
+            before_change: BTreeMap::new(),
             status: state_tx,
             refresh_at: None,
         };
@@ -179,6 +180,10 @@ struct Task {
     /// Each subscription's definition as last sent (`subscribe` without `op` and `sub`):
     /// what a resume or a re-subscribe sends.
     specs: BTreeMap<String, Map<String, Value>>,
+    /// A subscription's definition before its last `set_range` / `set_view`: restored when
+    /// the server refuses that request (the subscription stays as it was), so a later
+    /// resume does not ask for the refused window.
+    before_change: BTreeMap<String, Map<String, Value>>,
     status: watch::Sender<ConnectionState>,
     refresh_at: Option<Instant>,
 }
@@ -244,9 +249,14 @@ impl Task {
             }
             Command::Unsubscribe { sub } => {
                 self.state.forget(&sub);
-                self.specs.remove(&sub);
+                self.drop_spec(&sub);
             }
         }
+    }
+
+    fn drop_spec(&mut self, sub: &str) {
+        self.specs.remove(sub);
+        self.before_change.remove(sub);
     }
 
     fn subscribe_message(&self, sub: &str) -> Value {
@@ -301,6 +311,8 @@ impl Task {
     }
 
     async fn connection(&mut self, stale_token: bool) -> Lost {
+        // An answer to a request of the last connection can no longer come.
+        self.before_change.clear();
         let Ok(Ok((mut socket, _))) =
             timeout(HANDSHAKE_TIMEOUT, tokio_tungstenite::connect_async(self.ws_url.as_str())).await
         else {
@@ -455,19 +467,22 @@ impl Task {
             }
             Event::Authed(identity) => self.schedule_refresh(identity.expires_at),
             Event::Unsubscribed { sub } | Event::Ended { sub, .. } if !self.state.contains(&sub) => {
-                self.specs.remove(&sub);
+                self.drop_spec(&sub);
             }
             Event::Error { sub: Some(sub), .. } if !self.state.contains(&sub) => {
-                self.specs.remove(&sub);
+                self.drop_spec(&sub);
             }
             Event::Error { sub: Some(sub), refused: Some(Refused::Request), code, message, .. } => {
+                if let Some(before) = self.before_change.remove(&sub) {
+                    self.specs.insert(sub.clone(), before);
+                }
                 if let Some(sink) = self.state.sink_mut(&sub) {
                     sink.note_error(format!("{code}: {message}"));
                 }
             }
             Event::Resumed { failed, .. } => {
                 for (sub, _, _) in failed {
-                    self.specs.remove(&sub);
+                    self.drop_spec(&sub);
                 }
             }
             _ => {}
@@ -484,18 +499,20 @@ impl Task {
             }
             Command::SetRange { sub, offset, limit } => {
                 let Some(spec) = self.specs.get_mut(&sub) else { return Ok(()) };
+                self.before_change.insert(sub.clone(), spec.clone());
                 spec.insert("offset".to_owned(), offset.into());
                 spec.insert("limit".to_owned(), limit.into());
                 send(socket, json!({"op": "set_range", "sub": sub, "offset": offset, "limit": limit})).await
             }
             Command::SetView { sub, filter, sort } => {
                 let Some(spec) = self.specs.get_mut(&sub) else { return Ok(()) };
+                self.before_change.insert(sub.clone(), spec.clone());
                 spec.insert("filter".to_owned(), filter.clone().unwrap_or(Value::Null));
                 spec.insert("sort".to_owned(), sort.clone().unwrap_or(Value::Null));
                 send(socket, json!({"op": "set_view", "sub": sub, "filter": filter, "sort": sort})).await
             }
             Command::Unsubscribe { sub } => {
-                self.specs.remove(&sub);
+                self.drop_spec(&sub);
                 self.state.unsubscribe(&sub);
                 send(socket, json!({"op": "unsubscribe", "sub": sub})).await
             }

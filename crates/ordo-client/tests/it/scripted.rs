@@ -284,3 +284,28 @@ async fn lists_that_do_not_fit_in_one_resume_frame_subscribe_afresh() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+#[tokio::test]
+async fn a_refused_set_range_is_not_what_the_next_resume_asks_for() {
+    let script = Script::new().await;
+    let (client, _) = client(&script);
+    let (mut conn, list, sub) = live_list(&script, &client).await;
+    conn.send(json!({"type": "diffs", "sub": sub, "seq": 1, "diffs": [{"Reset": {"values": []}}]})).await;
+    wait_for_seq(&list, 1).await;
+    list.set_range(0, 5000).unwrap();
+    assert_eq!(conn.recv().await, json!({"op": "set_range", "sub": sub, "offset": 0, "limit": 5000}));
+    conn.send(json!({"type": "error", "sub": sub, "code": "limit_exceeded", "message": "limit 5000 is past 1000"}))
+        .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while list.status().last_error.is_none() {
+        assert!(std::time::Instant::now() < deadline, "the refusal was never noted");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(list.ended().is_none(), "a refused request leaves the subscription as it was");
+    drop(conn);
+
+    let mut conn = script.accept("s2", "required").await;
+    conn.authed(now() + 3600).await;
+    let resume = conn.recv().await;
+    assert_eq!(resume["subs"][0]["limit"], 1000, "the window the server kept: {resume}");
+}
