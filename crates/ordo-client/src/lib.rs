@@ -1,4 +1,4 @@
-//! Rust client for [Ordo](https://github.com/): HTTP helpers (schemas, writes, queries,
+//! Rust client for Ordo: HTTP helpers (schemas, writes, queries,
 //! items) and live lists kept equal to a server window over a WebSocket.
 //!
 //! A [`LiveList<T>`] holds an `imbl::Vector<T>` and yields one

@@ -44,7 +44,7 @@ pub(crate) enum Command {
 /// The connection as the client sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConnectionState {
-    /// Connecting, or waiting `retry_in` before the next attempt.
+    /// Connecting, or waiting before the next attempt (`attempt`: failures in a row).
     Connecting { attempt: u32 },
     /// Welcomed, authenticated and resumed: frames flow.
     Connected { session: String },
