@@ -329,6 +329,9 @@ impl Task {
         };
         if auth == WelcomeAuth::Required || (self.tokens.has_auth() && auth != WelcomeAuth::None) {
             if let Err(stale) = self.authenticate(&mut socket, stale_token).await {
+                // Nothing was resumed on this connection: the next one presents the same
+                // session again (it may still be held, and replay).
+                self.state.session = resume_session;
                 return Lost::Retry { healthy: false, stale_token: stale };
             }
         }

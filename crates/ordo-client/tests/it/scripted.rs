@@ -309,3 +309,21 @@ async fn a_refused_set_range_is_not_what_the_next_resume_asks_for() {
     let resume = conn.recv().await;
     assert_eq!(resume["subs"][0]["limit"], 1000, "the window the server kept: {resume}");
 }
+
+#[tokio::test]
+async fn a_connection_lost_before_its_resume_does_not_spend_the_session_to_resume() {
+    let script = Script::new().await;
+    let (client, _) = client(&script);
+    let (mut conn, list, sub) = live_list(&script, &client).await;
+    conn.send(json!({"type": "diffs", "sub": sub, "seq": 1, "diffs": [{"Reset": {"values": []}}]})).await;
+    wait_for_seq(&list, 1).await;
+    drop(conn);
+    // Welcomed, then dropped before `authed`: no resume was sent on it.
+    let mut conn = script.accept("s2", "required").await;
+    assert_eq!(conn.recv().await["op"], "auth");
+    drop(conn);
+    let mut conn = script.accept("s3", "required").await;
+    conn.authed(now() + 3600).await;
+    let resume = conn.recv().await;
+    assert_eq!(resume["session"], "s1", "{resume}");
+}
