@@ -44,8 +44,9 @@ pub(crate) enum Command {
 /// The connection as the client sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConnectionState {
-    /// Connecting, or waiting before the next attempt (`attempt`: failures in a row).
-    Connecting { attempt: u32 },
+    /// Connecting, or waiting before the next attempt (`attempt`: failures in a row;
+    /// `last_error`: why the last attempt failed, e.g. a token the server refused).
+    Connecting { attempt: u32, last_error: Option<String> },
     /// Welcomed, authenticated and resumed: frames flow.
     Connected { session: String },
     /// The client is gone.
@@ -98,7 +99,7 @@ impl ClientBuilder {
         let tokens = Arc::new(TokenSource::new(self.auth));
         let http = Http::new(&self.url, tokens.clone());
         let (commands, receiver) = mpsc::unbounded_channel();
-        let (state_tx, state_rx) = watch::channel(ConnectionState::Connecting { attempt: 0 });
+        let (state_tx, state_rx) = watch::channel(ConnectionState::Connecting { attempt: 0, last_error: None });
         let ws_url = format!("{}/v1/ws", self.url.trim_end_matches('/').replacen("http", "ws", 1));
         let task = Task {
             ws_url,
@@ -110,6 +111,7 @@ impl ClientBuilder {
             before_change: BTreeMap::new(),
             status: state_tx,
             refresh_at: None,
+            last_error: None,
         };
         tokio::spawn(task.run());
         Client { http, commands, next_id: Arc::new(AtomicU64::new(1)), state: state_rx }
@@ -186,6 +188,8 @@ struct Task {
     before_change: BTreeMap<String, Map<String, Value>>,
     status: watch::Sender<ConnectionState>,
     refresh_at: Option<Instant>,
+    /// Why the last connection attempt failed or ended.
+    last_error: Option<String>,
 }
 
 fn now_secs() -> u64 {
@@ -201,7 +205,7 @@ impl Task {
         let mut attempt = 0u32;
         let mut stale_token = false;
         loop {
-            let _ = self.status.send(ConnectionState::Connecting { attempt });
+            let _ = self.status.send(ConnectionState::Connecting { attempt, last_error: self.last_error.clone() });
             match self.connection(stale_token).await {
                 Lost::Shutdown => break,
                 Lost::Retry { healthy, stale_token: stale } => {
@@ -209,7 +213,7 @@ impl Task {
                     attempt = if healthy { 0 } else { attempt.saturating_add(1) };
                 }
             }
-            let _ = self.status.send(ConnectionState::Connecting { attempt });
+            let _ = self.status.send(ConnectionState::Connecting { attempt, last_error: self.last_error.clone() });
             // Commands that come while disconnected change what the next resume lists.
             let wake = Instant::now() + self.backoff.delay(attempt);
             loop {
@@ -280,20 +284,36 @@ impl Task {
 
     /// Sends `auth` and waits for `authed`. `Err(stale)` when it did not work.
     async fn authenticate(&mut self, socket: &mut Socket, refresh: bool) -> Result<(), bool> {
-        let token = if refresh { self.tokens.refresh().await } else { self.tokens.current().await };
-        let Ok(Some(token)) = token else { return Err(false) };
+        let token = match if refresh { self.tokens.refresh().await } else { self.tokens.current().await } {
+            Ok(Some(token)) => token,
+            Ok(None) => {
+                self.last_error =
+                    Some("the server requires a token: give the client `Auth::Token` or `Auth::Provider`".to_owned());
+                return Err(false);
+            }
+            Err(error) => {
+                self.last_error = Some(error.to_string());
+                return Err(false);
+            }
+        };
         send(socket, json!({"op": "auth", "token": token})).await.map_err(|_| false)?;
         let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
         loop {
             let frame = timeout(deadline.saturating_duration_since(Instant::now()), Self::next_frame(socket)).await;
-            let Ok(Some(frame)) = frame else { return Err(false) };
+            let Ok(Some(frame)) = frame else {
+                self.last_error = Some("no `authed` in time".to_owned());
+                return Err(false);
+            };
             for event in self.state.handle_frame(&frame) {
                 match event {
                     Event::Authed(identity) => {
                         self.schedule_refresh(identity.expires_at);
                         return Ok(());
                     }
-                    Event::Error { sub: None, .. } => return Err(true),
+                    Event::Error { sub: None, code, message, .. } => {
+                        self.last_error = Some(format!("auth refused: {code}: {message}"));
+                        return Err(true);
+                    }
                     _ => {}
                 }
             }
@@ -313,10 +333,17 @@ impl Task {
     async fn connection(&mut self, stale_token: bool) -> Lost {
         // An answer to a request of the last connection can no longer come.
         self.before_change.clear();
-        let Ok(Ok((mut socket, _))) =
-            timeout(HANDSHAKE_TIMEOUT, tokio_tungstenite::connect_async(self.ws_url.as_str())).await
-        else {
-            return Lost::Retry { healthy: false, stale_token };
+        let mut socket = match timeout(HANDSHAKE_TIMEOUT, tokio_tungstenite::connect_async(self.ws_url.as_str())).await
+        {
+            Ok(Ok((socket, _))) => socket,
+            Ok(Err(error)) => {
+                self.last_error = Some(format!("connecting to {}: {error}", self.ws_url));
+                return Lost::Retry { healthy: false, stale_token };
+            }
+            Err(_) => {
+                self.last_error = Some(format!("connecting to {}: timed out", self.ws_url));
+                return Lost::Retry { healthy: false, stale_token };
+            }
         };
         // The session to resume is the previous connection's, read before this welcome replaces it.
         let resume_session = self.state.session.clone();
@@ -340,6 +367,7 @@ impl Task {
             return Lost::Retry { healthy: false, stale_token: false };
         }
         let session = self.state.session.clone().unwrap_or_default();
+        self.last_error = None;
         let _ = self.status.send(ConnectionState::Connected { session });
         self.live(&mut socket).await
     }

@@ -327,3 +327,24 @@ async fn a_connection_lost_before_its_resume_does_not_spend_the_session_to_resum
     let resume = conn.recv().await;
     assert_eq!(resume["session"], "s1", "{resume}");
 }
+
+#[tokio::test]
+async fn a_server_that_requires_a_token_the_client_lacks_is_reported() {
+    let script = Script::new().await;
+    let client = Client::builder(script.url())
+        .backoff(Backoff { min: Duration::from_millis(10), max: Duration::from_millis(50) })
+        .build();
+    let mut connection = client.connection();
+    let _conn = script.accept("s1", "required").await;
+    let state = timeout(
+        Duration::from_secs(10),
+        connection
+            .wait_for(|state| matches!(state, ordo_client::ConnectionState::Connecting { last_error: Some(_), .. })),
+    )
+    .await
+    .expect("reported in time")
+    .unwrap()
+    .clone();
+    let ordo_client::ConnectionState::Connecting { last_error: Some(error), .. } = state else { unreachable!() };
+    assert!(error.contains("requires a token"), "{error}");
+}
