@@ -21,7 +21,7 @@ use crate::auth::{Auth, TokenSource};
 use crate::http::Http;
 use crate::list::{LiveList, Shared, TypedSink};
 use crate::protocol::{Event, ListSink, Phase, ProtocolState, Refused, WelcomeAuth};
-use crate::wire::View;
+use crate::wire::{Ended, View};
 use crate::Error;
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -31,6 +31,8 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// What the entries of one `resume` may take: a client frame is at most 64 KiB, and
 /// the rest of the message (the op, the session) is well under 1 KiB.
 const RESUME_BUDGET_BYTES: usize = 63 * 1024;
+/// Fresh subscriptions a list may take in a row without applying a frame (see `Task::recover`).
+const MAX_RECOVERIES: u32 = 3;
 /// A token is refreshed this long before its `exp` (or halfway, for shorter-lived ones).
 const REFRESH_MARGIN_SECS: u64 = 60;
 
@@ -112,6 +114,7 @@ impl ClientBuilder {
             status: state_tx,
             refresh_at: None,
             last_error: None,
+            recoveries: BTreeMap::new(),
         };
         tokio::spawn(task.run());
         Client { http, commands, next_id: Arc::new(AtomicU64::new(1)), state: state_rx }
@@ -190,6 +193,8 @@ struct Task {
     refresh_at: Option<Instant>,
     /// Why the last connection attempt failed or ended.
     last_error: Option<String>,
+    /// Fresh subscriptions in a row, per list, with no frame applied since (see `recover`).
+    recoveries: BTreeMap<String, u32>,
 }
 
 fn now_secs() -> u64 {
@@ -259,6 +264,7 @@ impl Task {
     }
 
     fn drop_spec(&mut self, sub: &str) {
+        self.recoveries.remove(sub);
         self.specs.remove(sub);
         self.before_change.remove(sub);
     }
@@ -473,22 +479,16 @@ impl Task {
     async fn on_event(&mut self, socket: &mut Socket, event: Event) -> Result<(), Lost> {
         let lost = Lost::Retry { healthy: true, stale_token: false };
         match event {
-            Event::Gap { sub, .. } | Event::InvalidDiffs { sub, .. } | Event::Protocol { sub: Some(sub), .. } => {
-                // The list keeps its items until the new subscription's Reset replaces them.
-                let settled = matches!(self.state.phase(&sub), Some(Phase::Live | Phase::Subscribing));
-                if !settled {
-                    // An `unsubscribed` is awaited for it, and may have been this very frame:
-                    // only a new connection (and its resume) can tell.
-                    return Err(lost);
-                }
-                if let Some(sink) = self.state.sink_mut(&sub) {
-                    sink.note_error("lost frames; subscribing again".to_owned());
-                }
-                self.state.restart(&sub);
-                send(socket, json!({"op": "unsubscribe", "sub": sub}))
-                    .await
-                    .map_err(|_| Lost::Retry { healthy: true, stale_token: false })?;
-                send(socket, self.subscribe_message(&sub)).await.map_err(|_| lost)?;
+            Event::Gap { sub, expected_seq, got_seq } => {
+                self.recover(socket, sub, "gap", format!("expected seq {expected_seq}, got {got_seq}")).await?;
+            }
+            Event::InvalidDiffs { sub, seq, message } => {
+                self.recover(socket, sub, "invalid_diffs", format!("the diffs of seq {seq} do not apply: {message}"))
+                    .await?;
+            }
+            Event::Protocol { sub: Some(sub), message } => self.recover(socket, sub, "protocol", message).await?,
+            Event::Change { sub, .. } => {
+                self.recoveries.remove(&sub);
             }
             // A frame that names no list may have belonged to any: a new connection and a
             // resume replays (or resets) every list from its last applied `seq`.
@@ -519,6 +519,37 @@ impl Task {
             _ => {}
         }
         Ok(())
+    }
+
+    /// A list lost a frame (or could not read one): it subscribes again under the same id
+    /// and keeps its items until the new subscription's Reset replaces them. After
+    /// `MAX_RECOVERIES` in a row with no frame applied in between (items that never
+    /// decode into `T`, say), the list ends with the last error instead of looping.
+    async fn recover(&mut self, socket: &mut Socket, sub: String, code: &str, message: String) -> Result<(), Lost> {
+        let lost = || Lost::Retry { healthy: true, stale_token: false };
+        if !matches!(self.state.phase(&sub), Some(Phase::Live | Phase::Subscribing)) {
+            // An `unsubscribed` is awaited for it, and may have been this very frame:
+            // only a new connection (and its resume) can tell.
+            return Err(lost());
+        }
+        let attempts = self.recoveries.entry(sub.clone()).or_insert(0);
+        *attempts += 1;
+        if *attempts > MAX_RECOVERIES {
+            self.recoveries.remove(&sub);
+            if let Some(sink) = self.state.sink_mut(&sub) {
+                let message = format!("{message} (gave up after {MAX_RECOVERIES} fresh subscriptions)");
+                sink.end(Ended { reason: code.to_owned(), message });
+            }
+            self.state.unsubscribe(&sub);
+            self.drop_spec(&sub);
+            return send(socket, json!({"op": "unsubscribe", "sub": sub})).await.map_err(|_| lost());
+        }
+        if let Some(sink) = self.state.sink_mut(&sub) {
+            sink.note_error(format!("{code}: {message}; subscribing again"));
+        }
+        self.state.restart(&sub);
+        send(socket, json!({"op": "unsubscribe", "sub": sub})).await.map_err(|_| lost())?;
+        send(socket, self.subscribe_message(&sub)).await.map_err(|_| lost())
     }
 
     async fn on_command(&mut self, socket: &mut Socket, command: Command) -> Result<(), ()> {

@@ -348,3 +348,32 @@ async fn a_server_that_requires_a_token_the_client_lacks_is_reported() {
     let ordo_client::ConnectionState::Connecting { last_error: Some(error), .. } = state else { unreachable!() };
     assert!(error.contains("requires a token"), "{error}");
 }
+
+#[tokio::test]
+async fn items_that_never_decode_end_the_list_after_three_fresh_subscriptions() {
+    #[derive(Debug, Clone, serde::Deserialize)]
+    struct Counted {
+        #[allow(dead_code)]
+        n: u64,
+    }
+    let script = Script::new().await;
+    let (client, _) = client(&script);
+    let list = client.subscribe::<ordo_client::Item<Counted>>("rooms", View::new().range(0, 10)).unwrap();
+    let mut conn = script.accept("s1", "required").await;
+    conn.authed(now() + 3600).await;
+    let sub = conn.recv().await["sub"].as_str().unwrap().to_owned();
+    // `n` is a string: it never decodes into `Counted`.
+    let bad = json!({"type": "diffs", "sub": sub, "seq": 1, "diffs": [{"Reset": {"values": [{"id": "a", "fields": {"n": "x"}}]}}]});
+    conn.send(bad.clone()).await;
+    for _ in 0..3 {
+        assert_eq!(conn.recv().await, json!({"op": "unsubscribe", "sub": sub}));
+        assert_eq!(conn.recv().await["op"], "subscribe");
+        conn.send(json!({"type": "unsubscribed", "sub": sub})).await;
+        conn.send(bad.clone()).await;
+    }
+    assert_eq!(conn.recv().await, json!({"op": "unsubscribe", "sub": sub}), "it gives up");
+    let ended = list.ended().expect("the list ended");
+    assert_eq!(ended.reason, "invalid_diffs");
+    assert!(ended.message.contains("gave up"), "{}", ended.message);
+    assert!(list.items().is_empty(), "nothing undecodable was applied");
+}
