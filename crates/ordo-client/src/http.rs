@@ -1,6 +1,7 @@
 //! The HTTP helpers: schemas, writes, one-shot queries, items.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -21,6 +22,7 @@ pub struct Http {
     base: String,
     client: Client<HttpConnector, Full<Bytes>>,
     tokens: Arc<TokenSource>,
+    timeout: Duration,
 }
 
 /// Percent-encodes one path segment (collection names and item ids may hold `/`, `:`, `!`, ...).
@@ -51,9 +53,9 @@ struct ErrorDetail {
 }
 
 impl Http {
-    pub(crate) fn new(base: &str, tokens: Arc<TokenSource>) -> Http {
+    pub(crate) fn new(base: &str, tokens: Arc<TokenSource>, timeout: Duration) -> Http {
         let client = Client::builder(TokioExecutor::new()).build_http();
-        Http { base: base.trim_end_matches('/').to_owned(), client, tokens }
+        Http { base: base.trim_end_matches('/').to_owned(), client, tokens, timeout }
     }
 
     /// `PUT /v1/collections/{name}`: creates the collection (or finds it with this very schema).
@@ -140,10 +142,14 @@ impl Http {
             request = request.header("authorization", format!("Bearer {token}"));
         }
         let request = request.body(Full::new(body)).map_err(|error| Error::Transport(error.to_string()))?;
-        let response = self.client.request(request).await.map_err(|error| Error::Transport(error.to_string()))?;
-        let status = response.status();
-        let bytes =
-            response.into_body().collect().await.map_err(|error| Error::Transport(error.to_string()))?.to_bytes();
-        Ok((status, bytes))
+        let exchange = async {
+            let response = self.client.request(request).await.map_err(|error| Error::Transport(error.to_string()))?;
+            let status = response.status();
+            let body = response.into_body().collect().await.map_err(|error| Error::Transport(error.to_string()))?;
+            Ok((status, body.to_bytes()))
+        };
+        tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| Error::Transport(format!("no answer within {:?}", self.timeout)))?
     }
 }

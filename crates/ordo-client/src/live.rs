@@ -82,6 +82,7 @@ pub struct ClientBuilder {
     url: String,
     auth: Auth,
     backoff: Backoff,
+    http_timeout: Duration,
 }
 
 impl ClientBuilder {
@@ -95,11 +96,17 @@ impl ClientBuilder {
         self
     }
 
+    /// How long an HTTP request may wait for its whole answer (30 s by default).
+    pub fn http_timeout(mut self, timeout: Duration) -> ClientBuilder {
+        self.http_timeout = timeout;
+        self
+    }
+
     /// Starts the connection task (on the current tokio runtime). Never fails: the task
     /// connects, and reconnects, in the background.
     pub fn build(self) -> Client {
         let tokens = Arc::new(TokenSource::new(self.auth));
-        let http = Http::new(&self.url, tokens.clone());
+        let http = Http::new(&self.url, tokens.clone(), self.http_timeout);
         let (commands, receiver) = mpsc::unbounded_channel();
         let (state_tx, state_rx) = watch::channel(ConnectionState::Connecting { attempt: 0, last_error: None });
         let ws_url = format!("{}/v1/ws", self.url.trim_end_matches('/').replacen("http", "ws", 1));
@@ -134,7 +141,12 @@ pub struct Client {
 impl Client {
     /// `url` is the server's base URL, `http://host:port`.
     pub fn builder(url: impl Into<String>) -> ClientBuilder {
-        ClientBuilder { url: url.into(), auth: Auth::None, backoff: Backoff::default() }
+        ClientBuilder {
+            url: url.into(),
+            auth: Auth::None,
+            backoff: Backoff::default(),
+            http_timeout: Duration::from_secs(30),
+        }
     }
 
     pub fn http(&self) -> &Http {

@@ -377,3 +377,21 @@ async fn items_that_never_decode_end_the_list_after_three_fresh_subscriptions() 
     assert!(ended.message.contains("gave up"), "{}", ended.message);
     assert!(list.items().is_empty(), "nothing undecodable was applied");
 }
+
+#[tokio::test]
+async fn an_http_request_without_an_answer_times_out() {
+    // A listener that accepts and never answers.
+    let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    let _held = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            held.push(stream);
+        }
+    });
+    let client = Client::builder(url).http_timeout(Duration::from_millis(200)).build();
+    let started = std::time::Instant::now();
+    let error = client.http().get_item::<Value>("rooms", "!a").await.unwrap_err();
+    assert!(matches!(&error, ordo_client::Error::Transport(message) if message.contains("no answer")), "{error}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
