@@ -109,6 +109,11 @@ impl<T: Clone + DeserializeOwned + Send + Sync + 'static> ListSink for TypedSink
             diff.clone().apply(&mut items);
         }
         inner.items = items;
+        if batch.is_empty() {
+            // A frame with no diffs (the answer to a `set_range` that changed nothing):
+            // nothing for a UI to do.
+            return Ok(reset);
+        }
         let Inner { items, queues, .. } = &mut *inner;
         queues.retain(|queue| queue.strong_count() > 0);
         for queue in queues.iter().filter_map(Weak::upgrade) {

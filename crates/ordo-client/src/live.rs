@@ -209,6 +209,19 @@ struct Task {
     recoveries: BTreeMap<String, u32>,
 }
 
+/// The keys that place a window by an item or at the end instead of by `offset`
+/// (`docs/PROTOCOL.md`, windows by key): at most one of them, `offset` included, may be sent.
+const POSITION_KEYS: [&str; 4] = ["around", "after", "before", "tail"];
+
+/// A `set_range` by offset: the definition a resume sends is placed by offset from now on.
+fn place_by_offset(spec: &mut Map<String, Value>, offset: u64, limit: u64) {
+    for key in POSITION_KEYS {
+        spec.remove(key);
+    }
+    spec.insert("offset".to_owned(), offset.into());
+    spec.insert("limit".to_owned(), limit.into());
+}
+
 fn now_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |now| now.as_secs())
 }
@@ -258,8 +271,7 @@ impl Task {
             }
             Command::SetRange { sub, offset, limit } => {
                 if let Some(spec) = self.specs.get_mut(&sub) {
-                    spec.insert("offset".to_owned(), offset.into());
-                    spec.insert("limit".to_owned(), limit.into());
+                    place_by_offset(spec, offset, limit);
                 }
             }
             Command::SetView { sub, filter, sort } => {
@@ -574,8 +586,7 @@ impl Task {
             Command::SetRange { sub, offset, limit } => {
                 let Some(spec) = self.specs.get_mut(&sub) else { return Ok(()) };
                 self.before_change.insert(sub.clone(), spec.clone());
-                spec.insert("offset".to_owned(), offset.into());
-                spec.insert("limit".to_owned(), limit.into());
+                place_by_offset(spec, offset, limit);
                 send(socket, json!({"op": "set_range", "sub": sub, "offset": offset, "limit": limit})).await
             }
             Command::SetView { sub, filter, sort } => {

@@ -395,3 +395,34 @@ async fn an_http_request_without_an_answer_times_out() {
     assert!(matches!(&error, ordo_client::Error::Transport(message) if message.contains("no answer")), "{error}");
     assert!(started.elapsed() < Duration::from_secs(5));
 }
+
+#[tokio::test]
+async fn a_set_range_by_offset_drops_the_position_key_the_list_was_placed_by() {
+    let script = Script::new().await;
+    let (client, _) = client(&script);
+    let mut view = View::new();
+    view.limit = Some(10);
+    view.extra.insert("tail".to_owned(), json!(true));
+    let list = client.subscribe::<Value>("rooms", view).unwrap();
+    let mut conn = script.accept("s1", "required").await;
+    conn.authed(now() + 3600).await;
+    let subscribe = conn.recv().await;
+    assert_eq!(subscribe["tail"], true);
+    let sub = subscribe["sub"].as_str().unwrap().to_owned();
+    let (_, mut stream) = list.entries();
+    conn.send(json!({"type": "diffs", "sub": sub, "seq": 1, "offset": 90, "limit": 10, "total": 100, "diffs": [{"Reset": {"values": []}}]})).await;
+    // A frame with no diffs (a key-placed set_range that changed nothing) applies, and
+    // gives the streams nothing.
+    conn.send(json!({"type": "diffs", "sub": sub, "seq": 2, "diffs": []})).await;
+    wait_for_seq(&list, 2).await;
+    assert_eq!(stream.next().await.unwrap().len(), 1);
+    assert!(futures_util::FutureExt::now_or_never(stream.next()).is_none());
+
+    list.set_range(0, 20).unwrap();
+    assert_eq!(conn.recv().await["op"], "set_range");
+    drop(conn);
+    let mut conn = script.accept("s2", "required").await;
+    conn.authed(now() + 3600).await;
+    let entry = conn.recv().await["subs"][0].clone();
+    assert_eq!((entry.get("tail"), &entry["offset"], &entry["limit"]), (None, &json!(0), &json!(20)), "{entry}");
+}
