@@ -26,10 +26,11 @@ pub enum ErrorCode {
     OriginNotAllowed,
     HostNotAllowed,
     InvalidRules,
+    SeqNotReached,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::BadJson,
         ErrorCode::BadRequest,
         ErrorCode::InvalidSchema,
@@ -50,6 +51,7 @@ impl ErrorCode {
         ErrorCode::OriginNotAllowed,
         ErrorCode::HostNotAllowed,
         ErrorCode::InvalidRules,
+        ErrorCode::SeqNotReached,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -74,6 +76,7 @@ impl ErrorCode {
             ErrorCode::OriginNotAllowed => "origin_not_allowed",
             ErrorCode::HostNotAllowed => "host_not_allowed",
             ErrorCode::InvalidRules => "invalid_rules",
+            ErrorCode::SeqNotReached => "seq_not_reached",
         }
     }
 
@@ -87,7 +90,7 @@ impl ErrorCode {
             ErrorCode::RateLimited => 429,
             ErrorCode::UnknownSubscription | ErrorCode::SubscriptionExists => 400,
             ErrorCode::StoreFull => 507,
-            ErrorCode::ShuttingDown => 503,
+            ErrorCode::ShuttingDown | ErrorCode::SeqNotReached => 503,
             ErrorCode::Internal => 500,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden | ErrorCode::OriginNotAllowed => 403,

@@ -17,6 +17,7 @@ pub mod http;
 pub mod limits;
 pub mod logging;
 pub mod metrics;
+pub mod min_seq;
 pub mod name_routes;
 pub mod rate_limit;
 pub mod rng;

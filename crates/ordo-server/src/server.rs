@@ -167,6 +167,7 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
     let routes = Arc::new(RwLock::new(NameRoutes::new()));
     let core = Core::new(database, routes.clone(), options.outbound_budget);
     core.publish_routes();
+    let seq = core.seq_watch();
     let (core_tx, core_rx) = mpsc::channel(limits::CORE_QUEUE_CAPACITY);
     let writer = std::thread::Builder::new()
         .name("ordo-writer".to_owned())
@@ -253,6 +254,7 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
             demo_secret,
             gate,
             metrics_public: options.metrics_public,
+            seq,
         });
         tokio::spawn(expire_sessions(registry, core_tx.clone(), shutdown_rx.clone()));
         tokio::spawn(async move {

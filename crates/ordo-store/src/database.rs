@@ -340,6 +340,7 @@ impl Database {
         self.wal.remove_checkpointed_in_background(self.checkpointer.checkpointed_seq());
         for (offset, &index) in accepted.iter().enumerate() {
             let write = &mut group[index];
+            sink.begin_batch(first_seq + offset as u64);
             // Validated against the same state before the append: the engine cannot refuse it now.
             let summary = self
                 .engine

@@ -388,3 +388,59 @@ fn checkpointed_segments_are_removed_in_the_background_as_writes_go_on() {
     assert_eq!(report.last_seq, n_writes);
     assert_engine_matches(database.engine(), "rooms", &model, "after background removals");
 }
+
+/// Records which batch each window change came from, as `DiffSink::begin_batch` says.
+#[derive(Default)]
+struct BatchSeqSink {
+    current_seq: Option<u64>,
+    /// (seq of the batch, window) per `window_done`.
+    changes: Vec<(Option<u64>, ordo_core::WindowId)>,
+    begun: Vec<u64>,
+}
+
+impl ordo_core::DiffSink for BatchSeqSink {
+    fn begin_batch(&mut self, seq: u64) {
+        self.current_seq = Some(seq);
+        self.begun.push(seq);
+    }
+
+    fn diff(&mut self, _window: ordo_core::WindowId, _diff: ordo_core::DiffRef<'_>) {}
+
+    fn window_done(&mut self, window: ordo_core::WindowId) {
+        self.changes.push((self.current_seq, window));
+    }
+}
+
+/// A group commit applies its batches one by one; before each, the sink hears
+/// the batch's `seq`, so the diffs of every batch are told apart (the server's
+/// `write_seq`). Refused batches get no `seq` and no call.
+#[test]
+fn the_sink_hears_each_batch_seq_before_its_diffs() {
+    use ordo_core::{SortKey, Value, ViewDef};
+    use ordo_store::PendingWrite;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut database, _) = open(dir.path());
+    let rooms = database.create_collection("rooms", test_schema()).unwrap();
+    let def = ViewDef::new(ordo_core::Filter::True, vec![SortKey::desc("recency")]);
+    let window = database.open_window(rooms, &def, 0, 10, &mut CollectingSink::default()).unwrap();
+    let batch = |id: &str, recency: u64| {
+        let mut batch = Batch::new();
+        batch.upsert(id).set("recency", Value::U64(recency));
+        batch
+    };
+    let mut refused = Batch::new();
+    refused.upsert("bad").set("recency", Value::Str("not a number"));
+    let mut group = vec![
+        PendingWrite::new(rooms, batch("a", 1)),
+        PendingWrite::new(rooms, refused),
+        PendingWrite::new(rooms, batch("b", 2)),
+        PendingWrite::new(rooms, batch("c", 3)),
+    ];
+    let mut sink = BatchSeqSink::default();
+    database.write_group(&mut group, &mut sink);
+    let seqs: Vec<Option<u64>> =
+        group.iter().map(|write| write.result.as_ref().unwrap().as_ref().ok().map(|ack| ack.seq)).collect();
+    assert_eq!(seqs, [Some(1), None, Some(2), Some(3)]);
+    assert_eq!(sink.begun, [1, 2, 3]);
+    assert_eq!(sink.changes, [(Some(1), window), (Some(2), window), (Some(3), window)]);
+}
