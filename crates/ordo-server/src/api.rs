@@ -273,6 +273,11 @@ async fn route(
             body["seq"] = seq.into();
             Ok(json_response(200, body.to_string().into_bytes()))
         }
+        (&Method::POST, ["v1", "backup"]) => {
+            require_admin(&*caller(state, token, &path)?, "a backup")?;
+            let body = read_body(request).await?;
+            Ok(json_response(200, crate::backup::backup(state, &body).await?))
+        }
         (&Method::POST, ["demo", "token"]) => {
             let body = read_body(request).await?;
             let user = crate::demo::parse_token_request(&body)?;
@@ -500,7 +505,7 @@ async fn route(
         _ => {
             let known_path = matches!(
                 segments.as_slice(),
-                ["v1", "health" | "limits" | "ws" | "collections" | "batch" | "rules"]
+                ["v1", "health" | "limits" | "ws" | "collections" | "batch" | "rules" | "backup"]
                     | ["metrics"]
                     | ["demo"]
                     | ["demo", "simulator" | "token"]

@@ -240,6 +240,11 @@ pub enum Command {
     Gauges {
         reply: oneshot::Sender<CoreGauges>,
     },
+    /// Starts a hot backup: the writer only pins the log and hands the backup
+    /// back; the copy runs on a blocking thread (`backup.rs`).
+    StartBackup {
+        reply: oneshot::Sender<Result<ordo_store::Backup, ApiError>>,
+    },
     OpenSession {
         session: SessionId,
         shared: Arc<ConnShared>,
@@ -815,6 +820,9 @@ impl Core {
                     Some(out)
                 });
                 let _ = reply.send(item);
+            }
+            Command::StartBackup { reply } => {
+                let _ = reply.send(self.database.start_backup().map_err(ApiError::from));
             }
             Command::CollectionLen { collection, reply } => {
                 let _ = reply.send(self.database.engine().collection(collection).map_or(0, |c| c.len()));

@@ -28,11 +28,12 @@ pub enum ErrorCode {
     InvalidRules,
     /// A write's precondition did not hold (409); nothing of the batch was written.
     Conflict,
+    BackupRunning,
     SeqNotReached,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::BadJson,
         ErrorCode::BadRequest,
         ErrorCode::InvalidSchema,
@@ -54,6 +55,7 @@ impl ErrorCode {
         ErrorCode::HostNotAllowed,
         ErrorCode::InvalidRules,
         ErrorCode::Conflict,
+        ErrorCode::BackupRunning,
         ErrorCode::SeqNotReached,
     ];
 
@@ -80,6 +82,7 @@ impl ErrorCode {
             ErrorCode::HostNotAllowed => "host_not_allowed",
             ErrorCode::InvalidRules => "invalid_rules",
             ErrorCode::Conflict => "conflict",
+            ErrorCode::BackupRunning => "backup_running",
             ErrorCode::SeqNotReached => "seq_not_reached",
         }
     }
@@ -101,6 +104,7 @@ impl ErrorCode {
             ErrorCode::HostNotAllowed => 421,
             ErrorCode::InvalidRules => 400,
             ErrorCode::Conflict => 409,
+            ErrorCode::BackupRunning => 409,
         }
     }
 }
@@ -236,9 +240,13 @@ impl From<StoreError> for ApiError {
             StoreError::Batch(error) => error.into(),
             StoreError::SchemaChange(error) => error.into(),
             StoreError::CreateCollection(error) => error.into(),
+            // A full disk is not a bug: writes are refused until there is room
+            // again, then go on without a restart (docs/STORAGE.md).
             StoreError::MapFull { .. } | StoreError::DiskFull { .. } => {
                 ApiError::new(ErrorCode::StoreFull, error.to_string())
             }
+            StoreError::BackupRunning { .. } => ApiError::new(ErrorCode::BackupRunning, error.to_string()),
+            StoreError::BackupDestination { .. } => ApiError::bad_request(error.to_string()),
             other => ApiError::new(ErrorCode::Internal, other.to_string()),
         }
     }

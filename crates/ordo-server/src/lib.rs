@@ -6,6 +6,8 @@
 pub mod access;
 pub mod api;
 pub mod auth;
+pub mod backup;
+pub mod backup_cmd;
 pub mod cli;
 pub mod core;
 pub mod demo;

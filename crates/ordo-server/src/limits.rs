@@ -178,6 +178,7 @@ pub fn as_json() -> serde_json::Value {
         "identity_request_burst": IDENTITY_REQUEST_BURST,
         "collections_created_per_identity_per_hour": COLLECTIONS_CREATED_PER_IDENTITY_PER_HOUR,
         "max_rules": MAX_RULES,
+        "max_backup_path_bytes": MAX_BACKUP_PATH_BYTES,
         "max_payload_depth": MAX_PAYLOAD_DEPTH,
     })
 }
@@ -203,3 +204,12 @@ pub const MAX_DEMO_MESSAGES_PER_SECOND: u32 = 5_000;
 /// collection stays quiet): their ids are read at start with one query per
 /// `MAX_WINDOW_LIMIT`, and the Zipf table holds one `f64` per room.
 pub const MAX_SIMULATED_ROOMS: usize = 20_000;
+
+/// `--log-segment-size`: the write-ahead log's segment size (each also
+/// preallocated as a spare: a busy server holds up to two), by default
+/// `ordo_store::DEFAULT_LOG_SEGMENT_BYTES` (16 MiB). Below 1 MiB, rotations
+/// (a directory sync each) come too often; above 1 GiB, a spare is a waste.
+pub const MIN_LOG_SEGMENT_BYTES: u64 = 1 << 20;
+pub const MAX_LOG_SEGMENT_BYTES: u64 = 1 << 30;
+/// Longest backup destination path (`POST /v1/backup`'s `to`), in bytes.
+pub const MAX_BACKUP_PATH_BYTES: usize = 4096;

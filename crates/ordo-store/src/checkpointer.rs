@@ -26,6 +26,10 @@ use crate::error::StoreError;
 use crate::store::{CheckpointTarget, OpenCheckpoint, SchemaChange, Store, WriteScratch};
 use crate::wal;
 
+/// After a failed checkpoint, the first retry comes this soon; each further one
+/// waits twice as long, up to the checkpoint interval.
+const FIRST_RETRY_DELAY: Duration = Duration::from_millis(500);
+
 /// Jobs queued for the checkpointer; a full queue makes the writer wait.
 const JOB_QUEUE_CAPACITY: usize = 1024;
 
@@ -343,8 +347,9 @@ fn apply<'t>(
 
 fn run(mut state: State, jobs: Receiver<Job>, interval: Duration, max_pending_bytes: usize) {
     // When the oldest record LMDB lacks is due to be checkpointed (after a failed
-    // checkpoint, the retry waits one interval).
+    // checkpoint, the retry backs off from `FIRST_RETRY_DELAY` to the interval).
     let mut due: Option<Instant> = (state.received_seq > state.store.last_seq()).then(|| Instant::now() + interval);
+    let mut retry_delay = FIRST_RETRY_DELAY;
     loop {
         let (collected, outcome) = {
             let State { store, target, scratch, schemas, received_seq, received_bytes, batch, recycle, shared } =
@@ -400,8 +405,18 @@ fn run(mut state: State, jobs: Receiver<Job>, interval: Duration, max_pending_by
         };
         state.publish(&outcome);
         due = match &outcome {
-            Ok(_) => None,
-            Err(_) => Some(Instant::now() + interval),
+            Ok(_) => {
+                retry_delay = FIRST_RETRY_DELAY;
+                None
+            }
+            Err(_) => {
+                // Writes are refused until a checkpoint succeeds: retry soon (a
+                // disk that was full may have room again), backing off to the
+                // interval so that a lasting failure costs little.
+                let delay = retry_delay.min(interval);
+                retry_delay = retry_delay.saturating_mul(2);
+                Some(Instant::now() + delay)
+            }
         };
         match collected {
             Collected::Due => {}

@@ -12,6 +12,7 @@ use ordo_core::{
     WindowId, WindowRange,
 };
 
+use crate::backup::Backup;
 use crate::checkpointer::Checkpointer;
 use crate::error::StoreError;
 use crate::store::{Durability, LoadProgress, Store, StoreOptions, StoreStats};
@@ -76,6 +77,9 @@ pub struct Database {
     n_batches_committed: u64,
     /// How long the last group's log write and sync took (for the server's metrics).
     last_log_append: Duration,
+    /// The LMDB environment (the checkpointer owns the store): a backup copies
+    /// it on its own thread, in a read transaction of its own.
+    env: heed::Env,
 }
 
 impl Database {
@@ -103,6 +107,7 @@ impl Database {
         let open_time = started.elapsed();
         store.load_into(&mut engine, &collection_numbers, &engine_ids, progress)?;
         let checkpointed_seq = store.last_seq();
+        let env = store.env().clone();
         let checkpointer = Checkpointer::spawn(
             store,
             schemas,
@@ -168,6 +173,7 @@ impl Database {
             n_group_commits: 0,
             last_log_append: Duration::ZERO,
             n_batches_committed: 0,
+            env,
         };
         Ok((database, report))
     }
@@ -224,6 +230,13 @@ impl Database {
     pub fn close_without_checkpoint(self) {
         let Database { checkpointer, .. } = self;
         checkpointer.stop_without_checkpoint();
+    }
+
+    /// Starts a hot backup (see `backup.rs`): cheap enough for the writer's
+    /// thread (an atomic exchange; no I/O); run [`Backup::write_to`] elsewhere
+    /// while writes go on. One at a time: `BackupRunning` while another runs.
+    pub fn start_backup(&self) -> Result<Backup, StoreError> {
+        Backup::start(self.env.clone(), &self.dir, self.wal.share(), self.checkpointer.checkpointed_seq() + 1)
     }
 
     /// Sequence number of the last acknowledged batch (0 before the first).

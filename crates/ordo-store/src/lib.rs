@@ -49,6 +49,7 @@
 //! ```
 
 mod background;
+mod backup;
 mod checkpointer;
 mod codec;
 mod database;
@@ -57,8 +58,9 @@ mod store;
 mod wal;
 mod writer;
 
+pub use backup::{Backup, BackupReport};
 pub use codec::FORMAT_VERSION;
 pub use database::{print_load_progress, Ack, Database, OpenReport, PendingWrite};
 pub use error::StoreError;
-pub use store::{Durability, LoadProgress, Store, StoreOptions, StoreStats};
+pub use store::{Durability, LoadProgress, Store, StoreOptions, StoreStats, DEFAULT_LOG_SEGMENT_BYTES};
 pub use writer::{WriteTicket, Writer, WriterStopped, MAX_BATCHES_PER_COMMIT, MAX_BYTES_PER_COMMIT};
