@@ -44,6 +44,7 @@
 
 mod batch;
 mod bulk_load;
+mod collation;
 mod collection;
 mod diff;
 mod engine;
@@ -54,6 +55,7 @@ mod list_diff;
 mod order_tree;
 mod schema;
 mod sort;
+mod text_match;
 mod value;
 mod view;
 mod view_def;
@@ -63,6 +65,7 @@ pub mod limits;
 
 pub use batch::{Batch, BatchOp, UpsertBuilder};
 pub use bulk_load::BulkLoad;
+pub use collation::canonical_collation_locale;
 pub use collection::{Collection, ItemRef, OwnedItem};
 pub use diff::{CollectingSink, DiffRef, DiffSink, ItemList, NullSink, OwnedDiff, WindowId};
 pub use engine::{BatchSummary, CollectionId, CreateCollectionError, Engine, EngineStats};
