@@ -10,8 +10,16 @@
 //! Nothing here allocates per update: the collator borrows static baked data and is
 //! built once, when the view is compiled; [`Collation::sort_key_head`] writes into a
 //! 16-byte array and stops ICU as soon as it is full, so a long string costs no more
-//! than its first few characters.
+//! than its first few characters. [`Collation::compare`] puts strings that are not in
+//! NFC into two buffers the collation owns (grown once, then reused) before comparing:
+//! ICU buffers the collation elements of a comparison past the strings' common
+//! prefix in an 8-element array that spills to the heap beyond that, and a
+//! decomposed "A" + U+030A against a precomposed "Å" has no common prefix at all.
+//! (Two long NFC strings equal at the primary level for more than 7 elements past
+//! their first difference, such as a long name and its upper-case spelling, still
+//! make ICU spill; they are rare among ties of 16-byte sort key heads.)
 
+use std::cell::RefCell;
 use std::cmp::Ordering;
 use std::fmt;
 use std::sync::Arc;
@@ -19,6 +27,7 @@ use std::sync::Arc;
 use icu_collator::options::{CollatorOptions, Strength};
 use icu_collator::{CollationKeySink, CollatorBorrowed};
 use icu_locale_core::Locale;
+use icu_normalizer::ComposingNormalizerBorrowed;
 
 use crate::error::ViewError;
 use crate::limits::MAX_COLLATION_LOCALE_BYTES;
@@ -31,7 +40,11 @@ pub(crate) struct Collation {
     case_insensitive: bool,
     /// Shared so that cloning a compiled sort does not redo the locale lookup.
     collator: Arc<CollatorBorrowed<'static>>,
+    /// NFC forms of the two strings of a comparison, when they are not NFC already.
+    nfc_scratch: RefCell<(String, String)>,
 }
+
+const NFC: ComposingNormalizerBorrowed<'static> = ComposingNormalizerBorrowed::new_nfc();
 
 impl Collation {
     /// The collator for `locale` (a BCP 47 tag, or `root`), at tertiary strength
@@ -47,13 +60,39 @@ impl Collation {
                 locale: locale.to_owned(),
                 reason: error.to_string(),
             })?;
-        Ok(Collation { locale: parsed.to_string(), case_insensitive, collator: Arc::new(collator) })
+        Ok(Collation {
+            locale: parsed.to_string(),
+            case_insensitive,
+            collator: Arc::new(collator),
+            nfc_scratch: RefCell::default(),
+        })
     }
 
     /// The full collation order of two strings (equal only when equal at this
     /// strength: canonically equivalent strings, for one, are equal).
-    #[inline]
+    ///
+    /// Collation orders canonically equivalent strings alike, so comparing NFC
+    /// forms gives the same answer; it lets ICU skip the common prefix of two
+    /// spellings of one name instead of buffering both whole (see the module doc).
     pub(crate) fn compare(&self, left: &str, right: &str) -> Ordering {
+        if left == right {
+            return Ordering::Equal;
+        }
+        if NFC.is_normalized(left) && NFC.is_normalized(right) {
+            return self.collator.compare(left, right);
+        }
+        let mut scratch = self.nfc_scratch.borrow_mut();
+        let (left_nfc, right_nfc) = &mut *scratch;
+        left_nfc.clear();
+        left_nfc.extend(NFC.normalize_iter(left.chars()));
+        right_nfc.clear();
+        right_nfc.extend(NFC.normalize_iter(right.chars()));
+        self.collator.compare(left_nfc, right_nfc)
+    }
+
+    /// ICU's comparison, without the NFC detour: the reference in tests.
+    #[cfg(test)]
+    pub(crate) fn compare_directly(&self, left: &str, right: &str) -> Ordering {
         self.collator.compare(left, right)
     }
 
