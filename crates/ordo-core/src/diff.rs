@@ -130,6 +130,14 @@ pub trait DiffSink {
     fn window_done(&mut self, window: WindowId) {
         let _ = window;
     }
+
+    /// The length of the view behind `window` once the call is done: sent once per
+    /// window and call, just before `window_done`, so that a sink can tell its
+    /// client the total count without asking the engine (which it cannot borrow
+    /// during a batch).
+    fn view_len(&mut self, window: WindowId, view_len: usize) {
+        let _ = (window, view_len);
+    }
 }
 
 /// A sink that drops everything, for callers that only read windows on demand.

@@ -16,6 +16,7 @@
 
 use std::collections::HashMap;
 
+use crate::anchor::{resolve_anchor, ItemPosition, WindowAnchor, WindowRange};
 use crate::batch::{Batch, OpKind, StoredOp};
 use crate::bulk_load::BulkLoad;
 use crate::collection::{Collection, Slot};
@@ -299,8 +300,40 @@ impl Engine {
         limit: usize,
         sink: &mut dyn DiffSink,
     ) -> Result<WindowId, ViewError> {
+        Ok(self.open_window_at(collection_id, def, WindowAnchor::Offset(offset), limit, sink)?.0)
+    }
+
+    /// Opens a window placed by `anchor` (a row, an item's place, or the tail) and
+    /// returns the range it got. Its first diff, delivered to `sink` now, is a
+    /// `Reset` with the window's contents. Nothing is left behind on an error.
+    pub fn open_window_at(
+        &mut self,
+        collection_id: CollectionId,
+        def: &ViewDef,
+        anchor: WindowAnchor<'_>,
+        limit: usize,
+        sink: &mut dyn DiffSink,
+    ) -> Result<(WindowId, WindowRange), ViewError> {
         check_window_limit(limit)?;
-        let view_index = self.find_or_create_view(collection_id, def, offset.saturating_add(limit))?;
+        let n_first = match anchor {
+            WindowAnchor::Offset(offset) => offset.saturating_add(limit),
+            // Ranks need the whole index anyway.
+            _ => limit,
+        };
+        let view_index = self.find_or_create_view(collection_id, def, n_first)?;
+        let range = {
+            let view = self.views[view_index as usize].as_mut().expect("live view");
+            let collection = &self.collections[view.collection as usize].collection;
+            resolve_anchor(view, collection, anchor, limit, &mut self.scratch.filter)
+        };
+        let range = match range {
+            Ok(range) => range,
+            Err(error) => {
+                // A view created for this window and nothing else goes with the error.
+                self.drop_view_if_unused(view_index);
+                return Err(error);
+            }
+        };
         let window_index = match self.free_windows.pop() {
             Some(index) => index,
             None => {
@@ -312,16 +345,17 @@ impl Engine {
         slot.generation = slot.generation.wrapping_add(1);
         slot.window = Some(Window {
             view: view_index,
-            offset,
-            limit,
+            offset: range.offset,
+            limit: range.limit,
+            is_tail: range.is_tail,
             // Room for a typical batch's diffs, so that a window's first updates do not allocate.
-            pending: Vec::with_capacity(limit.min(4) + 1),
+            pending: Vec::with_capacity(range.limit.min(4) + 1),
             needs_reset: false,
         });
         let window_id = WindowId { index: window_index, generation: slot.generation };
         self.views[view_index as usize].as_mut().expect("live view").windows.push(window_index);
         self.emit_window_reset(window_id, sink).expect("the window was just opened");
-        Ok(window_id)
+        Ok((window_id, range))
     }
 
     /// Moves or resizes a window ("load more"), emitting the smallest diff we can.
@@ -332,27 +366,67 @@ impl Engine {
         limit: usize,
         sink: &mut dyn DiffSink,
     ) -> Result<(), ViewError> {
+        self.move_window(window_id, WindowAnchor::Offset(offset), limit, sink).map(|_| ())
+    }
+
+    /// Moves or resizes a window to where `anchor` places it, emitting the smallest
+    /// diff we can (as `set_window_range`), and returns the range it got. A tail
+    /// anchor makes the window follow the view's end; any other ends that.
+    pub fn move_window(
+        &mut self,
+        window_id: WindowId,
+        anchor: WindowAnchor<'_>,
+        limit: usize,
+        sink: &mut dyn DiffSink,
+    ) -> Result<WindowRange, ViewError> {
         check_window_limit(limit)?;
         let window_index = self.live_window_index(window_id)?;
         let window = self.windows[window_index].window.as_mut().expect("live window");
-        let (old_offset, old_limit) = (window.offset, window.limit);
-        window.offset = offset;
-        window.limit = limit;
         let view = self.views[window.view as usize].as_mut().expect("live view");
         let collection = &self.collections[view.collection as usize].collection;
+        let range = resolve_anchor(view, collection, anchor, limit, &mut self.scratch.filter)?;
+        let (old_offset, old_limit) = (window.offset, window.limit);
+        (window.offset, window.limit, window.is_tail) = (range.offset, range.limit, range.is_tail);
         let n_diffs = emit_range_change(
             view,
             collection,
             (old_offset, old_limit),
-            (offset, limit),
+            (range.offset, range.limit),
             &mut self.scratch.new_slots,
             window_id,
             sink,
         );
         if n_diffs > 0 {
-            sink.window_done(window_id);
+            finish_window(sink, window_id, view.len());
         }
-        Ok(())
+        Ok(range)
+    }
+
+    /// The range `anchor` would give a window of `limit` rows, without moving it
+    /// (a server tells the client where its window lands before the diffs go out).
+    pub fn resolve_window_anchor(
+        &mut self,
+        window_id: WindowId,
+        anchor: WindowAnchor<'_>,
+        limit: usize,
+    ) -> Result<WindowRange, ViewError> {
+        check_window_limit(limit)?;
+        let window_index = self.live_window_index(window_id)?;
+        let window = self.windows[window_index].window.as_ref().expect("live window");
+        let view = self.views[window.view as usize].as_mut().expect("live view");
+        let collection = &self.collections[view.collection as usize].collection;
+        resolve_anchor(view, collection, anchor, limit, &mut self.scratch.filter)
+    }
+
+    /// Where item `id` is, or would sort, in the view behind a window (see
+    /// [`ItemPosition`]). O(log n) once the view's index is complete; this
+    /// completes it if it is not.
+    pub fn item_position(&mut self, window_id: WindowId, id: &str) -> Result<ItemPosition, ViewError> {
+        let window_index = self.live_window_index(window_id)?;
+        let window = self.windows[window_index].window.as_ref().expect("live window");
+        let view = self.views[window.view as usize].as_mut().expect("live view");
+        let collection = &self.collections[view.collection as usize].collection;
+        view.item_position(collection, id, &mut self.scratch.filter)
     }
 
     /// Points a window at another filter and sort of the same collection, keeping
@@ -364,9 +438,9 @@ impl Engine {
         sink: &mut dyn DiffSink,
     ) -> Result<(), ViewError> {
         let window_index = self.live_window_index(window_id)?;
-        let (old_view_index, offset, limit) = {
+        let (old_view_index, offset, limit, is_tail) = {
             let window = self.windows[window_index].window.as_ref().expect("live window");
-            (window.view, window.offset, window.limit)
+            (window.view, window.offset, window.limit, window.is_tail)
         };
         let collection_index = self.views[old_view_index as usize].as_ref().expect("live view").collection;
         let new_view_index =
@@ -374,7 +448,7 @@ impl Engine {
         if new_view_index == old_view_index {
             return Ok(());
         }
-        {
+        let (new_offset, new_len) = {
             let collection = &self.collections[collection_index as usize].collection;
             let Scratch { old_slots, new_slots, .. } = &mut self.scratch;
             old_slots.clear();
@@ -382,15 +456,19 @@ impl Engine {
             let old_view = self.views[old_view_index as usize].as_mut().expect("live view");
             old_view.collect_range(collection, offset, limit, old_slots);
             let new_view = self.views[new_view_index as usize].as_mut().expect("live view");
-            new_view.collect_range(collection, offset, limit, new_slots);
+            // A tail window stays at the end, of the new view now.
+            let new_offset = if is_tail { new_view.len().saturating_sub(limit) } else { offset };
+            new_view.collect_range(collection, new_offset, limit, new_slots);
             new_view.windows.push(window_index as u32);
-        }
-        self.windows[window_index].window.as_mut().expect("live window").view = new_view_index;
+            (new_offset, new_view.len())
+        };
+        let window = self.windows[window_index].window.as_mut().expect("live window");
+        (window.view, window.offset) = (new_view_index, new_offset);
         self.detach_window(old_view_index, window_index as u32);
         let collection = &self.collections[collection_index as usize].collection;
         let Scratch { old_slots, new_slots, list_diff, .. } = &mut self.scratch;
         if emit_list_diff(old_slots, new_slots, collection, list_diff, window_id, sink) > 0 {
-            sink.window_done(window_id);
+            finish_window(sink, window_id, new_len);
         }
         Ok(())
     }
@@ -428,7 +506,7 @@ impl Engine {
         slots.clear();
         view.collect_range(collection, offset, limit, slots);
         sink.diff(window_id, DiffRef::Reset { values: ItemList::new(collection, slots) });
-        sink.window_done(window_id);
+        finish_window(sink, window_id, view.len());
         Ok(())
     }
 
@@ -535,6 +613,12 @@ impl Engine {
     fn detach_window(&mut self, view_index: u32, window_index: u32) {
         let view = self.views[view_index as usize].as_mut().expect("live view");
         view.windows.retain(|&index| index != window_index);
+        self.drop_view_if_unused(view_index);
+    }
+
+    /// Drops a view that no window looks at.
+    fn drop_view_if_unused(&mut self, view_index: u32) {
+        let view = self.views[view_index as usize].as_mut().expect("live view");
         if view.windows.is_empty() {
             let (collection, key) = (view.collection, view.key);
             self.views[view_index as usize] = None;
@@ -611,6 +695,12 @@ fn emit_range_change(
         n_diffs += 1;
     }
     n_diffs
+}
+
+/// Ends a window's diffs of one call: its view's length, then `window_done`.
+fn finish_window(sink: &mut dyn DiffSink, window_id: WindowId, view_len: usize) {
+    sink.view_len(window_id, view_len);
+    sink.window_done(window_id);
 }
 
 fn check_window_limit(limit: usize) -> Result<(), ViewError> {
@@ -939,7 +1029,7 @@ fn deliver_pending(
                 sink.diff(window_id, pending.resolve(collection));
             }
         }
-        sink.window_done(window_id);
+        finish_window(sink, window_id, view.len());
         window.pending.clear();
         window.needs_reset = false;
     }

@@ -100,6 +100,16 @@ impl std::error::Error for BatchError {}
 pub enum ViewError {
     UnknownCollection,
     UnknownWindow,
+    /// A window anchored on an item (`around`, `after`, `before`) names an id the
+    /// collection does not hold.
+    UnknownItem {
+        id: String,
+    },
+    /// `around`'s row is not a row of the window (`row < limit`).
+    AnchorRowOutsideWindow {
+        row: usize,
+        limit: usize,
+    },
     UnknownField {
         field: String,
     },
@@ -163,6 +173,10 @@ impl fmt::Display for ViewError {
         match self {
             ViewError::UnknownCollection => write!(f, "no such collection"),
             ViewError::UnknownWindow => write!(f, "no such window"),
+            ViewError::UnknownItem { id } => write!(f, "the collection has no item `{id}`"),
+            ViewError::AnchorRowOutsideWindow { row, limit } => {
+                write!(f, "row {row} is outside a window of {limit} rows (the row must be below the limit)")
+            }
             ViewError::UnknownField { field } => write!(f, "the schema has no field `{field}`"),
             ViewError::WrongType { field, expected, found } => {
                 write!(f, "field `{field}` is {expected}, but the filter compares it with {found}")

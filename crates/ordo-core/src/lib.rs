@@ -42,6 +42,7 @@
 //! assert_eq!(local[0].payload, b"Alice: hi!");
 //! ```
 
+mod anchor;
 mod batch;
 mod bulk_load;
 mod collation;
@@ -63,6 +64,7 @@ mod window;
 
 pub mod limits;
 
+pub use anchor::{ItemPosition, WindowAnchor, WindowRange};
 pub use batch::{Batch, BatchOp, UpsertBuilder};
 pub use bulk_load::BulkLoad;
 pub use collation::canonical_collation_locale;

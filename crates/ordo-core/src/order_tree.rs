@@ -249,21 +249,33 @@ impl OrderTree {
 
     /// The rank of an entry that is in the tree.
     pub(crate) fn rank_of(&self, entry: Entry, compare: impl Fn(Entry, Entry) -> Ordering) -> usize {
-        let mut node = self.root;
-        let mut rank = 0;
-        for _ in 0..self.height {
-            let inner = &self.inners[node as usize];
-            let child_index = Self::child_for(inner, entry, &compare);
-            rank += inner.counts[..child_index].iter().map(|&count| count as usize).sum::<usize>();
-            node = inner.children[child_index];
-        }
-        let leaf = &self.leaves[node as usize];
-        let position = partition_point_leaf(leaf, entry, &compare);
+        let (rank, leaf, position) = self.descend(entry, &compare);
+        let leaf = &self.leaves[leaf as usize];
         assert!(
             position < leaf.len as usize && leaf.slots[position] == entry.slot,
             "entry must be in the tree (index out of sync with item data)"
         );
-        rank + position
+        rank
+    }
+
+    /// How many entries sort before `entry`, which need not be in the tree: its
+    /// rank if it is, else the rank it would take if inserted. O(log n).
+    pub(crate) fn position_of(&self, entry: Entry, compare: impl Fn(Entry, Entry) -> Ordering) -> usize {
+        self.descend(entry, &compare).0
+    }
+
+    /// (entries before `entry`, the leaf where it is or would be, its index there).
+    fn descend(&self, entry: Entry, compare: &impl Fn(Entry, Entry) -> Ordering) -> (usize, NodeIndex, usize) {
+        let mut node = self.root;
+        let mut rank = 0;
+        for _ in 0..self.height {
+            let inner = &self.inners[node as usize];
+            let child_index = Self::child_for(inner, entry, compare);
+            rank += inner.counts[..child_index].iter().map(|&count| count as usize).sum::<usize>();
+            node = inner.children[child_index];
+        }
+        let position = partition_point_leaf(&self.leaves[node as usize], entry, compare);
+        (rank + position, node, position)
     }
 
     /// The entry at `rank`.
@@ -761,6 +773,7 @@ mod tests {
                     Some(entry) => {
                         let expected = model.iter().position(|&e| e == entry).unwrap();
                         assert_eq!(tree.rank_of(entry, &compare), expected, "seed {seed} step {step}: rank_of");
+                        assert_eq!(tree.position_of(entry, &compare), expected, "seed {seed} step {step}: position_of");
                         let rank = tree.remove(entry, &compare);
                         assert_eq!(rank, expected, "seed {seed} step {step}: remove rank");
                         model.remove(expected);
@@ -769,6 +782,8 @@ mod tests {
                     None => {
                         let entry = Entry { prefix: rng.below(prefix_range) as u128, slot: slot as Slot };
                         let expected = model.partition_point(|&e| compare(e, entry) == Ordering::Less);
+                        // An absent entry's position is where it would be inserted.
+                        assert_eq!(tree.position_of(entry, &compare), expected, "seed {seed} step {step}: position_of");
                         let rank = tree.insert(entry, &compare);
                         assert_eq!(rank, expected, "seed {seed} step {step}: insert rank");
                         model.insert(expected, entry);

@@ -30,8 +30,15 @@ impl<'a> Value<'a> {
         }
     }
 
-    /// Converts the value to a field's type when that is lossless (`I64` ↔ `U64` in
-    /// range); `None` when it cannot be. Null fits every type.
+    /// Converts the value to a field's type when that is lossless: the result
+    /// stands for exactly the same number. `I64` ↔ `U64` in range; an integer into
+    /// `F64` only when the `f64` holds it exactly (every integer up to 2^53 in
+    /// magnitude, and beyond that those the `f64` spacing reaches: 2^53 + 1 does
+    /// not fit, 2^53 + 2 does); an `F64` into `I64`/`U64` only when it is an
+    /// integer in the type's range (`1.0` → 1; `1.5`, NaN, ±∞ and 2^63 into `I64`
+    /// do not fit). `-0.0` into an integer field is 0: the same number, only the
+    /// sign of zero (which no integer has) is dropped. `None` when the value does
+    /// not fit. Null fits every type.
     pub fn coerce_to(self, field_type: FieldType) -> Option<Value<'a>> {
         match (self, field_type) {
             (Value::Null, _) => Some(Value::Null),
@@ -42,6 +49,10 @@ impl<'a> Value<'a> {
             | (Value::Str(_), FieldType::String) => Some(self),
             (Value::I64(number), FieldType::U64) => u64::try_from(number).ok().map(Value::U64),
             (Value::U64(number), FieldType::I64) => i64::try_from(number).ok().map(Value::I64),
+            (Value::I64(number), FieldType::F64) => exact_f64_of_i64(number).map(Value::F64),
+            (Value::U64(number), FieldType::F64) => exact_f64_of_u64(number).map(Value::F64),
+            (Value::F64(number), FieldType::I64) => exact_i64_of_f64(number).map(Value::I64),
+            (Value::F64(number), FieldType::U64) => exact_u64_of_f64(number).map(Value::U64),
             _ => None,
         }
     }
@@ -98,4 +109,35 @@ impl std::fmt::Display for FieldType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// 2^63 and 2^64 as `f64` (both exact): the first values past `i64` and `u64`.
+const TWO_POW_63: f64 = 9_223_372_036_854_775_808.0;
+const TWO_POW_64: f64 = 18_446_744_073_709_551_616.0;
+
+/// `number` as an `f64`, when the `f64` is exactly `number`.
+///
+/// `as` rounds to the nearest `f64`; converting back with `as` saturates, so the
+/// round trip alone would pass `i64::MAX` (it rounds up to 2^63, which saturates
+/// back to `i64::MAX`): the range check rules that out.
+fn exact_f64_of_i64(number: i64) -> Option<f64> {
+    let float = number as f64;
+    (float < TWO_POW_63 && float as i64 == number).then_some(float)
+}
+
+/// `number` as an `f64`, when the `f64` is exactly `number` (see [`exact_f64_of_i64`]).
+fn exact_f64_of_u64(number: u64) -> Option<f64> {
+    let float = number as f64;
+    (float < TWO_POW_64 && float as u64 == number).then_some(float)
+}
+
+/// `number` as an `i64`, when it is an integer in `i64`'s range. NaN and ±∞
+/// fail both tests; `-0.0` gives 0.
+fn exact_i64_of_f64(number: f64) -> Option<i64> {
+    (number.fract() == 0.0 && (-TWO_POW_63..TWO_POW_63).contains(&number)).then_some(number as i64)
+}
+
+/// `number` as a `u64`, when it is an integer in `u64`'s range (`-0.0` gives 0).
+fn exact_u64_of_f64(number: f64) -> Option<u64> {
+    (number.fract() == 0.0 && (-0.0..TWO_POW_64).contains(&number)).then_some(number as u64)
 }

@@ -19,6 +19,9 @@ pub(crate) struct Window {
     pub(crate) view: u32,
     pub(crate) offset: usize,
     pub(crate) limit: usize,
+    /// A tail window: the last `limit` rows of the view. Its `offset` follows the
+    /// view's end (`len - limit`, at least 0) as rows enter and leave; see `record`.
+    pub(crate) is_tail: bool,
     /// Diffs of the batch being applied, resolved when it ends.
     pub(crate) pending: Vec<PendingDiff>,
     /// More diffs than a reset would cost: stop recording, send a reset.
@@ -41,6 +44,10 @@ impl Window {
     /// time in this batch (so the caller lists it for delivery).
     pub(crate) fn record(&mut self, change: ViewChange, select: impl Fn(usize) -> Slot) -> bool {
         let was_untouched = self.pending.is_empty() && !self.needs_reset;
+        // Before the empty-window exit: an empty tail window still follows the end.
+        if self.is_tail && self.record_tail_slide(change, &select) {
+            return was_untouched && (!self.pending.is_empty() || self.needs_reset);
+        }
         let (offset, limit) = (self.offset, self.limit);
         if limit == 0 {
             return false;
@@ -119,6 +126,46 @@ impl Window {
             }
         }
         was_untouched && (!self.pending.is_empty() || self.needs_reset)
+    }
+}
+
+impl Window {
+    /// A tail window's offset is `len - limit` (at least 0). When a row enters or
+    /// leaves a view longer than the window, that offset moves by one and the
+    /// window slides with it: this records the slide's diffs and returns true.
+    /// Otherwise (a move, which keeps the length, or a view no longer than the
+    /// window, whose offset stays 0) the offset holds and the caller records the
+    /// change as for any window.
+    ///
+    /// Sliding, the rows of the window are the old ones shifted by one, so the diffs
+    /// are at most two: a row entering above the window (or leaving above it) leaves
+    /// the window's rows as they were.
+    fn record_tail_slide(&mut self, change: ViewChange, select: &impl Fn(usize) -> Slot) -> bool {
+        let offset_before = self.offset;
+        let offset_after = change.len_after.saturating_sub(self.limit);
+        match (change.old_rank, change.new_rank) {
+            (None, Some(new_rank)) if offset_after > offset_before => {
+                debug_assert_eq!(offset_after, offset_before + 1);
+                self.offset = offset_after;
+                if new_rank >= offset_after {
+                    let mut out = DiffRecorder { window: self };
+                    out.push(PendingDiff::PopFront);
+                    out.push(PendingDiff::Insert((new_rank - offset_after) as u32, change.slot));
+                }
+                true
+            }
+            (Some(old_rank), None) if offset_after < offset_before => {
+                debug_assert_eq!(offset_after + 1, offset_before);
+                self.offset = offset_after;
+                if old_rank >= offset_before {
+                    let mut out = DiffRecorder { window: self };
+                    out.push(PendingDiff::Remove((old_rank - offset_before) as u32));
+                    out.push(PendingDiff::PushFront(select(offset_after)));
+                }
+                true
+            }
+            _ => false,
+        }
     }
 }
 

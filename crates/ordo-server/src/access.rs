@@ -293,7 +293,7 @@ fn entry<'a>(identities: &'a mut HashMap<Arc<str>, IdentityUse>, key: &Arc<str>)
 /// Counts and logs a refused token (the reason, never the token) and makes the error.
 pub fn refuse(failure: AuthFailure, where_: &str) -> ApiError {
     metrics::count_auth_failure(failure);
-    eprintln!("ordo: auth refused ({}) on {where_}", failure.reason());
+    tracing::info!(reason = failure.reason(), on = where_, "auth refused ({}) on {where_}", failure.reason());
     ApiError::new(ErrorCode::Unauthorized, failure.message())
 }
 

@@ -60,15 +60,17 @@ pub(crate) async fn handle(
     slot: Arc<ConnectionSlot>,
 ) -> Response<Body> {
     metrics::add(&METRICS.http_requests, 1);
+    // Both are cheap to keep (no allocation): a refusal is logged with them.
+    let (method, uri) = (request.method().clone(), request.uri().clone());
     if !bucket.lock().expect("budget lock").try_take() {
         let error = ApiError::new(
             ErrorCode::RateLimited,
             format!("more than {} requests per second on this connection", state.http_requests_per_second),
         );
-        return error_response(&error);
+        return refused(&method, uri.path(), &error);
     }
     if *state.shutdown.borrow() {
-        return error_response(&ApiError::shutting_down());
+        return refused(&method, uri.path(), &ApiError::shutting_down());
     }
     // Where the request comes from is checked before anything else is read.
     let host = host_of(&request);
@@ -76,13 +78,41 @@ pub(crate) async fn handle(
     let checked =
         state.gate.check_host(host.as_deref()).and_then(|()| state.gate.check_origin(origin, host.as_deref()));
     if let Err(error) = checked {
-        eprintln!("ordo: refused {} {} ({})", request.method(), request.uri().path(), error.code.as_str());
-        return error_response(&error);
+        return refused(&method, uri.path(), &error);
     }
     match route(request, &state, slot).await {
         Ok(response) => response,
-        Err(error) => error_response(&error),
+        Err(error) => refused(&method, uri.path(), &error),
     }
+}
+
+/// A request answered with an error: counted (and, for a write, counted as a
+/// refused batch: `ordo_batches_refused_total` is one per error a write
+/// request is answered with, wherever the refusal came from) and logged.
+fn refused(method: &Method, path: &str, error: &ApiError) -> Response<Body> {
+    if is_write(method, path) {
+        metrics::add(&METRICS.batches_refused, 1);
+    }
+    // A client over its rate would get a line per refused request: that one is `debug`.
+    if error.code == ErrorCode::RateLimited {
+        tracing::debug!(%method, path, code = error.code.as_str(), status = error.status(), "request refused: {}", error.message);
+    } else {
+        tracing::info!(%method, path, code = error.code.as_str(), status = error.status(), "request refused: {}", error.message);
+    }
+    error_response(error)
+}
+
+/// The requests that write batches (`POST .../batch`, `DELETE .../items/{id}`).
+fn is_write(method: &Method, path: &str) -> bool {
+    let mut segments = path.trim_start_matches('/').split('/');
+    let segments =
+        [segments.next(), segments.next(), segments.next(), segments.next(), segments.next(), segments.next()];
+    matches!(
+        (method, segments),
+        (&Method::POST, [Some("v1"), Some("batch"), None, ..])
+            | (&Method::POST, [Some("v1"), Some("collections"), Some(_), Some("batch"), None, _])
+            | (&Method::DELETE, [Some("v1"), Some("collections"), Some(_), Some("items"), Some(_), None])
+    )
 }
 
 /// The request's host: `Host`, or the URI's authority (HTTP/2's `:authority`).
@@ -347,6 +377,8 @@ async fn route(
                     Ok(ack) => write_ack(&mut body, &ack),
                     Err(error) => {
                         metrics::count_error(error.code);
+                        metrics::add(&METRICS.batches_refused, 1);
+                        tracing::info!(code = error.code.as_str(), "write refused: {}", error.message);
                         status = 422;
                         body.extend_from_slice(&error.to_json_body());
                     }
@@ -387,12 +419,12 @@ async fn route(
                 &entry.schema,
                 &query.filter,
                 &query.sort,
-                query.offset,
+                query.position_keys(),
                 query.limit,
                 query.fields.as_deref(),
                 query.payload,
             )?;
-            wire::restrict(&mut spec.def, grant.predicate(&entry.schema)?.as_ref(), &entry.schema)?;
+            wire::restrict_spec(&mut spec, grant.predicate(&entry.schema)?.as_ref(), &entry.schema)?;
             let (reply, answer) = oneshot::channel();
             send(state, Command::Query { collection: entry.id, spec, reply }).await?;
             let body = answer.await.map_err(|_| ApiError::shutting_down())??;

@@ -22,10 +22,11 @@ use ordo_store::{Ack, Database, PendingWrite, MAX_BATCHES_PER_COMMIT, MAX_BYTES_
 
 use crate::encode::{write_diff, write_item, write_items};
 use crate::error::{ApiError, ErrorCode};
+use crate::frame::DiffsExtra;
 use crate::metrics::{self, CoreGauges, Stage, METRICS};
 use crate::name_routes::NameRoutes;
 use crate::rules::WriteGuard;
-use crate::wire::{Projection, WindowSpec};
+use crate::wire::{Position, Projection, Seek, WindowSpec};
 
 pub type SessionId = u64;
 /// A subscription's number within its session: handed out in increasing order.
@@ -92,6 +93,8 @@ pub enum Outgoing {
         body: FrameBody,
         n_diffs: u32,
         is_reset: bool,
+        /// The envelope's own fields for this subscription (`total`, `offset`).
+        extra: DiffsExtra,
         /// When the writer thread queued it (for `Stage::FrameQueue`).
         queued_at: Instant,
     },
@@ -208,7 +211,7 @@ pub enum Command {
     SetRange {
         session: SessionId,
         handle: SubHandle,
-        offset: usize,
+        position: Position,
         limit: usize,
     },
     SetView {
@@ -243,6 +246,16 @@ struct SubState {
     window: WindowId,
     /// A reset is due (the connection fell behind): diffs are not queued meanwhile.
     needs_reset: bool,
+    /// The last `total` queued for this subscription. Kept per subscription, not
+    /// per window: subscribers of one window joined at different times, and each
+    /// is told the total on its own first frame. Every frame after it is queued
+    /// (or dropped only together with a reset that carries a total again), and a
+    /// resume replays the frames as sent, so the client saw exactly this value.
+    last_total: Option<usize>,
+    /// Where a key-positioned request placed the window, told to the client on the
+    /// next frame queued for this subscription (the answer, or a later reset when
+    /// the answer could not be queued).
+    range_due: Option<(usize, usize)>,
 }
 
 /// An engine window and the subscriptions that share it (identical collection,
@@ -277,6 +290,8 @@ struct Fanout {
     body: Vec<u8>,
     n_diffs: u32,
     is_reset: bool,
+    /// The view length of the window being encoded (see `DiffSink::view_len`).
+    view_len: usize,
     captured: Vec<u8>,
     capture_projection: Option<Projection>,
     outbound_budget: usize,
@@ -310,6 +325,12 @@ impl DiffSink for Fanout {
         self.is_reset |= matches!(diff, DiffRef::Reset { .. });
     }
 
+    fn view_len(&mut self, window: WindowId, view_len: usize) {
+        if self.current == Some(window) {
+            self.view_len = view_len;
+        }
+    }
+
     fn window_done(&mut self, window: WindowId) {
         if self.current != Some(window) {
             return;
@@ -319,7 +340,12 @@ impl DiffSink for Fanout {
         // The one copy per window change: every subscriber shares these bytes.
         let body: FrameBody = Arc::from(&self.body[..]);
         metrics::add(&METRICS.frames_encoded, 1);
-        let frame = FrameMeta { n_diffs: self.n_diffs, is_reset: self.is_reset, queued_at: Instant::now() };
+        let frame = FrameMeta {
+            n_diffs: self.n_diffs,
+            is_reset: self.is_reset,
+            view_len: self.view_len,
+            queued_at: Instant::now(),
+        };
         match self.route {
             Route::Subscribers => {
                 let Some(shared) = self.windows.get(&window) else { return };
@@ -340,6 +366,7 @@ impl DiffSink for Fanout {
 struct FrameMeta {
     n_diffs: u32,
     is_reset: bool,
+    view_len: usize,
     queued_at: Instant,
 }
 
@@ -367,12 +394,32 @@ impl Fanout {
         session.shared.queued_bytes.fetch_add(cost, Ordering::AcqRel);
         metrics::add(&METRICS.outbound_queued_bytes, cost as u64);
         let epoch = session.shared.epoch.load(Ordering::Acquire);
-        let FrameMeta { n_diffs, is_reset, queued_at } = frame;
-        if session.outbox.send(Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset, queued_at }).is_err() {
+        let FrameMeta { n_diffs, is_reset, view_len, queued_at } = frame;
+        let mut extra = DiffsExtra::default();
+        if is_reset || sub.last_total != Some(view_len) {
+            sub.last_total = Some(view_len);
+            extra.total = Some(view_len as u64);
+        }
+        if let Some((offset, limit)) = sub.range_due.take() {
+            extra.range = Some((offset as u64, limit as u64));
+        }
+        if session.outbox.send(Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset, extra, queued_at }).is_err() {
             // The session's receiver is gone (the session is being dropped).
             session.shared.queued_bytes.fetch_sub(cost, Ordering::AcqRel);
             metrics::sub_queued(cost);
         }
+    }
+
+    fn sub_mut(&mut self, session: SessionId, handle: SubHandle) -> Option<&mut SubState> {
+        self.sessions.get_mut(&session)?.subs.get_mut(&handle)
+    }
+
+    /// Queues a frame with no diffs for one subscription (the answer to a request
+    /// that changed nothing but must say where the window is).
+    fn push_empty(&mut self, session: SessionId, handle: SubHandle, view_len: usize) {
+        let body: FrameBody = Arc::from(&b"[]"[..]);
+        let frame = FrameMeta { n_diffs: 0, is_reset: false, view_len, queued_at: Instant::now() };
+        self.push(session, handle, body, frame);
     }
 
     fn send(&self, session: SessionId, message: Outgoing) {
@@ -394,7 +441,9 @@ pub struct Core {
 
 /// The identity under which subscriptions share an engine window.
 pub fn share_key(collection: CollectionId, spec: &WindowSpec) -> String {
-    format!("{}|{:?}|{}|{}|{:?}", collection.index(), spec.def, spec.offset, spec.limit, spec.projection)
+    // A tail window's offset moves with its view: it is identified by being a tail.
+    let offset = if spec.is_tail { "tail".to_owned() } else { spec.offset.to_string() };
+    format!("{}|{:?}|{}|{}|{:?}", collection.index(), spec.def, offset, spec.limit, spec.projection)
 }
 
 impl Core {
@@ -408,6 +457,7 @@ impl Core {
             body: Vec::with_capacity(64 * 1024),
             n_diffs: 0,
             is_reset: false,
+            view_len: 0,
             captured: Vec::new(),
             capture_projection: None,
             outbound_budget,
@@ -432,8 +482,9 @@ impl Core {
             });
             // Names stored by an older, case-sensitive build could collide; the first wins.
             if routes.insert(collection.name(), entry).is_err() {
-                eprintln!(
-                    "ordo: collection `{}` differs from another only by case; it is not routable",
+                tracing::warn!(
+                    collection = collection.name(),
+                    "collection `{}` differs from another only by case; it is not routable",
                     collection.name()
                 );
             }
@@ -489,8 +540,11 @@ impl Core {
                 let mut results: WriteResults = Vec::with_capacity(parts.n_parts);
                 for write in done.by_ref().take(parts.n_parts) {
                     let result = write.result.expect("every write gets a result");
-                    let counter = if result.is_ok() { &METRICS.batches } else { &METRICS.batches_refused };
-                    metrics::add(counter, 1);
+                    // A refusal is counted where it is answered (`api::refused`), with
+                    // those that never reach this thread.
+                    if result.is_ok() {
+                        metrics::add(&METRICS.batches, 1);
+                    }
                     results.push(result.map_err(ApiError::from));
                     // The batch goes back to the network thread that built it, for reuse.
                     parts.list.push((write.collection, write.batch));
@@ -545,8 +599,9 @@ impl Core {
                     write.result.expect("every write gets a result").map_err(ApiError::from)
                 }
             };
-            let counter = if result.is_ok() { &METRICS.batches } else { &METRICS.batches_refused };
-            metrics::add(counter, 1);
+            if result.is_ok() {
+                metrics::add(&METRICS.batches, 1);
+            }
             results.push(result);
         }
         let _ = reply.send(WriteReply { results, batches: returned });
@@ -663,8 +718,8 @@ impl Core {
                     self.fanout.send(session, Outgoing::SubscribeFailed { handle, error });
                 }
             }
-            Command::SetRange { session, handle, offset, limit } => {
-                if let Err(error) = self.change_window(session, handle, WindowChange::Range(offset, limit)) {
+            Command::SetRange { session, handle, position, limit } => {
+                if let Err(error) = self.change_window(session, handle, WindowChange::Range(position, limit)) {
                     let spec = self.current_spec(session, handle);
                     self.fanout.send(session, Outgoing::RequestFailed { handle, error, spec });
                 }
@@ -715,17 +770,24 @@ impl Core {
         fanout.route = Route::Capture;
         fanout.captured.clear();
         fanout.capture_projection = Some(spec.projection.clone());
-        let opened = self.database.open_window(collection, &spec.def, spec.offset, spec.limit, fanout);
+        let opened = match check_seek_visible(&self.database, collection, spec.seek.as_ref()) {
+            Ok(()) => self
+                .database
+                .open_window_at(collection, &spec.def, spec.anchor(), spec.limit, fanout)
+                .map_err(Into::into),
+            Err(error) => Err(error),
+        };
+        let fanout = &mut self.fanout;
         fanout.route = Route::Subscribers;
         fanout.capture_projection = None;
-        let window = opened?;
+        let (window, range) = opened?;
         let total = self.database.view_len(window)?;
         self.database.close_window(window)?;
         let mut out = Vec::with_capacity(fanout.captured.len() + 64);
         out.extend_from_slice(b"{\"total\":");
         crate::frame::write_u64(&mut out, total as u64);
         out.extend_from_slice(b",\"offset\":");
-        crate::frame::write_u64(&mut out, spec.offset as u64);
+        crate::frame::write_u64(&mut out, range.offset as u64);
         out.extend_from_slice(b",\"items\":");
         out.extend_from_slice(&fanout.captured);
         out.push(b'}');
@@ -742,28 +804,47 @@ impl Core {
         if !self.fanout.sessions.contains_key(&session) {
             return Ok(());
         }
-        let key = share_key(collection, &spec);
+        let is_keyed = spec.seek.is_some() || spec.is_tail;
+        // A window at an item's place has its identity once found: it is opened
+        // first, then shared if no equal window exists.
+        let existing = match spec.seek {
+            None => self.fanout.windows_by_key.get(&share_key(collection, &spec)).copied(),
+            Some(_) => None,
+        };
         let mut opened_now = false;
-        let window = match self.fanout.windows_by_key.get(&key) {
-            Some(&window) => window,
+        let window = match existing {
+            Some(window) => window,
             None => {
                 opened_now = true;
+                let mut spec = spec;
+                check_seek_visible(&self.database, collection, spec.seek.as_ref())?;
                 self.fanout.route = Route::Discard;
                 let opened =
-                    self.database.open_window(collection, &spec.def, spec.offset, spec.limit, &mut self.fanout);
+                    self.database.open_window_at(collection, &spec.def, spec.anchor(), spec.limit, &mut self.fanout);
                 self.fanout.route = Route::Subscribers;
-                let window = opened?;
-                self.fanout.windows.insert(
-                    window,
-                    SharedWindow { collection, spec, share_key: Some(key.clone()), subscribers: Vec::new() },
-                );
-                self.fanout.windows_by_key.insert(key, window);
+                let (window, range) = opened?;
+                spec.resolve(range);
+                let key = share_key(collection, &spec);
+                let share_key = match self.fanout.windows_by_key.entry(key) {
+                    std::collections::hash_map::Entry::Vacant(vacant) => {
+                        let key = vacant.key().clone();
+                        vacant.insert(window);
+                        Some(key)
+                    }
+                    std::collections::hash_map::Entry::Occupied(_) => None,
+                };
+                self.fanout
+                    .windows
+                    .insert(window, SharedWindow { collection, spec, share_key, subscribers: Vec::new() });
                 window
             }
         };
+        // The client learns where its window landed on its first frame (from the
+        // engine: a shared tail window's offset has moved since it was opened).
+        let range_due = if is_keyed { Some(self.database.engine().window_range(window)?) } else { None };
         self.fanout.windows.get_mut(&window).expect("registered").subscribers.push((session, handle));
         let state = self.fanout.sessions.get_mut(&session).expect("checked");
-        state.subs.insert(handle, SubState { window, needs_reset: false });
+        state.subs.insert(handle, SubState { window, needs_reset: false, last_total: None, range_due });
         self.send_reset(session, handle);
         if opened_now {
             // After the first frame is queued: the client does not wait for the sort.
@@ -804,6 +885,12 @@ impl Core {
                 continue;
             }
             metrics::add(&METRICS.resets_slow, 1);
+            // Per reset, not per frame: a client this far behind is worth a line.
+            tracing::info!(
+                session,
+                sub = handle,
+                "slow consumer: its subscription gets a Reset (its queue was over the outbound budget)"
+            );
             self.send_reset(session, handle);
         }
     }
@@ -819,10 +906,23 @@ impl Core {
         let shared = &self.fanout.windows[&old_window];
         let collection = shared.collection;
         let mut spec = shared.spec.clone();
+        let mut answer = None;
         match &change {
-            WindowChange::Range(offset, limit) => (spec.offset, spec.limit) = (*offset, *limit),
+            WindowChange::Range(position, limit) => {
+                spec.set_position(position.clone());
+                spec.limit = *limit;
+                check_seek_visible(&self.database, collection, spec.seek.as_ref())?;
+                // Found first (on the window as it is, before any private copy), so
+                // that a refusal changes nothing and the frame can say where it landed.
+                let range = self.database.resolve_window_anchor(old_window, spec.anchor(), *limit)?;
+                spec.resolve(range);
+                if matches!(position, Position::Seek(_) | Position::Tail) {
+                    answer = Some((range.offset, range.limit));
+                }
+            }
             WindowChange::View(def) => spec.def = def.clone(),
         }
+        let shared = &self.fanout.windows[&old_window];
         let window = if shared.subscribers.len() == 1 {
             old_window
         } else {
@@ -830,10 +930,15 @@ impl Core {
             // so the change reaches it alone.
             self.fanout.route = Route::Discard;
             let old_spec = self.fanout.windows[&old_window].spec.clone();
-            let opened =
-                self.database.open_window(collection, &old_spec.def, old_spec.offset, old_spec.limit, &mut self.fanout);
+            let opened = self.database.open_window_at(
+                collection,
+                &old_spec.def,
+                old_spec.anchor(),
+                old_spec.limit,
+                &mut self.fanout,
+            );
             self.fanout.route = Route::Subscribers;
-            let window = opened?;
+            let (window, _) = opened?;
             self.fanout.windows.insert(
                 window,
                 SharedWindow { collection, spec: old_spec, share_key: None, subscribers: vec![(session, handle)] },
@@ -844,14 +949,33 @@ impl Core {
                 window;
             window
         };
+        if let Some(sub) = self.fanout.sub_mut(session, handle) {
+            sub.range_due = answer;
+        }
         self.fanout.route = Route::Only(session, handle);
         let result = match &change {
-            WindowChange::Range(offset, limit) => {
-                self.database.set_window_range(window, *offset, *limit, &mut self.fanout)
+            WindowChange::Range(..) => {
+                self.database.move_window(window, spec.anchor(), spec.limit, &mut self.fanout).map(|_| ())
             }
             WindowChange::View(def) => self.database.set_window_view(window, def, &mut self.fanout),
         };
         self.fanout.route = Route::Subscribers;
+        let answer_pending = self.fanout.sub_mut(session, handle).is_some_and(|sub| sub.range_due.is_some());
+        match &result {
+            Err(_) => {
+                if let Some(sub) = self.fanout.sub_mut(session, handle) {
+                    sub.range_due = None;
+                }
+            }
+            Ok(()) if answer_pending => {
+                // A key-positioned request that changed nothing is still answered: an
+                // empty frame says where the window is. (If the subscription awaits a
+                // reset, `push` drops this and that reset carries the range instead.)
+                let view_len = self.database.view_len(window)?;
+                self.fanout.push_empty(session, handle, view_len);
+            }
+            Ok(()) => {}
+        }
         result?;
         if matches!(change, WindowChange::View(_)) {
             // A new view behind the window, sorted like any other.
@@ -890,6 +1014,20 @@ impl Core {
 }
 
 enum WindowChange {
-    Range(usize, usize),
+    Range(Position, usize),
     View(ordo_core::ViewDef),
+}
+
+/// Refuses an item anchor outside the caller's access rule exactly as a missing
+/// item (`not_found`, the same message): the item's place would tell it exists.
+fn check_seek_visible(database: &Database, collection: CollectionId, seek: Option<&Seek>) -> Result<(), ApiError> {
+    let Some(Seek { anchor, rule: Some(rule) }) = seek else { return Ok(()) };
+    let Some(collection) = database.engine().collection(collection) else { return Ok(()) };
+    let Some(item) = collection.get(anchor.id()) else { return Ok(()) };
+    let compiled = ordo_core::CompiledFilter::compile(rule, collection.schema())?;
+    if compiled.matches_item(item) {
+        Ok(())
+    } else {
+        Err(ordo_core::ViewError::UnknownItem { id: anchor.id().to_owned() }.into())
+    }
 }

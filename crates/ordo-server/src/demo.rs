@@ -295,8 +295,16 @@ async fn room_ids(core: &CoreSender, entry: &CollectionEntry) -> Result<Vec<Stri
     let mut ids = Vec::new();
     while ids.len() < limits::MAX_SIMULATED_ROOMS {
         let limit = limits::MAX_WINDOW_LIMIT.min(limits::MAX_SIMULATED_ROOMS - ids.len());
-        let spec = wire::window_spec(&entry.schema, &serde_json::Value::Null, &[], ids.len(), limit, Some(&[]), false)
-            .map_err(|error| error.to_string())?;
+        let spec = wire::window_spec(
+            &entry.schema,
+            &serde_json::Value::Null,
+            &[],
+            wire::PositionKeys { offset: Some(ids.len()), ..Default::default() },
+            limit,
+            Some(&[]),
+            false,
+        )
+        .map_err(|error| error.to_string())?;
         let (reply, answer) = oneshot::channel();
         let body = ask(core, Command::Query { collection: entry.id, spec, reply }, answer)
             .await?
@@ -453,9 +461,11 @@ async fn run_simulator(
                 simulator.sent.fetch_add(n_written, Ordering::Relaxed);
             }
             Err(error) => {
+                // The simulator is the one writer not answered over HTTP: its refusals count here.
+                crate::metrics::add(&crate::metrics::METRICS.batches_refused, 1);
                 // A full store refuses every write: say so now and then, not 20 times a second.
                 if last_error_printed.is_none_or(|at| at.elapsed() > Duration::from_secs(10)) {
-                    eprintln!("ordo: the demo simulator's write was refused: {error}");
+                    tracing::warn!(code = error.code.as_str(), "the demo simulator's write was refused: {error}");
                     last_error_printed = Some(Instant::now());
                 }
             }

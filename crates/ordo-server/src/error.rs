@@ -134,6 +134,11 @@ impl ApiError {
     pub fn from_json(error: &serde_json::Error) -> ApiError {
         use serde_json::error::Category;
         match error.classify() {
+            // serde_json refuses a number past f64's range (1e400) as a syntax error; say what the limit is.
+            Category::Syntax if error.to_string().contains("number out of range") => ApiError::new(
+                ErrorCode::BadJson,
+                format!("not valid JSON: {error} (a number must fit an f64: at most about 1.8e308 in magnitude)"),
+            ),
             Category::Syntax | Category::Eof => ApiError::new(ErrorCode::BadJson, format!("not valid JSON: {error}")),
             Category::Data | Category::Io => ApiError::bad_request(error.to_string()),
         }
@@ -157,6 +162,8 @@ impl From<ViewError> for ApiError {
         let code = match error {
             ViewError::UnknownCollection => ErrorCode::UnknownCollection,
             ViewError::UnknownWindow => ErrorCode::UnknownSubscription,
+            ViewError::UnknownItem { .. } => ErrorCode::NotFound,
+            ViewError::AnchorRowOutsideWindow { .. } => ErrorCode::BadRequest,
             _ => ErrorCode::InvalidView,
         };
         ApiError::new(code, error.to_string())

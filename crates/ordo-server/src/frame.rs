@@ -76,11 +76,27 @@ pub fn write_u64(out: &mut Vec<u8>, mut value: u64) {
     out.extend_from_slice(&digits[start..]);
 }
 
+/// The fields of a `diffs` frame that belong to one subscription's frame rather
+/// than to the diffs shared by every subscriber of a window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiffsExtra {
+    /// `"total":N`: the view's length (on a Reset, and when it changed).
+    pub total: Option<u64>,
+    /// `"offset":N,"limit":M`: where a key-positioned request placed the window.
+    pub range: Option<(u64, u64)>,
+}
+
 /// Appends the frame
 /// `{"type":"diffs","sub":<sub>,"seq":<seq>,"diffs":<diffs_json>}`.
 ///
 /// `diffs_json` must be an encoded JSON array; it is copied verbatim.
 pub fn write_diffs_frame(out: &mut Vec<u8>, sub: &str, seq: u64, diffs_json: &[u8]) {
+    write_diffs_frame_with(out, sub, seq, DiffsExtra::default(), diffs_json);
+}
+
+/// As [`write_diffs_frame`], with `"offset":N,"limit":M` and `"total":N` before
+/// `"diffs"` when `extra` has them.
+pub fn write_diffs_frame_with(out: &mut Vec<u8>, sub: &str, seq: u64, extra: DiffsExtra, diffs_json: &[u8]) {
     debug_assert!(
         diffs_json.first() == Some(&b'[') && diffs_json.last() == Some(&b']'),
         "diffs_json must be an encoded JSON array"
@@ -95,6 +111,16 @@ pub fn write_diffs_frame(out: &mut Vec<u8>, sub: &str, seq: u64, diffs_json: &[u
     write_json_str(out, sub);
     out.extend_from_slice(SEQ);
     write_u64(out, seq);
+    if let Some((offset, limit)) = extra.range {
+        out.extend_from_slice(b",\"offset\":");
+        write_u64(out, offset);
+        out.extend_from_slice(b",\"limit\":");
+        write_u64(out, limit);
+    }
+    if let Some(total) = extra.total {
+        out.extend_from_slice(b",\"total\":");
+        write_u64(out, total);
+    }
     out.extend_from_slice(DIFFS);
     out.extend_from_slice(diffs_json);
     out.push(b'}');
@@ -192,6 +218,17 @@ mod tests {
             );
             assert_eq!(frame, exact.as_bytes());
         }
+    }
+
+    #[test]
+    fn diffs_frame_extras_come_before_the_diffs() {
+        let mut out = Vec::new();
+        let extra = DiffsExtra { total: Some(42), range: Some((7, 20)) };
+        write_diffs_frame_with(&mut out, "rooms", 3, extra, b"[]");
+        assert_eq!(out, br#"{"type":"diffs","sub":"rooms","seq":3,"offset":7,"limit":20,"total":42,"diffs":[]}"#);
+        out.clear();
+        write_diffs_frame_with(&mut out, "rooms", 3, DiffsExtra { total: Some(0), range: None }, b"[]");
+        assert_eq!(out, br#"{"type":"diffs","sub":"rooms","seq":3,"total":0,"diffs":[]}"#);
     }
 
     #[test]

@@ -70,7 +70,7 @@ pub async fn serve(listener: TcpListener, state: Arc<HttpState>, mut shutdown: w
             accepted = listener.accept() => accepted,
             _ = shutdown.wait_for(|stopping| *stopping) => break,
         };
-        let (stream, _peer) = match accepted {
+        let (stream, peer) = match accepted {
             Ok(accepted) => {
                 accept_errors.n_in_a_row = 0;
                 accepted
@@ -85,6 +85,7 @@ pub async fn serve(listener: TcpListener, state: Arc<HttpState>, mut shutdown: w
         };
         // Only this loop adds to the count, so the check and the add cannot race.
         if METRICS.tcp_connections.load(Ordering::Relaxed) as usize >= state.max_connections {
+            tracing::debug!(%peer, code = "limit_exceeded", "connection refused: at the connection cap");
             refuse(stream, refusal.clone());
             continue;
         }
@@ -95,14 +96,19 @@ pub async fn serve(listener: TcpListener, state: Arc<HttpState>, mut shutdown: w
         let mut stopping = shutdown.clone();
         let cors = cors.clone();
         tokio::spawn(async move {
+            // Connections come and go by the thousand: their lines are `debug`.
+            tracing::debug!(%peer, "connection opened");
             let header_timeout = state.header_timeout;
             let started = tokio::select! {
-                started = tokio::time::timeout(header_timeout, wait_for_request_start(&stream)) => {
-                    started.unwrap_or(false)
-                }
-                _ = stopping.wait_for(|stopping| *stopping) => false,
+                started = tokio::time::timeout(header_timeout, wait_for_request_start(&stream)) => match started {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err("closed by the client before a request"),
+                    Err(_) => Err("no request within the header timeout"),
+                },
+                _ = stopping.wait_for(|stopping| *stopping) => Err("server stopping"),
             };
-            if !started {
+            if let Err(reason) = started {
+                tracing::debug!(%peer, reason, "connection closed");
                 // Dropping the stream and the slot closes the connection and frees its place.
                 return;
             }
@@ -120,7 +126,10 @@ pub async fn serve(listener: TcpListener, state: Arc<HttpState>, mut shutdown: w
             // connection) must arrive within the timeout; hyper measures it with this timer.
             builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout);
             let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
-            let _ = watcher.watch(connection).await;
+            match watcher.watch(connection).await {
+                Ok(()) => tracing::debug!(%peer, reason = "done", "connection closed"),
+                Err(error) => tracing::debug!(%peer, reason = %error, "connection closed"),
+            }
         });
     }
     drop(listener);
@@ -250,7 +259,7 @@ impl AcceptErrors {
         let now = Instant::now();
         let interval = Duration::from_millis(limits::ACCEPT_ERROR_LOG_INTERVAL_MS);
         if self.last_logged.is_none_or(|last| now.duration_since(last) >= interval) {
-            eprintln!("ordo: accept failed ({} times since the last report): {error}", self.n_unlogged);
+            tracing::error!(times = self.n_unlogged, %error, "accept failed ({} times since the last report)", self.n_unlogged);
             self.n_unlogged = 0;
             self.last_logged = Some(now);
         }

@@ -6,6 +6,7 @@
 pub mod access;
 pub mod api;
 pub mod auth;
+pub mod cli;
 pub mod core;
 pub mod demo;
 pub mod demo_data;
@@ -14,6 +15,7 @@ pub mod error;
 pub mod frame;
 pub mod http;
 pub mod limits;
+pub mod logging;
 pub mod metrics;
 pub mod name_routes;
 pub mod rate_limit;

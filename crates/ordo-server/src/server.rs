@@ -113,8 +113,8 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
                 options.listen
             ));
         }
-        eprintln!(
-            "ordo: WARNING: auth is off: every caller is an admin{}",
+        tracing::warn!(
+            "WARNING: auth is off: every caller is an admin{}",
             if options.insecure { " (--insecure), on a non-loopback address" } else { " (loopback only)" }
         );
     }
@@ -136,6 +136,16 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
         report.n_items,
         report.last_seq,
         started.elapsed().as_secs_f64()
+    );
+    tracing::info!(
+        data_dir = %data_dir.display(),
+        collections = report.n_collections,
+        items = report.n_items,
+        last_seq = report.last_seq,
+        replayed = report.n_log_records_replayed,
+        cut_off_bytes = report.n_log_bytes_cut_off,
+        millis = started.elapsed().as_millis() as u64,
+        "data loaded"
     );
     if report.n_log_records_replayed > 0 || report.n_log_bytes_cut_off > 0 {
         println!(
@@ -192,6 +202,16 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
             None
         };
         println!("ordo: listening on http://{address} (WebSocket: ws://{address}/v1/ws); Ctrl-C stops");
+        tracing::info!(
+            %address,
+            data_dir = %data_dir.display(),
+            auth = auth_mode(&options),
+            durability = ?options.durability,
+            network_threads = options.network_threads,
+            max_connections,
+            version = env!("CARGO_PKG_VERSION"),
+            "started"
+        );
         if let Some(simulator) = &demo {
             println!(
                 "ordo: demo on http://{address}/demo (simulator: {} messages/s); demo users sign in there",
@@ -238,6 +258,7 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
         tokio::spawn(async move {
             stop_signal.await;
             println!("ordo: stopping (finishing the requests in flight)");
+            tracing::info!("stopping: a signal came; finishing the requests in flight");
             let _ = shutdown_tx.send(true);
         });
         http::serve(listener, state, shutdown_rx, Duration::from_secs(10)).await;
@@ -249,7 +270,19 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
     let last_seq = database.last_seq();
     drop(database);
     println!("ordo: stopped; last seq {last_seq}");
+    tracing::info!(last_seq, "stopped");
     result
+}
+
+/// How callers are checked, for the start line of the log.
+fn auth_mode(options: &ServeOptions) -> &'static str {
+    match (options.auth.secret.is_some(), options.auth.jwks_path.is_some()) {
+        (true, true) => "hs256+jwks",
+        (true, false) => "hs256",
+        (false, true) => "jwks",
+        (false, false) if options.insecure => "off (insecure)",
+        (false, false) => "off (loopback only)",
+    }
 }
 
 /// The demo's secret file, in the data directory.

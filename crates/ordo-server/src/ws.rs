@@ -21,7 +21,7 @@ use crate::access::{ConnectionSlot, Gate};
 use crate::auth::{self, Identity, Role as AuthRole};
 use crate::core::{Command, ConnShared, CoreSender, Outgoing, Routes, SessionId, SubHandle, FRAME_OVERHEAD_BYTES};
 use crate::error::{ApiError, ErrorCode};
-use crate::frame::{write_diffs_frame, write_json_str};
+use crate::frame::{write_diffs_frame_with, write_json_str};
 use crate::limits;
 use crate::metrics::{self, Stage, METRICS};
 use crate::rate_limit::TokenBucket;
@@ -107,11 +107,13 @@ pub async fn serve_connection(ws: WebSocket<Stream>, context: ConnectionContext,
     let reader_task = tokio::spawn(read_frames(reader, inbound_tx));
     let mut connection = Connection::open(writer, context, slot).await;
     if let Some(connection) = connection.as_mut() {
+        tracing::debug!(session = connection.session.id, "websocket opened");
         connection.run(inbound_rx).await;
     }
     reader_task.abort();
     METRICS.connections.fetch_sub(1, Ordering::Relaxed);
     if let Some(connection) = connection {
+        connection.log_close();
         connection.finish().await;
     }
 }
@@ -142,6 +144,8 @@ struct Connection {
     slot: Option<ConnectionSlot>,
     /// The rules' version this connection's views were built under.
     rules_version: u64,
+    /// The close code and reason the server sent, if it closed the connection.
+    closed_with: Option<(u16, String)>,
 }
 
 enum Event {
@@ -192,6 +196,7 @@ impl Connection {
             slot: Some(slot),
             rules_version,
             auth_timer,
+            closed_with: None,
         };
         let auth = match (&connection.identity, connection.context.gate.auth_enabled()) {
             (_, false) => serde_json::json!("none"),
@@ -247,6 +252,20 @@ impl Connection {
                 Event::Shutdown => self.close(CLOSE_GOING_AWAY, "server stopping").await,
                 Event::AuthDeadline => self.on_auth_deadline().await,
             }
+        }
+    }
+
+    /// One line per ended connection. A close the server chose for this client
+    /// (slow, auth, protocol error, rules changed) is `info`; one the client
+    /// chose, or the server's stop (a line per client at once), is `debug`.
+    fn log_close(&self) {
+        let session = self.session.id;
+        match &self.closed_with {
+            Some((code, reason)) if !matches!(*code, CLOSE_NORMAL | CLOSE_GOING_AWAY) => {
+                tracing::info!(session, code, reason = reason.as_str(), "websocket closed by the server: {reason}")
+            }
+            Some((code, reason)) => tracing::debug!(session, code, reason = reason.as_str(), "websocket closed"),
+            None => tracing::debug!(session, reason = "closed by the client", "websocket closed"),
         }
     }
 
@@ -335,6 +354,7 @@ impl Connection {
         if self.closed {
             return;
         }
+        self.closed_with = Some((code, reason.to_owned()));
         self.frame.clear();
         self.frame.extend_from_slice(&code.to_be_bytes());
         self.frame.extend_from_slice(reason.as_bytes());
@@ -353,6 +373,14 @@ impl Connection {
 
     async fn send_error(&mut self, error: &ApiError, sub: Option<&str>) {
         metrics::count_error(error.code);
+        // `debug`: a client may send up to its message rate of refused requests.
+        tracing::debug!(
+            session = self.session.id,
+            code = error.code.as_str(),
+            sub,
+            "websocket request refused: {}",
+            error.message
+        );
         self.frame.clear();
         self.frame.extend_from_slice(b"{\"type\":\"error\",\"code\":\"");
         self.frame.extend_from_slice(error.code.as_str().as_bytes());
@@ -368,25 +396,31 @@ impl Connection {
 
     async fn on_outgoing(&mut self, outgoing: Outgoing) {
         match outgoing {
-            Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset, queued_at } => {
+            Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset, extra, queued_at } => {
                 metrics::record_stage(Stage::FrameQueue, queued_at.elapsed());
                 let cost = body.len() + FRAME_OVERHEAD_BYTES;
                 self.session.shared.queued_bytes.fetch_sub(cost, Ordering::AcqRel);
                 metrics::sub_queued(cost);
-                if epoch < self.session.shared.epoch.load(Ordering::Acquire) {
-                    // Dropped: the connection fell behind and a reset is due.
-                    return;
-                }
+                let is_stale = epoch < self.session.shared.epoch.load(Ordering::Acquire);
                 let Some(entry) = self.session.table.get_mut(handle) else { return };
-                if entry.awaiting_reset && !is_reset {
+                if is_stale || (entry.awaiting_reset && !is_reset) {
+                    // Dropped: the connection fell behind (or a resume could not
+                    // replay) and a reset is due; it will say where the window is.
+                    entry.range_due = extra.range.or(entry.range_due);
                     return;
                 }
+                let mut extra = extra;
+                extra.range = extra.range.or(entry.range_due.take());
                 entry.awaiting_reset = false;
                 entry.seq += 1;
                 let seq = entry.seq;
-                entry.retain(seq, body.clone(), n_diffs);
+                if let Some((offset, limit)) = extra.range {
+                    // Where a key-positioned request placed the window: what a resume compares.
+                    (entry.spec.offset, entry.spec.limit, entry.spec.seek) = (offset as usize, limit as usize, None);
+                }
+                entry.retain(seq, body.clone(), n_diffs, extra);
                 self.frame.clear();
-                write_diffs_frame(&mut self.frame, &entry.client_id, seq, &body);
+                write_diffs_frame_with(&mut self.frame, &entry.client_id, seq, extra, &body);
                 metrics::add(&METRICS.diffs_sent, n_diffs as u64);
                 self.queue_frame(OpCode::Text);
             }
@@ -478,9 +512,31 @@ impl Connection {
         let first = std::mem::replace(&mut self.may_resume, false);
         let result = match message {
             ClientMessage::Auth { .. } => unreachable!("handled above"),
-            ClientMessage::Subscribe { sub, collection, filter, sort, offset, limit, fields, payload } => {
-                let spec =
-                    self.check_subscribe(&sub, &collection, &filter, &sort, offset, limit, fields.as_deref(), payload);
+            ClientMessage::Subscribe {
+                sub,
+                collection,
+                filter,
+                sort,
+                offset,
+                around,
+                after,
+                before,
+                tail,
+                limit,
+                fields,
+                payload,
+            } => {
+                let position = wire::PositionKeys { offset, around, after, before, tail };
+                let spec = self.check_subscribe(
+                    &sub,
+                    &collection,
+                    &filter,
+                    &sort,
+                    position,
+                    limit,
+                    fields.as_deref(),
+                    payload,
+                );
                 match spec {
                     Ok((collection, spec)) => {
                         self.start_subscription(sub, collection, spec, 0).await;
@@ -489,8 +545,9 @@ impl Connection {
                     Err(error) => Err((error, Some(sub))),
                 }
             }
-            ClientMessage::SetRange { sub, offset, limit } => {
-                self.set_range(&sub, offset, limit).await.map_err(|e| (e, Some(sub)))
+            ClientMessage::SetRange { sub, offset, around, after, before, tail, limit } => {
+                let position = wire::PositionKeys { offset, around, after, before, tail };
+                self.set_range(&sub, position, limit).await.map_err(|e| (e, Some(sub)))
             }
             ClientMessage::SetView { sub, filter, sort } => {
                 self.set_view(&sub, &filter, &sort).await.map_err(|e| (e, Some(sub)))
@@ -524,7 +581,7 @@ impl Connection {
         collection: &str,
         filter: &serde_json::Value,
         sort: &[wire::SortRequest],
-        offset: usize,
+        position: wire::PositionKeys,
         limit: usize,
         fields: Option<&[String]>,
         payload: bool,
@@ -543,8 +600,8 @@ impl Connection {
             )));
         }
         let (entry, predicate) = self.readable(collection)?;
-        let mut spec = wire::window_spec(&entry.schema, filter, sort, offset, limit, fields, payload)?;
-        wire::restrict(&mut spec.def, predicate.as_ref(), &entry.schema)?;
+        let mut spec = wire::window_spec(&entry.schema, filter, sort, position, limit, fields, payload)?;
+        wire::restrict_spec(&mut spec, predicate.as_ref(), &entry.schema)?;
         Ok((entry, spec))
     }
 
@@ -567,6 +624,7 @@ impl Connection {
             retained: VecDeque::new(),
             retained_bytes: 0,
             awaiting_reset: false,
+            range_due: None,
         };
         self.session.table.insert(handle, entry).expect("handles increase");
         self.session.by_client_id.insert(client_id, handle);
@@ -578,12 +636,22 @@ impl Connection {
         self.session.by_client_id.get(sub).copied().ok_or_else(|| unknown_subscription(sub))
     }
 
-    async fn set_range(&mut self, sub: &str, offset: usize, limit: usize) -> Result<(), ApiError> {
+    async fn set_range(&mut self, sub: &str, position: wire::PositionKeys, limit: usize) -> Result<(), ApiError> {
         let handle = self.handle_of(sub)?;
-        wire::check_range(offset, limit)?;
+        wire::check_range(0, limit)?;
+        let mut position = position.check(limit)?;
+        if let wire::Position::Seek(seek) = &mut position {
+            // The rules as they are now: an item outside them reads as missing.
+            let name = self.session.table.get(handle).expect("mapped handles are live").collection.name.clone();
+            let (_, predicate) = self.readable(&name)?;
+            seek.rule = predicate;
+        }
         let entry = self.session.table.get_mut(handle).expect("mapped handles are live");
-        (entry.spec.offset, entry.spec.limit) = (offset, limit);
-        let command = Command::SetRange { session: self.session.id, handle, offset, limit };
+        // Recorded now for a later resume to compare with; a key position is
+        // recorded when its answer says where it landed.
+        entry.spec.set_position(position.clone());
+        entry.spec.limit = limit;
+        let command = Command::SetRange { session: self.session.id, handle, position, limit };
         let _ = self.context.core.send(command).await;
         Ok(())
     }

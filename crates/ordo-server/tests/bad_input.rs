@@ -371,3 +371,103 @@ fn network_threads_follow_the_flag_within_its_limit() {
         assert!(stderr.contains("--network-threads is 1..=64"), "{stderr}");
     }
 }
+
+/// Numbers convert to a field's type only when that is exact, in writes and in
+/// filter literals alike (docs/PROTOCOL.md, "Field types").
+#[test]
+fn numbers_convert_only_when_exact_in_writes_and_filters() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    server.ok(
+        "PUT",
+        "/v1/collections/n",
+        json!({"fields": [
+            {"name": "i", "type": "i64"}, {"name": "u", "type": "u64"}, {"name": "f", "type": "f64"},
+        ]}),
+    );
+    // Raw bodies: the numbers are written exactly as a client would send them.
+    let write = |fields: &str| {
+        let body = format!(r#"{{"ops":[{{"op":"upsert","id":"x","fields":{fields}}}]}}"#);
+        let (status, answer) = server.http_raw("POST", "/v1/collections/n/batch", Some(body.as_bytes()));
+        (status, String::from_utf8(answer).unwrap())
+    };
+    for fields in [
+        r#"{"f":9007199254740992}"#,
+        r#"{"f":-9007199254740992}"#,
+        r#"{"f":9223372036854775808}"#,
+        r#"{"f":-9223372036854775808}"#,
+        r#"{"i":1.0}"#,
+        r#"{"u":1.0}"#,
+        r#"{"i":-0.0}"#,
+        r#"{"u":-0.0}"#,
+        r#"{"i":-9223372036854775808}"#,
+        r#"{"i":-9.223372036854775808e18}"#,
+        r#"{"u":1.8446744073709550e19}"#,
+        r#"{"f":1e308}"#,
+        r#"{"i":1e3}"#,
+    ] {
+        let (status, answer) = write(fields);
+        assert_eq!(status, 200, "{fields}: {answer}");
+    }
+    for (fields, found) in [
+        (r#"{"f":9007199254740993}"#, "the number 9007199254740993"),
+        (r#"{"f":-9007199254740993}"#, "the number -9007199254740993"),
+        (r#"{"f":18446744073709551615}"#, "the number 18446744073709551615"),
+        (r#"{"f":9223372036854775807}"#, "the number 9223372036854775807"),
+        (r#"{"i":1.5}"#, "the number 1.5"),
+        (r#"{"u":-1.0}"#, "the number -1.0"),
+        (r#"{"i":9.223372036854775808e18}"#, "the number 9.223372036854776e+18"),
+        (r#"{"u":1.8446744073709552e19}"#, "the number 1.8446744073709552e+19"),
+        (r#"{"i":1e308}"#, "the number 1e+308"),
+    ] {
+        let (status, answer) = write(fields);
+        assert_eq!(status, 422, "{fields}: {answer}");
+        assert!(answer.contains("invalid_batch") && answer.contains(found), "{fields}: {answer}");
+    }
+    // Past f64's range the JSON itself is refused, with the reason.
+    let (status, answer) = write(r#"{"f":1e400}"#);
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("bad_json") && answer.contains("op 0: `fields`: number out of range"), "{answer}");
+
+    // The stored values are the exact numbers.
+    write(r#"{"i":7.0,"u":8.0,"f":9007199254740992}"#);
+    let answer = server.ok("POST", "/v1/collections/n/query", json!({"limit": 10}));
+    let fields = &answer["items"][0]["fields"];
+    assert!(fields["i"].is_i64() && fields["i"] == 7, "{answer}");
+    assert!(fields["u"].is_u64() && fields["u"] == 8, "{answer}");
+    assert_eq!(fields["f"].as_f64(), Some(9_007_199_254_740_992.0), "{answer}");
+
+    // Filter literals follow the same rule.
+    let query = |filter: &str| {
+        let body = format!(r#"{{"filter":{filter},"limit":10}}"#);
+        let (status, answer) = server.http_raw("POST", "/v1/collections/n/query", Some(body.as_bytes()));
+        (status, String::from_utf8(answer).unwrap())
+    };
+    for filter in [
+        r#"{"field":"i","op":"eq","value":7.0}"#,
+        r#"{"field":"u","op":"eq","value":8.0}"#,
+        r#"{"field":"f","op":"eq","value":9007199254740992}"#,
+        r#"{"field":"u","in":[8.0, 9]}"#,
+    ] {
+        let (status, answer) = query(filter);
+        assert_eq!(status, 200, "{filter}: {answer}");
+        assert!(answer.contains(r#""id":"x""#), "{filter} finds the item: {answer}");
+    }
+    let (status, answer) = query(r#"{"field":"f","op":"eq","value":-1e400}"#);
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer.contains("bad_json") && answer.contains("number out of range") && answer.contains("f64"),
+        "{answer}"
+    );
+    for filter in [
+        r#"{"field":"f","op":"eq","value":9007199254740993}"#,
+        r#"{"field":"i","op":"eq","value":7.5}"#,
+        r#"{"field":"u","op":"lt","value":-1.0}"#,
+        r#"{"field":"i","op":"eq","value":9.3e18}"#,
+    ] {
+        let (status, answer) = query(filter);
+        assert_eq!(status, 400, "{filter}: {answer}");
+        assert!(answer.contains("invalid_view"), "{filter}: {answer}");
+    }
+    server.stop();
+}

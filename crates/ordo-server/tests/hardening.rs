@@ -53,7 +53,7 @@ fn closed_by(stream: &mut TcpStream, deadline: Instant) -> bool {
 #[test]
 fn idle_sockets_past_the_descriptor_limit_leave_the_server_reachable() {
     let dir = tempfile::tempdir().unwrap();
-    let options = StartOptions { nofile: Some(256), capture_stderr: true };
+    let options = StartOptions { nofile: Some(256), capture_stderr: true, ..StartOptions::default() };
     let server = Server::start_with(dir.path(), &["--header-timeout", "2"], options);
     let (_, limits) = server.http("GET", "/v1/limits", None);
     let max_connections = limits["max_connections"].as_u64().expect("max_connections in /v1/limits");

@@ -186,8 +186,12 @@ fn fresh(subs: &[&str]) -> BTreeMap<String, LocalList> {
 }
 
 fn query(server: &Server, view: &Value) -> Vec<Value> {
-    let mut body =
-        json!({"filter": view["filter"], "sort": view["sort"], "offset": view["offset"], "limit": view["limit"]});
+    let mut body = json!({"filter": view["filter"], "sort": view["sort"], "limit": view["limit"]});
+    if view.get("tail").is_some_and(|tail| tail == true) {
+        body["tail"] = json!(true);
+    } else {
+        body["offset"] = view["offset"].clone();
+    }
     if let Some(fields) = view.get("fields") {
         body["fields"] = fields.clone();
     }
@@ -355,6 +359,75 @@ async fn window_changes(server: &Server) -> Case {
         name: "window_changes",
         description: "Load more (Append), shrink (Truncate), scroll (PopFront, PushFront), jump past the end, \
                       and view changes (filter and sort) on one subscription, with a write after each range.",
+        synthetic: false,
+        subscriptions: initial,
+        steps: recorder.steps,
+    }
+}
+
+/// Windows placed by key: each request's answer says where the window landed;
+/// from then on the window is checked at that offset (a tail one at the end).
+async fn key_windows(server: &Server) -> Case {
+    reset_rooms(server, 12);
+    let mut recorder = Recorder::connect(server, BTreeMap::new(), fresh(&["list", "end"])).await;
+    let initial = recorder.client.lists.clone();
+    let sort = json!([{"field": "recency", "dir": "desc"}]);
+    let mut list = json!({"sub": "list", "filter": null, "sort": sort, "limit": 4});
+    let end = json!({"sub": "end", "filter": null, "sort": sort, "limit": 3, "tail": true});
+    /// Reads until the frame answering a key-positioned request, and places `view` where it says.
+    async fn placed(recorder: &mut Recorder, view: &mut Value) {
+        let sub = view["sub"].clone();
+        loop {
+            let frame = recorder.next(SETTLE).await.expect("an answer");
+            if frame["sub"] == sub && frame.get("offset").is_some() {
+                view["offset"] = frame["offset"].clone();
+                view["limit"] = frame["limit"].clone();
+                return;
+            }
+        }
+    }
+    let mut message = json!({"op": "subscribe", "sub": "list", "collection": "rooms", "sort": sort, "limit": 4,
+                              "around": {"id": "!r05:example.org", "row": 1}});
+    recorder.send(message.clone()).await;
+    placed(&mut recorder, &mut list).await;
+    recorder
+        .send(json!({"op": "subscribe", "sub": "end", "collection": "rooms", "sort": sort, "limit": 3, "tail": true}))
+        .await;
+    let mut end_placed = end.clone();
+    placed(&mut recorder, &mut end_placed).await;
+    let views = [list.clone(), end.clone()];
+    recorder.settle(server, &views, "subscribed").await;
+    let moves = [
+        json!({"after": "!r02:example.org"}),
+        // The same range again (rows joined the end only): an answer with no diffs.
+        json!({"after": "!r02:example.org"}),
+        json!({"before": "!r02:example.org"}),
+        json!({"around": {"id": "!r09:example.org", "row": 3}}),
+    ];
+    for (n, position) in moves.into_iter().enumerate() {
+        message = json!({"op": "set_range", "sub": "list", "limit": 4});
+        message.as_object_mut().unwrap().extend(position.as_object().unwrap().clone());
+        recorder.send(message).await;
+        placed(&mut recorder, &mut list).await;
+        let views = [list.clone(), end.clone()];
+        recorder.settle(server, &views, "after a move").await;
+        // Rows join the end (the tail slides) or leave it.
+        let op = if n % 2 == 0 {
+            room(30 + n as u64, "late", n as u64, 0, false)
+        } else {
+            json!({"op": "remove", "id": format!("!r{}:example.org", 30 + n - 1)})
+        };
+        write(server, json!([op]));
+        recorder.settle(server, &views, "after a write").await;
+    }
+    recorder.drain().await;
+    Case {
+        name: "key_windows",
+        description: "Windows placed by key: subscribe `around` an item and a `tail` window, then set_range \
+                      `after`, `before` (fewer rows near the top), the same range again (answered by a frame with \
+                      no diffs) and `around`; every answering frame carries `offset` and `limit`, frames carry \
+                      `total` when the view's length changed, and the tail window follows rows joining and \
+                      leaving the end.",
         synthetic: false,
         subscriptions: initial,
         steps: recorder.steps,
@@ -569,6 +642,7 @@ async fn the_protocol_corpus_matches_what_the_server_sends() {
     let mut cases = vec![
         live_diffs(&server).await,
         window_changes(&server).await,
+        key_windows(&server).await,
         random_session(&server, "random_session_1", 1).await,
         random_session(&server, "random_session_2", 2).await,
         errors_and_unsubscribe(&server).await,

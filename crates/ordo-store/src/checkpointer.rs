@@ -414,6 +414,7 @@ fn finish<'t>(
     through_seq: u64,
     adder: &mut Adder<'_>,
 ) -> Result<u64, StoreError> {
+    let started = Instant::now();
     loop {
         if matches!(applying, Applying::Idle) {
             applying = match target.begin(store.last_seq() + 1, adder.scratch) {
@@ -432,6 +433,14 @@ fn finish<'t>(
         match result {
             Ok(n_batches) => {
                 store.checkpoint_committed(n_batches);
+                // One line per checkpoint (every `checkpoint_interval` at most, or
+                // per `checkpoint_bytes` of log): the store's pulse in the log.
+                tracing::info!(
+                    seq = store.last_seq(),
+                    batches = n_batches,
+                    millis = started.elapsed().as_millis() as u64,
+                    "checkpoint committed"
+                );
                 return Ok(store.last_seq());
             }
             Err(error) => store.recover_from(error)?,
@@ -449,7 +458,11 @@ impl State {
                 *stall = None;
                 self.shared.checkpointed_seq.store(*seq, Ordering::Release);
             }
-            Err(error) => *stall = Some(Stall::of(error)),
+            Err(error) => {
+                // Once per retry (each interval): the log says why LMDB stays behind.
+                tracing::warn!(%error, "checkpoint failed; the write-ahead log keeps every batch, retrying");
+                *stall = Some(Stall::of(error));
+            }
         }
     }
 }

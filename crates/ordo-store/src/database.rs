@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ordo_core::{
-    Batch, BatchSummary, CollectionId, DiffSink, Engine, NullSink, OwnedItem, Schema, ViewDef, ViewError, WindowId,
+    Batch, BatchSummary, CollectionId, DiffSink, Engine, NullSink, OwnedItem, Schema, ViewDef, ViewError, WindowAnchor,
+    WindowId, WindowRange,
 };
 
 use crate::checkpointer::Checkpointer;
@@ -361,6 +362,39 @@ impl Database {
         self.engine.open_window(collection, def, offset, limit, sink)
     }
 
+    /// See [`Engine::open_window_at`].
+    pub fn open_window_at(
+        &mut self,
+        collection: CollectionId,
+        def: &ViewDef,
+        anchor: WindowAnchor<'_>,
+        limit: usize,
+        sink: &mut dyn DiffSink,
+    ) -> Result<(WindowId, WindowRange), ViewError> {
+        self.engine.open_window_at(collection, def, anchor, limit, sink)
+    }
+
+    /// See [`Engine::move_window`].
+    pub fn move_window(
+        &mut self,
+        window: WindowId,
+        anchor: WindowAnchor<'_>,
+        limit: usize,
+        sink: &mut dyn DiffSink,
+    ) -> Result<WindowRange, ViewError> {
+        self.engine.move_window(window, anchor, limit, sink)
+    }
+
+    /// See [`Engine::resolve_window_anchor`].
+    pub fn resolve_window_anchor(
+        &mut self,
+        window: WindowId,
+        anchor: WindowAnchor<'_>,
+        limit: usize,
+    ) -> Result<WindowRange, ViewError> {
+        self.engine.resolve_window_anchor(window, anchor, limit)
+    }
+
     pub fn set_window_range(
         &mut self,
         window: WindowId,
@@ -404,7 +438,7 @@ impl Database {
     }
 }
 
-/// A progress callback for [`Database::open`] that prints one line to stderr per
+/// A progress callback for [`Database::open`] that logs (or prints to stderr) one line per
 /// step of a load that has run longer than half a second.
 pub fn print_load_progress(progress: &LoadProgress) {
     if progress.elapsed < Duration::from_millis(500) {
@@ -415,12 +449,18 @@ pub fn print_load_progress(progress: &LoadProgress) {
     } else {
         100.0 * progress.n_items_loaded as f64 / progress.n_items_total as f64
     };
-    eprintln!(
+    let line = format!(
         "ordo-store: loaded {} of {} items ({percent:.0} %) in {:.2} s",
         progress.n_items_loaded,
         progress.n_items_total,
         progress.elapsed.as_secs_f64()
     );
+    // Into the log where one is set up (`ordo serve`); on stderr for tools without one.
+    if tracing::dispatcher::has_been_set() {
+        tracing::info!(loaded = progress.n_items_loaded, total = progress.n_items_total, "{line}");
+    } else {
+        eprintln!("{line}");
+    }
 }
 
 /// What [`Database::write_group`] reuses from one group to the next.

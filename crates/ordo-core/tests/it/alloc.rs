@@ -163,6 +163,8 @@ fn keyed_view_updates_allocate_nothing_in_steady_state() {
     }
     let everything = ViewDef::new(Filter::True, vec![SortKey::desc("recency")]);
     engine.open_window(collection, &everything, 0, 20, &mut sink).unwrap();
+    // A tail window slides as removes and re-creations change the view's length.
+    engine.open_window_at(collection, &everything, ordo_core::WindowAnchor::Tail, 20, &mut sink).unwrap();
     assert_eq!(engine.stats().n_keyed_views, N_USERS);
     let n_items = engine.collection(collection).unwrap().len();
     let ids: Vec<String> = (0..n_items).map(item_id).collect();

@@ -3,6 +3,8 @@
 mod alloc;
 mod bad_input;
 mod bulk_load;
+mod conversions;
+mod key_windows;
 mod keyed_views;
 mod many_windows;
 mod model;

@@ -106,20 +106,26 @@ impl<'a> Literal<'a> {
         }
     }
 
-    /// The value as a field of `field_type`, converting numbers when that is lossless.
+    /// The value as a field of `field_type`, converting numbers only when that is
+    /// lossless. Numbers go through the engine's own rule (`Value::coerce_to`), so
+    /// a write, a filter literal and a library caller's batch agree exactly.
+    ///
+    /// The literal keeps the form serde_json read: an integer written without a
+    /// fraction or exponent is a `U64`/`I64` (exact, never rounded through an
+    /// `f64`), anything else a `F64`. So `9007199254740993` stays that integer
+    /// (and is refused by an `f64` field, which cannot hold it), and `1.0` is a
+    /// float (accepted by an `i64` field: it is exactly 1).
     pub(crate) fn typed(&self, field_type: FieldType) -> Option<Value<'_>> {
-        Some(match (self, field_type) {
-            (Literal::Null, _) => Value::Null,
-            (Literal::Bool(value), FieldType::Bool) => Value::Bool(*value),
-            (Literal::Str(value), FieldType::String) => Value::Str(value),
-            (Literal::U64(value), FieldType::I64) => Value::I64(i64::try_from(*value).ok()?),
-            (Literal::I64(value), FieldType::I64) => Value::I64(*value),
-            (Literal::U64(value), FieldType::U64) => Value::U64(*value),
-            (Literal::U64(value), FieldType::F64) => Value::F64(*value as f64),
-            (Literal::I64(value), FieldType::F64) => Value::F64(*value as f64),
-            (Literal::F64(value), FieldType::F64) => Value::F64(*value),
-            _ => return None,
-        })
+        let value = match self {
+            Literal::Null => Value::Null,
+            Literal::Bool(value) => Value::Bool(*value),
+            Literal::Str(value) => Value::Str(value),
+            Literal::U64(value) => Value::U64(*value),
+            Literal::I64(value) => Value::I64(*value),
+            Literal::F64(value) => Value::F64(*value),
+            Literal::Array | Literal::Object => return None,
+        };
+        value.coerce_to(field_type)
     }
 
     /// What was found, for an error message.

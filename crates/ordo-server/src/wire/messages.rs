@@ -27,7 +27,15 @@ pub enum ClientMessage {
         #[serde(default, deserialize_with = "null_as_default")]
         sort: Vec<SortRequest>,
         #[serde(default)]
-        offset: usize,
+        offset: Option<usize>,
+        #[serde(default)]
+        around: Option<AroundRequest>,
+        #[serde(default)]
+        after: Option<String>,
+        #[serde(default)]
+        before: Option<String>,
+        #[serde(default)]
+        tail: Option<bool>,
         limit: usize,
         #[serde(default)]
         fields: Option<Vec<String>>,
@@ -37,7 +45,15 @@ pub enum ClientMessage {
     SetRange {
         sub: String,
         #[serde(default)]
-        offset: usize,
+        offset: Option<usize>,
+        #[serde(default)]
+        around: Option<AroundRequest>,
+        #[serde(default)]
+        after: Option<String>,
+        #[serde(default)]
+        before: Option<String>,
+        #[serde(default)]
+        tail: Option<bool>,
         limit: usize,
     },
     SetView {
@@ -71,7 +87,11 @@ pub struct ResumeEntry {
     #[serde(default, deserialize_with = "null_as_default")]
     pub sort: Vec<SortRequest>,
     #[serde(default)]
-    pub offset: usize,
+    pub offset: Option<usize>,
+    /// A tail window resumes as one (the other anchors placed the window once:
+    /// resume it at the `offset` its answer gave).
+    #[serde(default)]
+    pub tail: Option<bool>,
     pub limit: usize,
     #[serde(default)]
     pub fields: Option<Vec<String>>,

@@ -4,12 +4,14 @@
 
 mod literal;
 mod messages;
+mod position;
 mod schema;
 mod view;
 mod write;
 
 pub(crate) use literal::*;
 pub use messages::*;
+pub use position::*;
 pub use schema::*;
 pub use view::*;
 pub use write::*;

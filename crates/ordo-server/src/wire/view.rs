@@ -18,12 +18,32 @@ pub struct QueryRequest {
     #[serde(default, deserialize_with = "null_as_default")]
     pub sort: Vec<SortRequest>,
     #[serde(default)]
-    pub offset: usize,
+    pub offset: Option<usize>,
+    #[serde(default)]
+    pub around: Option<AroundRequest>,
+    #[serde(default)]
+    pub after: Option<String>,
+    #[serde(default)]
+    pub before: Option<String>,
+    #[serde(default)]
+    pub tail: Option<bool>,
     pub limit: usize,
     #[serde(default)]
     pub fields: Option<Vec<String>>,
     #[serde(default = "yes")]
     pub payload: bool,
+}
+
+impl QueryRequest {
+    pub fn position_keys(&self) -> PositionKeys {
+        PositionKeys {
+            offset: self.offset,
+            around: self.around.clone(),
+            after: self.after.clone(),
+            before: self.before.clone(),
+            tail: self.tail,
+        }
+    }
 }
 
 pub(crate) fn yes() -> bool {
@@ -74,9 +94,43 @@ fn field_id_at(schema: &Schema, index: usize) -> FieldId {
 #[derive(Clone, Debug, PartialEq)]
 pub struct WindowSpec {
     pub def: ViewDef,
+    /// The first row. For a tail window, where the tail was when last resolved
+    /// (it moves with the view's end); for a `seek`, 0 until the writer finds it.
     pub offset: usize,
     pub limit: usize,
+    /// The window follows the view's end (`tail`).
+    pub is_tail: bool,
+    /// A position relative to an item, still to be found (the writer thread
+    /// resolves it to `offset` and `limit`, and clears it).
+    pub seek: Option<Seek>,
     pub projection: Projection,
+}
+
+impl WindowSpec {
+    /// The engine anchor this spec asks for.
+    pub fn anchor(&self) -> ordo_core::WindowAnchor<'_> {
+        match (&self.seek, self.is_tail) {
+            (Some(seek), _) => seek.anchor.as_anchor(),
+            (None, true) => ordo_core::WindowAnchor::Tail,
+            (None, false) => ordo_core::WindowAnchor::Offset(self.offset),
+        }
+    }
+
+    /// Records where the engine placed the window.
+    pub fn resolve(&mut self, range: ordo_core::WindowRange) {
+        (self.offset, self.limit, self.is_tail, self.seek) = (range.offset, range.limit, range.is_tail, None);
+    }
+
+    /// Sets the position a request asked for (its `offset` stays until resolved).
+    pub fn set_position(&mut self, position: Position) {
+        self.seek = None;
+        self.is_tail = false;
+        match position {
+            Position::Offset(offset) => self.offset = offset,
+            Position::Tail => self.is_tail = true,
+            Position::Seek(seek) => self.seek = Some(seek),
+        }
+    }
 }
 
 pub fn check_range(offset: usize, limit: usize) -> Result<(), ApiError> {
@@ -99,12 +153,13 @@ pub fn window_spec(
     schema: &Schema,
     filter: &Json,
     sort: &[SortRequest],
-    offset: usize,
+    position: PositionKeys,
     limit: usize,
     fields: Option<&[String]>,
     payload: bool,
 ) -> Result<WindowSpec, ApiError> {
-    check_range(offset, limit)?;
+    let position = position.check(limit)?;
+    check_range(0, limit)?;
     let def = view_def(schema, filter, sort)?;
     let projection = match fields {
         None => Projection { payload, ..Projection::all(schema) },
@@ -128,7 +183,9 @@ pub fn window_spec(
             Projection { fields: ids, payload }
         }
     };
-    Ok(WindowSpec { def, offset, limit, projection })
+    let mut spec = WindowSpec { def, offset: 0, limit, is_tail: false, seek: None, projection };
+    spec.set_position(position);
+    Ok(spec)
 }
 
 pub fn view_def(schema: &Schema, filter: &Json, sort: &[SortRequest]) -> Result<ViewDef, ApiError> {
@@ -164,6 +221,16 @@ pub fn filter_from_rule(schema: &Schema, filter: &Json) -> Result<Filter, ApiErr
     let filter = filter_from_json(schema, filter, 1, &mut n_nodes)?;
     ordo_core::CompiledFilter::compile(&filter, schema)?;
     Ok(filter)
+}
+
+/// `restrict` for a whole window request: the rule also goes with an item anchor,
+/// so that an item outside it reads as missing (see `Seek::rule`).
+pub fn restrict_spec(spec: &mut WindowSpec, predicate: Option<&Filter>, schema: &Schema) -> Result<(), ApiError> {
+    restrict(&mut spec.def, predicate, schema)?;
+    if let Some(seek) = &mut spec.seek {
+        seek.rule = predicate.cloned();
+    }
+    Ok(())
 }
 
 /// Conjoins an access rule's predicate into a checked view: the client's filter

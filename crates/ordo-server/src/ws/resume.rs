@@ -11,7 +11,7 @@ use super::Connection;
 use crate::auth;
 use crate::core::{share_key, Command, FrameBody, SubHandle};
 use crate::error::{ApiError, ErrorCode};
-use crate::frame::write_diffs_frame;
+use crate::frame::{write_diffs_frame_with, DiffsExtra};
 use crate::limits;
 use crate::metrics::{self, METRICS};
 use crate::wire::{self, WindowSpec};
@@ -67,7 +67,7 @@ impl Connection {
                 Some(handle) => {
                     listed.push(handle);
                     let sub = self.session.table.get_mut(handle).expect("live");
-                    let oldest = sub.retained.front().map_or(sub.seq + 1, |(seq, _, _)| *seq);
+                    let oldest = sub.retained.front().map_or(sub.seq + 1, |(seq, _, _, _)| *seq);
                     if entry.last_seq <= sub.seq && entry.last_seq + 1 >= oldest {
                         let n = sub.seq - entry.last_seq;
                         metrics::add(&METRICS.resume_replayed, 1);
@@ -75,7 +75,7 @@ impl Connection {
                         replays.push(handle);
                         sub.awaiting_reset = false;
                         // Remember where to replay from in `seq` until the frames go out.
-                        sub.retained.retain(|(seq, _, _)| *seq > entry.last_seq);
+                        sub.retained.retain(|(seq, _, _, _)| *seq > entry.last_seq);
                     } else {
                         metrics::add(&METRICS.resume_reset, 1);
                         outcomes.push(serde_json::json!({"sub": entry.sub, "reset": true}));
@@ -106,11 +106,11 @@ impl Connection {
         self.send_json(&answer).await;
         for handle in replays {
             let Some(sub) = self.session.table.get(handle) else { continue };
-            let frames: Vec<(u64, FrameBody, u32)> = sub.retained.iter().cloned().collect();
+            let frames: Vec<(u64, FrameBody, u32, DiffsExtra)> = sub.retained.iter().cloned().collect();
             let client_id = sub.client_id.clone();
-            for (seq, body, n_diffs) in frames {
+            for (seq, body, n_diffs, extra) in frames {
                 self.frame.clear();
-                write_diffs_frame(&mut self.frame, &client_id, seq, &body);
+                write_diffs_frame_with(&mut self.frame, &client_id, seq, extra, &body);
                 metrics::add(&METRICS.diffs_sent, n_diffs as u64);
                 self.write(OpCode::Text).await;
             }
@@ -131,16 +131,17 @@ impl Connection {
     ) -> Result<(Arc<crate::core::CollectionEntry>, WindowSpec), ApiError> {
         wire::check_sub_id(&entry.sub)?;
         let (collection, predicate) = self.readable(&entry.collection)?;
+        let position = wire::PositionKeys { offset: entry.offset, tail: entry.tail, ..Default::default() };
         let mut spec = wire::window_spec(
             &collection.schema,
             &entry.filter,
             &entry.sort,
-            entry.offset,
+            position,
             entry.limit,
             entry.fields.as_deref(),
             entry.payload,
         )?;
-        wire::restrict(&mut spec.def, predicate.as_ref(), &collection.schema)?;
+        wire::restrict_spec(&mut spec, predicate.as_ref(), &collection.schema)?;
         Ok((collection, spec))
     }
 }

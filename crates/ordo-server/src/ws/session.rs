@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use crate::core::{ConnShared, FrameBody, Outgoing, SessionId, SubHandle, FRAME_OVERHEAD_BYTES};
+use crate::frame::DiffsExtra;
 use crate::limits;
 use crate::sub_table::SubTable;
 use crate::wire::WindowSpec;
@@ -22,21 +23,25 @@ pub(super) struct SubEntry {
     pub(super) spec: WindowSpec,
     /// The `seq` of the last frame sent.
     pub(super) seq: u64,
-    /// The last frames sent, for replay on resume: (seq, body).
-    pub(super) retained: VecDeque<(u64, FrameBody, u32)>,
+    /// The last frames sent, for replay on resume: (seq, body, diffs, envelope
+    /// fields), so that a replay repeats each frame exactly (its `total` too).
+    pub(super) retained: VecDeque<(u64, FrameBody, u32, DiffsExtra)>,
     pub(super) retained_bytes: usize,
     /// Frames before the next Reset are stale (a resume that could not replay).
     pub(super) awaiting_reset: bool,
+    /// The range (`offset`, `limit`) of an answer that was dropped with a stale
+    /// frame: the next frame written for this subscription carries it instead.
+    pub(super) range_due: Option<(u64, u64)>,
 }
 
 impl SubEntry {
-    pub(super) fn retain(&mut self, seq: u64, body: FrameBody, n_diffs: u32) {
+    pub(super) fn retain(&mut self, seq: u64, body: FrameBody, n_diffs: u32, extra: DiffsExtra) {
         self.retained_bytes += body.len();
-        self.retained.push_back((seq, body, n_diffs));
+        self.retained.push_back((seq, body, n_diffs, extra));
         while self.retained.len() > limits::RETAINED_FRAMES_PER_SUBSCRIPTION
             || self.retained_bytes > limits::RETAINED_BYTES_PER_SUBSCRIPTION
         {
-            let (_, dropped, _) = self.retained.pop_front().expect("over a limit, so not empty");
+            let (_, dropped, _, _) = self.retained.pop_front().expect("over a limit, so not empty");
             self.retained_bytes -= dropped.len();
         }
     }

@@ -52,6 +52,8 @@ pub struct StartOptions {
     pub nofile: Option<u64>,
     /// Keep the server's stderr (see `Server::stderr_lines`) instead of passing it through.
     pub capture_stderr: bool,
+    /// Environment variables set for the server (`ORDO_*` options, `RUST_LOG`).
+    pub env: &'static [(&'static str, &'static str)],
 }
 
 impl Server {
@@ -67,7 +69,8 @@ impl Server {
             .arg(dir)
             .args(extra_args)
             .stdout(Stdio::piped())
-            .stderr(if options.capture_stderr { Stdio::piped() } else { Stdio::inherit() });
+            .stderr(if options.capture_stderr { Stdio::piped() } else { Stdio::inherit() })
+            .envs(options.env.iter().copied());
         if let Some(nofile) = options.nofile {
             let limit = libc::rlimit { rlim_cur: nofile as libc::rlim_t, rlim_max: nofile as libc::rlim_t };
             // SAFETY: runs in the forked child before exec; `setrlimit` is

@@ -1,0 +1,383 @@
+//! The `ordo` command line, parsed by `clap`. Every `ordo serve` option has
+//! three other sources besides its flag: the environment variable `ORDO_<NAME>`
+//! (the flag's name in upper snake case) and the key `<name>` (the flag's name
+//! without `--`) of the TOML file given with `--config FILE`. A flag wins over
+//! its variable, which wins over the file, which wins over the default.
+//!
+//! The file is applied by making its values the flags' defaults before the
+//! final parse: so a value from the file goes through the same parser, the same
+//! checks and the same error messages as one typed on the command line, and
+//! `clap`'s own precedence (flag, then variable, then default) does the rest.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+
+use crate::auth;
+use crate::limits;
+use crate::server::{default_network_threads, ServeOptions};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ordo",
+    version,
+    about = "Ordo: live sorted, filtered windows over your data, kept in sync over WebSockets.",
+    propagate_version = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// One enum for every subcommand, each with its own `Args` struct, so a new
+/// one (`backup`, say) is a variant and a module of its own.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Starts the server (HTTP API and WebSocket subscriptions).
+    ///
+    /// An HTTP API and WebSocket subscriptions (docs/PROTOCOL.md) over an embedded LMDB data
+    /// directory, which is created if missing and reloaded at start.
+    ///
+    /// Every option can also be set with the environment variable ORDO_<OPTION> (e.g. ORDO_DATA_DIR)
+    /// or as a key of the TOML file given with --config (e.g. `data-dir = "/var/lib/ordo"`);
+    /// a flag wins over the variable, the variable over the file, the file over the default.
+    Serve(Box<ServeArgs>),
+    /// Prints a signed HS256 token (for development and for backends).
+    ///
+    /// The secret comes from --secret-file FILE or the environment variable ORDO_AUTH_SECRET, never
+    /// from the command line.
+    Token(TokenArgs),
+    /// Fills a running server with a chat room list (collection `rooms`).
+    LoadDemo(LoadDemoArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Durability {
+    /// Every acknowledged write survives a power cut.
+    Full,
+    /// The last commits before a machine crash may be lost.
+    Relaxed,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One readable line per event.
+    Human,
+    /// One JSON object per line (`timestamp`, `level`, `fields`, `target`).
+    Json,
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// A TOML file of options: each key is an option's name without `--` (unknown keys are refused).
+    #[arg(long, env = "ORDO_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Address to listen on (port 0 picks one).
+    #[arg(long, env = "ORDO_LISTEN", value_name = "ADDR", default_value = "127.0.0.1:7070")]
+    pub listen: std::net::SocketAddr,
+    /// Data directory.
+    #[arg(long, env = "ORDO_DATA_DIR", value_name = "DIR", default_value = "ordo-data")]
+    pub data_dir: PathBuf,
+    /// full: every acknowledged write survives a power cut; relaxed: the last commits before a machine crash may be lost.
+    #[arg(long, env = "ORDO_DURABILITY", value_enum, default_value_t = Durability::Full)]
+    pub durability: Durability,
+    /// Per-connection queue (bytes) before a slow client gets a Reset.
+    #[arg(long, env = "ORDO_OUTBOUND_BUFFER", value_name = "BYTES", default_value_t = limits::DEFAULT_OUTBOUND_BUFFER_BYTES)]
+    pub outbound_buffer: usize,
+    /// Close a client that reads nothing for this long (seconds).
+    #[arg(long, env = "ORDO_SLOW_CLOSE_AFTER", value_name = "SECS", default_value_t = limits::DEFAULT_SLOW_CLOSE_AFTER_SECS)]
+    pub slow_close_after: u64,
+    /// Messages per second per WebSocket connection (bursts of up to 200).
+    #[arg(long, env = "ORDO_WS_MESSAGES_PER_SECOND", value_name = "N", default_value_t = limits::DEFAULT_WS_MESSAGES_PER_SECOND)]
+    pub ws_messages_per_second: u32,
+    /// Requests per second per HTTP connection (bursts of up to 10 000).
+    #[arg(long, env = "ORDO_HTTP_REQUESTS_PER_SECOND", value_name = "N", default_value_t = limits::DEFAULT_HTTP_REQUESTS_PER_SECOND)]
+    pub http_requests_per_second: u32,
+    /// Threads for sockets and JSON (default: one per core, at most 4; at most 64; the writer has its own).
+    #[arg(long, env = "ORDO_NETWORK_THREADS", value_name = "N", default_value_t = default_network_threads())]
+    pub network_threads: usize,
+    /// How long a disconnected client's subscriptions wait for its resume (seconds).
+    #[arg(long, env = "ORDO_SESSION_RETENTION", value_name = "SECS", default_value_t = limits::DEFAULT_SESSION_RETENTION_SECS)]
+    pub session_retention: u64,
+    /// How long writes stay only in the write-ahead log before LMDB gets them (seconds; longer: less
+    /// disk traffic, a longer log to replay at start).
+    #[arg(long, env = "ORDO_CHECKPOINT_INTERVAL", value_name = "SECS", default_value_t = 60)]
+    pub checkpoint_interval: u64,
+    /// Close a connection that takes longer to send a request head, or sits idle this long between
+    /// HTTP/1.1 requests (seconds).
+    #[arg(long, env = "ORDO_HEADER_TIMEOUT", value_name = "SECS", default_value_t = limits::DEFAULT_HEADER_TIMEOUT_SECS)]
+    pub header_timeout: u64,
+
+    /// HS256 tokens signed with the secret in FILE (at least 32 bytes); or the secret itself in the
+    /// environment variable ORDO_AUTH_SECRET. Without this or --auth-jwks every caller is an admin, and
+    /// the server listens on loopback addresses only unless --insecure (docs/SECURITY.md).
+    #[arg(long, env = "ORDO_AUTH_SECRET_FILE", value_name = "FILE", help_heading = "Auth")]
+    pub auth_secret_file: Option<PathBuf>,
+    /// EdDSA, ES256 and RS256 tokens verified with the public keys of a JWKS file.
+    #[arg(long, env = "ORDO_AUTH_JWKS", value_name = "FILE", help_heading = "Auth")]
+    pub auth_jwks: Option<PathBuf>,
+    /// Tokens must carry this `aud`.
+    #[arg(long, env = "ORDO_AUTH_AUDIENCE", value_name = "AUD", help_heading = "Auth")]
+    pub auth_audience: Option<String>,
+    /// Tokens must carry this `iss`.
+    #[arg(long, env = "ORDO_AUTH_ISSUER", value_name = "ISS", help_heading = "Auth")]
+    pub auth_issuer: Option<String>,
+    /// The claim that holds the role: admin, writer or reader [default: role].
+    #[arg(long, env = "ORDO_AUTH_ROLE_CLAIM", value_name = "NAME", help_heading = "Auth")]
+    pub auth_role_claim: Option<String>,
+    /// A browser origin allowed to call (CORS and the WebSocket `Origin`), e.g. https://app.example.org;
+    /// repeatable (comma-separated in the variable); by default only the server's own.
+    #[arg(long, env = "ORDO_ALLOW_ORIGIN", value_name = "ORIGIN", action = ArgAction::Append, value_delimiter = ',', help_heading = "Auth")]
+    pub allow_origin: Vec<String>,
+    /// A host name the server answers to (`Host`), besides IP addresses and localhost; repeatable
+    /// (comma-separated in the variable) (DNS-rebinding protection).
+    #[arg(long, env = "ORDO_ALLOW_HOST", value_name = "NAME", action = ArgAction::Append, value_delimiter = ',', help_heading = "Auth")]
+    pub allow_host: Vec<String>,
+    /// Allow running without auth on a non-loopback address.
+    #[arg(long, env = "ORDO_INSECURE", help_heading = "Auth")]
+    pub insecure: bool,
+    /// Serve /metrics without an admin token.
+    #[arg(long, env = "ORDO_METRICS_PUBLIC", help_heading = "Auth")]
+    pub metrics_public: bool,
+    /// A WebSocket opened without a token must send `auth` within this (seconds; at least 1).
+    #[arg(long, env = "ORDO_AUTH_TIMEOUT", value_name = "SECS", default_value_t = limits::AUTH_TIMEOUT_SECS, help_heading = "Auth")]
+    pub auth_timeout: u64,
+    /// After its token expires, a WebSocket has this long to send a fresh one before it is closed with 4401 (seconds).
+    #[arg(long, env = "ORDO_AUTH_GRACE", value_name = "SECS", default_value_t = limits::AUTH_EXPIRY_GRACE_SECS, help_heading = "Auth")]
+    pub auth_grace: u64,
+
+    /// Log lines as readable text or as JSON objects (both on stderr).
+    #[arg(long, env = "ORDO_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human, help_heading = "Logs")]
+    pub log_format: LogFormat,
+    /// The least level logged (error, warn, info, debug, trace), or a `RUST_LOG`-style filter such as
+    /// `info,ordo_server::ws=debug`. Unset here, in ORDO_LOG_LEVEL and in the file: RUST_LOG, else info.
+    #[arg(long, env = "ORDO_LOG_LEVEL", value_name = "FILTER", help_heading = "Logs")]
+    pub log_level: Option<String>,
+
+    /// The web demo's data: write 10 000 rooms into collection `rooms` if it is missing or empty, and
+    /// simulate chat traffic; the page is at /demo.
+    #[arg(long, env = "ORDO_DEMO", help_heading = "Demo")]
+    pub demo: bool,
+    /// The simulator's messages per second at start (at most 5000; POST /demo/simulator {"rate":N}
+    /// changes it while running).
+    #[arg(long, env = "ORDO_DEMO_RATE", value_name = "N", default_value_t = limits::DEFAULT_DEMO_MESSAGES_PER_SECOND, help_heading = "Demo")]
+    pub demo_rate: u32,
+}
+
+#[derive(Args, Debug)]
+pub struct TokenArgs {
+    /// The token's subject (`sub`): who it speaks for.
+    #[arg(long)]
+    pub sub: String,
+    /// admin, writer or reader.
+    #[arg(long, default_value = "reader")]
+    pub role: String,
+    /// Lifetime in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 3600)]
+    pub ttl: u64,
+    /// The file holding the HS256 secret (else the environment variable ORDO_AUTH_SECRET).
+    #[arg(long, value_name = "FILE")]
+    pub secret_file: Option<PathBuf>,
+    /// The claim that carries the role.
+    #[arg(long, value_name = "NAME", default_value = "role")]
+    pub role_claim: String,
+    /// The token's `aud`.
+    #[arg(long)]
+    pub aud: Option<String>,
+    /// The token's `iss`.
+    #[arg(long)]
+    pub iss: Option<String>,
+    /// Another claim, as a string; repeatable.
+    #[arg(long, value_name = "NAME=VALUE")]
+    pub claim: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct LoadDemoArgs {
+    /// The server's address.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub url: String,
+    /// How many rooms to write.
+    #[arg(long, default_value_t = 10_000)]
+    pub rooms: usize,
+}
+
+/// Parses the command line, applying `ordo serve --config FILE` (see the module's
+/// comment). `Err` is clap's error (help and version included): the caller prints
+/// it and exits with its code.
+pub fn parse<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let command = Cli::command();
+    let matches = command.clone().try_get_matches_from(&args)?;
+    let config = matches.subcommand_matches("serve").and_then(|serve| serve.get_one::<PathBuf>("config").cloned());
+    let Some(config) = config else { return Cli::from_arg_matches(&matches) };
+    let defaults = match read_config(&config, command.find_subcommand("serve").expect("serve exists")) {
+        Ok(defaults) => defaults,
+        Err(message) => return Err(Cli::command().error(clap::error::ErrorKind::InvalidValue, message)),
+    };
+    let command = command.mut_subcommand("serve", |mut serve| {
+        for (id, values) in defaults {
+            serve = serve.mut_arg(id, |arg| arg.default_values(values));
+        }
+        serve
+    });
+    // The same arguments parsed above: a failure now comes from a value of the file.
+    let matches = command.try_get_matches_from(&args).map_err(|error| {
+        let text = error.to_string();
+        let first_line = text.lines().next().unwrap_or_default().trim_start_matches("error: ");
+        Cli::command().error(clap::error::ErrorKind::InvalidValue, format!("{}: {first_line}", config.display()))
+    })?;
+    Cli::from_arg_matches(&matches)
+}
+
+/// The file's values as flag defaults: `(argument id, values)` for each key.
+fn read_config(path: &Path, serve: &clap::Command) -> Result<Vec<(String, Vec<String>)>, String> {
+    let where_ = path.display();
+    let text =
+        std::fs::read_to_string(path).map_err(|error| format!("cannot read the config file {where_}: {error}"))?;
+    let table: toml::Table =
+        text.parse().map_err(|error| format!("the config file {where_} is not valid TOML: {error}"))?;
+    let mut defaults = Vec::with_capacity(table.len());
+    for (key, value) in table {
+        let arg = serve
+            .get_arguments()
+            .find(|arg| arg.get_long() == Some(key.as_str()) && !matches!(key.as_str(), "config" | "help" | "version"))
+            .ok_or_else(|| unknown_key(&where_.to_string(), &key, serve))?;
+        let repeatable = matches!(arg.get_action(), ArgAction::Append);
+        let values = match value {
+            toml::Value::Array(items) if repeatable => {
+                items.iter().map(|item| scalar(item, &key, &where_.to_string())).collect::<Result<Vec<_>, _>>()?
+            }
+            value => vec![scalar(&value, &key, &where_.to_string())?],
+        };
+        defaults.push((arg.get_id().to_string(), values));
+    }
+    Ok(defaults)
+}
+
+fn scalar(value: &toml::Value, key: &str, file: &str) -> Result<String, String> {
+    match value {
+        toml::Value::String(text) => Ok(text.clone()),
+        toml::Value::Integer(number) => Ok(number.to_string()),
+        toml::Value::Boolean(flag) => Ok(flag.to_string()),
+        other => Err(format!("{file}: `{key}` takes a string, a number or a boolean, not {}", other.type_str())),
+    }
+}
+
+fn unknown_key(file: &str, key: &str, serve: &clap::Command) -> String {
+    let known: Vec<&str> = serve
+        .get_arguments()
+        .filter_map(|arg| arg.get_long())
+        .filter(|long| !matches!(*long, "config" | "help" | "version"))
+        .collect();
+    // `data_dir` for `data-dir` is the likeliest slip.
+    let dashed = key.replace('_', "-");
+    let hint = if known.contains(&dashed.as_str()) { format!(" (did you mean `{dashed}`?)") } else { String::new() };
+    format!(
+        "{file}: unknown key `{key}`{hint}; the keys are the options of `ordo serve` without `--`: {}",
+        known.join(", ")
+    )
+}
+
+impl ServeArgs {
+    /// The options the server runs with; checks what the types alone do not.
+    pub fn into_options(self) -> Result<ServeOptions, String> {
+        let mut options = ServeOptions {
+            listen: self.listen,
+            data_dir: self.data_dir,
+            durability: match self.durability {
+                Durability::Full => ordo_store::Durability::Full,
+                Durability::Relaxed => ordo_store::Durability::Relaxed,
+            },
+            outbound_budget: self.outbound_buffer,
+            slow_close_after: Duration::from_secs(self.slow_close_after),
+            ws_messages_per_second: self.ws_messages_per_second,
+            http_requests_per_second: self.http_requests_per_second,
+            network_threads: self.network_threads,
+            session_retention: Duration::from_secs(self.session_retention),
+            checkpoint_interval: Duration::from_secs(self.checkpoint_interval).max(Duration::from_millis(100)),
+            header_timeout: Duration::from_secs(self.header_timeout),
+            demo: self.demo,
+            demo_rate: self.demo_rate,
+            insecure: self.insecure,
+            metrics_public: self.metrics_public,
+            auth_timeout: Duration::from_secs(self.auth_timeout.max(1)),
+            auth_grace: Duration::from_secs(self.auth_grace),
+            ..ServeOptions::default()
+        };
+        if !(1..=limits::MAX_NETWORK_THREADS).contains(&options.network_threads) {
+            return Err(format!("--network-threads is 1..={}", limits::MAX_NETWORK_THREADS));
+        }
+        if self.header_timeout == 0 {
+            return Err("--header-timeout is at least 1 second".to_owned());
+        }
+        if options.demo_rate > limits::MAX_DEMO_MESSAGES_PER_SECOND {
+            return Err(format!("--demo-rate is 0..={} messages per second", limits::MAX_DEMO_MESSAGES_PER_SECOND));
+        }
+        for origin in &self.allow_origin {
+            if !(origin.starts_with("http://") || origin.starts_with("https://")) || origin.contains('*') {
+                return Err(format!("--allow-origin takes an origin like https://app.example.org, not `{origin}`"));
+            }
+        }
+        options.allow_origins = self.allow_origin;
+        options.allow_hosts = self.allow_host;
+        options.auth.secret = match &self.auth_secret_file {
+            Some(path) => Some(auth::read_secret_file(path)?),
+            None => secret_from_env()?,
+        };
+        options.auth.jwks_path = self.auth_jwks;
+        options.auth.audience = self.auth_audience;
+        options.auth.issuer = self.auth_issuer;
+        options.auth.role_claim = self.auth_role_claim;
+        Ok(options)
+    }
+}
+
+/// `ORDO_AUTH_SECRET`: the HS256 secret itself (trimmed), for `serve` and `token`.
+pub fn secret_from_env() -> Result<Option<Vec<u8>>, String> {
+    match std::env::var("ORDO_AUTH_SECRET") {
+        Ok(secret) => {
+            let secret = secret.trim().as_bytes().to_vec();
+            auth::check_secret(&secret).map_err(|error| format!("ORDO_AUTH_SECRET: {error}"))?;
+            Ok(Some(secret))
+        }
+        Err(_) => Ok(None),
+    }
+}
+
+impl TokenArgs {
+    /// The signed token.
+    pub fn mint(self) -> Result<String, String> {
+        let role = auth::Role::parse(&self.role)
+            .ok_or_else(|| format!("--role is admin, writer or reader, not `{}`", self.role))?;
+        let mut extra = serde_json::Map::new();
+        if let Some(aud) = self.aud {
+            extra.insert("aud".to_owned(), aud.into());
+        }
+        if let Some(iss) = self.iss {
+            extra.insert("iss".to_owned(), iss.into());
+        }
+        for pair in &self.claim {
+            let (name, text) = pair.split_once('=').ok_or_else(|| format!("--claim takes NAME=VALUE, not `{pair}`"))?;
+            if matches!(name, "sub" | "exp" | "iat") || name == self.role_claim {
+                return Err(format!("--claim cannot set `{name}`; it has its own option"));
+            }
+            extra.insert(name.to_owned(), text.into());
+        }
+        if self.sub.is_empty() || self.sub.len() > limits::MAX_SUBJECT_BYTES {
+            return Err(format!("--sub is 1..={} bytes", limits::MAX_SUBJECT_BYTES));
+        }
+        let secret = match &self.secret_file {
+            Some(path) => auth::read_secret_file(path)?,
+            None => secret_from_env()?.ok_or("no secret: pass --secret-file FILE or set ORDO_AUTH_SECRET")?,
+        };
+        Ok(auth::mint(&secret, &self.role_claim, &self.sub, role, self.ttl, &extra))
+    }
+}
