@@ -21,7 +21,7 @@ bench-quick:
 	$(CARGO) run --release -p ordo-bench -- --quick
 
 # Every test: the workspace's (with every feature, the eyeball conversions
-# included), the TypeScript and Python clients against the protocol corpus and a
+# included; the Rust client's against a real server too), the TypeScript and Python clients against the protocol corpus and a
 # real server, and the demo in headless Chromium (installed with apt-get if missing).
 test: test-rust test-clients test-browser
 

@@ -626,6 +626,27 @@ impl Collection {
         self.free_slots.append(&mut self.freed_this_batch);
     }
 
+    /// Appends a column to a schema already checked (`schema` is the current one
+    /// plus the new field, last), holding `value` (of the field's type, or null) in
+    /// every slot, live or free: a free slot's fields are reset when it is reused.
+    pub(crate) fn add_column(&mut self, schema: Schema, value: Value<'_>) {
+        debug_assert_eq!(schema.len(), self.schema.len() + 1);
+        let field_type = schema.fields().last().expect("the new field").field_type;
+        let mut column = Column::new(field_type);
+        column.reserve(self.ids.len());
+        for _ in 0..self.ids.len() {
+            column.push(value);
+        }
+        self.columns.push(column);
+        self.schema = schema;
+    }
+
+    /// Removes a field's column; the fields after it move down by one.
+    pub(crate) fn remove_column(&mut self, field_id: FieldId) {
+        self.columns.remove(field_id.index());
+        self.schema = self.schema.without_field(field_id);
+    }
+
     /// Approximate heap bytes held, for memory accounting.
     pub fn heap_bytes(&self) -> usize {
         let mut total = self.ids.capacity() * std::mem::size_of::<String>()

@@ -138,6 +138,14 @@ pub trait DiffSink {
     fn view_len(&mut self, window: WindowId, view_len: usize) {
         let _ = (window, view_len);
     }
+
+    /// The diffs that follow, up to the next call, come from the batch a store
+    /// numbered `seq` (its sequence number). The engine never calls this: a store
+    /// does, before it applies each batch of a group, so that a sink can say which
+    /// write each frame reflects.
+    fn begin_batch(&mut self, seq: u64) {
+        let _ = seq;
+    }
 }
 
 /// A sink that drops everything, for callers that only read windows on demand.

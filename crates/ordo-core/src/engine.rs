@@ -35,13 +35,30 @@ use crate::view_def::ViewDef;
 use crate::window::{ViewChange, Window};
 use crate::OwnedItem;
 
-/// Identifies a collection.
+mod collection_table;
+mod schema_change;
+
+use collection_table::CollectionTable;
+pub use schema_change::SchemaChangeError;
+
+/// Identifies a collection. A dropped collection's id stays dead: a collection
+/// created later may reuse its slot (`index`) but never its generation, so an
+/// old id is refused as unknown instead of naming the new collection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CollectionId(u32);
+pub struct CollectionId {
+    index: u32,
+    generation: u32,
+}
 
 impl CollectionId {
+    /// The collection's slot: dense, reused after a drop (for tables indexed by collection).
     pub fn index(self) -> usize {
-        self.0 as usize
+        self.index as usize
+    }
+
+    /// Raised each time the slot is reused after a drop.
+    pub fn generation(self) -> u32 {
+        self.generation
     }
 }
 
@@ -146,7 +163,7 @@ pub struct EngineStats {
 
 #[derive(Default)]
 pub struct Engine {
-    collections: Vec<CollectionState>,
+    collections: CollectionTable,
     collection_by_name: HashMap<String, CollectionId>,
     views: Vec<Option<View>>,
     free_views: Vec<u32>,
@@ -165,8 +182,7 @@ impl Engine {
 
     pub fn create_collection(&mut self, name: &str, schema: Schema) -> Result<CollectionId, CreateCollectionError> {
         self.check_new_collection(name)?;
-        let collection_id = CollectionId(self.collections.len() as u32);
-        self.collections.push(CollectionState {
+        let collection_id = self.collections.insert(CollectionState {
             collection: Collection::new(name, schema),
             unkeyed_views: Vec::new(),
             keys: KeyIndex::default(),
@@ -194,13 +210,13 @@ impl Engine {
         self.collection_by_name.get(name).copied()
     }
 
-    /// Every collection, in creation order.
+    /// Every live collection, in slot order (creation order until a drop frees a slot).
     pub fn collection_ids(&self) -> impl ExactSizeIterator<Item = CollectionId> + use<> {
-        (0..self.collections.len() as u32).map(CollectionId)
+        self.collections.ids().into_iter()
     }
 
     pub fn collection(&self, collection_id: CollectionId) -> Option<&Collection> {
-        self.collections.get(collection_id.index()).map(|state| &state.collection)
+        self.collections.get(collection_id).map(|state| &state.collection)
     }
 
     pub fn stats(&self) -> EngineStats {
@@ -227,7 +243,7 @@ impl Engine {
     /// (a full scan; panics on a mismatch).
     #[doc(hidden)]
     pub fn check_key_indexes(&self) {
-        for state in &self.collections {
+        for state in self.collections.iter() {
             state.keys.check(&state.collection);
         }
     }
@@ -241,7 +257,7 @@ impl Engine {
         sink: &mut dyn DiffSink,
     ) -> Result<BatchSummary, BatchError> {
         let Engine { collections, views, windows, scratch, n_view_visits, .. } = self;
-        let state = collections.get_mut(collection_id.index()).ok_or(BatchError::UnknownCollection)?;
+        let state = collections.get_mut(collection_id).ok_or(BatchError::UnknownCollection)?;
         validate_batch(&state.collection, batch, 0, &mut scratch.resolved_fields)?;
 
         let mut summary = BatchSummary::default();
@@ -273,7 +289,7 @@ impl Engine {
         batch: &Batch,
         n_items_pending: usize,
     ) -> Result<(), BatchError> {
-        let state = self.collections.get(collection_id.index()).ok_or(BatchError::UnknownCollection)?;
+        let state = self.collections.get(collection_id).ok_or(BatchError::UnknownCollection)?;
         validate_batch(&state.collection, batch, n_items_pending, &mut self.scratch.resolved_fields)
     }
 
@@ -281,7 +297,7 @@ impl Engine {
     /// uses to rebuild the engine at start (views are built afterwards, sorting
     /// once). `n_items_hint` presizes the tables. See [`BulkLoad`].
     pub fn bulk_load(&mut self, collection_id: CollectionId, n_items_hint: usize) -> Result<BulkLoad<'_>, LoadError> {
-        let state = self.collections.get_mut(collection_id.index()).ok_or(LoadError::UnknownCollection)?;
+        let state = self.collections.get_mut(collection_id).ok_or(LoadError::UnknownCollection)?;
         // Without views there are no keyed views, hence no equality index for the
         // load to maintain (`KeyIndex` drops a field's index with its last view).
         if state.has_views() {
@@ -323,7 +339,7 @@ impl Engine {
         let view_index = self.find_or_create_view(collection_id, def, n_first)?;
         let range = {
             let view = self.views[view_index as usize].as_mut().expect("live view");
-            let collection = &self.collections[view.collection as usize].collection;
+            let collection = &self.collections[view.collection].collection;
             resolve_anchor(view, collection, anchor, limit, &mut self.scratch.filter)
         };
         let range = match range {
@@ -383,7 +399,7 @@ impl Engine {
         let window_index = self.live_window_index(window_id)?;
         let window = self.windows[window_index].window.as_mut().expect("live window");
         let view = self.views[window.view as usize].as_mut().expect("live view");
-        let collection = &self.collections[view.collection as usize].collection;
+        let collection = &self.collections[view.collection].collection;
         let range = resolve_anchor(view, collection, anchor, limit, &mut self.scratch.filter)?;
         let (old_offset, old_limit) = (window.offset, window.limit);
         (window.offset, window.limit, window.is_tail) = (range.offset, range.limit, range.is_tail);
@@ -414,7 +430,7 @@ impl Engine {
         let window_index = self.live_window_index(window_id)?;
         let window = self.windows[window_index].window.as_ref().expect("live window");
         let view = self.views[window.view as usize].as_mut().expect("live view");
-        let collection = &self.collections[view.collection as usize].collection;
+        let collection = &self.collections[view.collection].collection;
         resolve_anchor(view, collection, anchor, limit, &mut self.scratch.filter)
     }
 
@@ -425,7 +441,7 @@ impl Engine {
         let window_index = self.live_window_index(window_id)?;
         let window = self.windows[window_index].window.as_ref().expect("live window");
         let view = self.views[window.view as usize].as_mut().expect("live view");
-        let collection = &self.collections[view.collection as usize].collection;
+        let collection = &self.collections[view.collection].collection;
         view.item_position(collection, id, &mut self.scratch.filter)
     }
 
@@ -444,12 +460,12 @@ impl Engine {
         };
         let collection_index = self.views[old_view_index as usize].as_ref().expect("live view").collection;
         let new_view_index =
-            self.find_or_create_view(CollectionId(collection_index), def, offset.saturating_add(limit))?;
+            self.find_or_create_view(self.collections.id_at(collection_index), def, offset.saturating_add(limit))?;
         if new_view_index == old_view_index {
             return Ok(());
         }
         let (new_offset, new_len) = {
-            let collection = &self.collections[collection_index as usize].collection;
+            let collection = &self.collections[collection_index].collection;
             let Scratch { old_slots, new_slots, .. } = &mut self.scratch;
             old_slots.clear();
             new_slots.clear();
@@ -465,7 +481,7 @@ impl Engine {
         let window = self.windows[window_index].window.as_mut().expect("live window");
         (window.view, window.offset) = (new_view_index, new_offset);
         self.detach_window(old_view_index, window_index as u32);
-        let collection = &self.collections[collection_index as usize].collection;
+        let collection = &self.collections[collection_index].collection;
         let Scratch { old_slots, new_slots, list_diff, .. } = &mut self.scratch;
         if emit_list_diff(old_slots, new_slots, collection, list_diff, window_id, sink) > 0 {
             finish_window(sink, window_id, new_len);
@@ -487,7 +503,7 @@ impl Engine {
         let window = self.windows[window_index].window.as_ref().expect("live window");
         let (offset, limit) = (window.offset, window.limit);
         let view = self.views[window.view as usize].as_mut().expect("live view");
-        let collection = &self.collections[view.collection as usize].collection;
+        let collection = &self.collections[view.collection].collection;
         let mut slots = Vec::new();
         view.collect_range(collection, offset, limit, &mut slots);
         Ok(ItemList::new(collection, &slots).to_owned_items())
@@ -501,7 +517,7 @@ impl Engine {
         let window = self.windows[window_index].window.as_ref().expect("live window");
         let (offset, limit) = (window.offset, window.limit);
         let view = self.views[window.view as usize].as_mut().expect("live view");
-        let collection = &self.collections[view.collection as usize].collection;
+        let collection = &self.collections[view.collection].collection;
         let slots = &mut self.scratch.new_slots;
         slots.clear();
         view.collect_range(collection, offset, limit, slots);
@@ -537,7 +553,7 @@ impl Engine {
         let window_index = self.live_window_index(window_id)?;
         let window = self.windows[window_index].window.as_ref().expect("live window");
         let view = self.views[window.view as usize].as_mut().expect("live view");
-        view.ensure_ready(&self.collections[view.collection as usize].collection);
+        view.ensure_ready(&self.collections[view.collection].collection);
         Ok(())
     }
 
@@ -557,7 +573,7 @@ impl Engine {
         def: &ViewDef,
         n_first: usize,
     ) -> Result<u32, ViewError> {
-        let state = self.collections.get_mut(collection_id.index()).ok_or(ViewError::UnknownCollection)?;
+        let state = self.collections.get_mut(collection_id).ok_or(ViewError::UnknownCollection)?;
         let filter = CompiledFilter::compile(&def.filter, state.collection.schema())?;
         let key = match filter.equality_key() {
             Some((field_id, value)) if !self.is_view_keying_disabled => {
@@ -583,7 +599,7 @@ impl Engine {
             state.keys.collect_slots(key, candidates);
         }
         let view = View::build(
-            collection_id.0,
+            collection_id.index,
             def.clone(),
             filter,
             sort,
@@ -623,7 +639,7 @@ impl Engine {
             let (collection, key) = (view.collection, view.key);
             self.views[view_index as usize] = None;
             self.free_views.push(view_index);
-            let state = &mut self.collections[collection as usize];
+            let state = &mut self.collections[collection];
             match key {
                 Some(key) => state.keys.remove_view(key, view_index),
                 None => state.unkeyed_views.retain(|&index| index != view_index),

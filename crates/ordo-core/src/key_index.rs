@@ -190,6 +190,17 @@ impl KeyIndex {
         }
     }
 
+    /// Follows a field's removal from the schema: the fields after it move down
+    /// by one. No keyed view may read the removed field any more (they were ended).
+    pub(crate) fn remap_after_removal(&mut self, removed: FieldId) {
+        for field in &mut self.fields {
+            assert_ne!(field.field_id, removed, "views keyed by a removed field are ended first");
+            if field.field_id > removed {
+                field.field_id = FieldId(field.field_id.0 - 1);
+            }
+        }
+    }
+
     /// Checks every index against the collection (a full scan, for tests).
     pub(crate) fn check(&self, collection: &Collection) {
         for field in &self.fields {

@@ -70,7 +70,7 @@ pub use bulk_load::BulkLoad;
 pub use collation::canonical_collation_locale;
 pub use collection::{Collection, ItemRef, OwnedItem};
 pub use diff::{CollectingSink, DiffRef, DiffSink, ItemList, NullSink, OwnedDiff, WindowId};
-pub use engine::{BatchSummary, CollectionId, CreateCollectionError, Engine, EngineStats};
+pub use engine::{BatchSummary, CollectionId, CreateCollectionError, Engine, EngineStats, SchemaChangeError};
 pub use error::{BatchError, LoadError, ViewError};
 pub use filter::CompiledFilter;
 pub use schema::{FieldDef, FieldId, FieldType, Schema, SchemaError};

@@ -87,6 +87,14 @@ impl Schema {
         }
     }
 
+    /// The schema without `field_id`: the fields after it move down by one
+    /// (a schema change; see `Engine::remove_field`).
+    pub(crate) fn without_field(&self, field_id: FieldId) -> Schema {
+        let mut fields = self.fields.clone();
+        fields.remove(field_id.index());
+        Schema { fields }
+    }
+
     /// Finds a field by name. Schemas are small (a limit holds them to
     /// `MAX_FIELDS_PER_SCHEMA`), so a linear scan beats hashing here.
     pub fn field_id(&self, name: &str) -> Option<FieldId> {

@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use ordo_core::Batch;
 
 use crate::auth::{self, Identity, Role};
-use crate::core::{is_reserved_name, CollectionEntry, Command};
+use crate::core::{is_reserved_name, CollectionEntry, Command, FieldChange};
 use crate::error::{ApiError, ErrorCode};
 use crate::frame::write_u64;
 use crate::http::{Body, ConnectionSlot, HttpState};
@@ -53,11 +53,41 @@ fn error_response(error: &ApiError) -> Response<Body> {
     json_response(error.status(), error.to_json_body())
 }
 
+/// The request's `X-Request-Id`, if it is one the server echoes: 1 to
+/// `MAX_HTTP_REQUEST_ID_BYTES` bytes of visible ASCII (no spaces, no controls).
+/// Any other value is ignored: not echoed, not logged.
+pub(crate) fn request_id(request: &Request<Incoming>) -> Option<hyper::header::HeaderValue> {
+    let value = request.headers().get(X_REQUEST_ID)?;
+    let bytes = value.as_bytes();
+    let valid = !bytes.is_empty()
+        && bytes.len() <= limits::MAX_HTTP_REQUEST_ID_BYTES
+        && bytes.iter().all(|byte| byte.is_ascii_graphic());
+    valid.then(|| value.clone())
+}
+
+pub(crate) const X_REQUEST_ID: &str = "x-request-id";
+
+/// Every answer echoes the request's `X-Request-Id` (when valid, see `request_id`).
 pub(crate) async fn handle(
     request: Request<Incoming>,
     state: Arc<HttpState>,
     bucket: Arc<Mutex<TokenBucket>>,
     slot: Arc<ConnectionSlot>,
+) -> Response<Body> {
+    let request_id = request_id(&request);
+    let mut response = handle_request(request, state, bucket, slot, request_id.as_ref()).await;
+    if let Some(request_id) = request_id {
+        response.headers_mut().insert(X_REQUEST_ID, request_id);
+    }
+    response
+}
+
+async fn handle_request(
+    request: Request<Incoming>,
+    state: Arc<HttpState>,
+    bucket: Arc<Mutex<TokenBucket>>,
+    slot: Arc<ConnectionSlot>,
+    request_id: Option<&hyper::header::HeaderValue>,
 ) -> Response<Body> {
     metrics::add(&METRICS.http_requests, 1);
     // Both are cheap to keep (no allocation): a refusal is logged with them.
@@ -67,10 +97,10 @@ pub(crate) async fn handle(
             ErrorCode::RateLimited,
             format!("more than {} requests per second on this connection", state.http_requests_per_second),
         );
-        return refused(&method, uri.path(), &error);
+        return refused(&method, uri.path(), &error, request_id);
     }
     if *state.shutdown.borrow() {
-        return refused(&method, uri.path(), &ApiError::shutting_down());
+        return refused(&method, uri.path(), &ApiError::shutting_down(), request_id);
     }
     // Where the request comes from is checked before anything else is read.
     let host = host_of(&request);
@@ -78,26 +108,34 @@ pub(crate) async fn handle(
     let checked =
         state.gate.check_host(host.as_deref()).and_then(|()| state.gate.check_origin(origin, host.as_deref()));
     if let Err(error) = checked {
-        return refused(&method, uri.path(), &error);
+        return refused(&method, uri.path(), &error, request_id);
     }
     match route(request, &state, slot).await {
         Ok(response) => response,
-        Err(error) => refused(&method, uri.path(), &error),
+        Err(error) => refused(&method, uri.path(), &error, request_id),
     }
 }
 
 /// A request answered with an error: counted (and, for a write, counted as a
 /// refused batch: `ordo_batches_refused_total` is one per error a write
 /// request is answered with, wherever the refusal came from) and logged.
-fn refused(method: &Method, path: &str, error: &ApiError) -> Response<Body> {
+fn refused(
+    method: &Method,
+    path: &str,
+    error: &ApiError,
+    request_id: Option<&hyper::header::HeaderValue>,
+) -> Response<Body> {
     if is_write(method, path) {
         metrics::add(&METRICS.batches_refused, 1);
     }
+    // The client's request id (already checked to be visible ASCII) lets an
+    // operator find the client's own record of this request.
+    let request_id = request_id.and_then(|id| id.to_str().ok());
     // A client over its rate would get a line per refused request: that one is `debug`.
     if error.code == ErrorCode::RateLimited {
-        tracing::debug!(%method, path, code = error.code.as_str(), status = error.status(), "request refused: {}", error.message);
+        tracing::debug!(%method, path, code = error.code.as_str(), status = error.status(), request_id, "request refused: {}", error.message);
     } else {
-        tracing::info!(%method, path, code = error.code.as_str(), status = error.status(), "request refused: {}", error.message);
+        tracing::info!(%method, path, code = error.code.as_str(), status = error.status(), request_id, "request refused: {}", error.message);
     }
     error_response(error)
 }
@@ -235,6 +273,11 @@ async fn route(
             body["seq"] = seq.into();
             Ok(json_response(200, body.to_string().into_bytes()))
         }
+        (&Method::POST, ["v1", "backup"]) => {
+            require_admin(&*caller(state, token, &path)?, "a backup")?;
+            let body = read_body(request).await?;
+            Ok(json_response(200, crate::backup::backup(state, &body).await?))
+        }
         (&Method::POST, ["demo", "token"]) => {
             let body = read_body(request).await?;
             let user = crate::demo::parse_token_request(&body)?;
@@ -293,6 +336,29 @@ async fn route(
             let (created, entry) = answer.await.map_err(|_| ApiError::shutting_down())??;
             let body = wire::schema_json(&entry.name, &entry.schema, None);
             Ok(json_response(if created { 201 } else { 200 }, body.to_string().into_bytes()))
+        }
+        (&Method::POST, ["v1", "collections", name, "fields"]) => {
+            require_admin(&*caller(state, token, &path)?, "adding a field")?;
+            let entry = schema_target(state, name)?;
+            let body = read_body(request).await?;
+            let add: wire::AddFieldRequest = parse(&body)?;
+            let (field_type, default) = add.typed()?;
+            let change = FieldChange::Add { name: add.name, field_type, default };
+            change_fields(state, entry.id, change).await
+        }
+        (&Method::DELETE, ["v1", "collections", name, "fields", field]) => {
+            require_admin(&*caller(state, token, &path)?, "removing a field")?;
+            let entry = schema_target(state, name)?;
+            change_fields(state, entry.id, FieldChange::Remove { name: field.to_string() }).await
+        }
+        (&Method::DELETE, ["v1", "collections", name]) => {
+            require_admin(&*caller(state, token, &path)?, "dropping a collection")?;
+            let entry = schema_target(state, name)?;
+            let (reply, answer) = oneshot::channel();
+            send(state, Command::DropCollection { collection: entry.id, reply }).await?;
+            let seq = answer.await.map_err(|_| ApiError::shutting_down())??;
+            let body = serde_json::json!({"seq": seq, "dropped": entry.name});
+            Ok(json_response(200, body.to_string().into_bytes()))
         }
         (&Method::GET, ["v1", "collections", name]) => {
             let identity = caller(state, token, &path)?;
@@ -425,20 +491,25 @@ async fn route(
                 query.payload,
             )?;
             wire::restrict_spec(&mut spec, grant.predicate(&entry.schema)?.as_ref(), &entry.schema)?;
+            // Read-your-writes: the writer answers queries in order, after every
+            // batch it applied before, so once it has published `min_seq` the
+            // answer reflects it.
+            crate::min_seq::wait(&state.seq, query.min_seq).await?;
             let (reply, answer) = oneshot::channel();
-            send(state, Command::Query { collection: entry.id, spec, reply }).await?;
+            send(state, Command::Query { collection: entry.id, schema: entry.schema.clone(), spec, reply }).await?;
             let body = answer.await.map_err(|_| ApiError::shutting_down())??;
             Ok(json_response(200, body))
         }
         _ => {
             let known_path = matches!(
                 segments.as_slice(),
-                ["v1", "health" | "limits" | "ws" | "collections" | "batch" | "rules"]
+                ["v1", "health" | "limits" | "ws" | "collections" | "batch" | "rules" | "backup"]
                     | ["metrics"]
                     | ["demo"]
                     | ["demo", "simulator" | "token"]
                     | ["v1", "collections", _]
-                    | ["v1", "collections", _, "batch" | "query"]
+                    | ["v1", "collections", _, "batch" | "query" | "fields"]
+                    | ["v1", "collections", _, "fields", _]
                     | ["v1", "collections", _, "items", _]
             ) || matches!(segments.as_slice(), ["demo", name] if crate::demo::asset(name).is_some());
             if known_path {
@@ -448,6 +519,29 @@ async fn route(
             Err(ApiError::new(ErrorCode::NotFound, format!("no such path: {path} (see docs/PROTOCOL.md)")))
         }
     }
+}
+
+/// The collection a schema change or drop names (admins only reach here; the
+/// server's own collections are not theirs to change).
+fn schema_target(state: &HttpState, name: &str) -> Result<Arc<CollectionEntry>, ApiError> {
+    if is_reserved_name(name) {
+        return Err(ApiError::new(ErrorCode::Forbidden, format!("`{name}` is reserved for the server")));
+    }
+    state.routes.read().expect("routes lock").get(name).cloned().ok_or_else(|| ApiError::unknown_collection(name))
+}
+
+/// Sends a change of fields to the writer; answers the collection JSON plus `seq`.
+async fn change_fields(
+    state: &HttpState,
+    collection: ordo_core::CollectionId,
+    change: FieldChange,
+) -> Result<Response<Body>, ApiError> {
+    let (reply, answer) = oneshot::channel();
+    send(state, Command::ChangeFields { collection, change, reply }).await?;
+    let (seq, entry) = answer.await.map_err(|_| ApiError::shutting_down())??;
+    let mut body = wire::schema_json(&entry.name, &entry.schema, None);
+    body["seq"] = seq.into();
+    Ok(json_response(200, body.to_string().into_bytes()))
 }
 
 /// `{"seq":..,"upserted":..,"removed":..}`
@@ -564,6 +658,7 @@ fn upgrade(
         limits_json: state.limits_json.clone(),
         gate: state.gate.clone(),
         identity,
+        seq: state.seq.clone(),
     };
     tokio::spawn(async move {
         let _slot = slot;

@@ -51,6 +51,13 @@ pub enum Command {
     Token(TokenArgs),
     /// Fills a running server with a chat room list (collection `rooms`).
     LoadDemo(LoadDemoArgs),
+    /// Writes a consistent copy of a data directory while the server keeps writing.
+    ///
+    /// Prints the backup's seq: the copy holds exactly the batches 1..=seq, and `ordo serve
+    /// --data-dir DIR` starts from it. Against a running server (--url) through `POST /v1/backup`
+    /// (an admin's token, if the server has auth: --token-file FILE or the variable ORDO_TOKEN);
+    /// or, with --data-dir, on a directory no server holds (docs/STORAGE.md, "Backup").
+    Backup(crate::backup_cmd::BackupArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -106,6 +113,11 @@ pub struct ServeArgs {
     /// disk traffic, a longer log to replay at start).
     #[arg(long, env = "ORDO_CHECKPOINT_INTERVAL", value_name = "SECS", default_value_t = 60)]
     pub checkpoint_interval: u64,
+    /// Write-ahead log segment size: bytes, or with a K, M or G suffix; 1M..=1G. A busy server
+    /// preallocates up to two segments, an idle one none.
+    #[arg(long, env = "ORDO_LOG_SEGMENT_SIZE", value_name = "BYTES", default_value = "16M",
+          value_parser = crate::backup_cmd::parse_log_segment_size)]
+    pub log_segment_size: u64,
     /// Close a connection that takes longer to send a request head, or sits idle this long between
     /// HTTP/1.1 requests (seconds).
     #[arg(long, env = "ORDO_HEADER_TIMEOUT", value_name = "SECS", default_value_t = limits::DEFAULT_HEADER_TIMEOUT_SECS)]
@@ -303,6 +315,7 @@ impl ServeArgs {
             network_threads: self.network_threads,
             session_retention: Duration::from_secs(self.session_retention),
             checkpoint_interval: Duration::from_secs(self.checkpoint_interval).max(Duration::from_millis(100)),
+            log_segment_bytes: self.log_segment_size,
             header_timeout: Duration::from_secs(self.header_timeout),
             demo: self.demo,
             demo_rate: self.demo_rate,

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use ordo_core::{Batch, CollectionId, DiffRef, DiffSink, Schema, WindowId};
 use ordo_store::{Ack, Database, PendingWrite, MAX_BATCHES_PER_COMMIT, MAX_BYTES_PER_COMMIT};
@@ -24,9 +24,14 @@ use crate::encode::{write_diff, write_item, write_items};
 use crate::error::{ApiError, ErrorCode};
 use crate::frame::DiffsExtra;
 use crate::metrics::{self, CoreGauges, Stage, METRICS};
+use crate::min_seq::SeqWatch;
 use crate::name_routes::NameRoutes;
 use crate::rules::WriteGuard;
 use crate::wire::{Position, Projection, Seek, WindowSpec};
+
+mod schema_change;
+
+pub use schema_change::{EndReason, FieldChange};
 
 pub type SessionId = u64;
 /// A subscription's number within its session: handed out in increasing order.
@@ -54,7 +59,8 @@ pub fn is_reserved_name(name: &str) -> bool {
 /// Bytes counted for a queued frame beyond its body: the envelope and the queue node.
 pub const FRAME_OVERHEAD_BYTES: usize = 96;
 
-/// A collection as network tasks see it: schemas never change, so this is immutable.
+/// A collection as network tasks see it. Immutable: a schema change publishes a
+/// new entry in its place (see `core/schema_change.rs`).
 #[derive(Debug)]
 pub struct CollectionEntry {
     pub id: CollectionId,
@@ -82,6 +88,15 @@ pub struct ConnShared {
 /// count and the bytes, so encoding a frame allocates once and sharing it never.
 pub type FrameBody = Arc<[u8]>;
 
+/// A client request on one subscription (`set_range`, `set_view`) that the
+/// writer thread answers: with the frame of its diffs, or, when it has none
+/// (nothing changed, or the connection is behind and a Reset is due), with
+/// `Outgoing::Ack`. `req` is the client's request id, if it sent one.
+#[derive(Debug, Default)]
+pub struct Answer {
+    pub req: Option<Box<str>>,
+}
+
 /// What the writer thread sends a connection.
 #[derive(Debug)]
 pub enum Outgoing {
@@ -93,10 +108,19 @@ pub enum Outgoing {
         body: FrameBody,
         n_diffs: u32,
         is_reset: bool,
+        /// The `seq` of the last batch the window reflects after these diffs.
+        write_seq: u64,
+        /// The request this frame answers, if any (its own change of window).
+        answers: Option<Answer>,
         /// The envelope's own fields for this subscription (`total`, `offset`).
         extra: DiffsExtra,
         /// When the writer thread queued it (for `Stage::FrameQueue`).
         queued_at: Instant,
+    },
+    /// A request on the subscription succeeded without a frame of its own.
+    Ack {
+        handle: SubHandle,
+        req: Option<Box<str>>,
     },
     /// The subscription was refused; the task forgets it and tells the client.
     SubscribeFailed {
@@ -110,9 +134,17 @@ pub enum Outgoing {
         handle: SubHandle,
         error: ApiError,
         spec: Option<Box<WindowSpec>>,
+        req: Option<Box<str>>,
     },
     Unsubscribed {
         handle: SubHandle,
+    },
+    /// The server ended the subscription (its collection was dropped, or a field
+    /// its view reads was removed); the task forgets it and tells the client.
+    Ended {
+        handle: SubHandle,
+        reason: EndReason,
+        message: String,
     },
     /// Wakes the task so it checks `want_drain_notice` (carries no frame).
     Wake,
@@ -169,6 +201,18 @@ pub enum Command {
         /// which then allocates nothing).
         guards: Vec<(usize, Arc<WriteGuard>)>,
     },
+    /// Admin schema changes (`POST /v1/collections/{name}/fields`,
+    /// `DELETE .../fields/{field}`): the answer is the new entry and the `seq`.
+    ChangeFields {
+        collection: CollectionId,
+        change: FieldChange,
+        reply: oneshot::Sender<Result<(u64, Arc<CollectionEntry>), ApiError>>,
+    },
+    /// `DELETE /v1/collections/{name}`: the answer is the drop's `seq`.
+    DropCollection {
+        collection: CollectionId,
+        reply: oneshot::Sender<Result<u64, ApiError>>,
+    },
     /// Replaces the access rules: `doc` is written to the reserved collection
     /// `_ordo/rules` (durable like any batch); the answer is its `seq`.
     SetRules {
@@ -177,6 +221,8 @@ pub enum Command {
     },
     Query {
         collection: CollectionId,
+        /// The schema `spec` was checked against (its projection holds field ids).
+        schema: Arc<Schema>,
         spec: WindowSpec,
         reply: oneshot::Sender<Result<Vec<u8>, ApiError>>,
     },
@@ -194,6 +240,11 @@ pub enum Command {
     Gauges {
         reply: oneshot::Sender<CoreGauges>,
     },
+    /// Starts a hot backup: the writer only pins the log and hands the backup
+    /// back; the copy runs on a blocking thread (`backup.rs`).
+    StartBackup {
+        reply: oneshot::Sender<Result<ordo_store::Backup, ApiError>>,
+    },
     OpenSession {
         session: SessionId,
         shared: Arc<ConnShared>,
@@ -206,6 +257,8 @@ pub enum Command {
         session: SessionId,
         handle: SubHandle,
         collection: CollectionId,
+        /// The schema `spec` was checked against (its projection holds field ids).
+        schema: Arc<Schema>,
         spec: WindowSpec,
     },
     SetRange {
@@ -213,11 +266,13 @@ pub enum Command {
         handle: SubHandle,
         position: Position,
         limit: usize,
+        req: Option<Box<str>>,
     },
     SetView {
         session: SessionId,
         handle: SubHandle,
         def: ordo_core::ViewDef,
+        req: Option<Box<str>>,
     },
     Unsubscribe {
         session: SessionId,
@@ -295,9 +350,20 @@ struct Fanout {
     captured: Vec<u8>,
     capture_projection: Option<Projection>,
     outbound_budget: usize,
+    /// The `seq` of the batch being applied, or of the last one applied: what
+    /// every frame encoded now reflects.
+    write_seq: u64,
+    /// The request being handled and its subscription, until a frame of that
+    /// subscription is queued (its diffs, or the empty frame of a key-positioned
+    /// request that changed nothing): that frame answers it.
+    answer: Option<((SessionId, SubHandle), Answer)>,
 }
 
 impl DiffSink for Fanout {
+    fn begin_batch(&mut self, seq: u64) {
+        self.write_seq = seq;
+    }
+
     fn diff(&mut self, window: WindowId, diff: DiffRef<'_>) {
         match self.route {
             Route::Discard => return,
@@ -343,6 +409,7 @@ impl DiffSink for Fanout {
         let frame = FrameMeta {
             n_diffs: self.n_diffs,
             is_reset: self.is_reset,
+            write_seq: self.write_seq,
             view_len: self.view_len,
             queued_at: Instant::now(),
         };
@@ -366,6 +433,7 @@ impl DiffSink for Fanout {
 struct FrameMeta {
     n_diffs: u32,
     is_reset: bool,
+    write_seq: u64,
     view_len: usize,
     queued_at: Instant,
 }
@@ -394,7 +462,7 @@ impl Fanout {
         session.shared.queued_bytes.fetch_add(cost, Ordering::AcqRel);
         metrics::add(&METRICS.outbound_queued_bytes, cost as u64);
         let epoch = session.shared.epoch.load(Ordering::Acquire);
-        let FrameMeta { n_diffs, is_reset, view_len, queued_at } = frame;
+        let FrameMeta { n_diffs, is_reset, write_seq, view_len, queued_at } = frame;
         let mut extra = DiffsExtra::default();
         if is_reset || sub.last_total != Some(view_len) {
             sub.last_total = Some(view_len);
@@ -403,7 +471,14 @@ impl Fanout {
         if let Some((offset, limit)) = sub.range_due.take() {
             extra.range = Some((offset as u64, limit as u64));
         }
-        if session.outbox.send(Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset, extra, queued_at }).is_err() {
+        // Only a frame of the subscription whose request is being handled answers
+        // it (frames that did not go out above leave it for an `Ack`).
+        let answers = match &self.answer {
+            Some((answered, _)) if *answered == (session_id, handle) => self.answer.take().map(|(_, answer)| answer),
+            _ => None,
+        };
+        let diffs = Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset, write_seq, answers, extra, queued_at };
+        if session.outbox.send(diffs).is_err() {
             // The session's receiver is gone (the session is being dropped).
             session.shared.queued_bytes.fetch_sub(cost, Ordering::AcqRel);
             metrics::sub_queued(cost);
@@ -418,7 +493,8 @@ impl Fanout {
     /// that changed nothing but must say where the window is).
     fn push_empty(&mut self, session: SessionId, handle: SubHandle, view_len: usize) {
         let body: FrameBody = Arc::from(&b"[]"[..]);
-        let frame = FrameMeta { n_diffs: 0, is_reset: false, view_len, queued_at: Instant::now() };
+        let frame =
+            FrameMeta { n_diffs: 0, is_reset: false, write_seq: self.write_seq, view_len, queued_at: Instant::now() };
         self.push(session, handle, body, frame);
     }
 
@@ -433,17 +509,29 @@ pub struct Core {
     database: Database,
     fanout: Fanout,
     routes: Routes,
+    /// The `seq` of the last batch applied, for requests waiting on a `min_seq`:
+    /// published after each group is applied and before it is acknowledged.
+    last_seq: watch::Sender<u64>,
     /// Windows opened since the writer was last idle. Views sort lazily (only what
     /// the first window shows); the rest is sorted at the view's first update,
     /// which then pays for it. The writer sorts these when it has nothing to do.
     unprepared: Vec<WindowId>,
 }
 
-/// The identity under which subscriptions share an engine window.
+/// The identity under which subscriptions share an engine window (the
+/// collection's generation too: a collection created in a dropped one's slot is another).
 pub fn share_key(collection: CollectionId, spec: &WindowSpec) -> String {
     // A tail window's offset moves with its view: it is identified by being a tail.
     let offset = if spec.is_tail { "tail".to_owned() } else { spec.offset.to_string() };
-    format!("{}|{:?}|{}|{}|{:?}", collection.index(), spec.def, offset, spec.limit, spec.projection)
+    format!(
+        "{}.{}|{:?}|{}|{}|{:?}",
+        collection.index(),
+        collection.generation(),
+        spec.def,
+        offset,
+        spec.limit,
+        spec.projection
+    )
 }
 
 impl Core {
@@ -461,8 +549,29 @@ impl Core {
             captured: Vec::new(),
             capture_projection: None,
             outbound_budget,
+            write_seq: database.last_seq(),
+            answer: None,
         };
-        Core { database, fanout, routes, unprepared: Vec::new() }
+        let (last_seq, _) = watch::channel(database.last_seq());
+        Core { database, fanout, routes, last_seq, unprepared: Vec::new() }
+    }
+
+    /// The `seq` of the last batch applied, as it changes.
+    pub fn seq_watch(&self) -> SeqWatch {
+        self.last_seq.subscribe()
+    }
+
+    /// Tells waiting requests the new last `seq`: called after anything that may
+    /// have written, before the writes are acknowledged, so that a client never
+    /// waits for a `seq` it was already given.
+    fn publish_seq(&mut self) {
+        let last_seq = self.database.last_seq();
+        self.fanout.write_seq = last_seq;
+        self.last_seq.send_if_modified(|published| {
+            let changed = *published != last_seq;
+            *published = last_seq;
+            changed
+        });
     }
 
     /// Fills the routing table from the collections loaded at start.
@@ -535,6 +644,7 @@ impl Core {
             let log_append = self.database.last_log_append();
             metrics::record_stage(Stage::LogAppend, log_append);
             metrics::record_stage(Stage::Apply, group_started.elapsed().saturating_sub(log_append));
+            self.publish_seq();
             let mut done = group.drain(..);
             for (reply, mut parts) in replies.drain(..) {
                 let mut results: WriteResults = Vec::with_capacity(parts.n_parts);
@@ -570,6 +680,17 @@ impl Core {
         for (index, guard) in &guards {
             let (collection, batch) = &batches[*index];
             let Some(collection) = self.database.engine().collection(*collection) else { continue };
+            if collection.schema() != guard.schema() {
+                // Its field ids would name other fields: refused, never checked with them.
+                refusals[*index] = Some(ApiError::new(
+                    ErrorCode::InvalidBatch,
+                    format!(
+                        "the schema of `{}` changed while this write was on its way; send it again",
+                        collection.name()
+                    ),
+                ));
+                continue;
+            }
             if let Err(op) = guard.check(collection, batch) {
                 let id = batch.ops().nth(op).map_or("", |op| op.id());
                 refusals[*index] = Some(ApiError::new(
@@ -588,6 +709,7 @@ impl Core {
         }
         self.fanout.route = Route::Subscribers;
         self.database.write_group(&mut group, &mut self.fanout);
+        self.publish_seq();
         let mut written = group.into_iter();
         let mut results: WriteResults = Vec::with_capacity(refusals.len());
         for refusal in refusals {
@@ -618,6 +740,7 @@ impl Core {
         self.fanout.route = Route::Subscribers;
         let mut group = [PendingWrite::new(collection, batch)];
         self.database.write_group(&mut group, &mut self.fanout);
+        self.publish_seq();
         let [write] = group;
         let ack = write.result.expect("every write gets a result")?;
         Ok(ack.seq)
@@ -657,13 +780,26 @@ impl Core {
     }
 
     fn handle(&mut self, command: Command) {
+        self.handle_command(command);
+        // Whatever the command wrote (the rules, say) is visible to waiting requests.
+        self.publish_seq();
+    }
+
+    fn handle_command(&mut self, command: Command) {
         match command {
             Command::Write { .. } => unreachable!("writes are grouped by `run`"),
             Command::CreateCollection { name, schema, reply } => {
                 let _ = reply.send(self.create_collection(&name, schema));
             }
-            Command::Query { collection, spec, reply } => {
-                let _ = reply.send(self.query(collection, spec));
+            Command::ChangeFields { collection, change, reply } => {
+                let _ = reply.send(self.change_fields(collection, change));
+            }
+            Command::DropCollection { collection, reply } => {
+                let _ = reply.send(self.drop_collection(collection));
+            }
+            Command::Query { collection, schema, spec, reply } => {
+                let result = self.check_schema(collection, &schema).and_then(|()| self.query(collection, spec));
+                let _ = reply.send(result);
             }
             Command::SetRules { doc, reply } => {
                 let _ = reply.send(self.set_rules(&doc));
@@ -684,6 +820,9 @@ impl Core {
                     Some(out)
                 });
                 let _ = reply.send(item);
+            }
+            Command::StartBackup { reply } => {
+                let _ = reply.send(self.database.start_backup().map_err(ApiError::from));
             }
             Command::CollectionLen { collection, reply } => {
                 let _ = reply.send(self.database.engine().collection(collection).map_or(0, |c| c.len()));
@@ -713,22 +852,19 @@ impl Core {
                 }
                 self.fanout.sessions.remove(&session);
             }
-            Command::Subscribe { session, handle, collection, spec } => {
-                if let Err(error) = self.subscribe(session, handle, collection, spec) {
+            Command::Subscribe { session, handle, collection, schema, spec } => {
+                let subscribed = self
+                    .check_schema(collection, &schema)
+                    .and_then(|()| self.subscribe(session, handle, collection, spec));
+                if let Err(error) = subscribed {
                     self.fanout.send(session, Outgoing::SubscribeFailed { handle, error });
                 }
             }
-            Command::SetRange { session, handle, position, limit } => {
-                if let Err(error) = self.change_window(session, handle, WindowChange::Range(position, limit)) {
-                    let spec = self.current_spec(session, handle);
-                    self.fanout.send(session, Outgoing::RequestFailed { handle, error, spec });
-                }
+            Command::SetRange { session, handle, position, limit, req } => {
+                self.answer_window_change(session, handle, WindowChange::Range(position, limit), req);
             }
-            Command::SetView { session, handle, def } => {
-                if let Err(error) = self.change_window(session, handle, WindowChange::View(def)) {
-                    let spec = self.current_spec(session, handle);
-                    self.fanout.send(session, Outgoing::RequestFailed { handle, error, spec });
-                }
+            Command::SetView { session, handle, def, req } => {
+                self.answer_window_change(session, handle, WindowChange::View(def), req);
             }
             Command::Unsubscribe { session, handle } => {
                 self.detach(session, handle);
@@ -736,6 +872,33 @@ impl Core {
             }
             Command::Resync { session, handle } => self.send_reset(session, handle),
             Command::Drained { session } => self.send_due_resets(session),
+        }
+    }
+
+    /// A `set_range` or `set_view`, answered exactly once: by the frame of its
+    /// diffs (which takes the answer from `fanout.answer` when it is queued), by
+    /// an `Ack` when no frame went out, or by the error.
+    fn answer_window_change(
+        &mut self,
+        session: SessionId,
+        handle: SubHandle,
+        change: WindowChange,
+        req: Option<Box<str>>,
+    ) {
+        self.fanout.answer = Some(((session, handle), Answer { req }));
+        let result = self.change_window(session, handle, change);
+        let answer = self.fanout.answer.take().map(|(_, answer)| answer);
+        match result {
+            Ok(()) => {
+                if let Some(Answer { req }) = answer {
+                    self.fanout.send(session, Outgoing::Ack { handle, req });
+                }
+            }
+            Err(error) => {
+                let spec = self.current_spec(session, handle);
+                let req = answer.and_then(|answer| answer.req);
+                self.fanout.send(session, Outgoing::RequestFailed { handle, error, spec, req });
+            }
         }
     }
 
@@ -783,11 +946,15 @@ impl Core {
         let (window, range) = opened?;
         let total = self.database.view_len(window)?;
         self.database.close_window(window)?;
-        let mut out = Vec::with_capacity(fanout.captured.len() + 64);
+        let mut out = Vec::with_capacity(fanout.captured.len() + 96);
         out.extend_from_slice(b"{\"total\":");
         crate::frame::write_u64(&mut out, total as u64);
         out.extend_from_slice(b",\"offset\":");
         crate::frame::write_u64(&mut out, range.offset as u64);
+        // The writer applies batches one at a time: the answer reflects every
+        // batch up to the last one applied, and none after.
+        out.extend_from_slice(b",\"write_seq\":");
+        crate::frame::write_u64(&mut out, self.database.last_seq());
         out.extend_from_slice(b",\"items\":");
         out.extend_from_slice(&fanout.captured);
         out.push(b'}');

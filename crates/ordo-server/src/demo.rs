@@ -306,9 +306,10 @@ async fn room_ids(core: &CoreSender, entry: &CollectionEntry) -> Result<Vec<Stri
         )
         .map_err(|error| error.to_string())?;
         let (reply, answer) = oneshot::channel();
-        let body = ask(core, Command::Query { collection: entry.id, spec, reply }, answer)
-            .await?
-            .map_err(|error| error.to_string())?;
+        let body =
+            ask(core, Command::Query { collection: entry.id, schema: entry.schema.clone(), spec, reply }, answer)
+                .await?
+                .map_err(|error| error.to_string())?;
         let page: serde_json::Value = serde_json::from_slice(&body).map_err(|error| error.to_string())?;
         let items = page["items"].as_array().ok_or("a query answer without items")?;
         ids.extend(items.iter().filter_map(|item| item["id"].as_str().map(str::to_owned)));

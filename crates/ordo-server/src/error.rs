@@ -1,7 +1,7 @@
 //! Errors answered to clients: a stable code, an HTTP status, and a message a
 //! person can act on. The codes are listed in `docs/PROTOCOL.md`.
 
-use ordo_core::{BatchError, CreateCollectionError, SchemaError, ViewError};
+use ordo_core::{BatchError, CreateCollectionError, SchemaChangeError, SchemaError, ViewError};
 use ordo_store::StoreError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -26,10 +26,12 @@ pub enum ErrorCode {
     OriginNotAllowed,
     HostNotAllowed,
     InvalidRules,
+    BackupRunning,
+    SeqNotReached,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 22] = [
         ErrorCode::BadJson,
         ErrorCode::BadRequest,
         ErrorCode::InvalidSchema,
@@ -50,6 +52,8 @@ impl ErrorCode {
         ErrorCode::OriginNotAllowed,
         ErrorCode::HostNotAllowed,
         ErrorCode::InvalidRules,
+        ErrorCode::BackupRunning,
+        ErrorCode::SeqNotReached,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -74,6 +78,8 @@ impl ErrorCode {
             ErrorCode::OriginNotAllowed => "origin_not_allowed",
             ErrorCode::HostNotAllowed => "host_not_allowed",
             ErrorCode::InvalidRules => "invalid_rules",
+            ErrorCode::BackupRunning => "backup_running",
+            ErrorCode::SeqNotReached => "seq_not_reached",
         }
     }
 
@@ -87,12 +93,13 @@ impl ErrorCode {
             ErrorCode::RateLimited => 429,
             ErrorCode::UnknownSubscription | ErrorCode::SubscriptionExists => 400,
             ErrorCode::StoreFull => 507,
-            ErrorCode::ShuttingDown => 503,
+            ErrorCode::ShuttingDown | ErrorCode::SeqNotReached => 503,
             ErrorCode::Internal => 500,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden | ErrorCode::OriginNotAllowed => 403,
             ErrorCode::HostNotAllowed => 421,
             ErrorCode::InvalidRules => 400,
+            ErrorCode::BackupRunning => 409,
         }
     }
 }
@@ -201,14 +208,32 @@ impl From<CreateCollectionError> for ApiError {
     }
 }
 
+impl From<SchemaChangeError> for ApiError {
+    fn from(error: SchemaChangeError) -> ApiError {
+        let code = match error {
+            SchemaChangeError::UnknownCollection => ErrorCode::UnknownCollection,
+            SchemaChangeError::UnknownField { .. } => ErrorCode::NotFound,
+            SchemaChangeError::Schema(SchemaError::TooManyFields { .. }) => ErrorCode::LimitExceeded,
+            SchemaChangeError::DefaultTooLong { .. } => ErrorCode::LimitExceeded,
+            _ => ErrorCode::InvalidSchema,
+        };
+        ApiError::new(code, error.to_string())
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> ApiError {
         match error {
             StoreError::Batch(error) => error.into(),
+            StoreError::SchemaChange(error) => error.into(),
             StoreError::CreateCollection(error) => error.into(),
+            // A full disk is not a bug: writes are refused until there is room
+            // again, then go on without a restart (docs/STORAGE.md).
             StoreError::MapFull { .. } | StoreError::DiskFull { .. } => {
                 ApiError::new(ErrorCode::StoreFull, error.to_string())
             }
+            StoreError::BackupRunning { .. } => ApiError::new(ErrorCode::BackupRunning, error.to_string()),
+            StoreError::BackupDestination { .. } => ApiError::bad_request(error.to_string()),
             other => ApiError::new(ErrorCode::Internal, other.to_string()),
         }
     }

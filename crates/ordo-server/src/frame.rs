@@ -86,31 +86,63 @@ pub struct DiffsExtra {
     pub range: Option<(u64, u64)>,
 }
 
-/// Appends the frame
-/// `{"type":"diffs","sub":<sub>,"seq":<seq>,"diffs":<diffs_json>}`.
-///
-/// `diffs_json` must be an encoded JSON array; it is copied verbatim.
-pub fn write_diffs_frame(out: &mut Vec<u8>, sub: &str, seq: u64, diffs_json: &[u8]) {
-    write_diffs_frame_with(out, sub, seq, DiffsExtra::default(), diffs_json);
+/// A diffs frame's envelope: everything but the diffs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DiffsHeader<'a> {
+    /// The client's subscription id.
+    pub sub: &'a str,
+    /// The frame's number within its subscription.
+    pub seq: u64,
+    /// The `seq` of the last batch the window reflects after this frame.
+    pub write_seq: u64,
+    /// The client's id of the request this frame answers, if any.
+    pub req: Option<&'a str>,
+    /// `offset`, `limit` and `total`, when due.
+    pub extra: DiffsExtra,
 }
 
-/// As [`write_diffs_frame`], with `"offset":N,"limit":M` and `"total":N` before
-/// `"diffs"` when `extra` has them.
-pub fn write_diffs_frame_with(out: &mut Vec<u8>, sub: &str, seq: u64, extra: DiffsExtra, diffs_json: &[u8]) {
+/// Appends the frame
+/// `{"type":"diffs","sub":<sub>,"seq":<seq>,"write_seq":<write_seq>[,"req":<req>][,"offset":N,"limit":M][,"total":N],"diffs":<diffs_json>}`.
+///
+/// `diffs_json` must be an encoded JSON array; it is copied verbatim.
+pub fn write_diffs_frame(out: &mut Vec<u8>, header: &DiffsHeader<'_>, diffs_json: &[u8]) {
     debug_assert!(
         diffs_json.first() == Some(&b'[') && diffs_json.last() == Some(&b']'),
         "diffs_json must be an encoded JSON array"
     );
     const TYPE_AND_SUB: &[u8] = br#"{"type":"diffs","sub":"#;
     const SEQ: &[u8] = br#","seq":"#;
+    const WRITE_SEQ: &[u8] = br#","write_seq":"#;
+    const REQ: &[u8] = br#","req":"#;
     const DIFFS: &[u8] = br#","diffs":"#;
-    // One reservation for the common case (no escapes in `sub`): the quotes,
-    // at most 20 digits and the closing brace.
-    out.reserve(TYPE_AND_SUB.len() + sub.len() + 2 + SEQ.len() + 20 + DIFFS.len() + diffs_json.len() + 1);
+    let DiffsHeader { sub, seq, write_seq, req, extra } = *header;
+    let req_len = req.map_or(0, |req| REQ.len() + req.len() + 2);
+    // One reservation for the common case (no escapes in `sub` or `req`): the
+    // quotes, at most 20 digits per number, the extras and the closing brace.
+    out.reserve(
+        TYPE_AND_SUB.len()
+            + sub.len()
+            + 2
+            + SEQ.len()
+            + 20
+            + WRITE_SEQ.len()
+            + 20
+            + req_len
+            + 80
+            + DIFFS.len()
+            + diffs_json.len()
+            + 1,
+    );
     out.extend_from_slice(TYPE_AND_SUB);
     write_json_str(out, sub);
     out.extend_from_slice(SEQ);
     write_u64(out, seq);
+    out.extend_from_slice(WRITE_SEQ);
+    write_u64(out, write_seq);
+    if let Some(req) = req {
+        out.extend_from_slice(REQ);
+        write_json_str(out, req);
+    }
     if let Some((offset, limit)) = extra.range {
         out.extend_from_slice(b",\"offset\":");
         write_u64(out, offset);
@@ -203,16 +235,29 @@ mod tests {
     fn diffs_frame_parses_to_the_expected_object() {
         let diffs = br#"[{"Remove":{"index":4}},{"Insert":{"index":0,"value":{"id":"!a","name":"A \"b\""}}}]"#;
         let diffs_value: serde_json::Value = serde_json::from_slice(diffs).unwrap();
-        for (sub, seq) in [("rooms", 7), ("", 0), ("a\"b\\c\n\u{1}é😀", u64::MAX), ("x".repeat(64).as_str(), 1)] {
+        let (long_sub, long_req) = ("x".repeat(64), "y".repeat(64));
+        let cases = [
+            ("rooms", 7, 42, None),
+            ("", 0, 0, Some("")),
+            ("a\"b\\c\n\u{1}é😀", u64::MAX, u64::MAX, Some("r\"1\\\u{7}é")),
+            (long_sub.as_str(), 1, 3, Some(long_req.as_str())),
+        ];
+        for (sub, seq, write_seq, req) in cases {
             let mut out = b"previous frame ".to_vec();
-            write_diffs_frame(&mut out, sub, seq, diffs);
+            let header = DiffsHeader { sub, seq, write_seq, req, ..DiffsHeader::default() };
+            write_diffs_frame(&mut out, &header, diffs);
             let frame = out.strip_prefix(b"previous frame ").expect("appends, keeping what was there");
             let parsed: serde_json::Value = serde_json::from_slice(frame).unwrap();
-            let expected = serde_json::json!({"type": "diffs", "sub": sub, "seq": seq, "diffs": diffs_value});
+            let mut expected = serde_json::json!({"type": "diffs", "sub": sub, "seq": seq, "write_seq": write_seq});
+            if let Some(req) = req {
+                expected["req"] = req.into();
+            }
+            expected["diffs"] = diffs_value.clone();
             assert_eq!(parsed, expected, "sub {sub:?}, seq {seq}");
             // Field order and spelling as in docs/PROTOCOL.md.
+            let req = req.map(|req| format!(r#","req":{}"#, serde_json::to_string(req).unwrap())).unwrap_or_default();
             let exact = format!(
-                r#"{{"type":"diffs","sub":{},"seq":{seq},"diffs":{}}}"#,
+                r#"{{"type":"diffs","sub":{},"seq":{seq},"write_seq":{write_seq}{req},"diffs":{}}}"#,
                 serde_json::to_string(sub).unwrap(),
                 std::str::from_utf8(diffs).unwrap()
             );
@@ -224,22 +269,29 @@ mod tests {
     fn diffs_frame_extras_come_before_the_diffs() {
         let mut out = Vec::new();
         let extra = DiffsExtra { total: Some(42), range: Some((7, 20)) };
-        write_diffs_frame_with(&mut out, "rooms", 3, extra, b"[]");
-        assert_eq!(out, br#"{"type":"diffs","sub":"rooms","seq":3,"offset":7,"limit":20,"total":42,"diffs":[]}"#);
+        let header = DiffsHeader { sub: "rooms", seq: 3, write_seq: 9, req: Some("r"), extra };
+        write_diffs_frame(&mut out, &header, b"[]");
+        assert_eq!(
+            out,
+            br#"{"type":"diffs","sub":"rooms","seq":3,"write_seq":9,"req":"r","offset":7,"limit":20,"total":42,"diffs":[]}"#
+        );
         out.clear();
-        write_diffs_frame_with(&mut out, "rooms", 3, DiffsExtra { total: Some(0), range: None }, b"[]");
-        assert_eq!(out, br#"{"type":"diffs","sub":"rooms","seq":3,"total":0,"diffs":[]}"#);
+        let extra = DiffsExtra { total: Some(0), range: None };
+        write_diffs_frame(&mut out, &DiffsHeader { sub: "rooms", seq: 3, write_seq: 9, req: None, extra }, b"[]");
+        assert_eq!(out, br#"{"type":"diffs","sub":"rooms","seq":3,"write_seq":9,"total":0,"diffs":[]}"#);
     }
 
     #[test]
     fn a_reused_buffer_does_not_grow_again() {
         let diffs = format!("[{}]", [r#"{"Set":{"index":3,"value":{"id":"!room:example.org"}}}"#; 6].join(","));
+        let extra = DiffsExtra { total: Some(u64::MAX), range: Some((u64::MAX, u64::MAX)) };
+        let header = |seq| DiffsHeader { sub: "rooms", seq, write_seq: u64::MAX - seq, req: None, extra };
         let mut out = Vec::new();
-        write_diffs_frame(&mut out, "rooms", 1, diffs.as_bytes());
+        write_diffs_frame(&mut out, &header(1), diffs.as_bytes());
         let (capacity, pointer) = (out.capacity(), out.as_ptr());
         for seq in 2..1_000 {
             out.clear();
-            write_diffs_frame(&mut out, "rooms", seq, diffs.as_bytes());
+            write_diffs_frame(&mut out, &header(seq), diffs.as_bytes());
             assert_eq!((out.capacity(), out.as_ptr()), (capacity, pointer), "seq {seq}");
         }
     }

@@ -48,6 +48,8 @@ pub struct HttpState {
     pub gate: Arc<Gate>,
     /// `--metrics-public`: `/metrics` without an admin token.
     pub metrics_public: bool,
+    /// The `seq` of the last batch applied, for `min_seq`.
+    pub seq: crate::min_seq::SeqWatch,
 }
 
 pub(crate) type Body = Full<Bytes>;
@@ -137,17 +139,20 @@ pub async fn serve(listener: TcpListener, state: Arc<HttpState>, mut shutdown: w
 }
 
 /// CORS for the allowed origins (`--allow-origin`): preflights answered, the
-/// API's methods and the `Authorization` header allowed. With none listed, no
+/// API's methods and the `Authorization`, `Content-Type` and `X-Request-Id`
+/// headers allowed, `X-Request-Id` readable. With none listed, no
 /// origin but the server's own can read an answer; `Gate::check_origin` refuses
 /// the request itself (CORS only hides answers).
 fn cors_layer(origins: &[String]) -> tower_http::cors::CorsLayer {
-    use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+    use hyper::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
     use tower_http::cors::{AllowOrigin, CorsLayer};
     let origins: Vec<HeaderValue> = origins.iter().filter_map(|origin| HeaderValue::from_str(origin).ok()).collect();
     CorsLayer::new()
         .allow_origin(AllowOrigin::list(origins))
         .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
-        .allow_headers([AUTHORIZATION, CONTENT_TYPE])
+        .allow_headers([AUTHORIZATION, CONTENT_TYPE, HeaderName::from_static(crate::api::X_REQUEST_ID)])
+        // Without this a page on another origin could not read the echoed id.
+        .expose_headers([HeaderName::from_static(crate::api::X_REQUEST_ID)])
         .max_age(Duration::from_secs(600))
 }
 

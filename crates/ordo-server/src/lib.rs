@@ -6,6 +6,8 @@
 pub mod access;
 pub mod api;
 pub mod auth;
+pub mod backup;
+pub mod backup_cmd;
 pub mod cli;
 pub mod core;
 pub mod demo;
@@ -17,6 +19,7 @@ pub mod http;
 pub mod limits;
 pub mod logging;
 pub mod metrics;
+pub mod min_seq;
 pub mod name_routes;
 pub mod rate_limit;
 pub mod rng;

@@ -16,6 +16,19 @@ pub const MAX_WINDOW_LIMIT: usize = 1_000;
 pub const MAX_WINDOW_OFFSET: usize = u32::MAX as usize;
 /// Longest client-chosen subscription id, in bytes.
 pub const MAX_SUBSCRIPTION_ID_BYTES: usize = 64;
+/// Longest client request id (`req` in a WebSocket message), in bytes: as long
+/// as a subscription id, so a client can reuse its scheme for both.
+pub const MAX_REQUEST_ID_BYTES: usize = 64;
+/// Longest `X-Request-Id` the HTTP API echoes, in bytes (visible ASCII only;
+/// anything else is ignored, not echoed).
+pub const MAX_HTTP_REQUEST_ID_BYTES: usize = 128;
+/// How long a request with `min_seq` (query, subscribe, resume entry) waits for
+/// the store to reach that batch before it is refused with `seq_not_reached`.
+pub const MIN_SEQ_WAIT_MS: u64 = 5_000;
+/// A `min_seq` more than this many batches past the store's last one is refused
+/// at once instead of after the wait: reaching it within `MIN_SEQ_WAIT_MS` would
+/// take two million batches a second, far more than one writer commits.
+pub const MAX_MIN_SEQ_AHEAD: u64 = 10_000_000;
 /// Longest `contains` needle or `prefix` in a filter, in bytes: the match is
 /// O(haystack × needle), so a client must not choose the needle's size freely.
 pub const MAX_FILTER_STRING_BYTES: usize = 256;
@@ -138,6 +151,10 @@ pub fn as_json() -> serde_json::Value {
         "max_subscriptions_per_connection": MAX_SUBSCRIPTIONS_PER_CONNECTION,
         "max_window_limit": MAX_WINDOW_LIMIT,
         "max_subscription_id_bytes": MAX_SUBSCRIPTION_ID_BYTES,
+        "max_request_id_bytes": MAX_REQUEST_ID_BYTES,
+        "max_http_request_id_bytes": MAX_HTTP_REQUEST_ID_BYTES,
+        "min_seq_wait_ms": MIN_SEQ_WAIT_MS,
+        "max_min_seq_ahead": MAX_MIN_SEQ_AHEAD,
         "max_filter_string_bytes": MAX_FILTER_STRING_BYTES,
         "max_id_bytes": ordo_core::limits::MAX_ID_BYTES,
         "max_string_field_bytes": ordo_core::limits::MAX_STRING_FIELD_BYTES,
@@ -163,6 +180,7 @@ pub fn as_json() -> serde_json::Value {
         "identity_request_burst": IDENTITY_REQUEST_BURST,
         "collections_created_per_identity_per_hour": COLLECTIONS_CREATED_PER_IDENTITY_PER_HOUR,
         "max_rules": MAX_RULES,
+        "max_backup_path_bytes": MAX_BACKUP_PATH_BYTES,
         "max_payload_depth": MAX_PAYLOAD_DEPTH,
     })
 }
@@ -188,3 +206,12 @@ pub const MAX_DEMO_MESSAGES_PER_SECOND: u32 = 5_000;
 /// collection stays quiet): their ids are read at start with one query per
 /// `MAX_WINDOW_LIMIT`, and the Zipf table holds one `f64` per room.
 pub const MAX_SIMULATED_ROOMS: usize = 20_000;
+
+/// `--log-segment-size`: the write-ahead log's segment size (each also
+/// preallocated as a spare: a busy server holds up to two), by default
+/// `ordo_store::DEFAULT_LOG_SEGMENT_BYTES` (16 MiB). Below 1 MiB, rotations
+/// (a directory sync each) come too often; above 1 GiB, a spare is a waste.
+pub const MIN_LOG_SEGMENT_BYTES: u64 = 1 << 20;
+pub const MAX_LOG_SEGMENT_BYTES: u64 = 1 << 30;
+/// Longest backup destination path (`POST /v1/backup`'s `to`), in bytes.
+pub const MAX_BACKUP_PATH_BYTES: usize = 4096;

@@ -51,6 +51,16 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Backup(args) => match args.run() {
+            Ok(line) => {
+                println!("{line}");
+                ExitCode::SUCCESS
+            }
+            Err(message) => {
+                eprintln!("ordo backup: {message}");
+                ExitCode::FAILURE
+            }
+        },
         Command::LoadDemo(args) => {
             let address = args.url.trim_start_matches("http://").trim_end_matches('/').to_owned();
             match ordo_server::demo_data::load_demo(&address, args.rooms) {

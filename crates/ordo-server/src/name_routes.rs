@@ -111,6 +111,12 @@ impl<V> NameRoutes<V> {
         self.route(name).map(|route| (&*route.name, &route.value))
     }
 
+    /// Unroutes `name` (in any case); returns its value. The name is free again.
+    pub fn remove(&mut self, name: &str) -> Option<V> {
+        let folded = if name.is_ascii() { name.to_ascii_lowercase() } else { name.to_lowercase() };
+        self.routes.remove(&FoldedName(folded.into_boxed_str())).map(|route| route.value)
+    }
+
     /// Every route, as (name as inserted, value), in no particular order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &V)> + '_ {
         self.routes.values().map(|route| (&*route.name, &route.value))

@@ -344,6 +344,9 @@ impl Grant {
 #[derive(Debug)]
 pub struct WriteGuard {
     alternatives: Vec<Vec<(FieldId, OwnedValue)>>,
+    /// The schema the field ids belong to: a guard is only checked against a
+    /// collection that still has it (a schema change may come in between).
+    schema: Schema,
 }
 
 impl WriteGuard {
@@ -360,7 +363,12 @@ impl WriteGuard {
             collect_equalities(&alternative, schema, &mut equalities)?;
             compiled.push(equalities);
         }
-        Ok(Some(WriteGuard { alternatives: compiled }))
+        Ok(Some(WriteGuard { alternatives: compiled, schema: schema.clone() }))
+    }
+
+    /// The schema the guard was compiled against.
+    pub fn schema(&self) -> &Schema {
+        &self.schema
     }
 
     /// The index of the first op that leaves the grant, if one does.

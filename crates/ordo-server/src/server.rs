@@ -34,6 +34,8 @@ pub struct ServeOptions {
     pub network_threads: usize,
     pub session_retention: Duration,
     pub checkpoint_interval: Duration,
+    /// `--log-segment-size`: the write-ahead log's segment (and spare) size.
+    pub log_segment_bytes: u64,
     /// `--header-timeout`: how long a connection may take to send a request head
     /// (or sit idle between HTTP/1.1 requests) before it is closed.
     pub header_timeout: Duration,
@@ -70,6 +72,7 @@ impl Default for ServeOptions {
             network_threads: default_network_threads(),
             session_retention: Duration::from_secs(limits::DEFAULT_SESSION_RETENTION_SECS),
             checkpoint_interval: StoreOptions::default().checkpoint_interval,
+            log_segment_bytes: StoreOptions::default().log_segment_bytes,
             header_timeout: Duration::from_secs(limits::DEFAULT_HEADER_TIMEOUT_SECS),
             demo: false,
             demo_rate: limits::DEFAULT_DEMO_MESSAGES_PER_SECOND,
@@ -123,6 +126,7 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
     let store_options = StoreOptions {
         durability: options.durability,
         checkpoint_interval: options.checkpoint_interval,
+        log_segment_bytes: options.log_segment_bytes,
         ..StoreOptions::default()
     };
     let (database, report) = Database::open(&options.data_dir, store_options, &mut print_load_progress)
@@ -167,6 +171,7 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
     let routes = Arc::new(RwLock::new(NameRoutes::new()));
     let core = Core::new(database, routes.clone(), options.outbound_budget);
     core.publish_routes();
+    let seq = core.seq_watch();
     let (core_tx, core_rx) = mpsc::channel(limits::CORE_QUEUE_CAPACITY);
     let writer = std::thread::Builder::new()
         .name("ordo-writer".to_owned())
@@ -253,6 +258,7 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
             demo_secret,
             gate,
             metrics_public: options.metrics_public,
+            seq,
         });
         tokio::spawn(expire_sessions(registry, core_tx.clone(), shutdown_rx.clone()));
         tokio::spawn(async move {

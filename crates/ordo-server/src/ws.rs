@@ -19,24 +19,29 @@ use tokio::sync::{mpsc, watch};
 
 use crate::access::{ConnectionSlot, Gate};
 use crate::auth::{self, Identity, Role as AuthRole};
-use crate::core::{Command, ConnShared, CoreSender, Outgoing, Routes, SessionId, SubHandle, FRAME_OVERHEAD_BYTES};
+use crate::core::{
+    Answer, Command, ConnShared, CoreSender, Outgoing, Routes, SessionId, SubHandle, FRAME_OVERHEAD_BYTES,
+};
 use crate::error::{ApiError, ErrorCode};
-use crate::frame::{write_diffs_frame_with, write_json_str};
+use crate::frame::{write_diffs_frame, write_json_str, DiffsHeader};
 use crate::limits;
 use crate::metrics::{self, Stage, METRICS};
+use crate::min_seq::{self, SeqCheck, SeqWatch};
 use crate::rate_limit::TokenBucket;
 use crate::sub_table::SubTable;
 use crate::wire::{self, ClientMessage, WindowSpec};
 
 mod identity;
+mod park;
 mod read;
 mod resume;
 mod session;
 
 use identity::expiry_deadline;
+use park::{Parked, ParkedRequest};
 use read::{read_frames, Inbound, MaskCheck};
-use session::SubEntry;
 pub use session::{Registry, Session, ANONYMOUS_OWNER};
+use session::{RetainedFrame, SubEntry};
 
 type Stream = TokioIo<Upgraded>;
 
@@ -82,6 +87,8 @@ pub struct ConnectionContext {
     pub gate: Arc<Gate>,
     /// Who opened the connection, when the upgrade carried a token (or auth is off).
     pub identity: Option<Arc<Identity>>,
+    /// The `seq` of the last batch applied, for `min_seq`.
+    pub seq: SeqWatch,
 }
 
 /// The writer thread's name for a session (not a secret: the resume token is).
@@ -144,6 +151,13 @@ struct Connection {
     slot: Option<ConnectionSlot>,
     /// The rules' version this connection's views were built under.
     rules_version: u64,
+    /// A request waiting for the store to reach its `min_seq`. Meanwhile no
+    /// later message is read (they are answered in order), frames still flow.
+    parked: Option<ParkedRequest>,
+    /// Fires when the parked request's wait is over (`limits::MIN_SEQ_WAIT_MS`).
+    park_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// The last `seq` applied, watched while a request is parked.
+    seq: SeqWatch,
     /// The close code and reason the server sent, if it closed the connection.
     closed_with: Option<(u16, String)>,
 }
@@ -153,6 +167,8 @@ enum Event {
     Outgoing(Option<Outgoing>),
     Shutdown,
     AuthDeadline,
+    /// The parked request's `min_seq` was reached, or its wait ran out.
+    Unpark,
 }
 
 impl Connection {
@@ -173,6 +189,7 @@ impl Connection {
             by_client_id: HashMap::new(),
             next_handle: 0,
         };
+        let seq = context.seq.clone();
         let bucket = TokenBucket::new(context.config.messages_per_second, limits::WS_MESSAGE_BURST);
         let auth_deadline = match &identity {
             Some(identity) => expiry_deadline(identity),
@@ -181,6 +198,7 @@ impl Connection {
         let rules_version = context.gate.rules_version();
         let far = tokio::time::Instant::now() + Duration::from_secs(365 * 24 * 3600);
         let auth_timer = Box::pin(tokio::time::sleep_until(auth_deadline.unwrap_or(far)));
+        let park_timer = Box::pin(tokio::time::sleep_until(far));
         let mut connection = Connection {
             writer,
             out: Vec::with_capacity(16 * 1024),
@@ -196,6 +214,9 @@ impl Connection {
             slot: Some(slot),
             rules_version,
             auth_timer,
+            parked: None,
+            park_timer,
+            seq,
             closed_with: None,
         };
         let auth = match (&connection.identity, connection.context.gate.auth_enabled()) {
@@ -218,11 +239,18 @@ impl Connection {
         let mut shutdown = self.context.shutdown.clone();
         while !self.closed {
             let timed = self.auth_deadline.is_some();
+            let parked = self.parked.as_ref().map(|parked| parked.min_seq);
             let event = tokio::select! {
-                message = inbound.recv() => Event::Inbound(message),
+                message = inbound.recv(), if parked.is_none() => Event::Inbound(message),
                 outgoing = self.session.outbox.recv() => Event::Outgoing(outgoing),
                 _ = shutdown.wait_for(|stopping| *stopping) => Event::Shutdown,
                 _ = &mut self.auth_timer, if timed => Event::AuthDeadline,
+                // Woken by the writer thread's publication of each new `seq`, not by polling.
+                // (An error means the writer is gone: unparking then refuses.)
+                _ = self.seq.wait_for(|&seq| parked.is_some_and(|min_seq| seq >= min_seq)), if parked.is_some() => {
+                    Event::Unpark
+                }
+                _ = &mut self.park_timer, if parked.is_some() => Event::Unpark,
             };
             // Nothing is handled under rules that changed meanwhile (an admin's
             // views never depended on them).
@@ -251,6 +279,7 @@ impl Connection {
                 Event::Outgoing(None) => self.close(CLOSE_GOING_AWAY, "server stopping").await,
                 Event::Shutdown => self.close(CLOSE_GOING_AWAY, "server stopping").await,
                 Event::AuthDeadline => self.on_auth_deadline().await,
+                Event::Unpark => self.unpark().await,
             }
         }
     }
@@ -371,7 +400,7 @@ impl Connection {
         self.write(OpCode::Text).await;
     }
 
-    async fn send_error(&mut self, error: &ApiError, sub: Option<&str>) {
+    async fn send_error(&mut self, error: &ApiError, sub: Option<&str>, req: Option<&str>) {
         metrics::count_error(error.code);
         // `debug`: a client may send up to its message rate of refused requests.
         tracing::debug!(
@@ -390,13 +419,48 @@ impl Connection {
             self.frame.extend_from_slice(b",\"sub\":");
             write_json_str(&mut self.frame, sub);
         }
+        push_req(&mut self.frame, req);
+        self.frame.push(b'}');
+        self.write(OpCode::Text).await;
+    }
+
+    /// `{"type":"ack","req":..,"sub":..}`: a request on `sub` took effect without
+    /// a frame of its own (`req` absent when the request had none).
+    fn queue_ack(&mut self, sub: &str, req: Option<&str>) {
+        self.frame.clear();
+        self.frame.extend_from_slice(b"{\"type\":\"ack\"");
+        push_req(&mut self.frame, req);
+        self.frame.extend_from_slice(b",\"sub\":");
+        write_json_str(&mut self.frame, sub);
+        self.frame.push(b'}');
+        self.queue_frame(OpCode::Text);
+    }
+
+    /// Answers a request whose frame was dropped here (the connection fell
+    /// behind; the Reset that is due carries the change).
+    fn ack_dropped(&mut self, handle: SubHandle, answers: Option<Answer>) {
+        let Some(Answer { req }) = answers else { return };
+        if let Some(sub) = self.session.table.get(handle).map(|entry| entry.client_id.clone()) {
+            self.queue_ack(&sub, req.as_deref());
+        }
+    }
+
+    /// `{"type":"ended","sub":..,"reason":..,"message":..}`
+    async fn send_ended(&mut self, client_id: &str, reason: crate::core::EndReason, message: &str) {
+        self.frame.clear();
+        self.frame.extend_from_slice(b"{\"type\":\"ended\",\"sub\":");
+        write_json_str(&mut self.frame, client_id);
+        self.frame.extend_from_slice(b",\"reason\":\"");
+        self.frame.extend_from_slice(reason.as_str().as_bytes());
+        self.frame.extend_from_slice(b"\",\"message\":");
+        write_json_str(&mut self.frame, message);
         self.frame.push(b'}');
         self.write(OpCode::Text).await;
     }
 
     async fn on_outgoing(&mut self, outgoing: Outgoing) {
         match outgoing {
-            Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset, extra, queued_at } => {
+            Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset, write_seq, answers, extra, queued_at } => {
                 metrics::record_stage(Stage::FrameQueue, queued_at.elapsed());
                 let cost = body.len() + FRAME_OVERHEAD_BYTES;
                 self.session.shared.queued_bytes.fetch_sub(cost, Ordering::AcqRel);
@@ -405,8 +469,10 @@ impl Connection {
                 let Some(entry) = self.session.table.get_mut(handle) else { return };
                 if is_stale || (entry.awaiting_reset && !is_reset) {
                     // Dropped: the connection fell behind (or a resume could not
-                    // replay) and a reset is due; it will say where the window is.
+                    // replay) and a reset is due; it will say where the window is,
+                    // and the request this frame answered gets an `ack` now.
                     entry.range_due = extra.range.or(entry.range_due);
+                    self.ack_dropped(handle, answers);
                     return;
                 }
                 let mut extra = extra;
@@ -418,19 +484,38 @@ impl Connection {
                     // Where a key-positioned request placed the window: what a resume compares.
                     (entry.spec.offset, entry.spec.limit, entry.spec.seek) = (offset as usize, limit as usize, None);
                 }
-                entry.retain(seq, body.clone(), n_diffs, extra);
+                entry.retain(RetainedFrame { seq, write_seq, body: body.clone(), n_diffs, extra });
+                // A subscription's first frame answers its `subscribe`; a later one
+                // may answer a change of window. (Both at once cannot happen: the
+                // first frame is the subscribe's Reset. Should it, the change gets an ack.)
+                let subscribe_req = entry.subscribe_req.take();
+                let (req, also_ack) = match (subscribe_req, answers) {
+                    (Some(req), answers) => (Some(req), answers),
+                    (None, Some(Answer { req })) => (req, None),
+                    (None, None) => (None, None),
+                };
                 self.frame.clear();
-                write_diffs_frame_with(&mut self.frame, &entry.client_id, seq, extra, &body);
+                let header = DiffsHeader { sub: &entry.client_id, seq, write_seq, req: req.as_deref(), extra };
+                write_diffs_frame(&mut self.frame, &header, &body);
+                let also_ack = also_ack.map(|answer| (entry.client_id.clone(), answer));
                 metrics::add(&METRICS.diffs_sent, n_diffs as u64);
                 self.queue_frame(OpCode::Text);
+                if let Some((sub, Answer { req })) = also_ack {
+                    self.queue_ack(&sub, req.as_deref());
+                }
+            }
+            Outgoing::Ack { handle, req } => {
+                if let Some(sub) = self.session.table.get(handle).map(|entry| entry.client_id.clone()) {
+                    self.queue_ack(&sub, req.as_deref());
+                }
             }
             Outgoing::SubscribeFailed { handle, error } => {
                 if let Some(entry) = self.session.table.remove(handle) {
                     self.session.by_client_id.remove(&entry.client_id);
-                    self.send_error(&error, Some(&entry.client_id)).await;
+                    self.send_error(&error, Some(&entry.client_id), entry.subscribe_req.as_deref()).await;
                 }
             }
-            Outgoing::RequestFailed { handle, error, spec } => {
+            Outgoing::RequestFailed { handle, error, spec, req } => {
                 let sub = self.session.table.get_mut(handle).map(|entry| {
                     if let Some(spec) = spec {
                         // What the window really is, for a later resume to compare with.
@@ -438,15 +523,23 @@ impl Connection {
                     }
                     entry.client_id.clone()
                 });
-                self.send_error(&error, sub.as_deref()).await;
+                self.send_error(&error, sub.as_deref(), req.as_deref()).await;
             }
             Outgoing::Unsubscribed { handle } => {
                 if let Some(entry) = self.session.table.remove(handle) {
                     self.frame.clear();
                     self.frame.extend_from_slice(b"{\"type\":\"unsubscribed\",\"sub\":");
                     write_json_str(&mut self.frame, &entry.client_id);
+                    push_req(&mut self.frame, entry.unsubscribe_req.as_deref());
                     self.frame.push(b'}');
                     self.write(OpCode::Text).await;
+                }
+            }
+            Outgoing::Ended { handle, reason, message } => {
+                // The core has detached it: no frame of it follows, and its id is free.
+                if let Some(entry) = self.session.table.remove(handle) {
+                    self.session.by_client_id.remove(&entry.client_id);
+                    self.send_ended(&entry.client_id, reason, &message).await;
                 }
             }
             Outgoing::Wake => {}
@@ -464,18 +557,23 @@ impl Connection {
                             self.context.config.messages_per_second
                         ),
                     );
-                    let sub = serde_json::from_slice::<crate::wire::SubOnly>(&text).ok().and_then(|only| only.sub);
-                    self.send_error(&error, sub.as_deref()).await;
+                    let (sub, req) = wire::SubAndReq::read(&text);
+                    self.send_error(&error, sub.as_deref(), req.as_deref()).await;
                     return;
                 }
                 match serde_json::from_slice::<ClientMessage>(&text) {
                     Ok(message) => self.on_message(message).await,
-                    Err(error) => self.send_error(&ApiError::from_json(&error), None).await,
+                    Err(error) => {
+                        // Not `sub`: the message is not understood, so no subscription is
+                        // refused (a client must not drop its list for a typo).
+                        let (_, req) = wire::SubAndReq::read(&text);
+                        self.send_error(&ApiError::from_json(&error), None, req.as_deref()).await;
+                    }
                 }
             }
             Inbound::Binary => {
                 let error = ApiError::bad_request("binary frames are not part of the protocol; send JSON text");
-                self.send_error(&error, None).await;
+                self.send_error(&error, None, None).await;
             }
             Inbound::Reply(opcode, payload) => {
                 if !self.closed {
@@ -493,20 +591,26 @@ impl Connection {
     }
 
     async fn on_message(&mut self, message: ClientMessage) {
-        if let ClientMessage::Auth { token } = &message {
+        if let Err(error) = wire::check_req(message.req()) {
+            // An id that is not one is not echoed; the request does nothing.
+            self.send_error(&error, None, None).await;
+            return;
+        }
+        let req: Option<Box<str>> = message.req().map(Box::from);
+        if let ClientMessage::Auth { token, .. } = &message {
             // Not counted as the first message: `resume` may follow it.
-            if let Err(error) = self.authenticate(token).await {
-                self.send_error(&error, None).await;
+            if let Err(error) = self.authenticate(token, req.as_deref()).await {
+                self.send_error(&error, None, req.as_deref()).await;
             }
             return;
         }
         let Some(identity) = self.identity.clone() else {
             let error = ApiError::new(ErrorCode::Unauthorized, "send `{\"op\":\"auth\",\"token\":..}` first");
-            self.send_error(&error, None).await;
+            self.send_error(&error, None, req.as_deref()).await;
             return;
         };
         if let Err(error) = self.context.gate.take_request(&identity) {
-            self.send_error(&error, None).await;
+            self.send_error(&error, None, req.as_deref()).await;
             return;
         }
         let first = std::mem::replace(&mut self.may_resume, false);
@@ -525,6 +629,8 @@ impl Connection {
                 limit,
                 fields,
                 payload,
+                min_seq,
+                ..
             } => {
                 let position = wire::PositionKeys { offset, around, after, before, tail };
                 let spec = self.check_subscribe(
@@ -538,31 +644,59 @@ impl Connection {
                     payload,
                 );
                 match spec {
-                    Ok((collection, spec)) => {
-                        self.start_subscription(sub, collection, spec, 0).await;
-                        Ok(())
-                    }
+                    Ok((collection, spec)) => match min_seq::check(min_seq, min_seq::last(&self.seq)) {
+                        SeqCheck::Reached => {
+                            self.start_subscription(sub, collection, spec, 0, req.clone()).await;
+                            Ok(())
+                        }
+                        SeqCheck::Wait(min_seq) => {
+                            self.park(
+                                min_seq,
+                                Parked::Subscribe { sub, collection, spec: Box::new(spec), req: req.clone() },
+                            );
+                            Ok(())
+                        }
+                        SeqCheck::Refused(error) => Err((error, Some(sub))),
+                    },
                     Err(error) => Err((error, Some(sub))),
                 }
             }
-            ClientMessage::SetRange { sub, offset, around, after, before, tail, limit } => {
+            ClientMessage::SetRange { sub, offset, around, after, before, tail, limit, .. } => {
                 let position = wire::PositionKeys { offset, around, after, before, tail };
-                self.set_range(&sub, position, limit).await.map_err(|e| (e, Some(sub)))
+                self.set_range(&sub, position, limit, req.clone()).await.map_err(|e| (e, Some(sub)))
             }
-            ClientMessage::SetView { sub, filter, sort } => {
-                self.set_view(&sub, &filter, &sort).await.map_err(|e| (e, Some(sub)))
+            ClientMessage::SetView { sub, filter, sort, .. } => {
+                self.set_view(&sub, &filter, &sort, req.clone()).await.map_err(|e| (e, Some(sub)))
             }
-            ClientMessage::Unsubscribe { sub } => match self.session.by_client_id.remove(&sub) {
+            ClientMessage::Unsubscribe { sub, .. } => match self.session.by_client_id.remove(&sub) {
                 Some(handle) => {
+                    if let Some(entry) = self.session.table.get_mut(handle) {
+                        entry.unsubscribe_req = req.clone();
+                    }
                     let command = Command::Unsubscribe { session: self.session.id, handle };
                     let _ = self.context.core.send(command).await;
                     Ok(())
                 }
                 None => Err((unknown_subscription(&sub), Some(sub))),
             },
-            ClientMessage::Resume { session, subs } => {
+            ClientMessage::Resume { session, subs, .. } => {
                 if first {
-                    self.resume(&session, subs).await;
+                    // The greatest `min_seq` worth waiting for; entries past
+                    // `MAX_MIN_SEQ_AHEAD` are refused by the resume itself.
+                    let last_seq = min_seq::last(&self.seq);
+                    let wait = subs
+                        .iter()
+                        .filter_map(|entry| match min_seq::check(entry.min_seq, last_seq) {
+                            SeqCheck::Wait(min_seq) => Some(min_seq),
+                            SeqCheck::Reached | SeqCheck::Refused(_) => None,
+                        })
+                        .max();
+                    match wait {
+                        Some(min_seq) => {
+                            self.park(min_seq, Parked::Resume { session, entries: subs, req: req.clone() })
+                        }
+                        None => self.resume(&session, subs, req.clone()).await,
+                    }
                     Ok(())
                 } else {
                     Err((ApiError::bad_request("`resume` must be the first message of a connection"), None))
@@ -570,7 +704,7 @@ impl Connection {
             }
         };
         if let Err((error, sub)) = result {
-            self.send_error(&error, sub.as_deref()).await;
+            self.send_error(&error, sub.as_deref(), req.as_deref()).await;
         }
     }
 
@@ -606,13 +740,14 @@ impl Connection {
     }
 
     /// Registers the subscription here, then asks the writer thread for its window;
-    /// its first frame (a Reset) gets `seq = first_seq + 1`.
+    /// its first frame (a Reset) gets `seq = first_seq + 1`, and `req`.
     async fn start_subscription(
         &mut self,
         client_id: String,
         collection: Arc<crate::core::CollectionEntry>,
         spec: WindowSpec,
         first_seq: u64,
+        req: Option<Box<str>>,
     ) {
         let handle = self.session.next_handle;
         self.session.next_handle += 1;
@@ -625,10 +760,13 @@ impl Connection {
             retained_bytes: 0,
             awaiting_reset: false,
             range_due: None,
+            subscribe_req: req,
+            unsubscribe_req: None,
         };
         self.session.table.insert(handle, entry).expect("handles increase");
         self.session.by_client_id.insert(client_id, handle);
-        let command = Command::Subscribe { session: self.session.id, handle, collection: collection.id, spec };
+        let schema = collection.schema.clone();
+        let command = Command::Subscribe { session: self.session.id, handle, collection: collection.id, schema, spec };
         let _ = self.context.core.send(command).await;
     }
 
@@ -636,7 +774,13 @@ impl Connection {
         self.session.by_client_id.get(sub).copied().ok_or_else(|| unknown_subscription(sub))
     }
 
-    async fn set_range(&mut self, sub: &str, position: wire::PositionKeys, limit: usize) -> Result<(), ApiError> {
+    async fn set_range(
+        &mut self,
+        sub: &str,
+        position: wire::PositionKeys,
+        limit: usize,
+        req: Option<Box<str>>,
+    ) -> Result<(), ApiError> {
         let handle = self.handle_of(sub)?;
         wire::check_range(0, limit)?;
         let mut position = position.check(limit)?;
@@ -651,7 +795,7 @@ impl Connection {
         // recorded when its answer says where it landed.
         entry.spec.set_position(position.clone());
         entry.spec.limit = limit;
-        let command = Command::SetRange { session: self.session.id, handle, position, limit };
+        let command = Command::SetRange { session: self.session.id, handle, position, limit, req };
         let _ = self.context.core.send(command).await;
         Ok(())
     }
@@ -661,6 +805,7 @@ impl Connection {
         sub: &str,
         filter: &serde_json::Value,
         sort: &[wire::SortRequest],
+        req: Option<Box<str>>,
     ) -> Result<(), ApiError> {
         let handle = self.handle_of(sub)?;
         let name = self.session.table.get(handle).expect("mapped handles are live").collection.name.clone();
@@ -670,9 +815,17 @@ impl Connection {
         let mut def = wire::view_def(&entry.collection.schema, filter, sort)?;
         wire::restrict(&mut def, predicate.as_ref(), &entry.collection.schema)?;
         entry.spec.def = def.clone();
-        let command = Command::SetView { session: self.session.id, handle, def };
+        let command = Command::SetView { session: self.session.id, handle, def, req };
         let _ = self.context.core.send(command).await;
         Ok(())
+    }
+}
+
+/// Appends `,"req":<req>` when there is one.
+fn push_req(frame: &mut Vec<u8>, req: Option<&str>) {
+    if let Some(req) = req {
+        frame.extend_from_slice(b",\"req\":");
+        write_json_str(frame, req);
     }
 }
 

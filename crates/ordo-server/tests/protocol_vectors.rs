@@ -73,6 +73,8 @@ struct Recorder {
     steps: Vec<Value>,
     /// Session ids are random: the corpus names them `session-1`, `session-2`, ...
     sessions: BTreeMap<String, String>,
+    /// Requests sent, for their ids (`req`).
+    n_requests: u64,
 }
 
 impl Recorder {
@@ -85,7 +87,7 @@ impl Recorder {
     ) -> Recorder {
         let mut client = server.connect().await;
         client.lists = lists;
-        let mut recorder = Recorder { client, steps: Vec::new(), sessions };
+        let mut recorder = Recorder { client, steps: Vec::new(), sessions, n_requests: 0 };
         // `connect` read the welcome already; record it as the first step.
         let welcome = recorder.client.frames.pop().expect("the welcome frame");
         recorder.record(welcome);
@@ -125,6 +127,8 @@ impl Recorder {
                 };
                 Some(json!({"kind": "resumed", "replayed": pick("replayed"), "reset": pick("reset")}))
             }
+            // Changes no list and reports nothing: the request took effect without a frame.
+            Some("ack") => None,
             Some("diffs") => {
                 let has_reset = frame["diffs"].as_array().unwrap().iter().any(|diff| diff.get("Reset").is_some());
                 has_reset.then(|| json!({"kind": "reset", "sub": frame["sub"]}))
@@ -144,6 +148,23 @@ impl Recorder {
         Some(frame)
     }
 
+    /// Sends `message` with the next request id and records frames until the one
+    /// that answers it (every request has exactly one answer): so the corpus does
+    /// not depend on whether a write's HTTP request overtakes a WebSocket request.
+    async fn request(&mut self, mut message: Value) -> Value {
+        self.n_requests += 1;
+        let req = format!("{}-{}", message["op"].as_str().unwrap_or("message"), self.n_requests);
+        message["req"] = json!(req);
+        self.client.send(message).await;
+        loop {
+            let frame = self.next(SETTLE).await.unwrap_or_else(|| panic!("no answer to request {req}"));
+            if frame["req"] == req {
+                return frame;
+            }
+        }
+    }
+
+    /// Sends `message` as it is (without a request id).
     async fn send(&mut self, message: Value) {
         self.client.send(message).await;
     }
@@ -281,7 +302,7 @@ async fn live_diffs(server: &Server) -> Case {
     let mut recorder = Recorder::connect(server, BTreeMap::new(), fresh(&["top"])).await;
     let view = subscribe("top", Value::Null, json!([{"field": "recency", "dir": "desc"}]), 0, 5);
     let initial = recorder.client.lists.clone();
-    recorder.send(view.clone()).await;
+    recorder.request(view.clone()).await;
     recorder.settle(server, std::slice::from_ref(&view), "subscribed").await;
     // Each write below makes one kind of change to the window.
     let writes = [
@@ -325,13 +346,13 @@ async fn window_changes(server: &Server) -> Case {
     let mut recorder = Recorder::connect(server, BTreeMap::new(), fresh(&["list"])).await;
     let initial = recorder.client.lists.clone();
     let mut view = subscribe("list", Value::Null, json!([{"field": "recency", "dir": "desc"}]), 0, 3);
-    recorder.send(view.clone()).await;
+    recorder.request(view.clone()).await;
     recorder.settle(server, std::slice::from_ref(&view), "subscribed").await;
     let ranges = [(0, 6), (0, 2), (1, 3), (0, 3), (4, 4), (2, 10), (0, 12), (20, 5), (0, 5)];
     for (offset, limit) in ranges {
         view["offset"] = json!(offset);
         view["limit"] = json!(limit);
-        recorder.send(json!({"op": "set_range", "sub": "list", "offset": offset, "limit": limit})).await;
+        recorder.request(json!({"op": "set_range", "sub": "list", "offset": offset, "limit": limit})).await;
         recorder.settle(server, std::slice::from_ref(&view), "after set_range").await;
         write(
             server,
@@ -351,7 +372,7 @@ async fn window_changes(server: &Server) -> Case {
     for (filter, sort) in views {
         view["filter"] = filter.clone();
         view["sort"] = sort.clone();
-        recorder.send(json!({"op": "set_view", "sub": "list", "filter": filter, "sort": sort})).await;
+        recorder.request(json!({"op": "set_view", "sub": "list", "filter": filter, "sort": sort})).await;
         recorder.settle(server, std::slice::from_ref(&view), "after set_view").await;
     }
     recorder.drain().await;
@@ -447,7 +468,7 @@ async fn random_session(server: &Server, name: &'static str, seed: u64) -> Case 
     views[2]["fields"] = json!(["unread", "name"]);
     views[2]["payload"] = json!(false);
     for view in &views {
-        recorder.send(view.clone()).await;
+        recorder.request(view.clone()).await;
     }
     recorder.settle(server, &views, "subscribed").await;
     for _ in 0..30 {
@@ -459,14 +480,14 @@ async fn random_session(server: &Server, name: &'static str, seed: u64) -> Case 
             views[index]["offset"] = json!(offset);
             views[index]["limit"] = json!(limit);
             let sub = views[index]["sub"].clone();
-            recorder.send(json!({"op": "set_range", "sub": sub, "offset": offset, "limit": limit})).await;
+            recorder.request(json!({"op": "set_range", "sub": sub, "offset": offset, "limit": limit})).await;
         } else if rng.chance(10) {
             let index = rng.below(3) as usize;
             let (filter, sort) = (random_filter(&mut rng), random_sort(&mut rng));
             views[index]["filter"] = filter.clone();
             views[index]["sort"] = sort.clone();
             let sub = views[index]["sub"].clone();
-            recorder.send(json!({"op": "set_view", "sub": sub, "filter": filter, "sort": sort})).await;
+            recorder.request(json!({"op": "set_view", "sub": sub, "filter": filter, "sort": sort})).await;
         }
         recorder.settle(server, &views, "after a step").await;
     }
@@ -487,7 +508,7 @@ async fn errors_and_unsubscribe(server: &Server) -> Case {
     let mut recorder = Recorder::connect(server, BTreeMap::new(), fresh(&["ok"])).await;
     let initial = recorder.client.lists.clone();
     let view = subscribe("ok", Value::Null, json!([{"field": "recency", "dir": "desc"}]), 0, 3);
-    recorder.send(view.clone()).await;
+    recorder.request(view.clone()).await;
     recorder.settle(server, std::slice::from_ref(&view), "subscribed").await;
     let bad_messages = [
         // The id is taken: the live subscription is untouched.
@@ -500,13 +521,13 @@ async fn errors_and_unsubscribe(server: &Server) -> Case {
         json!({"op": "frobnicate", "sub": "ok"}),
     ];
     for message in bad_messages {
-        recorder.send(message).await;
-        recorder.until_frame("error").await;
+        let answer = recorder.request(message).await;
+        assert_eq!(answer["type"], "error", "{answer}");
     }
     write(server, json!([room(9, "Late", 999, 0, false)]));
     recorder.settle(server, std::slice::from_ref(&view), "after a write").await;
-    recorder.send(json!({"op": "unsubscribe", "sub": "ok"})).await;
-    recorder.until_frame("unsubscribed").await;
+    let answer = recorder.request(json!({"op": "unsubscribe", "sub": "ok"})).await;
+    assert_eq!(answer["type"], "unsubscribed", "{answer}");
     write(server, json!([room(10, "Later", 1000, 0, false)]));
     recorder.drain().await;
     Case {
@@ -520,11 +541,57 @@ async fn errors_and_unsubscribe(server: &Server) -> Case {
     }
 }
 
+async fn requests_and_acks(server: &Server) -> Case {
+    reset_rooms(server, 6);
+    let mut recorder = Recorder::connect(server, BTreeMap::new(), fresh(&["list", "mine"])).await;
+    let initial = recorder.client.lists.clone();
+    let mut view = subscribe("list", Value::Null, json!([{"field": "recency", "dir": "desc"}]), 0, 3);
+    recorder.request(view.clone()).await;
+    recorder.settle(server, std::slice::from_ref(&view), "subscribed").await;
+    // Growing the window changes it: the frame of its diffs answers.
+    view["limit"] = json!(5);
+    let answer = recorder.request(json!({"op": "set_range", "sub": "list", "offset": 0, "limit": 5})).await;
+    assert_eq!(answer["type"], "diffs", "{answer}");
+    // The same range again, and the same view, change nothing: an `ack` answers,
+    // with the request's `req` or, when it had none, without one.
+    let same_range = json!({"op": "set_range", "sub": "list", "offset": 0, "limit": 5});
+    assert_eq!(recorder.request(same_range.clone()).await["type"], "ack");
+    recorder.send(same_range).await;
+    recorder.until_frame("ack").await;
+    let same_view = json!({"op": "set_view", "sub": "list", "filter": null, "sort": view["sort"]});
+    assert_eq!(recorder.request(same_view).await["type"], "ack");
+    let answer = recorder.request(json!({"op": "set_range", "sub": "ghost", "offset": 0, "limit": 5})).await;
+    assert_eq!(answer["code"], "unknown_subscription", "{answer}");
+    // A write's frames answer no request; a subscribe asking for that write
+    // (`min_seq`, reached already) gets a first frame that reflects it.
+    let ack = server.ok("POST", "/v1/collections/rooms/batch", json!({"ops": [room(40, "Mine", 2000, 3, true)]}));
+    recorder.settle(server, std::slice::from_ref(&view), "after a write").await;
+    let mut mine = subscribe("mine", json!({"field": "dm", "op": "eq", "value": true}), view["sort"].clone(), 0, 2);
+    mine["min_seq"] = ack["seq"].clone();
+    let answer = recorder.request(mine.clone()).await;
+    assert!(answer["write_seq"].as_u64() >= ack["seq"].as_u64(), "{answer}");
+    recorder.settle(server, &[view.clone(), mine], "subscribed with min_seq").await;
+    let answer = recorder.request(json!({"op": "unsubscribe", "sub": "list"})).await;
+    assert_eq!(answer["type"], "unsubscribed", "{answer}");
+    recorder.drain().await;
+    Case {
+        name: "requests_and_acks",
+        description: "Request ids (`req`) echoed on the frame that answers each request: the first frame of a \
+                      subscribe, the diffs frame of a set_range that changes the window, an `ack` for a set_range \
+                      or set_view that changes nothing (with `req`, and without when the request had none), an \
+                      error, `unsubscribed`. Frames of writes carry no `req`; every diffs frame carries the \
+                      `write_seq` it reflects, and a subscribe with `min_seq` starts at or after that write.",
+        synthetic: false,
+        subscriptions: initial,
+        steps: recorder.steps,
+    }
+}
+
 async fn resume(server: &Server, replay: bool) -> Case {
     reset_rooms(server, 10);
     let mut first = Recorder::connect(server, BTreeMap::new(), fresh(&["top"])).await;
     let view = subscribe("top", Value::Null, json!([{"field": "recency", "dir": "desc"}]), 0, 4);
-    first.send(view.clone()).await;
+    first.request(view.clone()).await;
     first.settle(server, std::slice::from_ref(&view), "subscribed").await;
     write(server, json!([room(30, "Before", 700, 0, false)]));
     first.settle(server, std::slice::from_ref(&view), "before the drop").await;
@@ -540,8 +607,7 @@ async fn resume(server: &Server, replay: bool) -> Case {
     entry.as_object_mut().unwrap().remove("op");
     entry["last_seq"] = json!(held["top"].seq);
     let resumed_session = if replay { session } else { "0000000000000000".to_owned() };
-    second.send(json!({"op": "resume", "session": resumed_session, "subs": [entry]})).await;
-    second.until_frame("resumed").await;
+    second.request(json!({"op": "resume", "session": resumed_session, "subs": [entry]})).await;
     second.settle(server, std::slice::from_ref(&view), "resumed").await;
     write(server, json!([room(32, "After", 900, 0, true)]));
     second.settle(server, std::slice::from_ref(&view), "after the resume").await;
@@ -646,6 +712,7 @@ async fn the_protocol_corpus_matches_what_the_server_sends() {
         random_session(&server, "random_session_1", 1).await,
         random_session(&server, "random_session_2", 2).await,
         errors_and_unsubscribe(&server).await,
+        requests_and_acks(&server).await,
         resume(&server, true).await,
         resume(&server, false).await,
     ];

@@ -23,8 +23,12 @@ use std::time::{Duration, Instant};
 use ordo_core::{Batch, Schema};
 
 use crate::error::StoreError;
-use crate::store::{CheckpointTarget, OpenCheckpoint, Store, WriteScratch};
+use crate::store::{CheckpointTarget, OpenCheckpoint, SchemaChange, Store, WriteScratch};
 use crate::wal;
+
+/// After a failed checkpoint, the first retry comes this soon; each further one
+/// waits twice as long, up to the checkpoint interval.
+const FIRST_RETRY_DELAY: Duration = Duration::from_millis(500);
 
 /// Jobs queued for the checkpointer; a full queue makes the writer wait.
 const JOB_QUEUE_CAPACITY: usize = 1024;
@@ -43,6 +47,13 @@ enum Job {
         number: u32,
         name: String,
         schema: Schema,
+        reply: Sender<Result<(), StoreError>>,
+    },
+    /// A schema change or drop with its own sequence number: after a checkpoint
+    /// of every record before it, one LMDB transaction (see `store/schema_change.rs`).
+    ChangeSchema {
+        change: SchemaChange,
+        seq: u64,
         reply: Sender<Result<(), StoreError>>,
     },
     /// Checkpoints everything received, then runs on the store with the outcome.
@@ -164,6 +175,14 @@ impl Checkpointer {
     pub(crate) fn create_collection(&self, number: u32, name: &str, schema: Schema) -> Result<(), StoreError> {
         let (reply, receiver) = mpsc::channel();
         self.send(Job::CreateCollection { number, name: name.to_owned(), schema, reply });
+        receiver.recv().unwrap_or_else(|_| self.propagate_panic())
+    }
+
+    /// Checkpoints every record handed over, then applies `change` as batch `seq`
+    /// (the next sequence number) in one transaction. On `Err` nothing changed.
+    pub(crate) fn change_schema(&self, change: SchemaChange, seq: u64) -> Result<(), StoreError> {
+        let (reply, receiver) = mpsc::channel();
+        self.send(Job::ChangeSchema { change, seq, reply });
         receiver.recv().unwrap_or_else(|_| self.propagate_panic())
     }
 
@@ -328,8 +347,9 @@ fn apply<'t>(
 
 fn run(mut state: State, jobs: Receiver<Job>, interval: Duration, max_pending_bytes: usize) {
     // When the oldest record LMDB lacks is due to be checkpointed (after a failed
-    // checkpoint, the retry waits one interval).
+    // checkpoint, the retry backs off from `FIRST_RETRY_DELAY` to the interval).
     let mut due: Option<Instant> = (state.received_seq > state.store.last_seq()).then(|| Instant::now() + interval);
+    let mut retry_delay = FIRST_RETRY_DELAY;
     loop {
         let (collected, outcome) = {
             let State { store, target, scratch, schemas, received_seq, received_bytes, batch, recycle, shared } =
@@ -385,8 +405,18 @@ fn run(mut state: State, jobs: Receiver<Job>, interval: Duration, max_pending_by
         };
         state.publish(&outcome);
         due = match &outcome {
-            Ok(_) => None,
-            Err(_) => Some(Instant::now() + interval),
+            Ok(_) => {
+                retry_delay = FIRST_RETRY_DELAY;
+                None
+            }
+            Err(_) => {
+                // Writes are refused until a checkpoint succeeds: retry soon (a
+                // disk that was full may have room again), backing off to the
+                // interval so that a lasting failure costs little.
+                let delay = retry_delay.min(interval);
+                retry_delay = retry_delay.saturating_mul(2);
+                Some(Instant::now() + delay)
+            }
         };
         match collected {
             Collected::Due => {}
@@ -398,6 +428,24 @@ fn run(mut state: State, jobs: Receiver<Job>, interval: Duration, max_pending_by
                     state.schemas.insert(number, schema);
                 }
                 let _ = reply.send(created);
+            }
+            Collected::Job(Job::ChangeSchema { change, seq, reply }) => {
+                // Only on top of a complete checkpoint: LMDB then holds every batch
+                // before the change, and the change takes the next sequence number.
+                let changed = outcome.and_then(|_| state.store.change_schema(&change, seq));
+                if changed.is_ok() {
+                    match change {
+                        SchemaChange::Fields { number, new_schema, .. } => {
+                            state.schemas.insert(number, new_schema);
+                        }
+                        SchemaChange::Drop { number } => {
+                            state.schemas.remove(&number);
+                        }
+                    }
+                    state.received_seq = seq;
+                    state.shared.checkpointed_seq.store(seq, Ordering::Release);
+                }
+                let _ = reply.send(changed);
             }
             Collected::Job(Job::Run(job)) => job(&state.store, outcome),
         }

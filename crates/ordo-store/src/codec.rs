@@ -1,4 +1,4 @@
-//! The on-disk encoding of keys and values (format 1; byte layouts in `docs/STORAGE.md`).
+//! The on-disk encoding of keys and values (format 2; byte layouts in `docs/STORAGE.md`).
 //!
 //! Every variable-length part carries its length in front of it, so decoding
 //! never scans for a delimiter, and every record starts with its own version
@@ -8,7 +8,12 @@
 use ordo_core::{FieldType, Schema, Value};
 
 /// The layout version of the whole data directory, kept in the `meta` database.
-pub const FORMAT_VERSION: u32 = 1;
+/// Format 2: schema changes and drops, each with its own sequence number that
+/// no log record carries (see `docs/STORAGE.md`); a format-1 directory is
+/// upgraded at open.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format this build upgrades.
+pub const OLDEST_UPGRADABLE_FORMAT: u32 = 1;
 
 /// The version byte at the start of every schema and item record.
 const RECORD_VERSION: u8 = 1;

@@ -12,10 +12,13 @@ use ordo_core::{
     WindowId, WindowRange,
 };
 
+use crate::backup::Backup;
 use crate::checkpointer::Checkpointer;
 use crate::error::StoreError;
 use crate::store::{Durability, LoadProgress, Store, StoreOptions, StoreStats};
 use crate::wal::{self, Wal};
+
+mod schema_change;
 
 /// Log records replayed at open are handed to the checkpointer in buffers of this size.
 const REPLAY_HANDOFF_BYTES: usize = 4 << 20;
@@ -60,8 +63,9 @@ pub struct OpenReport {
 pub struct Database {
     dir: PathBuf,
     engine: Engine,
-    /// Disk number of each engine collection, by `CollectionId::index()`.
-    collection_numbers: Vec<u32>,
+    /// Disk number of each engine collection, by `CollectionId::index()` (`None`:
+    /// the slot's collection was dropped and none reuses it yet).
+    collection_numbers: Vec<Option<u32>>,
     wal: Wal,
     /// Owns the LMDB store on its own thread.
     checkpointer: Checkpointer,
@@ -73,6 +77,9 @@ pub struct Database {
     n_batches_committed: u64,
     /// How long the last group's log write and sync took (for the server's metrics).
     last_log_append: Duration,
+    /// The LMDB environment (the checkpointer owns the store): a backup copies
+    /// it on its own thread, in a read transaction of its own.
+    env: heed::Env,
 }
 
 impl Database {
@@ -100,6 +107,7 @@ impl Database {
         let open_time = started.elapsed();
         store.load_into(&mut engine, &collection_numbers, &engine_ids, progress)?;
         let checkpointed_seq = store.last_seq();
+        let env = store.env().clone();
         let checkpointer = Checkpointer::spawn(
             store,
             schemas,
@@ -156,7 +164,7 @@ impl Database {
         let database = Database {
             dir: dir.to_owned(),
             engine,
-            collection_numbers,
+            collection_numbers: collection_numbers.into_iter().map(Some).collect(),
             wal,
             checkpointer,
             records: Vec::new(),
@@ -164,6 +172,7 @@ impl Database {
             n_group_commits: 0,
             last_log_append: Duration::ZERO,
             n_batches_committed: 0,
+            env,
         };
         Ok((database, report))
     }
@@ -222,6 +231,13 @@ impl Database {
         checkpointer.stop_without_checkpoint();
     }
 
+    /// Starts a hot backup (see `backup.rs`): cheap enough for the writer's
+    /// thread (an atomic exchange; no I/O); run [`Backup::write_to`] elsewhere
+    /// while writes go on. One at a time: `BackupRunning` while another runs.
+    pub fn start_backup(&self) -> Result<Backup, StoreError> {
+        Backup::start(self.env.clone(), &self.dir, self.wal.share(), self.checkpointer.checkpointed_seq() + 1)
+    }
+
     /// Sequence number of the last acknowledged batch (0 before the first).
     pub fn last_seq(&self) -> u64 {
         self.wal.last_seq()
@@ -236,18 +252,25 @@ impl Database {
 
     /// The collection's number on disk (see `docs/STORAGE.md`).
     pub fn collection_number(&self, collection_id: CollectionId) -> Option<u32> {
-        self.collection_numbers.get(collection_id.index()).copied()
+        self.engine.collection(collection_id)?;
+        self.collection_numbers.get(collection_id.index()).copied().flatten()
     }
 
     /// Creates a collection durably.
     pub fn create_collection(&mut self, name: &str, schema: Schema) -> Result<CollectionId, StoreError> {
         // Checked first: a refused collection never reaches the disk.
         self.engine.check_new_collection(name).map_err(StoreError::CreateCollection)?;
-        let number = self.collection_numbers.iter().max().map_or(0, |&max| max + 1);
+        // A dropped collection's number may come back: its drop deleted its items
+        // and checkpointed every log record before it (`docs/STORAGE.md`).
+        let number = self.collection_numbers.iter().flatten().max().map_or(0, |&max| max + 1);
         self.checkpointer.create_collection(number, name, schema.clone())?;
         let collection_id = self.engine.create_collection(name, schema).map_err(StoreError::CreateCollection)?;
-        debug_assert_eq!(collection_id.index(), self.collection_numbers.len());
-        self.collection_numbers.push(number);
+        if collection_id.index() == self.collection_numbers.len() {
+            self.collection_numbers.push(Some(number));
+        } else {
+            // A slot freed by a drop, reused by the engine.
+            self.collection_numbers[collection_id.index()] = Some(number);
+        }
         Ok(collection_id)
     }
 
@@ -318,7 +341,7 @@ impl Database {
         self.records.clear();
         for (offset, &index) in accepted.iter().enumerate() {
             let write = &group[index];
-            let number = self.collection_numbers[write.collection.index()];
+            let number = self.collection_numbers[write.collection.index()].expect("validated: a live collection");
             let schema = self.engine.collection(write.collection).expect("validated").schema();
             wal::encode_record(&mut self.records, first_seq + offset as u64, number, schema, &write.batch);
         }
@@ -340,6 +363,7 @@ impl Database {
         self.wal.remove_checkpointed_in_background(self.checkpointer.checkpointed_seq());
         for (offset, &index) in accepted.iter().enumerate() {
             let write = &mut group[index];
+            sink.begin_batch(first_seq + offset as u64);
             // Validated against the same state before the append: the engine cannot refuse it now.
             let summary = self
                 .engine

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use ordo_core::{BatchError, CreateCollectionError, LoadError};
+use ordo_core::{BatchError, CreateCollectionError, LoadError, SchemaChangeError};
 
 use crate::codec::Corrupt;
 
@@ -36,10 +36,13 @@ pub enum StoreError {
     /// The batch breaks a rule; nothing was written.
     Batch(BatchError),
     CreateCollection(CreateCollectionError),
+    /// A schema change or drop breaks a rule (or names no collection); nothing was written.
+    SchemaChange(SchemaChangeError),
     /// A stored item was refused by the engine while loading (a damaged directory).
     Load(LoadError),
-    /// The write-ahead log could not be read or written. After a failed append
-    /// the database refuses writes until it is reopened.
+    /// The write-ahead log could not be read or written. After an append failed
+    /// with an I/O error (not a full disk) the database refuses writes until it
+    /// is reopened.
     Wal {
         dir: PathBuf,
         doing: &'static str,
@@ -50,6 +53,22 @@ pub enum StoreError {
     CheckpointFailed {
         dir: PathBuf,
         reason: String,
+    },
+    /// A backup was asked for while another one of the same database runs.
+    BackupRunning {
+        dir: PathBuf,
+    },
+    /// A backup's destination cannot be used; nothing was written.
+    BackupDestination {
+        to: PathBuf,
+        reason: String,
+    },
+    /// Writing a backup failed (the data directory is untouched; the partial
+    /// backup was removed).
+    BackupIo {
+        dir: PathBuf,
+        doing: &'static str,
+        source: std::io::Error,
     },
     /// Any other failure of the file system or of LMDB, with what was being done.
     Io {
@@ -86,11 +105,22 @@ impl fmt::Display for StoreError {
             ),
             StoreError::DiskFull { dir } => write!(
                 f,
-                "no space left on the device holding {}; nothing was written. Free some space and retry",
+                "no space left on the device holding {}; nothing was written. Free some space and retry \
+                 (writes resume by themselves once there is room)",
                 dir.display()
             ),
+            StoreError::BackupRunning { dir } => {
+                write!(f, "a backup of {} is already running; wait for it to finish", dir.display())
+            }
+            StoreError::BackupDestination { to, reason } => {
+                write!(f, "cannot write a backup to {}: {reason}; nothing was written", to.display())
+            }
+            StoreError::BackupIo { dir, doing, source } => {
+                write!(f, "{doing} (backup in {}): {source}; no backup was written", dir.display())
+            }
             StoreError::Batch(error) => write!(f, "batch refused: {error}"),
             StoreError::CreateCollection(error) => write!(f, "cannot create the collection: {error}"),
+            StoreError::SchemaChange(error) => write!(f, "cannot change the collection: {error}"),
             StoreError::Load(error) => write!(f, "a stored item was refused while loading: {error}"),
             StoreError::Io { dir, doing, source } => write!(f, "{doing} in {}: {source}", dir.display()),
             StoreError::Wal { dir, doing, source } => {
@@ -111,9 +141,11 @@ impl std::error::Error for StoreError {
         match self {
             StoreError::Io { source, .. } => Some(source),
             StoreError::Wal { source, .. } => Some(source),
+            StoreError::BackupIo { source, .. } => Some(source),
             StoreError::Batch(error) => Some(error),
             StoreError::Load(error) => Some(error),
             StoreError::CreateCollection(error) => Some(error),
+            StoreError::SchemaChange(error) => Some(error),
             _ => None,
         }
     }

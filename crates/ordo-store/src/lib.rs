@@ -8,7 +8,7 @@
 //! - The on-disk layout is documented in `docs/STORAGE.md`.
 //!
 //! ```
-//! use ordo_core::{Batch, CollectingSink, FieldType, Filter, NullSink, Schema, SortKey, Value, ViewDef};
+//! use ordo_core::{Batch, CollectingSink, FieldType, Filter, NullSink, OwnedValue, Schema, SortKey, Value, ViewDef};
 //! use ordo_store::{print_load_progress, Database, StoreOptions, Writer};
 //!
 //! let dir = tempfile::tempdir()?;
@@ -25,18 +25,22 @@
 //! let (batch, result) = database.write(rooms, batch, &mut sink);
 //! assert_eq!(result?.seq, 1); // acknowledged: durable
 //!
+//! // Schemas change online, durably, each change with its own seq (windows on the collection get a Reset).
+//! let seq = database.add_field(rooms, "pinned", FieldType::Bool, &OwnedValue::Bool(false), &mut sink)?;
+//! assert_eq!(seq, 2);
+//!
 //! // On a writer thread, batches queued during a commit share the next one (group commit).
 //! let writer = Writer::spawn(database, Box::new(NullSink), 1024);
 //! let mut batch = batch;
 //! batch.clear();
 //! batch.upsert("!b:example.org").set("name", Value::Str("Bob")).set("recency", Value::U64(20));
 //! let (_batch, result) = writer.submit(rooms, batch)?.wait()?;
-//! assert_eq!(result?.seq, 2);
+//! assert_eq!(result?.seq, 3);
 //! drop(writer.shutdown()?);
 //!
 //! // After a restart, everything is back, and views are built by sorting once.
 //! let (mut database, report) = Database::open(dir.path(), StoreOptions::default(), &mut print_load_progress)?;
-//! assert_eq!((report.n_items, report.last_seq), (2, 2));
+//! assert_eq!((report.n_items, report.last_seq), (2, 3));
 //! let room_list = ViewDef::new(Filter::True, vec![SortKey::desc("recency")]);
 //! let window = database.open_window(rooms, &room_list, 0, 20, &mut sink)?;
 //! let names: Vec<_> = database.window_items(window)?.into_iter().map(|item| item.id).collect();
@@ -45,6 +49,7 @@
 //! ```
 
 mod background;
+mod backup;
 mod checkpointer;
 mod codec;
 mod database;
@@ -53,8 +58,9 @@ mod store;
 mod wal;
 mod writer;
 
+pub use backup::{Backup, BackupReport};
 pub use codec::FORMAT_VERSION;
 pub use database::{print_load_progress, Ack, Database, OpenReport, PendingWrite};
 pub use error::StoreError;
-pub use store::{Durability, LoadProgress, Store, StoreOptions, StoreStats};
+pub use store::{Durability, LoadProgress, Store, StoreOptions, StoreStats, DEFAULT_LOG_SEGMENT_BYTES};
 pub use writer::{WriteTicket, Writer, WriterStopped, MAX_BATCHES_PER_COMMIT, MAX_BYTES_PER_COMMIT};

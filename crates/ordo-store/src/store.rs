@@ -17,6 +17,10 @@ use ordo_core::{Batch, CollectionId, Engine, Schema, Value};
 use crate::codec::{self, FieldSource, PayloadSource, Span, FORMAT_VERSION};
 use crate::error::StoreError;
 
+mod schema_change;
+
+pub(crate) use schema_change::{FieldChange, SchemaChange};
+
 /// How far a commit goes before it is acknowledged.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Durability {
@@ -45,7 +49,9 @@ pub struct StoreOptions {
     /// written since the last one (bounds the log to replay at the next open).
     pub checkpoint_bytes: usize,
     /// A log segment is closed and a new one started past this size; closed
-    /// segments are deleted once checkpointed.
+    /// segments are deleted once checkpointed. With preallocation, also the size
+    /// of each spare: a busy log holds up to two segments of preallocated space
+    /// (default [`DEFAULT_LOG_SEGMENT_BYTES`]).
     pub log_segment_bytes: u64,
     /// The checkpointer thread's nice value (0 leaves it as it is). Checkpoints
     /// are background work: at the writer's priority they take CPU slices from
@@ -65,12 +71,18 @@ impl Default for StoreOptions {
             max_map_size: 1 << 40,
             checkpoint_interval: Duration::from_secs(60),
             checkpoint_bytes: 256 << 20,
-            log_segment_bytes: 64 << 20,
+            log_segment_bytes: DEFAULT_LOG_SEGMENT_BYTES,
             checkpoint_nice: 10,
             preallocate_log: true,
         }
     }
 }
+
+/// The default log segment size: 16 MiB. Small enough that a new server holds
+/// little preallocated space (none until its first write, then one or two
+/// segments), large enough that rotations (a directory sync each) stay rare: at
+/// the chat load's 4 MB/s of records, one every 4 s.
+pub const DEFAULT_LOG_SEGMENT_BYTES: u64 = 16 << 20;
 
 /// Map sizes are kept multiples of this, which is a multiple of every page size in use.
 const MAP_SIZE_GRANULE: usize = 64 * 1024;
@@ -151,9 +163,24 @@ fn io_error<'a>(dir: &'a Path, doing: &'static str) -> impl FnOnce(heed::Error) 
     move |source| classify(dir, doing, source)
 }
 
+/// Below this much free space, an `EIO` from LMDB is taken for a full disk (see `classify`).
+const NEARLY_FULL_BYTES: u64 = 16 << 20;
+
 fn classify(dir: &Path, doing: &'static str, source: heed::Error) -> StoreError {
-    match &source {
-        heed::Error::Io(error) if error.raw_os_error() == Some(28) => StoreError::DiskFull { dir: dir.to_owned() },
+    let errno = match &source {
+        heed::Error::Io(error) => error.raw_os_error(),
+        heed::Error::Mdb(MdbError::Other(code)) => Some(*code),
+        _ => None,
+    };
+    match errno {
+        Some(libc::ENOSPC | libc::EDQUOT) => StoreError::DiskFull { dir: dir.to_owned() },
+        // LMDB reports a short write as `EIO` (mdb_page_flush: "Use which error
+        // code?"), and a full disk makes short writes: seen on a full tmpfs,
+        // where a checkpoint failed with EIO. With the disk (nearly) full, a
+        // full disk is what it is, and it is retried like one.
+        Some(libc::EIO) if crate::wal::free_bytes(dir).is_ok_and(|free| free < NEARLY_FULL_BYTES) => {
+            StoreError::DiskFull { dir: dir.to_owned() }
+        }
         _ => StoreError::Io { dir: dir.to_owned(), doing, source },
     }
 }
@@ -218,13 +245,21 @@ impl Store {
                 if found > FORMAT_VERSION {
                     return Err(StoreError::NewerFormat { dir: dir.to_owned(), found, supported: FORMAT_VERSION });
                 }
-                if found < 1 {
+                if found < codec::OLDEST_UPGRADABLE_FORMAT {
                     return Err(StoreError::Corrupt {
                         dir: dir.to_owned(),
                         expected: "a format version of at least 1",
                     });
                 }
-                // Format 1 is the first; an older format would be upgraded here, in this transaction.
+                if found < FORMAT_VERSION {
+                    // Format 1 → 2, in this transaction (an interrupted upgrade leaves
+                    // format 1 intact). Format 2 reads every format-1 record as it is:
+                    // what it adds is that `last_seq` may be a schema change's or a
+                    // drop's sequence number, found in no log record, which a format-1
+                    // build would not expect. So only the version changes.
+                    meta.put(&mut txn, codec::META_FORMAT, &FORMAT_VERSION.to_le_bytes())
+                        .map_err(io_error(dir, "upgrading the format version"))?;
+                }
             }
             None => {
                 let is_empty = collections.is_empty(&txn).map_err(io_error(dir, "reading collections"))?
@@ -270,6 +305,11 @@ impl Store {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The LMDB environment, for a backup's copy (a read transaction of its own).
+    pub(crate) fn env(&self) -> &Env {
+        &self.env
     }
 
     /// Sequence number of the last committed batch (0 before the first).

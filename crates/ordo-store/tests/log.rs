@@ -225,9 +225,25 @@ fn preallocated_segments_are_used_and_their_zeros_are_not_damage() {
     let mut rng = Rng::new(5);
     let mut models = vec![Model::default()];
     let mut n_preallocated = 0;
-    for _ in 0..6 {
-        // Each round fills the current segment past its size, so the next write
-        // starts a new one: from the spare, which is ready by then.
+    for round in 0..6 {
+        // The spare is written lazily: once a segment that is not a spare has
+        // a record, or a spare is half full. Each round writes until it is
+        // ready (well before the segment fills), then fills the current segment
+        // past its size, so the next write starts a new one: from the spare.
+        let mut n_written = 0;
+        while !dir.path().join("wal-spare").exists() {
+            let ops = random_ops(&mut rng, "!r", 30, 8);
+            write(&mut database, rooms, &ops);
+            let mut model = models.last().unwrap().clone();
+            model.apply(&schema, &ops);
+            models.push(model);
+            n_written += 1;
+            let deadline = std::time::Instant::now() + Duration::from_millis(200);
+            while !dir.path().join("wal-spare").exists() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        assert!(n_written > 0 || round > 0, "no spare before the first write");
         wait_for_spare(dir.path());
         let before = segment_files(dir.path());
         while segment_files(dir.path()) == before {
@@ -296,13 +312,22 @@ fn preallocated_segments_are_used_and_their_zeros_are_not_damage() {
         write(&mut database, rooms, &ops);
     }
     database.close_without_checkpoint();
-    let first = dir.path().join(&segment_files(dir.path())[0]);
+    // The first segment with records that is not the last (a segment may also
+    // be a spare that never got a record, all zeros: there is no damage to make there).
+    let names = segment_files(dir.path());
+    let first = names[..names.len() - 1]
+        .iter()
+        .map(|name| dir.path().join(name))
+        .find(|path| std::fs::read(path).unwrap().iter().any(|&byte| byte != 0))
+        .expect("a segment with records before the last");
     let mut bytes = std::fs::read(&first).unwrap();
-    if bytes.last() == Some(&0) {
-        let records_end = bytes.iter().rposition(|&byte| byte != 0).unwrap() + 1;
-        bytes[records_end + 5] = 9;
+    // The last record may end in up to 8 zero bytes: garbage goes past those,
+    // into the preallocated zeros when there are enough, else after the end.
+    let records_end = bytes.iter().rposition(|&byte| byte != 0).unwrap() + 1;
+    if bytes.len() >= records_end + 16 {
+        bytes[records_end + 12] = 9;
     } else {
-        bytes.extend_from_slice(&[0, 0, 9, 0]);
+        bytes.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 9, 0]);
     }
     std::fs::write(&first, &bytes).unwrap();
     assert!(matches!(Database::open(dir.path(), options(), &mut |_| {}), Err(StoreError::Corrupt { .. })));
@@ -387,4 +412,93 @@ fn checkpointed_segments_are_removed_in_the_background_as_writes_go_on() {
     let (database, report) = Database::open(dir.path(), options, &mut |_| {}).unwrap();
     assert_eq!(report.last_seq, n_writes);
     assert_engine_matches(database.engine(), "rooms", &model, "after background removals");
+}
+
+/// Disk space of the log files in `dir` (segments and spares), in bytes.
+fn log_disk_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap())
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with("wal-"))
+        .map(|entry| entry.metadata().unwrap().len())
+        .sum()
+}
+
+#[test]
+fn an_idle_database_holds_no_preallocated_log_and_a_used_one_at_most_two_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = StoreOptions { checkpoint_interval: Duration::from_secs(3600), ..StoreOptions::default() };
+    assert_eq!(options.log_segment_bytes, ordo_store::DEFAULT_LOG_SEGMENT_BYTES);
+    let (mut database, _) = Database::open(dir.path(), options.clone(), &mut |_| {}).unwrap();
+    let [rooms, _] = collections(&mut database);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(log_disk_bytes(dir.path()), 0, "an empty database preallocates nothing");
+    drop(database);
+    let (mut database, _) = Database::open(dir.path(), options.clone(), &mut |_| {}).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(log_disk_bytes(dir.path()), 0, "nor does reopening it");
+
+    // The first write asks for a spare; the log then holds one segment of zeros
+    // (and the first, small segment until it is checkpointed), never more than two.
+    write(&mut database, rooms, &random_ops(&mut Rng::new(9), "!r", 10, 4));
+    wait_for_spare(dir.path());
+    let bytes = log_disk_bytes(dir.path());
+    assert!(bytes >= options.log_segment_bytes, "{bytes} bytes: no spare");
+    assert!(bytes <= 2 * options.log_segment_bytes, "{bytes} bytes of log for one batch");
+}
+
+/// Records which batch each window change came from, as `DiffSink::begin_batch` says.
+#[derive(Default)]
+struct BatchSeqSink {
+    current_seq: Option<u64>,
+    /// (seq of the batch, window) per `window_done`.
+    changes: Vec<(Option<u64>, ordo_core::WindowId)>,
+    begun: Vec<u64>,
+}
+
+impl ordo_core::DiffSink for BatchSeqSink {
+    fn begin_batch(&mut self, seq: u64) {
+        self.current_seq = Some(seq);
+        self.begun.push(seq);
+    }
+
+    fn diff(&mut self, _window: ordo_core::WindowId, _diff: ordo_core::DiffRef<'_>) {}
+
+    fn window_done(&mut self, window: ordo_core::WindowId) {
+        self.changes.push((self.current_seq, window));
+    }
+}
+
+/// A group commit applies its batches one by one; before each, the sink hears
+/// the batch's `seq`, so the diffs of every batch are told apart (the server's
+/// `write_seq`). Refused batches get no `seq` and no call.
+#[test]
+fn the_sink_hears_each_batch_seq_before_its_diffs() {
+    use ordo_core::{SortKey, Value, ViewDef};
+    use ordo_store::PendingWrite;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut database, _) = open(dir.path());
+    let rooms = database.create_collection("rooms", test_schema()).unwrap();
+    let def = ViewDef::new(ordo_core::Filter::True, vec![SortKey::desc("recency")]);
+    let window = database.open_window(rooms, &def, 0, 10, &mut CollectingSink::default()).unwrap();
+    let batch = |id: &str, recency: u64| {
+        let mut batch = Batch::new();
+        batch.upsert(id).set("recency", Value::U64(recency));
+        batch
+    };
+    let mut refused = Batch::new();
+    refused.upsert("bad").set("recency", Value::Str("not a number"));
+    let mut group = vec![
+        PendingWrite::new(rooms, batch("a", 1)),
+        PendingWrite::new(rooms, refused),
+        PendingWrite::new(rooms, batch("b", 2)),
+        PendingWrite::new(rooms, batch("c", 3)),
+    ];
+    let mut sink = BatchSeqSink::default();
+    database.write_group(&mut group, &mut sink);
+    let seqs: Vec<Option<u64>> =
+        group.iter().map(|write| write.result.as_ref().unwrap().as_ref().ok().map(|ack| ack.seq)).collect();
+    assert_eq!(seqs, [Some(1), None, Some(2), Some(3)]);
+    assert_eq!(sink.begun, [1, 2, 3]);
+    assert_eq!(sink.changes, [(Some(1), window), (Some(2), window), (Some(3), window)]);
 }

@@ -6,6 +6,7 @@ See ``clients/python/README.md`` and ``docs/PROTOCOL.md``.
 from ._client import LiveList, OrdoClient
 from ._diffs import DIFF_KINDS, apply_diffs
 from ._errors import DiffError, OrdoError
+from ._http import OrdoHttp, OrdoHttpError
 from ._protocol import (
     AuthExpired,
     Authed,
@@ -33,6 +34,8 @@ __all__ = [
     "LiveList",
     "OrdoClient",
     "OrdoError",
+    "OrdoHttp",
+    "OrdoHttpError",
     "ProtocolState",
     "Resumed",
     "Subscription",

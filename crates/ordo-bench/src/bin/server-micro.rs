@@ -31,7 +31,7 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use ordo_bench::data::Rng;
 use ordo_bench::harness::{time_ops, OpPlan};
 use ordo_server::auth::{self, AuthOptions, Role, Verifier};
-use ordo_server::frame::write_diffs_frame;
+use ordo_server::frame::{write_diffs_frame, DiffsHeader};
 use ordo_server::name_routes::NameRoutes;
 use ordo_server::sub_table::{SubTable, LINEAR_SCAN_MAX_LEN};
 
@@ -360,6 +360,13 @@ const DIFFS_JSON: &str = concat!(
     r#""payload":{"avatar":"mxc://example.org/OeRvPqZt","topic":"Weekly sync"}}}}]"#
 );
 
+/// A frame's `write_seq` in the benchmark: a typical store's size of number.
+const WRITE_SEQ: u64 = 1_234_567;
+
+fn header(sub: &str, seq: u64) -> DiffsHeader<'_> {
+    DiffsHeader { sub, seq, write_seq: WRITE_SEQ, ..DiffsHeader::default() }
+}
+
 fn bench_frames(config: &Config) {
     print_header(
         &format!("c. diffs frame encoding, {}-byte diffs body (ns and allocations per frame)", DIFFS_JSON.len()),
@@ -372,14 +379,14 @@ fn bench_frames(config: &Config) {
     let ours = measure(config, frames, |i| {
         for seq in 0..frames as u64 {
             reused.clear();
-            write_diffs_frame(&mut reused, black_box(sub), (i * frames) as u64 + seq, DIFFS_JSON.as_bytes());
+            write_diffs_frame(&mut reused, &header(black_box(sub), (i * frames) as u64 + seq), DIFFS_JSON.as_bytes());
             black_box(&reused);
         }
     });
     let fresh = measure(config, frames, |i| {
         for seq in 0..frames as u64 {
             let mut out = Vec::new();
-            write_diffs_frame(&mut out, black_box(sub), (i * frames) as u64 + seq, DIFFS_JSON.as_bytes());
+            write_diffs_frame(&mut out, &header(black_box(sub), (i * frames) as u64 + seq), DIFFS_JSON.as_bytes());
             black_box(&out);
         }
     });
@@ -387,16 +394,17 @@ fn bench_frames(config: &Config) {
         for seq in 0..frames as u64 {
             let sub_json = serde_json::to_string(black_box(sub)).expect("a string serialises");
             let frame = format!(
-                r#"{{"type":"diffs","sub":{sub_json},"seq":{},"diffs":{DIFFS_JSON}}}"#,
-                (i * frames) as u64 + seq
+                r#"{{"type":"diffs","sub":{sub_json},"seq":{},"write_seq":{},"diffs":{DIFFS_JSON}}}"#,
+                (i * frames) as u64 + seq,
+                WRITE_SEQ
             );
             black_box(&frame);
         }
     });
     // The three write the same bytes.
     let mut check = Vec::new();
-    write_diffs_frame(&mut check, sub, 42, DIFFS_JSON.as_bytes());
-    let expected = format!(r#"{{"type":"diffs","sub":"rooms","seq":42,"diffs":{DIFFS_JSON}}}"#);
+    write_diffs_frame(&mut check, &header(sub, 42), DIFFS_JSON.as_bytes());
+    let expected = format!(r#"{{"type":"diffs","sub":"rooms","seq":42,"write_seq":{WRITE_SEQ},"diffs":{DIFFS_JSON}}}"#);
     assert_eq!(check, expected.as_bytes());
     print_row(&format!("frame, {} bytes", check.len()), ours, &[fresh, formatted]);
 }

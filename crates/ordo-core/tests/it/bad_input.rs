@@ -232,3 +232,63 @@ fn a_batch_past_its_byte_limit_is_refused_whole_and_clear_resets_it() {
     engine.apply_batch(rooms, &batch, &mut sink).expect("a cleared batch is usable again");
     assert_eq!(engine.collection(rooms).unwrap().len(), 1);
 }
+
+/// Schema changes keep the field limits at their edges, and a refused change
+/// leaves the items, the schema and the windows as they were.
+#[test]
+fn refused_schema_changes_leave_everything_untouched() {
+    use ordo_core::{FieldType, SchemaChangeError, SchemaError};
+    let mut engine = Engine::new();
+    let rooms = engine.create_collection("rooms", room_schema()).unwrap();
+    let mut sink = CollectingSink::new();
+    let mut batch = Batch::new();
+    batch.upsert("room").set("name", Value::Str("n")).set("recency", Value::U64(1)).set("left", Value::Bool(false));
+    engine.apply_batch(rooms, &batch, &mut sink).unwrap();
+    let window = engine.open_window(rooms, &room_list_def(), 0, 10, &mut sink).unwrap();
+    sink.diffs.clear();
+    let (items_before, schema_before) = (items_of(&engine, rooms), engine.collection(rooms).unwrap().schema().clone());
+
+    let at_limit = "s".repeat(limits::MAX_STRING_FIELD_BYTES);
+    let past_limit = "s".repeat(limits::MAX_STRING_FIELD_BYTES + 1);
+    let refusals = [
+        ("name", FieldType::String, OwnedValue::Null),
+        ("", FieldType::String, OwnedValue::Null),
+        (&*"f".repeat(limits::MAX_FIELD_NAME_BYTES + 1), FieldType::U64, OwnedValue::Null),
+        ("f", FieldType::String, OwnedValue::Str(past_limit)),
+        ("f", FieldType::F64, OwnedValue::F64(f64::NAN)),
+        ("f", FieldType::U64, OwnedValue::I64(-1)),
+        ("f", FieldType::Bool, OwnedValue::Str("yes".into())),
+    ];
+    for (name, field_type, default) in refusals {
+        assert!(engine.add_field(rooms, name, field_type, &default, &mut sink).is_err(), "{name:?} {default:?}");
+    }
+    assert_eq!(
+        engine.remove_field(rooms, "no_such_field", &mut sink),
+        Err(SchemaChangeError::UnknownField { field: "no_such_field".into() })
+    );
+    assert!(sink.diffs.is_empty(), "a refused change emitted diffs");
+    assert_eq!(items_of(&engine, rooms), items_before);
+    assert_eq!(engine.collection(rooms).unwrap().schema(), &schema_before);
+    assert_eq!(engine.window_items(window).unwrap().len(), 1);
+
+    // At the edges: the longest default and field name, then fields up to the limit.
+    engine
+        .add_field(
+            rooms,
+            &"f".repeat(limits::MAX_FIELD_NAME_BYTES),
+            FieldType::String,
+            &OwnedValue::Str(at_limit),
+            &mut sink,
+        )
+        .unwrap();
+    for index in engine.collection(rooms).unwrap().schema().len()..limits::MAX_FIELDS_PER_SCHEMA {
+        engine.add_field(rooms, &format!("extra{index}"), FieldType::U64, &OwnedValue::U64(7), &mut sink).unwrap();
+    }
+    assert_eq!(
+        engine.add_field(rooms, "one_too_many", FieldType::U64, &OwnedValue::Null, &mut sink),
+        Err(SchemaChangeError::Schema(SchemaError::TooManyFields { n_fields_max: limits::MAX_FIELDS_PER_SCHEMA }))
+    );
+    let item = engine.collection(rooms).unwrap().get("room").unwrap().to_owned_item();
+    assert_eq!(item.fields.len(), limits::MAX_FIELDS_PER_SCHEMA);
+    assert_eq!(item.fields.last(), Some(&OwnedValue::U64(7)), "existing items take the default");
+}

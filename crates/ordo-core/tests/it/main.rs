@@ -9,6 +9,7 @@ mod keyed_views;
 mod many_windows;
 mod model;
 mod reference;
+mod schema_model;
 mod window_changes;
 
 #[global_allocator]

@@ -3,7 +3,7 @@
 use serde::Deserialize;
 use serde_json::Value as Json;
 
-use ordo_core::{FieldType, Schema};
+use ordo_core::{FieldType, OwnedValue, Schema};
 
 use crate::error::{ApiError, ErrorCode};
 
@@ -38,6 +38,41 @@ impl SchemaRequest {
             schema = schema.try_with_field(&field.name, field_type)?;
         }
         Ok(schema)
+    }
+}
+
+/// `POST /v1/collections/{name}/fields`: `{"name":"x","type":"u64","default":0}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddFieldRequest {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub field_type: String,
+    /// Absent or null: the field is null in existing items.
+    #[serde(default)]
+    pub default: Json,
+}
+
+impl AddFieldRequest {
+    /// The field's type and its default converted to it; the engine checks the
+    /// rest (the name, the limits).
+    pub fn typed(&self) -> Result<(FieldType, OwnedValue), ApiError> {
+        let field_type = parse_field_type(&self.field_type).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::InvalidSchema,
+                format!(
+                    "field `{}` has type `{}`; the types are bool, i64, u64, f64 and string",
+                    self.name, self.field_type
+                ),
+            )
+        })?;
+        let default = super::literal::typed_owned_value(&self.default, Some(field_type)).map_err(|found| {
+            ApiError::new(
+                ErrorCode::InvalidSchema,
+                format!("the default of field `{}` must be {} or null, got {found}", self.name, field_type.name()),
+            )
+        })?;
+        Ok((field_type, default))
     }
 }
 

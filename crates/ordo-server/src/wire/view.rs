@@ -32,6 +32,9 @@ pub struct QueryRequest {
     pub fields: Option<Vec<String>>,
     #[serde(default = "yes")]
     pub payload: bool,
+    /// Answer only once the store has applied this batch (read-your-writes).
+    #[serde(default)]
+    pub min_seq: Option<u64>,
 }
 
 impl QueryRequest {

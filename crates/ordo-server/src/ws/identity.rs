@@ -43,7 +43,7 @@ impl Connection {
     }
 
     /// `{"op":"auth"}`: a first token, or a fresh one for the same identity.
-    pub(super) async fn authenticate(&mut self, token: &str) -> Result<(), ApiError> {
+    pub(super) async fn authenticate(&mut self, token: &str, req: Option<&str>) -> Result<(), ApiError> {
         if !self.context.gate.auth_enabled() {
             return Err(ApiError::bad_request(
                 "this server runs without auth (`welcome.auth` is \"none\"); send no `auth`",
@@ -67,6 +67,9 @@ impl Connection {
         self.in_grace = false;
         let mut answer = identity.to_json();
         answer["type"] = "authed".into();
+        if let Some(req) = req {
+            answer["req"] = req.into();
+        }
         self.identity = Some(identity);
         self.send_json(&answer).await;
         Ok(())

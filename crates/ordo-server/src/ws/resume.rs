@@ -7,17 +7,22 @@ use std::sync::Arc;
 
 use fastwebsockets::OpCode;
 
-use super::Connection;
+use super::{Connection, RetainedFrame};
 use crate::auth;
-use crate::core::{share_key, Command, FrameBody, SubHandle};
+use crate::core::{share_key, Command, EndReason, SubHandle};
 use crate::error::{ApiError, ErrorCode};
-use crate::frame::{write_diffs_frame_with, DiffsExtra};
+use crate::frame::{write_diffs_frame, DiffsHeader};
 use crate::limits;
 use crate::metrics::{self, METRICS};
+use crate::min_seq::{self, SeqCheck};
 use crate::wire::{self, WindowSpec};
 
 impl Connection {
-    pub(super) async fn resume(&mut self, token: &str, entries: Vec<wire::ResumeEntry>) {
+    /// `req` is echoed on `resumed`. Each entry's `min_seq` has been waited for
+    /// already (see `Connection::park`); an entry whose store `seq` is still short
+    /// of it is refused with `seq_not_reached`, as its `subscribe` would be.
+    pub(super) async fn resume(&mut self, token: &str, entries: Vec<wire::ResumeEntry>, req: Option<Box<str>>) {
+        let last_seq = min_seq::last(&self.seq);
         let mut outcomes: Vec<serde_json::Value> = Vec::with_capacity(entries.len());
         let mut replays: Vec<SubHandle> = Vec::new();
         if let Some(old) = self.context.registry.take(token, &self.session.owner) {
@@ -26,6 +31,7 @@ impl Connection {
             let _ = self.context.core.send(Command::DropSession { session: fresh.id }).await;
             // A resume token is good for one resume: whoever saw this one cannot reuse it.
             self.session.token = auth::new_session_token();
+            self.end_stale_subscriptions().await;
         }
         let mut listed: Vec<SubHandle> = Vec::with_capacity(entries.len());
         // Ids seen so far in this resume: a second entry for one id is refused,
@@ -46,7 +52,11 @@ impl Connection {
                     limits::MAX_SUBSCRIPTIONS_PER_CONNECTION
                 )))
             } else {
-                self.check_resume_entry(&entry)
+                self.check_resume_entry(&entry).and_then(|checked| match min_seq::check(entry.min_seq, last_seq) {
+                    SeqCheck::Reached => Ok(checked),
+                    SeqCheck::Refused(error) => Err(error),
+                    SeqCheck::Wait(min_seq) => Err(min_seq::not_reached(min_seq, last_seq)),
+                })
             };
             let (collection, spec) = match checked {
                 Ok(checked) => checked,
@@ -67,7 +77,9 @@ impl Connection {
                 Some(handle) => {
                     listed.push(handle);
                     let sub = self.session.table.get_mut(handle).expect("live");
-                    let oldest = sub.retained.front().map_or(sub.seq + 1, |(seq, _, _, _)| *seq);
+                    // A `subscribe` of the old connection was answered there, or never.
+                    sub.subscribe_req = None;
+                    let oldest = sub.retained.front().map_or(sub.seq + 1, |frame| frame.seq);
                     if entry.last_seq <= sub.seq && entry.last_seq + 1 >= oldest {
                         let n = sub.seq - entry.last_seq;
                         metrics::add(&METRICS.resume_replayed, 1);
@@ -75,7 +87,7 @@ impl Connection {
                         replays.push(handle);
                         sub.awaiting_reset = false;
                         // Remember where to replay from in `seq` until the frames go out.
-                        sub.retained.retain(|(seq, _, _, _)| *seq > entry.last_seq);
+                        sub.retained.retain(|frame| frame.seq > entry.last_seq);
                     } else {
                         metrics::add(&METRICS.resume_reset, 1);
                         outcomes.push(serde_json::json!({"sub": entry.sub, "reset": true}));
@@ -91,7 +103,7 @@ impl Connection {
                     }
                     metrics::add(&METRICS.resume_reset, 1);
                     outcomes.push(serde_json::json!({"sub": entry.sub, "reset": true}));
-                    self.start_subscription(entry.sub.clone(), collection, spec, entry.last_seq).await;
+                    self.start_subscription(entry.sub.clone(), collection, spec, entry.last_seq, None).await;
                     listed.push(self.session.next_handle - 1);
                 }
             }
@@ -102,18 +114,59 @@ impl Connection {
         for handle in unlisted {
             self.forget(handle).await;
         }
-        let answer = serde_json::json!({"type": "resumed", "session": self.session.token, "subs": outcomes});
+        let mut answer = serde_json::json!({"type": "resumed", "session": self.session.token, "subs": outcomes});
+        if let Some(req) = req {
+            answer["req"] = (*req).into();
+        }
         self.send_json(&answer).await;
         for handle in replays {
             let Some(sub) = self.session.table.get(handle) else { continue };
-            let frames: Vec<(u64, FrameBody, u32, DiffsExtra)> = sub.retained.iter().cloned().collect();
+            let frames: Vec<RetainedFrame> = sub.retained.iter().cloned().collect();
             let client_id = sub.client_id.clone();
-            for (seq, body, n_diffs, extra) in frames {
+            for RetainedFrame { seq, write_seq, body, n_diffs, extra } in frames {
+                // As first sent (`write_seq`, `total` and all), but `req`: the old connection's.
                 self.frame.clear();
-                write_diffs_frame_with(&mut self.frame, &client_id, seq, extra, &body);
+                let header = DiffsHeader { sub: &client_id, seq, write_seq, req: None, extra };
+                write_diffs_frame(&mut self.frame, &header, &body);
                 metrics::add(&METRICS.diffs_sent, n_diffs as u64);
                 self.write(OpCode::Text).await;
             }
+        }
+    }
+
+    /// Subscriptions of an adopted session that a drop or a field removal ended
+    /// while it was parked: the `ended` frames go out first (the `Outgoing::Ended`
+    /// still queued for them then finds nothing), so the resume treats their ids
+    /// as free. The core detached them when it ended them; routes change after that.
+    async fn end_stale_subscriptions(&mut self) {
+        let mut stale = Vec::new();
+        {
+            let routes = self.context.routes.read().expect("routes lock");
+            for (handle, entry) in self.session.table.iter() {
+                let reason = match routes.get(&entry.collection.name) {
+                    Some(current) if current.id != entry.collection.id => Some(EndReason::CollectionDropped),
+                    None => Some(EndReason::CollectionDropped),
+                    Some(current) if Arc::ptr_eq(&current.schema, &entry.collection.schema) => None,
+                    Some(current) => {
+                        let compiles = ordo_core::CompiledFilter::compile(&entry.spec.def.filter, &current.schema)
+                            .is_ok()
+                            && ordo_core::CompiledSort::compile(&entry.spec.def.sort, &current.schema).is_ok();
+                        (!compiles).then_some(EndReason::FieldRemoved)
+                    }
+                };
+                if let Some(reason) = reason {
+                    stale.push((handle, reason, entry.collection.name.clone()));
+                }
+            }
+        }
+        for (handle, reason, name) in stale {
+            let Some(entry) = self.session.table.remove(handle) else { continue };
+            self.session.by_client_id.remove(&entry.client_id);
+            let message = match reason {
+                EndReason::CollectionDropped => format!("collection `{name}` was dropped"),
+                EndReason::FieldRemoved => "a field this subscription's view reads was removed".to_owned(),
+            };
+            self.send_ended(&entry.client_id, reason, &message).await;
         }
     }
 

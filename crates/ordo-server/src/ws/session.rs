@@ -23,26 +23,40 @@ pub(super) struct SubEntry {
     pub(super) spec: WindowSpec,
     /// The `seq` of the last frame sent.
     pub(super) seq: u64,
-    /// The last frames sent, for replay on resume: (seq, body, diffs, envelope
-    /// fields), so that a replay repeats each frame exactly (its `total` too).
-    pub(super) retained: VecDeque<(u64, FrameBody, u32, DiffsExtra)>,
+    /// The last frames sent, for replay on resume.
+    pub(super) retained: VecDeque<RetainedFrame>,
     pub(super) retained_bytes: usize,
     /// Frames before the next Reset are stale (a resume that could not replay).
     pub(super) awaiting_reset: bool,
     /// The range (`offset`, `limit`) of an answer that was dropped with a stale
     /// frame: the next frame written for this subscription carries it instead.
     pub(super) range_due: Option<(u64, u64)>,
+    /// The `req` of the `subscribe` that made it: its first frame carries it.
+    pub(super) subscribe_req: Option<Box<str>>,
+    /// The `req` of the `unsubscribe` sent for it: `unsubscribed` carries it.
+    pub(super) unsubscribe_req: Option<Box<str>>,
+}
+
+/// A frame kept for replay: sent again exactly as it was (`write_seq`, `total`
+/// and all), but without `req`: the request it answered was the old connection's.
+#[derive(Clone, Debug)]
+pub(super) struct RetainedFrame {
+    pub(super) seq: u64,
+    pub(super) write_seq: u64,
+    pub(super) body: FrameBody,
+    pub(super) n_diffs: u32,
+    pub(super) extra: DiffsExtra,
 }
 
 impl SubEntry {
-    pub(super) fn retain(&mut self, seq: u64, body: FrameBody, n_diffs: u32, extra: DiffsExtra) {
-        self.retained_bytes += body.len();
-        self.retained.push_back((seq, body, n_diffs, extra));
+    pub(super) fn retain(&mut self, frame: RetainedFrame) {
+        self.retained_bytes += frame.body.len();
+        self.retained.push_back(frame);
         while self.retained.len() > limits::RETAINED_FRAMES_PER_SUBSCRIPTION
             || self.retained_bytes > limits::RETAINED_BYTES_PER_SUBSCRIPTION
         {
-            let (_, dropped, _, _) = self.retained.pop_front().expect("over a limit, so not empty");
-            self.retained_bytes -= dropped.len();
+            let dropped = self.retained.pop_front().expect("over a limit, so not empty");
+            self.retained_bytes -= dropped.body.len();
         }
     }
 }

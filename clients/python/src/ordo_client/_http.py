@@ -1,0 +1,132 @@
+"""HTTP helpers (``docs/PROTOCOL.md``, "HTTP API"): schemas, writes, one-shot
+queries and items. Standard library only (``urllib``), run in a thread so the
+methods are ``async`` like the rest of the client."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from ._errors import OrdoError
+
+TokenProvider = Callable[[], "str | Awaitable[str]"]
+
+
+class OrdoHttpError(OrdoError):
+    """An error answer: the server's stable ``code``, its HTTP ``status``, and
+    for a refused op of a batch (409 ``conflict``) the op's index ``op``."""
+
+    def __init__(self, status: int, code: str, message: str, op: int | None = None) -> None:
+        super().__init__(code, message)
+        self.status = status
+        self.op = op
+
+
+def _segment(text: str) -> str:
+    return urllib.parse.quote(text, safe="")
+
+
+class OrdoHttp:
+    """HTTP access to one server (``http://host:port``).
+
+    ``token``: a fixed bearer token; ``token_provider``: called (sync or async)
+    for one at the first request and again after a 401, which is retried once.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        token_provider: TokenProvider | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._token = token
+        self._token_provider = token_provider
+        self._timeout = timeout
+
+    async def create_collection(self, name: str, fields: Sequence[Mapping[str, str]]) -> Any:
+        """``PUT /v1/collections/{name}``: creates it, or finds it with this very schema.
+        ``fields``: ``[{"name": "unread", "type": "u64"}, ...]``."""
+        return await self.request("PUT", f"/v1/collections/{_segment(name)}", {"fields": list(fields)})
+
+    async def collection(self, name: str) -> Any:
+        return await self.request("GET", f"/v1/collections/{_segment(name)}")
+
+    async def write(self, collection: str, ops: Sequence[Mapping[str, Any]]) -> Any:
+        """``POST /v1/collections/{name}/batch``, applied whole or not at all; returns
+        ``{"seq", "upserted", "removed"}`` once durable. An op is a plain dict:
+        ``{"op": "upsert", "id": "!a", "fields": {...}, "increment": {"unread": 1},
+        "set_max": {...}, "set_min": {...}, "if": {"version": 41}}`` or
+        ``{"op": "remove", "id": "!b", "if": {"exists": True}}``."""
+        return await self.request("POST", f"/v1/collections/{_segment(collection)}/batch", {"ops": list(ops)})
+
+    async def query(self, collection: str, view: Mapping[str, Any]) -> Any:
+        """``POST /v1/collections/{name}/query``: ``{"total", "offset", "items"}``."""
+        body = {key: value for key, value in view.items() if value is not None}
+        return await self.request("POST", f"/v1/collections/{_segment(collection)}/query", body)
+
+    async def get_item(self, collection: str, item_id: str) -> Any | None:
+        """The item (with its ``version``), or ``None`` when there is none (a missing collection raises)."""
+        try:
+            return await self.request("GET", f"/v1/collections/{_segment(collection)}/items/{_segment(item_id)}")
+        except OrdoHttpError as error:
+            if error.code == "not_found":
+                return None
+            raise
+
+    async def delete_item(self, collection: str, item_id: str) -> Any:
+        """``{"seq", "removed"}``; ``removed`` is false when there was no such item."""
+        return await self.request("DELETE", f"/v1/collections/{_segment(collection)}/items/{_segment(item_id)}")
+
+    async def request(self, method: str, path: str, body: Any = None) -> Any:
+        """Any request; the answer's JSON, or ``OrdoHttpError``."""
+        if self._token is None and self._token_provider is not None:
+            self._token = await self._fresh_token()
+        status, answer = await asyncio.to_thread(self._send, method, path, body, self._token)
+        if status == 401 and self._token_provider is not None:
+            self._token = await self._fresh_token()
+            status, answer = await asyncio.to_thread(self._send, method, path, body, self._token)
+        if not 200 <= status < 300:
+            error = answer.get("error") if isinstance(answer, dict) else None
+            error = error if isinstance(error, dict) else {}
+            code = error.get("code") if isinstance(error.get("code"), str) else "unknown"
+            message = error.get("message") if isinstance(error.get("message"), str) else str(answer)
+            op = error.get("op") if isinstance(error.get("op"), int) else None
+            raise OrdoHttpError(status, code, message, op)
+        return answer
+
+    async def _fresh_token(self) -> str:
+        assert self._token_provider is not None
+        token = self._token_provider()
+        if inspect.isawaitable(token):
+            token = await token
+        if not isinstance(token, str):
+            raise OrdoError("token_provider", "the token provider returned no string")
+        return token
+
+    def _send(self, method: str, path: str, body: Any, token: str | None) -> tuple[int, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.base_url + path, data=data, method=method)
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=self._timeout) as response:
+                status, raw = response.status, response.read()
+        except urllib.error.HTTPError as error:
+            status, raw = error.code, error.read()
+        except (urllib.error.URLError, OSError) as error:
+            raise OrdoError("connection_lost", f"{method} {path}: {error}") from error
+        try:
+            return status, json.loads(raw) if raw else None
+        except ValueError:
+            return status, raw.decode(errors="replace")

@@ -1,0 +1,163 @@
+// `@ordo/client/http`: HTTP helpers (docs/PROTOCOL.md "HTTP API") for schemas, writes,
+// one-shot queries and items, with the same token options as OrdoClient. Uses the
+// platform's `fetch`. A separate entry: the main one and the browser bundle (which the
+// server's demo embeds byte for byte) stay as they are.
+
+import { OrdoError } from "./errors.js";
+import type { Filter, Item, SortKey } from "./types.js";
+
+/** A field of a collection's schema. */
+export type FieldSpec = { name: string; type: "bool" | "i64" | "u64" | "f64" | "string" };
+
+/** A collection as the server describes it (`items` only when the caller may read every row). */
+export type CollectionInfo = { name: string; fields: FieldSpec[]; items?: number };
+
+/** A precondition on an op: the whole batch is refused (409 `conflict`) when it fails. */
+export type Precondition = { exists: boolean } | { version: number };
+
+/**
+ * One op of a batch. `payload: null` clears the payload; leaving it out keeps it.
+ * `increment`, `set_max` and `set_min` are applied atomically by the server.
+ */
+export type BatchOp =
+  | {
+      op: "upsert";
+      id: string;
+      fields?: Record<string, unknown>;
+      payload?: unknown;
+      increment?: Record<string, number>;
+      set_max?: Record<string, unknown>;
+      set_min?: Record<string, unknown>;
+      if?: Precondition;
+    }
+  | { op: "remove"; id: string; if?: Precondition };
+
+export type WriteResult = { seq: number; upserted: number; removed: number };
+
+export type DeleteResult = { seq: number; removed: boolean };
+
+/** A one-shot query: a view and a window (`limit` at most 1 000). Unknown keys are passed on. */
+export type QueryOptions = {
+  filter?: Filter | null;
+  sort?: SortKey[];
+  offset?: number;
+  limit?: number;
+  fields?: string[];
+  payload?: boolean;
+  [key: string]: unknown;
+};
+
+/** `write_seq` (the last batch the answer reflects) when the server sends it. */
+export type QueryResult<T = Item> = { total: number; offset: number; items: T[]; write_seq?: number };
+
+/** An item as `GET .../items/{id}` answers it (`version`: the seq of the last batch that changed it). */
+export type StoredItem = Item & { version?: number };
+
+export type OrdoHttpOptions = {
+  /** A fixed token for `Authorization: Bearer`. */
+  token?: string;
+  /** Called for a token (once, then again after a 401). */
+  tokenProvider?: () => string | Promise<string>;
+  /** A `fetch` to use instead of the global one. */
+  fetch?: typeof fetch;
+};
+
+/**
+ * An error answer: the server's stable `code` (OrdoError), its HTTP `status`, and for
+ * a refused op of a batch (`conflict`) the op's index.
+ */
+export class OrdoHttpError extends OrdoError {
+  readonly status: number;
+  readonly op?: number;
+
+  constructor(status: number, code: string, message: string, op?: number) {
+    super(code, message);
+    this.name = "OrdoHttpError";
+    this.status = status;
+    if (op !== undefined) this.op = op;
+  }
+}
+
+const path = (...segments: string[]) => segments.map(encodeURIComponent).join("/");
+
+export class OrdoHttp {
+  private readonly base: string;
+  private readonly fetchFn: typeof fetch;
+  private token: string | undefined;
+  private readonly tokenProvider: (() => string | Promise<string>) | undefined;
+
+  /** `baseUrl`: the server, `http://host:port`. */
+  constructor(baseUrl: string, options: OrdoHttpOptions = {}) {
+    this.base = baseUrl.replace(/\/+$/, "");
+    this.fetchFn = options.fetch ?? globalThis.fetch.bind(globalThis);
+    this.token = options.token;
+    this.tokenProvider = options.tokenProvider;
+  }
+
+  /** `PUT /v1/collections/{name}`: creates it, or finds it with this very schema. */
+  createCollection(name: string, fields: FieldSpec[]): Promise<CollectionInfo> {
+    return this.request("PUT", `/v1/collections/${path(name)}`, { fields });
+  }
+
+  collection(name: string): Promise<CollectionInfo> {
+    return this.request("GET", `/v1/collections/${path(name)}`);
+  }
+
+  /** `POST /v1/collections/{name}/batch`: applied whole or not at all; resolves once durable. */
+  write(collection: string, ops: BatchOp[]): Promise<WriteResult> {
+    return this.request("POST", `/v1/collections/${path(collection)}/batch`, { ops });
+  }
+
+  query<T = Item>(collection: string, query: QueryOptions): Promise<QueryResult<T>> {
+    return this.request("POST", `/v1/collections/${path(collection)}/query`, query);
+  }
+
+  /** The item, or null when there is none (a missing collection rejects). */
+  async getItem(collection: string, id: string): Promise<StoredItem | null> {
+    try {
+      return await this.request<StoredItem>("GET", `/v1/collections/${path(collection, "items", id)}`);
+    } catch (error) {
+      if (error instanceof OrdoHttpError && error.code === "not_found") return null;
+      throw error;
+    }
+  }
+
+  deleteItem(collection: string, id: string): Promise<DeleteResult> {
+    return this.request("DELETE", `/v1/collections/${path(collection, "items", id)}`);
+  }
+
+  /** Any request, the answer's JSON on success. A 401 with a provider is retried once with a fresh token. */
+  async request<T>(method: string, urlPath: string, body?: unknown): Promise<T> {
+    if (this.token === undefined && this.tokenProvider) this.token = await this.tokenProvider();
+    let response = await this.send(method, urlPath, body);
+    if (response.status === 401 && this.tokenProvider) {
+      this.token = await this.tokenProvider();
+      response = await this.send(method, urlPath, body);
+    }
+    const text = await response.text();
+    let json: unknown;
+    try {
+      json = text === "" ? null : JSON.parse(text);
+    } catch {
+      json = null;
+    }
+    if (!response.ok) {
+      const error = (json as { error?: { code?: unknown; message?: unknown; op?: unknown } } | null)?.error;
+      const code = typeof error?.code === "string" ? error.code : "unknown";
+      const message = typeof error?.message === "string" ? error.message : text;
+      throw new OrdoHttpError(response.status, code, message, typeof error?.op === "number" ? error.op : undefined);
+    }
+    return json as T;
+  }
+
+  private send(method: string, urlPath: string, body: unknown): Promise<Response> {
+    const headers: Record<string, string> = {};
+    if (body !== undefined) headers["content-type"] = "application/json";
+    if (this.token !== undefined) headers.authorization = `Bearer ${this.token}`;
+    return this.fetchFn(`${this.base}${urlPath}`, {
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+  }
+}

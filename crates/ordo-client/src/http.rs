@@ -1,0 +1,155 @@
+//! The HTTP helpers: schemas, writes, one-shot queries, items.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::auth::TokenSource;
+use crate::wire::{Collection, DeleteResult, Field, Op, QueryResult, View, WriteResult};
+use crate::Error;
+
+/// HTTP access to one server (`http://host:port`). Cheap to clone; connections are pooled.
+#[derive(Clone)]
+pub struct Http {
+    base: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+    tokens: Arc<TokenSource>,
+    timeout: Duration,
+}
+
+/// Percent-encodes one path segment (collection names and item ids may hold `/`, `:`, `!`, ...).
+fn segment(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Deserialize)]
+struct ErrorDetail {
+    code: String,
+    #[serde(default)]
+    message: String,
+    #[serde(default)]
+    op: Option<u64>,
+}
+
+impl Http {
+    pub(crate) fn new(base: &str, tokens: Arc<TokenSource>, timeout: Duration) -> Http {
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        Http { base: base.trim_end_matches('/').to_owned(), client, tokens, timeout }
+    }
+
+    /// `PUT /v1/collections/{name}`: creates the collection (or finds it with this very schema).
+    pub async fn create_collection(&self, name: &str, fields: &[Field]) -> Result<Collection, Error> {
+        self.call(Method::PUT, &format!("/v1/collections/{}", segment(name)), Some(json!({ "fields": fields }))).await
+    }
+
+    /// `GET /v1/collections/{name}`.
+    pub async fn collection(&self, name: &str) -> Result<Collection, Error> {
+        self.call(Method::GET, &format!("/v1/collections/{}", segment(name)), None).await
+    }
+
+    /// `POST /v1/collections/{name}/batch`: applied whole or not at all; `Ok` once durable.
+    pub async fn write(&self, collection: &str, ops: &[Op]) -> Result<WriteResult, Error> {
+        let body = json!({ "ops": ops });
+        self.call(Method::POST, &format!("/v1/collections/{}/batch", segment(collection)), Some(body)).await
+    }
+
+    /// `POST /v1/collections/{name}/query`: one window of a view, with the view's `total`.
+    pub async fn query<T: DeserializeOwned>(&self, collection: &str, view: &View) -> Result<QueryResult<T>, Error> {
+        let body = serde_json::to_value(view).map_err(|error| Error::Decode(error.to_string()))?;
+        self.call(Method::POST, &format!("/v1/collections/{}/query", segment(collection)), Some(body)).await
+    }
+
+    /// `GET /v1/collections/{name}/items/{id}`: `None` when there is no such item
+    /// (a missing collection is an error).
+    pub async fn get_item<T: DeserializeOwned>(&self, collection: &str, id: &str) -> Result<Option<T>, Error> {
+        let path = format!("/v1/collections/{}/items/{}", segment(collection), segment(id));
+        match self.call(Method::GET, &path, None).await {
+            Ok(item) => Ok(Some(item)),
+            Err(Error::Api { code, .. }) if code == "not_found" => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// `DELETE /v1/collections/{name}/items/{id}`.
+    pub async fn delete_item(&self, collection: &str, id: &str) -> Result<DeleteResult, Error> {
+        let path = format!("/v1/collections/{}/items/{}", segment(collection), segment(id));
+        self.call(Method::DELETE, &path, None).await
+    }
+
+    /// Any request: `body` as JSON, the answer decoded as `T`. A `401` with a token provider
+    /// is retried once with a fresh token.
+    pub async fn call<T: DeserializeOwned>(&self, method: Method, path: &str, body: Option<Value>) -> Result<T, Error> {
+        let body = body.map(|body| Bytes::from(body.to_string())).unwrap_or_default();
+        let mut token = self.tokens.current().await?;
+        let mut retried = false;
+        loop {
+            let (status, bytes) = self.send(method.clone(), path, token.as_deref(), body.clone()).await?;
+            if status == StatusCode::UNAUTHORIZED && self.tokens.can_refresh() && !retried {
+                retried = true;
+                token = self.tokens.refresh().await?;
+                continue;
+            }
+            if !status.is_success() {
+                return Err(match serde_json::from_slice::<ErrorBody>(&bytes) {
+                    Ok(ErrorBody { error }) => {
+                        Error::Api { status: status.as_u16(), code: error.code, message: error.message, op: error.op }
+                    }
+                    Err(_) => Error::Api {
+                        status: status.as_u16(),
+                        code: "unknown".to_owned(),
+                        message: String::from_utf8_lossy(&bytes).into_owned(),
+                        op: None,
+                    },
+                });
+            }
+            return serde_json::from_slice(&bytes).map_err(|error| Error::Decode(format!("{method} {path}: {error}")));
+        }
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Bytes,
+    ) -> Result<(StatusCode, Bytes), Error> {
+        let mut request = Request::builder().method(method).uri(format!("{}{path}", self.base));
+        if !body.is_empty() {
+            request = request.header("content-type", "application/json");
+        }
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let request = request.body(Full::new(body)).map_err(|error| Error::Transport(error.to_string()))?;
+        let exchange = async {
+            let response = self.client.request(request).await.map_err(|error| Error::Transport(error.to_string()))?;
+            let status = response.status();
+            let body = response.into_body().collect().await.map_err(|error| Error::Transport(error.to_string()))?;
+            Ok((status, body.to_bytes()))
+        };
+        tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| Error::Transport(format!("no answer within {:?}", self.timeout)))?
+    }
+}
