@@ -309,7 +309,7 @@ fn preallocated_segments_are_used_and_their_zeros_are_not_damage() {
     // end is a little after `records_end`.
     let cut = report.n_log_bytes_cut_off;
     assert!(
-        (garbage_end.saturating_sub(8) as u64..=garbage_end as u64).contains(&(cut as u64)),
+        (garbage_end.saturating_sub(8) as u64..=garbage_end as u64).contains(&{ cut }),
         "cut off {cut} bytes, not just the garbage (which ends {garbage_end} bytes after the records)"
     );
     assert_eq!(report.last_seq, n as u64);
