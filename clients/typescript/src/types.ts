@@ -47,14 +47,17 @@ export type Filter =
   | { field: string; op: CompareOp; value: FieldValue }
   | { field: string; in: FieldValue[] }
   | { field: string; is_null: boolean }
-  | { field: string; contains: string }
-  | { field: string; prefix: string }
+  | { field: string; contains: string; accent_insensitive?: boolean }
+  | { field: string; prefix: string; accent_insensitive?: boolean }
   | { all: Filter[] }
   | { any: Filter[] }
   | { not: Filter };
 
-/** One sort key; `dir` defaults to `asc`. The item id breaks every tie. */
-export type SortKey = { field: string; dir?: "asc" | "desc"; case_insensitive?: boolean };
+/**
+ * One sort key; `dir` defaults to `asc`. The item id breaks every tie. `collation` is a
+ * BCP 47 locale ("fr", "sv", "de-u-co-phonebk"; "root" for the root collation).
+ */
+export type SortKey = { field: string; dir?: "asc" | "desc"; case_insensitive?: boolean; collation?: string };
 
 /** A filter and a sort: what `set_view` changes. */
 export type ViewSpec = { filter?: Filter | null; sort?: SortKey[] };

@@ -148,6 +148,20 @@ pub enum ViewError {
     DuplicateSortKey {
         field: String,
     },
+    /// A sort key's collation locale is not a BCP 47 tag ICU can use.
+    InvalidCollation {
+        field: String,
+        locale: String,
+        reason: String,
+    },
+    CollationLocaleTooLong {
+        field: String,
+        n_bytes: usize,
+        n_bytes_max: usize,
+    },
+    TooManyCollatedSortKeys {
+        n_keys_max: usize,
+    },
     WindowTooLarge {
         limit: usize,
         limit_max: usize,
@@ -188,6 +202,15 @@ impl fmt::Display for ViewError {
             }
             ViewError::DuplicateSortKey { field } => {
                 write!(f, "field `{field}` appears twice in the sort")
+            }
+            ViewError::InvalidCollation { field, locale, reason } => {
+                write!(f, "the collation `{locale}` of sort key `{field}` is refused: {reason}")
+            }
+            ViewError::CollationLocaleTooLong { field, n_bytes, n_bytes_max } => {
+                write!(f, "the collation of sort key `{field}` is {n_bytes} bytes; at most {n_bytes_max} are allowed")
+            }
+            ViewError::TooManyCollatedSortKeys { n_keys_max } => {
+                write!(f, "a sort has at most {n_keys_max} keys with a collation")
             }
             ViewError::WindowTooLarge { limit, limit_max } => {
                 write!(f, "window limit {limit} is over the maximum of {limit_max}")

@@ -1,7 +1,7 @@
 //! Filters compiled against a schema.
 //!
 //! Compilation resolves field names to [`FieldId`]s, converts every literal to its
-//! field's type once, case-folds `contains` / `prefix` needles once, and checks the
+//! field's type once, folds `contains` / `prefix` needles once (see `text_match`), and checks the
 //! limits in [`crate::limits`]. What remains for evaluation is a flat, pre-order
 //! `Vec` of small nodes: a combinator records where its subtree ends, so children are
 //! visited by walking forward through one contiguous allocation instead of chasing
@@ -9,17 +9,16 @@
 //! nodes themselves stay small and several fit in one cache line.
 //!
 //! Evaluation never allocates once the caller's [`FilterScratch`] has grown to the
-//! longest case-folded haystack it meets: ASCII text is compared in place, and only
+//! longest folded haystack it meets: ASCII text is compared in place, and only
 //! non-ASCII haystacks of `contains` are folded, into the scratch buffer.
 
 use std::cmp::Ordering;
-
-use caseless::Caseless;
 
 use crate::collection::{Collection, Column, ItemRef, Slot};
 use crate::error::ViewError;
 use crate::limits::{MAX_FILTER_DEPTH, MAX_FILTER_IN_VALUES, MAX_FILTER_NODES};
 use crate::schema::{FieldId, FieldType, Schema};
+use crate::text_match::{contains_folded, starts_with_folded, FoldedNeedle};
 use crate::value::{OwnedValue, Value};
 use crate::view_def::{CompareOp, Filter};
 
@@ -31,7 +30,7 @@ pub struct CompiledFilter {
     nodes: Vec<Node>,
     /// String literals of `Compare` nodes, indexed by [`Literal::Str`].
     texts: Vec<String>,
-    /// Case-folded needles of `Contains` / `Prefix` nodes.
+    /// Needles of `Contains` / `Prefix` nodes, in their search form.
     needles: Vec<FoldedNeedle>,
     /// Literal sets of `In` nodes.
     in_sets: Vec<InSet>,
@@ -43,7 +42,7 @@ pub struct CompiledFilter {
 /// allocates nothing. One scratch serves any number of filters, one at a time.
 #[derive(Clone, Debug, Default)]
 pub struct FilterScratch {
-    /// The case-folded haystack of a non-ASCII `contains`; cleared, never shrunk.
+    /// The folded haystack of a non-ASCII `contains`; cleared, never shrunk.
     folded_haystack: String,
 }
 
@@ -96,15 +95,6 @@ enum Literal {
     U64(u64),
     F64(f64),
     Str(TableIndex),
-}
-
-#[derive(Clone, Debug, PartialEq)]
-struct FoldedNeedle {
-    /// The needle under full Unicode default case folding.
-    folded: String,
-    /// Whether `folded` is ASCII. A needle such as "ß" folds to ASCII ("ss"), so this
-    /// is a property of the folded form, not of what the user typed.
-    folded_is_ascii: bool,
 }
 
 /// The literals of one `in`, typed like the field and sorted for binary search.
@@ -234,9 +224,9 @@ impl CompiledFilter {
                     // there and skip the cache miss on the string's own buffer.
                     let text = heads[slot].whole().unwrap_or(&values[slot]);
                     if is_contains {
-                        contains_case_insensitive(text, needle, scratch)
+                        contains_folded(text, needle, &mut scratch.folded_haystack)
                     } else {
-                        starts_with_case_insensitive(text, needle)
+                        starts_with_folded(text, needle)
                     }
                 }));
             }
@@ -283,11 +273,13 @@ impl CompiledFilter {
             Node::In { field_id, set } => is_in_set(read_field(field_id), &self.in_sets[set as usize]),
             Node::IsNull { field_id } => read_field(field_id).is_null(),
             Node::Contains { field_id, needle } => match read_field(field_id) {
-                Value::Str(haystack) => contains_case_insensitive(haystack, &self.needles[needle as usize], scratch),
+                Value::Str(haystack) => {
+                    contains_folded(haystack, &self.needles[needle as usize], &mut scratch.folded_haystack)
+                }
                 _ => false,
             },
             Node::Prefix { field_id, needle } => match read_field(field_id) {
-                Value::Str(haystack) => starts_with_case_insensitive(haystack, &self.needles[needle as usize]),
+                Value::Str(haystack) => starts_with_folded(haystack, &self.needles[needle as usize]),
                 _ => false,
             },
             Node::All { subtree_end } => {
@@ -380,12 +372,12 @@ impl Compiler<'_> {
                 let (field_id, _) = self.resolve_field(field)?;
                 self.compiled.nodes.push(Node::IsNull { field_id });
             }
-            Filter::Contains { field, needle } => {
-                let (field_id, needle) = self.compile_needle(field, needle, "contains")?;
+            Filter::Contains { field, needle, accent_insensitive } => {
+                let (field_id, needle) = self.compile_needle(field, needle, *accent_insensitive, "contains")?;
                 self.compiled.nodes.push(Node::Contains { field_id, needle });
             }
-            Filter::Prefix { field, prefix } => {
-                let (field_id, needle) = self.compile_needle(field, prefix, "prefix")?;
+            Filter::Prefix { field, prefix, accent_insensitive } => {
+                let (field_id, needle) = self.compile_needle(field, prefix, *accent_insensitive, "prefix")?;
                 self.compiled.nodes.push(Node::Prefix { field_id, needle });
             }
             Filter::All(children) | Filter::Any(children) if children.is_empty() => {
@@ -429,16 +421,15 @@ impl Compiler<'_> {
         &mut self,
         field: &str,
         needle: &str,
+        accent_insensitive: bool,
         operation: &'static str,
     ) -> Result<(FieldId, TableIndex), ViewError> {
         let (field_id, field_type) = self.resolve_field(field)?;
         if field_type != FieldType::String {
             return Err(ViewError::NotApplicable { field: field.to_owned(), operation, field_type: field_type.name() });
         }
-        let folded = caseless::default_case_fold_str(needle);
-        let folded_is_ascii = folded.is_ascii();
         let index = self.compiled.needles.len() as TableIndex;
-        self.compiled.needles.push(FoldedNeedle { folded, folded_is_ascii });
+        self.compiled.needles.push(FoldedNeedle::new(needle, accent_insensitive));
         Ok((field_id, index))
     }
 }
@@ -613,46 +604,6 @@ fn is_in_set(value: Value<'_>, set: &InSet) -> bool {
         }
         _ => false,
     }
-}
-
-/// Whether `fold(haystack)` contains `needle.folded`, under full Unicode case folding.
-fn contains_case_insensitive(haystack: &str, needle: &FoldedNeedle, scratch: &mut FilterScratch) -> bool {
-    let needle_bytes = needle.folded.as_bytes();
-    if needle_bytes.is_empty() {
-        return true;
-    }
-    if haystack.is_ascii() {
-        // An ASCII string folds to ASCII (only A-Z change), which cannot contain a
-        // non-ASCII needle.
-        if !needle.folded_is_ascii {
-            return false;
-        }
-        // The needle is folded, hence lowercase: comparing it case-insensitively with
-        // the raw haystack equals comparing it with the folded haystack.
-        return haystack.as_bytes().windows(needle_bytes.len()).any(|window| window.eq_ignore_ascii_case(needle_bytes));
-    }
-    // A non-ASCII haystack may fold to something of another length ("ß" -> "ss", "İ" ->
-    // "i̇"), so byte positions do not line up: fold it whole, into the reused buffer.
-    scratch.folded_haystack.clear();
-    scratch.folded_haystack.extend(haystack.chars().default_case_fold());
-    scratch.folded_haystack.contains(needle.folded.as_str())
-}
-
-/// Whether `fold(haystack)` starts with `needle.folded`. Needs no buffer: the folded
-/// haystack is streamed and compared with the needle one `char` at a time.
-fn starts_with_case_insensitive(haystack: &str, needle: &FoldedNeedle) -> bool {
-    let needle_bytes = needle.folded.as_bytes();
-    if haystack.is_ascii() {
-        if !needle.folded_is_ascii {
-            return false;
-        }
-        return haystack
-            .as_bytes()
-            .get(..needle_bytes.len())
-            .is_some_and(|head| head.eq_ignore_ascii_case(needle_bytes));
-    }
-    let mut folded_haystack = haystack.chars().default_case_fold();
-    needle.folded.chars().all(|needle_char| folded_haystack.next() == Some(needle_char))
 }
 
 #[cfg(test)]

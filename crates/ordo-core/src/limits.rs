@@ -17,6 +17,13 @@ pub const MAX_FIELDS_PER_SCHEMA: usize = 64;
 pub const MAX_FIELD_NAME_BYTES: usize = 64;
 /// Most sort keys in one view (the item id is always appended after them).
 pub const MAX_SORT_KEYS: usize = 8;
+/// Most sort keys with a collation in one view. Each builds its own collator when
+/// the view is compiled, and each costs a collator comparison whenever two items'
+/// prefixes tie, so a bound keeps both the set-up and the worst-case update cheap.
+pub const MAX_COLLATED_SORT_KEYS: usize = 2;
+/// Longest collation locale (a BCP 47 tag such as `de-u-co-phonebk`), in bytes.
+/// Real tags are far shorter; the bound keeps parsing and error messages small.
+pub const MAX_COLLATION_LOCALE_BYTES: usize = 64;
 /// Deepest nesting of `all` / `any` / `not` in a filter.
 pub const MAX_FILTER_DEPTH: usize = 16;
 /// Most nodes (comparisons and combinators) in one filter.

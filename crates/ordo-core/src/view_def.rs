@@ -35,16 +35,21 @@ pub enum Filter {
     IsNull {
         field: String,
     },
-    /// Case-insensitive substring test on a string field (ASCII fast path, full
-    /// Unicode case folding otherwise).
+    /// Case-insensitive substring test on a string field: full Unicode case folding
+    /// and canonical equivalence (both sides are folded, then put in NFC, so a
+    /// decomposed "e" + U+0301 matches a precomposed "é"), with an ASCII fast path.
+    /// With `accent_insensitive`, combining marks are dropped from both sides after
+    /// canonical decomposition, so "emile" matches "Émile".
     Contains {
         field: String,
         needle: String,
+        accent_insensitive: bool,
     },
-    /// Case-insensitive prefix test on a string field.
+    /// Case-insensitive prefix test on a string field, folded like `Contains`.
     Prefix {
         field: String,
         prefix: String,
+        accent_insensitive: bool,
     },
     All(Vec<Filter>),
     Any(Vec<Filter>),
@@ -61,11 +66,20 @@ impl Filter {
     }
 
     pub fn contains(field: &str, needle: &str) -> Filter {
-        Filter::Contains { field: field.to_owned(), needle: needle.to_owned() }
+        Filter::Contains { field: field.to_owned(), needle: needle.to_owned(), accent_insensitive: false }
     }
 
     pub fn prefix(field: &str, prefix: &str) -> Filter {
-        Filter::Prefix { field: field.to_owned(), prefix: prefix.to_owned() }
+        Filter::Prefix { field: field.to_owned(), prefix: prefix.to_owned(), accent_insensitive: false }
+    }
+
+    /// The same `contains` or `prefix` test, ignoring accents (combining marks).
+    /// Any other filter is returned unchanged.
+    pub fn accent_insensitive(mut self) -> Filter {
+        if let Filter::Contains { accent_insensitive, .. } | Filter::Prefix { accent_insensitive, .. } = &mut self {
+            *accent_insensitive = true;
+        }
+        self
     }
 
     pub fn is_null(field: &str) -> Filter {
@@ -84,21 +98,31 @@ pub enum Direction {
 pub struct SortKey {
     pub field: String,
     pub direction: Direction,
-    /// Strings only: compare case-insensitively (full Unicode case folding).
+    /// Strings only: compare case-insensitively (full Unicode case folding; with a
+    /// collation, the collator's secondary strength instead).
     pub case_insensitive: bool,
+    /// Strings only: order by this locale's collation (a BCP 47 tag such as `fr`,
+    /// `sv` or `de-u-co-phonebk`; `root` or `und` for the root collation) instead
+    /// of by UTF-8 bytes.
+    pub collation: Option<String>,
 }
 
 impl SortKey {
     pub fn asc(field: &str) -> SortKey {
-        SortKey { field: field.to_owned(), direction: Direction::Ascending, case_insensitive: false }
+        SortKey { field: field.to_owned(), direction: Direction::Ascending, case_insensitive: false, collation: None }
     }
 
     pub fn desc(field: &str) -> SortKey {
-        SortKey { field: field.to_owned(), direction: Direction::Descending, case_insensitive: false }
+        SortKey { field: field.to_owned(), direction: Direction::Descending, case_insensitive: false, collation: None }
     }
 
     pub fn case_insensitive(mut self) -> SortKey {
         self.case_insensitive = true;
+        self
+    }
+
+    pub fn collated(mut self, locale: &str) -> SortKey {
+        self.collation = Some(locale.to_owned());
         self
     }
 }

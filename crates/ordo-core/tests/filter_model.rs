@@ -1,10 +1,13 @@
 //! Filters through the public API: a model-based test against a naive reference
-//! evaluator, one test per compile error, and the case-folding examples.
+//! evaluator, one test per compile error, and the case-folding and accent examples.
 //!
 //! Items are put into an [`Engine`] collection with batches and read back as
 //! `ItemRef`s, which [`CompiledFilter::matches_item`] evaluates.
 
 use std::cmp::Ordering;
+
+use unicode_normalization::char::canonical_combining_class;
+use unicode_normalization::UnicodeNormalization;
 
 use ordo_core::limits::{MAX_FILTER_DEPTH, MAX_FILTER_IN_VALUES, MAX_FILTER_NODES};
 use ordo_core::{
@@ -52,7 +55,7 @@ fn model_schema() -> Schema {
 const SIGNED_POOL: [i64; 9] = [i64::MIN, -1_000_000, -3, -1, 0, 1, 2, 7, i64::MAX];
 const UNSIGNED_POOL: [u64; 8] = [0, 1, 2, 7, 1 << 40, 1 << 63, u64::MAX - 1, u64::MAX];
 const FLOAT_POOL: [f64; 11] = [f64::NEG_INFINITY, -1e300, -2.5, -1.0, -0.0, 0.0, 1.0, 2.0, 7.0, 1e300, f64::INFINITY];
-const TEXT_POOL: [&str; 22] = [
+const TEXT_POOL: [&str; 30] = [
     "",
     "a",
     "abc",
@@ -75,6 +78,15 @@ const TEXT_POOL: [&str; 22] = [
     "ﬁne",
     "x ss y",
     "mega",
+    // Accents, precomposed and decomposed (canonically equivalent pairs).
+    "Émile",
+    "E\u{301}mile",
+    "emile",
+    "Việt Nam",
+    "Vie\u{323}\u{302}t Nam",
+    "Łódź",
+    "Ångström",
+    "A\u{30A}ngstro\u{308}m",
 ];
 
 fn random_value(prng: &mut Prng, field_type: FieldType) -> OwnedValue {
@@ -117,7 +129,11 @@ fn random_needle(prng: &mut Prng) -> String {
     match prng.below(5) {
         0 => piece.to_uppercase(),
         1 => piece.to_lowercase(),
-        2 => (*prng.pick(&["ß", "SS", "σ", "ς", "İ", "i\u{307}", "é", "k", "\u{212A}", "FI", "z"])).to_owned(),
+        2 => (*prng.pick(&[
+            "ß", "SS", "σ", "ς", "İ", "i\u{307}", "é", "k", "\u{212A}", "FI", "z", "e\u{301}", "\u{301}", "ô", "lodz",
+            "ang",
+        ]))
+        .to_owned(),
         _ => piece,
     }
 }
@@ -147,10 +163,11 @@ fn random_filter(prng: &mut Prng, schema: &Schema, depth_left: usize) -> Filter 
         2 | 3 => Filter::In { field, values: (0..prng.below(5)).map(|_| random_literal(prng, field_type)).collect() },
         4..=7 if field_type == FieldType::String => {
             let needle = random_needle(prng);
+            let accent_insensitive = prng.chance(1, 2);
             if prng.chance(1, 2) {
-                Filter::Contains { field, needle }
+                Filter::Contains { field, needle, accent_insensitive }
             } else {
-                Filter::Prefix { field, prefix: needle }
+                Filter::Prefix { field, prefix: needle, accent_insensitive }
             }
         }
         _ => Filter::Compare { field, op: random_op(prng, field_type), value: random_literal(prng, field_type) },
@@ -189,6 +206,18 @@ fn reference_ordering(value: &OwnedValue, literal: &OwnedValue) -> Option<Orderi
     }
 }
 
+/// The search form, naively and with another normalizer than the engine's: NFD,
+/// case fold, then (accent-insensitive) NFD again and every combining mark
+/// dropped, then NFC.
+fn reference_fold(text: &str, accent_insensitive: bool) -> String {
+    let folded = caseless::default_case_fold_str(&text.nfd().collect::<String>());
+    if accent_insensitive {
+        folded.nfd().filter(|&character| canonical_combining_class(character) == 0).nfc().collect()
+    } else {
+        folded.nfc().collect()
+    }
+}
+
 fn reference_matches(filter: &Filter, schema: &Schema, row: &[OwnedValue]) -> bool {
     let field_value = |name: &str| &row[schema.field_id(name).expect("known field").index()];
     match filter {
@@ -208,15 +237,15 @@ fn reference_matches(filter: &Filter, schema: &Schema, row: &[OwnedValue]) -> bo
             values.iter().any(|literal| reference_ordering(field_value(field), literal) == Some(Ordering::Equal))
         }
         Filter::IsNull { field } => matches!(field_value(field), OwnedValue::Null),
-        Filter::Contains { field, needle } => match field_value(field) {
+        Filter::Contains { field, needle, accent_insensitive } => match field_value(field) {
             OwnedValue::Str(text) => {
-                caseless::default_case_fold_str(text).contains(caseless::default_case_fold_str(needle).as_str())
+                reference_fold(text, *accent_insensitive).contains(&reference_fold(needle, *accent_insensitive))
             }
             _ => false,
         },
-        Filter::Prefix { field, prefix } => match field_value(field) {
+        Filter::Prefix { field, prefix, accent_insensitive } => match field_value(field) {
             OwnedValue::Str(text) => {
-                caseless::default_case_fold_str(text).starts_with(caseless::default_case_fold_str(prefix).as_str())
+                reference_fold(text, *accent_insensitive).starts_with(&reference_fold(prefix, *accent_insensitive))
             }
             _ => false,
         },
@@ -478,6 +507,43 @@ fn filter_case_folding_examples() {
     assert_eq!(text_matches(&Filter::contains("text", "MEGA"), &["Ωmega", "omeg"]), [true, false]);
     assert_eq!(text_matches(&Filter::contains("text", ""), &["", "x", "Ωmega"]), [true, true, true]);
     assert_eq!(text_matches(&Filter::prefix("text", ""), &["", "x", "Ωmega"]), [true, true, true]);
+}
+
+#[test]
+fn filter_accent_and_normalization_examples() {
+    let names = ["Émile", "E\u{301}mile", "emile", "EMILE", "Emil", "Zoë"];
+    // Canonically equivalent spellings match each other; accents count by default.
+    assert_eq!(text_matches(&Filter::contains("text", "émile"), &names), [true, true, false, false, false, false]);
+    assert_eq!(
+        text_matches(&Filter::contains("text", "e\u{301}mile"), &names),
+        [true, true, false, false, false, false]
+    );
+    // Accent-insensitive: every spelling of Émile, whatever the needle's accents.
+    let accentless = Filter::contains("text", "emile").accent_insensitive();
+    assert_eq!(text_matches(&accentless, &names), [true, true, true, true, false, false]);
+    let accented = Filter::contains("text", "ÉMILE").accent_insensitive();
+    assert_eq!(text_matches(&accented, &names), [true, true, true, true, false, false]);
+    assert_eq!(
+        text_matches(&Filter::prefix("text", "zoe").accent_insensitive(), &names),
+        [false; 5].into_iter().chain([true]).collect::<Vec<_>>()
+    );
+    assert_eq!(text_matches(&Filter::prefix("text", "zoe"), &names), [false; 6]);
+    // German and Swedish letters lose their marks; letters without a decomposition do not.
+    let words = ["Müller", "Mueller", "Ångström", "Øresund", "Łódź"];
+    assert_eq!(
+        text_matches(&Filter::contains("text", "muller").accent_insensitive(), &words),
+        [true, false, false, false, false]
+    );
+    assert_eq!(
+        text_matches(&Filter::prefix("text", "angstrom").accent_insensitive(), &words),
+        [false, false, true, false, false]
+    );
+    assert_eq!(text_matches(&Filter::prefix("text", "oresund").accent_insensitive(), &words), [false; 5]);
+    assert_eq!(text_matches(&Filter::contains("text", "lodz").accent_insensitive(), &words), [false; 5]);
+    assert_eq!(
+        text_matches(&Filter::contains("text", "łodz").accent_insensitive(), &words),
+        [false, false, false, false, true]
+    );
 }
 
 #[test]

@@ -161,6 +161,8 @@ pub fn as_json() -> serde_json::Value {
         "max_payload_bytes": ordo_core::limits::MAX_PAYLOAD_BYTES,
         "max_fields_per_schema": ordo_core::limits::MAX_FIELDS_PER_SCHEMA,
         "max_sort_keys": ordo_core::limits::MAX_SORT_KEYS,
+        "max_collated_sort_keys": ordo_core::limits::MAX_COLLATED_SORT_KEYS,
+        "max_collation_locale_bytes": ordo_core::limits::MAX_COLLATION_LOCALE_BYTES,
         "max_filter_depth": ordo_core::limits::MAX_FILTER_DEPTH,
         "max_filter_nodes": ordo_core::limits::MAX_FILTER_NODES,
         "max_filter_in_values": ordo_core::limits::MAX_FILTER_IN_VALUES,

@@ -128,6 +128,8 @@ fn bad_view_definitions_and_window_requests_are_refused() {
         (def(Filter::True, vec![SortKey::asc("recency").case_insensitive()]), "does not apply"),
         (def(Filter::eq("recency", OwnedValue::Str("x".into())), vec![]), "u64"),
         (def(Filter::contains("recency", "1"), vec![]), "does not apply"),
+        (def(Filter::True, vec![SortKey::asc("recency").collated("fr")]), "does not apply"),
+        (def(Filter::True, vec![SortKey::asc("name").collated("fr_FR")]), "not a BCP 47 locale"),
     ];
     for (def, message) in cases {
         let error = engine.open_window(rooms, &def, 0, 10, &mut sink).expect_err("bad view accepted");
@@ -149,6 +151,48 @@ fn bad_view_definitions_and_window_requests_are_refused() {
     assert_eq!(engine.stats().n_views, 1);
     engine.close_window(reopened).unwrap();
     assert_eq!(engine.stats().n_views, 0, "a view without windows is dropped");
+}
+
+/// The collation limits at their edges: collated keys per view, locale length.
+#[test]
+fn collation_limits_are_inclusive() {
+    let schema = ordo_core::Schema::new()
+        .with_field("first", ordo_core::FieldType::String)
+        .with_field("second", ordo_core::FieldType::String)
+        .with_field("third", ordo_core::FieldType::String);
+    let mut engine = Engine::new();
+    let people = engine.create_collection("people", schema).unwrap();
+    let mut sink = CollectingSink::new();
+    let fields = ["first", "second", "third"];
+    assert_eq!(limits::MAX_COLLATED_SORT_KEYS + 1, fields.len(), "the test names one field past the limit");
+    let collated = |n_keys: usize| {
+        let sort = fields[..n_keys].iter().map(|field| SortKey::asc(field).collated("sv")).collect();
+        ViewDef::new(Filter::True, sort)
+    };
+    engine.open_window(people, &collated(limits::MAX_COLLATED_SORT_KEYS), 0, 10, &mut sink).expect("at the limit");
+    assert_eq!(
+        engine.open_window(people, &collated(limits::MAX_COLLATED_SORT_KEYS + 1), 0, 10, &mut sink),
+        Err(ViewError::TooManyCollatedSortKeys { n_keys_max: limits::MAX_COLLATED_SORT_KEYS })
+    );
+    // Plain keys beside the collated ones do not count.
+    let mut mixed = collated(limits::MAX_COLLATED_SORT_KEYS);
+    mixed.sort.push(SortKey::asc("third"));
+    engine.open_window(people, &mixed, 0, 10, &mut sink).expect("plain keys are not collated");
+
+    // "de-x-" and then private-use subtags: a valid tag of any length.
+    let mut locale = String::from("de-x");
+    while locale.len() < limits::MAX_COLLATION_LOCALE_BYTES {
+        locale.push_str(if limits::MAX_COLLATION_LOCALE_BYTES - locale.len() >= 2 { "-a" } else { "b" });
+    }
+    assert_eq!(locale.len(), limits::MAX_COLLATION_LOCALE_BYTES);
+    let with_locale = |locale: &str| ViewDef::new(Filter::True, vec![SortKey::asc("first").collated(locale)]);
+    engine.open_window(people, &with_locale(&locale), 0, 10, &mut sink).expect("a locale at the limit");
+    locale.push('c');
+    assert!(matches!(
+        engine.open_window(people, &with_locale(&locale), 0, 10, &mut sink),
+        Err(ViewError::CollationLocaleTooLong { n_bytes, n_bytes_max, .. })
+            if n_bytes == n_bytes_max + 1 && n_bytes_max == limits::MAX_COLLATION_LOCALE_BYTES
+    ));
 }
 
 #[test]

@@ -37,8 +37,10 @@ const FIELDS: [(&str, ordo_core::FieldType); 7] = [
 const OWNERS: [&str; 7] = ["u1", "u2", "U1", "user-with-a-name-longer-than-the-head-3", "ü4", "", "u5"];
 
 /// Names with ties, case variants, non-ASCII letters and shared prefixes longer than
-/// the 8 bytes the index caches, so that prefix ties reach the full comparison.
-const NAMES: [&str; 21] = [
+/// the 8 bytes the index caches, so that prefix ties reach the full comparison;
+/// accented names precomposed and decomposed (equal to a collator, different bytes),
+/// and letters that locales sort differently (Swedish "Ö" after "Z").
+const NAMES: [&str; 31] = [
     "a room name longer than the column's head: ÉCOLE ab",
     "alpha",
     "Alpha",
@@ -60,6 +62,16 @@ const NAMES: [&str; 21] = [
     "İstanbul",
     "istanbul",
     "ǅemal",
+    "Émile",
+    "E\u{301}mile",
+    "emile",
+    "Zorn",
+    "Öberg",
+    "O\u{308}berg",
+    "Oberg",
+    "Müller",
+    "Mueller",
+    "a room name longer than the column's head: E\u{301}COLE ab",
 ];
 
 fn schema() -> Schema {
@@ -98,14 +110,33 @@ fn random_leaf_filter(rng: &mut Rng) -> Filter {
         1 => Filter::compare("unread", op, OwnedValue::U64(rng.below(4) as u64)),
         2 => Filter::compare("score", op, OwnedValue::I64(rng.below(7) as i64 - 3)),
         3 => Filter::compare("ratio", op, OwnedValue::F64(*rng.pick(&[-1.0, 0.0, 0.25, 2.0]))),
-        4 => Filter::contains("name", rng.pick::<&str>(&["a", "ß", "ss", "ΩM", "AB", "", "lan", "İ", "i"])),
-        5 => Filter::prefix("name", rng.pick::<&str>(&["a", "STR", "é", "abcdefghijklmnop-", "ω", "ǆ"])),
+        4 => Filter::contains(
+            "name",
+            rng.pick::<&str>(&["a", "ß", "ss", "ΩM", "AB", "", "lan", "İ", "i", "e\u{301}", "ober"]),
+        )
+        .maybe_accent_insensitive(rng),
+        5 => Filter::prefix("name", rng.pick::<&str>(&["a", "STR", "é", "abcdefghijklmnop-", "ω", "ǆ", "EMI", "ö"]))
+            .maybe_accent_insensitive(rng),
         6 => Filter::is_null(rng.pick::<&str>(&["name", "recency", "ratio", "flag"])),
         7 => Filter::In {
             field: "recency".into(),
             values: (0..rng.below(4)).map(|_| OwnedValue::U64(rng.below(12) as u64 * 1000)).collect(),
         },
         _ => Filter::compare("name", op, OwnedValue::Str(rng.pick(&NAMES).to_string())),
+    }
+}
+
+trait MaybeAccentInsensitive {
+    fn maybe_accent_insensitive(self, rng: &mut Rng) -> Self;
+}
+
+impl MaybeAccentInsensitive for Filter {
+    fn maybe_accent_insensitive(self, rng: &mut Rng) -> Filter {
+        if rng.chance(50) {
+            self.accent_insensitive()
+        } else {
+            self
+        }
     }
 }
 
@@ -126,8 +157,11 @@ fn random_sort(rng: &mut Rng) -> Vec<SortKey> {
     for _ in 0..rng.below(4) {
         let field = fields.remove(rng.below(fields.len()));
         let mut key = if rng.chance(50) { SortKey::asc(field) } else { SortKey::desc(field) };
-        if field == "name" && rng.chance(50) {
+        if (field == "name" || field == "owner") && rng.chance(50) {
             key = key.case_insensitive();
+        }
+        if (field == "name" || field == "owner") && rng.chance(40) {
+            key = key.collated(rng.pick::<&str>(&["fr", "sv", "de-u-co-phonebk", "root"]));
         }
         keys.push(key);
     }

@@ -2,8 +2,15 @@
 //! read. Written independently of the engine (no engine code evaluates filters or
 //! orders here), so the model test compares two implementations.
 
+use std::cell::RefCell;
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+
+use icu_collator::options::{CollatorOptions, Strength};
+use icu_collator::CollatorBorrowed;
+use icu_locale_core::Locale;
+use unicode_normalization::char::canonical_combining_class;
+use unicode_normalization::UnicodeNormalization;
 
 use ordo_core::{CompareOp, Direction, Filter, OwnedItem, OwnedValue, Schema, SortKey, ViewDef};
 
@@ -39,6 +46,37 @@ impl Rng {
 
 fn fold(text: &str) -> String {
     caseless::default_case_fold_str(text)
+}
+
+/// What `contains` and `prefix` compare, naively and with another normalizer than
+/// the engine's: NFD, case fold, then (accent-insensitive) NFD again and every
+/// combining mark dropped, then NFC.
+fn search_fold(text: &str, accent_insensitive: bool) -> String {
+    let folded = fold(&text.nfd().collect::<String>());
+    if accent_insensitive {
+        folded.nfd().filter(|&character| canonical_combining_class(character) == 0).nfc().collect()
+    } else {
+        folded.nfc().collect()
+    }
+}
+
+thread_local! {
+    static COLLATORS: RefCell<HashMap<(String, bool), CollatorBorrowed<'static>>> = RefCell::new(HashMap::new());
+}
+
+/// The collator's own comparison, at the strength the engine documents: tertiary,
+/// or secondary when case-insensitive. (`root` is CLDR's name for `und`.)
+fn collate(locale: &str, case_insensitive: bool, left: &str, right: &str) -> Ordering {
+    COLLATORS.with(|collators| {
+        let mut collators = collators.borrow_mut();
+        let collator = collators.entry((locale.to_owned(), case_insensitive)).or_insert_with(|| {
+            let locale = if locale == "root" { Locale::UNKNOWN } else { Locale::try_from_str(locale).unwrap() };
+            let mut options = CollatorOptions::default();
+            options.strength = Some(if case_insensitive { Strength::Secondary } else { Strength::Tertiary });
+            CollatorBorrowed::try_new((&locale).into(), options).unwrap()
+        });
+        collator.compare(left, right)
+    })
 }
 
 fn field_index(schema: &Schema, name: &str) -> usize {
@@ -87,12 +125,16 @@ pub fn matches(filter: &Filter, schema: &Schema, item: &OwnedItem) -> bool {
         Filter::IsNull { field } => {
             matches!(item.fields[field_index(schema, field)], OwnedValue::Null)
         }
-        Filter::Contains { field, needle } => match &item.fields[field_index(schema, field)] {
-            OwnedValue::Str(text) => fold(text).contains(&fold(needle)),
+        Filter::Contains { field, needle, accent_insensitive } => match &item.fields[field_index(schema, field)] {
+            OwnedValue::Str(text) => {
+                search_fold(text, *accent_insensitive).contains(&search_fold(needle, *accent_insensitive))
+            }
             _ => false,
         },
-        Filter::Prefix { field, prefix } => match &item.fields[field_index(schema, field)] {
-            OwnedValue::Str(text) => fold(text).starts_with(&fold(prefix)),
+        Filter::Prefix { field, prefix, accent_insensitive } => match &item.fields[field_index(schema, field)] {
+            OwnedValue::Str(text) => {
+                search_fold(text, *accent_insensitive).starts_with(&search_fold(prefix, *accent_insensitive))
+            }
             _ => false,
         },
         Filter::All(filters) => filters.iter().all(|filter| matches(filter, schema, item)),
@@ -109,6 +151,9 @@ pub fn compare_items(sort: &[SortKey], schema: &Schema, left: &OwnedItem, right:
             (OwnedValue::Null, OwnedValue::Null) => Ordering::Equal,
             (OwnedValue::Null, _) => return Ordering::Greater,
             (_, OwnedValue::Null) => return Ordering::Less,
+            (OwnedValue::Str(a), OwnedValue::Str(b)) if key.collation.is_some() => {
+                collate(key.collation.as_deref().unwrap(), key.case_insensitive, a, b)
+            }
             (OwnedValue::Str(a), OwnedValue::Str(b)) if key.case_insensitive => fold(a).cmp(&fold(b)),
             (OwnedValue::F64(a), OwnedValue::F64(b)) => a.total_cmp(b),
             _ => compare_values(a, b).expect("same field, same type"),

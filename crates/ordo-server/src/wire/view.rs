@@ -61,6 +61,10 @@ pub struct SortRequest {
     pub dir: SortDirection,
     #[serde(default)]
     pub case_insensitive: bool,
+    /// A BCP 47 locale (`"fr"`, `"sv"`, `"de-u-co-phonebk"`; `"root"` or `"und"` for
+    /// the root collation): order this string key as readers of that language do.
+    #[serde(default)]
+    pub collation: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -197,16 +201,14 @@ pub fn view_def(schema: &Schema, filter: &Json, sort: &[SortRequest]) -> Result<
             ordo_core::limits::MAX_SORT_KEYS
         )));
     }
-    let sort = sort
-        .iter()
-        .map(|key| {
-            match key.dir {
-                SortDirection::Asc => SortKey::asc(&key.field),
-                SortDirection::Desc => SortKey::desc(&key.field),
-            }
-            .with_case(key.case_insensitive)
-        })
-        .collect();
+    let n_collated_keys = sort.iter().filter(|key| key.collation.is_some()).count();
+    if n_collated_keys > ordo_core::limits::MAX_COLLATED_SORT_KEYS {
+        return Err(ApiError::limit(format!(
+            "the sort has {n_collated_keys} keys with a collation; at most {} are allowed",
+            ordo_core::limits::MAX_COLLATED_SORT_KEYS
+        )));
+    }
+    let sort = sort.iter().map(sort_key).collect::<Result<_, _>>()?;
     let def = ViewDef::new(filter, sort);
     // Compiling here reports every view error on the network thread, with the
     // engine's own checks; the writer thread then cannot refuse the view.
@@ -250,18 +252,34 @@ pub fn restrict(def: &mut ViewDef, predicate: Option<&Filter>, schema: &Schema) 
     Ok(())
 }
 
-trait WithCase {
-    fn with_case(self, case_insensitive: bool) -> Self;
-}
-
-impl WithCase for SortKey {
-    fn with_case(self, case_insensitive: bool) -> SortKey {
-        if case_insensitive {
-            self.case_insensitive()
-        } else {
-            self
+fn sort_key(request: &SortRequest) -> Result<SortKey, ApiError> {
+    let mut key = match request.dir {
+        SortDirection::Asc => SortKey::asc(&request.field),
+        SortDirection::Desc => SortKey::desc(&request.field),
+    };
+    key.case_insensitive = request.case_insensitive;
+    if let Some(locale) = &request.collation {
+        if locale.len() > ordo_core::limits::MAX_COLLATION_LOCALE_BYTES {
+            return Err(ApiError::limit(format!(
+                "the collation of sort key `{}` is {} bytes; at most {} are allowed",
+                request.field,
+                locale.len(),
+                ordo_core::limits::MAX_COLLATION_LOCALE_BYTES
+            )));
         }
+        // Canonical, so that `"FR"` and `"fr"` name one view (and share its index).
+        let canonical = ordo_core::canonical_collation_locale(locale).map_err(|_| {
+            ApiError::new(
+                ErrorCode::InvalidView,
+                format!(
+                    "the collation of sort key `{}` is `{locale}`, which is not a BCP 47 locale (such as \"fr\", \"sv\", \"de-u-co-phonebk\", or \"root\")",
+                    request.field
+                ),
+            )
+        })?;
+        key.collation = Some(canonical);
     }
+    Ok(key)
 }
 
 fn filter_from_json(schema: &Schema, json: &Json, depth: usize, n_nodes: &mut usize) -> Result<Filter, ApiError> {
@@ -378,13 +396,20 @@ fn filter_from_json(schema: &Schema, json: &Json, depth: usize, n_nodes: &mut us
             other => Err(invalid(format!("`is_null` takes true or false, not {}", describe(other)))),
         };
     }
+    let accent_insensitive = || match object.get("accent_insensitive") {
+        None => Ok(false),
+        Some(Json::Bool(flag)) => Ok(*flag),
+        Some(other) => Err(invalid(format!("`accent_insensitive` takes true or false, not {}", describe(other)))),
+    };
     if let Some(needle) = object.get("contains") {
-        only(&["field", "contains"])?;
-        return Ok(Filter::Contains { field, needle: short_string(needle, "contains")? });
+        only(&["field", "contains", "accent_insensitive"])?;
+        let needle = short_string(needle, "contains")?;
+        return Ok(Filter::Contains { field, needle, accent_insensitive: accent_insensitive()? });
     }
     if let Some(prefix) = object.get("prefix") {
-        only(&["field", "prefix"])?;
-        return Ok(Filter::Prefix { field, prefix: short_string(prefix, "prefix")? });
+        only(&["field", "prefix", "accent_insensitive"])?;
+        let prefix = short_string(prefix, "prefix")?;
+        return Ok(Filter::Prefix { field, prefix, accent_insensitive: accent_insensitive()? });
     }
     Err(invalid(format!("a filter on `{field}` needs one of `op`, `in`, `is_null`, `contains`, `prefix`")))
 }
