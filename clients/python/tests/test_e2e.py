@@ -302,3 +302,47 @@ def _metrics(server: OrdoServer) -> dict[str, float]:
 async def _until(condition: Any) -> None:
     while not condition():
         await asyncio.sleep(0.01)
+
+
+async def test_total_write_seq_and_ended(ordo: OrdoServer) -> None:
+    ordo.create_collection("gone", FIELDS)
+    ordo.batch("gone", [{"op": "upsert", "id": f"!g{n}", "fields": {"name": f"g{n}", "recency": n}} for n in range(4)])
+    ordo.ok("POST", "/v1/collections/gone/fields", {"name": "pinned", "type": "bool", "default": False})
+    sort = [{"field": "recency", "dir": "desc"}]
+    async with OrdoClient(ordo.ws_url) as client:
+        every = await client.subscribe("gone", sort=sort, limit=2, sub_id="all")
+        pins = await client.subscribe(
+            "gone", filter={"field": "pinned", "op": "eq", "value": False}, sort=sort, limit=2, sub_id="pins"
+        )
+        assert every.total == 4 and pins.total == 4
+        seen: list[Any] = []
+
+        async def consume() -> None:
+            async for event in pins:
+                seen.append(event)
+
+        consumer = asyncio.create_task(consume())
+        written = await asyncio.to_thread(
+            ordo.batch, "gone", [{"op": "upsert", "id": "!g9", "fields": {"name": "g9", "recency": 9}}]
+        )
+        await every.wait_until(lambda _: every.total == 5, SETTLE)
+        assert every.write_seq is not None and every.write_seq >= written["seq"]
+
+        await asyncio.to_thread(ordo.ok, "DELETE", "/v1/collections/gone/fields/pinned")
+        await asyncio.wait_for(consumer, SETTLE)  # the iteration ends with the `ended` event
+        assert pins.closed and pins.ended is not None
+        assert (pins.ended.sub, pins.ended.reason) == ("pins", "field_removed")
+        assert seen[-1] is pins.ended  # the last thing the iteration yields
+        assert len(pins.items) == 2  # keeps its last items
+        with pytest.raises(OrdoError):
+            await pins.set_range(0, 3)
+        await pins.close()  # a no-op
+        # The other list goes on without the field; the id is free again.
+        await settle(ordo, [every], "after the field was removed")
+        again = await client.subscribe("gone", sort=sort, limit=1, sub_id="pins")
+
+        await asyncio.to_thread(ordo.ok, "DELETE", "/v1/collections/gone")
+        for live in (every, again):
+            if not live.closed:
+                await live.wait_until(lambda _, live=live: live.closed, SETTLE)
+            assert live.ended is not None and live.ended.reason == "collection_dropped"

@@ -90,3 +90,46 @@ async def test_a_token_provider_is_asked_again_after_a_401(server: OrdoServer) -
     assert len(calls) == 2
     await http.write("rooms", [room(1, 1)])
     assert len(calls) == 2, "the good token is kept"
+
+
+async def test_add_and_remove_a_field_and_drop_a_collection(server: OrdoServer) -> None:
+    admin = OrdoHttp(server.http, token=server.token)
+    await admin.create_collection("schema", FIELDS)
+    written = await admin.write("schema", [room(1, 10)])
+    added = await admin.add_field("schema", "pinned", "bool", default=True)
+    assert added["name"] == "schema"
+    assert [f["name"] for f in added["fields"]] == ["name", "recency", "unread", "pinned"]
+    assert added["seq"] > written["seq"]
+    item = await admin.get_item("schema", "!r1:example.org")
+    assert item is not None and item["fields"]["pinned"] is True  # existing items got the default
+    # No default: the field is null in existing items.
+    await admin.add_field("schema", "note", "string")
+    item = await admin.get_item("schema", "!r1:example.org")
+    assert item is not None and item["fields"].get("note") is None
+    with pytest.raises(OrdoHttpError) as taken:
+        await admin.add_field("schema", "pinned", "bool")
+    assert (taken.value.status, taken.value.code) == (400, "invalid_schema")
+
+    writer = OrdoHttp(server.http, token=mint_token(server.secret_file, "u1", "writer", 600))  # type: ignore[attr-defined]
+    for refused in (
+        writer.add_field("schema", "x", "u64"),
+        writer.remove_field("schema", "pinned"),
+        writer.drop_collection("schema"),
+    ):
+        with pytest.raises(OrdoHttpError) as forbidden:
+            await refused
+        assert forbidden.value.status == 403
+
+    removed = await admin.remove_field("schema", "pinned")
+    assert [f["name"] for f in removed["fields"]] == ["name", "recency", "unread", "note"]
+    assert removed["seq"] > added["seq"]
+    with pytest.raises(OrdoHttpError) as gone:
+        await admin.remove_field("schema", "pinned")
+    assert (gone.value.status, gone.value.code) == (404, "not_found")
+
+    dropped = await admin.drop_collection("schema")
+    assert dropped == {"seq": dropped["seq"], "dropped": "schema"}
+    assert dropped["seq"] > removed["seq"]
+    with pytest.raises(OrdoHttpError) as missing:
+        await admin.collection("schema")
+    assert missing.value.status == 404

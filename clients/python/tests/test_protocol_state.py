@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ordo_client import ErrorEvent, Gap, InvalidDiffs, ProtocolState, Resumed, Unsubscribed, Update
+from ordo_client import Ended, ErrorEvent, Gap, InvalidDiffs, ProtocolState, Resumed, Unsubscribed, Update
 
 SPEC = {"collection": "rooms", "filter": None, "sort": [{"field": "recency", "dir": "desc"}],
         "offset": 0, "limit": 2, "fields": None, "payload": True}  # fmt: skip
@@ -138,3 +138,40 @@ def test_resume_op_lists_every_subscription_with_its_last_seq() -> None:
 
 def test_nothing_to_resume() -> None:
     assert ProtocolState().resume_op() == (None, [])
+
+
+def test_total_is_kept_across_frames_without_one_and_write_seq_is_per_frame() -> None:
+    state = ProtocolState()
+    state.subscribe_op("a", SPEC)
+    assert (state.subs["a"].total, state.subs["a"].write_seq) == (None, None)
+    [event] = state.handle_frame({**reset("a", 1, item(1)), "total": 9, "write_seq": 4})
+    assert isinstance(event, Update) and (event.total, event.write_seq) == (9, 4)
+    # No `total`: unchanged.
+    [event] = state.handle_frame({**diffs("a", 2, {"PushBack": {"value": item(0)}}), "write_seq": 5})
+    assert isinstance(event, Update) and (event.total, event.write_seq) == (9, 5)
+    state.handle_frame({**diffs("a", 3, {"PopBack": {}}), "total": 11, "write_seq": 6})
+    assert state.totals() == {"a": 11}
+    # A gap applies nothing, its total included.
+    state.handle_frame({**diffs("a", 9, {"PopBack": {}}), "total": 50})
+    assert state.totals() == {"a": 11}
+
+
+def test_ended_removes_the_subscription_and_frees_its_id() -> None:
+    state = ProtocolState()
+    state.subscribe_op("a", SPEC)
+    state.handle_frame(reset("a", 1, item(1)))
+    ended = {"type": "ended", "sub": "a", "reason": "collection_dropped", "message": "collection `rooms` was dropped"}
+    assert state.handle_frame(ended) == [Ended("a", "collection_dropped", "collection `rooms` was dropped")]
+    assert "a" not in state.subs
+    assert state.handle_frame(diffs("a", 2, {"PopBack": {}})) == []  # in flight: dropped
+    state.subscribe_op("a", SPEC)  # the id is free
+    [event] = state.handle_frame(reset("a", 1, item(2)))
+    assert isinstance(event, Update) and event.items == [item(2)]
+    # Being re-subscribed (after a gap): the old one ended before the unsubscribe
+    # reached it; that is answered `unknown_subscription`, then the new subscribe.
+    state.begin_resubscribe("a")
+    assert state.handle_frame({**ended, "reason": "field_removed"}) == []
+    assert state.subs["a"].status == "resubscribing"
+    assert state.handle_frame({"type": "error", "sub": "a", "code": "unknown_subscription", "message": ""}) == []
+    assert state.subs["a"].status == "awaiting_reset"
+    assert state.handle_frame({**ended, "sub": "ghost"}) == []

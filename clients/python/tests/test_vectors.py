@@ -23,7 +23,7 @@ def test_the_corpus_is_there() -> None:
     assert VECTORS, f"no protocol vectors in {VECTORS_DIR}"
     names = {path.stem for path in VECTORS}
     # Cases the corpus must hold for the runner to mean something.
-    assert {"all_diff_kinds", "seq_gaps", "resume_replay", "resume_reset"} <= names, names
+    assert {"all_diff_kinds", "seq_gaps", "resume_replay", "resume_reset", "ended"} <= names, names
 
 
 @pytest.mark.parametrize("path", VECTORS, ids=[path.stem for path in VECTORS])
@@ -41,6 +41,8 @@ def test_vector(path: Path) -> None:
         expected_events = [step["expect"]["event"]] if "event" in step["expect"] else []
         assert reported == expected_events, f"{where}: events"
         assert state.seqs() == step["expect"]["seqs"], f"{where}: seqs"
+        if "totals" in step["expect"]:
+            assert state.totals() == step["expect"]["totals"], f"{where}: totals"
         lists = state.lists()
         assert sorted(lists) == sorted(step["expect"]["lists"]), f"{where}: subscriptions"
         for sub, items in step["expect"]["lists"].items():

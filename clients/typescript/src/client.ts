@@ -1,7 +1,7 @@
 import { jwtTimes, refreshDelayMs } from "./auth.js";
 import { Emitter } from "./emitter.js";
 import { OrdoError } from "./errors.js";
-import { lossError, ProtocolState, type ProtocolEvent } from "./protocol.js";
+import { type EndedReason, lossError, ProtocolState, type ProtocolEvent } from "./protocol.js";
 import {
   PROTOCOL_VERSION,
   type AuthIdentity,
@@ -59,10 +59,23 @@ export interface ListChange {
   items: readonly Item[];
   /** The frame held a Reset: the whole list was replaced (first frame, resume, recovery). */
   reset: boolean;
+  /** The view's length (all its items, not just the window) after this frame; null before the server sent one. */
+  total: number | null;
+  /** The last write (batch `seq`) the list reflects; null from a server that sends none. */
+  write_seq: number | null;
 }
 
 /** Where a list stands. */
-export type ListStatus = "subscribing" | "live" | "closed";
+/** `ended`: the server ended the subscription (`LiveList.ended` says why); it is not re-subscribed. */
+export type ListStatus = "subscribing" | "live" | "closed" | "ended";
+
+/** Why the server ended a list's subscription (an `ended` frame). */
+export interface ListEnded {
+  sub: string;
+  /** `collection_dropped` or `field_removed` (newer servers may send others). */
+  reason: EndedReason;
+  message: string;
+}
 
 /** The subset of the WebSocket interface this client uses. */
 interface SocketLike {
@@ -87,8 +100,8 @@ const MAX_WINDOW_LIMIT = 1000;
 const CLOSE_UNAUTHORIZED = 4401;
 const MAX_WINDOW_OFFSET = 0xffff_ffff;
 
-type ClientEvents = { state: ConnectionState; error: OrdoError; auth: AuthIdentity };
-type ListEvents = { change: ListChange; error: OrdoError };
+type ClientEvents = { state: ConnectionState; error: OrdoError; auth: AuthIdentity; ended: ListEnded };
+type ListEvents = { change: ListChange; error: OrdoError; ended: ListEnded };
 
 function copyDefinition(definition: WindowDefinition): WindowDefinition {
   const copy: WindowDefinition = { collection: definition.collection, limit: definition.limit };
@@ -127,6 +140,9 @@ export class LiveList {
   private _seq = 0;
   private _status: ListStatus = "subscribing";
   private _error: OrdoError | null = null;
+  private _total: number | null = null;
+  private _writeSeq: number | null = null;
+  private _ended: ListEnded | null = null;
   private readonly emitter = new Emitter<ListEvents>();
   private settled = false;
   private resolveReady!: () => void;
@@ -178,6 +194,21 @@ export class LiveList {
     return this._error;
   }
 
+  /** The number of items in the whole view (not just the window), as of the last frame that said; null before. */
+  get total(): number | null {
+    return this._total;
+  }
+
+  /** The last write (batch `seq`) the list reflects (a write's answer has its `seq`); null before the first frame. */
+  get writeSeq(): number | null {
+    return this._writeSeq;
+  }
+
+  /** Why the server ended the subscription (`status` is then `ended`), or null. */
+  get ended(): ListEnded | null {
+    return this._ended;
+  }
+
   /** The window as the caller last set it. */
   get view(): Readonly<WindowDefinition> {
     return copyDefinition(this.definition);
@@ -185,13 +216,14 @@ export class LiveList {
 
   on(event: "change", listener: (change: ListChange) => void): () => void;
   on(event: "error", listener: (error: OrdoError) => void): () => void;
+  on(event: "ended", listener: (ended: ListEnded) => void): () => void;
   on(event: keyof ListEvents, listener: (value: never) => void): () => void {
     return this.emitter.on(event, listener as (value: ListEvents[typeof event]) => void);
   }
 
   /** Moves or grows the window ("load more"). The change reaches the list as diffs. */
   setRange(offset: number, limit: number): void {
-    if (this._status === "closed") return;
+    if (this._status === "closed" || this._status === "ended") return;
     checkRange(offset, limit);
     this.definition = { ...this.definition, offset, limit };
     this.client._windowChanged(this);
@@ -199,7 +231,7 @@ export class LiveList {
 
   /** Changes the filter and the sort, keeping the range. Keys left out are kept as they are. */
   setView(view: ViewSpec): void {
-    if (this._status === "closed") return;
+    if (this._status === "closed" || this._status === "ended") return;
     const next = { ...this.definition };
     if (view.filter !== undefined) next.filter = view.filter;
     if (view.sort !== undefined) next.sort = view.sort;
@@ -209,7 +241,7 @@ export class LiveList {
 
   /** Unsubscribes. The list keeps its last items; `ready` rejects with `closed` if it was pending. */
   close(): void {
-    if (this._status === "closed") return;
+    if (this._status === "closed" || this._status === "ended") return;
     this.client._closeList(this);
   }
 
@@ -217,6 +249,8 @@ export class LiveList {
   _applyChange(seq: number, change: ListChange): void {
     this._items = change.items;
     this._seq = seq;
+    this._total = change.total;
+    this._writeSeq = change.write_seq;
     if (this._status === "subscribing") this._status = "live";
     if (!this.settled) {
       this.settled = true;
@@ -239,6 +273,17 @@ export class LiveList {
       this.settled = true;
       this.rejectReady(error);
     }
+  }
+
+  /** @internal The server ended the subscription: the list keeps its last items. */
+  _markEnded(ended: ListEnded): void {
+    this._ended = ended;
+    this._status = "ended";
+    if (!this.settled) {
+      this.settled = true;
+      this.rejectReady(new OrdoError(ended.reason, ended.message, ended.sub));
+    }
+    this.emitter.emit("ended", ended);
   }
 
   /** @internal The subscription is being recovered (after a gap): frames resume with a Reset. */
@@ -344,6 +389,8 @@ export class OrdoClient {
   on(event: "error", listener: (error: OrdoError) => void): () => void;
   /** The server accepted a token (at connection or at a refresh): who the connection is. */
   on(event: "auth", listener: (identity: AuthIdentity) => void): () => void;
+  /** The server ended a subscription (`ended`): also reported on the list, which then has status `ended`. */
+  on(event: "ended", listener: (ended: ListEnded) => void): () => void;
   on(event: keyof ClientEvents, listener: (value: never) => void): () => void {
     return this.emitter.on(event, listener as (value: ClientEvents[typeof event]) => void);
   }
@@ -661,7 +708,13 @@ export class OrdoClient {
       case "change": {
         const list = this.lists.get(event.sub);
         if (!list) return;
-        list._applyChange(event.seq, { diffs: event.diffs, items: event.items, reset: event.reset });
+        list._applyChange(event.seq, {
+          diffs: event.diffs,
+          items: event.items,
+          reset: event.reset,
+          total: event.total,
+          write_seq: event.write_seq,
+        });
         // Window changes made before the first frame go out now.
         if (list.changePending && this.lists.get(event.sub) === list && this.handshaken) this.sendWindowChange(list);
         return;
@@ -701,6 +754,17 @@ export class OrdoClient {
       }
       case "unsubscribed":
         return;
+      case "ended": {
+        // Not re-subscribed: the id is free for a new `subscribe`.
+        const ended: ListEnded = { sub: event.sub, reason: event.reason, message: event.message };
+        const list = this.lists.get(event.sub);
+        if (list) {
+          this.lists.delete(event.sub);
+          list._markEnded(ended);
+        }
+        this.emitter.emit("ended", ended);
+        return;
+      }
       case "protocol":
         this.onProtocolError(event);
         return;

@@ -32,6 +32,14 @@ export type BatchOp =
     }
   | { op: "remove"; id: string; if?: Precondition };
 
+/** A field to add to a collection: without `default` (or with `null`) the field is null in existing items. */
+export type NewField = FieldSpec & { default?: unknown };
+
+/** A collection after a schema change, with the `seq` of the change. */
+export type SchemaChangeResult = CollectionInfo & { seq: number };
+
+export type DropResult = { seq: number; dropped: string };
+
 export type WriteResult = { seq: number; upserted: number; removed: number };
 
 export type DeleteResult = { seq: number; removed: boolean };
@@ -101,6 +109,27 @@ export class OrdoHttp {
 
   collection(name: string): Promise<CollectionInfo> {
     return this.request("GET", `/v1/collections/${path(name)}`);
+  }
+
+  /**
+   * `POST /v1/collections/{name}/fields` (admin): appends a field; every existing item
+   * gets `default`. Live subscriptions that did not name their fields get a Reset with it.
+   */
+  addField(collection: string, field: NewField): Promise<SchemaChangeResult> {
+    return this.request("POST", `/v1/collections/${path(collection)}/fields`, field);
+  }
+
+  /**
+   * `DELETE /v1/collections/{name}/fields/{field}` (admin): subscriptions whose filter or
+   * sort reads the field end (`ended`, reason `field_removed`).
+   */
+  removeField(collection: string, field: string): Promise<SchemaChangeResult> {
+    return this.request("DELETE", `/v1/collections/${path(collection, "fields", field)}`);
+  }
+
+  /** `DELETE /v1/collections/{name}` (admin): its subscriptions end (`ended`, reason `collection_dropped`). */
+  dropCollection(collection: string): Promise<DropResult> {
+    return this.request("DELETE", `/v1/collections/${path(collection)}`);
   }
 
   /** `POST /v1/collections/{name}/batch`: applied whole or not at all; resolves once durable. */

@@ -1,9 +1,9 @@
 export { OrdoClient, LiveList } from "./client.js";
-export type { ConnectionState, ListChange, ListStatus, OrdoClientOptions, ReconnectOptions } from "./client.js";
+export type { ConnectionState, ListChange, ListEnded, ListStatus, OrdoClientOptions, ReconnectOptions } from "./client.js";
 export { OrdoError } from "./errors.js";
 export { applyDiffs } from "./diffs.js";
 export { ProtocolState } from "./protocol.js";
-export type { ProtocolEvent, SubscriptionPhase, SubscriptionSnapshot } from "./protocol.js";
+export type { EndedReason, ProtocolEvent, SubscriptionPhase, SubscriptionSnapshot } from "./protocol.js";
 export { PROTOCOL_VERSION } from "./types.js";
 export type {
   AuthExpiredFrame,

@@ -19,7 +19,14 @@ export interface SubscriptionSnapshot {
   readonly items: readonly Item[];
   readonly seq: number;
   readonly phase: SubscriptionPhase;
+  /** The view's length (items in the whole view, not the window), from the last frame that carried it; null before any. */
+  readonly total: number | null;
+  /** The last write (batch `seq`) the list reflects, from the last frame applied; null before any. */
+  readonly write_seq: number | null;
 }
+
+/** Why the server ended a subscription (`ended` frame); other strings may come from newer servers. */
+export type EndedReason = "collection_dropped" | "field_removed" | (string & {});
 
 /** What the core reports for a frame. `change` is the only kind that changes a list. */
 export type ProtocolEvent =
@@ -44,6 +51,8 @@ export type ProtocolEvent =
       refused?: "subscribe" | "request";
     }
   | { kind: "unsubscribed"; sub: string }
+  /** The server ended the subscription (`ended`): no frame of it follows, it is gone and its id is free. */
+  | { kind: "ended"; sub: string; reason: EndedReason; message: string }
   | {
       kind: "resumed";
       session: string;
@@ -54,7 +63,18 @@ export type ProtocolEvent =
     }
   | { kind: "gap"; sub: string; expected_seq: number; got_seq: number }
   | { kind: "invalid_diffs"; sub: string; seq: number; message: string }
-  | { kind: "change"; sub: string; seq: number; diffs: VectorDiff[]; items: readonly Item[]; reset: boolean }
+  | {
+      kind: "change";
+      sub: string;
+      seq: number;
+      diffs: VectorDiff[];
+      items: readonly Item[];
+      reset: boolean;
+      /** The view's length after this frame (the frame's `total`, else the last one known); null before any. */
+      total: number | null;
+      /** The frame's `write_seq` (null from a server that sends none). */
+      write_seq: number | null;
+    }
   /**
    * A frame this client cannot read. `resubscribe` says which lists may have lost
    * data through it: `sub` (the frame named a subscription held), `all` (it named
@@ -66,6 +86,8 @@ interface Record_ {
   items: readonly Item[];
   seq: number;
   phase: SubscriptionPhase;
+  total: number | null;
+  writeSeq: number | null;
 }
 
 function isObject(value: unknown): value is Record<string, unknown> {
@@ -95,7 +117,7 @@ export class ProtocolState {
 
   /** Adds (or replaces) a subscription with a list and its last `seq`; `subscribing` when `seq` is 0. */
   seed(sub: string, items: readonly Item[], seq: number): void {
-    this.subs.set(sub, { items: items.slice(), seq, phase: seq === 0 ? "subscribing" : "live" });
+    this.subs.set(sub, { items: items.slice(), seq, phase: seq === 0 ? "subscribing" : "live", total: null, writeSeq: null });
   }
 
   /** The client sends `subscribe`: a new subscription with an empty list. */
@@ -137,7 +159,15 @@ export class ProtocolState {
 
   get(sub: string): SubscriptionSnapshot | undefined {
     const record = this.subs.get(sub);
-    return record && { items: record.items, seq: record.seq, phase: record.phase };
+    return (
+      record && {
+        items: record.items,
+        seq: record.seq,
+        phase: record.phase,
+        total: record.total,
+        write_seq: record.writeSeq,
+      }
+    );
   }
 
   /** The ids of every subscription held (in any phase). */
@@ -156,6 +186,13 @@ export class ProtocolState {
   seqs(): Record<string, number> {
     const out: Record<string, number> = {};
     for (const [sub, record] of this.subs) if (record.phase !== "closing") out[sub] = record.seq;
+    return out;
+  }
+
+  /** The last `total` known (null: none yet), for every subscription that is not closing. */
+  totals(): Record<string, number | null> {
+    const out: Record<string, number | null> = {};
+    for (const [sub, record] of this.subs) if (record.phase !== "closing") out[sub] = record.total;
     return out;
   }
 
@@ -218,6 +255,8 @@ export class ProtocolState {
         return this.onError(frame);
       case "unsubscribed":
         return this.onUnsubscribed(frame);
+      case "ended":
+        return this.onEnded(frame);
       case "resumed":
         return this.onResumed(frame);
       default:
@@ -275,8 +314,13 @@ export class ProtocolState {
     record.items = items;
     record.seq = seq;
     record.phase = "live";
+    // A frame without `total` means "unchanged" (PROTOCOL.md).
+    if (isSeq(frame.total)) record.total = frame.total;
+    record.writeSeq = isSeq(frame.write_seq) ? frame.write_seq : null;
     const reset = (diffs as unknown[]).some((diff) => isObject(diff) && "Reset" in diff);
-    return [{ kind: "change", sub, seq, diffs: diffs as VectorDiff[], items, reset }];
+    return [
+      { kind: "change", sub, seq, diffs: diffs as VectorDiff[], items, reset, total: record.total, write_seq: record.writeSeq },
+    ];
   }
 
   private onError(frame: Record<string, unknown>): ProtocolEvent[] {
@@ -319,6 +363,22 @@ export class ProtocolState {
     }
     this.subs.delete(sub);
     return [{ kind: "unsubscribed", sub }];
+  }
+
+  private onEnded(frame: Record<string, unknown>): ProtocolEvent[] {
+    if (typeof frame.sub !== "string") return [this.unreadable(frame, "an ended frame without a sub")];
+    const sub = frame.sub;
+    const reason = typeof frame.reason === "string" ? frame.reason : "unknown";
+    const message = typeof frame.message === "string" ? frame.message : reason;
+    const record = this.subs.get(sub);
+    if (!record) return [];
+    if (record.phase === "restarting") {
+      // The old subscription ended before our unsubscribe reached it: that unsubscribe
+      // is answered `unknown_subscription`, then the new subscribe's answer comes.
+      return [];
+    }
+    this.subs.delete(sub);
+    return [{ kind: "ended", sub, reason, message }];
   }
 
   private onResumed(frame: Record<string, unknown>): ProtocolEvent[] {

@@ -3,7 +3,7 @@
 
 import { useCallback, useEffect, useRef, useState, useSyncExternalStore } from "react";
 
-import { OrdoClient, type LiveList, type OrdoClientOptions } from "./client.js";
+import { OrdoClient, type ListEnded, type LiveList, type OrdoClientOptions } from "./client.js";
 import type { OrdoError } from "./errors.js";
 import type { Item, SubscribeOptions } from "./types.js";
 
@@ -15,12 +15,26 @@ export interface LiveListState {
   ready: boolean;
   /** The last error reported for the list (a refused subscribe, a refused change, a gap), or null. */
   error: OrdoError | null;
+  /** The number of items in the whole view (for "130 rooms" or a scroll bar), or null before the server said. */
+  total: number | null;
+  /** The last write (batch `seq`) the items reflect, or null before the first frame. */
+  writeSeq: number | null;
+  /** Why the server ended the subscription (a collection dropped, a field removed), or null. Not re-subscribed. */
+  ended: ListEnded | null;
   /** The list itself (for `setRange`, say), or null before the effect subscribed. */
   list: LiveList | null;
 }
 
 const NO_ITEMS: readonly Item[] = Object.freeze([]);
-const IDLE: LiveListState = Object.freeze({ items: NO_ITEMS, ready: false, error: null, list: null });
+const IDLE: LiveListState = Object.freeze({
+  items: NO_ITEMS,
+  ready: false,
+  error: null,
+  total: null,
+  writeSeq: null,
+  ended: null,
+  list: null,
+});
 
 /**
  * An `OrdoClient` owned by the component: made at mount (and when `url` changes),
@@ -121,9 +135,11 @@ export function useLiveList(
       if (!list) return () => {};
       const offChange = list.on("change", notify);
       const offError = list.on("error", notify);
+      const offEnded = list.on("ended", notify);
       return () => {
         offChange();
         offError();
+        offEnded();
       };
     },
     [list],
@@ -138,11 +154,22 @@ export function useLiveList(
       previous.list === list &&
       previous.items === list.items &&
       previous.ready === ready &&
-      previous.error === list.error
+      previous.error === list.error &&
+      previous.total === list.total &&
+      previous.writeSeq === list.writeSeq &&
+      previous.ended === list.ended
     ) {
       return previous;
     }
-    const next: LiveListState = { items: list.items, ready, error: list.error, list };
+    const next: LiveListState = {
+      items: list.items,
+      ready,
+      error: list.error,
+      total: list.total,
+      writeSeq: list.writeSeq,
+      ended: list.ended,
+      list,
+    };
     cache.current = next;
     return next;
   }, [list]);

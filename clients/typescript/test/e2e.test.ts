@@ -221,6 +221,68 @@ describe("OrdoClient against ordo serve", () => {
     await waitForQuery(server, list, "after the remove");
   });
 
+  it("lists expose total and writeSeq; a removed field and a dropped collection end them", async () => {
+    await server.ok("PUT", "/v1/collections/gone", SCHEMA);
+    const rooms = [1, 2, 3, 4].map((n) => ({ op: "upsert", id: `!g${n}`, fields: { name: `g${n}`, recency: n } }));
+    await server.ok("POST", "/v1/collections/gone/batch", { ops: rooms });
+    await server.ok("POST", "/v1/collections/gone/fields", { name: "pinned", type: "bool", default: false });
+    const { client } = connect();
+    const clientEnded: unknown[] = [];
+    client.on("ended", (ended) => clientEnded.push(ended));
+    const sort: SortKey[] = [{ field: "recency", dir: "desc" }];
+    const all = client.subscribe({ id: "all", collection: "gone", sort, limit: 2 });
+    const pins = client.subscribe({
+      id: "pins",
+      collection: "gone",
+      filter: { field: "pinned", op: "eq", value: false },
+      sort,
+      limit: 2,
+    });
+    await Promise.all([all.ready, pins.ready]);
+    expect(all.total).toBe(4);
+    const written = (await server.ok("POST", "/v1/collections/gone/batch", {
+      ops: [{ op: "upsert", id: "!g5", fields: { name: "g5", recency: 5 } }],
+    })) as { seq: number };
+    await waitFor(
+      () => all.total === 5 && (all.writeSeq ?? 0) >= written.seq,
+      () => `all: total ${all.total}, writeSeq ${all.writeSeq}`,
+    );
+    const pinsEnded: unknown[] = [];
+    pins.on("ended", (ended) => pinsEnded.push(ended));
+
+    await server.ok("DELETE", "/v1/collections/gone/fields/pinned");
+    await waitFor(
+      () => pins.status === "ended",
+      () => `pins is ${pins.status}`,
+    );
+    expect(pins.ended).toMatchObject({ sub: "pins", reason: "field_removed" });
+    expect(pinsEnded).toEqual([pins.ended]);
+    expect(clientEnded).toEqual([pins.ended]);
+    // Not re-subscribed; the list keeps its last items and ignores changes.
+    expect(pins.items.length).toBe(2);
+    pins.setRange(0, 3);
+    pins.close();
+    expect(pins.status).toBe("ended");
+    // The other list goes on, now without the field.
+    await waitForQuery(server, all, "after the field was removed");
+    // The id is free again.
+    const again = client.subscribe({ id: "pins", collection: "gone", sort, limit: 1 });
+    await again.ready;
+
+    await server.ok("DELETE", "/v1/collections/gone");
+    await waitFor(
+      () => all.status === "ended" && again.status === "ended",
+      () => `all is ${all.status}, pins is ${again.status}`,
+    );
+    expect(all.ended?.reason).toBe("collection_dropped");
+    expect(clientEnded.map((e) => (e as { sub: string; reason: string }).reason)).toEqual([
+      "field_removed",
+      "collection_dropped",
+      "collection_dropped",
+    ]);
+    expect(client.state).toBe("open");
+  });
+
   it("a subscribe with an unknown field rejects ready with invalid_view", async () => {
     const { client } = connect();
     const good = client.subscribe({ collection: "rooms", limit: 3 });

@@ -93,6 +93,38 @@ describe("OrdoHttp against ordo serve with auth", () => {
     expect(calls).toBe(2);
   });
 
+  it("adds and removes a field and drops a collection; a writer may not (403)", async () => {
+    await admin.createCollection("schema", [...FIELDS]);
+    const written = await admin.write("schema", [room(1, 10)]);
+    const added = await admin.addField("schema", { name: "pinned", type: "bool", default: true });
+    expect(added.name).toBe("schema");
+    expect(added.fields.map((f) => f.name)).toEqual(["name", "recency", "unread", "pinned"]);
+    expect(added.seq).toBeGreaterThan(written.seq);
+    // Existing items got the default.
+    expect((await admin.getItem("schema", "!r1:example.org"))?.fields).toMatchObject({ pinned: true });
+    await expect(admin.addField("schema", { name: "pinned", type: "bool" })).rejects.toMatchObject({
+      code: "invalid_schema",
+      status: 400,
+    });
+
+    const writer = new OrdoHttp(server.httpUrl, {
+      token: await mintToken(secretFile, { sub: "u1", role: "writer" }),
+    });
+    await expect(writer.addField("schema", { name: "x", type: "u64" })).rejects.toMatchObject({ status: 403 });
+    await expect(writer.removeField("schema", "pinned")).rejects.toMatchObject({ status: 403 });
+    await expect(writer.dropCollection("schema")).rejects.toMatchObject({ status: 403 });
+
+    const removed = await admin.removeField("schema", "pinned");
+    expect(removed.fields.map((f) => f.name)).toEqual(["name", "recency", "unread"]);
+    expect(removed.seq).toBeGreaterThan(added.seq);
+    await expect(admin.removeField("schema", "pinned")).rejects.toMatchObject({ code: "not_found", status: 404 });
+
+    const dropped = await admin.dropCollection("schema");
+    expect(dropped).toEqual({ seq: dropped.seq, dropped: "schema" });
+    expect(dropped.seq).toBeGreaterThan(removed.seq);
+    await expect(admin.collection("schema")).rejects.toMatchObject({ status: 404 });
+  });
+
   it("atomic ops and preconditions are plain keys of an op", () => {
     const op: BatchOp = {
       op: "upsert",

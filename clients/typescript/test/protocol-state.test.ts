@@ -89,7 +89,7 @@ describe("ProtocolState", () => {
     // Late frames of the old subscription are ignored.
     expect(state.handleFrame(push("l", 6, "c"))).toEqual([]);
     expect(state.handleFrame({ type: "unsubscribed", sub: "l" })).toEqual([]);
-    expect(state.get("l")).toEqual({ items: [item("a")], seq: 0, phase: "subscribing" });
+    expect(state.get("l")).toEqual({ items: [item("a")], seq: 0, phase: "subscribing", total: null, write_seq: null });
     const events = state.handleFrame(reset("l", 1, ["q", "r"]));
     expect(events).toMatchObject([{ kind: "change", sub: "l", seq: 1, reset: true }]);
     expect(state.lists()).toEqual({ l: [item("q"), item("r")] });
@@ -152,6 +152,50 @@ describe("ProtocolState", () => {
     expect(state.session).toBe("s2");
     expect(state.seqs()).toEqual({ live: 7, broken: 0 });
     expect(state.handleFrame(reset("broken", 1, ["n"]))).toMatchObject([{ kind: "change", reset: true }]);
+  });
+
+  it("keeps the last `total` across frames without one, and each frame's `write_seq`", () => {
+    const state = new ProtocolState();
+    state.subscribe("l");
+    expect(state.get("l")).toMatchObject({ total: null, write_seq: null });
+    expect(state.handleFrame({ ...reset("l", 1, ["a"]), total: 9, write_seq: 4 })).toMatchObject([
+      { kind: "change", total: 9, write_seq: 4 },
+    ]);
+    // No `total`: unchanged.
+    expect(state.handleFrame({ ...push("l", 2, "b"), write_seq: 5 })).toMatchObject([
+      { kind: "change", total: 9, write_seq: 5 },
+    ]);
+    expect(state.totals()).toEqual({ l: 9 });
+    state.handleFrame({ ...push("l", 3, "c"), total: 11, write_seq: 6 });
+    expect(state.get("l")).toMatchObject({ total: 11, write_seq: 6 });
+    // A gap applies nothing, its total included.
+    state.handleFrame({ ...push("l", 9, "d"), total: 50 });
+    expect(state.totals()).toEqual({ l: 11 });
+  });
+
+  it("`ended` removes the subscription and frees its id; a restarting one waits for its unsubscribe", () => {
+    const state = new ProtocolState();
+    state.subscribe("l");
+    state.handleFrame(reset("l", 1, ["a"]));
+    const ended = { type: "ended", sub: "l", reason: "field_removed", message: "field `x` was removed" };
+    expect(state.handleFrame(ended)).toEqual([
+      { kind: "ended", sub: "l", reason: "field_removed", message: "field `x` was removed" },
+    ]);
+    expect(state.has("l")).toBe(false);
+    // Frames for it that were in flight are dropped; the id starts afresh at seq 1.
+    expect(state.handleFrame(push("l", 2, "b"))).toEqual([]);
+    state.subscribe("l");
+    expect(state.handleFrame(reset("l", 1, ["z"]))).toMatchObject([{ kind: "change", reset: true }]);
+
+    // Being re-subscribed (after a gap): the old one ended before the unsubscribe reached
+    // it, so that is answered `unknown_subscription`, then the new subscribe.
+    state.restart("l");
+    expect(state.handleFrame({ ...ended, reason: "collection_dropped" })).toEqual([]);
+    expect(state.get("l")?.phase).toBe("restarting");
+    state.handleFrame({ type: "error", sub: "l", code: "unknown_subscription", message: "no" });
+    expect(state.get("l")?.phase).toBe("subscribing");
+    // An `ended` of an unknown id reports nothing.
+    expect(state.handleFrame({ ...ended, sub: "ghost" })).toEqual([]);
   });
 
   it("ignores unknown frame types and reports unreadable ones", () => {

@@ -19,6 +19,7 @@ interface VectorStep {
   expect: {
     lists: Record<string, Item[]>;
     seqs: Record<string, number>;
+    totals?: Record<string, number | null>;
     event?: Record<string, unknown>;
   };
 }
@@ -53,6 +54,8 @@ function asVectorEvent(event: ProtocolEvent): Record<string, unknown> | null {
         : { kind: "error", code: event.code, sub: event.sub };
     case "unsubscribed":
       return { kind: "unsubscribed", sub: event.sub };
+    case "ended":
+      return { kind: "ended", sub: event.sub, reason: event.reason };
     case "resumed":
       return { kind: "resumed", replayed: [...event.replayed].sort(), reset: [...event.reset].sort() };
     case "gap":
@@ -88,7 +91,7 @@ describe("protocol vectors", () => {
     expect(files.length, `no *.json vectors in ${VECTORS_DIR}`).toBeGreaterThan(0);
     // Cases the corpus must hold for this runner to mean something.
     const names = new Set(files.map((file) => file.replace(/\.json$/, "")));
-    for (const name of ["all_diff_kinds", "seq_gaps", "resume_replay", "resume_reset"]) {
+    for (const name of ["all_diff_kinds", "seq_gaps", "resume_replay", "resume_reset", "ended"]) {
       expect(names.has(name), `the corpus has no ${name}.json`).toBe(true);
     }
   });
@@ -107,6 +110,9 @@ describe("protocol vectors", () => {
         expect(reported, `${where}: event`).toStrictEqual(expected);
         expect(state.lists(), `${where}: lists`).toStrictEqual(step.expect.lists);
         expect(state.seqs(), `${where}: seqs`).toStrictEqual(step.expect.seqs);
+        if (step.expect.totals !== undefined) {
+          expect(state.totals(), `${where}: totals`).toStrictEqual(step.expect.totals);
+        }
       });
     });
   }

@@ -13,7 +13,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::auth::TokenSource;
-use crate::wire::{Collection, DeleteResult, Field, Op, QueryResult, View, WriteResult};
+use crate::wire::{
+    Collection, DeleteResult, Dropped, Field, NewField, Op, QueryResult, SchemaChange, View, WriteResult,
+};
 use crate::Error;
 
 /// HTTP access to one server (`http://host:port`). Cheap to clone; connections are pooled.
@@ -66,6 +68,26 @@ impl Http {
     /// `GET /v1/collections/{name}`.
     pub async fn collection(&self, name: &str) -> Result<Collection, Error> {
         self.call(Method::GET, &format!("/v1/collections/{}", segment(name)), None).await
+    }
+
+    /// `POST /v1/collections/{name}/fields` (admin): appends a field; every existing item
+    /// gets its `default`. Live subscriptions that did not name their fields get a Reset with it.
+    pub async fn add_field(&self, collection: &str, field: &NewField) -> Result<SchemaChange, Error> {
+        let body = serde_json::to_value(field).map_err(|error| Error::Decode(error.to_string()))?;
+        self.call(Method::POST, &format!("/v1/collections/{}/fields", segment(collection)), Some(body)).await
+    }
+
+    /// `DELETE /v1/collections/{name}/fields/{field}` (admin): subscriptions whose filter or
+    /// sort reads the field end (`ended`, reason `field_removed`).
+    pub async fn remove_field(&self, collection: &str, field: &str) -> Result<SchemaChange, Error> {
+        let path = format!("/v1/collections/{}/fields/{}", segment(collection), segment(field));
+        self.call(Method::DELETE, &path, None).await
+    }
+
+    /// `DELETE /v1/collections/{name}` (admin): its subscriptions end (`ended`, reason
+    /// `collection_dropped`).
+    pub async fn drop_collection(&self, collection: &str) -> Result<Dropped, Error> {
+        self.call(Method::DELETE, &format!("/v1/collections/{}", segment(collection)), None).await
     }
 
     /// `POST /v1/collections/{name}/batch`: applied whole or not at all; `Ok` once durable.

@@ -28,7 +28,8 @@ pub use hyper::Method;
 pub use list::{DiffStream, ListStatus, LiveList, PageController, MAX_PENDING_BATCHES};
 pub use live::{Backoff, Client, ClientBuilder, ConnectionState};
 pub use wire::{
-    Collection, DeleteResult, Ended, Field, Item, Op, Precondition, QueryResult, Upsert, View, WriteResult,
+    Collection, DeleteResult, Dropped, Ended, Field, Item, NewField, Op, Precondition, QueryResult, SchemaChange,
+    Upsert, View, WriteResult,
 };
 
 // The list types, re-exported so that a UI uses the very versions this crate does.

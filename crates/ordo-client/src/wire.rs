@@ -229,6 +229,46 @@ pub struct WriteResult {
     pub removed: u64,
 }
 
+/// A field to add (`POST /v1/collections/{name}/fields`): without `default` (or with
+/// `null`) the field is null in existing items.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NewField {
+    pub name: String,
+    /// `bool`, `i64`, `u64`, `f64` or `string`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default: Option<Value>,
+}
+
+impl NewField {
+    pub fn new(name: impl Into<String>, kind: impl Into<String>) -> NewField {
+        NewField { name: name.into(), kind: kind.into(), default: None }
+    }
+
+    /// The value every existing item gets.
+    pub fn with_default(mut self, default: impl Into<Value>) -> NewField {
+        self.default = Some(default.into());
+        self
+    }
+}
+
+/// A collection after a schema change (add or remove a field), with the change's `seq`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct SchemaChange {
+    #[serde(flatten)]
+    pub collection: Collection,
+    pub seq: u64,
+}
+
+/// The answer to `DELETE /v1/collections/{name}`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Dropped {
+    pub seq: u64,
+    /// The collection's name.
+    pub dropped: String,
+}
+
 /// The answer to `DELETE .../items/{id}`: `removed` is false when there was no such item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 pub struct DeleteResult {

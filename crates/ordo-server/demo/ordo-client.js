@@ -178,7 +178,7 @@ var ProtocolState = class {
   }
   /** Adds (or replaces) a subscription with a list and its last `seq`; `subscribing` when `seq` is 0. */
   seed(sub, items, seq) {
-    this.subs.set(sub, { items: items.slice(), seq, phase: seq === 0 ? "subscribing" : "live" });
+    this.subs.set(sub, { items: items.slice(), seq, phase: seq === 0 ? "subscribing" : "live", total: null, writeSeq: null });
   }
   /** The client sends `subscribe`: a new subscription with an empty list. */
   subscribe(sub) {
@@ -212,7 +212,13 @@ var ProtocolState = class {
   }
   get(sub) {
     const record = this.subs.get(sub);
-    return record && { items: record.items, seq: record.seq, phase: record.phase };
+    return record && {
+      items: record.items,
+      seq: record.seq,
+      phase: record.phase,
+      total: record.total,
+      write_seq: record.writeSeq
+    };
   }
   /** The ids of every subscription held (in any phase). */
   ids() {
@@ -228,6 +234,12 @@ var ProtocolState = class {
   seqs() {
     const out = {};
     for (const [sub, record] of this.subs) if (record.phase !== "closing") out[sub] = record.seq;
+    return out;
+  }
+  /** The last `total` known (null: none yet), for every subscription that is not closing. */
+  totals() {
+    const out = {};
+    for (const [sub, record] of this.subs) if (record.phase !== "closing") out[sub] = record.total;
     return out;
   }
   /**
@@ -287,6 +299,8 @@ var ProtocolState = class {
         return this.onError(frame);
       case "unsubscribed":
         return this.onUnsubscribed(frame);
+      case "ended":
+        return this.onEnded(frame);
       case "resumed":
         return this.onResumed(frame);
       default:
@@ -339,8 +353,12 @@ var ProtocolState = class {
     record.items = items;
     record.seq = seq;
     record.phase = "live";
+    if (isSeq(frame.total)) record.total = frame.total;
+    record.writeSeq = isSeq(frame.write_seq) ? frame.write_seq : null;
     const reset = diffs.some((diff) => isObject(diff) && "Reset" in diff);
-    return [{ kind: "change", sub, seq, diffs, items, reset }];
+    return [
+      { kind: "change", sub, seq, diffs, items, reset, total: record.total, write_seq: record.writeSeq }
+    ];
   }
   onError(frame) {
     const code = typeof frame.code === "string" ? frame.code : "internal";
@@ -378,6 +396,19 @@ var ProtocolState = class {
     }
     this.subs.delete(sub);
     return [{ kind: "unsubscribed", sub }];
+  }
+  onEnded(frame) {
+    if (typeof frame.sub !== "string") return [this.unreadable(frame, "an ended frame without a sub")];
+    const sub = frame.sub;
+    const reason = typeof frame.reason === "string" ? frame.reason : "unknown";
+    const message = typeof frame.message === "string" ? frame.message : reason;
+    const record = this.subs.get(sub);
+    if (!record) return [];
+    if (record.phase === "restarting") {
+      return [];
+    }
+    this.subs.delete(sub);
+    return [{ kind: "ended", sub, reason, message }];
   }
   onResumed(frame) {
     if (typeof frame.session === "string") this.session = frame.session;
@@ -477,6 +508,9 @@ var LiveList = class {
     this._seq = 0;
     this._status = "subscribing";
     this._error = null;
+    this._total = null;
+    this._writeSeq = null;
+    this._ended = null;
     this.emitter = new Emitter();
     this.settled = false;
     /** @internal The definition before the last window change sent, to restore if it is refused. */
@@ -509,6 +543,18 @@ var LiveList = class {
   get error() {
     return this._error;
   }
+  /** The number of items in the whole view (not just the window), as of the last frame that said; null before. */
+  get total() {
+    return this._total;
+  }
+  /** The last write (batch `seq`) the list reflects (a write's answer has its `seq`); null before the first frame. */
+  get writeSeq() {
+    return this._writeSeq;
+  }
+  /** Why the server ended the subscription (`status` is then `ended`), or null. */
+  get ended() {
+    return this._ended;
+  }
   /** The window as the caller last set it. */
   get view() {
     return copyDefinition(this.definition);
@@ -518,14 +564,14 @@ var LiveList = class {
   }
   /** Moves or grows the window ("load more"). The change reaches the list as diffs. */
   setRange(offset, limit) {
-    if (this._status === "closed") return;
+    if (this._status === "closed" || this._status === "ended") return;
     checkRange(offset, limit);
     this.definition = { ...this.definition, offset, limit };
     this.client._windowChanged(this);
   }
   /** Changes the filter and the sort, keeping the range. Keys left out are kept as they are. */
   setView(view) {
-    if (this._status === "closed") return;
+    if (this._status === "closed" || this._status === "ended") return;
     const next = { ...this.definition };
     if (view.filter !== void 0) next.filter = view.filter;
     if (view.sort !== void 0) next.sort = view.sort;
@@ -534,13 +580,15 @@ var LiveList = class {
   }
   /** Unsubscribes. The list keeps its last items; `ready` rejects with `closed` if it was pending. */
   close() {
-    if (this._status === "closed") return;
+    if (this._status === "closed" || this._status === "ended") return;
     this.client._closeList(this);
   }
   /** @internal */
   _applyChange(seq, change) {
     this._items = change.items;
     this._seq = seq;
+    this._total = change.total;
+    this._writeSeq = change.write_seq;
     if (this._status === "subscribing") this._status = "live";
     if (!this.settled) {
       this.settled = true;
@@ -561,6 +609,16 @@ var LiveList = class {
       this.settled = true;
       this.rejectReady(error);
     }
+  }
+  /** @internal The server ended the subscription: the list keeps its last items. */
+  _markEnded(ended) {
+    this._ended = ended;
+    this._status = "ended";
+    if (!this.settled) {
+      this.settled = true;
+      this.rejectReady(new OrdoError(ended.reason, ended.message, ended.sub));
+    }
+    this.emitter.emit("ended", ended);
   }
   /** @internal The subscription is being recovered (after a gap): frames resume with a Reset. */
   _restarting() {
@@ -921,7 +979,13 @@ var OrdoClient = class {
       case "change": {
         const list = this.lists.get(event.sub);
         if (!list) return;
-        list._applyChange(event.seq, { diffs: event.diffs, items: event.items, reset: event.reset });
+        list._applyChange(event.seq, {
+          diffs: event.diffs,
+          items: event.items,
+          reset: event.reset,
+          total: event.total,
+          write_seq: event.write_seq
+        });
         if (list.changePending && this.lists.get(event.sub) === list && this.handshaken) this.sendWindowChange(list);
         return;
       }
@@ -959,6 +1023,16 @@ var OrdoClient = class {
       }
       case "unsubscribed":
         return;
+      case "ended": {
+        const ended = { sub: event.sub, reason: event.reason, message: event.message };
+        const list = this.lists.get(event.sub);
+        if (list) {
+          this.lists.delete(event.sub);
+          list._markEnded(ended);
+        }
+        this.emitter.emit("ended", ended);
+        return;
+      }
       case "protocol":
         this.onProtocolError(event);
         return;

@@ -10,6 +10,7 @@ from ._http import OrdoHttp, OrdoHttpError
 from ._protocol import (
     AuthExpired,
     Authed,
+    Ended,
     ErrorEvent,
     Event,
     Gap,
@@ -27,6 +28,7 @@ __all__ = [
     "AuthExpired",
     "Authed",
     "DiffError",
+    "Ended",
     "ErrorEvent",
     "Event",
     "Gap",

@@ -23,6 +23,7 @@ from ._errors import OrdoError
 from ._protocol import (
     AuthExpired,
     Authed,
+    Ended,
     ErrorEvent,
     Event,
     Gap,
@@ -159,6 +160,9 @@ class LiveList:
         self._undo: dict[str, Any] | None = None
         #: Set when the list ended because of an error (a refused re-subscription...).
         self.error: OrdoError | None = None
+        self._total: int | None = None
+        self._write_seq: int | None = None
+        self._ended: Ended | None = None
 
     # ---- reading --------------------------------------------------------
 
@@ -181,6 +185,25 @@ class LiveList:
     def seq(self) -> int:
         """The ``seq`` of the last frame applied."""
         return self._seq
+
+    @property
+    def total(self) -> int | None:
+        """The number of items in the whole view (not just the window), from
+        the last frame that said; ``None`` before any."""
+        return self._total
+
+    @property
+    def write_seq(self) -> int | None:
+        """The last write (batch ``seq``, as a write's answer gives it) the
+        items reflect; ``None`` before the first frame."""
+        return self._write_seq
+
+    @property
+    def ended(self) -> Ended | None:
+        """Why the server ended the subscription (``reason``:
+        ``collection_dropped`` or ``field_removed``), or ``None``. An ended
+        list is closed and not re-subscribed; its id is free again."""
+        return self._ended
 
     @property
     def filter(self) -> Any:
@@ -217,7 +240,7 @@ class LiveList:
         self._queue_enabled = True
         return self
 
-    async def __anext__(self) -> Update:
+    async def __anext__(self) -> Update | Ended:
         while True:
             if self._queue:
                 entry = self._queue.popleft()
@@ -317,10 +340,22 @@ class LiveList:
     def _on_update(self, update: Update) -> None:
         self._items = update.items
         self._seq = update.seq
+        self._total = update.total
+        self._write_seq = update.write_seq
         self._push(update)
         self._notify()
         if not self._first.done():
             self._first.set_result(None)
+
+    def _on_ended(self, ended: Ended) -> None:
+        """The server ended the subscription: the iteration yields ``ended``
+        last, then stops; ``items`` keeps the last contents."""
+        self._ended = ended
+        self._push(ended)
+        if not self._first.done():
+            self._finish(OrdoError(ended.reason, ended.message, self._sub))
+        else:
+            self._finish()
 
     def _report(self, error: OrdoError) -> None:
         """A non-fatal error of this list."""
@@ -886,6 +921,12 @@ class OrdoClient:
             live = self._lists.pop(event.sub, None)
             if live is not None:
                 live._finish()
+        elif isinstance(event, Ended):
+            # Not re-subscribed: the collection or field is gone; the id is free.
+            live = self._lists.pop(event.sub, None)
+            logger.info("ordo: subscription %r ended: %s (%s)", event.sub, event.reason, event.message)
+            if live is not None:
+                live._on_ended(event)
         elif isinstance(event, Resumed):
             for sub, (code, message) in event.errors.items():
                 live = self._lists.pop(sub, None)

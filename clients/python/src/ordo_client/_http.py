@@ -60,6 +60,27 @@ class OrdoHttp:
     async def collection(self, name: str) -> Any:
         return await self.request("GET", f"/v1/collections/{_segment(name)}")
 
+    async def add_field(self, collection: str, name: str, type: str, default: Any = None) -> Any:
+        """``POST /v1/collections/{name}/fields`` (admin): appends a field and
+        returns the collection plus ``"seq"``. Existing items get ``default``
+        (``None``: the field is null in them); live subscriptions that did not
+        name their fields get a ``Reset`` with it."""
+        body: dict[str, Any] = {"name": name, "type": type}
+        if default is not None:
+            body["default"] = default
+        return await self.request("POST", f"/v1/collections/{_segment(collection)}/fields", body)
+
+    async def remove_field(self, collection: str, field: str) -> Any:
+        """``DELETE /v1/collections/{name}/fields/{field}`` (admin): returns the
+        collection plus ``"seq"``; subscriptions whose filter or sort reads the
+        field end (``ended``, reason ``field_removed``)."""
+        return await self.request("DELETE", f"/v1/collections/{_segment(collection)}/fields/{_segment(field)}")
+
+    async def drop_collection(self, collection: str) -> Any:
+        """``DELETE /v1/collections/{name}`` (admin): ``{"seq", "dropped"}``; its
+        subscriptions end (``ended``, reason ``collection_dropped``)."""
+        return await self.request("DELETE", f"/v1/collections/{_segment(collection)}")
+
     async def write(self, collection: str, ops: Sequence[Mapping[str, Any]]) -> Any:
         """``POST /v1/collections/{name}/batch``, applied whole or not at all; returns
         ``{"seq", "upserted", "removed"}`` once durable. An op is a plain dict:

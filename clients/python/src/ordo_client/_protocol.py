@@ -59,6 +59,12 @@ class Update:
     diffs: list[dict[str, Any]]
     items: list[dict[str, Any]]
     reset: bool
+    #: The view's length after the frame (its ``total``, else the last one
+    #: known; ``None`` before any).
+    total: int | None = None
+    #: The last write (batch ``seq``) the list reflects (``None`` from a
+    #: server that sends none).
+    write_seq: int | None = None
     kind: Literal["update"] = "update"
 
     def to_vector(self) -> dict[str, Any] | None:
@@ -95,6 +101,21 @@ class Unsubscribed:
 
     def to_vector(self) -> dict[str, Any] | None:
         return {"kind": "unsubscribed", "sub": self.sub}
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The server ended a subscription (``ended``): no frame of it follows, it
+    is gone, its id is free again. ``reason``: ``collection_dropped`` or
+    ``field_removed`` (newer servers may send others)."""
+
+    sub: str
+    reason: str
+    message: str
+    kind: Literal["ended"] = "ended"
+
+    def to_vector(self) -> dict[str, Any] | None:
+        return {"kind": "ended", "sub": self.sub, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -178,7 +199,7 @@ class AuthExpired:
         return None
 
 
-Event = Union[Welcome, Update, ErrorEvent, Unsubscribed, Resumed, Gap, InvalidDiffs, Authed, AuthExpired]  # noqa: UP007 (a runtime alias, Python 3.10)
+Event = Union[Welcome, Update, ErrorEvent, Unsubscribed, Ended, Resumed, Gap, InvalidDiffs, Authed, AuthExpired]  # noqa: UP007 (a runtime alias, Python 3.10)
 
 
 @dataclass
@@ -193,6 +214,11 @@ class Subscription:
     #: fields, payload), for ``subscribe`` and ``resume`` ops; ``None`` when
     #: only seeded (the vector runner).
     spec: dict[str, Any] | None = None
+    #: The view's length from the last frame that carried ``total`` (frames
+    #: without it mean "unchanged"); ``None`` before any.
+    total: int | None = None
+    #: The ``write_seq`` of the last frame applied; ``None`` before any.
+    write_seq: int | None = None
 
 
 def _require(frame: Mapping[str, Any], key: str, kinds: type | tuple[type, ...]) -> Any:
@@ -252,6 +278,9 @@ class ProtocolState:
 
     def seqs(self) -> dict[str, int]:
         return {sub: state.seq for sub, state in self.subs.items()}
+
+    def totals(self) -> dict[str, int | None]:
+        return {sub: state.total for sub, state in self.subs.items()}
 
     # ---- what the client does -------------------------------------------
 
@@ -328,6 +357,8 @@ class ProtocolState:
             return self._on_error(frame)
         if kind == "unsubscribed":
             return self._on_unsubscribed(frame)
+        if kind == "ended":
+            return self._on_ended(frame)
         if kind == "resumed":
             return self._on_resumed(frame)
         if kind == "welcome":
@@ -380,9 +411,14 @@ class ProtocolState:
             return [InvalidDiffs(sub, seq, error.message)]
         state.items = items
         state.seq = seq
+        total = frame.get("total")
+        if _is_count(total):
+            state.total = total
+        write_seq = frame.get("write_seq")
+        state.write_seq = write_seq if _is_count(write_seq) else None
         if state.status in ("pending", "awaiting_reset"):
             state.status = "live"
-        return [Update(sub, seq, list(diffs), items, has_reset(diffs))]
+        return [Update(sub, seq, list(diffs), items, has_reset(diffs), state.total, state.write_seq)]
 
     def _on_error(self, frame: Mapping[str, Any]) -> list[Event]:
         code = _require(frame, "code", str)
@@ -425,6 +461,21 @@ class ProtocolState:
         del self.subs[sub]
         return [Unsubscribed(sub)]
 
+    def _on_ended(self, frame: Mapping[str, Any]) -> list[Event]:
+        sub = _require(frame, "sub", str)
+        reason = frame.get("reason")
+        reason = reason if isinstance(reason, str) else "unknown"
+        message = frame.get("message")
+        message = message if isinstance(message, str) else reason
+        state = self.subs.get(sub)
+        if state is None or state.status == "resubscribing":
+            # Resubscribing: the old subscription ended before our unsubscribe
+            # reached it; that is answered `unknown_subscription`, then the new
+            # subscribe's answer comes.
+            return []
+        del self.subs[sub]
+        return [Ended(sub, reason, message)]
+
     def _on_resumed(self, frame: Mapping[str, Any]) -> list[Event]:
         session = _require(frame, "session", str)
         entries = _require(frame, "subs", list)
@@ -445,6 +496,10 @@ class ProtocolState:
             else:
                 replayed.append(sub)
         return [Resumed(session, replayed, reset, errors)]
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _is_number(value: Any) -> bool:

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use ordo_client::{
-    Auth, Client, ConnectionState, DiffStream, Error, Field, Item, LiveList, Op, PageController, Precondition, Vector,
-    View,
+    Auth, Client, ConnectionState, DiffStream, Error, Field, Item, LiveList, NewField, Op, PageController,
+    Precondition, Vector, View,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -236,4 +236,50 @@ async fn http_helpers_write_query_get_and_delete() {
     );
     let remove = Op::Remove { id: "!b".into(), condition: Some(Precondition::Exists(true)) };
     assert_eq!(serde_json::to_value(&remove).unwrap(), json!({"op": "remove", "id": "!b", "if": {"exists": true}}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_helpers_add_and_remove_a_field_and_drop_a_collection() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 0);
+    let admin = Client::builder(server.url()).auth(Auth::Token(server.mint("ops", "admin", 3600))).build();
+    let fields = [Field::new("name", "string"), Field::new("recency", "u64"), Field::new("unread", "u64")];
+    admin.http().create_collection("schema", &fields).await.unwrap();
+    let written = admin.http().write("schema", &[room(1, 10, 0)]).await.unwrap();
+
+    let added = admin.http().add_field("schema", &NewField::new("pinned", "bool").with_default(true)).await.unwrap();
+    assert_eq!(added.collection.name, "schema");
+    let names = |fields: &[Field]| fields.iter().map(|field| field.name.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&added.collection.fields), ["name", "recency", "unread", "pinned"]);
+    assert!(added.seq > written.seq, "{added:?}");
+    let item: Value = admin.http().get_item("schema", "!r001").await.unwrap().expect("written");
+    assert_eq!(item["fields"]["pinned"], true, "existing items get the default: {item}");
+    // Serialised without `default` when there is none: the field is null in existing items.
+    assert_eq!(
+        serde_json::to_value(NewField::new("note", "string")).unwrap(),
+        json!({"name": "note", "type": "string"})
+    );
+    let error = admin.http().add_field("schema", &NewField::new("pinned", "bool")).await.unwrap_err();
+    assert_eq!(error.code(), Some("invalid_schema"), "{error}");
+
+    // Admin only.
+    let writer = Client::builder(server.url()).auth(Auth::Token(server.mint("u1", "writer", 3600))).build();
+    let error = writer.http().add_field("schema", &NewField::new("x", "u64")).await.unwrap_err();
+    assert!(matches!(&error, Error::Api { status: 403, .. }), "{error}");
+    let error = writer.http().remove_field("schema", "pinned").await.unwrap_err();
+    assert!(matches!(&error, Error::Api { status: 403, .. }), "{error}");
+    let error = writer.http().drop_collection("schema").await.unwrap_err();
+    assert!(matches!(&error, Error::Api { status: 403, .. }), "{error}");
+
+    let removed = admin.http().remove_field("schema", "pinned").await.unwrap();
+    assert_eq!(names(&removed.collection.fields), ["name", "recency", "unread"]);
+    assert!(removed.seq > added.seq, "{removed:?}");
+    let error = admin.http().remove_field("schema", "pinned").await.unwrap_err();
+    assert!(matches!(&error, Error::Api { status: 404, code, .. } if code == "not_found"), "{error}");
+
+    let dropped = admin.http().drop_collection("schema").await.unwrap();
+    assert_eq!(dropped.dropped, "schema");
+    assert!(dropped.seq > removed.seq, "{dropped:?}");
+    let error = admin.http().collection("schema").await.unwrap_err();
+    assert!(matches!(&error, Error::Api { status: 404, .. }), "{error}");
 }

@@ -55,6 +55,11 @@ fn lists(state: &ProtocolState<JsonList>) -> BTreeMap<String, Vec<Value>> {
     state.live().map(|(sub, list, _)| (sub.to_owned(), list.items.iter().cloned().collect())).collect()
 }
 
+/// The last `total` each list got (`null`: none yet).
+fn totals(state: &ProtocolState<JsonList>) -> BTreeMap<String, Value> {
+    state.live().map(|(sub, list, _)| (sub.to_owned(), json!(list.total))).collect()
+}
+
 fn seqs(state: &ProtocolState<JsonList>) -> BTreeMap<String, u64> {
     state.live().map(|(sub, _, seq)| (sub.to_owned(), seq)).collect()
 }
@@ -71,7 +76,7 @@ fn protocol_vectors() {
     let names: Vec<String> =
         files.iter().map(|path| path.file_stem().unwrap().to_string_lossy().into_owned()).collect();
     // Cases the corpus must hold for this runner to mean something.
-    for name in ["all_diff_kinds", "seq_gaps", "resume_replay", "resume_reset"] {
+    for name in ["all_diff_kinds", "seq_gaps", "resume_replay", "resume_reset", "ended"] {
         assert!(names.iter().any(|n| n == name), "the corpus has no {name}.json");
     }
     for path in &files {
@@ -96,6 +101,10 @@ fn protocol_vectors() {
             assert_eq!(lists(&state), expected_lists, "{where_}: lists");
             let expected_seqs: BTreeMap<String, u64> = serde_json::from_value(step["expect"]["seqs"].clone()).unwrap();
             assert_eq!(seqs(&state), expected_seqs, "{where_}: seqs");
+            if let Some(expected_totals) = step["expect"].get("totals") {
+                let expected_totals: BTreeMap<String, Value> = serde_json::from_value(expected_totals.clone()).unwrap();
+                assert_eq!(totals(&state), expected_totals, "{where_}: totals");
+            }
         }
     }
 }
