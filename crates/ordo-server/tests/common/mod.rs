@@ -121,6 +121,20 @@ impl Server {
         self.stderr.as_ref().map_or_else(Vec::new, |lines| lines.lock().unwrap().clone())
     }
 
+    /// The stderr lines once one satisfies `is_wanted` (within 10 s): the reader
+    /// thread sees a line some time after the request that caused it was answered.
+    pub fn wait_for_stderr_line(&self, is_wanted: impl Fn(&str) -> bool) -> Vec<String> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let lines = self.stderr_lines();
+            if lines.iter().any(|line| is_wanted(line)) {
+                return lines;
+            }
+            assert!(std::time::Instant::now() < deadline, "no such line in the log: {lines:#?}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// The server process's id (for reading `/proc`).
     pub fn pid(&self) -> u32 {
         self.child.id()
