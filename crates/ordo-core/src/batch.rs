@@ -16,6 +16,20 @@ pub(crate) enum StoredValue {
     Str { start: u32, len: u32 },
 }
 
+impl StoredValue {
+    /// The value, its string (if any) read from `text`, the arena it points into.
+    pub(crate) fn read<'t>(self, text: &'t str) -> Value<'t> {
+        match self {
+            StoredValue::Null => Value::Null,
+            StoredValue::Bool(flag) => Value::Bool(flag),
+            StoredValue::I64(number) => Value::I64(number),
+            StoredValue::U64(number) => Value::U64(number),
+            StoredValue::F64(number) => Value::F64(number),
+            StoredValue::Str { start, len } => Value::Str(&text[start as usize..(start + len) as usize]),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct StoredField {
     pub(crate) name_start: u32,
@@ -238,14 +252,7 @@ impl Batch {
     }
 
     pub(crate) fn field_value(&self, field: &StoredField) -> Value<'_> {
-        match field.value {
-            StoredValue::Null => Value::Null,
-            StoredValue::Bool(flag) => Value::Bool(flag),
-            StoredValue::I64(number) => Value::I64(number),
-            StoredValue::U64(number) => Value::U64(number),
-            StoredValue::F64(number) => Value::F64(number),
-            StoredValue::Str { start, len } => Value::Str(&self.text[start as usize..(start + len) as usize]),
-        }
+        field.value.read(&self.text)
     }
 
     /// The value the last op (an upsert) sets `name` to last, if it sets it.

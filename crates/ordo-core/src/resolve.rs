@@ -100,14 +100,7 @@ impl Overlay {
     }
 
     fn value(&self, field: &StagedField) -> Value<'_> {
-        match field.value {
-            StoredValue::Null => Value::Null,
-            StoredValue::Bool(flag) => Value::Bool(flag),
-            StoredValue::I64(number) => Value::I64(number),
-            StoredValue::U64(number) => Value::U64(number),
-            StoredValue::F64(number) => Value::F64(number),
-            StoredValue::Str { start, len } => Value::Str(&self.text[start as usize..(start + len) as usize]),
-        }
+        field.value.read(&self.text)
     }
 
     /// Records one operation of a validated batch (values converted to their
