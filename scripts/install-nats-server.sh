@@ -35,7 +35,7 @@ MSG
 fi
 
 mkdir -p "$bin_dir"
-echo "building nats-server $version with $(go version | awk '{print $3}') into $bin_dir (about a minute on a cold Go cache)"
+echo "building nats-server $version with $(go version | awk '{print $3}') into $bin_dir (1 to 10 minutes on a cold Go cache, with 2 cores; once)"
 start=$(date +%s)
 # Progress without go's package-by-package list: a line every 15 s until go is done.
 ( while sleep 15; do echo "  ... still building ($(( $(date +%s) - start )) s)"; done ) &
