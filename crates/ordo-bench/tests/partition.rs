@@ -6,7 +6,7 @@
 use ordo_bench::partition::{busiest_stream_share, check, slot_of, Config, PartitionBy, Rules, SLOTS};
 
 fn seeds() -> u64 {
-    std::env::var("ORDO_PARTITION_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(20)
+    std::env::var("ORDO_PARTITION_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(8)
 }
 
 #[test]
@@ -14,7 +14,8 @@ fn every_write_lands_in_exactly_one_stream_through_moves() {
     for seed in 0..seeds() {
         for streams in [2, 3, 5] {
             let config = Config { streams, ..Config::default() };
-            let stats = check(seed, config, Rules::default()).unwrap_or_else(|e| panic!("seed {seed}, {streams} streams: {e}"));
+            let stats =
+                check(seed, config, Rules::default()).unwrap_or_else(|e| panic!("seed {seed}, {streams} streams: {e}"));
             // The schedule did exercise what it claims to.
             assert!(stats.moves > 0 && stats.writes_acked > 0, "seed {seed}: {stats:?}");
         }
@@ -25,7 +26,8 @@ fn every_write_lands_in_exactly_one_stream_through_moves() {
 fn stale_routers_are_refused_then_retried() {
     // Over all seeds, some writes hit a fenced slot and were retried: the fence
     // path is exercised, not only the happy path.
-    let retried: u64 = (0..seeds()).map(|seed| check(seed, Config::default(), Rules::default()).unwrap().writes_moved_retried).sum();
+    let retried: u64 =
+        (0..seeds()).map(|seed| check(seed, Config::default(), Rules::default()).unwrap().writes_moved_retried).sum();
     assert!(retried > 0);
 }
 
