@@ -155,10 +155,15 @@ async fn a_node_behind_the_list_is_not_shown_until_it_catches_up() {
     // B catches up (the same two batches): the list comes back from B.
     nodes.write(std::slice::from_ref(&b), 5..9, high).await;
     nodes.write(std::slice::from_ref(&b), 9..13, high).await;
-    until("a frame from B", || list.status().seq > 0 && *client.node().borrow() == b).await;
-    settles_to(&nodes.admin(&b), &list, "on B once it caught up").await;
+    let admin_b = nodes.admin(&b);
+    settles_to(&admin_b, &list, "on B once it caught up").await;
     assert_eq!(ids(list.items()), on_a);
-    assert!(list.status().write_seq >= Some(ahead));
+    // The list is live on B again: B's next write (new top ranks) reaches it.
+    nodes.write(std::slice::from_ref(&b), 13..15, high).await;
+    settles_to(&admin_b, &list, "a write on B once it caught up").await;
+    assert_ne!(ids(list.items()), on_a);
+    assert_eq!(*client.node().borrow(), b);
+    assert!(list.status().write_seq > Some(ahead));
 }
 
 /// A server that answers every request `503 lagging`, as a node that lags does.
