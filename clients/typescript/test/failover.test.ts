@@ -226,7 +226,7 @@ describe("OrdoClient fails over between two ordo serve nodes", () => {
       .map((sent) => sent[0] as { op?: string; subs?: { sub: string; min_seq?: number }[] } | undefined)
       .filter((first) => first?.op === "resume");
     expect(resumes.length).toBeGreaterThanOrEqual(1);
-    for (const resume of resumes) expect(resume.subs).toMatchObject([{ sub: "top", min_seq: floor }]);
+    for (const resume of resumes) expect(resume!.subs).toMatchObject([{ sub: "top", min_seq: floor }]);
 
     // B catches up (the same two batches): the list comes back from B, at `floor` or later.
     nextId -= 8;
