@@ -8,7 +8,9 @@ import { afterEach, describe, expect, it } from "vitest";
 
 import { OrdoHttp } from "../src/http.js";
 import { NodeRotation, OrdoClient, type Failover, type LiveList } from "../src/index.js";
-import { OrdoServer, tappedWebSocket, waitFor, waitForQuery } from "./helpers.js";
+import WebSocket from "ws";
+
+import { OrdoServer, ScriptedServer, tappedWebSocket, waitFor, waitForQuery } from "./helpers.js";
 
 describe("NodeRotation", () => {
   it("moves round robin, waits only at the end of a full round, and doubles that wait per round", () => {
@@ -240,5 +242,32 @@ describe("OrdoClient fails over between two ordo serve nodes", () => {
     await waitForQuery(b, list, "on B once it caught up");
     expect(isDeepStrictEqual(list.items, itemsOnA)).toBe(true);
     expect(seen.every((seq) => seq !== null && seq >= floor)).toBe(true);
+  });
+});
+
+describe("OrdoClient and a node that lags (scripted servers)", () => {
+  it("a subscribe refused with `lagging` is taken to the next node, not failed", async () => {
+    const [lagging, healthy] = await Promise.all([ScriptedServer.start(), ScriptedServer.start()]);
+    const client = new OrdoClient({ url: [lagging.url, healthy.url], WebSocket, reconnect: { initialDelayMs: 20, maxDelayMs: 50 } });
+    try {
+      const list = client.subscribe({ id: "top", collection: "notes", limit: 5 });
+      const first = await lagging.nextConnection();
+      first.welcome("s1");
+      expect(await first.next()).toMatchObject({ op: "subscribe", sub: "top" });
+      first.send({ type: "error", sub: "top", code: "lagging", message: "this node lags its cluster's log" });
+      const second = await healthy.nextConnection();
+      second.welcome("s2");
+      // The session of the lagging node is presented (unknown here: every entry resets).
+      expect(await second.next()).toMatchObject({ op: "resume", session: "s1", subs: [{ sub: "top", last_seq: 0 }] });
+      second.send({ type: "resumed", session: "s3", subs: [{ sub: "top", reset: true }] });
+      second.send({ type: "diffs", sub: "top", seq: 1, diffs: [{ Reset: { values: [{ id: "a", fields: {} }] } }], write_seq: 4 });
+      await list.ready;
+      expect(list.items).toEqual([{ id: "a", fields: {} }]);
+      expect(list.error?.code).toBe("lagging");
+      expect(client.currentUrl).toBe(healthy.url);
+    } finally {
+      client.close();
+      await Promise.all([lagging.close(), healthy.close()]);
+    }
   });
 });
