@@ -1147,14 +1147,16 @@ var OrdoClient = class {
     for (const list of this.lists.values()) this.restartList(list);
   }
   /**
-   * A refused subscribe or resume entry of a list that has shown data: `seq_not_reached`
-   * means this node has not caught up with what the list showed (it is behind the node
-   * that served it). The list keeps its items (status `subscribing`), and the client moves
-   * to the next node, where it resumes (the same node again with one URL, after the
-   * backoff). Returns false for any other refusal, handled as before.
+   * A refused subscribe or resume entry that another node may take: `lagging` (the node
+   * is too far behind its cluster's log to take subscribers), or, for a list that has
+   * shown data, `seq_not_reached` (this node has not caught up with what the list showed).
+   * The list keeps its items (status `subscribing`), and the client moves to the next
+   * node, where it resumes (the same node again with one URL, after the backoff). Returns
+   * false for any other refusal, handled as before.
    */
   behindList(list, code, message) {
-    if (code !== "seq_not_reached" || list.floorSeq === null || !this.reconnectEnabled) return false;
+    const behind = code === "lagging" || code === "seq_not_reached" && list.floorSeq !== null;
+    if (!behind || !this.reconnectEnabled) return false;
     list._fail(new OrdoError(code, message, list.id), false);
     list._restarting();
     this.core.subscribe(list.id);
