@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 from ordo_server import OrdoServer
+from scripted_server import ScriptedServer
+from websockets.asyncio.server import serve
 
 from ordo_client import NodeRotation, OrdoClient, OrdoError, OrdoHttp, OrdoHttpError, ProtocolState, Update
 
@@ -254,3 +256,28 @@ async def test_a_node_behind_the_list_is_not_shown_until_it_catches_up(
         await equals_query(b, live, "on B once it caught up")
         assert live.items == items_on_a
         assert all(update.write_seq is not None and update.write_seq >= ahead for update in seen)
+
+
+# ---- a node that lags (scripted servers) -----------------------------------
+
+
+async def test_a_subscribe_refused_with_lagging_is_taken_to_the_next_node() -> None:
+    lagging, healthy = ScriptedServer(), ScriptedServer()
+    async with serve(lagging.handler, "127.0.0.1", 0) as one, serve(healthy.handler, "127.0.0.1", 0) as two:
+        for server, ws_server in ((lagging, one), (healthy, two)):
+            server.url = f"ws://127.0.0.1:{next(iter(ws_server.sockets)).getsockname()[1]}/v1/ws"
+        errors: list[OrdoError] = []
+        async with OrdoClient([lagging.url, healthy.url], backoff_initial=0.02, backoff_max=0.05) as client:
+            first = await lagging.next_connection()
+            task = asyncio.create_task(client.subscribe("notes", limit=5, sub_id="top", on_error=errors.append))
+            assert (await first.recv())["op"] == "subscribe"
+            await first.send({"type": "error", "sub": "top", "code": "lagging", "message": "this node lags"})
+            second = await healthy.next_connection()
+            resume = await second.recv()
+            assert resume["op"] == "resume" and resume["subs"][0]["sub"] == "top", resume
+            await second.send({"type": "resumed", "session": "s9", "subs": [{"sub": "top", "reset": True}]})
+            await second.diffs("top", 1, {"Reset": {"values": [{"id": "a", "fields": {}}]}})
+            live = await asyncio.wait_for(task, 5)
+            assert live.items == [{"id": "a", "fields": {}}]
+            assert client.current_url == healthy.url
+            assert [error.code for error in errors] == ["lagging"]

@@ -1005,13 +1005,15 @@ class OrdoClient:
             logger.info("ordo: resumed session %s: replayed %s, reset %s", event.session, event.replayed, event.reset)
 
     def _behind(self, live: LiveList, code: str, message: str) -> bool:
-        """A refused subscribe or resume entry of a list that has shown data:
-        ``seq_not_reached`` means this node has not caught up with what the
-        list showed (it lags the node that served it). The list keeps its
-        items; the client drops the connection and moves to the next node
-        (the same one again, after the backoff, with one URL), where the
+        """A refused subscribe or resume entry that another node may take:
+        ``lagging`` (the node is too far behind its cluster's log to take
+        subscribers), or, for a list that has shown data, ``seq_not_reached``
+        (this node has not caught up with what the list showed). The list
+        keeps its items; the client drops the connection and moves to the next
+        node (the same one again, after the backoff, with one URL), where the
         resume asks for the same ``min_seq``. False for any other refusal."""
-        if code != "seq_not_reached" or live.floor_seq is None or not self.reconnect:
+        behind = code == "lagging" or (code == "seq_not_reached" and live.floor_seq is not None)
+        if not behind or not self.reconnect:
             return False
         live._report(OrdoError(code, message, live.sub))
         # The refusal removed the subscription from the local state: the next
