@@ -195,10 +195,11 @@ pub enum Event {
         message: String,
         sub: Option<String>,
     },
-    /// The node refused to subscribe (or resume) a list that has shown data, with
-    /// `seq_not_reached`: it has not caught up with the list's `floor_seq` (it lags the
-    /// node that served the list). The list keeps its items and stays here, `Subscribing`
-    /// from `seq` 0; the client moves to another node (or tries this one again later).
+    /// The node refused to subscribe (or resume) a list for a reason another node may not
+    /// have: `lagging` (the node is too far behind its cluster's log to take subscribers),
+    /// or, for a list that has shown data, `seq_not_reached` (it has not caught up with the
+    /// list's `floor_seq`). The list keeps its items and stays here, `Subscribing` from
+    /// `seq` 0; the client moves to another node (or tries this one again later).
     Behind {
         sub: String,
         message: String,
@@ -207,6 +208,13 @@ pub enum Event {
 
 /// The code of a refusal for want of a `min_seq` the node has not reached.
 const SEQ_NOT_REACHED: &str = "seq_not_reached";
+/// The code of a node too far behind its cluster's log to take subscribers.
+const LAGGING: &str = "lagging";
+
+/// A refusal that another node may not give (see `Event::Behind`).
+fn another_node_may_take(code: &str, floor: Option<u64>) -> bool {
+    code == LAGGING || (code == SEQ_NOT_REACHED && floor.is_some())
+}
 
 struct Record<S> {
     sink: S,
@@ -438,7 +446,7 @@ impl<S: ListSink> ProtocolState<S> {
         let mut refused = None;
         if let Some(record) = self.subs.get_mut(sub) {
             match record.phase {
-                Phase::Subscribing if code == SEQ_NOT_REACHED && record.floor.is_some() => {
+                Phase::Subscribing if another_node_may_take(&code, record.floor) => {
                     record.sink.note_error(format!("{code}: {message}"));
                     record.seq = 0;
                     return vec![Event::Behind { sub: sub.to_owned(), message }];
@@ -491,8 +499,7 @@ impl<S: ListSink> ProtocolState<S> {
             if let Some(error) = entry.get("error").filter(|error| error.is_object()) {
                 let code = str_of(error, "code").unwrap_or("internal").to_owned();
                 let message = str_of(error, "message").unwrap_or(&code).to_owned();
-                if let Some(record) =
-                    self.subs.get_mut(sub).filter(|record| code == SEQ_NOT_REACHED && record.floor.is_some())
+                if let Some(record) = self.subs.get_mut(sub).filter(|record| another_node_may_take(&code, record.floor))
                 {
                     // Kept: the list is subscribed again (elsewhere) with the same floor.
                     record.sink.note_error(format!("{code}: {message}"));

@@ -220,6 +220,12 @@ fn the_floor_is_the_greatest_write_seq_and_a_node_behind_it_keeps_the_list() {
     assert!(matches!(&events[..], [Event::Behind { .. }]), "{events:?}");
     assert!(state.contains("rooms"));
 
+    // `lagging` (the node refuses subscribers until it catches up): kept, even with no floor.
+    state.subscribe("new", JsonList::new(vec![]));
+    let events = state.handle_frame(&json!({"type": "error", "sub": "new", "code": "lagging", "message": "lags"}));
+    assert!(matches!(&events[..], [Event::Behind { .. }]), "{events:?}");
+    assert_eq!(state.phase("new"), Some(Phase::Subscribing));
+
     // A list that never showed anything is refused as before: it is gone.
     state.subscribe("fresh", JsonList::new(vec![]));
     let events =
