@@ -28,7 +28,7 @@ if ! command -v go >/dev/null 2>&1; then
     cat >&2 <<MSG
 error: 'go' not found on PATH.
 Cluster mode's tests and 'make cluster' need nats-server $version, built here with Go
-(https://go.dev/dl/, Go >= 1.24). Install Go and run 'make nats-server' again, or point
+(https://go.dev/dl/; nats-server v2.15.2 needs Go >= 1.26, which a Go >= 1.21 downloads by itself). Install Go and run 'make nats-server' again, or point
 ORDO_NATS_SERVER at an existing nats-server $version binary.
 MSG
     exit 1
