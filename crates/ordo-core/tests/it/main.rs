@@ -9,6 +9,7 @@ mod key_windows;
 mod keyed_views;
 mod many_windows;
 mod model;
+mod ref_fields;
 mod reference;
 mod schema_model;
 mod window_changes;
