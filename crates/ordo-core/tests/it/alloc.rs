@@ -330,7 +330,8 @@ fn reference_target_updates_allocate_nothing_in_steady_state() {
     }
     engine.apply_batch(members, &batch, &mut sink).unwrap();
     for owner in &owners {
-        let def = ViewDef::new(Filter::eq("owner", OwnedValue::Str(owner.clone())), vec![SortKey::desc("room.recency")]);
+        let def =
+            ViewDef::new(Filter::eq("owner", OwnedValue::Str(owner.clone())), vec![SortKey::desc("room.recency")]);
         engine.open_window(members, &def, 0, 10, &mut sink).unwrap();
     }
 

@@ -10,6 +10,7 @@ mod keyed_views;
 mod many_windows;
 mod model;
 mod ref_fields;
+mod ref_memory;
 mod ref_model;
 mod reference;
 mod schema_model;
