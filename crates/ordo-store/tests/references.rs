@@ -81,7 +81,7 @@ fn ref_fields_survive_reopens_and_targets_load_first() {
 fn a_format_2_directory_opens_and_takes_references() {
     let dir = tempfile::tempdir().unwrap();
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format2");
-    for file in ["data.mdb", "wal-00000000000000000001.log"] {
+    for file in ["data.mdb", "wal-00000000000000000014.log"] {
         std::fs::copy(fixture.join(file), dir.path().join(file)).unwrap();
     }
     let (mut database, report) = Database::open(dir.path(), options(), &mut |_| {}).unwrap();
