@@ -312,7 +312,9 @@ async fn route(
             let mut list: Vec<serde_json::Value> = routes
                 .iter()
                 .filter(|(_, entry)| identity.role == Role::Admin || rules.may_read(&identity, &entry.name))
-                .map(|(_, entry)| wire::schema_json(&entry.name, &entry.schema, None, |id| collection_name(&routes, id)))
+                .map(|(_, entry)| {
+                    wire::schema_json(&entry.name, &entry.schema, None, |id| collection_name(&routes, id))
+                })
                 .collect();
             drop(routes);
             list.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));

@@ -97,8 +97,10 @@ impl Database {
         let mut engine_ids = Vec::with_capacity(stored.len());
         let mut schemas = Vec::with_capacity(stored.len());
         // Targets of `ref` fields first: the engine binds a reference to a live collection.
-        let stored = schema_change::targets_first(stored)
-            .map_err(|_| StoreError::Corrupt { dir: dir.to_owned(), expected: "ref fields targeting stored collections" })?;
+        let stored = schema_change::targets_first(stored).map_err(|_| StoreError::Corrupt {
+            dir: dir.to_owned(),
+            expected: "ref fields targeting stored collections",
+        })?;
         for collection in stored {
             schemas.push((collection.number, collection.schema.clone()));
             let schema = schema_change::map_ref_targets(&collection.schema, |target| {

@@ -34,11 +34,17 @@ fn ref_fields_survive_reopens_and_targets_load_first() {
     // The referencing collection gets the lower number; a later target too (added field).
     let placeholder = database.create_collection("placeholder", Schema::new()).unwrap();
     let rooms = database
-        .create_collection("rooms", Schema::new().with_field("name", FieldType::String).with_field("recency", FieldType::U64))
+        .create_collection(
+            "rooms",
+            Schema::new().with_field("name", FieldType::String).with_field("recency", FieldType::U64),
+        )
         .unwrap();
     database.drop_collection(placeholder).unwrap();
     let members = database
-        .create_collection("members", Schema::new().with_field("owner", FieldType::String).with_field("room", FieldType::Ref(rooms)))
+        .create_collection(
+            "members",
+            Schema::new().with_field("owner", FieldType::String).with_field("room", FieldType::Ref(rooms)),
+        )
         .unwrap();
     let topics = database.create_collection("topics", Schema::new().with_field("title", FieldType::String)).unwrap();
     database.add_field(members, "topic", FieldType::Ref(topics), &OwnedValue::Null, &mut NullSink).unwrap();

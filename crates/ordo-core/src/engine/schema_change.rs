@@ -233,7 +233,9 @@ impl Engine {
             }
             seen.push(collection);
             if let Some(state) = self.collections.get(collection) {
-                pending.extend(state.collection.schema().fields().iter().filter_map(|field| field.field_type.ref_target()));
+                pending.extend(
+                    state.collection.schema().fields().iter().filter_map(|field| field.field_type.ref_target()),
+                );
             }
         }
         false
