@@ -15,6 +15,9 @@
 //!   keep-alive connections, a fixed rate) against a single-node server and
 //!   against a cluster node, the same load in the same run, alternating, each
 //!   `--runs` times; prints p50/p99 of each and the cluster/single ratio.
+//! - **apply**: the store's apply ceiling without NATS: one-upsert entries
+//!   committed one per group against 256 per group (relaxed durability, as a
+//!   cluster node's own log).
 //! - **catchup**: writes `--catchup-entries` entries through one cluster node,
 //!   then starts a node with an empty data directory and measures how fast it
 //!   applies the stream (entries per second, from `/v1/health`'s
@@ -35,7 +38,7 @@ const USAGE: &str = "cluster-bench [options]
   --ordo-bin PATH        the `ordo` binary (default: target/release/ordo of this workspace)
   --nats-bin PATH        nats-server (default: $ORDO_NATS_SERVER, else <repo>/.tools/bin/nats-server)
   --nats-nodes N         NATS servers in the JetStream cluster, 1 or 3 (default 3; the stream has as many replicas)
-  --phase latency|catchup|all   (default all)
+  --phase latency|apply|catchup|all   (default all; apply: the store's apply ceiling, no NATS)
   --runs N               alternating single/cluster runs of the latency phase (default 3)
   --seconds N            length of each latency run (default 10)
   --rate N               writes per second in the latency phase, all connections together (default 500)
@@ -97,8 +100,8 @@ impl Options {
         if !matches!(options.nats_nodes, 1 | 3) {
             return Err("--nats-nodes is 1 or 3".into());
         }
-        if !matches!(options.phase.as_str(), "latency" | "catchup" | "all") {
-            return Err("--phase is latency, catchup or all".into());
+        if !matches!(options.phase.as_str(), "latency" | "apply" | "catchup" | "all") {
+            return Err("--phase is latency, apply, catchup or all".into());
         }
         for (what, path) in [("ordo", &options.ordo_bin), ("nats-server", &options.nats_bin)] {
             if !path.is_file() {
@@ -504,6 +507,58 @@ fn catchup_phase(options: &Options) -> Result<()> {
     Ok(())
 }
 
+/// The apply side's ceiling, without NATS: `entries` one-upsert batches into a
+/// store with the cluster's durability (relaxed: the stream is the durable
+/// copy), one `Database::write` (one log append, one group) per entry against
+/// `write_group` of `group` entries. A catching-up node's writer can do no
+/// better than this; the gap between the two says what batching entries per
+/// writer command and per group commit is worth.
+fn apply_phase(options: &Options) -> Result<()> {
+    use ordo_core::{Batch, FieldType, NullSink, Schema, Value};
+    use ordo_store::{Database, Durability, PendingWrite, StoreOptions};
+    let entries = options.catchup_entries;
+    println!("\n== apply ceiling (store only, relaxed durability): {entries} one-upsert entries ==");
+    let run = |group: usize| -> Result<f64> {
+        let dir = temp_dir(&format!("apply-{group}"));
+        let store_options = StoreOptions { durability: Durability::Relaxed, ..StoreOptions::default() };
+        let (mut database, _) = Database::open(&dir, store_options, &mut |_| {})?;
+        let schema = Schema::new().with_field("recency", FieldType::U64).with_field("name", FieldType::String);
+        let rooms = database.create_collection("rooms", schema)?;
+        let mut pending: Vec<PendingWrite> = (0..group).map(|_| PendingWrite::new(rooms, Batch::new())).collect();
+        let names: Vec<String> = (0..10_000).map(|i| format!("room {i}")).collect();
+        let ids: Vec<String> = (0..10_000).map(|i| format!("r{i}")).collect();
+        let started = Instant::now();
+        let mut n = 0u64;
+        while n < entries {
+            let n_now = (group as u64).min(entries - n) as usize;
+            for (k, write) in pending[..n_now].iter_mut().enumerate() {
+                let i = (n as usize + k) % 10_000;
+                write.batch.clear();
+                write.batch.upsert(&ids[i]).set("recency", Value::U64(n + k as u64)).set("name", Value::Str(&names[i]));
+                write.result = None;
+            }
+            database.write_group(&mut pending[..n_now], &mut NullSink);
+            for write in &mut pending[..n_now] {
+                write.result.take().ok_or("no result")??;
+            }
+            n += n_now as u64;
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        drop(database);
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(entries as f64 / seconds)
+    };
+    for _ in 0..options.runs {
+        let (one, grouped) = (run(1)?, run(256)?);
+        println!(
+            "one entry per group commit: {one:.0} entries/s | 256 per group commit: {grouped:.0} entries/s ({:.1}x) \
+             (goal for catch-up: 200 000/s)",
+            grouped / one
+        );
+    }
+    Ok(())
+}
+
 fn main() {
     let result = Options::parse().and_then(|options| {
         println!(
@@ -512,6 +567,9 @@ fn main() {
         );
         if matches!(options.phase.as_str(), "latency" | "all") {
             latency_phase(&options)?;
+        }
+        if matches!(options.phase.as_str(), "apply" | "all") {
+            apply_phase(&options)?;
         }
         if matches!(options.phase.as_str(), "catchup" | "all") {
             catchup_phase(&options)?;

@@ -345,6 +345,41 @@ pub fn prepare_data_dir(
     }
 }
 
+/// `ordo serve --cluster` before its store opens: reads the stream's bounds
+/// (creating the stream if absent, with the node's retention flags) and, for an
+/// empty data directory, restores the newest snapshot or refuses a gap
+/// ([`prepare_data_dir`]). A directory with state is checked once open, in
+/// `server::start_cluster` ([`check_resume`]).
+pub fn bootstrap(options: &super::ClusterOptions, data_dir: &Path) -> Result<Option<Prepared>, String> {
+    if !data_dir_is_empty(data_dir).map_err(|error| error.to_string())? {
+        return Ok(None);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| format!("cannot start a runtime to read the stream: {error}"))?;
+    let state = runtime.block_on(async {
+        let shared = super::Shared::new(&options.node_name, options.max_lag, 0);
+        let cluster = super::Cluster::connect(options.clone(), shared).await?;
+        cluster.stream_state().await
+    })?;
+    let stream = StreamBounds { first_seq: state.first_seq, last_seq: state.last_seq };
+    let prepared = prepare_data_dir(data_dir, options.snapshot_dir.as_deref(), stream)
+        .map_err(|error| format!("stream `{}`: {error}", options.stream))?;
+    if let Some(Prepared { plan: StartPlan::Restore { snapshot }, n_bytes_copied, copy_time }) = &prepared {
+        println!(
+            "ordo: restored snapshot {} (seq {}, {} bytes in {:.2} s) into {}; replaying the stream from seq {}",
+            snapshot.path.display(),
+            snapshot.seq,
+            n_bytes_copied,
+            copy_time.as_secs_f64(),
+            data_dir.display(),
+            snapshot.seq + 1
+        );
+    }
+    Ok(prepared)
+}
+
 /// After the store opened with `local_seq`: whether the stream still holds
 /// `local_seq + 1` (the next entry to apply).
 pub fn check_resume(local_seq: u64, stream: StreamBounds) -> Result<u64, SnapshotError> {
