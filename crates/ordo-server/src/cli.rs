@@ -395,7 +395,10 @@ impl ServeArgs {
             cluster.snapshot_every = self.snapshot_every;
             cluster.stream_max_msgs = self.stream_max_msgs;
             cluster.stream_max_age = std::time::Duration::from_secs(self.stream_max_age);
-        } else if self.snapshot_dir.is_some() || self.snapshot_every > 0 || self.stream_max_msgs > 0 || self.stream_max_age > 0
+        } else if self.snapshot_dir.is_some()
+            || self.snapshot_every > 0
+            || self.stream_max_msgs > 0
+            || self.stream_max_age > 0
         {
             return Err("--snapshot-dir, --snapshot-every and --stream-max-* need --cluster".to_owned());
         }

@@ -197,10 +197,8 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
                 keep: crate::cluster::snapshot::DEFAULT_SNAPSHOTS_KEPT,
                 node: cluster.node_name.clone(),
             };
-            applier = applier.with_snapshots(crate::cluster::snapshot::SnapshotScheduler::new(
-                config,
-                core.database().last_seq(),
-            ));
+            applier = applier
+                .with_snapshots(crate::cluster::snapshot::SnapshotScheduler::new(config, core.database().last_seq()));
         }
         core = core.with_cluster(applier);
     }

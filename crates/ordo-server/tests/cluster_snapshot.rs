@@ -22,10 +22,8 @@ const RETENTION: u64 = 60;
 const EVERY: u64 = 25;
 
 fn cluster_args<'a>(nats: &'a str, name: &'a str, snapshots: &'a Path, extra: &[&'a str]) -> Vec<String> {
-    let mut args: Vec<String> = ["--cluster", nats, "--node-name", name, "--stream-replicas", "1"]
-        .iter()
-        .map(|arg| arg.to_string())
-        .collect();
+    let mut args: Vec<String> =
+        ["--cluster", nats, "--node-name", name, "--stream-replicas", "1"].iter().map(|arg| arg.to_string()).collect();
     args.extend(["--stream-max-msgs".into(), RETENTION.to_string(), "--snapshot-dir".into()]);
     args.push(snapshots.to_str().unwrap().to_owned());
     args.extend(extra.iter().map(|arg| arg.to_string()));

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use ordo_core::{Batch, FieldType, Filter, NullSink, OwnedValue, Schema, SortKey, Value, ViewDef};
 use ordo_server::cluster::snapshot::{
-    data_dir_is_empty, list_snapshots, prepare_data_dir, SnapshotConfig, SnapshotError, SnapshotScheduler,
-    StartPlan, StreamBounds,
+    data_dir_is_empty, list_snapshots, prepare_data_dir, SnapshotConfig, SnapshotError, SnapshotScheduler, StartPlan,
+    StreamBounds,
 };
 use ordo_store::{Database, StoreOptions};
 
@@ -61,9 +61,7 @@ fn snapshots_under_writes_restore_to_exactly_their_seq_and_a_gap_is_refused() {
     let root = tempfile::tempdir().unwrap();
     let snapshot_dir = root.path().join("shared/snapshots");
     let mut database = open(&root.path().join("node-a"));
-    let marks = database
-        .create_collection("marks", Schema::new().with_field("n", FieldType::U64))
-        .expect("create");
+    let marks = database.create_collection("marks", Schema::new().with_field("n", FieldType::U64)).expect("create");
     let config = SnapshotConfig { dir: snapshot_dir.clone(), every: 100, keep: 3, node: "node a/1".into() };
     let mut scheduler = SnapshotScheduler::new(config, database.last_seq());
 

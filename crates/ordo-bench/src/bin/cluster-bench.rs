@@ -177,10 +177,8 @@ impl Nats {
                 dir.join("js").display()
             );
             if n > 1 {
-                let routes: Vec<String> = (0..n)
-                    .filter(|&j| j != i)
-                    .map(|j| format!("\"nats://127.0.0.1:{}\"", route_ports[j]))
-                    .collect();
+                let routes: Vec<String> =
+                    (0..n).filter(|&j| j != i).map(|j| format!("\"nats://127.0.0.1:{}\"", route_ports[j])).collect();
                 config += &format!(
                     "cluster {{ name: ordo-bench, listen: 127.0.0.1:{}, routes: [{}] }}\n",
                     route_ports[i],
@@ -285,10 +283,8 @@ impl Http {
     }
 
     fn request(&mut self, method: &str, path: &str, body: &str) -> Result<(u16, String)> {
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
+        let head =
+            format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n{body}", body.len());
         self.stream.get_mut().write_all(head.as_bytes())?;
         let mut line = String::new();
         self.stream.read_line(&mut line)?;
@@ -389,8 +385,11 @@ fn latency_phase(options: &Options) -> Result<()> {
         "\n== write acknowledgement latency: {} writes/s over {} connections, {} s per run, {} runs ==",
         options.rate, options.connections, options.seconds, options.runs
     );
-    println!("single node: --durability full (fdatasync per group commit); cluster: {} NATS servers, R{} stream, \
-              default sync_interval, the node's own log relaxed", options.nats_nodes, options.nats_nodes);
+    println!(
+        "single node: --durability full (fdatasync per group commit); cluster: {} NATS servers, R{} stream, \
+              default sync_interval, the node's own log relaxed",
+        options.nats_nodes, options.nats_nodes
+    );
     let (mut single_p50, mut single_p99, mut cluster_p50, mut cluster_p99, mut ratios) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for run in 0..options.runs {
@@ -500,8 +499,10 @@ fn catchup_phase(options: &Options) -> Result<()> {
     );
     if let Some((at, applied)) = first_progress {
         let seconds = (done - at).as_secs_f64().max(1e-3);
-        println!("node-b: {:.0} entries/s while applying (from the first progress seen by /v1/health)",
-                 (target - applied) as f64 / seconds);
+        println!(
+            "node-b: {:.0} entries/s while applying (from the first progress seen by /v1/health)",
+            (target - applied) as f64 / seconds
+        );
     }
     println!("node-a pid {}, node-b pid {}", node_a.process.pid(), node_b.process.pid());
     Ok(())

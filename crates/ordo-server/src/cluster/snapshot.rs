@@ -79,11 +79,24 @@ impl StartPlan {
 pub enum SnapshotError {
     /// The stream no longer holds the entries after the node's state (or after
     /// every snapshot's): starting would skip entries.
-    Gap { stream: StreamBounds, local_seq: Option<u64>, newest_snapshot_seq: Option<u64>, snapshot_dir: Option<PathBuf> },
+    Gap {
+        stream: StreamBounds,
+        local_seq: Option<u64>,
+        newest_snapshot_seq: Option<u64>,
+        snapshot_dir: Option<PathBuf>,
+    },
     /// A state (local or a snapshot) past the stream's last entry: it was
     /// written from another stream (a stream deleted and created again).
-    AheadOfStream { what: String, seq: u64, stream: StreamBounds },
-    Io { path: PathBuf, doing: &'static str, source: std::io::Error },
+    AheadOfStream {
+        what: String,
+        seq: u64,
+        stream: StreamBounds,
+    },
+    Io {
+        path: PathBuf,
+        doing: &'static str,
+        source: std::io::Error,
+    },
     Store(StoreError),
 }
 
