@@ -119,6 +119,10 @@ impl std::fmt::Display for SnapshotError {
                         write!(f, "and the newest snapshot in {} is at seq {seq}", dir.display())?
                     }
                     (None, Some(dir)) => write!(f, "and {} holds no snapshot", dir.display())?,
+                    // A directory with state is never replaced (check_resume).
+                    (_, None) if local_seq.is_some_and(|seq| seq > 0) => {
+                        write!(f, "and a data directory with state is never replaced by a snapshot")?
+                    }
                     (_, None) => write!(f, "and no --snapshot-dir was given")?,
                 }
                 write!(
@@ -639,7 +643,9 @@ mod tests {
             assert!(text.contains(part), "{text}");
         }
         let error = plan_start(Some(7), stream, &[], None).unwrap_err().to_string();
-        assert!(error.contains("at seq 7") && error.contains("no --snapshot-dir"), "{error}");
+        assert!(error.contains("at seq 7") && error.contains("never replaced"), "{error}");
+        let error = plan_start(None, stream, &[], None).unwrap_err().to_string();
+        assert!(error.contains("is empty") && error.contains("no --snapshot-dir"), "{error}");
     }
 
     #[test]
