@@ -200,6 +200,21 @@ pub struct ServeArgs {
         help_heading = "Cluster"
     )]
     pub cluster_max_lag: u64,
+    /// Where snapshots are published (`snapshot-<seq>/`) and where a new node looks for one: a path every
+    /// node can read. A node with an empty data directory starts from the newest (docs/SCALING.md).
+    #[arg(long, env = "ORDO_SNAPSHOT_DIR", value_name = "DIR", help_heading = "Cluster")]
+    pub snapshot_dir: Option<PathBuf>,
+    /// Write a snapshot into --snapshot-dir every N entries applied (0: this node writes none).
+    #[arg(long, env = "ORDO_SNAPSHOT_EVERY", value_name = "ENTRIES", default_value_t = 0, help_heading = "Cluster")]
+    pub snapshot_every: u64,
+    /// Retention of the stream when this node creates it: at most N entries, oldest dropped first
+    /// (0: unlimited). At least two snapshot intervals plus the entries written while one is copied.
+    #[arg(long, env = "ORDO_STREAM_MAX_MSGS", value_name = "N", default_value_t = 0, help_heading = "Cluster")]
+    pub stream_max_msgs: u64,
+    /// Retention of the stream when this node creates it: entries older than this many seconds are
+    /// dropped (0: unlimited). Prefer --stream-max-msgs (docs/SCALING.md).
+    #[arg(long, env = "ORDO_STREAM_MAX_AGE", value_name = "SECONDS", default_value_t = 0, help_heading = "Cluster")]
+    pub stream_max_age: u64,
 }
 
 #[derive(Args, Debug)]
@@ -371,6 +386,21 @@ impl ServeArgs {
                 self.stream_replicas,
                 self.cluster_max_lag,
             )?);
+        }
+        if let Some(cluster) = &mut options.cluster {
+            if self.snapshot_every > 0 && self.snapshot_dir.is_none() {
+                return Err("--snapshot-every needs --snapshot-dir (where to write the snapshots)".to_owned());
+            }
+            cluster.snapshot_dir = self.snapshot_dir.clone();
+            cluster.snapshot_every = self.snapshot_every;
+            cluster.stream_max_msgs = self.stream_max_msgs;
+            cluster.stream_max_age = std::time::Duration::from_secs(self.stream_max_age);
+        } else if self.snapshot_dir.is_some()
+            || self.snapshot_every > 0
+            || self.stream_max_msgs > 0
+            || self.stream_max_age > 0
+        {
+            return Err("--snapshot-dir, --snapshot-every and --stream-max-* need --cluster".to_owned());
         }
         options.allow_origins = self.allow_origin;
         options.allow_hosts = self.allow_host;

@@ -130,6 +130,11 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
         // log is written but not synced (docs/STORAGE.md, "Cluster mode").
         options.durability = Durability::Relaxed;
     }
+    if let Some(cluster) = &options.cluster {
+        // A new node (empty data directory) starts from the newest snapshot when
+        // the stream no longer holds seq 1, or refuses to start (never a gap).
+        crate::cluster::snapshot::bootstrap(cluster, &options.data_dir)?;
+    }
     let verifier = if options.auth.is_configured() { Some(Verifier::new(&options.auth)?) } else { None };
     let started = Instant::now();
     let store_options = StoreOptions {
@@ -183,8 +188,19 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
         .as_ref()
         .map(|cluster| crate::cluster::Shared::new(&cluster.node_name, cluster.max_lag, database.last_seq()));
     let mut core = Core::new(database, routes.clone(), options.outbound_budget);
-    if let Some(shared) = &cluster_shared {
-        core = core.with_cluster(crate::cluster::apply::Applier::new(shared.clone(), gate.clone()));
+    if let (Some(shared), Some(cluster)) = (&cluster_shared, &options.cluster) {
+        let mut applier = crate::cluster::apply::Applier::new(shared.clone(), gate.clone());
+        if let (Some(dir), every @ 1..) = (&cluster.snapshot_dir, cluster.snapshot_every) {
+            let config = crate::cluster::snapshot::SnapshotConfig {
+                dir: dir.clone(),
+                every,
+                keep: crate::cluster::snapshot::DEFAULT_SNAPSHOTS_KEPT,
+                node: cluster.node_name.clone(),
+            };
+            applier = applier
+                .with_snapshots(crate::cluster::snapshot::SnapshotScheduler::new(config, core.database().last_seq()));
+        }
+        core = core.with_cluster(applier);
     }
     core.publish_routes();
     let seq = core.seq_watch();
@@ -316,20 +332,11 @@ async fn start_cluster(
     let applied = shared.status.applied_seq();
     let cluster = crate::cluster::Cluster::connect(options, shared).await?;
     let state = cluster.stream_state().await?;
-    if applied > state.last_seq {
-        return Err(format!(
-            "this data directory has applied seq {applied} but stream `{}` ends at seq {}:              it belongs to another stream (or to single-node mode); start from an empty --data-dir or a snapshot",
-            cluster.options.stream, state.last_seq
-        ));
-    }
-    if state.messages > 0 && state.first_seq > applied + 1 {
-        return Err(format!(
-            "stream `{}` starts at seq {} but this node has applied seq {applied}: the entries between are gone;              restore a snapshot taken at or after seq {} (docs/SCALING.md)",
-            cluster.options.stream,
-            state.first_seq,
-            state.first_seq - 1
-        ));
-    }
+    let bounds = crate::cluster::snapshot::StreamBounds { first_seq: state.first_seq, last_seq: state.last_seq };
+    // The stream must still hold `applied + 1` (an empty stream whose entries
+    // were all dropped included), and `applied` must be within it.
+    crate::cluster::snapshot::check_resume(applied, bounds)
+        .map_err(|error| format!("stream `{}`: {error}", cluster.options.stream))?;
     cluster.shared.status.saw_stream_seq(state.last_seq);
     println!(
         "ordo: cluster node {} on stream `{}` ({} entries, applied through seq {applied})",

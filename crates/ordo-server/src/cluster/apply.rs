@@ -32,11 +32,18 @@ pub struct Applier {
     /// Entries of this consumer generation or an older one are ignored: the
     /// writer gave up on them after a local failure.
     halted_generation: u64,
+    /// `--snapshot-every`: starts a snapshot when due (cluster::snapshot).
+    snapshots: Option<super::snapshot::SnapshotScheduler>,
 }
 
 impl Applier {
     pub fn new(shared: Arc<Shared>, gate: Arc<Gate>) -> Applier {
-        Applier { shared, gate, halted_generation: 0 }
+        Applier { shared, gate, halted_generation: 0, snapshots: None }
+    }
+
+    pub fn with_snapshots(mut self, scheduler: super::snapshot::SnapshotScheduler) -> Applier {
+        self.snapshots = Some(scheduler);
+        self
     }
 }
 
@@ -95,6 +102,10 @@ pub fn apply_entry(core: &mut Core, applier: &mut Applier, delivered: Delivered)
     // Before the answer: a client that got this seq never waits for it here.
     core.publish_seq();
     applier.shared.deliver(msg_id.as_deref(), outcome);
+    if let Some(snapshots) = &mut applier.snapshots {
+        // One comparison unless a snapshot is due; the copy runs on its own thread.
+        snapshots.after_apply(core.database());
+    }
 }
 
 fn halt(core: &mut Core, applier: &mut Applier, generation: u64, seq: u64, error: &ApiError) {

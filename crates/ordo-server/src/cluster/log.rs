@@ -51,6 +51,10 @@ impl Cluster {
             num_replicas: options.replicas,
             storage: stream::StorageType::File,
             duplicate_window: DUPLICATE_WINDOW,
+            // Retention (oldest entries dropped first); nodes that need what
+            // was dropped start from a snapshot (cluster::snapshot).
+            max_messages: if options.stream_max_msgs == 0 { -1 } else { options.stream_max_msgs as i64 },
+            max_age: options.stream_max_age,
             ..Default::default()
         };
         // A cluster just started may still be electing its meta leader: retry a while.

@@ -21,6 +21,7 @@ pub mod entry;
 pub mod lag;
 pub mod log;
 pub mod routes;
+pub mod snapshot;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,6 +56,15 @@ pub struct ClusterOptions {
     pub stream: String,
     pub replicas: usize,
     pub max_lag: u64,
+    /// `--stream-max-msgs` / `--stream-max-age`: the stream's retention when this
+    /// node creates it (0: unlimited). See docs/SCALING.md for the rule that
+    /// ties them to `--snapshot-every`.
+    pub stream_max_msgs: u64,
+    pub stream_max_age: Duration,
+    /// `--snapshot-dir`: where snapshots are published and looked for.
+    pub snapshot_dir: Option<std::path::PathBuf>,
+    /// `--snapshot-every`: entries between two snapshots this node writes (0: it writes none).
+    pub snapshot_every: u64,
 }
 
 impl ClusterOptions {
@@ -86,7 +96,17 @@ impl ClusterOptions {
         if !valid_name(&node_name) {
             return Err(format!("--node-name `{node_name}`: 1 to 64 ASCII letters, digits, `-`, `_` or `.`"));
         }
-        Ok(ClusterOptions { urls, node_name, stream, replicas, max_lag })
+        Ok(ClusterOptions {
+            urls,
+            node_name,
+            stream,
+            replicas,
+            max_lag,
+            stream_max_msgs: 0,
+            stream_max_age: Duration::ZERO,
+            snapshot_dir: None,
+            snapshot_every: 0,
+        })
     }
 }
 

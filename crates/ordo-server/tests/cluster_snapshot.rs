@@ -1,0 +1,161 @@
+//! New nodes from snapshots (`cluster::snapshot`, docs/SCALING.md "New and
+//! lagging nodes"), over a real `nats-server`: a node writes snapshots into a
+//! shared directory while the stream's retention drops old entries; a new node
+//! with an empty data directory restores the newest snapshot, replays the rest
+//! of the stream and converges; without a usable snapshot (none, or one older
+//! than what the stream still holds) a new node refuses to start and says why.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::nats::NatsCluster;
+use common::Server;
+use ordo_server::cluster::snapshot::list_snapshots;
+use serde_json::{json, Value};
+
+/// The stream keeps this many entries; snapshots every `EVERY` (the rule:
+/// retention ≥ 2 × interval + what arrives during a copy).
+const RETENTION: u64 = 60;
+const EVERY: u64 = 25;
+
+fn cluster_args<'a>(nats: &'a str, name: &'a str, snapshots: &'a Path, extra: &[&'a str]) -> Vec<String> {
+    let mut args: Vec<String> =
+        ["--cluster", nats, "--node-name", name, "--stream-replicas", "1"].iter().map(|arg| arg.to_string()).collect();
+    args.extend(["--stream-max-msgs".into(), RETENTION.to_string(), "--snapshot-dir".into()]);
+    args.push(snapshots.to_str().unwrap().to_owned());
+    args.extend(extra.iter().map(|arg| arg.to_string()));
+    args
+}
+
+fn start(dir: &Path, args: &[String]) -> Server {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Server::start(dir, &args)
+}
+
+fn applied_seq(server: &Server) -> u64 {
+    let (status, body) = server.http("GET", "/v1/health", None);
+    assert_eq!(status, 200, "{body}");
+    body["cluster"]["applied_seq"].as_u64().expect("cluster.applied_seq")
+}
+
+fn wait_applied(server: &Server, seq: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while applied_seq(server) < seq {
+        assert!(Instant::now() < deadline, "seq {seq} not applied in 30 s (at {})", applied_seq(server));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn items(server: &Server, min_seq: u64) -> Value {
+    let query = json!({"sort": [{"field": "n"}], "limit": 1000, "min_seq": min_seq, "payload": false});
+    server.ok("POST", "/v1/collections/things/query", query)["items"].clone()
+}
+
+/// `n` writes through `server`, each one entry; returns the last seq.
+fn write(server: &Server, from: u64, n: u64) -> u64 {
+    let mut seq = 0;
+    for i in from..from + n {
+        let batch = json!({"ops": [{"op": "upsert", "id": format!("k{}", i % 17), "fields": {"n": i}}]});
+        seq = server.ok("POST", "/v1/collections/things/batch", batch)["seq"].as_u64().unwrap();
+    }
+    seq
+}
+
+/// Waits until the newest snapshot reaches back to what the stream holds.
+fn wait_snapshot_at_least(dir: &Path, seq: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let newest = list_snapshots(dir).unwrap().last().map_or(0, |snapshot| snapshot.seq);
+        if newest >= seq {
+            return newest;
+        }
+        assert!(Instant::now() < deadline, "no snapshot at seq {seq} or later within 30 s (newest {newest})");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs `ordo serve ARGS` on `data_dir`, which must exit (refuse) within 30 s; its stderr.
+fn refused_start(data_dir: &Path, args: &[String]) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ordo"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting ordo");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the node started instead of refusing (data dir {})", data_dir.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    stderr
+}
+
+#[test]
+fn a_new_node_joins_from_a_snapshot_after_retention_and_refuses_without_one() {
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let snapshots = root.path().join("snapshots");
+    let every = EVERY.to_string();
+    let a_dir = root.path().join("a");
+    let a = start(&a_dir, &cluster_args(&nats.urls(), "node-a", &snapshots, &["--snapshot-every", &every]));
+    let schema = json!({"fields": [{"name": "n", "type": "u64"}]});
+    let (status, body) = a.http("PUT", "/v1/collections/things", Some(&schema));
+    assert_eq!(status, 201, "{body}");
+
+    // 200 entries: the stream keeps the last 60, so seq 1 is long gone.
+    let last_seq = write(&a, 0, 200);
+    let first_kept = last_seq + 1 - RETENTION;
+    let newest = wait_snapshot_at_least(&snapshots, first_kept - 1);
+    assert!(list_snapshots(&snapshots).unwrap().len() <= 3);
+
+    // A node with an empty data directory: restores `newest`, replays from newest + 1.
+    let b_dir = root.path().join("b");
+    let b = start(&b_dir, &cluster_args(&nats.urls(), "node-b", &snapshots, &[]));
+    wait_applied(&b, last_seq);
+    assert_eq!(items(&b, last_seq), items(&a, last_seq));
+    assert_eq!(items(&b, last_seq).as_array().unwrap().len(), 17);
+    // It took the snapshot's directory (and so its log segment name) as its own.
+    assert!(newest > 1 && newest <= last_seq);
+
+    // More writes after it joined reach both.
+    let last_seq = write(&b, 200, 30);
+    wait_applied(&a, last_seq);
+    assert_eq!(items(&a, last_seq), items(&b, last_seq));
+
+    // No snapshot at all: a new node cannot replay from seq 1 and refuses.
+    let nothing = root.path().join("no-snapshots");
+    let c_dir = root.path().join("c");
+    let stderr = refused_start(&c_dir, &cluster_args(&nats.urls(), "node-c", &nothing, &[]));
+    assert!(stderr.contains("cannot start without a gap"), "{stderr}");
+    assert!(stderr.contains("holds no snapshot"), "{stderr}");
+    assert!(!c_dir.join("data.mdb").exists(), "a refused node wrote a data directory");
+
+    // A snapshot older than what the stream still holds: refused, naming both seqs.
+    let stale = root.path().join("stale");
+    std::fs::create_dir(&stale).unwrap();
+    let oldest = list_snapshots(&snapshots).unwrap()[0].clone();
+    ordo_server::cluster::snapshot::restore(&oldest, &stale.join(format!("snapshot-{}", oldest.seq))).unwrap();
+    let last_seq = write(&a, 300, RETENTION + 10);
+    let first_kept = last_seq + 1 - RETENTION;
+    assert!(oldest.seq + 1 < first_kept);
+    let d_dir = root.path().join("d");
+    let stderr = refused_start(&d_dir, &cluster_args(&nats.urls(), "node-d", &stale, &[]));
+    assert!(stderr.contains(&format!("newest snapshot in {} is at seq {}", stale.display(), oldest.seq)), "{stderr}");
+    assert!(stderr.contains(&format!("needs a snapshot at seq {} or later", first_kept - 1)), "{stderr}");
+    drop(b);
+    drop(a);
+}
