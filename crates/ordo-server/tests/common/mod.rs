@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
+pub mod nats;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
