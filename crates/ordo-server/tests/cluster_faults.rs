@@ -339,6 +339,11 @@ impl FailoverClient {
                 Ok(Some(Ok(_))) => {}
             }
         };
+        if resumed["type"] == "error" && matches!(resumed["code"].as_str(), Some("lagging" | "seq_not_reached")) {
+            // A node that lags refuses subscribers: try the next one.
+            self.node = node;
+            return false;
+        }
         assert_eq!(resumed["type"], "resumed", "{}: {resumed}", self.name);
         for entry in resumed["subs"].as_array().unwrap() {
             if entry["replayed"].is_u64() {
@@ -496,6 +501,7 @@ impl Bench {
             let port = self.cluster.node(client.node).port;
             self.runtime.block_on(client.settle(port, seq, &context));
         }
+        *self.shared.killed.lock().unwrap() = None;
         let entry = self.tally.entry(fault).or_default();
         entry.0 += 1;
         entry.1.push(observed);

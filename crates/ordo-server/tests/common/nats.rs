@@ -201,7 +201,11 @@ impl NatsCluster {
     pub fn leaders(&self, stream: &str) -> (Option<usize>, Option<usize>) {
         for i in 0..self.nodes.len() {
             let Some((200, jsz)) = self.monitor(i, "/jsz?accounts=true&streams=true") else { continue };
-            let index = |name: &Value| name.as_str().and_then(|name| name.strip_prefix('n')?.parse().ok());
+            // A node's index is the number its server name ends with.
+            let index = |name: &Value| {
+                let name = name.as_str()?;
+                name[name.trim_end_matches(|c: char| c.is_ascii_digit()).len()..].parse().ok()
+            };
             let meta = index(&jsz["meta_cluster"]["leader"]);
             let mut stream_leader = None;
             for account in jsz["account_details"].as_array().into_iter().flatten() {
