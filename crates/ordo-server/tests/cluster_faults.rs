@@ -436,7 +436,7 @@ struct Bench {
 
 impl Bench {
     fn start(seed: u64) -> Bench {
-        let cluster = OrdoCluster::start(3, 3);
+        let cluster = OrdoCluster::start_with(3, 3, &["--cluster-max-lag", "100"]);
         let fields = json!({"fields": [{"name": "writer", "type": "u64"}, {"name": "k", "type": "u64"},
                                        {"name": "count", "type": "u64"}]});
         let (status, answer) = request(

@@ -20,15 +20,23 @@ pub struct OrdoCluster {
     nodes: Vec<Option<Server>>,
     dirs: Vec<tempfile::TempDir>,
     replicas: usize,
+    /// More `ordo serve` arguments for every node.
+    extra_args: Vec<String>,
 }
 
 impl OrdoCluster {
     /// `n_nats` NATS nodes (the stream gets `min(3, n_nats)` replicas) and
     /// `n_ordo` Ordo nodes named `o0`, `o1`, ...
     pub fn start(n_nats: usize, n_ordo: usize) -> OrdoCluster {
+        OrdoCluster::start_with(n_nats, n_ordo, &[])
+    }
+
+    /// `start`, with `extra_args` for every `ordo serve`.
+    pub fn start_with(n_nats: usize, n_ordo: usize, extra_args: &[&str]) -> OrdoCluster {
         let nats = NatsCluster::start(n_nats);
         let dirs = (0..n_ordo).map(|_| tempfile::tempdir().unwrap()).collect();
-        let mut cluster = OrdoCluster { nats, nodes: Vec::new(), dirs, replicas: n_nats.min(3) };
+        let extra_args = extra_args.iter().map(|arg| arg.to_string()).collect();
+        let mut cluster = OrdoCluster { nats, nodes: Vec::new(), dirs, replicas: n_nats.min(3), extra_args };
         for i in 0..n_ordo {
             let server = cluster.spawn(i);
             cluster.nodes.push(Some(server));
@@ -40,7 +48,8 @@ impl OrdoCluster {
         let urls = self.nats.urls();
         let name = format!("o{i}");
         let replicas = self.replicas.to_string();
-        let args = ["--cluster", &urls, "--node-name", &name, "--stream-replicas", &replicas];
+        let mut args = vec!["--cluster", &urls, "--node-name", &name, "--stream-replicas", &replicas];
+        args.extend(self.extra_args.iter().map(String::as_str));
         // Their logs go to the test's captured output (shown when it fails).
         Server::start_with(self.dirs[i].path(), &args, StartOptions { capture_stderr: true, ..Default::default() })
     }
