@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 use ordo_core::Batch;
 
 use crate::auth::{self, Identity, Role};
+use crate::cluster;
 use crate::core::{is_reserved_name, CollectionEntry, Command, FieldChange};
 use crate::error::{ApiError, ErrorCode};
 use crate::frame::write_u64;
@@ -237,6 +238,11 @@ async fn route(
             } else {
                 serde_json::json!({"status": "ok", "protocol": 1})
             };
+            let mut body = body;
+            if let Some(cluster) = &state.cluster {
+                // Everyone: a load balancer reads `lagging` without a token.
+                body["cluster"] = cluster.shared.status.health_json();
+            }
             Ok(json_response(200, body.to_string().into_bytes()))
         }
         (&Method::GET, ["v1", "limits"]) => Ok(json_response(200, state.limits_json.to_string().into_bytes())),
@@ -246,7 +252,10 @@ async fn route(
             }
             let gauges = gauges(state).await?;
             let depth = state.core.max_capacity() - state.core.capacity();
-            let text = metrics::render(&gauges, depth);
+            let mut text = metrics::render(&gauges, depth);
+            if let Some(cluster) = &state.cluster {
+                cluster.shared.status.render_metrics(&mut text);
+            }
             Ok(Response::builder()
                 .status(200)
                 .header("content-type", "text/plain; version=0.0.4")
@@ -260,15 +269,22 @@ async fn route(
             Ok(json_response(200, body))
         }
         (&Method::PUT, ["v1", "rules"]) => {
-            require_admin(&*caller(state, token, &path)?, "changing the rules")?;
+            let identity = caller(state, token, &path)?;
+            require_admin(&identity, "changing the rules")?;
             let body = read_body(request).await?;
             let doc: RulesDoc = parse(&body)?;
             let rules = RuleSet::compile(doc.clone())?;
             let text = serde_json::to_string(&doc).expect("rules serialise");
-            let (reply, answer) = oneshot::channel();
-            send(state, Command::SetRules { doc: text, reply }).await?;
-            let seq = answer.await.map_err(|_| ApiError::shutting_down())??;
-            state.gate.set_rules(rules);
+            let seq = if let Some(cluster) = &state.cluster {
+                // The apply installs them, on every node, in stream order.
+                cluster::routes::set_rules(cluster, &identity, &text).await?
+            } else {
+                let (reply, answer) = oneshot::channel();
+                send(state, Command::SetRules { doc: text, reply }).await?;
+                let seq = answer.await.map_err(|_| ApiError::shutting_down())??;
+                state.gate.set_rules(rules);
+                seq
+            };
             let mut body = serde_json::to_value(&doc).expect("rules serialise");
             body["seq"] = seq.into();
             Ok(json_response(200, body.to_string().into_bytes()))
@@ -331,32 +347,50 @@ async fn route(
             let schema_request: SchemaRequest = parse(&body)?;
             let schema = schema_request.to_schema()?;
             state.gate.take_creation(&identity)?;
-            let (reply, answer) = oneshot::channel();
-            send(state, Command::CreateCollection { name, schema, reply }).await?;
-            let (created, entry) = answer.await.map_err(|_| ApiError::shutting_down())??;
+            let (created, entry) = if let Some(cluster) = &state.cluster {
+                cluster::routes::create_collection(cluster, &identity, &name, &body).await?
+            } else {
+                let (reply, answer) = oneshot::channel();
+                send(state, Command::CreateCollection { name, schema, reply }).await?;
+                answer.await.map_err(|_| ApiError::shutting_down())??
+            };
             let body = wire::schema_json(&entry.name, &entry.schema, None);
             Ok(json_response(if created { 201 } else { 200 }, body.to_string().into_bytes()))
         }
         (&Method::POST, ["v1", "collections", name, "fields"]) => {
-            require_admin(&*caller(state, token, &path)?, "adding a field")?;
+            let identity = caller(state, token, &path)?;
+            require_admin(&identity, "adding a field")?;
             let entry = schema_target(state, name)?;
             let body = read_body(request).await?;
             let add: wire::AddFieldRequest = parse(&body)?;
             let (field_type, default) = add.typed()?;
+            if let Some(cluster) = &state.cluster {
+                let changed = cluster::routes::add_field(cluster, &identity, name, &body).await;
+                return Ok(fields_changed(changed?));
+            }
             let change = FieldChange::Add { name: add.name, field_type, default };
             change_fields(state, entry.id, change).await
         }
         (&Method::DELETE, ["v1", "collections", name, "fields", field]) => {
-            require_admin(&*caller(state, token, &path)?, "removing a field")?;
+            let identity = caller(state, token, &path)?;
+            require_admin(&identity, "removing a field")?;
             let entry = schema_target(state, name)?;
+            if let Some(cluster) = &state.cluster {
+                return Ok(fields_changed(cluster::routes::remove_field(cluster, &identity, name, field).await?));
+            }
             change_fields(state, entry.id, FieldChange::Remove { name: field.to_string() }).await
         }
         (&Method::DELETE, ["v1", "collections", name]) => {
-            require_admin(&*caller(state, token, &path)?, "dropping a collection")?;
+            let identity = caller(state, token, &path)?;
+            require_admin(&identity, "dropping a collection")?;
             let entry = schema_target(state, name)?;
-            let (reply, answer) = oneshot::channel();
-            send(state, Command::DropCollection { collection: entry.id, reply }).await?;
-            let seq = answer.await.map_err(|_| ApiError::shutting_down())??;
+            let seq = if let Some(cluster) = &state.cluster {
+                cluster::routes::drop_collection(cluster, &identity, name).await?
+            } else {
+                let (reply, answer) = oneshot::channel();
+                send(state, Command::DropCollection { collection: entry.id, reply }).await?;
+                answer.await.map_err(|_| ApiError::shutting_down())??
+            };
             let body = serde_json::json!({"seq": seq, "dropped": entry.name});
             Ok(json_response(200, body.to_string().into_bytes()))
         }
@@ -387,7 +421,12 @@ async fn route(
             wire::fill_batch(&mut batch, &entry.schema, &batch_request.ops, 0)?;
             let mut parts = write_buffers::take_list();
             parts.push((entry.id, batch));
-            let mut results = write(state, parts, guards).await?;
+            // Cluster mode only: the part as an entry (single-node mode does no more work).
+            let entries = match &state.cluster {
+                Some(_) => Some(vec![cluster::routes::batch_entry(&identity, name, &body)?]),
+                None => None,
+            };
+            let mut results = write(state, parts, guards, entries).await?;
             let ack = results.pop().expect("one result per part")?;
             let mut body = Vec::with_capacity(64);
             write_ack(&mut body, &ack);
@@ -398,6 +437,12 @@ async fn route(
             let body = read_body(request).await?;
             let multi: MultiBatchRequest = parse(&body)?;
             check_op_count(multi.writes.iter().map(|write| write.ops.len()).sum())?;
+            // Cluster mode only: each part written is an entry of its own.
+            let raw: Option<cluster::routes::RawMulti<'_>> = match &state.cluster {
+                Some(_) => Some(parse(&body)?),
+                None => None,
+            };
+            let mut entries = raw.as_ref().map(|_| Vec::new());
             // A part refused here (unknown collection, a value of the wrong type) fails
             // alone, as a part refused by the engine would; the others are written.
             let mut refused: Vec<(usize, ApiError)> = Vec::new();
@@ -420,12 +465,18 @@ async fn route(
                         }
                     });
                 match prepared {
-                    Ok(prepared) => parts.push(prepared),
+                    Ok(prepared) => {
+                        parts.push(prepared);
+                        if let (Some(entries), Some(raw)) = (&mut entries, &raw) {
+                            let raw_part = &raw.writes[index];
+                            entries.push(cluster::routes::write_entry(&identity, &raw_part.collection, raw_part.ops));
+                        }
+                    }
                     Err(error) => refused
                         .push((index, ApiError { message: format!("write {index}: {}", error.message), ..error })),
                 }
             }
-            let mut written = write(state, parts, guards).await?.into_iter();
+            let mut written = write(state, parts, guards, entries).await?.into_iter();
             let mut refused = refused.into_iter().peekable();
             let mut status = 200;
             // `{"results":[...]}`, written directly: one allocation for the whole answer.
@@ -473,7 +524,8 @@ async fn route(
             write_guard(0, &entry, &grant, &mut guards)?;
             let mut batch = Batch::new();
             batch.remove(id);
-            let mut results = write(state, vec![(entry.id, batch)], guards).await?;
+            let entries = state.cluster.as_ref().map(|_| vec![cluster::routes::remove_entry(&identity, name, id)]);
+            let mut results = write(state, vec![(entry.id, batch)], guards, entries).await?;
             let ack = results.pop().expect("one result per part")?;
             let body = serde_json::json!({"seq": ack.seq, "removed": ack.summary.n_removed == 1});
             Ok(json_response(200, body.to_string().into_bytes()))
@@ -546,6 +598,13 @@ async fn change_fields(
     Ok(json_response(200, body.to_string().into_bytes()))
 }
 
+/// The collection JSON plus `seq` of a change of fields.
+fn fields_changed((seq, entry): (u64, Arc<CollectionEntry>)) -> Response<Body> {
+    let mut body = wire::schema_json(&entry.name, &entry.schema, None);
+    body["seq"] = seq.into();
+    json_response(200, body.to_string().into_bytes())
+}
+
 /// `{"seq":..,"upserted":..,"removed":..}`
 fn write_ack(out: &mut Vec<u8>, ack: &ordo_store::Ack) {
     out.extend_from_slice(b"{\"seq\":");
@@ -578,11 +637,19 @@ async fn gauges(state: &HttpState) -> Result<crate::metrics::CoreGauges, ApiErro
 }
 
 /// Hands the parts to the writer thread; their buffers come back to this thread's pool.
+/// In cluster mode, publishes `entries` (one per part) instead and answers
+/// their outcomes; the parts were only built to check the request.
 async fn write(
     state: &HttpState,
     parts: Vec<(ordo_core::CollectionId, Batch)>,
     guards: Vec<(usize, Arc<WriteGuard>)>,
+    entries: Option<Vec<Vec<u8>>>,
 ) -> Result<crate::core::WriteResults, ApiError> {
+    if let Some(cluster) = &state.cluster {
+        write_buffers::give_list(parts);
+        let entries = entries.expect("cluster mode encodes its entries");
+        return Ok(cluster::routes::write(cluster, entries).await);
+    }
     let (reply, answer) = oneshot::channel();
     send(state, Command::Write { batches: parts, reply, queued_at: Instant::now(), guards }).await?;
     let reply = answer.await.map_err(|_| ApiError::shutting_down())?;
@@ -661,6 +728,7 @@ fn upgrade(
         gate: state.gate.clone(),
         identity,
         seq: state.seq.clone(),
+        cluster: state.cluster.as_ref().map(|cluster| cluster.shared.clone()),
     };
     tokio::spawn(async move {
         let _slot = slot;

@@ -177,6 +177,29 @@ pub struct ServeArgs {
     /// changes it while running).
     #[arg(long, env = "ORDO_DEMO_RATE", value_name = "N", default_value_t = limits::DEFAULT_DEMO_MESSAGES_PER_SECOND, help_heading = "Demo")]
     pub demo_rate: u32,
+
+    /// Cluster mode: the NATS servers (comma-separated URLs) whose JetStream stream carries every write;
+    /// this node applies the stream in order and publishes the writes it takes (docs/SCALING.md).
+    #[arg(long, env = "ORDO_CLUSTER", value_name = "URLS", help_heading = "Cluster")]
+    pub cluster: Option<String>,
+    /// This node's name in health, metrics and message ids (default: the host name and the listen port).
+    #[arg(long, env = "ORDO_NODE_NAME", value_name = "NAME", help_heading = "Cluster")]
+    pub node_name: Option<String>,
+    /// The JetStream stream that holds the log.
+    #[arg(long, env = "ORDO_STREAM", value_name = "NAME", default_value = "ORDO", help_heading = "Cluster")]
+    pub stream: String,
+    /// Replicas of the stream when this node creates it (1 with a single NATS server).
+    #[arg(long, env = "ORDO_STREAM_REPLICAS", value_name = "N", default_value_t = 3, help_heading = "Cluster")]
+    pub stream_replicas: usize,
+    /// Entries behind the stream above which the node says it lags and refuses new subscribers.
+    #[arg(
+        long,
+        env = "ORDO_CLUSTER_MAX_LAG",
+        value_name = "ENTRIES",
+        default_value_t = 10_000,
+        help_heading = "Cluster"
+    )]
+    pub cluster_max_lag: u64,
 }
 
 #[derive(Args, Debug)]
@@ -338,6 +361,16 @@ impl ServeArgs {
             if !(origin.starts_with("http://") || origin.starts_with("https://")) || origin.contains('*') {
                 return Err(format!("--allow-origin takes an origin like https://app.example.org, not `{origin}`"));
             }
+        }
+        if let Some(urls) = &self.cluster {
+            options.cluster = Some(crate::cluster::ClusterOptions::new(
+                urls,
+                self.node_name.clone(),
+                options.listen,
+                self.stream.clone(),
+                self.stream_replicas,
+                self.cluster_max_lag,
+            )?);
         }
         options.allow_origins = self.allow_origin;
         options.allow_hosts = self.allow_host;

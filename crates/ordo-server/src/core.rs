@@ -213,6 +213,18 @@ pub enum Command {
         collection: CollectionId,
         reply: oneshot::Sender<Result<u64, ApiError>>,
     },
+    /// Cluster mode: one stream entry, applied at exactly `seq` (see
+    /// `cluster::apply`). Mutating requests never come as commands then: they
+    /// are published, and come back as entries.
+    ApplyEntry {
+        seq: u64,
+        /// The consumer's generation (see `cluster::log::consume`).
+        generation: u64,
+        msg_id: Option<String>,
+        /// When the stream received it (Unix nanoseconds).
+        published_ns: u64,
+        payload: bytes::Bytes,
+    },
     /// Replaces the access rules: `doc` is written to the reserved collection
     /// `_ordo/rules` (durable like any batch); the answer is its `seq`.
     SetRules {
@@ -516,6 +528,8 @@ pub struct Core {
     /// the first window shows); the rest is sorted at the view's first update,
     /// which then pays for it. The writer sorts these when it has nothing to do.
     unprepared: Vec<WindowId>,
+    /// Cluster mode's writer-side state (`None` in single-node mode).
+    cluster: Option<Box<crate::cluster::apply::Applier>>,
 }
 
 /// The identity under which subscriptions share an engine window (the
@@ -553,7 +567,25 @@ impl Core {
             answer: None,
         };
         let (last_seq, _) = watch::channel(database.last_seq());
-        Core { database, fanout, routes, last_seq, unprepared: Vec::new() }
+        Core { database, fanout, routes, last_seq, unprepared: Vec::new(), cluster: None }
+    }
+
+    /// Cluster mode: this writer applies the stream's entries.
+    pub fn with_cluster(mut self, applier: crate::cluster::apply::Applier) -> Core {
+        self.cluster = Some(Box::new(applier));
+        self
+    }
+
+    pub fn database(&self) -> &Database {
+        &self.database
+    }
+
+    pub(crate) fn database_mut(&mut self) -> &mut Database {
+        &mut self.database
+    }
+
+    pub(crate) fn routes(&self) -> &Routes {
+        &self.routes
     }
 
     /// The `seq` of the last batch applied, as it changes.
@@ -564,7 +596,7 @@ impl Core {
     /// Tells waiting requests the new last `seq`: called after anything that may
     /// have written, before the writes are acknowledged, so that a client never
     /// waits for a `seq` it was already given.
-    fn publish_seq(&mut self) {
+    pub(crate) fn publish_seq(&mut self) {
         let last_seq = self.database.last_seq();
         self.fanout.write_seq = last_seq;
         self.last_seq.send_if_modified(|published| {
@@ -679,25 +711,7 @@ impl Core {
         let mut refusals: Vec<Option<ApiError>> = (0..batches.len()).map(|_| None).collect();
         for (index, guard) in &guards {
             let (collection, batch) = &batches[*index];
-            let Some(collection) = self.database.engine().collection(*collection) else { continue };
-            if collection.schema() != guard.schema() {
-                // Its field ids would name other fields: refused, never checked with them.
-                refusals[*index] = Some(ApiError::new(
-                    ErrorCode::InvalidBatch,
-                    format!(
-                        "the schema of `{}` changed while this write was on its way; send it again",
-                        collection.name()
-                    ),
-                ));
-                continue;
-            }
-            if let Err(op) = guard.check(collection, batch) {
-                let id = batch.ops().nth(op).map_or("", |op| op.id());
-                refusals[*index] = Some(ApiError::new(
-                    ErrorCode::Forbidden,
-                    format!("op {op}: this identity may not write item `{id}` (its write rule does not allow it)"),
-                ));
-            }
+            refusals[*index] = self.guard_refusal(*collection, batch, guard);
         }
         let mut group = Vec::with_capacity(batches.len());
         let mut returned = Vec::with_capacity(batches.len());
@@ -729,8 +743,50 @@ impl Core {
         let _ = reply.send(WriteReply { results, batches: returned });
     }
 
+    /// Why a guarded part is refused, if it is: checked against the committed items.
+    fn guard_refusal(&self, collection: CollectionId, batch: &Batch, guard: &WriteGuard) -> Option<ApiError> {
+        let collection = self.database.engine().collection(collection)?;
+        if collection.schema() != guard.schema() {
+            // Its field ids would name other fields: refused, never checked with them.
+            return Some(ApiError::new(
+                ErrorCode::InvalidBatch,
+                format!("the schema of `{}` changed while this write was on its way; send it again", collection.name()),
+            ));
+        }
+        if let Err(op) = guard.check(collection, batch) {
+            let id = batch.ops().nth(op).map_or("", |op| op.id());
+            return Some(ApiError::new(
+                ErrorCode::Forbidden,
+                format!("op {op}: this identity may not write item `{id}` (its write rule does not allow it)"),
+            ));
+        }
+        None
+    }
+
+    /// Cluster mode: one batch, alone in its group (an entry is applied at its
+    /// own seq), checked against `guard` first.
+    pub(crate) fn write_one(
+        &mut self,
+        collection: CollectionId,
+        batch: Batch,
+        guard: Option<Arc<WriteGuard>>,
+    ) -> Result<Ack, ApiError> {
+        if let Some(refusal) = guard.and_then(|guard| self.guard_refusal(collection, &batch, &guard)) {
+            return Err(refusal);
+        }
+        self.fanout.route = Route::Subscribers;
+        let mut group = [PendingWrite::new(collection, batch)];
+        self.database.write_group(&mut group, &mut self.fanout);
+        let [write] = group;
+        let result = write.result.expect("every write gets a result").map_err(ApiError::from);
+        if result.is_ok() {
+            metrics::add(&METRICS.batches, 1);
+        }
+        result
+    }
+
     /// Writes the access rules into their reserved collection, creating it the first time.
-    fn set_rules(&mut self, doc: &str) -> Result<u64, ApiError> {
+    pub(crate) fn set_rules(&mut self, doc: &str) -> Result<u64, ApiError> {
         let collection = match self.database.engine().collection_id(RULES_COLLECTION) {
             Some(id) => id,
             None => self.database.create_collection(RULES_COLLECTION, Schema::new())?,
@@ -800,6 +856,15 @@ impl Core {
             Command::Query { collection, schema, spec, reply } => {
                 let result = self.check_schema(collection, &schema).and_then(|()| self.query(collection, spec));
                 let _ = reply.send(result);
+            }
+            Command::ApplyEntry { seq, generation, msg_id, published_ns, payload } => {
+                let Some(mut applier) = self.cluster.take() else {
+                    tracing::error!(seq, "an entry came to a writer not in cluster mode");
+                    return;
+                };
+                let delivered = crate::cluster::apply::Delivered { seq, generation, msg_id, published_ns, payload };
+                crate::cluster::apply::apply_entry(self, &mut applier, delivered);
+                self.cluster = Some(applier);
             }
             Command::SetRules { doc, reply } => {
                 let _ = reply.send(self.set_rules(&doc));
@@ -908,7 +973,11 @@ impl Core {
         Some(Box::new(self.fanout.windows.get(&sub.window)?.spec.clone()))
     }
 
-    fn create_collection(&mut self, name: &str, schema: Schema) -> Result<(bool, Arc<CollectionEntry>), ApiError> {
+    pub(crate) fn create_collection(
+        &mut self,
+        name: &str,
+        schema: Schema,
+    ) -> Result<(bool, Arc<CollectionEntry>), ApiError> {
         if let Some(existing) = self.routes.read().expect("routes lock").get(name) {
             if *existing.schema == schema && existing.name == name {
                 return Ok((false, existing.clone()));

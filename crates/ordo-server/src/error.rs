@@ -30,10 +30,15 @@ pub enum ErrorCode {
     Conflict,
     BackupRunning,
     SeqNotReached,
+    /// Cluster mode: the node is too far behind the stream to take subscribers (503).
+    Lagging,
+    /// Cluster mode: the stream did not take or return a write in time (503); the
+    /// write may still be applied (a retry with the same request is not deduplicated).
+    ClusterUnavailable,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 25] = [
         ErrorCode::BadJson,
         ErrorCode::BadRequest,
         ErrorCode::InvalidSchema,
@@ -57,6 +62,8 @@ impl ErrorCode {
         ErrorCode::Conflict,
         ErrorCode::BackupRunning,
         ErrorCode::SeqNotReached,
+        ErrorCode::Lagging,
+        ErrorCode::ClusterUnavailable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -84,6 +91,8 @@ impl ErrorCode {
             ErrorCode::Conflict => "conflict",
             ErrorCode::BackupRunning => "backup_running",
             ErrorCode::SeqNotReached => "seq_not_reached",
+            ErrorCode::Lagging => "lagging",
+            ErrorCode::ClusterUnavailable => "cluster_unavailable",
         }
     }
 
@@ -97,7 +106,9 @@ impl ErrorCode {
             ErrorCode::RateLimited => 429,
             ErrorCode::UnknownSubscription | ErrorCode::SubscriptionExists => 400,
             ErrorCode::StoreFull => 507,
-            ErrorCode::ShuttingDown | ErrorCode::SeqNotReached => 503,
+            ErrorCode::ShuttingDown | ErrorCode::SeqNotReached | ErrorCode::Lagging | ErrorCode::ClusterUnavailable => {
+                503
+            }
             ErrorCode::Internal => 500,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden | ErrorCode::OriginNotAllowed => 403,

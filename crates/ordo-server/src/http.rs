@@ -50,6 +50,8 @@ pub struct HttpState {
     pub metrics_public: bool,
     /// The `seq` of the last batch applied, for `min_seq`.
     pub seq: crate::min_seq::SeqWatch,
+    /// Cluster mode: the stream's connection (`None`: single-node mode).
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 pub(crate) type Body = Full<Bytes>;

@@ -9,6 +9,7 @@ pub mod auth;
 pub mod backup;
 pub mod backup_cmd;
 pub mod cli;
+pub mod cluster;
 pub mod core;
 pub mod demo;
 pub mod demo_data;

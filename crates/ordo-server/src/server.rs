@@ -57,6 +57,8 @@ pub struct ServeOptions {
     pub auth_timeout: Duration,
     /// `--auth-grace`: how long a WebSocket may keep going after its token expired.
     pub auth_grace: Duration,
+    /// `--cluster` and its companions: `None` is single-node mode.
+    pub cluster: Option<crate::cluster::ClusterOptions>,
 }
 
 impl Default for ServeOptions {
@@ -83,6 +85,7 @@ impl Default for ServeOptions {
             metrics_public: false,
             auth_timeout: Duration::from_secs(limits::AUTH_TIMEOUT_SECS),
             auth_grace: Duration::from_secs(limits::AUTH_EXPIRY_GRACE_SECS),
+            cluster: None,
         }
     }
 }
@@ -120,6 +123,15 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
             "WARNING: auth is off: every caller is an admin{}",
             if options.insecure { " (--insecure), on a non-loopback address" } else { " (loopback only)" }
         );
+    }
+    if options.cluster.is_some() && options.demo {
+        return Err("--demo does not run in cluster mode yet (see docs/SCALING.md)".to_owned());
+    }
+    if options.cluster.is_some() {
+        // The stream is the durable copy of every entry: a node that loses the
+        // tail of its own log (a power loss) replays it from the stream, so its
+        // log is written but not synced (docs/STORAGE.md, "Cluster mode").
+        options.durability = Durability::Relaxed;
     }
     let verifier = if options.auth.is_configured() { Some(Verifier::new(&options.auth)?) } else { None };
     let started = Instant::now();
@@ -169,7 +181,14 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
     let rules = load_rules(&database)?;
     let gate = Arc::new(Gate::new(verifier, rules, options.allow_hosts.clone(), options.allow_origins.clone()));
     let routes = Arc::new(RwLock::new(NameRoutes::new()));
-    let core = Core::new(database, routes.clone(), options.outbound_budget);
+    let cluster_shared = options
+        .cluster
+        .as_ref()
+        .map(|cluster| crate::cluster::Shared::new(&cluster.node_name, cluster.max_lag, database.last_seq()));
+    let mut core = Core::new(database, routes.clone(), options.outbound_budget);
+    if let Some(shared) = &cluster_shared {
+        core = core.with_cluster(crate::cluster::apply::Applier::new(shared.clone(), gate.clone()));
+    }
     core.publish_routes();
     let seq = core.seq_watch();
     let (core_tx, core_rx) = mpsc::channel(limits::CORE_QUEUE_CAPACITY);
@@ -193,6 +212,14 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
         let address = listener.local_addr().map_err(|error| error.to_string())?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let stop_signal = signal_listener()?;
+        let cluster = match (&options.cluster, cluster_shared) {
+            (Some(cluster_options), Some(shared)) => {
+                let cluster = start_cluster(cluster_options.clone(), shared).await?;
+                cluster.spawn(core_tx.clone(), shutdown_rx.clone());
+                Some(cluster)
+            }
+            _ => None,
+        };
         // The demo's rooms are written before the address is printed, so whoever
         // waits for that line finds them there.
         let demo = if options.demo {
@@ -259,6 +286,7 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
             gate,
             metrics_public: options.metrics_public,
             seq,
+            cluster,
         });
         tokio::spawn(expire_sessions(registry, core_tx.clone(), shutdown_rx.clone()));
         tokio::spawn(async move {
@@ -278,6 +306,45 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
     println!("ordo: stopped; last seq {last_seq}");
     tracing::info!(last_seq, "stopped");
     result
+}
+
+/// Connects to the stream and checks that this data directory belongs to it:
+/// its last applied seq is within the stream, and the stream still holds every
+/// entry after it.
+async fn start_cluster(
+    options: crate::cluster::ClusterOptions,
+    shared: Arc<crate::cluster::Shared>,
+) -> Result<Arc<crate::cluster::Cluster>, String> {
+    let applied = shared.status.applied_seq();
+    let cluster = crate::cluster::Cluster::connect(options, shared).await?;
+    let state = cluster.stream_state().await?;
+    if applied > state.last_seq {
+        return Err(format!(
+            "this data directory has applied seq {applied} but stream `{}` ends at seq {}:              it belongs to another stream (or to single-node mode); start from an empty --data-dir or a snapshot",
+            cluster.options.stream, state.last_seq
+        ));
+    }
+    if state.messages > 0 && state.first_seq > applied + 1 {
+        return Err(format!(
+            "stream `{}` starts at seq {} but this node has applied seq {applied}: the entries between are gone;              restore a snapshot taken at or after seq {} (docs/SCALING.md)",
+            cluster.options.stream,
+            state.first_seq,
+            state.first_seq - 1
+        ));
+    }
+    cluster.shared.status.saw_stream_seq(state.last_seq);
+    println!(
+        "ordo: cluster node {} on stream `{}` ({} entries, applied through seq {applied})",
+        cluster.options.node_name, cluster.options.stream, state.last_seq
+    );
+    tracing::info!(
+        node = %cluster.options.node_name,
+        stream = %cluster.options.stream,
+        stream_last_seq = state.last_seq,
+        applied_seq = applied,
+        "cluster mode"
+    );
+    Ok(Arc::new(cluster))
 }
 
 /// How callers are checked, for the start line of the log.

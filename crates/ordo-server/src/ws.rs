@@ -89,6 +89,8 @@ pub struct ConnectionContext {
     pub identity: Option<Arc<Identity>>,
     /// The `seq` of the last batch applied, for `min_seq`.
     pub seq: SeqWatch,
+    /// Cluster mode: the lag, which refuses new subscribers past `--cluster-max-lag`.
+    pub cluster: Option<Arc<crate::cluster::Shared>>,
 }
 
 /// The writer thread's name for a session (not a secret: the resume token is).
@@ -721,6 +723,9 @@ impl Connection {
         payload: bool,
     ) -> Result<(Arc<crate::core::CollectionEntry>, WindowSpec), ApiError> {
         wire::check_sub_id(sub)?;
+        if let Some(cluster) = &self.context.cluster {
+            cluster.status.check_not_lagging()?;
+        }
         if self.session.by_client_id.contains_key(sub) {
             return Err(ApiError::new(
                 ErrorCode::SubscriptionExists,

@@ -281,6 +281,11 @@ impl Adder<'_> {
         if record.seq != open.next_seq() {
             return Err(corrupt("log records in sequence"));
         }
+        if record.collection_number == wal::MARKER_COLLECTION {
+            // Uses its sequence number and changes no item (`wal::encode_marker`).
+            open.add_marker();
+            return Ok(());
+        }
         let schema =
             self.schemas.get(&record.collection_number).ok_or_else(|| corrupt("log records of known collections"))?;
         wal::decode_batch(record, schema, self.batch).map_err(|damaged| corrupt(damaged.0))?;

@@ -128,6 +128,11 @@ impl Database {
             options.durability == Durability::Full && options.preallocate_log,
             &mut |record| {
                 let corrupt = |expected| StoreError::Corrupt { dir: dir.to_owned(), expected };
+                if record.collection_number == wal::MARKER_COLLECTION {
+                    // A seq marker changes no item; the checkpointer still counts its seq.
+                    handoff.extend_from_slice(record.framed);
+                    return Ok(());
+                }
                 let index = collection_numbers
                     .iter()
                     .position(|&number| number == record.collection_number)
@@ -409,6 +414,24 @@ impl Database {
                 .expect("a logged batch was validated against this state");
             write.result = Some(Ok(Ack { seq, summary }));
         }
+    }
+
+    /// Uses sequence number `seq` (which must be `last_seq() + 1`) without
+    /// changing any item: appends a seq marker to the log (`docs/STORAGE.md`,
+    /// "Seq markers"). Cluster mode calls it for each stream entry that wrote no
+    /// batch, so that `last_seq()` is the last entry applied, also after a restart.
+    pub fn advance_seq(&mut self, seq: u64) -> Result<(), StoreError> {
+        assert_eq!(seq, self.wal.last_seq() + 1, "sequence numbers are consecutive");
+        if let Some(stall) = self.checkpointer.stall() {
+            return Err(stall.to_error(&self.dir));
+        }
+        self.records.clear();
+        wal::encode_marker(&mut self.records, seq);
+        self.wal.append(&self.records, seq)?;
+        let records = std::mem::replace(&mut self.records, self.checkpointer.take_buffer());
+        self.checkpointer.send_records(records, seq, seq);
+        self.wal.remove_checkpointed_in_background(self.checkpointer.checkpointed_seq());
+        Ok(())
     }
 
     /// Opens a window on a view (see [`Engine::open_window`]). Windows are not

@@ -571,6 +571,11 @@ impl OpenCheckpoint<'_> {
         self.first_seq + self.n_batches
     }
 
+    /// Adds a seq marker: the next sequence number, with no item changed.
+    pub(crate) fn add_marker(&mut self) {
+        self.n_batches += 1;
+    }
+
     /// Adds the next batch (already validated and logged) of the collection
     /// numbered `collection_number` on disk.
     pub(crate) fn add(

@@ -108,6 +108,27 @@ fn parse_segment_name(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// The collection number of a *seq marker*: a record with no operations that
+/// only says "this sequence number was used, and changed no item". Cluster mode
+/// writes one for every stream entry that wrote no batch (refused at apply time,
+/// a collection creation), so that the log's sequence numbers stay consecutive
+/// and equal to the stream's, and a restart resumes right after the entry (see
+/// `docs/STORAGE.md`, "Seq markers"). No collection ever gets this number.
+pub(crate) const MARKER_COLLECTION: u32 = u32::MAX;
+
+/// Appends one framed seq marker for `seq` to `buffer`.
+pub(crate) fn encode_marker(buffer: &mut Vec<u8>, seq: u64) {
+    let start = buffer.len();
+    buffer.extend_from_slice(&[0; HEADER_BYTES]);
+    buffer.extend_from_slice(&seq.to_le_bytes());
+    buffer.extend_from_slice(&MARKER_COLLECTION.to_le_bytes());
+    buffer.extend_from_slice(&0u32.to_le_bytes());
+    let body_len = (buffer.len() - start - HEADER_BYTES) as u32;
+    let crc = crc32fast::hash(&buffer[start + HEADER_BYTES..]);
+    buffer[start..start + 4].copy_from_slice(&body_len.to_le_bytes());
+    buffer[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
 /// Appends one framed record for `batch` to `buffer`. Field values are converted
 /// to their field's type first, so that a replay applies exactly what the engine
 /// applied. The batch must have been validated against `schema`.

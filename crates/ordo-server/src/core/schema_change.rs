@@ -38,7 +38,7 @@ impl EndReason {
 }
 
 impl Core {
-    pub(super) fn change_fields(
+    pub(crate) fn change_fields(
         &mut self,
         collection: CollectionId,
         change: FieldChange,
@@ -74,7 +74,7 @@ impl Core {
         Ok((seq, entry))
     }
 
-    pub(super) fn drop_collection(&mut self, collection: CollectionId) -> Result<u64, ApiError> {
+    pub(crate) fn drop_collection(&mut self, collection: CollectionId) -> Result<u64, ApiError> {
         let name = match self.database.engine().collection(collection) {
             Some(state) => state.name().to_owned(),
             None => return Err(ApiError::new(crate::error::ErrorCode::UnknownCollection, "no such collection")),

@@ -183,6 +183,9 @@ impl Connection {
         entry: &wire::ResumeEntry,
     ) -> Result<(Arc<crate::core::CollectionEntry>, WindowSpec), ApiError> {
         wire::check_sub_id(&entry.sub)?;
+        if let Some(cluster) = &self.context.cluster {
+            cluster.status.check_not_lagging()?;
+        }
         let (collection, predicate) = self.readable(&entry.collection)?;
         let position = wire::PositionKeys { offset: entry.offset, tail: entry.tail, ..Default::default() };
         let mut spec = wire::window_spec(

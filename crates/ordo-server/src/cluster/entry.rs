@@ -1,0 +1,153 @@
+//! The log entry: one change of state, as the node that took the request
+//! publishes it to the stream and as every node applies it. JSON, one object:
+//!
+//! ```json
+//! {"kind":"write","collection":"rooms","ops":[{"op":"upsert","id":"r1","fields":{"n":1}}],
+//!  "caller":{"sub":"ops","role":"admin","claims":{}}}
+//! ```
+//!
+//! | `kind`              | other keys                                              |
+//! |---------------------|---------------------------------------------------------|
+//! | `write`             | `collection`, `ops` (the HTTP ops array, as sent)       |
+//! | `create_collection` | `collection`, `schema` (`{"fields":[...]}`, as sent)    |
+//! | `add_field`         | `collection`, `field` (`{"name","type","default"}`)     |
+//! | `remove_field`      | `collection`, `field` (the field's name, a string)      |
+//! | `drop_collection`   | `collection`                                            |
+//! | `set_rules`         | `rules` (the rules document)                            |
+//!
+//! Collections go by *name* (a `CollectionId` is node-local), and requests as
+//! the client sent them: every node checks them at apply time against its own
+//! state at that seq (rules, schema, preconditions), which is the same state on
+//! every node, so every node reaches the same outcome. `caller` is the identity
+//! the rules are checked against (its token was verified by the publishing node;
+//! an entry outlives its token).
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::auth::{Identity, Role};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Write,
+    CreateCollection,
+    AddField,
+    RemoveField,
+    DropCollection,
+    SetRules,
+}
+
+/// The caller an entry is applied for.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Caller<'a> {
+    #[serde(borrow)]
+    pub sub: Cow<'a, str>,
+    pub role: Cow<'a, str>,
+    #[serde(default)]
+    pub claims: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Caller<'_> {
+    pub fn of(identity: &Identity) -> Caller<'static> {
+        Caller {
+            sub: Cow::Owned(identity.sub.clone()),
+            role: Cow::Borrowed(identity.role.as_str()),
+            claims: identity.claims.clone(),
+        }
+    }
+
+    /// The identity the rules see at apply time. An unknown role is a reader's
+    /// (the least power), so a malformed entry can never grant more.
+    pub fn identity(&self) -> Identity {
+        Identity {
+            sub: self.sub.clone().into_owned(),
+            role: Role::parse(&self.role).unwrap_or(Role::Reader),
+            claims: self.claims.clone(),
+            expires_at: u64::MAX,
+            key: std::sync::Arc::from(&*self.sub),
+        }
+    }
+}
+
+/// One entry (see the module's table). Borrowed from the message's bytes when
+/// decoded, so the parts the apply reads again (`ops`) are not copied.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entry<'a> {
+    pub kind: Kind,
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub collection: Option<Cow<'a, str>>,
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub ops: Option<&'a RawValue>,
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<&'a RawValue>,
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<&'a RawValue>,
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub rules: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pub caller: Caller<'a>,
+}
+
+impl<'a> Entry<'a> {
+    pub fn new(kind: Kind, collection: Option<&'a str>, caller: Caller<'a>) -> Entry<'a> {
+        Entry {
+            kind,
+            collection: collection.map(Cow::Borrowed),
+            ops: None,
+            schema: None,
+            field: None,
+            rules: None,
+            caller,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("an entry serialises")
+    }
+
+    pub fn decode(bytes: &'a [u8]) -> Result<Entry<'a>, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_round_trips_and_names_its_collection() {
+        let ops = RawValue::from_string(r#"[{"op":"upsert","id":"a"}]"#.to_owned()).unwrap();
+        let identity = Identity::anonymous_admin();
+        let mut entry = Entry::new(Kind::Write, Some("rooms"), Caller::of(&identity));
+        entry.ops = Some(&ops);
+        let bytes = entry.encode();
+        let text = std::str::from_utf8(&bytes).unwrap();
+        assert_eq!(
+            text,
+            r#"{"kind":"write","collection":"rooms","ops":[{"op":"upsert","id":"a"}],"caller":{"sub":"anonymous","role":"admin","claims":{}}}"#
+        );
+        let decoded = Entry::decode(&bytes).unwrap();
+        assert_eq!(decoded.kind, Kind::Write);
+        assert_eq!(decoded.collection.as_deref(), Some("rooms"));
+        assert_eq!(decoded.ops.unwrap().get(), r#"[{"op":"upsert","id":"a"}]"#);
+        assert_eq!(decoded.caller.identity().role, Role::Admin);
+    }
+
+    #[test]
+    fn an_unknown_role_applies_as_a_reader() {
+        let entry = Entry::decode(br#"{"kind":"drop_collection","collection":"x","caller":{"sub":"s","role":"root"}}"#)
+            .unwrap();
+        assert_eq!(entry.caller.identity().role, Role::Reader);
+    }
+
+    #[test]
+    fn unknown_keys_and_kinds_are_refused() {
+        assert!(Entry::decode(br#"{"kind":"write","extra":1,"caller":{"sub":"s","role":"admin"}}"#).is_err());
+        assert!(Entry::decode(br#"{"kind":"truncate","caller":{"sub":"s","role":"admin"}}"#).is_err());
+    }
+}

@@ -1,0 +1,242 @@
+//! The NATS side (async-nats): the connection, the stream (created by the first
+//! node if absent), publishing entries with `Nats-Msg-Id`, and the consumer that
+//! hands the stream, in order, to the writer thread.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::{self, consumer, context::Publish, stream};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use tokio::sync::{oneshot, watch};
+
+use super::{unavailable, ClusterOptions, Outcome, Shared};
+use super::{APPLY_TIMEOUT, DUPLICATE_WINDOW, PUBLISH_ATTEMPTS, PUBLISH_TIMEOUT, SUBJECT};
+use crate::core::{Command, CoreSender};
+use crate::error::ApiError;
+
+/// A running cluster connection.
+pub struct Cluster {
+    pub options: ClusterOptions,
+    js: jetstream::Context,
+    stream: stream::Stream,
+    pub shared: Arc<Shared>,
+}
+
+/// Where the stream stands at start.
+pub struct StreamState {
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub messages: u64,
+}
+
+impl Cluster {
+    /// Connects to the NATS servers and creates the stream if absent (or binds
+    /// to it: an existing stream keeps its own configuration).
+    pub async fn connect(options: ClusterOptions, shared: Arc<Shared>) -> Result<Cluster, String> {
+        let client = async_nats::ConnectOptions::new()
+            .name(format!("ordo {}", options.node_name))
+            .connection_timeout(Duration::from_secs(5))
+            .connect(options.urls.clone())
+            .await
+            .map_err(|error| format!("cannot connect to NATS at {}: {error}", options.urls.join(",")))?;
+        let mut js = jetstream::new(client);
+        js.set_timeout(PUBLISH_TIMEOUT);
+        let config = stream::Config {
+            name: options.stream.clone(),
+            subjects: vec![SUBJECT.to_owned()],
+            num_replicas: options.replicas,
+            storage: stream::StorageType::File,
+            duplicate_window: DUPLICATE_WINDOW,
+            ..Default::default()
+        };
+        // A cluster just started may still be electing its meta leader: retry a while.
+        let mut attempt = 0;
+        let stream = loop {
+            match js.get_or_create_stream(config.clone()).await {
+                Ok(stream) => break stream,
+                Err(error) if attempt < 20 => {
+                    attempt += 1;
+                    tracing::debug!(%error, "stream not ready yet");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(error) => return Err(format!("cannot create or open the stream `{}`: {error}", options.stream)),
+            }
+        };
+        Ok(Cluster { options, js, stream, shared })
+    }
+
+    pub async fn stream_state(&self) -> Result<StreamState, String> {
+        let info = self.stream.get_info().await.map_err(|error| format!("cannot read the stream's state: {error}"))?;
+        Ok(StreamState {
+            first_seq: info.state.first_sequence,
+            last_seq: info.state.last_sequence,
+            messages: info.state.messages,
+        })
+    }
+
+    /// Publishes `entries` (encoded, in order) and waits for each one's outcome
+    /// on this node: acknowledged by the stream's quorum, then applied here.
+    pub async fn submit_all(&self, entries: Vec<Vec<u8>>) -> Vec<Result<Outcome, ApiError>> {
+        let mut waiting = Vec::with_capacity(entries.len());
+        // Sent back to back, so the stream takes them in this order.
+        for payload in entries {
+            let (id, outcome) = self.shared.register();
+            let payload = Bytes::from(payload);
+            let ack = self.js.send_publish(SUBJECT, Publish::build().message_id(&id).payload(payload.clone())).await;
+            waiting.push((id, payload, ack, outcome));
+        }
+        let mut results = Vec::with_capacity(waiting.len());
+        for (id, payload, ack, outcome) in waiting {
+            results.push(self.finish(&id, payload, ack, outcome).await);
+        }
+        results
+    }
+
+    pub async fn submit(&self, entry: Vec<u8>) -> Result<Outcome, ApiError> {
+        self.submit_all(vec![entry]).await.pop().expect("one result per entry")
+    }
+
+    async fn finish(
+        &self,
+        id: &str,
+        payload: Bytes,
+        mut ack: Result<jetstream::context::PublishAckFuture, jetstream::context::PublishError>,
+        outcome: oneshot::Receiver<Outcome>,
+    ) -> Result<Outcome, ApiError> {
+        let mut attempt = 1;
+        let seq = loop {
+            let error = match ack {
+                Ok(future) => match future.await {
+                    Ok(ack) => break ack.sequence,
+                    Err(error) => error.to_string(),
+                },
+                Err(error) => error.to_string(),
+            };
+            if attempt >= PUBLISH_ATTEMPTS {
+                // Maybe in the stream after all: the entry is then applied, but
+                // nobody waits for it any more.
+                self.shared.forget(id);
+                return Err(unavailable(format!(
+                    "the stream did not acknowledge the write ({error}); it may still be applied"
+                )));
+            }
+            attempt += 1;
+            tracing::debug!(msg_id = id, %error, "publishing again with the same message id");
+            // The same id: if the first attempt landed, JetStream drops this one
+            // and acknowledges the first one's sequence.
+            ack = self.js.send_publish(SUBJECT, Publish::build().message_id(id).payload(payload.clone())).await;
+        };
+        match tokio::time::timeout(APPLY_TIMEOUT, outcome).await {
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(_)) => Err(ApiError::shutting_down()),
+            Err(_) => {
+                self.shared.forget(id);
+                Err(unavailable(format!(
+                    "the write is in the stream at seq {seq} but this node did not apply it within {} s",
+                    APPLY_TIMEOUT.as_secs()
+                )))
+            }
+        }
+    }
+
+    /// Runs the consumer and the stream poller until shutdown.
+    pub fn spawn(self: &Arc<Cluster>, core: CoreSender, shutdown: watch::Receiver<bool>) {
+        tokio::spawn(consume(self.clone(), core, shutdown.clone()));
+        tokio::spawn(poll_stream(self.clone(), shutdown));
+    }
+}
+
+/// Delivers the stream to the writer thread, in order, from the entry after
+/// the last one applied; starts again from there whenever the writer asks
+/// (it failed to apply one) or the consumer fails.
+///
+/// Each start is a new *generation*: the writer ignores entries of a generation
+/// it gave up on, and skips those at or below its last applied seq (a new
+/// generation re-delivers what an older one had queued).
+pub async fn consume(cluster: Arc<Cluster>, core: CoreSender, mut shutdown: watch::Receiver<bool>) {
+    let mut generation = 0u64;
+    loop {
+        generation += 1;
+        let start_seq = cluster.shared.status.applied_seq() + 1;
+        let stopped = tokio::select! {
+            result = consume_from(&cluster, &core, start_seq, generation) => {
+                if let Err(error) = result {
+                    tracing::warn!(start_seq, %error, "the stream's consumer stopped; starting again");
+                }
+                false
+            }
+            _ = cluster.shared.restart.notified() => {
+                tracing::warn!("applying an entry failed here; consuming again from the last entry applied");
+                false
+            }
+            _ = shutdown.wait_for(|stopping| *stopping) => true,
+        };
+        if stopped {
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = shutdown.wait_for(|stopping| *stopping) => return,
+        }
+    }
+}
+
+async fn consume_from(cluster: &Cluster, core: &CoreSender, start_seq: u64, generation: u64) -> Result<(), String> {
+    let state = cluster.stream_state().await?;
+    cluster.shared.status.saw_stream_seq(state.last_seq);
+    if state.messages > 0 && state.first_seq > start_seq {
+        // Entries this node needs were removed from the stream (retention).
+        // Applying what is left would skip them silently: refuse, loudly.
+        return Err(format!(
+            "the stream starts at seq {} but this node needs seq {start_seq}: restore a snapshot taken at or after seq {} (docs/SCALING.md)",
+            state.first_seq,
+            state.first_seq - 1
+        ));
+    }
+    let config = consumer::pull::OrderedConfig {
+        filter_subject: SUBJECT.to_owned(),
+        deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence: start_seq },
+        ..Default::default()
+    };
+    let consumer = cluster.stream.create_consumer(config).await.map_err(|error| error.to_string())?;
+    let mut messages = consumer.messages().await.map_err(|error| error.to_string())?;
+    while let Some(message) = messages.next().await {
+        let message = message.map_err(|error| error.to_string())?;
+        let info = message.info().map_err(|error| error.to_string())?;
+        let seq = info.stream_sequence;
+        let published_ns = u64::try_from(info.published.unix_timestamp_nanos()).unwrap_or(0);
+        cluster.shared.status.saw_stream_seq(seq + info.pending);
+        let msg_id = message
+            .message
+            .headers
+            .as_ref()
+            .and_then(|headers| headers.get(async_nats::header::NATS_MESSAGE_ID))
+            .map(|value| value.as_str().to_owned());
+        let command =
+            Command::ApplyEntry { seq, generation, msg_id, published_ns, payload: message.message.payload.clone() };
+        if core.send(command).await.is_err() {
+            return Ok(());
+        }
+    }
+    Err("the stream's messages ended".to_owned())
+}
+
+/// Every second, the stream's last sequence: the lag shows even when no entry
+/// arrives (this node cannot reach NATS, or its writer is stuck).
+async fn poll_stream(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = shutdown.wait_for(|stopping| *stopping) => return,
+        }
+        if let Ok(state) = cluster.stream_state().await {
+            cluster.shared.status.saw_stream_seq(state.last_seq);
+        }
+    }
+}
+
+/// Unix nanoseconds now (for entries whose publication time is unknown).
+pub fn now_ns() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_nanos() as u64)
+}

@@ -1,0 +1,266 @@
+//! Cluster mode over real `nats-server` processes on loopback (see
+//! `common/nats.rs`): three Ordo nodes over a three-node NATS cluster with an R3
+//! stream, writes on every node, and what the nodes must agree on afterwards;
+//! a restarted node resumes exactly; a duplicate publish is applied once.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::nats::NatsCluster;
+use common::Server;
+use serde_json::{json, Value};
+
+fn schema() -> Value {
+    json!({"fields": [{"name": "n", "type": "u64"}, {"name": "owner", "type": "string"}]})
+}
+
+fn node(dir: &Path, nats: &str, name: &str, replicas: usize) -> Server {
+    let replicas = replicas.to_string();
+    Server::start(dir, &["--cluster", nats, "--node-name", name, "--stream-replicas", &replicas])
+}
+
+fn health(server: &Server) -> Value {
+    let (status, body) = server.http("GET", "/v1/health", None);
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+fn applied_seq(server: &Server) -> u64 {
+    health(server)["cluster"]["applied_seq"].as_u64().expect("cluster.applied_seq")
+}
+
+/// Waits until every node has applied `seq` (at most 20 s).
+fn wait_applied(servers: &[&Server], seq: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for server in servers {
+        while applied_seq(server) < seq {
+            assert!(Instant::now() < deadline, "a node did not apply seq {seq}: {}", health(server));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Every item of `things` with its fields and version, in id order.
+fn items(server: &Server, min_seq: u64) -> Value {
+    let query = json!({"sort": [{"field": "n"}], "limit": 1000, "min_seq": min_seq, "payload": true});
+    let answer = server.ok("POST", "/v1/collections/things/query", query);
+    let mut items = answer["items"].as_array().unwrap().clone();
+    items.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+    Value::Array(items)
+}
+
+fn increment(server: &Server, id: &str) -> u64 {
+    let batch = json!({"ops": [{"op": "upsert", "id": id, "increment": {"n": 1}}]});
+    server.ok("POST", "/v1/collections/things/batch", batch)["seq"].as_u64().unwrap()
+}
+
+fn counter(server: &Server, id: &str, min_seq: u64) -> u64 {
+    let items = items(server, min_seq);
+    let item = items.as_array().unwrap().iter().find(|item| item["id"] == id).expect("the counter exists");
+    item["fields"]["n"].as_u64().unwrap()
+}
+
+#[test]
+fn three_nodes_take_writes_and_agree_on_items_versions_and_seqs() {
+    let nats = NatsCluster::start(3);
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let nodes: Vec<Server> =
+        (0..3).map(|index| node(dirs[index].path(), &nats.urls(), &format!("ordo-{index}"), 3)).collect();
+    let [a, b, c] = [&nodes[0], &nodes[1], &nodes[2]];
+    assert_eq!(health(a)["cluster"]["node"], "ordo-0");
+
+    // Creation through any node; a second identical one is a no-op (200, not 201).
+    let (status, _) = a.http("PUT", "/v1/collections/things", Some(&schema()));
+    assert_eq!(status, 201);
+    let (status, _) = b.http("PUT", "/v1/collections/things", Some(&schema()));
+    assert_eq!(status, 200);
+
+    // Writes through every node, in turn; each answer's seq is one stream entry.
+    let mut seqs = Vec::new();
+    for round in 0..10u64 {
+        for (index, server) in nodes.iter().enumerate() {
+            let id = format!("i{}", (round * 3 + index as u64) % 7);
+            let batch = json!({"ops": [
+                {"op": "upsert", "id": id, "fields": {"owner": format!("ordo-{index}")}, "increment": {"n": 1},
+                 "payload": {"round": round}}
+            ]});
+            let seq = server.ok("POST", "/v1/collections/things/batch", batch)["seq"].as_u64().unwrap();
+            // Read-your-writes on the node that answered, without min_seq.
+            let (status, item) = server.http("GET", &format!("/v1/collections/things/items/{id}"), None);
+            assert_eq!(status, 200);
+            assert_eq!(item["version"].as_u64(), Some(seq), "the answering node shows its own write at once");
+            seqs.push(seq);
+        }
+    }
+    let mut sorted = seqs.clone();
+    sorted.dedup();
+    assert_eq!(sorted.len(), seqs.len(), "every write has its own seq");
+    assert!(seqs.windows(2).all(|pair| pair[0] < pair[1]), "sequential writes get increasing seqs: {seqs:?}");
+
+    // A multi-part write: one entry per part, each its own seq.
+    let multi = json!({"writes": [
+        {"collection": "things", "ops": [{"op": "upsert", "id": "m1", "fields": {"n": 100}}]},
+        {"collection": "things", "ops": [{"op": "upsert", "id": "m2", "fields": {"n": 200}}]},
+    ]});
+    let (status, answer) = c.http("POST", "/v1/batch", Some(&multi));
+    assert_eq!(status, 200, "{answer}");
+    let part_seqs: Vec<u64> =
+        answer["results"].as_array().unwrap().iter().map(|r| r["seq"].as_u64().unwrap()).collect();
+    assert_eq!(part_seqs.len(), 2);
+    assert!(part_seqs[0] < part_seqs[1]);
+
+    // Another node with min_seq sees the write at once.
+    let last = part_seqs[1];
+    let on_a = items(a, last);
+    assert!(on_a.as_array().unwrap().iter().any(|item| item["id"] == "m2" && item["version"] == last));
+
+    // A precondition conflict: 409 on the node that published it, nothing changed
+    // anywhere, and its seq is used (the next write takes the one after).
+    let before = items(b, last);
+    let conflict = json!({"ops": [{"op": "upsert", "id": "i1", "fields": {"n": 0}, "if": {"exists": false}}]});
+    let (status, error) = b.http("POST", "/v1/collections/things/batch", Some(&conflict));
+    assert_eq!(status, 409, "{error}");
+    assert_eq!(error["error"]["code"], "conflict", "{error}");
+    let next = increment(a, "after-conflict");
+    wait_applied(&[a, b, c], next);
+    let conflict_seq = next - 1;
+    assert!(conflict_seq > last, "the conflict used a seq of its own");
+    for server in [a, b, c] {
+        let now = items(server, next);
+        let unchanged: Vec<&Value> =
+            now.as_array().unwrap().iter().filter(|item| item["id"] != "after-conflict").collect();
+        assert_eq!(unchanged, before.as_array().unwrap().iter().collect::<Vec<_>>(), "the conflict changed nothing");
+    }
+
+    // Every node converged to the same items, versions and seq.
+    let reference = items(a, next);
+    for server in [b, c] {
+        assert_eq!(items(server, next), reference);
+        assert_eq!(applied_seq(server), next);
+    }
+    let total: u64 = reference
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|item| item["id"].as_str().unwrap().starts_with('i'))
+        .map(|item| item["fields"]["n"].as_u64().unwrap())
+        .sum();
+    assert_eq!(total, 30, "every increment applied exactly once");
+    for server in [a, b, c] {
+        let cluster = &health(server)["cluster"];
+        assert_eq!(cluster["lag_entries"], 0, "{cluster}");
+        assert_eq!(cluster["lagging"], false, "{cluster}");
+        assert_eq!(server.metric("ordo_cluster_applied_seq"), next as f64);
+    }
+
+    // Schema changes and drops are entries too: every node follows.
+    let add = json!({"name": "extra", "type": "u64", "default": 7});
+    let changed = b.ok("POST", "/v1/collections/things/fields", add);
+    let seq = changed["seq"].as_u64().unwrap();
+    wait_applied(&[a, b, c], seq);
+    for server in [a, b, c] {
+        let (_, collection) = server.http("GET", "/v1/collections/things", None);
+        assert!(collection["fields"].as_array().unwrap().iter().any(|field| field["name"] == "extra"), "{collection}");
+    }
+    let dropped = c.ok("DELETE", "/v1/collections/things", json!(null));
+    wait_applied(&[a, b, c], dropped["seq"].as_u64().unwrap());
+    for server in [a, b, c] {
+        let (status, _) = server.http("GET", "/v1/collections/things", None);
+        assert_eq!(status, 404);
+    }
+}
+
+#[test]
+fn a_restarted_node_resumes_at_the_next_entry_and_applies_nothing_twice() {
+    let nats = NatsCluster::start(1);
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = node(dir_a.path(), &nats.urls(), "a", 1);
+    let mut b = node(dir_b.path(), &nats.urls(), "b", 1);
+    let (status, _) = a.http("PUT", "/v1/collections/things", Some(&schema()));
+    assert_eq!(status, 201);
+    let mut expected = 0;
+    for _ in 0..20 {
+        increment(&a, "counter");
+        increment(&b, "counter");
+        expected += 2;
+    }
+    // A refused entry at the tail: its seq must be used on restart too.
+    let conflict = json!({"ops": [{"op": "upsert", "id": "counter", "if": {"exists": false}}]});
+    assert_eq!(b.http("POST", "/v1/collections/things/batch", Some(&conflict)).0, 409);
+    let seq_before = applied_seq(&b);
+
+    // A crash: SIGKILL, no checkpoint. The others keep writing meanwhile.
+    unsafe { libc::kill(b.pid() as i32, libc::SIGKILL) };
+    b.wait();
+    drop(b);
+    for _ in 0..15 {
+        increment(&a, "counter");
+        expected += 1;
+    }
+    let b = node(dir_b.path(), &nats.urls(), "b", 1);
+    let last = increment(&a, "counter");
+    expected += 1;
+    wait_applied(&[&b], last);
+    assert_eq!(counter(&b, "counter", last), expected, "no increment lost or applied twice on the restarted node");
+    assert_eq!(counter(&a, "counter", last), expected);
+    assert!(applied_seq(&b) > seq_before);
+
+    // A clean stop and start at the head: nothing to apply again.
+    b.stop();
+    let b = node(dir_b.path(), &nats.urls(), "b", 1);
+    assert_eq!(applied_seq(&b), last, "the store's last seq is the last entry applied");
+    let next = increment(&b, "counter");
+    assert_eq!(next, last + 1);
+    assert_eq!(counter(&a, "counter", next), expected + 1);
+}
+
+#[test]
+fn a_duplicate_publish_is_applied_once() {
+    let nats = NatsCluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let server = node(dir.path(), &nats.urls(), "solo", 1);
+    let (status, _) = server.http("PUT", "/v1/collections/things", Some(&schema()));
+    assert_eq!(status, 201);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let entry = json!({
+        "kind": "write", "collection": "things",
+        "ops": [{"op": "upsert", "id": "dup", "increment": {"n": 1}}],
+        "caller": {"sub": "test", "role": "admin"},
+    })
+    .to_string();
+    let acks = runtime.block_on(async {
+        let client = async_nats::connect(nats.url(0)).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let mut acks = Vec::new();
+        // The same request twice (a retry after a timeout), then a new one.
+        for id in ["test/retry/1", "test/retry/1", "test/retry/2"] {
+            let publish = async_nats::jetstream::context::Publish::build()
+                .message_id(id)
+                .payload(entry.clone().into_bytes().into());
+            let ack = js.send_publish("ordo.log", publish).await.unwrap().await.unwrap();
+            acks.push((ack.sequence, ack.duplicate));
+        }
+        acks
+    });
+    assert!(!acks[0].1 && acks[1].1 && !acks[2].1, "{acks:?}");
+    assert_eq!(acks[0].0, acks[1].0, "a duplicate is acknowledged with the original's seq");
+    let last = acks[2].0;
+    assert_eq!(counter(&server, "dup", last), 2, "two distinct entries, the retry dropped");
+    assert_eq!(applied_seq(&server), last);
+}
+
+#[test]
+fn single_node_mode_has_no_cluster_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let body = health(&server);
+    assert!(body.get("cluster").is_none(), "{body}");
+    let (status, _) = server.http("PUT", "/v1/collections/things", Some(&schema()));
+    assert_eq!(status, 201);
+    assert_eq!(increment(&server, "c"), 1);
+    assert_eq!(increment(&server, "c"), 2);
+    let (_, metrics) = server.http_raw("GET", "/metrics", None);
+    assert!(!String::from_utf8_lossy(&metrics).contains("ordo_cluster_"));
+}
