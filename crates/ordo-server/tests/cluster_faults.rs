@@ -101,6 +101,8 @@ struct WriterLog {
     failures: BTreeMap<String, u64>,
     /// Answers that break the rules (checked at the end of the trial).
     violations: Vec<String>,
+    /// How long each write took from its first attempt to its outcome, retries included.
+    latencies: Vec<Duration>,
 }
 
 fn failure_kind(result: &std::io::Result<(u16, Value)>) -> String {
@@ -172,6 +174,7 @@ fn run_writer(writer: u64, seed: u64, shared: &Shared, log: &mut WriterLog) {
                 }
                 std::thread::sleep(Duration::from_millis(20 + rng.below(80)));
             }
+            log.latencies.push(started.elapsed());
         } else {
             let ports = shared.live_ports();
             let Some(&port) = ports.get(rng.index(ports.len().max(1))) else { continue };
@@ -421,6 +424,8 @@ struct Observed {
     lagging_seen: bool,
     /// For `nats_leader_kill`: whether the stream leader was the meta leader too.
     was_meta_leader: bool,
+    /// What was done, for the log.
+    what: String,
 }
 
 struct Bench {
@@ -485,17 +490,25 @@ impl Bench {
                 let shared = &shared;
                 scope.spawn(move || run_writer(writer as u64, seed, shared, log));
             }
+            let started = Instant::now();
             std::thread::sleep(Duration::from_millis(500 + rng.below(500)));
             let observed = self.inject(fault, &mut rng);
+            eprintln!("{context}: {} after {:?}", observed.what, started.elapsed());
             std::thread::sleep(Duration::from_millis(1000));
             shared.stop.store(true, Ordering::Relaxed);
             observed
         });
+        let stopped = Instant::now();
+        let healths: Vec<Option<Value>> = (0..self.cluster.len()).map(|node| self.cluster.health(node)).collect();
         self.logs = logs;
         self.clients = tasks.into_iter().map(|task| self.runtime.block_on(task).expect("a client task")).collect();
 
         // Every node applies the whole stream; then every node is checked.
         let seq = self.cluster.wait_converged(CONVERGE_TIMEOUT);
+        eprintln!("{context}: writers stopped; converged at seq {seq} {:?} later", stopped.elapsed());
+        if stopped.elapsed() > Duration::from_secs(2) {
+            eprintln!("{context}: the nodes' health when the writers stopped: {healths:?}");
+        }
         self.check_items(seq, &context);
         for client in &mut self.clients {
             let port = self.cluster.node(client.node).port;
@@ -520,6 +533,7 @@ impl Bench {
                     let others: Vec<usize> = (0..self.cluster.nats.len()).filter(|&i| i != leader).collect();
                     *rng.pick(&others)
                 };
+                observed.what = format!("killed nats node {victim} (stream leader {leader}, meta leader {meta:?})");
                 self.cluster.nats.kill(victim);
                 std::thread::sleep(Duration::from_millis(2000 + rng.below(1000)));
                 self.cluster.nats.restart(victim);
@@ -533,6 +547,7 @@ impl Bench {
                 let victim = rng.index(self.cluster.len());
                 self.shared.ports.lock().unwrap()[victim] = None;
                 *self.shared.killed.lock().unwrap() = Some((victim, Instant::now()));
+                observed.what = format!("killed ordo node o{victim}");
                 self.cluster.kill(victim);
                 std::thread::sleep(Duration::from_millis(1500 + rng.below(1000)));
                 self.cluster.restart(victim);
@@ -541,6 +556,7 @@ impl Bench {
             Fault::OrdoStop => {
                 let victim = rng.index(self.cluster.len());
                 self.cluster.signal(victim, libc::SIGSTOP);
+                observed.what = format!("froze ordo node o{victim}");
                 std::thread::sleep(Duration::from_millis(2500 + rng.below(1000)));
                 self.cluster.signal(victim, libc::SIGCONT);
                 // It lags while it applies what it missed, then catches up.
@@ -665,6 +681,17 @@ impl Bench {
             }
         }
         out += &format!("  failed attempts (retried): {failures:?}\n");
+        let mut latencies: Vec<Duration> = self.logs.iter().flat_map(|log| log.latencies.iter().copied()).collect();
+        latencies.sort();
+        if !latencies.is_empty() {
+            let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q).round() as usize];
+            out += &format!(
+                "  write time to outcome, retries included: p50={:?} p99={:?} max={:?}\n",
+                at(0.5),
+                at(0.99),
+                latencies.last().unwrap()
+            );
+        }
         let mut gaps = self.shared.gaps.lock().unwrap().clone();
         gaps.sort();
         if !gaps.is_empty() {
@@ -692,12 +719,13 @@ fn run_trials(name: &str, faults: &[Fault], base_seed: u64) {
     for (index, fault) in faults.iter().enumerate() {
         let seed = first.map_or(base_seed + index as u64, |first: u64| first + index as u64);
         bench.trial(*fault, seed);
+        // A long run leaves its figures so far, should it be stopped.
+        if let Ok(path) = std::env::var("ORDO_CLUSTER_FAULTS_REPORT") {
+            std::fs::write(path, bench.report(&format!("{name} ({} of {} faults)", index + 1, faults.len()))).unwrap();
+        }
     }
     let report = bench.report(name);
     eprintln!("{report}");
-    if let Ok(path) = std::env::var("ORDO_CLUSTER_FAULTS_REPORT") {
-        std::fs::write(path, &report).unwrap();
-    }
 }
 
 fn trials(fault: Fault) -> Vec<Fault> {
