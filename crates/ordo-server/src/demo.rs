@@ -19,6 +19,8 @@ use tokio::sync::{oneshot, watch};
 use ordo_core::{Batch, FieldType, Value};
 
 use crate::access::Gate;
+use crate::auth::Identity;
+use crate::cluster::{self, Cluster};
 use crate::core::{CollectionEntry, Command, CoreSender, Routes};
 use crate::demo_data::{self, ROOMS_COLLECTION, ROOMS_PER_BATCH, ROOM_FIELDS};
 use crate::error::ApiError;
@@ -153,18 +155,40 @@ pub struct DemoStart {
 /// Makes sure `rooms` exists and holds rooms (writing `DEMO_ROOMS` of them into an
 /// empty one), then starts the simulator. Runs on the network runtime, after the
 /// writer thread started.
+///
+/// In cluster mode (`cluster`), the node first applies the stream as it stood at
+/// start, then creates, seeds and installs only what is still missing, through
+/// the stream: the rooms are written once across nodes (two nodes seeding at the
+/// same instant write the same generated rooms, so the second changes nothing
+/// but versions). Every node runs its own simulator (`--demo-rate` each).
 pub async fn start(
     core: &CoreSender,
     routes: &Routes,
     gate: &Gate,
     rate: u32,
     shutdown: watch::Receiver<bool>,
+    cluster: Option<Arc<Cluster>>,
 ) -> Result<DemoStart, String> {
     let simulator = Arc::new(Simulator::new(rate).map_err(|error| format!("--demo-rate: {}", error.message))?);
+    if let Some(cluster) = &cluster {
+        catch_up(cluster).await?;
+    }
     let existing = routes.read().expect("routes lock").get(ROOMS_COLLECTION).cloned();
-    let entry = match existing {
-        Some(entry) => entry,
-        None => {
+    let entry = match (existing, &cluster) {
+        (Some(entry), _) => entry,
+        (None, Some(cluster)) => {
+            let fields = wire::schema_json(ROOMS_COLLECTION, &demo_data::rooms_schema(), None)["fields"].clone();
+            let schema = serde_json::json!({ "fields": fields }).to_string();
+            let created = cluster::routes::create_collection(
+                cluster,
+                &Identity::anonymous_admin(),
+                ROOMS_COLLECTION,
+                schema.as_bytes(),
+            )
+            .await;
+            created.map_err(|error| error.to_string())?.1
+        }
+        (None, None) => {
             let (reply, answer) = oneshot::channel();
             let command = Command::CreateCollection {
                 name: ROOMS_COLLECTION.to_owned(),
@@ -180,14 +204,14 @@ pub async fn start(
     let mut n_rooms = ask(core, Command::CollectionLen { collection: entry.id, reply }, answer).await?;
     let mut n_rooms_written = 0;
     if n_rooms == 0 {
-        write_rooms(core, &entry, limits::DEMO_ROOMS).await?;
+        write_rooms(core, &entry, limits::DEMO_ROOMS, cluster.as_deref()).await?;
         n_rooms_written = limits::DEMO_ROOMS;
         n_rooms = limits::DEMO_ROOMS;
     }
-    install_rule(core, gate).await?;
+    install_rule(core, gate, cluster.as_deref()).await?;
     let room_ids = room_ids(core, &entry).await?;
     if !room_ids.is_empty() {
-        tokio::spawn(run_simulator(simulator.clone(), core.clone(), entry, room_ids, shutdown));
+        tokio::spawn(run_simulator(simulator.clone(), core.clone(), entry, room_ids, shutdown, cluster));
     }
     Ok(DemoStart { simulator, n_rooms_written, n_rooms })
 }
@@ -195,7 +219,7 @@ pub async fn start(
 /// The demo's access rule: a reader reads the rooms it owns (`owner == $sub`).
 /// Added to the stored rules when they have none for `rooms`, so an operator's
 /// own rules are kept.
-async fn install_rule(core: &CoreSender, gate: &Gate) -> Result<(), String> {
+async fn install_rule(core: &CoreSender, gate: &Gate, cluster: Option<&Cluster>) -> Result<(), String> {
     let rules = gate.rules();
     if rules.doc().rules.iter().any(|rule| rule.collection == ROOMS_COLLECTION) {
         return Ok(());
@@ -210,11 +234,40 @@ async fn install_rule(core: &CoreSender, gate: &Gate) -> Result<(), String> {
         create: false,
     });
     let compiled = RuleSet::compile(doc.clone()).map_err(|error| format!("the demo's access rule: {error}"))?;
-    let (reply, answer) = oneshot::channel();
     let text = serde_json::to_string(&doc).expect("rules serialise");
+    if let Some(cluster) = cluster {
+        // Applied (and installed in the gate) by every node, in stream order.
+        cluster::routes::set_rules(cluster, &Identity::anonymous_admin(), &text)
+            .await
+            .map_err(|error| error.to_string())?;
+        return Ok(());
+    }
+    let (reply, answer) = oneshot::channel();
     ask(core, Command::SetRules { doc: text, reply }, answer).await?.map_err(|error| error.to_string())?;
     gate.set_rules(compiled);
     Ok(())
+}
+
+/// Cluster mode: waits (at most a minute) until this node applied the stream
+/// as it stood at start, so what the demo finds missing is missing everywhere.
+async fn catch_up(cluster: &Cluster) -> Result<(), String> {
+    let target = cluster.shared.status.stream_last_seq();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while cluster.shared.status.applied_seq() < target {
+        if Instant::now() > deadline {
+            return Err(format!("--demo: this node did not catch up with the stream (seq {target}) within a minute"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Cluster mode: publishes one batch's ops (HTTP op objects) as a write entry.
+async fn publish_ops(cluster: &Cluster, ops: &[serde_json::Value]) -> Result<(), ApiError> {
+    let ops = serde_json::value::RawValue::from_string(serde_json::Value::from(ops.to_vec()).to_string())
+        .expect("valid JSON");
+    let entry = cluster::routes::write_entry(&Identity::anonymous_admin(), ROOMS_COLLECTION, &ops);
+    cluster::routes::write(cluster, vec![entry]).await.pop().expect("one result per entry").map(|_| ())
 }
 
 /// The body of `POST /demo/token`: `{"user": "alice"}`, one of the demo's users.
@@ -256,12 +309,31 @@ fn check_schema(entry: &CollectionEntry) -> Result<(), String> {
     ))
 }
 
-async fn write_rooms(core: &CoreSender, entry: &CollectionEntry, n_rooms: usize) -> Result<(), String> {
+async fn write_rooms(
+    core: &CoreSender,
+    entry: &CollectionEntry,
+    n_rooms: usize,
+    cluster: Option<&Cluster>,
+) -> Result<(), String> {
     let mut rng = Rng::new(demo_data::ROOMS_SEED);
     let now_ms = demo_data::now_ms();
     let mut written = 0;
     while written < n_rooms {
         let n = ROOMS_PER_BATCH.min(n_rooms - written);
+        if let Some(cluster) = cluster {
+            let ops: Vec<serde_json::Value> = (written..written + n)
+                .map(|index| {
+                    let room = demo_data::demo_room(index, &mut rng, now_ms);
+                    serde_json::json!({"op": "upsert", "id": room.id, "fields": {
+                        "name": room.name, "recency": room.recency_ms, "unread": room.unread, "dm": room.dm,
+                        "favourite": room.favourite, "owner": room.owner,
+                    }, "payload": {"last_message": room.last_message}})
+                })
+                .collect();
+            publish_ops(cluster, &ops).await.map_err(|error| format!("writing the demo rooms: {error}"))?;
+            written += n;
+            continue;
+        }
         let mut batch = Batch::new();
         for index in written..written + n {
             let room = demo_data::demo_room(index, &mut rng, now_ms);
@@ -359,7 +431,9 @@ async fn run_simulator(
     entry: Arc<CollectionEntry>,
     room_ids: Vec<String>,
     mut shutdown: watch::Receiver<bool>,
+    cluster: Option<Arc<Cluster>>,
 ) {
+    let mut ops: Vec<serde_json::Value> = Vec::new();
     let mut rng = Rng::new(SIMULATOR_SEED);
     let zipf = Zipf::new(room_ids.len(), ZIPF_EXPONENT);
     // Rank -> room: a seeded shuffle, so the busy rooms are spread over the list.
@@ -418,6 +492,7 @@ async fn run_simulator(
         }
 
         let mut batch = Batch::new();
+        ops.clear();
         let mut n_written = 0;
         let now_ms = demo_data::now_ms();
         for plan in &planned {
@@ -436,12 +511,36 @@ async fn run_simulator(
                 .ok()
                 .and_then(|item| item["fields"]["unread"].as_u64())
                 .unwrap_or(0);
-            batch
-                .upsert(id)
-                .set("recency", Value::U64(now_ms))
-                .set("unread", Value::U64(plan.unread.apply(current)))
-                .payload(&demo_data::room_payload(&plan.last_message));
+            if cluster.is_some() {
+                ops.push(serde_json::json!({"op": "upsert", "id": id, "fields": {
+                    "recency": now_ms, "unread": plan.unread.apply(current),
+                }, "payload": {"last_message": plan.last_message}}));
+            } else {
+                batch
+                    .upsert(id)
+                    .set("recency", Value::U64(now_ms))
+                    .set("unread", Value::U64(plan.unread.apply(current)))
+                    .payload(&demo_data::room_payload(&plan.last_message));
+            }
             n_written += plan.n_messages;
+        }
+        if let Some(cluster) = &cluster {
+            if ops.is_empty() {
+                continue;
+            }
+            match publish_ops(cluster, &ops).await {
+                Ok(()) => {
+                    simulator.sent.fetch_add(n_written, Ordering::Relaxed);
+                }
+                Err(error) => {
+                    crate::metrics::add(&crate::metrics::METRICS.batches_refused, 1);
+                    if last_error_printed.is_none_or(|at| at.elapsed() > Duration::from_secs(10)) {
+                        tracing::warn!(code = error.code.as_str(), "the demo simulator's write was refused: {error}");
+                        last_error_printed = Some(Instant::now());
+                    }
+                }
+            }
+            continue;
         }
         if batch.is_empty() {
             continue;

@@ -124,9 +124,6 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
             if options.insecure { " (--insecure), on a non-loopback address" } else { " (loopback only)" }
         );
     }
-    if options.cluster.is_some() && options.demo {
-        return Err("--demo does not run in cluster mode yet (see docs/SCALING.md)".to_owned());
-    }
     if options.cluster.is_some() {
         // The stream is the durable copy of every entry: a node that loses the
         // tail of its own log (a power loss) replays it from the stream, so its
@@ -223,7 +220,8 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
         // The demo's rooms are written before the address is printed, so whoever
         // waits for that line finds them there.
         let demo = if options.demo {
-            let started = demo::start(&core_tx, &routes, &gate, options.demo_rate, shutdown_rx.clone()).await?;
+            let started =
+                demo::start(&core_tx, &routes, &gate, options.demo_rate, shutdown_rx.clone(), cluster.clone()).await?;
             if started.n_rooms_written > 0 {
                 println!("ordo: demo: wrote {} rooms into `rooms`", started.n_rooms_written);
             } else {
