@@ -806,7 +806,7 @@ fn a_publish_retried_with_the_same_msg_id_is_applied_once() {
             loop {
                 let ack = match js.publish_with_headers("ordo.log", headers.clone(), increment_entry().into()).await {
                     Ok(future) => future.await,
-                    Err(error) => Err(error.into()),
+                    Err(error) => Err(error),
                 };
                 match ack {
                     Ok(ack) => return ack,
