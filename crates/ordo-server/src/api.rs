@@ -411,7 +411,17 @@ async fn route(
         }
         (&Method::POST, ["v1", "collections", name, "batch"]) => {
             let identity = caller(state, token, &path)?;
-            let (entry, grant) = granted_collection(state, &identity, name, Action::Write)?;
+            let granted = granted_collection(state, &identity, name, Action::Write);
+            if let Some(error) = granted.as_ref().err().filter(|error| is_not_here_yet(state, error)) {
+                let body = read_body(request).await?;
+                check_op_count(parse::<BatchRequest>(&body)?.ops.len())?;
+                let entry = cluster::routes::batch_entry(&identity, name, &body).map_err(|_| error.clone())?;
+                let ack = write(state, Vec::new(), Vec::new(), Some(vec![entry])).await?.pop().expect("one result")?;
+                let mut body = Vec::with_capacity(64);
+                write_ack(&mut body, &ack);
+                return Ok(json_response(200, body));
+            }
+            let (entry, grant) = granted?;
             let mut guards = Vec::new();
             write_guard(0, &entry, &grant, &mut guards)?;
             let body = read_body(request).await?;
@@ -465,6 +475,13 @@ async fn route(
                         }
                     });
                 match prepared {
+                    Err(error) if is_not_here_yet(state, &error) => {
+                        // No local batch: in cluster mode the results follow the entries.
+                        if let (Some(entries), Some(raw)) = (&mut entries, &raw) {
+                            let raw_part = &raw.writes[index];
+                            entries.push(cluster::routes::write_entry(&identity, &raw_part.collection, raw_part.ops));
+                        }
+                    }
                     Ok(prepared) => {
                         parts.push(prepared);
                         if let (Some(entries), Some(raw)) = (&mut entries, &raw) {
@@ -519,7 +536,15 @@ async fn route(
         }
         (&Method::DELETE, ["v1", "collections", name, "items", id]) => {
             let identity = caller(state, token, &path)?;
-            let (entry, grant) = granted_collection(state, &identity, name, Action::Write)?;
+            let granted = granted_collection(state, &identity, name, Action::Write);
+            if let Some(error) = granted.as_ref().err().filter(|error| is_not_here_yet(state, error)) {
+                let entries = Some(vec![cluster::routes::remove_entry(&identity, name, id)]);
+                let ack = write(state, Vec::new(), Vec::new(), entries).await?.pop().expect("one result");
+                let ack = ack.map_err(|_| error.clone())?;
+                let body = serde_json::json!({"seq": ack.seq, "removed": ack.summary.n_removed == 1});
+                return Ok(json_response(200, body.to_string().into_bytes()));
+            }
+            let (entry, grant) = granted?;
             let mut guards = Vec::new();
             write_guard(0, &entry, &grant, &mut guards)?;
             let mut batch = Batch::new();
@@ -596,6 +621,13 @@ async fn change_fields(
     let mut body = wire::schema_json(&entry.name, &entry.schema, None);
     body["seq"] = seq.into();
     Ok(json_response(200, body.to_string().into_bytes()))
+}
+
+/// Cluster mode: a write to a collection this node does not know *yet* (created
+/// through another node, not applied here so far) is published all the same;
+/// the apply, at the entry's place in the stream, decides. Single-node mode: never.
+fn is_not_here_yet(state: &HttpState, error: &ApiError) -> bool {
+    state.cluster.is_some() && error.code == ErrorCode::UnknownCollection
 }
 
 /// The collection JSON plus `seq` of a change of fields.

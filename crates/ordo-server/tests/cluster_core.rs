@@ -264,3 +264,95 @@ fn single_node_mode_has_no_cluster_fields() {
     let (_, metrics) = server.http_raw("GET", "/metrics", None);
     assert!(!String::from_utf8_lossy(&metrics).contains("ordo_cluster_"));
 }
+
+/// An increment through `server`, retried while the cluster answers 503 (a NATS
+/// node just died and the stream elects a leader): `None` if never accepted.
+fn increment_retrying(server: &Server, id: &str, attempts: &mut u64) -> Option<u64> {
+    let batch = json!({"ops": [{"op": "upsert", "id": id, "increment": {"n": 1}}]});
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        *attempts += 1;
+        let (status, answer) = server.http("POST", "/v1/collections/things/batch", Some(&batch));
+        if status == 200 {
+            return answer["seq"].as_u64();
+        }
+        assert_eq!(status, 503, "{answer}");
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `n` increments alternating over `servers`, each retried on 503; what came of them.
+struct Tally {
+    acknowledged: u64,
+    attempts: u64,
+    last: u64,
+}
+
+fn write_some(servers: &[&Server], n: usize, tally: &mut Tally) {
+    for index in 0..n {
+        if let Some(seq) = increment_retrying(servers[index % servers.len()], "counter", &mut tally.attempts) {
+            tally.acknowledged += 1;
+            tally.last = tally.last.max(seq);
+        }
+    }
+}
+
+/// Every acknowledged increment is applied on every node, none twice unless
+/// its request was retried after a 503 (a retry is a new request).
+fn check_tally(servers: &[&Server], tally: &Tally, expected_acks: u64) {
+    wait_applied(servers, tally.last);
+    assert_eq!(tally.acknowledged, expected_acks, "with a quorum left, every write is acknowledged (after retries)");
+    let on_first = counter(servers[0], "counter", tally.last);
+    assert!(
+        (expected_acks..=tally.attempts).contains(&on_first),
+        "{on_first} increments, {tally:?}",
+        tally = (tally.acknowledged, tally.attempts)
+    );
+    for server in servers {
+        assert_eq!(counter(server, "counter", tally.last), on_first);
+    }
+}
+
+/// The harness's kill and restart, as the fault tests use them: a NATS node
+/// killed, then restarted on its ports and store. The R3 stream keeps a quorum
+/// throughout, so writes go on; every acknowledged one is applied once.
+#[test]
+fn writes_go_on_while_one_nats_node_is_killed_and_restarted() {
+    let mut nats = NatsCluster::start(3);
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let a = node(dirs[0].path(), &nats.urls(), "a", 3);
+    let b = node(dirs[1].path(), &nats.urls(), "b", 3);
+    assert_eq!(a.http("PUT", "/v1/collections/things", Some(&schema())).0, 201);
+    let mut tally = Tally { acknowledged: 0, attempts: 0, last: 0 };
+    write_some(&[&a, &b], 10, &mut tally);
+    nats.kill(0);
+    write_some(&[&a, &b], 10, &mut tally);
+    nats.restart(0);
+    write_some(&[&a, &b], 10, &mut tally);
+    check_tally(&[&a, &b], &tally, 30);
+}
+
+/// Known problem (left to the fault tests): while the NATS server a node is
+/// connected to is frozen (SIGSTOP), its publishes went unacknowledged for
+/// minutes on this 2-core VM under load, although the other two servers keep a
+/// quorum. Run with `--ignored` to reproduce.
+#[test]
+#[ignore = "a frozen NATS server stalls the nodes connected to it (see the comment)"]
+fn writes_go_on_while_one_nats_node_is_frozen() {
+    let nats = NatsCluster::start(3);
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let a = node(dirs[0].path(), &nats.urls(), "a", 3);
+    let b = node(dirs[1].path(), &nats.urls(), "b", 3);
+    assert_eq!(a.http("PUT", "/v1/collections/things", Some(&schema())).0, 201);
+    let mut tally = Tally { acknowledged: 0, attempts: 0, last: 0 };
+    write_some(&[&a, &b], 10, &mut tally);
+    nats.stop(1);
+    write_some(&[&a, &b], 10, &mut tally);
+    nats.cont(1);
+    nats.wait_all_ready();
+    write_some(&[&a, &b], 10, &mut tally);
+    check_tally(&[&a, &b], &tally, 30);
+}

@@ -90,7 +90,7 @@ pub fn apply_entry(core: &mut Core, applier: &mut Applier, delivered: Delivered)
             return halt(core, applier, generation, seq, &ApiError::from(error));
         }
     }
-    debug_assert_eq!(core.database().last_seq(), seq, "an entry uses exactly its seq");
+    assert_eq!(core.database().last_seq(), seq, "an entry uses exactly its seq");
     applier.shared.status.set_applied(seq, published_ns);
     // Before the answer: a client that got this seq never waits for it here.
     core.publish_seq();

@@ -37,6 +37,9 @@ impl Cluster {
         let client = async_nats::ConnectOptions::new()
             .name(format!("ordo {}", options.node_name))
             .connection_timeout(Duration::from_secs(5))
+            // A frozen server (SIGSTOP, a partition) keeps its TCP connection
+            // open: pings find it within a few seconds instead of two minutes.
+            .ping_interval(Duration::from_secs(1))
             .connect(options.urls.clone())
             .await
             .map_err(|error| format!("cannot connect to NATS at {}: {error}", options.urls.join(",")))?;
@@ -147,6 +150,10 @@ impl Cluster {
     }
 }
 
+/// A consumer that delivers nothing this long while the stream (polled every
+/// second) holds entries this node has not applied is replaced.
+const STALL_AFTER: Duration = Duration::from_secs(2);
+
 /// Delivers the stream to the writer thread, in order, from the entry after
 /// the last one applied; starts again from there whenever the writer asks
 /// (it failed to apply one) or the consumer fails.
@@ -201,7 +208,18 @@ async fn consume_from(cluster: &Cluster, core: &CoreSender, start_seq: u64, gene
     };
     let consumer = cluster.stream.create_consumer(config).await.map_err(|error| error.to_string())?;
     let mut messages = consumer.messages().await.map_err(|error| error.to_string())?;
-    while let Some(message) = messages.next().await {
+    loop {
+        let next = match tokio::time::timeout(STALL_AFTER, messages.next()).await {
+            Ok(next) => next,
+            Err(_) if cluster.shared.status.lag_entries() > 0 => {
+                // The stream has entries this consumer does not deliver: its
+                // server is frozen or cut off, and the ordered consumer has not
+                // noticed. A new one reaches the stream's current leader.
+                return Err(format!("no entry for {STALL_AFTER:?} while the stream holds more; consuming again"));
+            }
+            Err(_) => continue,
+        };
+        let Some(message) = next else { break };
         let message = message.map_err(|error| error.to_string())?;
         let info = message.info().map_err(|error| error.to_string())?;
         let seq = info.stream_sequence;
