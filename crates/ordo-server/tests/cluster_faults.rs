@@ -500,11 +500,15 @@ impl Bench {
         });
         let stopped = Instant::now();
         let healths: Vec<Option<Value>> = (0..self.cluster.len()).map(|node| self.cluster.health(node)).collect();
+        // A node learns the stream's end from its deliveries and a poll once a
+        // second: after that, "converged" covers every entry published so far.
+        std::thread::sleep(Duration::from_millis(1100));
         self.logs = logs;
         self.clients = tasks.into_iter().map(|task| self.runtime.block_on(task).expect("a client task")).collect();
 
         // Every node applies the whole stream; then every node is checked.
-        let seq = self.cluster.wait_converged(CONVERGE_TIMEOUT);
+        let acked_max = self.logs.iter().flat_map(|log| log.acked.values().copied()).max().unwrap_or(0);
+        let seq = self.cluster.wait_converged(CONVERGE_TIMEOUT).max(acked_max);
         eprintln!("{context}: writers stopped; converged at seq {seq} {:?} later", stopped.elapsed());
         if stopped.elapsed() > Duration::from_secs(2) {
             eprintln!("{context}: the nodes' health when the writers stopped: {healths:?}");
@@ -819,8 +823,9 @@ fn a_publish_retried_with_the_same_msg_id_is_applied_once() {
             }
         })
     };
-    let count_everywhere = |cluster: &OrdoCluster| -> Vec<Option<u64>> {
-        let seq = cluster.wait_converged(CONVERGE_TIMEOUT);
+    // Each node's counter once it has applied the entry at `seq` (a node's
+    // view of the stream's end is refreshed once a second: no waiting on that).
+    let count_everywhere = |cluster: &OrdoCluster, seq: u64| -> Vec<Option<u64>> {
         (0..cluster.len())
             .map(|node| {
                 let items = all_items(cluster.node(node).port, COLLECTION, seq);
@@ -833,7 +838,7 @@ fn a_publish_retried_with_the_same_msg_id_is_applied_once() {
     let again = publish("test/boot-1/1");
     assert!(!first.duplicate && again.duplicate, "{first:?} {again:?}");
     assert_eq!(first.sequence, again.sequence);
-    assert_eq!(count_everywhere(&cluster), vec![Some(1); 3], "a duplicate publish was applied twice");
+    assert_eq!(count_everywhere(&cluster, first.sequence), vec![Some(1); 3], "a duplicate publish was applied twice");
 
     // The retry goes to the leader elected after the old one died: the
     // dedupe window is replicated with the stream.
@@ -843,9 +848,13 @@ fn a_publish_retried_with_the_same_msg_id_is_applied_once() {
     let again = publish("test/boot-1/2");
     assert!(again.duplicate && again.sequence == second.sequence, "{second:?} {again:?}");
     cluster.nats.restart(leader.unwrap());
-    assert_eq!(count_everywhere(&cluster), vec![Some(2); 3], "a duplicate publish across a leader change");
+    assert_eq!(
+        count_everywhere(&cluster, second.sequence),
+        vec![Some(2); 3],
+        "a duplicate publish across a leader change"
+    );
 
     // A new id is a new entry: applied.
-    publish("test/boot-1/3");
-    assert_eq!(count_everywhere(&cluster), vec![Some(3); 3]);
+    let third = publish("test/boot-1/3");
+    assert_eq!(count_everywhere(&cluster, third.sequence), vec![Some(3); 3]);
 }

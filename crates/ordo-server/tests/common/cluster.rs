@@ -172,7 +172,15 @@ pub fn all_items(port: u16, collection: &str, min_seq: u64) -> Vec<Value> {
             body["after"] = json!(after);
         }
         let path = format!("/v1/collections/{collection}/query");
-        let (status, answer) = request(port, "POST", &path, Some(&body), Duration::from_secs(10)).expect("query");
+        // A node still catching up (after a fault) answers `seq_not_reached`
+        // after 5 s: ask again, for a minute at most.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (status, answer) = loop {
+            let (status, answer) = request(port, "POST", &path, Some(&body), Duration::from_secs(10)).expect("query");
+            if status != 503 || answer["error"]["code"] != "seq_not_reached" || Instant::now() > deadline {
+                break (status, answer);
+            }
+        };
         assert_eq!(status, 200, "query on port {port}: {answer}");
         let page = answer["items"].as_array().unwrap();
         items.extend(page.iter().cloned());
