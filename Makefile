@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: run serve test test-rust test-clients test-browser server-bin bench bench-quick bench-store loadgen server-micro lint fmt model-long crash-long vectors
+.PHONY: run serve cluster nats-server nats-sync test test-rust test-clients test-browser server-bin bench bench-quick bench-store loadgen server-micro lint fmt model-long crash-long vectors
 
 # The main job: the server on http://127.0.0.1:7070 with its data in ./ordo-data,
 # and the live room-list demo at http://127.0.0.1:7070/demo (10 000 rooms, a
@@ -15,17 +15,29 @@ run:
 serve:
 	$(CARGO) run --release -p ordo-server --bin ordo -- serve $(ARGS)
 
+# Cluster mode on loopback (docs/SCALING.md): a 3-node NATS JetStream cluster and
+# 3 Ordo nodes with the demo, data in ./cluster-data; prints every URL, Ctrl-C
+# stops them all.
+cluster: nats-server server-bin
+	scripts/cluster.sh
+
+# nats-server v2.15.2 into .tools/bin (built with `go install`; skipped when present):
+# the log of cluster mode, for `make cluster` and the cluster tests.
+nats-server:
+	scripts/install-nats-server.sh
+
 # The engine benchmark's quick comparison table (Ordo against eyeball-im-util and
 # the naive baselines, measured in one run).
 bench-quick:
 	$(CARGO) run --release -p ordo-bench -- --quick
 
 # Every test: the workspace's (with every feature, the eyeball conversions
-# included; the Rust client's against a real server too), the TypeScript and Python clients against the protocol corpus and a
+# included; the Rust client's against a real server too; the cluster tests against
+# real nats-server processes, installed first by `nats-server`), the TypeScript and Python clients against the protocol corpus and a
 # real server, and the demo in headless Chromium (installed with apt-get if missing).
 test: test-rust test-clients test-browser
 
-test-rust:
+test-rust: nats-server
 	$(CARGO) test --workspace --all-features
 
 ORDO_BIN := $(CURDIR)/target/release/ordo
@@ -58,6 +70,11 @@ bench-store:
 loadgen:
 	$(CARGO) build --release -p ordo-server --bin ordo
 	$(CARGO) run --release -p ordo-bench --bin loadgen -- $(ARGS)
+
+# JetStream's durability setting measured: publish-to-PubAck latency of an R3 file
+# stream on a local 3-node NATS cluster, `sync_interval` default against `always`.
+nats-sync: nats-server
+	$(CARGO) run --release -p ordo-bench --bin nats-sync -- $(ARGS)
 
 # The seed techniques of the server against their obvious alternatives.
 server-micro:

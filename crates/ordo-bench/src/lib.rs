@@ -13,6 +13,7 @@ pub mod alloc_counter;
 pub mod data;
 pub mod harness;
 pub mod ordo_system;
+pub mod partition;
 pub mod peers;
 pub mod report;
 pub mod scenarios;

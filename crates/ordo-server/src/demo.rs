@@ -177,7 +177,8 @@ pub async fn start(
     let entry = match (existing, &cluster) {
         (Some(entry), _) => entry,
         (None, Some(cluster)) => {
-            let fields = wire::schema_json(ROOMS_COLLECTION, &demo_data::rooms_schema(), None)["fields"].clone();
+            let fields =
+                wire::schema_json(ROOMS_COLLECTION, &demo_data::rooms_schema(), None, |_| None)["fields"].clone();
             let schema = serde_json::json!({ "fields": fields }).to_string();
             let created = cluster::routes::create_collection(
                 cluster,

@@ -161,7 +161,14 @@ fn create_collection(
         return Err(rules::forbidden(name, "create"));
     }
     let request: SchemaRequest = parse(required(entry.schema, "schema")?)?;
-    core.create_collection(name, request.to_schema()?)
+    let schema = request.to_schema(|target| route_id(core, target))?;
+    core.create_collection(name, schema)
+}
+
+/// A `ref` field's target, by name, as the routing table has it when the entry applies.
+fn route_id(core: &Core, name: &str) -> Option<ordo_core::CollectionId> {
+    let routes = core.routes().read().expect("routes lock");
+    routes.get(name).filter(|entry| entry.name == name).map(|entry| entry.id)
 }
 
 /// The collection a schema change or drop names, as the routing table has it now.
@@ -181,7 +188,7 @@ fn add_field(
     require_admin(identity, "adding a field")?;
     let target = schema_target(core, entry)?;
     let add: AddFieldRequest = parse(required(entry.field, "field")?)?;
-    let (field_type, default) = add.typed()?;
+    let (field_type, default) = add.typed(|target| route_id(core, target))?;
     core.change_fields(target.id, FieldChange::Add { name: add.name, field_type, default })
 }
 
