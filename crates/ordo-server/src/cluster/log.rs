@@ -178,7 +178,7 @@ pub async fn consume(cluster: Arc<Cluster>, core: CoreSender, mut shutdown: watc
                 false
             }
             _ = cluster.shared.restart.notified() => {
-                tracing::warn!("applying an entry failed here; consuming again from the last entry applied");
+                tracing::warn!("an entry failed to apply here, or the consumer stalled; consuming again from the last entry applied");
                 false
             }
             _ = shutdown.wait_for(|stopping| *stopping) => true,
@@ -244,9 +244,26 @@ async fn consume_from(cluster: &Cluster, core: &CoreSender, start_seq: u64, gene
     Err("the stream's messages ended".to_owned())
 }
 
+/// How long a node may lag without applying anything before its consumer is
+/// started again (see `poll_stream`).
+const STALL_RESTART: Duration = Duration::from_secs(2);
+const STALL_RESTART_MAX: Duration = Duration::from_secs(32);
+
 /// Every second, the stream's last sequence: the lag shows even when no entry
 /// arrives (this node cannot reach NATS, or its writer is stuck).
+///
+/// It also restarts a consumer that stopped delivering without an error: when
+/// the NATS server this node is connected to dies, async-nats' ordered consumer
+/// notices only after missing two 15 s idle heartbeats (the fault tests saw
+/// nodes stand still 20 to 30 s, with writes taken there waiting for their
+/// apply). A node that lags and has applied nothing for `STALL_RESTART`
+/// consumes again from its last applied entry; while restarts bring nothing
+/// (NATS unreachable, a machine too loaded to set a consumer up in time), the
+/// wait doubles, up to `STALL_RESTART_MAX`, so that they never livelock.
 async fn poll_stream(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bool>) {
+    let mut last_applied = cluster.shared.status.applied_seq();
+    let mut stalled_since: Option<std::time::Instant> = None;
+    let mut stall_restart = STALL_RESTART;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -254,6 +271,23 @@ async fn poll_stream(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bool>)
         }
         if let Ok(state) = cluster.stream_state().await {
             cluster.shared.status.saw_stream_seq(state.last_seq);
+        }
+        let applied = cluster.shared.status.applied_seq();
+        if applied != last_applied || cluster.shared.status.lag_entries() == 0 {
+            last_applied = applied;
+            stalled_since = None;
+            stall_restart = STALL_RESTART;
+            continue;
+        }
+        let since = *stalled_since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() >= stall_restart {
+            tracing::warn!(
+                applied_seq = applied,
+                "the stream's consumer delivers nothing while this node lags; starting it again"
+            );
+            cluster.shared.restart.notify_one();
+            stalled_since = None;
+            stall_restart = (stall_restart * 2).min(STALL_RESTART_MAX);
         }
     }
 }

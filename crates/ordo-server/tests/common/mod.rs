@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod nats;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -28,6 +29,12 @@ pub struct Server {
     stderr: Option<Arc<Mutex<Vec<String>>>>,
 }
 
+/// The `ordo` binary the tests run: this build's, or `$ORDO_TEST_BIN` (a long
+/// fault run keeps its own copy, so that a rebuild meanwhile does not change it).
+pub fn ordo_binary() -> PathBuf {
+    std::env::var_os("ORDO_TEST_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_ordo")), PathBuf::from)
+}
+
 /// A 32-byte HS256 secret in `dir/secret`, for `--auth-secret-file`.
 pub fn write_secret(dir: &Path) -> PathBuf {
     let path = dir.join("secret");
@@ -37,7 +44,7 @@ pub fn write_secret(dir: &Path) -> PathBuf {
 
 /// A token minted by `ordo token` with the secret in `secret_file`.
 pub fn mint(secret_file: &Path, sub: &str, role: &str, extra: &[&str]) -> String {
-    let output = Command::new(env!("CARGO_BIN_EXE_ordo"))
+    let output = Command::new(ordo_binary())
         .args(["token", "--sub", sub, "--role", role, "--secret-file"])
         .arg(secret_file)
         .args(extra)
@@ -65,7 +72,7 @@ impl Server {
 
     pub fn start_with(dir: &Path, extra_args: &[&str], options: StartOptions) -> Server {
         use std::os::unix::process::CommandExt;
-        let mut command = Command::new(env!("CARGO_BIN_EXE_ordo"));
+        let mut command = Command::new(ordo_binary());
         command
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(dir)

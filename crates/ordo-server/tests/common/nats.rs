@@ -175,6 +175,71 @@ impl NatsCluster {
     }
 }
 
+/// The JetStream API as the monitoring port shows it: which node leads what.
+impl NatsCluster {
+    /// `GET path` on node `index`'s monitoring port, the body as JSON; None when
+    /// the node is down or does not answer.
+    pub fn monitor(&self, index: usize, path: &str) -> Option<(u16, serde_json::Value)> {
+        self.nodes[index].child.as_ref()?;
+        let (status, body) = monitor_get(self.nodes[index].monitor_port, path)?;
+        Some((status, serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body))))
+    }
+
+    /// The indexes of the JetStream meta leader and of `stream`'s leader, as the
+    /// first node that answers reports them (None while there is none).
+    pub fn leaders(&self, stream: &str) -> (Option<usize>, Option<usize>) {
+        // A node's index is the number its server name ends with.
+        let index = |name: &serde_json::Value| -> Option<usize> {
+            let name = name.as_str()?;
+            name[name.trim_end_matches(|c: char| c.is_ascii_digit()).len()..].parse().ok()
+        };
+        for node in 0..self.nodes.len() {
+            let Some((200, jsz)) = self.monitor(node, "/jsz?accounts=true&streams=true") else { continue };
+            let meta = index(&jsz["meta_cluster"]["leader"]);
+            let stream_leader = stream_details(&jsz)
+                .find(|detail| detail["name"] == stream)
+                .and_then(|detail| index(&detail["cluster"]["leader"]));
+            if meta.is_some() {
+                return (meta, stream_leader);
+            }
+        }
+        (None, None)
+    }
+
+    /// Waits until `stream` has a leader and every other node is a current
+    /// replica (after a restart, so that the next fault does not take away a
+    /// quorum the restarted node has not rejoined yet).
+    pub fn wait_stream_settled(&self, stream: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            for node in 0..self.nodes.len() {
+                let Some((200, jsz)) = self.monitor(node, "/jsz?accounts=true&streams=true") else { continue };
+                let settled = stream_details(&jsz).any(|detail| {
+                    let replicas = detail["cluster"]["replicas"].as_array().cloned().unwrap_or_default();
+                    detail["name"] == stream
+                        && detail["cluster"]["leader"].as_str().is_some()
+                        && replicas.len() + 1 == self.nodes.len()
+                        && replicas.iter().all(|replica| replica["current"] == true && replica["offline"] != true)
+                });
+                if settled {
+                    return true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    }
+}
+
+/// Every stream's detail in a `/jsz?accounts=true&streams=true` answer.
+fn stream_details(jsz: &serde_json::Value) -> impl Iterator<Item = &serde_json::Value> {
+    jsz["account_details"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|account| account["stream_detail"].as_array().into_iter().flatten())
+}
+
 impl Drop for NatsCluster {
     fn drop(&mut self) {
         for index in 0..self.nodes.len() {
