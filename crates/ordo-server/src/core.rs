@@ -213,18 +213,10 @@ pub enum Command {
         collection: CollectionId,
         reply: oneshot::Sender<Result<u64, ApiError>>,
     },
-    /// Cluster mode: one stream entry, applied at exactly `seq` (see
-    /// `cluster::apply`). Mutating requests never come as commands then: they
-    /// are published, and come back as entries.
-    ApplyEntry {
-        seq: u64,
-        /// The consumer's generation (see `cluster::log::consume`).
-        generation: u64,
-        msg_id: Option<String>,
-        /// When the stream received it (Unix nanoseconds).
-        published_ns: u64,
-        payload: bytes::Bytes,
-    },
+    /// Cluster mode: a run of consecutive stream entries, each applied at
+    /// exactly its seq (see `cluster::apply`). Mutating requests never come as
+    /// commands then: they are published, and come back as entries.
+    ApplyEntries(Vec<crate::cluster::apply::Delivered>),
     /// Replaces the access rules: `doc` is written to the reserved collection
     /// `_ordo/rules` (durable like any batch); the answer is its `seq`.
     SetRules {
@@ -744,7 +736,12 @@ impl Core {
     }
 
     /// Why a guarded part is refused, if it is: checked against the committed items.
-    fn guard_refusal(&self, collection: CollectionId, batch: &Batch, guard: &WriteGuard) -> Option<ApiError> {
+    pub(crate) fn guard_refusal(
+        &self,
+        collection: CollectionId,
+        batch: &Batch,
+        guard: &WriteGuard,
+    ) -> Option<ApiError> {
         let collection = self.database.engine().collection(collection)?;
         if collection.schema() != guard.schema() {
             // Its field ids would name other fields: refused, never checked with them.
@@ -763,26 +760,13 @@ impl Core {
         None
     }
 
-    /// Cluster mode: one batch, alone in its group (an entry is applied at its
-    /// own seq), checked against `guard` first.
-    pub(crate) fn write_one(
-        &mut self,
-        collection: CollectionId,
-        batch: Batch,
-        guard: Option<Arc<WriteGuard>>,
-    ) -> Result<Ack, ApiError> {
-        if let Some(refusal) = guard.and_then(|guard| self.guard_refusal(collection, &batch, &guard)) {
-            return Err(refusal);
-        }
+    /// Cluster mode: a run of write entries, each at its own seq (refused ones
+    /// with a seq marker), in one group commit (see `cluster::apply`).
+    pub(crate) fn write_run(&mut self, run: &mut [PendingWrite]) {
         self.fanout.route = Route::Subscribers;
-        let mut group = [PendingWrite::new(collection, batch)];
-        self.database.write_group(&mut group, &mut self.fanout);
-        let [write] = group;
-        let result = write.result.expect("every write gets a result").map_err(ApiError::from);
-        if result.is_ok() {
-            metrics::add(&METRICS.batches, 1);
-        }
-        result
+        self.database.write_run(run, &mut self.fanout);
+        let n_written = run.iter().filter(|write| matches!(write.result, Some(Ok(_)))).count();
+        metrics::add(&METRICS.batches, n_written as u64);
     }
 
     /// Writes the access rules into their reserved collection, creating it the first time.
@@ -857,13 +841,12 @@ impl Core {
                 let result = self.check_schema(collection, &schema).and_then(|()| self.query(collection, spec));
                 let _ = reply.send(result);
             }
-            Command::ApplyEntry { seq, generation, msg_id, published_ns, payload } => {
+            Command::ApplyEntries(run) => {
                 let Some(mut applier) = self.cluster.take() else {
-                    tracing::error!(seq, "an entry came to a writer not in cluster mode");
+                    tracing::error!("entries came to a writer not in cluster mode");
                     return;
                 };
-                let delivered = crate::cluster::apply::Delivered { seq, generation, msg_id, published_ns, payload };
-                crate::cluster::apply::apply_entry(self, &mut applier, delivered);
+                crate::cluster::apply::apply_run(self, &mut applier, run);
                 self.cluster = Some(applier);
             }
             Command::SetRules { doc, reply } => {

@@ -306,9 +306,24 @@ impl Database {
     /// Writes a group of batches with one log append and one sync (group commit).
     /// Each gets its own result: a refused batch does not hold back the others.
     pub fn write_group(&mut self, group: &mut [PendingWrite], sink: &mut dyn DiffSink) {
+        self.write_group_with(group, false, sink);
+    }
+
+    /// Cluster mode's group commit (a run of stream entries): like
+    /// [`Database::write_group`], but every write of `run` uses exactly one
+    /// sequence number, `last_seq() + 1 + its index`, whether accepted or not:
+    /// a refused write (by validation, a precondition) gets a seq marker at its
+    /// seq (see [`Database::advance_seq`]), in the same log append. If the append
+    /// fails (`result` an error on every accepted write), nothing is written:
+    /// `last_seq()` is unchanged.
+    pub fn write_run(&mut self, run: &mut [PendingWrite], sink: &mut dyn DiffSink) {
+        self.write_group_with(run, true, sink);
+    }
+
+    fn write_group_with(&mut self, group: &mut [PendingWrite], keep_seqs: bool, sink: &mut dyn DiffSink) {
         let mut scratch = std::mem::take(&mut self.group_scratch);
-        self.validate_group(group, &mut scratch);
-        self.write_accepted(group, &scratch.accepted, sink);
+        self.validate_group(group, keep_seqs, &mut scratch);
+        self.write_accepted(group, &scratch.accepted, keep_seqs, sink);
         // The callers get their own batches back, not the resolved copies.
         for (index, mut original) in scratch.resolved_writes.drain(..) {
             std::mem::swap(&mut group[index].batch, &mut original);
@@ -325,19 +340,22 @@ impl Database {
     /// batches before it in the group will leave them: from the first such batch
     /// on, the engine stages every accepted batch (see `Engine::resolve_batch`).
     /// A group of plain batches stages nothing, so their path is as before.
-    fn validate_group(&mut self, group: &mut [PendingWrite], scratch: &mut GroupScratch) {
+    ///
+    /// With `keep_seqs` (`write_run`), write `i` gets seq `first + i`.
+    fn validate_group(&mut self, group: &mut [PendingWrite], keep_seqs: bool, scratch: &mut GroupScratch) {
         let GroupScratch { accepted, pending_items, resolved_writes, spare_batches } = scratch;
         accepted.clear();
         debug_assert!(resolved_writes.is_empty());
         // Accepted writes get consecutive sequence numbers from here (see `write_accepted`).
         let first_seq = self.wal.last_seq() + 1;
+        let seq_of = |position: usize, index: usize| first_seq + if keep_seqs { index } else { position } as u64;
         let mut is_staging = false;
         for index in 0..group.len() {
             if group[index].batch.needs_state() && !is_staging {
                 self.engine.begin_group();
                 for (position, &earlier) in accepted.iter().enumerate() {
                     let write = &group[earlier];
-                    self.engine.stage_batch(write.collection, &write.batch, first_seq + position as u64);
+                    self.engine.stage_batch(write.collection, &write.batch, seq_of(position, earlier));
                 }
                 is_staging = true;
             }
@@ -353,7 +371,7 @@ impl Database {
                 write.result = Some(Err(StoreError::Batch(error)));
                 continue;
             }
-            let seq = first_seq + accepted.len() as u64;
+            let seq = seq_of(accepted.len(), index);
             if write.batch.needs_state() {
                 let mut resolved = spare_batches.pop().unwrap_or_default();
                 if let Err(error) = self.engine.resolve_batch(write.collection, &write.batch, seq, &mut resolved) {
@@ -376,8 +394,17 @@ impl Database {
     }
 
     /// Appends the accepted writes of `group` to the log, then applies them.
-    fn write_accepted(&mut self, group: &mut [PendingWrite], accepted: &[usize], sink: &mut dyn DiffSink) {
-        if accepted.is_empty() {
+    ///
+    /// With `keep_seqs`, every write of the group uses its seq (`first + index`):
+    /// those not accepted get a seq marker there.
+    fn write_accepted(
+        &mut self,
+        group: &mut [PendingWrite],
+        accepted: &[usize],
+        keep_seqs: bool,
+        sink: &mut dyn DiffSink,
+    ) {
+        if accepted.is_empty() && !(keep_seqs && !group.is_empty()) {
             return;
         }
         if let Some(stall) = self.checkpointer.stall() {
@@ -389,14 +416,25 @@ impl Database {
             return;
         }
         let first_seq = self.wal.last_seq() + 1;
+        let seq_of = |offset: usize, index: usize| first_seq + if keep_seqs { index } else { offset } as u64;
         self.records.clear();
-        for (offset, &index) in accepted.iter().enumerate() {
+        let mut next_accepted = accepted.iter().copied().peekable();
+        for index in 0..group.len() {
+            if next_accepted.peek() != Some(&index) {
+                if keep_seqs {
+                    wal::encode_marker(&mut self.records, first_seq + index as u64);
+                }
+                continue;
+            }
+            let offset = accepted.len() - next_accepted.len();
+            next_accepted.next();
             let write = &group[index];
             let number = self.collection_numbers[write.collection.index()].expect("validated: a live collection");
             let schema = self.engine.collection(write.collection).expect("validated").schema();
-            wal::encode_record(&mut self.records, first_seq + offset as u64, number, schema, &write.batch);
+            wal::encode_record(&mut self.records, seq_of(offset, index), number, schema, &write.batch);
         }
-        let last_seq = first_seq + accepted.len() as u64 - 1;
+        let n_seqs = if keep_seqs { group.len() } else { accepted.len() };
+        let last_seq = first_seq + n_seqs as u64 - 1;
         let append_started = Instant::now();
         let appended = self.wal.append(&self.records, last_seq);
         self.last_log_append = append_started.elapsed();
@@ -414,9 +452,9 @@ impl Database {
         self.wal.remove_checkpointed_in_background(self.checkpointer.checkpointed_seq());
         for (offset, &index) in accepted.iter().enumerate() {
             let write = &mut group[index];
-            sink.begin_batch(first_seq + offset as u64);
+            let seq = seq_of(offset, index);
+            sink.begin_batch(seq);
             // Validated against the same state before the append: the engine cannot refuse it now.
-            let seq = first_seq + offset as u64;
             let summary = self
                 .engine
                 .apply_batch_at(write.collection, &write.batch, seq, sink)

@@ -514,3 +514,47 @@ fn the_sink_hears_each_batch_seq_before_its_diffs() {
     assert_eq!(sink.begun, [1, 2, 3]);
     assert_eq!(sink.changes, [(Some(1), window), (Some(2), window), (Some(3), window)]);
 }
+
+/// `write_run` (cluster mode: one stream entry per write): every write uses its
+/// own seq, a refused one a seq marker, so the seqs after it are not shifted;
+/// a reopened database has the same `last_seq` and versions.
+#[test]
+fn a_run_gives_every_write_its_own_seq_and_refused_ones_a_marker() {
+    use ordo_core::Value;
+    use ordo_store::PendingWrite;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut database, _) = open(dir.path());
+    let rooms = database.create_collection("rooms", test_schema()).unwrap();
+    let batch = |id: &str, recency: u64| {
+        let mut batch = Batch::new();
+        batch.upsert(id).set("recency", Value::U64(recency));
+        batch
+    };
+    let mut refused = Batch::new();
+    refused.upsert("bad").set("recency", Value::Str("not a number"));
+    let mut run = vec![
+        PendingWrite::new(rooms, batch("a", 1)),
+        PendingWrite::new(rooms, refused),
+        PendingWrite::new(rooms, batch("b", 2)),
+        PendingWrite::new(rooms, batch("a", 3)),
+    ];
+    let mut sink = BatchSeqSink::default();
+    database.write_run(&mut run, &mut sink);
+    let seqs: Vec<Option<u64>> =
+        run.iter().map(|write| write.result.as_ref().unwrap().as_ref().ok().map(|ack| ack.seq)).collect();
+    assert_eq!(seqs, [Some(1), None, Some(3), Some(4)]);
+    assert_eq!(sink.begun, [1, 3, 4]);
+    assert_eq!(database.last_seq(), 4);
+    let versions = |database: &Database| {
+        let collection = database.engine().collection(rooms).unwrap();
+        (collection.get("a").map(|item| item.version()), collection.get("b").map(|item| item.version()))
+    };
+    assert_eq!(versions(&database), (Some(4), Some(3)));
+    // An empty run writes nothing.
+    database.write_run(&mut [], &mut sink);
+    assert_eq!(database.last_seq(), 4);
+    drop(database);
+    let (database, _) = open(dir.path());
+    assert_eq!(database.last_seq(), 4);
+    assert_eq!(versions(&database), (Some(4), Some(3)));
+}

@@ -2,7 +2,8 @@
 //! exactly its sequence number, through the same code paths as the commands of
 //! single-node mode (writes with their rules and guards, collection creation,
 //! field changes, drops, rules), and hands the outcome to the request waiting
-//! for it on this node.
+//! for it on this node. The consumer hands it runs of consecutive entries;
+//! consecutive writes of a run share one group commit (see `apply_run`).
 //!
 //! Which refusals are *outcomes* (the same on every node, so the entry is done
 //! and its seq used, by a seq marker if nothing was written) and which are
@@ -24,6 +25,8 @@ use crate::core::{is_reserved_name, Core, FieldChange};
 use crate::error::{ApiError, ErrorCode};
 use crate::rules::{self, Action, RuleSet, RulesDoc, WriteGuard};
 use crate::wire::{self, AddFieldRequest, OpRequest, SchemaRequest};
+use ordo_core::CollectionId;
+use ordo_store::PendingWrite;
 
 /// The writer thread's cluster state (owned by `Core`).
 pub struct Applier {
@@ -64,37 +67,154 @@ fn is_local_failure(error: &ApiError) -> bool {
     )
 }
 
-/// Applies `delivered` at its seq, if it is the next one (see the module doc).
-pub fn apply_entry(core: &mut Core, applier: &mut Applier, delivered: Delivered) {
-    let Delivered { seq, generation, msg_id, published_ns, payload } = delivered;
-    if generation <= applier.halted_generation {
-        return;
-    }
-    let last_seq = core.database().last_seq();
-    if seq <= last_seq {
-        // Applied already: a new consumer generation delivers again what an
-        // older one had queued.
-        return;
-    }
-    // The stream holds no message between (deleted from it): their seqs are
-    // used by markers, so every node's seqs stay the stream's.
-    for missing in last_seq + 1..seq {
-        tracing::warn!(seq = missing, "the stream has no entry at this seq; recording it as empty");
-        if let Err(error) = core.database_mut().advance_seq(missing) {
-            return halt(core, applier, generation, seq, &ApiError::from(error));
+/// Most entries the consumer hands the writer in one command (what the stream
+/// had already delivered; it never waits to fill a run), and their most bytes.
+pub const MAX_RUN_ENTRIES: usize = 256;
+pub const MAX_RUN_BYTES: usize = 1 << 20;
+
+/// Write entries of a run waiting for their group commit, in seq order; the
+/// first one's seq is `last_seq() + 1`.
+#[derive(Default)]
+struct Group {
+    writes: Vec<PendingWrite>,
+    entries: Vec<Waiting>,
+}
+
+/// What an entry's answer needs once it is applied.
+struct Waiting {
+    seq: u64,
+    generation: u64,
+    msg_id: Option<String>,
+    published_ns: u64,
+}
+
+/// Applies a run of consecutive entries, each at its seq (see the module doc).
+///
+/// Consecutive write entries share one group commit (`Database::write_run`:
+/// each still at its own seq, a refused one with a seq marker there). Anything
+/// that must see the group written first ends it: a schema change, a creation,
+/// a drop, rules, an entry refused before the store (a marker of its own), a
+/// write under a filtered write rule (its guard checks the committed items),
+/// a gap in the stream's seqs. So every entry gets the seq and the outcome it
+/// gets applied one by one.
+pub fn apply_run(core: &mut Core, applier: &mut Applier, run: Vec<Delivered>) {
+    let mut group = Group::default();
+    for delivered in run {
+        if !apply_next(core, applier, &mut group, delivered) {
+            break;
         }
     }
-    let outcome = match Entry::decode(&payload) {
-        Ok(entry) => apply_decoded(core, applier, &entry),
-        Err(error) => Outcome::Malformed(ApiError::bad_request(format!("entry at seq {seq} does not decode: {error}"))),
+    flush(core, applier, &mut group);
+}
+
+/// Applies one entry, or adds it to `group`; false when this node halted.
+fn apply_next(core: &mut Core, applier: &mut Applier, group: &mut Group, delivered: Delivered) -> bool {
+    let Delivered { seq, generation, msg_id, published_ns, payload } = delivered;
+    if generation <= applier.halted_generation {
+        return false;
+    }
+    let next_seq = core.database().last_seq() + 1 + group.writes.len() as u64;
+    if seq < next_seq {
+        // Applied already: a new consumer generation delivers again what an
+        // older one had queued.
+        return true;
+    }
+    let waiting = Waiting { seq, generation, msg_id, published_ns };
+    if seq > next_seq {
+        if !flush(core, applier, group) {
+            return false;
+        }
+        // The stream holds no message between (deleted from it): their seqs are
+        // used by markers, so every node's seqs stay the stream's.
+        for missing in next_seq..seq {
+            tracing::warn!(seq = missing, "the stream has no entry at this seq; recording it as empty");
+            if let Err(error) = core.database_mut().advance_seq(missing) {
+                halt(core, applier, generation, seq, &ApiError::from(error));
+                return false;
+            }
+        }
+    }
+    let entry = match Entry::decode(&payload) {
+        Ok(entry) => entry,
+        Err(error) => {
+            let outcome =
+                Outcome::Malformed(ApiError::bad_request(format!("entry at seq {seq} does not decode: {error}")));
+            return flush(core, applier, group) && finish(core, applier, waiting, outcome);
+        }
     };
+    if entry.kind != Kind::Write {
+        if !flush(core, applier, group) {
+            return false;
+        }
+        let outcome = apply_decoded(core, applier, &entry);
+        return finish(core, applier, waiting, outcome);
+    }
+    let identity = entry.caller.identity();
+    let (collection, batch, guard) = match prepare_write(core, applier, &entry, &identity) {
+        Ok(prepared) => prepared,
+        Err(error) => return flush(core, applier, group) && finish(core, applier, waiting, Outcome::Write(Err(error))),
+    };
+    if let Some(guard) = guard {
+        // Checked against the items as committed, so after the group before it.
+        if !flush(core, applier, group) {
+            return false;
+        }
+        if let Some(refusal) = core.guard_refusal(collection, &batch, &guard) {
+            return finish(core, applier, waiting, Outcome::Write(Err(refusal)));
+        }
+    }
+    group.writes.push(PendingWrite::new(collection, batch));
+    group.entries.push(waiting);
+    true
+}
+
+/// Commits `group` (one log append), then answers each entry; false when this
+/// node halted (the append failed: nothing of the group was written).
+fn flush(core: &mut Core, applier: &mut Applier, group: &mut Group) -> bool {
+    let Some(first) = group.entries.first() else { return true };
+    let (first_seq, generation) = (first.seq, first.generation);
+    assert_eq!(core.database().last_seq() + 1, first_seq, "a group starts at the next seq");
+    core.write_run(&mut group.writes);
+    let last_seq = first_seq + group.writes.len() as u64 - 1;
+    if core.database().last_seq() != last_seq {
+        // The append's error (the refusals of single writes are outcomes).
+        let error = group
+            .writes
+            .iter_mut()
+            .filter_map(|write| write.result.take()?.err().map(ApiError::from))
+            .find(is_local_failure)
+            .unwrap_or_else(|| ApiError::new(ErrorCode::Internal, "a group of entries was not written"));
+        group.writes.clear();
+        group.entries.clear();
+        halt(core, applier, generation, first_seq, &error);
+        return false;
+    }
+    // Before the answers: a client that got one of these seqs never waits for it here.
+    core.publish_seq();
+    for (write, waiting) in group.writes.drain(..).zip(group.entries.drain(..)) {
+        let result = write.result.expect("every write of a run gets a result").map_err(ApiError::from);
+        debug_assert!(result.as_ref().map_or(true, |ack| ack.seq == waiting.seq), "an entry uses exactly its seq");
+        applier.shared.status.set_applied(waiting.seq, waiting.published_ns);
+        applier.shared.deliver(waiting.msg_id.as_deref(), Outcome::Write(result));
+    }
+    if let Some(snapshots) = &mut applier.snapshots {
+        snapshots.after_apply(core.database());
+    }
+    true
+}
+
+/// Ends one entry applied alone at `waiting.seq`; false when this node halted.
+fn finish(core: &mut Core, applier: &mut Applier, waiting: Waiting, outcome: Outcome) -> bool {
+    let Waiting { seq, generation, msg_id, published_ns } = waiting;
     if let Some(error) = outcome.error().filter(|error| is_local_failure(error)) {
-        return halt(core, applier, generation, seq, error);
+        halt(core, applier, generation, seq, error);
+        return false;
     }
     if core.database().last_seq() < seq {
         // Nothing written (refused, or a collection created): a marker uses the seq.
         if let Err(error) = core.database_mut().advance_seq(seq) {
-            return halt(core, applier, generation, seq, &ApiError::from(error));
+            halt(core, applier, generation, seq, &ApiError::from(error));
+            return false;
         }
     }
     assert_eq!(core.database().last_seq(), seq, "an entry uses exactly its seq");
@@ -106,6 +226,7 @@ pub fn apply_entry(core: &mut Core, applier: &mut Applier, delivered: Delivered)
         // One comparison unless a snapshot is due; the copy runs on its own thread.
         snapshots.after_apply(core.database());
     }
+    true
 }
 
 fn halt(core: &mut Core, applier: &mut Applier, generation: u64, seq: u64, error: &ApiError) {
@@ -118,7 +239,7 @@ fn halt(core: &mut Core, applier: &mut Applier, generation: u64, seq: u64, error
 fn apply_decoded(core: &mut Core, applier: &Applier, entry: &Entry<'_>) -> Outcome {
     let identity = entry.caller.identity();
     match entry.kind {
-        Kind::Write => Outcome::Write(write(core, applier, entry, &identity)),
+        Kind::Write => unreachable!("write entries are applied by `apply_next`"),
         Kind::CreateCollection => Outcome::Create(create_collection(core, applier, entry, &identity)),
         Kind::AddField => Outcome::Fields(add_field(core, entry, &identity)),
         Kind::RemoveField => Outcome::Fields(remove_field(core, entry, &identity)),
@@ -143,19 +264,22 @@ fn require_admin(identity: &Identity, what: &str) -> Result<(), ApiError> {
     }
 }
 
-fn write(
-    core: &mut Core,
+/// A write entry's batch, checked as far as it can be before the store: its
+/// collection, the caller's grant, the ops against the schema; with the guard
+/// of a filtered write rule, if any.
+fn prepare_write(
+    core: &Core,
     applier: &Applier,
     entry: &Entry<'_>,
     identity: &Identity,
-) -> Result<ordo_store::Ack, ApiError> {
+) -> Result<(CollectionId, ordo_core::Batch, Option<WriteGuard>), ApiError> {
     let name = required(entry.collection.as_deref(), "collection")?;
     let ops: Vec<OpRequest<'_>> = parse(required(entry.ops, "ops")?)?;
     let (target, grant) = applier.gate.granted_collection(core.routes(), identity, name, Action::Write)?;
-    let guard = WriteGuard::new(&grant, &target.schema)?.map(Arc::new);
+    let guard = WriteGuard::new(&grant, &target.schema)?;
     let mut batch = ordo_core::Batch::new();
     wire::fill_batch(&mut batch, &target.schema, &ops, 0)?;
-    core.write_one(target.id, batch, guard)
+    Ok((target.id, batch, guard))
 }
 
 fn create_collection(

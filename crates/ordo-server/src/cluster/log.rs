@@ -7,9 +7,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, consumer, context::Publish, stream};
 use bytes::Bytes;
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use tokio::sync::{oneshot, watch};
 
+use super::apply::{Delivered, MAX_RUN_BYTES, MAX_RUN_ENTRIES};
 use super::{unavailable, ClusterOptions, Outcome, Shared};
 use super::{APPLY_TIMEOUT, DUPLICATE_WINDOW, PUBLISH_ATTEMPTS, PUBLISH_TIMEOUT, SUBJECT};
 use crate::core::{Command, CoreSender};
@@ -224,24 +225,48 @@ async fn consume_from(cluster: &Cluster, core: &CoreSender, start_seq: u64, gene
             Err(_) => continue,
         };
         let Some(message) = next else { break };
-        let message = message.map_err(|error| error.to_string())?;
-        let info = message.info().map_err(|error| error.to_string())?;
-        let seq = info.stream_sequence;
-        let published_ns = u64::try_from(info.published.unix_timestamp_nanos()).unwrap_or(0);
-        cluster.shared.status.saw_stream_seq(seq + info.pending);
-        let msg_id = message
-            .message
-            .headers
-            .as_ref()
-            .and_then(|headers| headers.get(async_nats::header::NATS_MESSAGE_ID))
-            .map(|value| value.as_str().to_owned());
-        let command =
-            Command::ApplyEntry { seq, generation, msg_id, published_ns, payload: message.message.payload.clone() };
-        if core.send(command).await.is_err() {
+        // A run: this entry and those the consumer already holds (never waiting
+        // for more), applied by the writer in one command and one group commit
+        // (`apply::apply_run`). A node that keeps up gets runs of one.
+        let first = delivered(cluster, message, generation)?;
+        let mut n_bytes = first.payload.len();
+        let mut run = vec![first];
+        while run.len() < MAX_RUN_ENTRIES && n_bytes < MAX_RUN_BYTES {
+            match messages.next().now_or_never() {
+                Some(Some(message)) => {
+                    let entry = delivered(cluster, message, generation)?;
+                    n_bytes += entry.payload.len();
+                    run.push(entry);
+                }
+                Some(None) => break,
+                None => break,
+            }
+        }
+        if core.send(Command::ApplyEntries(run)).await.is_err() {
             return Ok(());
         }
     }
     Err("the stream's messages ended".to_owned())
+}
+
+/// One delivered message as the writer applies it.
+fn delivered(
+    cluster: &Cluster,
+    message: Result<jetstream::Message, consumer::pull::OrderedError>,
+    generation: u64,
+) -> Result<Delivered, String> {
+    let message = message.map_err(|error| error.to_string())?;
+    let info = message.info().map_err(|error| error.to_string())?;
+    let seq = info.stream_sequence;
+    let published_ns = u64::try_from(info.published.unix_timestamp_nanos()).unwrap_or(0);
+    cluster.shared.status.saw_stream_seq(seq + info.pending);
+    let msg_id = message
+        .message
+        .headers
+        .as_ref()
+        .and_then(|headers| headers.get(async_nats::header::NATS_MESSAGE_ID))
+        .map(|value| value.as_str().to_owned());
+    Ok(Delivered { seq, generation, msg_id, published_ns, payload: message.message.payload.clone() })
 }
 
 /// How long a node may lag without applying anything before its consumer is
