@@ -404,7 +404,8 @@ impl Database {
         keep_seqs: bool,
         sink: &mut dyn DiffSink,
     ) {
-        if accepted.is_empty() && !(keep_seqs && !group.is_empty()) {
+        // A run of refused writes still writes their markers.
+        if accepted.is_empty() && (!keep_seqs || group.is_empty()) {
             return;
         }
         if let Some(stall) = self.checkpointer.stall() {
@@ -419,7 +420,7 @@ impl Database {
         let seq_of = |offset: usize, index: usize| first_seq + if keep_seqs { index } else { offset } as u64;
         self.records.clear();
         let mut next_accepted = accepted.iter().copied().peekable();
-        for index in 0..group.len() {
+        for (index, write) in group.iter().enumerate() {
             if next_accepted.peek() != Some(&index) {
                 if keep_seqs {
                     wal::encode_marker(&mut self.records, first_seq + index as u64);
@@ -428,7 +429,6 @@ impl Database {
             }
             let offset = accepted.len() - next_accepted.len();
             next_accepted.next();
-            let write = &group[index];
             let number = self.collection_numbers[write.collection.index()].expect("validated: a live collection");
             let schema = self.engine.collection(write.collection).expect("validated").schema();
             wal::encode_record(&mut self.records, seq_of(offset, index), number, schema, &write.batch);
