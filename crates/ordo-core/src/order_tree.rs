@@ -28,6 +28,8 @@ const LEAF_MIN: usize = LEAF_CAPACITY / 2;
 const INNER_MIN: usize = INNER_CAPACITY / 4;
 
 type NodeIndex = u32;
+/// The end of a free list.
+const NO_NODE: NodeIndex = NodeIndex::MAX;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Entry {
@@ -144,8 +146,12 @@ struct Split {
 pub(crate) struct OrderTree {
     leaves: Vec<Leaf>,
     inners: Vec<Inner>,
-    free_leaves: Vec<NodeIndex>,
-    free_inners: Vec<NodeIndex>,
+    /// Heads of the free lists of the two arenas (`NO_NODE`: empty). The lists are
+    /// threaded through the freed nodes themselves (`free_next`), so freeing a node
+    /// never allocates: with a list per user, a collection's first merge would
+    /// otherwise grow a free-list vector, one allocation per list (`many-lists`).
+    free_leaves: NodeIndex,
+    free_inners: NodeIndex,
     root: NodeIndex,
     /// 0: the root is a leaf.
     height: u32,
@@ -157,8 +163,8 @@ impl OrderTree {
         OrderTree {
             leaves: vec![Leaf::empty()],
             inners: Vec::new(),
-            free_leaves: Vec::new(),
-            free_inners: Vec::new(),
+            free_leaves: NO_NODE,
+            free_inners: NO_NODE,
             root: 0,
             height: 0,
             len: 0,
@@ -241,7 +247,7 @@ impl OrderTree {
         while self.height > 0 && self.inners[self.root as usize].len == 1 {
             let old_root = self.root;
             self.root = self.inners[old_root as usize].children[0];
-            self.free_inners.push(old_root);
+            self.free_inner(old_root);
             self.height -= 1;
         }
         rank
@@ -340,11 +346,35 @@ impl OrderTree {
     }
 
     fn alloc_leaf(&mut self, leaf: Leaf) -> NodeIndex {
-        alloc_node(&mut self.leaves, &mut self.free_leaves, leaf)
+        let free = self.free_leaves;
+        if free != NO_NODE {
+            self.free_leaves = self.leaves[free as usize].slots[0];
+        }
+        alloc_node(&mut self.leaves, free, leaf)
     }
 
     fn alloc_inner(&mut self, inner: Inner) -> NodeIndex {
-        alloc_node(&mut self.inners, &mut self.free_inners, inner)
+        let free = self.free_inners;
+        if free != NO_NODE {
+            self.free_inners = self.inners[free as usize].children[0];
+        }
+        alloc_node(&mut self.inners, free, inner)
+    }
+
+    /// Puts an unlinked leaf on the free list; its first slot links to the next one.
+    fn free_leaf(&mut self, leaf: NodeIndex) {
+        let node = &mut self.leaves[leaf as usize];
+        node.len = 0;
+        node.slots[0] = self.free_leaves;
+        self.free_leaves = leaf;
+    }
+
+    /// Puts an unlinked inner node on the free list; its first child links to the next one.
+    fn free_inner(&mut self, inner: NodeIndex) {
+        let node = &mut self.inners[inner as usize];
+        node.len = 0;
+        node.children[0] = self.free_inners;
+        self.free_inners = inner;
     }
 
     /// Index of the child whose range holds `entry`: the last child whose first
@@ -519,7 +549,7 @@ impl OrderTree {
             let parent_inner = &mut self.inners[parent as usize];
             parent_inner.counts[left_index] = total as u32;
             parent_inner.remove_child(left_index + 1);
-            self.free_leaves.push(right);
+            self.free_leaf(right);
             return;
         }
         let left_target = total / 2;
@@ -560,7 +590,7 @@ impl OrderTree {
             let parent_inner = &mut self.inners[parent as usize];
             parent_inner.counts[left_index] = left_total;
             parent_inner.remove_child(left_index + 1);
-            self.free_inners.push(right);
+            self.free_inner(right);
             return;
         }
         let left_target = total / 2;
@@ -598,7 +628,7 @@ impl OrderTree {
     pub(crate) fn heap_bytes(&self) -> usize {
         self.leaves.capacity() * std::mem::size_of::<Leaf>()
             + self.inners.capacity() * std::mem::size_of::<Inner>()
-            + (self.free_leaves.capacity() + self.free_inners.capacity()) * 4
+
     }
 
     /// Checks every structural invariant; panics with a message on the first broken one.
@@ -638,17 +668,18 @@ impl OrderTree {
     }
 }
 
-/// Places a node in its arena, reusing a freed place when there is one.
-fn alloc_node<T>(arena: &mut Vec<T>, free: &mut Vec<NodeIndex>, node: T) -> NodeIndex {
-    match free.pop() {
-        Some(index) => {
-            arena[index as usize] = node;
-            index
-        }
-        None => {
+/// Places a node in its arena: at `free`, a place just taken off a free list, or,
+/// when that is `NO_NODE`, at the end.
+fn alloc_node<T>(arena: &mut Vec<T>, free: NodeIndex, node: T) -> NodeIndex {
+    match free {
+        NO_NODE => {
             reserve_arena_growth(arena);
             arena.push(node);
             (arena.len() - 1) as NodeIndex
+        }
+        index => {
+            arena[index as usize] = node;
+            index
         }
     }
 }
