@@ -26,7 +26,6 @@ thread_local! {
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         ALLOCATIONS_ON_THIS_THREAD.with(|count| count.set(count.get() + 1));
-        trap(layout.size());
         add_heap_bytes(layout.size() as i64);
         // SAFETY: same contract as ours, passed through.
         unsafe { System.alloc(layout) }
@@ -40,19 +39,9 @@ unsafe impl GlobalAlloc for CountingAllocator {
 
     unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         ALLOCATIONS_ON_THIS_THREAD.with(|count| count.set(count.get() + 1));
-        trap(new_size);
         add_heap_bytes(new_size as i64 - layout.size() as i64);
         // SAFETY: same contract as ours, passed through.
         unsafe { System.realloc(pointer, layout, new_size) }
-    }
-}
-
-thread_local! { pub static TRAP: Cell<bool> = const { Cell::new(false) }; }
-fn trap(size: usize) {
-    if TRAP.with(Cell::get) {
-        TRAP.with(|t| t.set(false));
-        eprintln!("ALLOC {size}\n{}", std::backtrace::Backtrace::force_capture());
-        TRAP.with(|t| t.set(true));
     }
 }
 
