@@ -111,7 +111,10 @@ impl Column {
             FieldType::I64 | FieldType::U64 | FieldType::F64 => {
                 Column::Word { bits: Vec::new(), present: Bitmap::default() }
             }
-            FieldType::String => Column::Str { values: Vec::new(), present: Bitmap::default(), heads: Vec::new() },
+            // A reference holds its target's id, a string.
+            FieldType::String | FieldType::Ref(_) => {
+                Column::Str { values: Vec::new(), present: Bitmap::default(), heads: Vec::new() }
+            }
         }
     }
 
@@ -353,6 +356,10 @@ pub struct Collection {
     name: String,
     schema: Schema,
     columns: Vec<Column>,
+    /// The columns of the schema's derived fields (target fields read through a
+    /// reference, kept here so that views sort and filter on them as on any
+    /// column), by [`FieldId::derived_index`]. Written only by `engine::references`.
+    derived_columns: Vec<Column>,
     ids: Vec<String>,
     payloads: Vec<Vec<u8>>,
     /// Per slot: the version of the item, the sequence number of the last batch that changed it.
@@ -376,6 +383,7 @@ impl Collection {
             name: name.to_owned(),
             schema,
             columns,
+            derived_columns: Vec::new(),
             ids: Vec::new(),
             payloads: Vec::new(),
             versions: Vec::new(),
@@ -439,7 +447,7 @@ impl Collection {
     /// Reads one field of a slot.
     pub(crate) fn value(&self, slot: Slot, field_id: FieldId) -> Value<'_> {
         let slot = slot as usize;
-        match (&self.columns[field_id.index()], self.schema.field(field_id).field_type) {
+        match (self.column(field_id), self.schema.field(field_id).field_type) {
             (Column::Bool { present, .. }, _) if !present.get(slot) => Value::Null,
             (Column::Bool { values, .. }, _) => Value::Bool(values.get(slot)),
             (Column::Word { present, .. }, _) if !present[slot] => Value::Null,
@@ -454,7 +462,31 @@ impl Collection {
 
     #[inline]
     pub(crate) fn column(&self, field_id: FieldId) -> &Column {
+        if field_id.is_derived() {
+            return &self.derived_columns[field_id.derived_index()];
+        }
         &self.columns[field_id.index()]
+    }
+
+    /// Adds a derived field (a target field read through a reference) with a
+    /// null column; returns its id. The engine fills it.
+    pub(crate) fn add_derived_column(&mut self, name: &str, field_type: FieldType) -> FieldId {
+        debug_assert!(!matches!(field_type, FieldType::Ref(_)), "derived fields hold values, not references");
+        let mut column = Column::new(field_type);
+        column.reserve(self.ids.len());
+        for _ in 0..self.ids.len() {
+            column.push_null();
+        }
+        self.derived_columns.push(column);
+        let field_id = self.schema.push_derived(name, field_type);
+        debug_assert_eq!(field_id.derived_index(), self.derived_columns.len() - 1);
+        field_id
+    }
+
+    /// Forgets every derived field (their views are gone or being recompiled).
+    pub(crate) fn clear_derived_columns(&mut self) {
+        self.derived_columns.clear();
+        self.schema = self.schema.without_derived();
     }
 
     /// Makes room for `n_items` more items in every table (bulk loads).
@@ -465,7 +497,7 @@ impl Collection {
         self.payloads.reserve(n_items);
         self.versions.reserve(n_items);
         self.alive.reserve(n_items);
-        for column in &mut self.columns {
+        for column in self.columns.iter_mut().chain(&mut self.derived_columns) {
             column.reserve(n_items);
         }
     }
@@ -480,7 +512,7 @@ impl Collection {
                 copy_reusing_capacity_str(&mut self.ids[index], id);
                 self.payloads[index].clear();
                 self.versions[index] = 0;
-                for column in &mut self.columns {
+                for column in self.columns.iter_mut().chain(&mut self.derived_columns) {
                     column.set_null(index);
                 }
                 slot
@@ -491,7 +523,7 @@ impl Collection {
                 self.payloads.push(Vec::new());
                 self.versions.push(0);
                 self.alive.push(false);
-                for column in &mut self.columns {
+                for column in self.columns.iter_mut().chain(&mut self.derived_columns) {
                     column.push_null();
                 }
                 slot
@@ -522,6 +554,10 @@ impl Collection {
         self.alive.push(true);
         for ((column, field), &value) in self.columns.iter_mut().zip(schema.fields()).zip(values) {
             column.push(value.coerce_to(field.field_type).expect("validated by the caller"));
+        }
+        // Derived fields are rebuilt by the engine before a view reads them (their links are stale).
+        for column in &mut self.derived_columns {
+            column.push_null();
         }
         self.n_items += 1;
         slot
@@ -602,13 +638,17 @@ impl Collection {
         self.payloads.truncate(len);
         self.versions.truncate(len);
         self.alive.truncate(len);
-        for column in &mut self.columns {
+        for column in self.columns.iter_mut().chain(&mut self.derived_columns) {
             column.truncate(len);
         }
         self.n_items -= n_removed;
     }
 
     pub(crate) fn set_value(&mut self, slot: Slot, field_id: FieldId, value: Value<'_>) {
+        if field_id.is_derived() {
+            self.derived_columns[field_id.derived_index()].set(slot as usize, value);
+            return;
+        }
         self.columns[field_id.index()].set(slot as usize, value);
     }
 
@@ -661,6 +701,8 @@ impl Collection {
     /// Removes a field's column; the fields after it move down by one.
     pub(crate) fn remove_column(&mut self, field_id: FieldId) {
         self.columns.remove(field_id.index());
+        // `without_field` drops the derived fields; the engine adds back those its views still read.
+        self.derived_columns.clear();
         self.schema = self.schema.without_field(field_id);
     }
 
@@ -674,7 +716,7 @@ impl Collection {
             + self.free_slots.capacity() * 4;
         total += self.ids.iter().map(String::capacity).sum::<usize>();
         total += self.payloads.iter().map(Vec::capacity).sum::<usize>();
-        for column in &self.columns {
+        for column in self.columns.iter().chain(&self.derived_columns) {
             total += match column {
                 Column::Bool { values, present } => values.heap_bytes() + present.heap_bytes(),
                 Column::Word { bits, present } => bits.capacity() * 8 + present.heap_bytes(),

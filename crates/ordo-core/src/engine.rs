@@ -37,9 +37,10 @@ use crate::window::{ViewChange, Window};
 use crate::OwnedItem;
 
 mod collection_table;
+mod references;
 mod schema_change;
 
-use collection_table::CollectionTable;
+use collection_table::{CollectionTable, OtherCollections};
 pub use schema_change::SchemaChangeError;
 
 /// Identifies a collection. A dropped collection's id stays dead: a collection
@@ -71,6 +72,8 @@ struct CollectionState {
     /// Views keyed by an equality conjunct, and the equality index of each field
     /// that keys one: an update visits only the views of its item's key values.
     keys: KeyIndex,
+    /// Reference links out of this collection and into it (see `references`).
+    refs: references::CollectionRefs,
 }
 
 impl CollectionState {
@@ -101,6 +104,10 @@ struct Scratch {
     old_slots: Vec<Slot>,
     new_slots: Vec<Slot>,
     list_diff: ListDiffScratch,
+    /// Fields an operation changes, when references add derived fields to them.
+    changed_fields: Vec<FieldId>,
+    /// Per reference link, the hash the item's reference held before the operation.
+    ref_hashes: Vec<Option<u64>>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -180,6 +187,9 @@ pub struct Engine {
     overlay: Overlay,
     /// Where `apply_batch` resolves a batch with atomic operations or preconditions, reused.
     resolved: Batch,
+    /// Per view (by index): the reference links of its collection it reads
+    /// through, one bit per link (see `references`).
+    view_links: Vec<u64>,
 }
 
 impl Engine {
@@ -189,10 +199,20 @@ impl Engine {
 
     pub fn create_collection(&mut self, name: &str, schema: Schema) -> Result<CollectionId, CreateCollectionError> {
         self.check_new_collection(name)?;
+        for field in schema.fields() {
+            if let Some(target) = field.field_type.ref_target() {
+                if self.collections.get(target).is_none() {
+                    return Err(CreateCollectionError::Schema(SchemaError::UnknownRefTarget {
+                        field: field.name.clone(),
+                    }));
+                }
+            }
+        }
         let collection_id = self.collections.insert(CollectionState {
             collection: Collection::new(name, schema),
             unkeyed_views: Vec::new(),
             keys: KeyIndex::default(),
+            refs: references::CollectionRefs::default(),
         });
         self.collection_by_name.insert(name.to_owned(), collection_id);
         Ok(collection_id)
@@ -300,7 +320,7 @@ impl Engine {
         sink: &mut dyn DiffSink,
     ) -> Result<BatchSummary, BatchError> {
         let Engine { collections, views, windows, scratch, n_view_visits, .. } = self;
-        let state = collections.get_mut(collection_id).ok_or(BatchError::UnknownCollection)?;
+        let (state, others) = collections.split_mut(collection_id).ok_or(BatchError::UnknownCollection)?;
         validate_batch(&state.collection, batch, 0, &mut scratch.resolved_fields)?;
         debug_assert!(!batch.needs_state(), "resolved before it is applied");
 
@@ -308,7 +328,7 @@ impl Engine {
         for op in &batch.ops {
             match op.kind {
                 OpKind::Upsert => {
-                    apply_upsert(state, views, windows, scratch, batch, op, version);
+                    apply_upsert(state, &others, views, windows, scratch, batch, op, version);
                     summary.n_upserted += 1;
                 }
                 OpKind::Remove => {
@@ -320,6 +340,13 @@ impl Engine {
             *n_view_visits += scratch.visited_views.len() as u64;
         }
         summary.n_windows_changed = deliver_pending(&state.collection, views, windows, scratch, sink);
+        let has_referrers = !state.refs.referrers.is_empty();
+        if has_referrers {
+            // Items referencing what the batch changed move now, reading the batch's end state.
+            summary.n_windows_changed += self.refresh_referrers(collection_id, batch, sink);
+        }
+        let state = self.collections.get_mut(collection_id).expect("live");
+        // Recycled only now: the refresh above may still deliver diffs of this batch.
         state.collection.recycle_freed_slots();
         self.last_version = self.last_version.max(version);
         Ok(summary)
@@ -379,11 +406,28 @@ impl Engine {
     /// uses to rebuild the engine at start (views are built afterwards, sorting
     /// once). `n_items_hint` presizes the tables. See [`BulkLoad`].
     pub fn bulk_load(&mut self, collection_id: CollectionId, n_items_hint: usize) -> Result<BulkLoad<'_>, LoadError> {
-        let state = self.collections.get_mut(collection_id).ok_or(LoadError::UnknownCollection)?;
+        let state = self.collections.get(collection_id).ok_or(LoadError::UnknownCollection)?;
         // Without views there are no keyed views, hence no equality index for the
         // load to maintain (`KeyIndex` drops a field's index with its last view).
         if state.has_views() {
             return Err(LoadError::CollectionHasViews);
+        }
+        // Views reading this collection through a reference count as its views:
+        // the load does not refresh them.
+        let referrers = state.refs.referrers.clone();
+        for &(referrer, link_index) in &referrers {
+            let link = &self.collections.get(referrer).expect("live").refs.links[link_index as usize];
+            if link.n_views > 0 {
+                return Err(LoadError::CollectionHasViews);
+            }
+        }
+        // Links without views are rebuilt when a view needs them again.
+        for &(referrer, link_index) in &referrers {
+            self.collections.get_mut(referrer).expect("live").refs.links[link_index as usize].is_stale = true;
+        }
+        let state = self.collections.get_mut(collection_id).expect("checked");
+        for link in &mut state.refs.links {
+            link.is_stale = true;
         }
         Ok(BulkLoad::new(&mut state.collection, n_items_hint))
     }
@@ -655,6 +699,7 @@ impl Engine {
         def: &ViewDef,
         n_first: usize,
     ) -> Result<u32, ViewError> {
+        let link_mask = self.prepare_view_refs(collection_id, def)?;
         let state = self.collections.get_mut(collection_id).ok_or(ViewError::UnknownCollection)?;
         let filter = CompiledFilter::compile(&def.filter, state.collection.schema())?;
         let key = match filter.equality_key() {
@@ -704,6 +749,7 @@ impl Engine {
             Some(key) => state.keys.add_view(key, view_index),
             None => state.unkeyed_views.push(view_index),
         }
+        self.register_view_links(collection_id, view_index, link_mask);
         Ok(view_index)
     }
 
@@ -726,6 +772,7 @@ impl Engine {
                 Some(key) => state.keys.remove_view(key, view_index),
                 None => state.unkeyed_views.retain(|&index| index != view_index),
             }
+            self.unregister_view_links(collection, view_index);
         }
     }
 }
@@ -1049,8 +1096,10 @@ fn insert_entry(view: &mut View, collection: &Collection, slot: Slot, is_member:
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn apply_upsert(
     state: &mut CollectionState,
+    others: &OtherCollections<'_>,
     views: &mut [Option<View>],
     windows: &mut [WindowSlot],
     scratch: &mut Scratch,
@@ -1061,12 +1110,26 @@ fn apply_upsert(
     let id = batch.id(op);
     let existing = state.collection.find_slot(id);
     plan_visits(state, scratch, existing, Some((batch, op)));
+    let has_links = !state.refs.links.is_empty();
+    if has_links {
+        references::hashes_before(state, existing, &mut scratch.ref_hashes);
+    }
     let slot = match existing {
         Some(slot) => {
             // Taken out for the call and put back: no copy, no allocation.
             let resolved_fields = std::mem::take(&mut scratch.resolved_fields);
             let changed_fields = &resolved_fields[op.fields_start as usize..(op.fields_start + op.fields_len) as usize];
-            remove_from_views(state, views, scratch, Some(slot), Some(changed_fields));
+            if has_links {
+                // A reference written changes the fields read through it too.
+                let mut changed = std::mem::take(&mut scratch.changed_fields);
+                changed.clear();
+                changed.extend_from_slice(changed_fields);
+                references::derived_changed_by(state, changed_fields, &mut changed);
+                remove_from_views(state, views, scratch, Some(slot), Some(&changed));
+                scratch.changed_fields = changed;
+            } else {
+                remove_from_views(state, views, scratch, Some(slot), Some(changed_fields));
+            }
             scratch.resolved_fields = resolved_fields;
             slot
         }
@@ -1086,6 +1149,10 @@ fn apply_upsert(
         state.collection.set_payload(slot, payload);
     }
     state.collection.set_version(slot, version);
+    if has_links {
+        let written = &scratch.resolved_fields[op.fields_start as usize..(op.fields_start + op.fields_len) as usize];
+        references::after_upsert(state, others, slot, existing.is_none(), written, &scratch.ref_hashes);
+    }
     state.keys.apply_moves(slot, &scratch.key_moves);
     insert_into_views(state, views, windows, scratch, slot, true);
 }
@@ -1107,6 +1174,10 @@ fn apply_remove(
     remove_from_views(state, views, scratch, Some(slot), None);
     insert_into_views(state, views, windows, scratch, slot, false);
     state.keys.apply_moves(slot, &scratch.key_moves);
+    if !state.refs.links.is_empty() {
+        references::hashes_before(state, Some(slot), &mut scratch.ref_hashes);
+        references::before_remove(state, &scratch.ref_hashes, slot);
+    }
     state.collection.remove_slot(slot);
     true
 }

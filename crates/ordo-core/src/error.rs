@@ -215,6 +215,19 @@ pub enum ViewError {
         limit: usize,
         limit_max: usize,
     },
+    /// `field` reads through `ref_field` with a dot, but `ref_field` is not a reference.
+    NotAReference {
+        field: String,
+        ref_field: String,
+    },
+    /// `field` has more than one dot: references are followed one hop only.
+    TooManyHops {
+        field: String,
+    },
+    /// More distinct target fields read through references than a collection holds.
+    TooManyDerivedFields {
+        n_fields_max: usize,
+    },
 }
 
 impl fmt::Display for ViewError {
@@ -260,6 +273,15 @@ impl fmt::Display for ViewError {
             }
             ViewError::TooManyCollatedSortKeys { n_keys_max } => {
                 write!(f, "a sort has at most {n_keys_max} keys with a collation")
+            }
+            ViewError::NotAReference { field, ref_field } => {
+                write!(f, "`{field}` reads through `{ref_field}`, which is not a ref field")
+            }
+            ViewError::TooManyHops { field } => {
+                write!(f, "`{field}` follows more than one reference; only one hop (`ref.field`) is allowed")
+            }
+            ViewError::TooManyDerivedFields { n_fields_max } => {
+                write!(f, "views of a collection read at most {n_fields_max} distinct fields through references")
             }
             ViewError::WindowTooLarge { limit, limit_max } => {
                 write!(f, "window limit {limit} is over the maximum of {limit_max}")

@@ -147,7 +147,9 @@ impl CompiledFilter {
     /// floats (`-0.0 == 0.0`, yet their bits differ).
     pub(crate) fn equality_key(&self) -> Option<(FieldId, Value<'_>)> {
         let key_of = |node: &Node| match *node {
-            Node::Compare { field_id, op: CompareOp::Eq, literal } => match literal {
+            // A field read through a reference changes when its target does, which the
+            // equality index does not follow: never a key.
+            Node::Compare { field_id, op: CompareOp::Eq, literal } if !field_id.is_derived() => match literal {
                 Literal::Bool(flag) => Some((field_id, Value::Bool(flag))),
                 Literal::I64(number) => Some((field_id, Value::I64(number))),
                 Literal::U64(number) => Some((field_id, Value::U64(number))),
@@ -411,9 +413,11 @@ impl Compiler<'_> {
     }
 
     fn resolve_field(&mut self, name: &str) -> Result<(FieldId, FieldType), ViewError> {
-        let field_id = self.schema.field_id(name).ok_or_else(|| ViewError::UnknownField { field: name.to_owned() })?;
+        let field_id =
+            self.schema.view_field_id(name).ok_or_else(|| ViewError::UnknownField { field: name.to_owned() })?;
         self.compiled.fields_read.push(field_id);
-        Ok((field_id, self.schema.field(field_id).field_type))
+        // A reference compares as the string it holds.
+        Ok((field_id, self.schema.field(field_id).field_type.value_type()))
     }
 
     /// Checks that `field` is a string field and stores the folded needle.
@@ -507,7 +511,7 @@ fn build_in_set(field: &str, field_type: FieldType, values: &[OwnedValue]) -> Re
         FieldType::I64 => InSet::I64(Vec::with_capacity(values.len())),
         FieldType::U64 => InSet::U64(Vec::with_capacity(values.len())),
         FieldType::F64 => InSet::F64(Vec::with_capacity(values.len())),
-        FieldType::String => InSet::Str(Vec::with_capacity(values.len())),
+        FieldType::String | FieldType::Ref(_) => InSet::Str(Vec::with_capacity(values.len())),
     };
     for value in values {
         match (&mut set, convert_literal(field, field_type, value)?) {

@@ -62,6 +62,7 @@ mod filter;
 mod key_index;
 mod list_diff;
 mod order_tree;
+mod reference;
 mod resolve;
 mod schema;
 mod sort;

@@ -38,3 +38,7 @@ pub const MAX_ITEMS_PER_COLLECTION: usize = (u32::MAX - 1) as usize;
 pub const MAX_COLLECTION_NAME_BYTES: usize = 128;
 /// Most collections in one engine (a chat server holds one room list per user).
 pub const MAX_COLLECTIONS: usize = 1 << 20;
+/// Most distinct target fields (`room.recency`, `room.name`) the views of one
+/// collection read through its references. Each is a column of the referencing
+/// collection, written whenever its target changes.
+pub const MAX_DERIVED_FIELDS: usize = 64;

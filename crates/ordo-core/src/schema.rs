@@ -1,5 +1,6 @@
 //! Collection schemas: the typed hot fields an item carries besides its id and payload.
 
+use crate::engine::CollectionId;
 use crate::limits::{MAX_FIELDS_PER_SCHEMA, MAX_FIELD_NAME_BYTES};
 
 /// The type of a hot field. Every field may also be null (absent).
@@ -12,15 +13,59 @@ pub enum FieldType {
     /// every field has a total order.
     F64,
     String,
+    /// A reference (a one-hop lookup join): the value is the id of an item of the
+    /// target collection, given and stored as a string. Views of the referencing
+    /// collection read the target's fields through it as `field.target_field`
+    /// (see `engine::references`); while the target item is absent every field
+    /// read through the reference is null.
+    Ref(CollectionId),
+}
+
+impl FieldType {
+    /// The type values of this field have: a reference holds a string (the target's id).
+    pub fn value_type(self) -> FieldType {
+        match self {
+            FieldType::Ref(_) => FieldType::String,
+            other => other,
+        }
+    }
+
+    /// The target collection of a reference field.
+    pub fn ref_target(self) -> Option<CollectionId> {
+        match self {
+            FieldType::Ref(target) => Some(target),
+            _ => None,
+        }
+    }
 }
 
 /// Index of a field in its collection's schema.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FieldId(pub(crate) u16);
 
+/// Field ids from here on name *derived* fields: a target's field read through a
+/// reference (`room.recency`), held by the referencing collection in a column of
+/// its own (see `engine::references`). They never shift when a schema field is
+/// added or removed, and no batch can write them.
+pub(crate) const DERIVED_FIELD_BASE: u16 = 0x8000;
+
 impl FieldId {
     pub fn index(self) -> usize {
         self.0 as usize
+    }
+
+    /// Whether this names a field read through a reference (not a schema field).
+    pub fn is_derived(self) -> bool {
+        self.0 >= DERIVED_FIELD_BASE
+    }
+
+    pub(crate) fn derived(index: usize) -> FieldId {
+        FieldId(DERIVED_FIELD_BASE + index as u16)
+    }
+
+    pub(crate) fn derived_index(self) -> usize {
+        debug_assert!(self.is_derived());
+        (self.0 - DERIVED_FIELD_BASE) as usize
     }
 }
 
@@ -31,16 +76,40 @@ pub struct FieldDef {
 }
 
 /// An ordered list of uniquely named, typed fields.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct Schema {
     fields: Vec<FieldDef>,
+    /// Target fields read through references (`room.recency`), added by the engine
+    /// when a view first reads one; named by [`FieldId::derived`] ids. Not part of
+    /// the schema proper: not listed by [`Schema::fields`], not found by
+    /// [`Schema::field_id`] (so batches cannot write them), not compared.
+    derived: Vec<FieldDef>,
 }
+
+impl PartialEq for Schema {
+    fn eq(&self, other: &Schema) -> bool {
+        self.fields == other.fields
+    }
+}
+
+impl Eq for Schema {}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SchemaError {
-    DuplicateField { name: String },
-    FieldNameInvalid { name: String },
-    TooManyFields { n_fields_max: usize },
+    DuplicateField {
+        name: String,
+    },
+    FieldNameInvalid {
+        name: String,
+    },
+    TooManyFields {
+        n_fields_max: usize,
+    },
+    /// A `ref` field names a collection that does not exist (or its own collection:
+    /// a collection cannot reference itself).
+    UnknownRefTarget {
+        field: String,
+    },
 }
 
 impl std::fmt::Display for SchemaError {
@@ -52,6 +121,9 @@ impl std::fmt::Display for SchemaError {
             }
             SchemaError::TooManyFields { n_fields_max } => {
                 write!(f, "a schema holds at most {n_fields_max} fields")
+            }
+            SchemaError::UnknownRefTarget { field } => {
+                write!(f, "ref field `{field}` targets no existing collection (nor may it target its own)")
             }
         }
     }
@@ -98,7 +170,29 @@ impl Schema {
     pub(crate) fn without_field(&self, field_id: FieldId) -> Schema {
         let mut fields = self.fields.clone();
         fields.remove(field_id.index());
-        Schema { fields }
+        // Derived fields are dropped too: the engine rebuilds those its views still need.
+        Schema { fields, derived: Vec::new() }
+    }
+
+    /// The schema without its derived fields.
+    pub(crate) fn without_derived(&self) -> Schema {
+        Schema { fields: self.fields.clone(), derived: Vec::new() }
+    }
+
+    /// Adds a derived field (see [`Schema::derived`]) and returns its id.
+    pub(crate) fn push_derived(&mut self, name: &str, field_type: FieldType) -> FieldId {
+        self.derived.push(FieldDef { name: name.to_owned(), field_type });
+        FieldId::derived(self.derived.len() - 1)
+    }
+
+    pub(crate) fn derived_fields(&self) -> &[FieldDef] {
+        &self.derived
+    }
+
+    /// Finds a field a view may read: a schema field, or a derived field
+    /// (`room.recency`) already added for a view. A schema field's own name wins.
+    pub(crate) fn view_field_id(&self, name: &str) -> Option<FieldId> {
+        self.field_id(name).or_else(|| self.derived.iter().position(|field| field.name == name).map(FieldId::derived))
     }
 
     /// Finds a field by name. Schemas are small (a limit holds them to
@@ -108,6 +202,9 @@ impl Schema {
     }
 
     pub fn field(&self, field_id: FieldId) -> &FieldDef {
+        if field_id.is_derived() {
+            return &self.derived[field_id.derived_index()];
+        }
         &self.fields[field_id.index()]
     }
 

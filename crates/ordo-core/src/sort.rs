@@ -75,11 +75,12 @@ impl CompiledSort {
         let mut keys: Vec<CompiledSortKey> = Vec::with_capacity(sort.len());
         for key in sort {
             let field_id =
-                schema.field_id(&key.field).ok_or_else(|| ViewError::UnknownField { field: key.field.clone() })?;
+                schema.view_field_id(&key.field).ok_or_else(|| ViewError::UnknownField { field: key.field.clone() })?;
             if keys.iter().any(|existing| existing.field_id == field_id) {
                 return Err(ViewError::DuplicateSortKey { field: key.field.clone() });
             }
-            let field_type = schema.field(field_id).field_type;
+            // A reference sorts as the string it holds.
+            let field_type = schema.field(field_id).field_type.value_type();
             if key.case_insensitive && field_type != FieldType::String {
                 return Err(ViewError::NotApplicable {
                     field: key.field.clone(),

@@ -46,7 +46,7 @@ impl<'a> Value<'a> {
             | (Value::I64(_), FieldType::I64)
             | (Value::U64(_), FieldType::U64)
             | (Value::F64(_), FieldType::F64)
-            | (Value::Str(_), FieldType::String) => Some(self),
+            | (Value::Str(_), FieldType::String | FieldType::Ref(_)) => Some(self),
             (Value::I64(number), FieldType::U64) => u64::try_from(number).ok().map(Value::U64),
             (Value::U64(number), FieldType::I64) => i64::try_from(number).ok().map(Value::I64),
             (Value::I64(number), FieldType::F64) => exact_f64_of_i64(number).map(Value::F64),
@@ -101,6 +101,7 @@ impl FieldType {
             FieldType::U64 => "u64",
             FieldType::F64 => "f64",
             FieldType::String => "string",
+            FieldType::Ref(_) => "ref",
         }
     }
 }

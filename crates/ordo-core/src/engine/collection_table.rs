@@ -72,6 +72,20 @@ impl CollectionTable {
     }
 
     /// The id of the live collection in slot `index` (views know their slot).
+    /// One collection mutably and every other one shared (a referencing collection
+    /// written while its reference targets are read).
+    pub(super) fn split_mut(&mut self, id: CollectionId) -> Option<(&mut CollectionState, OtherCollections<'_>)> {
+        let index = id.index as usize;
+        let entry = self.entries.get(index)?;
+        if entry.generation != id.generation || entry.state.is_none() {
+            return None;
+        }
+        let (before, rest) = self.entries.split_at_mut(index);
+        let (entry, after) = rest.split_first_mut().expect("index is in range");
+        let state = entry.state.as_mut().expect("checked live");
+        Some((state, OtherCollections { before, after, index: id.index }))
+    }
+
     pub(super) fn id_at(&self, index: u32) -> CollectionId {
         let entry = &self.entries[index as usize];
         debug_assert!(entry.state.is_some(), "a view's collection is live");
@@ -104,5 +118,23 @@ impl std::ops::Index<u32> for CollectionTable {
 impl std::ops::IndexMut<u32> for CollectionTable {
     fn index_mut(&mut self, index: u32) -> &mut CollectionState {
         self.entries[index as usize].state.as_mut().expect("a view's collection is live")
+    }
+}
+
+/// Every collection but the one [`CollectionTable::split_mut`] lent mutably.
+pub(super) struct OtherCollections<'a> {
+    before: &'a [Entry],
+    after: &'a [Entry],
+    index: u32,
+}
+
+impl OtherCollections<'_> {
+    pub(super) fn get(&self, id: CollectionId) -> Option<&CollectionState> {
+        let entry = match (id.index).cmp(&self.index) {
+            std::cmp::Ordering::Less => self.before.get(id.index as usize)?,
+            std::cmp::Ordering::Equal => return None,
+            std::cmp::Ordering::Greater => self.after.get((id.index - self.index - 1) as usize)?,
+        };
+        (entry.generation == id.generation).then_some(entry.state.as_ref()).flatten()
     }
 }

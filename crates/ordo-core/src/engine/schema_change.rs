@@ -47,6 +47,11 @@ pub enum SchemaChangeError {
         field: String,
         value_bytes: usize,
     },
+    /// A collection is dropped while a ref field of `by` targets it: remove that field first.
+    CollectionReferenced {
+        by: String,
+        field: String,
+    },
 }
 
 impl std::fmt::Display for SchemaChangeError {
@@ -55,6 +60,10 @@ impl std::fmt::Display for SchemaChangeError {
             SchemaChangeError::UnknownCollection => write!(f, "no such collection"),
             SchemaChangeError::UnknownField { field } => write!(f, "the schema has no field `{field}`"),
             SchemaChangeError::Schema(error) => write!(f, "{error}"),
+            SchemaChangeError::CollectionReferenced { by, field } => write!(
+                f,
+                "collection `{by}` references this collection through field `{field}`; remove that field first"
+            ),
             SchemaChangeError::DefaultWrongType { field, expected, found } => {
                 write!(f, "the default of field `{field}` must be {expected}, got {found}")
             }
@@ -85,6 +94,12 @@ impl Engine {
         let state = self.collections.get(collection_id).ok_or(SchemaChangeError::UnknownCollection)?;
         let schema =
             state.collection.schema().clone().try_with_field(name, field_type).map_err(SchemaChangeError::Schema)?;
+        if let Some(target) = field_type.ref_target() {
+            // A collection referencing itself would refresh its own items mid-batch.
+            if target == collection_id || self.collections.get(target).is_none() {
+                return Err(SchemaChangeError::Schema(SchemaError::UnknownRefTarget { field: name.to_owned() }));
+            }
+        }
         check_default(name, field_type, default.as_value())?;
         Ok(schema)
     }
@@ -130,6 +145,22 @@ impl Engine {
         let new_schema = self.check_remove_field(collection_id, name)?;
         let field_id = self.collections.get(collection_id).expect("checked").collection.schema().field_id(name);
         let field_id = field_id.expect("checked");
+        // Derived fields (read through references) are positional and name target
+        // field ids, which shift: the windows reading through references out of this
+        // collection, or into it, end (see `references::forget_refs_of`).
+        let mut ended_by_refs = self.forget_refs_of(collection_id);
+        let referrers: Vec<CollectionId> = self
+            .collections
+            .get(collection_id)
+            .expect("checked")
+            .refs
+            .referrers
+            .iter()
+            .map(|&(referrer, _)| referrer)
+            .collect();
+        for referrer in referrers {
+            ended_by_refs.extend(self.forget_refs_of(referrer));
+        }
         // A view reads the field exactly when its definition names it, that is when
         // it no longer compiles without it.
         let mut recompiled = Vec::new();
@@ -160,7 +191,8 @@ impl Engine {
             view.sort = sort;
         }
         self.reset_windows_of(collection_id, sink);
-        Ok(ended)
+        ended_by_refs.extend(ended);
+        Ok(ended_by_refs)
     }
 
     /// Drops a collection: every window on it is closed (and returned, by window
@@ -170,15 +202,33 @@ impl Engine {
         if self.collections.get(collection_id).is_none() {
             return Err(SchemaChangeError::UnknownCollection);
         }
+        self.check_not_referenced(collection_id)?;
+        // First the views reading through its references, and its links out of the table of their targets.
+        let mut ended = self.forget_refs_of(collection_id);
         let views: Vec<usize> = (0..self.views.len())
             .filter(|&index| self.views[index].as_ref().is_some_and(|view| view.collection == collection_id.index))
             .collect();
-        let ended = self.close_windows_of_views(&views);
+        ended.extend(self.close_windows_of_views(&views));
         // A view lives only while it has windows, so none of the collection's is left.
         debug_assert!(self.views.iter().flatten().all(|view| view.collection != collection_id.index));
         let state = self.collections.remove(collection_id).expect("checked above");
         self.collection_by_name.remove(state.collection.name());
         Ok(ended)
+    }
+
+    /// Refuses to drop a collection that a ref field of another collection targets.
+    pub fn check_not_referenced(&self, collection_id: CollectionId) -> Result<(), SchemaChangeError> {
+        for state in self.collections.iter() {
+            for field in state.collection.schema().fields() {
+                if field.field_type.ref_target() == Some(collection_id) {
+                    return Err(SchemaChangeError::CollectionReferenced {
+                        by: state.collection.name().to_owned(),
+                        field: field.name.clone(),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Sends every window on the collection a `Reset` with its current items.
@@ -199,7 +249,7 @@ impl Engine {
 
     /// Closes every window of the listed views (which go with their last window);
     /// returns the windows, by index.
-    fn close_windows_of_views(&mut self, view_indices: &[usize]) -> Vec<WindowId> {
+    pub(super) fn close_windows_of_views(&mut self, view_indices: &[usize]) -> Vec<WindowId> {
         let mut ended: Vec<WindowId> = view_indices
             .iter()
             .flat_map(|&view_index| self.views[view_index].as_ref().expect("live view").windows.iter())

@@ -10,6 +10,8 @@ mod keyed_views;
 mod many_lists;
 mod many_windows;
 mod model;
+mod ref_fields;
+mod ref_model;
 mod reference;
 mod schema_model;
 mod window_changes;

@@ -39,7 +39,7 @@ fn random_value(rng: &mut Rng, field_type: FieldType) -> OwnedValue {
         return OwnedValue::Null;
     }
     match field_type {
-        FieldType::String => OwnedValue::Str(rng.pick(&NAMES).to_string()),
+        FieldType::String | FieldType::Ref(_) => OwnedValue::Str(rng.pick(&NAMES).to_string()),
         FieldType::U64 => OwnedValue::U64(rng.below(6) as u64),
         FieldType::I64 => OwnedValue::I64(rng.below(7) as i64 - 3),
         FieldType::Bool => OwnedValue::Bool(rng.chance(50)),
