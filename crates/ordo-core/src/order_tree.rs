@@ -189,7 +189,12 @@ impl OrderTree {
         // Slack of an eighth (as `reserve_arena_growth` adds later), so that the first
         // splits after a build reuse capacity instead of reallocating the arena.
         let n_leaves = entries.len().div_ceil(LEAF_CAPACITY);
-        tree.leaves.reserve_exact(n_leaves + n_leaves / 8 + 2);
+        // But never more than the tree can use while its size holds (every leaf but
+        // the root keeps at least `LEAF_MIN` entries): a 100-entry view, a user's
+        // room list, needs three leaves at most, and a fourth would be 13 bytes per
+        // entry never used.
+        let n_leaves_max = (entries.len() / LEAF_MIN).max(n_leaves);
+        tree.leaves.reserve_exact((n_leaves + n_leaves / 8 + 2).min(n_leaves_max));
         // (node, count, first entry) of the level being built.
         let mut level: Vec<(NodeIndex, u32, Entry)> = Vec::new();
         for chunk in balanced_chunks(entries.len(), LEAF_CAPACITY, LEAF_MIN) {
