@@ -62,6 +62,14 @@ impl CollectionId {
     pub fn generation(self) -> u32 {
         self.generation
     }
+
+    /// An id made of raw parts: for a store, which persists a `ref` field's target
+    /// as its own number for the collection and maps it back to a live id at open.
+    /// Names no collection of an engine unless those parts came from one.
+    #[doc(hidden)]
+    pub fn from_raw_parts(index: u32, generation: u32) -> CollectionId {
+        CollectionId { index, generation }
+    }
 }
 
 struct CollectionState {
@@ -198,16 +206,7 @@ impl Engine {
     }
 
     pub fn create_collection(&mut self, name: &str, schema: Schema) -> Result<CollectionId, CreateCollectionError> {
-        self.check_new_collection(name)?;
-        for field in schema.fields() {
-            if let Some(target) = field.field_type.ref_target() {
-                if self.collections.get(target).is_none() {
-                    return Err(CreateCollectionError::Schema(SchemaError::UnknownRefTarget {
-                        field: field.name.clone(),
-                    }));
-                }
-            }
-        }
+        self.check_create_collection(name, &schema)?;
         let collection_id = self.collections.insert(CollectionState {
             collection: Collection::new(name, schema),
             unkeyed_views: Vec::new(),
@@ -229,6 +228,22 @@ impl Engine {
         }
         if self.collections.len() >= limits::MAX_COLLECTIONS {
             return Err(CreateCollectionError::TooManyCollections { n_collections_max: limits::MAX_COLLECTIONS });
+        }
+        Ok(())
+    }
+
+    /// Checks that a collection named `name` with `schema` could be created now:
+    /// the name as [`Engine::check_new_collection`], and every `ref` field's target live.
+    pub fn check_create_collection(&self, name: &str, schema: &Schema) -> Result<(), CreateCollectionError> {
+        self.check_new_collection(name)?;
+        for field in schema.fields() {
+            if let Some(target) = field.field_type.ref_target() {
+                if self.collections.get(target).is_none() {
+                    return Err(CreateCollectionError::Schema(SchemaError::UnknownRefTarget {
+                        field: field.name.clone(),
+                    }));
+                }
+            }
         }
         Ok(())
     }

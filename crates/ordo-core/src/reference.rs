@@ -121,7 +121,7 @@ mod tests {
             if let Some(old) = naive[slot].take() {
                 index.unlink(slot as Slot, old);
             }
-            if state % 3 != 0 {
+            if !state.is_multiple_of(3) {
                 index.link(slot as Slot, hash);
                 naive[slot] = Some(hash);
             }

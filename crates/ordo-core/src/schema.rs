@@ -110,6 +110,10 @@ pub enum SchemaError {
     UnknownRefTarget {
         field: String,
     },
+    /// A `ref` field would close a cycle of references between collections.
+    RefCycle {
+        field: String,
+    },
 }
 
 impl std::fmt::Display for SchemaError {
@@ -121,6 +125,9 @@ impl std::fmt::Display for SchemaError {
             }
             SchemaError::TooManyFields { n_fields_max } => {
                 write!(f, "a schema holds at most {n_fields_max} fields")
+            }
+            SchemaError::RefCycle { field } => {
+                write!(f, "ref field `{field}` would make references between collections form a cycle")
             }
             SchemaError::UnknownRefTarget { field } => {
                 write!(f, "ref field `{field}` targets no existing collection (nor may it target its own)")

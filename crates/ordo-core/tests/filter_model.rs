@@ -98,7 +98,7 @@ fn random_value(prng: &mut Prng, field_type: FieldType) -> OwnedValue {
         FieldType::I64 => OwnedValue::I64(*prng.pick(&SIGNED_POOL)),
         FieldType::U64 => OwnedValue::U64(*prng.pick(&UNSIGNED_POOL)),
         FieldType::F64 => OwnedValue::F64(*prng.pick(&FLOAT_POOL)),
-        FieldType::String => OwnedValue::Str((*prng.pick(&TEXT_POOL)).to_owned()),
+        FieldType::String | FieldType::Ref(_) => OwnedValue::Str((*prng.pick(&TEXT_POOL)).to_owned()),
     }
 }
 
@@ -116,7 +116,7 @@ fn random_literal(prng: &mut Prng, field_type: FieldType) -> OwnedValue {
             1 => OwnedValue::U64(*prng.pick(&[0, 1, 7, 1 << 63])),
             _ => OwnedValue::F64(*prng.pick(&FLOAT_POOL)),
         },
-        FieldType::String => OwnedValue::Str(random_needle(prng)),
+        FieldType::String | FieldType::Ref(_) => OwnedValue::Str(random_needle(prng)),
     }
 }
 

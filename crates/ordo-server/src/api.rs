@@ -312,7 +312,9 @@ async fn route(
             let mut list: Vec<serde_json::Value> = routes
                 .iter()
                 .filter(|(_, entry)| identity.role == Role::Admin || rules.may_read(&identity, &entry.name))
-                .map(|(_, entry)| wire::schema_json(&entry.name, &entry.schema, None))
+                .map(|(_, entry)| {
+                    wire::schema_json(&entry.name, &entry.schema, None, |id| collection_name(&routes, id))
+                })
                 .collect();
             drop(routes);
             list.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
@@ -329,12 +331,12 @@ async fn route(
             let name = name.to_string();
             let body = read_body(request).await?;
             let schema_request: SchemaRequest = parse(&body)?;
-            let schema = schema_request.to_schema()?;
+            let schema = schema_request.to_schema(|target| collection_id(state, target))?;
             state.gate.take_creation(&identity)?;
             let (reply, answer) = oneshot::channel();
             send(state, Command::CreateCollection { name, schema, reply }).await?;
             let (created, entry) = answer.await.map_err(|_| ApiError::shutting_down())??;
-            let body = wire::schema_json(&entry.name, &entry.schema, None);
+            let body = collection_json(state, &entry, None);
             Ok(json_response(if created { 201 } else { 200 }, body.to_string().into_bytes()))
         }
         (&Method::POST, ["v1", "collections", name, "fields"]) => {
@@ -342,7 +344,7 @@ async fn route(
             let entry = schema_target(state, name)?;
             let body = read_body(request).await?;
             let add: wire::AddFieldRequest = parse(&body)?;
-            let (field_type, default) = add.typed()?;
+            let (field_type, default) = add.typed(|target| collection_id(state, target))?;
             let change = FieldChange::Add { name: add.name, field_type, default };
             change_fields(state, entry.id, change).await
         }
@@ -372,7 +374,7 @@ async fn route(
                 }
                 Grant::Where(_) => None,
             };
-            let body = wire::schema_json(&entry.name, &entry.schema, n_items);
+            let body = collection_json(state, &entry, n_items);
             Ok(json_response(200, body.to_string().into_bytes()))
         }
         (&Method::POST, ["v1", "collections", name, "batch"]) => {
@@ -525,6 +527,26 @@ async fn route(
 
 /// The collection a schema change or drop names (admins only reach here; the
 /// server's own collections are not theirs to change).
+/// The id of the collection a `ref` field names as its target (exact name).
+fn collection_id(state: &HttpState, name: &str) -> Option<ordo_core::CollectionId> {
+    let routes = state.routes.read().expect("routes lock");
+    routes.get(name).filter(|entry| entry.name == name).map(|entry| entry.id)
+}
+
+/// The name of a `ref` field's target (a scan: schemas are read rarely, refs are few).
+fn collection_name(
+    routes: &crate::name_routes::NameRoutes<Arc<CollectionEntry>>,
+    id: ordo_core::CollectionId,
+) -> Option<String> {
+    routes.iter().find(|(_, entry)| entry.id == id).map(|(_, entry)| entry.name.clone())
+}
+
+/// The collection JSON, with each `ref` field's target named.
+fn collection_json(state: &HttpState, entry: &CollectionEntry, n_items: Option<usize>) -> serde_json::Value {
+    let routes = state.routes.read().expect("routes lock");
+    wire::schema_json(&entry.name, &entry.schema, n_items, |id| collection_name(&routes, id))
+}
+
 fn schema_target(state: &HttpState, name: &str) -> Result<Arc<CollectionEntry>, ApiError> {
     if is_reserved_name(name) {
         return Err(ApiError::new(ErrorCode::Forbidden, format!("`{name}` is reserved for the server")));
@@ -541,7 +563,7 @@ async fn change_fields(
     let (reply, answer) = oneshot::channel();
     send(state, Command::ChangeFields { collection, change, reply }).await?;
     let (seq, entry) = answer.await.map_err(|_| ApiError::shutting_down())??;
-    let mut body = wire::schema_json(&entry.name, &entry.schema, None);
+    let mut body = collection_json(state, &entry, None);
     body["seq"] = seq.into();
     Ok(json_response(200, body.to_string().into_bytes()))
 }

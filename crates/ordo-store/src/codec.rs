@@ -1,17 +1,19 @@
-//! The on-disk encoding of keys and values (format 2; byte layouts in `docs/STORAGE.md`).
+//! The on-disk encoding of keys and values (format 3; byte layouts in `docs/STORAGE.md`).
 //!
 //! Every variable-length part carries its length in front of it, so decoding
 //! never scans for a delimiter, and every record starts with its own version
 //! byte. Integers are little-endian, except collection numbers in keys, which are
 //! big-endian so that LMDB's byte order groups a collection's items together.
 
-use ordo_core::{FieldType, Schema, Value};
+use ordo_core::{CollectionId, FieldType, Schema, Value};
 
 /// The layout version of the whole data directory, kept in the `meta` database.
 /// Format 2: schema changes and drops, each with its own sequence number that
 /// no log record carries, and item records with the item's version (see
 /// `docs/STORAGE.md`); a format-1 directory is upgraded at open.
-pub const FORMAT_VERSION: u32 = 2;
+/// Format 3: `ref` fields in schema records (type code 6 and the target's
+/// collection number); format-1 and format-2 directories open as they are.
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest format this build upgrades.
 pub const OLDEST_UPGRADABLE_FORMAT: u32 = 1;
 
@@ -126,6 +128,10 @@ pub fn encode_collection(buffer: &mut Vec<u8>, name: &str, schema: &Schema) {
     buffer.push(schema.len() as u8);
     for field in schema.fields() {
         buffer.push(field_type_code(field.field_type));
+        if let FieldType::Ref(target) = field.field_type {
+            // A stored schema's reference carries the target's collection number (see `stored_target`).
+            buffer.extend_from_slice(&(target.index() as u32).to_le_bytes());
+        }
         buffer.push(field.name.len() as u8);
         buffer.extend_from_slice(field.name.as_bytes());
     }
@@ -141,7 +147,10 @@ pub fn decode_collection(bytes: &[u8]) -> Result<(String, Schema), Corrupt> {
     let n_fields = reader.u8("a field count")?;
     let mut schema = Schema::new();
     for _ in 0..n_fields {
-        let field_type = field_type_from_code(reader.u8("a field type")?)?;
+        let mut field_type = field_type_from_code(reader.u8("a field type")?)?;
+        if let FieldType::Ref(_) = field_type {
+            field_type = FieldType::Ref(stored_target(reader.u32("a ref field's target collection number")?));
+        }
         let name_len = reader.u8("a field name length")? as usize;
         let field_name = reader.str(name_len, "a field name in UTF-8")?;
         schema = schema.try_with_field(field_name, field_type).map_err(|_| Corrupt("a valid schema"))?;
@@ -157,8 +166,21 @@ fn field_type_code(field_type: FieldType) -> u8 {
         FieldType::U64 => 3,
         FieldType::F64 => 4,
         FieldType::String => 5,
+        FieldType::Ref(_) => 6,
     }
 }
+
+/// The target of a `ref` field in a schema as the store keeps it: the raw id
+/// carries the target's collection number, which `Database` maps to and from
+/// the engine's `CollectionId` (see `database::stored_schema`).
+pub fn stored_target(collection_number: u32) -> CollectionId {
+    CollectionId::from_raw_parts(collection_number, STORED_TARGET_GENERATION)
+}
+
+/// The generation of a stored target id: no engine collection gets it in practice
+/// (a slot would have to be reused four billion times), and stored schemas never
+/// reach an engine unmapped.
+pub const STORED_TARGET_GENERATION: u32 = u32::MAX;
 
 fn field_type_from_code(code: u8) -> Result<FieldType, Corrupt> {
     Ok(match code {
@@ -167,7 +189,9 @@ fn field_type_from_code(code: u8) -> Result<FieldType, Corrupt> {
         3 => FieldType::U64,
         4 => FieldType::F64,
         5 => FieldType::String,
-        _ => return Err(Corrupt("a field type code 1..=5")),
+        // The target is read after the code.
+        6 => FieldType::Ref(stored_target(0)),
+        _ => return Err(Corrupt("a field type code 1..=6")),
     })
 }
 
@@ -302,7 +326,7 @@ fn walk_item<'a>(
             FieldType::I64 => Value::I64(reader.u64("an i64")? as i64),
             FieldType::U64 => Value::U64(reader.u64("a u64")?),
             FieldType::F64 => Value::F64(f64::from_bits(reader.u64("an f64")?)),
-            FieldType::String => {
+            FieldType::String | FieldType::Ref(_) => {
                 let len = reader.u32("a string length")? as usize;
                 Value::Str(reader.str(len, "a string in UTF-8")?)
             }

@@ -96,10 +96,19 @@ impl Database {
         let mut collection_numbers = Vec::with_capacity(stored.len());
         let mut engine_ids = Vec::with_capacity(stored.len());
         let mut schemas = Vec::with_capacity(stored.len());
+        // Targets of `ref` fields first: the engine binds a reference to a live collection.
+        let stored = schema_change::targets_first(stored).map_err(|_| StoreError::Corrupt {
+            dir: dir.to_owned(),
+            expected: "ref fields targeting stored collections",
+        })?;
         for collection in stored {
             schemas.push((collection.number, collection.schema.clone()));
+            let schema = schema_change::map_ref_targets(&collection.schema, |target| {
+                let index = collection_numbers.iter().position(|&number| number == target.index() as u32);
+                engine_ids[index.expect("ordered targets first")]
+            });
             let collection_id = engine
-                .create_collection(&collection.name, collection.schema)
+                .create_collection(&collection.name, schema)
                 .map_err(|_| StoreError::Corrupt { dir: dir.to_owned(), expected: "valid, unique collection names" })?;
             collection_numbers.push(collection.number);
             engine_ids.push(collection_id);
@@ -260,11 +269,11 @@ impl Database {
     /// Creates a collection durably.
     pub fn create_collection(&mut self, name: &str, schema: Schema) -> Result<CollectionId, StoreError> {
         // Checked first: a refused collection never reaches the disk.
-        self.engine.check_new_collection(name).map_err(StoreError::CreateCollection)?;
+        self.engine.check_create_collection(name, &schema).map_err(StoreError::CreateCollection)?;
         // A dropped collection's number may come back: its drop deleted its items
         // and checkpointed every log record before it (`docs/STORAGE.md`).
         let number = self.collection_numbers.iter().flatten().max().map_or(0, |&max| max + 1);
-        self.checkpointer.create_collection(number, name, schema.clone())?;
+        self.checkpointer.create_collection(number, name, self.stored_schema(&schema))?;
         let collection_id = self.engine.create_collection(name, schema).map_err(StoreError::CreateCollection)?;
         if collection_id.index() == self.collection_numbers.len() {
             self.collection_numbers.push(Some(number));

@@ -217,7 +217,7 @@ fn a_format_1_directory_is_upgraded_at_open() {
     let meta: heed::Database<heed::types::Bytes, heed::types::Bytes> =
         env.open_database(&txn, Some("meta")).unwrap().unwrap();
     assert_eq!(meta.get(&txn, b"format").unwrap(), Some(&FORMAT_VERSION.to_le_bytes()[..]));
-    assert_eq!(FORMAT_VERSION, 2);
+    assert_eq!(FORMAT_VERSION, 3);
 }
 
 /// "Reclaimed" as STORAGE.md says: a drop's pages go back to LMDB's freelist

@@ -226,6 +226,14 @@ impl Engine {
         }
     }
 
+    /// Heap bytes of a collection's reverse indexes (its derived columns count
+    /// in [`crate::Collection::heap_bytes`]), for memory accounting.
+    pub fn reference_heap_bytes(&self, collection_id: CollectionId) -> usize {
+        self.collections.get(collection_id).map_or(0, |state| {
+            state.refs.links.iter().map(|link| link.index.heap_bytes() + link.derived.capacity() * 4).sum()
+        })
+    }
+
     /// Records that a new view reads through the links in `mask`.
     pub(super) fn register_view_links(&mut self, collection_id: CollectionId, view_index: u32, mask: u64) {
         let index = view_index as usize;

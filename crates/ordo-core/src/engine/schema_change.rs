@@ -99,6 +99,10 @@ impl Engine {
             if target == collection_id || self.collections.get(target).is_none() {
                 return Err(SchemaChangeError::Schema(SchemaError::UnknownRefTarget { field: name.to_owned() }));
             }
+            // References form no cycle, so a store can always create targets first at open.
+            if self.refs_reach(target, collection_id) {
+                return Err(SchemaChangeError::Schema(SchemaError::RefCycle { field: name.to_owned() }));
+            }
         }
         check_default(name, field_type, default.as_value())?;
         Ok(schema)
@@ -214,6 +218,27 @@ impl Engine {
         let state = self.collections.remove(collection_id).expect("checked above");
         self.collection_by_name.remove(state.collection.name());
         Ok(ended)
+    }
+
+    /// Whether following `ref` fields from `from` (any number of hops) reaches `to`.
+    fn refs_reach(&self, from: CollectionId, to: CollectionId) -> bool {
+        let mut pending = vec![from];
+        let mut seen = Vec::new();
+        while let Some(collection) = pending.pop() {
+            if collection == to {
+                return true;
+            }
+            if seen.contains(&collection) {
+                continue;
+            }
+            seen.push(collection);
+            if let Some(state) = self.collections.get(collection) {
+                pending.extend(
+                    state.collection.schema().fields().iter().filter_map(|field| field.field_type.ref_target()),
+                );
+            }
+        }
+        false
     }
 
     /// Refuses to drop a collection that a ref field of another collection targets.

@@ -145,7 +145,7 @@ fn room_list_updates_allocate_nothing_in_steady_state() {
         }
     };
     // Warm-up: buffers, node arenas and per-slot strings reach their working size.
-    run_updates(&mut engine, &mut batch, &mut sink, 20_000);
+    run_updates(&mut engine, &mut batch, &mut sink, 5_000);
     let n_diffs_before = sink.n_diffs;
     let before = allocations_on_this_thread();
     run_updates(&mut engine, &mut batch, &mut sink, 20_000);
@@ -296,11 +296,95 @@ fn collated_view_updates_allocate_nothing_in_steady_state() {
             engine.apply_batch(people, batch, sink).unwrap();
         }
     };
-    run_updates(&mut engine, &mut batch, &mut sink, 20_000);
+    run_updates(&mut engine, &mut batch, &mut sink, 5_000);
     let n_diffs_before = sink.n_diffs;
     let before = allocations_on_this_thread();
     run_updates(&mut engine, &mut batch, &mut sink, 20_000);
     let allocations = allocations_on_this_thread() - before;
     assert!(sink.n_diffs > n_diffs_before, "the updates produced no diffs: the test measured nothing");
     assert_eq!(allocations, 0, "heap allocations during 20 000 steady-state updates of collated views");
+}
+
+/// Shared rooms and one membership collection keyed by owner (the `shared-rooms`
+/// layout): a new message is one update of a room, which moves that room in the
+/// list of every member (here up to 200 lists), and a reference changing room
+/// relinks it. Neither allocates once the engine's buffers have grown.
+#[test]
+fn reference_target_updates_allocate_nothing_in_steady_state() {
+    const N_ROOMS: usize = 200;
+    const N_USERS: usize = 300;
+    const ROOMS_PER_USER: usize = 20;
+    let mut engine = Engine::new();
+    let rooms = engine.create_collection("rooms", crate::ref_fields::rooms_schema()).unwrap();
+    let members = engine.create_collection("members", crate::ref_fields::members_schema(rooms)).unwrap();
+    let mut sink = ReadingSink::default();
+    let mut batch = Batch::new();
+    let room_ids: Vec<String> = (0..N_ROOMS).map(|room| format!("!room{room}:example.org")).collect();
+    for (index, id) in room_ids.iter().enumerate() {
+        // With a first preview: a room's first payload allocates its buffer, once.
+        let name = format!("room {index}");
+        batch.upsert(id).set("name", Value::Str(&name)).set("recency", Value::U64(index as u64)).payload(b"created");
+    }
+    engine.apply_batch(rooms, &batch, &mut sink).unwrap();
+    let mut rng = Rng(11);
+    let owners: Vec<String> = (0..N_USERS).map(|user| format!("@user{user}:example.org")).collect();
+    let mut member_ids = Vec::new();
+    batch.clear();
+    for owner in &owners {
+        let mut rooms_of_user = vec![0];
+        while rooms_of_user.len() < ROOMS_PER_USER {
+            // Room sizes skewed: low-numbered rooms have many members (room 0: all of them).
+            let room = rng.below(N_ROOMS).min(rng.below(N_ROOMS));
+            if !rooms_of_user.contains(&room) {
+                rooms_of_user.push(room);
+            }
+        }
+        for (slot, &room) in rooms_of_user.iter().enumerate() {
+            let id = format!("{owner}/{slot}");
+            batch.upsert(&id).set("owner", Value::Str(owner)).set("room", Value::Str(&room_ids[room]));
+            member_ids.push(id);
+        }
+    }
+    engine.apply_batch(members, &batch, &mut sink).unwrap();
+    for owner in &owners {
+        let def =
+            ViewDef::new(Filter::eq("owner", OwnedValue::Str(owner.clone())), vec![SortKey::desc("room.recency")]);
+        engine.open_window(members, &def, 0, 10, &mut sink).unwrap();
+    }
+
+    let mut recency = 1_000u64;
+    let mut run_updates = |engine: &mut Engine, batch: &mut Batch, sink: &mut ReadingSink, n: usize| {
+        for _ in 0..n {
+            recency += 1;
+            batch.clear();
+            if rng.below(20) == 0 {
+                // Two memberships of one user swap rooms, so that room sizes (and with
+                // them the windows a batch touches) do not drift to new highs, and a
+                // user is in a room once (as in chat), so a window's diffs per batch stay bounded.
+                let user = rng.below(N_USERS);
+                let first = user * ROOMS_PER_USER + rng.below(ROOMS_PER_USER);
+                let second = user * ROOMS_PER_USER + rng.below(ROOMS_PER_USER);
+                let room_of = |engine: &Engine, index: usize| {
+                    let item = engine.collection(members).unwrap().get(&member_ids[index]).unwrap();
+                    let Some(Value::Str(room)) = item.field_by_name("room") else { unreachable!() };
+                    room_ids.iter().position(|id| id == room).unwrap()
+                };
+                let (first_room, second_room) = (room_of(engine, first), room_of(engine, second));
+                batch.upsert(&member_ids[first]).set("room", Value::Str(&room_ids[second_room]));
+                batch.upsert(&member_ids[second]).set("room", Value::Str(&room_ids[first_room]));
+                engine.apply_batch(members, batch, sink).unwrap();
+            } else {
+                let room = rng.below(N_ROOMS).min(rng.below(N_ROOMS));
+                batch.upsert(&room_ids[room]).set("recency", Value::U64(recency)).payload(b"new message");
+                engine.apply_batch(rooms, batch, sink).unwrap();
+            }
+        }
+    };
+    run_updates(&mut engine, &mut batch, &mut sink, 5_000);
+    let n_diffs_before = sink.n_diffs;
+    let before = allocations_on_this_thread();
+    run_updates(&mut engine, &mut batch, &mut sink, 5_000);
+    let allocations = allocations_on_this_thread() - before;
+    assert!(sink.n_diffs > n_diffs_before + 5_000, "the updates produced few diffs: the test measured nothing");
+    assert_eq!(allocations, 0, "heap allocations during 5 000 steady-state room and reference updates");
 }

@@ -169,6 +169,16 @@ fn bad_references_are_refused() {
         engine.add_field(members, "self", FieldType::Ref(members), &OwnedValue::Null, &mut sink),
         Err(SchemaChangeError::Schema(SchemaError::UnknownRefTarget { field: "self".into() }))
     );
+    // References form no cycle (a store creates targets first when it loads).
+    assert_eq!(
+        engine.add_field(rooms, "back", FieldType::Ref(members), &OwnedValue::Null, &mut sink),
+        Err(SchemaChangeError::Schema(SchemaError::RefCycle { field: "back".into() }))
+    );
+    // References form no cycle (a store creates targets first when it loads).
+    assert_eq!(
+        engine.add_field(rooms, "back", FieldType::Ref(members), &OwnedValue::Null, &mut sink),
+        Err(SchemaChangeError::Schema(SchemaError::RefCycle { field: "back".into() }))
+    );
     // Dropping a referenced collection is refused until the ref field is removed.
     assert_eq!(
         engine.drop_collection(rooms),

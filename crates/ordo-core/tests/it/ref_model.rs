@@ -12,8 +12,8 @@
 use std::collections::BTreeMap;
 
 use ordo_core::{
-    Batch, CollectingSink, CollectionId, CompareOp, Engine, FieldType, Filter, OwnedDiff, OwnedItem, OwnedValue, Schema,
-    SortKey, Value, ViewDef, WindowId,
+    Batch, CollectingSink, CollectionId, CompareOp, Engine, FieldType, Filter, OwnedDiff, OwnedItem, OwnedValue,
+    Schema, SortKey, Value, ViewDef, WindowId,
 };
 
 use crate::ref_fields::{members_schema, rooms_schema};
@@ -89,13 +89,22 @@ impl Model {
                 Some(room) => fields.extend(room.fields.iter().cloned()),
                 None => fields.extend([OwnedValue::Null, OwnedValue::Null, OwnedValue::Null]),
             }
-            joined.items.insert(member.id.clone(), OwnedItem { id: member.id.clone(), fields, payload: member.payload.clone() });
+            joined.items.insert(
+                member.id.clone(),
+                OwnedItem { id: member.id.clone(), fields, payload: member.payload.clone() },
+            );
         }
         joined
     }
 }
 
-fn upsert_naive(map: &mut BTreeMap<String, OwnedItem>, n_fields: usize, id: &str, sets: &[(usize, OwnedValue)], payload: Option<&[u8]>) {
+fn upsert_naive(
+    map: &mut BTreeMap<String, OwnedItem>,
+    n_fields: usize,
+    id: &str,
+    sets: &[(usize, OwnedValue)],
+    payload: Option<&[u8]>,
+) {
     let item = map.entry(id.to_owned()).or_insert_with(|| OwnedItem {
         id: id.to_owned(),
         fields: vec![OwnedValue::Null; n_fields],
@@ -155,7 +164,9 @@ fn rooms_batch(rng: &mut Rng, model: &mut Model, batch: &mut Batch) -> Vec<&'sta
 /// The values a diff carries (an item whose shown data changed must be among them).
 fn carried(diff: &OwnedDiff) -> Vec<&str> {
     match diff {
-        OwnedDiff::Append { values } | OwnedDiff::Reset { values } => values.iter().map(|item| item.id.as_str()).collect(),
+        OwnedDiff::Append { values } | OwnedDiff::Reset { values } => {
+            values.iter().map(|item| item.id.as_str()).collect()
+        }
         OwnedDiff::PushFront { value }
         | OwnedDiff::PushBack { value }
         | OwnedDiff::Insert { value, .. }
@@ -200,7 +211,13 @@ struct OpenWindow {
     local: Vec<OwnedItem>,
 }
 
-fn open(engine: &mut Engine, members: CollectionId, defs: &[ViewDef], rng: &mut Rng, sink: &mut CollectingSink) -> OpenWindow {
+fn open(
+    engine: &mut Engine,
+    members: CollectionId,
+    defs: &[ViewDef],
+    rng: &mut Rng,
+    sink: &mut CollectingSink,
+) -> OpenWindow {
     let def = rng.below(defs.len());
     let (offset, limit) = (rng.below(3), 1 + rng.below(6));
     let id = engine.open_window(members, &defs[def], offset, limit, sink).unwrap();
@@ -254,7 +271,10 @@ fn run(seed: u64, n_steps: usize) {
             // through the reference (a projection may show any room field or its payload).
             if window.def == NO_REF_VIEW {
                 // Not visited by a room's change.
-                assert!(touched_rooms.is_empty() || n_diffs == 0, "seed {seed}, step {step}: a view not reading rooms changed");
+                assert!(
+                    touched_rooms.is_empty() || n_diffs == 0,
+                    "seed {seed}, step {step}: a view not reading rooms changed"
+                );
             } else {
                 for item in &window.local {
                     let room = match &item.fields[1] {

@@ -37,8 +37,8 @@ impl Database {
         let change = SchemaChange::Fields {
             number,
             name: old.name().to_owned(),
-            old_schema: old.schema().clone(),
-            new_schema,
+            old_schema: self.stored_schema(old.schema()),
+            new_schema: self.stored_schema(&new_schema),
             change: FieldChange::Added { default: default.clone() },
         };
         let seq = self.commit_change(change)?;
@@ -61,8 +61,8 @@ impl Database {
         let change = SchemaChange::Fields {
             number,
             name: old.name().to_owned(),
-            old_schema: old.schema().clone(),
-            new_schema,
+            old_schema: self.stored_schema(old.schema()),
+            new_schema: self.stored_schema(&new_schema),
             change: FieldChange::Removed { field_index },
         };
         let seq = self.commit_change(change)?;
@@ -75,10 +75,22 @@ impl Database {
     /// Returns the drop's sequence number.
     pub fn drop_collection(&mut self, collection: CollectionId) -> Result<(u64, Vec<WindowId>), StoreError> {
         let (number, _) = self.live(collection)?;
+        // A collection a `ref` field targets stays until that field is removed.
+        self.engine.check_not_referenced(collection).map_err(StoreError::SchemaChange)?;
         let seq = self.commit_change(SchemaChange::Drop { number })?;
         let ended = self.engine.drop_collection(collection).expect("checked before the disk");
         self.collection_numbers[collection.index()] = None;
         Ok((seq, ended))
+    }
+
+    /// `schema` as the store keeps it: each `ref` field's target is the target
+    /// collection's number (the engine's ids live only as long as the process).
+    pub(crate) fn stored_schema(&self, schema: &ordo_core::Schema) -> ordo_core::Schema {
+        let numbers = &self.collection_numbers;
+        map_ref_targets(schema, |target| {
+            let number = numbers[target.index()].expect("a ref field targets a live collection");
+            crate::codec::stored_target(number)
+        })
     }
 
     fn live(&self, collection: CollectionId) -> Result<(u32, &ordo_core::Collection), StoreError> {
@@ -102,4 +114,47 @@ impl Database {
         self.remove_checkpointed_log();
         Ok(seq)
     }
+}
+
+/// `schema` with every `ref` field's target replaced by `map(target)`.
+pub(crate) fn map_ref_targets(
+    schema: &ordo_core::Schema,
+    mut map: impl FnMut(CollectionId) -> CollectionId,
+) -> ordo_core::Schema {
+    let mut mapped = ordo_core::Schema::new();
+    for field in schema.fields() {
+        let field_type = match field.field_type {
+            FieldType::Ref(target) => FieldType::Ref(map(target)),
+            other => other,
+        };
+        mapped = mapped.try_with_field(&field.name, field_type).expect("the same names as a valid schema");
+    }
+    mapped
+}
+
+/// Orders stored collections so that every `ref` field's target comes before the
+/// collection holding it (the engine refuses cycles, so an order exists), keeping
+/// the stored order otherwise. Fails when a target is not among them. Linear in the
+/// collections per level of references (one level in practice).
+pub(crate) fn targets_first(
+    stored: Vec<crate::store::StoredCollection>,
+) -> Result<Vec<crate::store::StoredCollection>, ()> {
+    let has_refs = |collection: &crate::store::StoredCollection| {
+        collection.schema.fields().iter().any(|field| field.field_type.ref_target().is_some())
+    };
+    let (mut ordered, mut pending): (Vec<_>, Vec<_>) = stored.into_iter().partition(|collection| !has_refs(collection));
+    let mut done: std::collections::HashSet<u32> = ordered.iter().map(|collection| collection.number).collect();
+    while !pending.is_empty() {
+        let (ready, rest): (Vec<_>, Vec<_>) = pending.into_iter().partition(|collection| {
+            let mut targets = collection.schema.fields().iter().filter_map(|field| field.field_type.ref_target());
+            targets.all(|target| done.contains(&(target.index() as u32)))
+        });
+        if ready.is_empty() {
+            return Err(());
+        }
+        done.extend(ready.iter().map(|collection| collection.number));
+        ordered.extend(ready);
+        pending = rest;
+    }
+    Ok(ordered)
 }
