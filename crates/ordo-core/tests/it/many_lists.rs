@@ -52,9 +52,9 @@ fn many_lists(n_lists: usize) -> (Engine, Vec<CollectionId>, Vec<Vec<usize>>) {
         batch.clear();
         // Round `list / (n_lists / LISTS_PER_ROOM)` deals out every room once.
         let first_room = (list % (n_lists / LISTS_PER_ROOM)) * ROOMS_PER_LIST;
-        for room in first_room..first_room + ROOMS_PER_LIST {
+        for (room, lists) in lists_of_room.iter_mut().enumerate().skip(first_room).take(ROOMS_PER_LIST) {
             add_room(&mut batch, room, &mut rng);
-            lists_of_room[room].push(list);
+            lists.push(list);
         }
         engine.apply_batch(collection, &batch, &mut sink).unwrap();
         let window = engine.open_window(collection, &room_list_def(), 0, 20, &mut sink).unwrap();
