@@ -398,7 +398,7 @@ mod tests {
 
     #[test]
     fn memberships_are_distinct_per_user_and_indexed_both_ways() {
-        let data = generate(300, 200, 3);
+        let data = generate(300, 1_000, 3);
         assert_eq!(data.memberships(), 300 * ROOMS_PER_USER);
         for user in 0..data.users {
             let mut rooms = data.rooms_of(user).to_vec();
