@@ -101,6 +101,8 @@ struct Inner {
 // The layout is part of the memory budget (≤ 40 bytes per room per view): pin it.
 const _: () = assert!(std::mem::size_of::<Leaf>() <= 16 + LEAF_CAPACITY * 20);
 const _: () = assert!(std::mem::size_of::<Inner>() <= 16 + INNER_CAPACITY * 28);
+// `find_u32` scans whole nodes of 64.
+const _: () = assert!(LEAF_CAPACITY == 64 && INNER_CAPACITY == 64);
 
 impl Leaf {
     fn empty() -> Leaf {
@@ -255,9 +257,7 @@ impl OrderTree {
     /// Starts the slot → leaf map if the tree is large and its slots dense
     /// enough (`max_slot`: the largest slot in the tree). One allocation, once.
     fn try_enable_slot_map(&mut self, max_slot: Slot) {
-        if self.leaf_of.is_some()
-            || self.len < SLOT_MAP_MIN_LEN
-            || max_slot as usize >= SLOT_MAP_MAX_SPREAD * self.len
+        if self.leaf_of.is_some() || self.len < SLOT_MAP_MIN_LEN || max_slot as usize >= SLOT_MAP_MAX_SPREAD * self.len
         {
             return;
         }
@@ -282,6 +282,7 @@ impl OrderTree {
     }
 
     /// Whether the tree keeps the slot → leaf map (so `remove_slot` works).
+    #[cfg(test)]
     pub(crate) fn has_slot_map(&self) -> bool {
         self.leaf_of.is_some()
     }
@@ -330,7 +331,62 @@ impl OrderTree {
 
     /// Inserts an entry that is not in the tree; returns its rank.
     pub(crate) fn insert(&mut self, entry: Entry, compare: impl Fn(Entry, Entry) -> Ordering) -> usize {
-        let (rank, split) = self.insert_below(self.root, self.height, entry, &compare);
+        let rank = match self.insert_into_first_leaf(entry, &compare) {
+            Some(rank) => rank,
+            None => self.insert_with_search(entry, &compare),
+        };
+        if self.len == SLOT_MAP_MIN_LEN && self.leaf_of.is_none() {
+            // A tree that grew to the size: decide once per crossing (O(size)).
+            let mut max_slot = 0;
+            self.for_each_leaf(self.root, self.height, &mut |_, leaf| {
+                max_slot = leaf.slots[..leaf.len as usize].iter().copied().fold(max_slot, Slot::max);
+            });
+            self.try_enable_slot_map(max_slot);
+        }
+        rank
+    }
+
+    /// The chat case: an entry that belongs in the first leaf (a room moving to
+    /// the top), when that leaf has room. Down the first children, one prefix
+    /// compare per level against the second child's first entry; then the
+    /// counts and first entries of the first children, without the general
+    /// descent's search and sums. `None`: insert with the search.
+    fn insert_into_first_leaf(&mut self, entry: Entry, compare: &impl Fn(Entry, Entry) -> Ordering) -> Option<usize> {
+        let mut node = self.root;
+        for _ in 0..self.height {
+            let inner = &self.inners[node as usize];
+            if inner.len > 1 && entry.prefix >= inner.first_prefixes[1] {
+                return None;
+            }
+            node = inner.children[0];
+        }
+        let leaf = &mut self.leaves[node as usize];
+        let len = leaf.len as usize;
+        if len == LEAF_CAPACITY {
+            return None;
+        }
+        let position = partition_point_leaf(leaf, entry, compare);
+        leaf.prefixes.copy_within(position..len, position + 1);
+        leaf.slots.copy_within(position..len, position + 1);
+        leaf.prefixes[position] = entry.prefix;
+        leaf.slots[position] = entry.slot;
+        leaf.len += 1;
+        let mut node = self.root;
+        for _ in 0..self.height {
+            let inner = &mut self.inners[node as usize];
+            inner.counts[0] += 1;
+            if position == 0 {
+                inner.set_first(0, entry);
+            }
+            node = inner.children[0];
+        }
+        self.map_slot(entry.slot, node);
+        self.len += 1;
+        Some(position)
+    }
+
+    fn insert_with_search(&mut self, entry: Entry, compare: &impl Fn(Entry, Entry) -> Ordering) -> usize {
+        let (rank, split) = self.insert_below(self.root, self.height, entry, compare);
         if let Some(split) = split {
             let old_root = self.root;
             let old_root_first = self.first_entry(old_root, self.height);
@@ -343,14 +399,6 @@ impl OrderTree {
             self.fix_parents(self.root, self.height);
         }
         self.len += 1;
-        if self.len == SLOT_MAP_MIN_LEN && self.leaf_of.is_none() {
-            // A tree that grew to the size: decide once per crossing (O(size)).
-            let mut max_slot = 0;
-            self.for_each_leaf(self.root, self.height, &mut |_, leaf| {
-                max_slot = leaf.slots[..leaf.len as usize].iter().copied().fold(max_slot, Slot::max);
-            });
-            self.try_enable_slot_map(max_slot);
-        }
         rank
     }
 
@@ -379,10 +427,8 @@ impl OrderTree {
         leaf_of[slot as usize] = NO_NODE;
         let leaf = &mut self.leaves[leaf_index as usize];
         let len = leaf.len as usize;
-        let position = leaf.slots[..len]
-            .iter()
-            .position(|&other| other == slot)
-            .expect("the slot → leaf map names the slot's leaf");
+        let position = find_u32(&leaf.slots, slot);
+        assert!(position < len, "the slot → leaf map names the slot's leaf");
         let prefix = leaf.prefixes[position];
         leaf.prefixes.copy_within(position + 1..len, position);
         leaf.slots.copy_within(position + 1..len, position);
@@ -391,12 +437,11 @@ impl OrderTree {
         let mut rank = position;
         let mut child = leaf_index;
         for height in 1..=self.height {
-            let node = if height == 1 { self.leaves[child as usize].parent } else { self.inners[child as usize].parent };
+            let node =
+                if height == 1 { self.leaves[child as usize].parent } else { self.inners[child as usize].parent };
             let inner = &mut self.inners[node as usize];
-            let child_index = inner.children[..inner.len as usize]
-                .iter()
-                .position(|&other| other == child)
-                .expect("a node's parent lists it");
+            let child_index = find_u32(&inner.children, child);
+            assert!(child_index < inner.len as usize, "a node's parent lists it");
             inner.counts[child_index] -= 1;
             rank += inner.counts[..child_index].iter().map(|&count| count as usize).sum::<usize>();
             self.after_child_removal(node, height, child_index, child);
@@ -871,6 +916,22 @@ impl OrderTree {
     }
 }
 
+/// The index of the first `needle` in `haystack` (64 if none), comparing 16 at
+/// a time into a bit mask, which the compiler turns into vector compares: a
+/// node's first `len` places hold distinct values and the rest stale ones, so
+/// the first match of a value known to be among the `len` is the right one.
+#[inline]
+fn find_u32(haystack: &[u32; 64], needle: u32) -> usize {
+    for (chunk_index, chunk) in haystack.chunks_exact(16).enumerate() {
+        let mask =
+            chunk.iter().enumerate().fold(0u32, |mask, (index, &value)| mask | (u32::from(value == needle) << index));
+        if mask != 0 {
+            return chunk_index * 16 + mask.trailing_zeros() as usize;
+        }
+    }
+    64
+}
+
 /// Places a node in its arena, reusing a freed place when there is one.
 fn alloc_node<T>(arena: &mut Vec<T>, free: &mut Vec<NodeIndex>, node: T) -> NodeIndex {
     match free.pop() {
@@ -1074,6 +1135,47 @@ mod tests {
         }
         // Both kinds of tree were exercised, including maps started by growth (seed % 4 == 0).
         assert!(n_with_map >= 10, "only {n_with_map} trees with a slot map");
+    }
+
+    #[test]
+    fn front_churn_matches_model() {
+        // The chat pattern: an entry leaves a random place and enters near the front
+        // (behind a few pinned entries), through `insert_into_first_leaf` while the
+        // first leaf has room and the search when it splits; removal by slot.
+        let n = 5_000usize;
+        let secondary = vec![0u64; n];
+        let compare = compare_with(&secondary);
+        let pinned = 4u128;
+        let mut top = 1u128 << 40;
+        let mut prefixes: Vec<u128> =
+            (0..n).map(|i| if (i as u128) < pinned { i as u128 } else { top + i as u128 }).collect();
+        let mut model: Vec<Entry> = (0..n).map(|i| Entry { prefix: prefixes[i], slot: i as Slot }).collect();
+        model.sort_by(|&a, &b| compare(a, b));
+        let packed: Vec<PackedEntry> = model.iter().map(|e| PackedEntry::new(e.prefix, e.slot)).collect();
+        let mut tree = OrderTree::from_sorted(&packed);
+        assert!(tree.has_slot_map());
+        let mut rng = Rng(11);
+        for step in 0..20_000 {
+            let slot = pinned as usize + rng.below((n - pinned as usize) as u64) as usize;
+            let entry = Entry { prefix: prefixes[slot], slot: slot as Slot };
+            let expected = model.iter().position(|&e| e == entry).unwrap();
+            assert_eq!(tree.remove_slot(slot as Slot), Some((expected, entry.prefix)), "step {step}: remove");
+            model.remove(expected);
+            top -= 1;
+            prefixes[slot] = top;
+            let entry = Entry { prefix: top, slot: slot as Slot };
+            let expected = model.partition_point(|&e| compare(e, entry) == Ordering::Less);
+            assert_eq!(expected, pinned as usize);
+            assert_eq!(tree.insert(entry, &compare), expected, "step {step}: insert");
+            model.insert(expected, entry);
+            if step % 500 == 0 {
+                tree.check_invariants(&compare);
+                let mut slots = Vec::new();
+                tree.collect_range(0, n, &mut slots);
+                assert!(slots.iter().eq(model.iter().map(|e| &e.slot)), "step {step}: contents");
+            }
+        }
+        tree.check_invariants(&compare);
     }
 
     #[test]
