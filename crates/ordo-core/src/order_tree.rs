@@ -406,7 +406,12 @@ impl OrderTree {
     pub(crate) fn remove(&mut self, entry: Entry, compare: impl Fn(Entry, Entry) -> Ordering) -> usize {
         let rank = self.remove_below(self.root, self.height, entry, &compare);
         self.len -= 1;
-        // A root with a single child is replaced by that child.
+        self.collapse_root();
+        rank
+    }
+
+    /// A root with a single child is replaced by that child.
+    fn collapse_root(&mut self) {
         while self.height > 0 && self.inners[self.root as usize].len == 1 {
             let old_root = self.root;
             self.root = self.inners[old_root as usize].children[0];
@@ -414,7 +419,6 @@ impl OrderTree {
             self.height -= 1;
             self.set_parent(self.root, self.height, NO_NODE);
         }
-        rank
     }
 
     /// Removes the entry of `slot` found through the slot → leaf map, without a
@@ -448,13 +452,7 @@ impl OrderTree {
             child = node;
         }
         self.len -= 1;
-        while self.height > 0 && self.inners[self.root as usize].len == 1 {
-            let old_root = self.root;
-            self.root = self.inners[old_root as usize].children[0];
-            self.free_inners.push(old_root);
-            self.height -= 1;
-            self.set_parent(self.root, self.height, NO_NODE);
-        }
+        self.collapse_root();
         Some((rank, prefix))
     }
 
