@@ -98,6 +98,15 @@ class OrdoServer:
                 self.process.wait()
         self.process = None
 
+    def kill(self) -> None:
+        """SIGKILL (no clean close of any connection), then wait for the process to end."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 

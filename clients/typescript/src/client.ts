@@ -1,6 +1,7 @@
 import { jwtTimes, refreshDelayMs } from "./auth.js";
 import { Emitter } from "./emitter.js";
 import { OrdoError } from "./errors.js";
+import { NodeRotation } from "./nodes.js";
 import { type EndedReason, lossError, ProtocolState, type ProtocolEvent } from "./protocol.js";
 import {
   PROTOCOL_VERSION,
@@ -29,8 +30,12 @@ export interface ReconnectOptions {
 }
 
 export interface OrdoClientOptions {
-  /** The WebSocket URL, such as `ws://127.0.0.1:7070/v1/ws`. */
-  url: string;
+  /**
+   * The WebSocket URL, such as `ws://127.0.0.1:7070/v1/ws`, or the URLs of several nodes
+   * of one cluster: the client uses the first, and on a lost connection (or a failed
+   * connect) moves to the next, round robin (README "Several nodes").
+   */
+  url: string | readonly string[];
   /**
    * A WebSocket constructor (the browser's, Node's, or the `ws` package's);
    * defaults to `globalThis.WebSocket`.
@@ -49,6 +54,12 @@ export interface OrdoClientOptions {
    * token) and when the server says it expired. Wins over `token`.
    */
   tokenProvider?: () => string | Promise<string>;
+}
+
+/** The client moved to another node: `from` served it before, `to` serves it now (its handshake is done). */
+export interface Failover {
+  from: string;
+  to: string;
 }
 
 /** What a list reports after each frame that changed it. */
@@ -100,7 +111,7 @@ const MAX_WINDOW_LIMIT = 1000;
 const CLOSE_UNAUTHORIZED = 4401;
 const MAX_WINDOW_OFFSET = 0xffff_ffff;
 
-type ClientEvents = { state: ConnectionState; error: OrdoError; auth: AuthIdentity; ended: ListEnded };
+type ClientEvents = { state: ConnectionState; error: OrdoError; auth: AuthIdentity; ended: ListEnded; failover: Failover };
 type ListEvents = { change: ListChange; error: OrdoError; ended: ListEnded };
 
 function copyDefinition(definition: WindowDefinition): WindowDefinition {
@@ -142,6 +153,8 @@ export class LiveList {
   private _error: OrdoError | null = null;
   private _total: number | null = null;
   private _writeSeq: number | null = null;
+  /** The greatest `write_seq` applied so far: the `min_seq` of every later subscribe or resume of this list. */
+  private _floorSeq: number | null = null;
   private _ended: ListEnded | null = null;
   private readonly emitter = new Emitter<ListEvents>();
   private settled = false;
@@ -204,6 +217,15 @@ export class LiveList {
     return this._writeSeq;
   }
 
+  /**
+   * The greatest `write_seq` this list has applied (null: none yet). Every later
+   * subscribe or resume of it (after a reconnection, on this node or another) asks for
+   * `min_seq` = this, so the list never goes back in time.
+   */
+  get floorSeq(): number | null {
+    return this._floorSeq;
+  }
+
   /** Why the server ended the subscription (`status` is then `ended`), or null. */
   get ended(): ListEnded | null {
     return this._ended;
@@ -251,6 +273,9 @@ export class LiveList {
     this._seq = seq;
     this._total = change.total;
     this._writeSeq = change.write_seq;
+    if (change.write_seq !== null && (this._floorSeq === null || change.write_seq > this._floorSeq)) {
+      this._floorSeq = change.write_seq;
+    }
     if (this._status === "subscribing") this._status = "live";
     if (!this.settled) {
       this.settled = true;
@@ -305,7 +330,9 @@ export class LiveList {
  * exponential backoff and resumes every subscription where it left off.
  */
 export class OrdoClient {
-  private readonly url: string;
+  private readonly nodes: NodeRotation;
+  /** The node whose connection last completed its handshake (null: none yet). */
+  private servedBy: string | null = null;
   // eslint-disable-next-line @typescript-eslint/no-explicit-any
   private readonly Socket: any;
   private readonly initialDelayMs: number;
@@ -335,7 +362,6 @@ export class OrdoClient {
   private _state: ConnectionState = "connecting";
   /** The session to name in the next `resume`. */
   private resumeSession: string | null = null;
-  private attempt = 0;
   private reconnectTimer: ReturnType<typeof setTimeout> | null = null;
   private handshakeTimer: ReturnType<typeof setTimeout> | null = null;
   private nextId = 0;
@@ -347,7 +373,6 @@ export class OrdoClient {
   private drainTimer: ReturnType<typeof setTimeout> | null = null;
 
   constructor(options: OrdoClientOptions) {
-    this.url = options.url;
     this.Socket = options.WebSocket ?? (globalThis as { WebSocket?: unknown }).WebSocket;
     if (typeof this.Socket !== "function") {
       throw new TypeError(
@@ -357,6 +382,7 @@ export class OrdoClient {
     this.initialDelayMs = Math.max(1, options.reconnect?.initialDelayMs ?? DEFAULT_INITIAL_DELAY_MS);
     this.maxDelayMs = Math.max(this.initialDelayMs, options.reconnect?.maxDelayMs ?? DEFAULT_MAX_DELAY_MS);
     this.reconnectEnabled = options.reconnect?.enabled ?? true;
+    this.nodes = new NodeRotation(options.url, this.initialDelayMs, this.maxDelayMs);
     this.token = options.token;
     this.tokenProvider = options.tokenProvider;
     if (this.token !== undefined && typeof this.token !== "string") throw new TypeError("`token` must be a string");
@@ -375,6 +401,16 @@ export class OrdoClient {
     return this._state;
   }
 
+  /** The URL of the node in use (or being connected to). */
+  get currentUrl(): string {
+    return this.nodes.current;
+  }
+
+  /** Every node URL the client was given, in rotation order. */
+  get urls(): readonly string[] {
+    return this.nodes.all;
+  }
+
   /** Who the server says the connection is (from `authed`), or null (no auth, or not yet). */
   get identity(): AuthIdentity | null {
     return this._identity;
@@ -391,6 +427,8 @@ export class OrdoClient {
   on(event: "auth", listener: (identity: AuthIdentity) => void): () => void;
   /** The server ended a subscription (`ended`): also reported on the list, which then has status `ended`. */
   on(event: "ended", listener: (ended: ListEnded) => void): () => void;
+  /** The client is served by another node than before (after a lost node, or a node that lags). */
+  on(event: "failover", listener: (failover: Failover) => void): () => void;
   on(event: keyof ClientEvents, listener: (value: never) => void): () => void {
     return this.emitter.on(event, listener as (value: ClientEvents[typeof event]) => void);
   }
@@ -449,11 +487,12 @@ export class OrdoClient {
 
   private connect(): void {
     this.reconnectTimer = null;
+    const url = this.nodes.current;
     let socket: SocketLike;
     try {
-      socket = new this.Socket(this.url) as SocketLike;
+      socket = new this.Socket(url) as SocketLike;
     } catch (error) {
-      this.emitter.emit("error", new OrdoError("connect", `cannot connect to ${this.url}: ${String(error)}`));
+      this.emitter.emit("error", new OrdoError("connect", `cannot connect to ${url}: ${String(error)}`));
       this.onSocketGone(undefined);
       return;
     }
@@ -467,7 +506,7 @@ export class OrdoClient {
       } catch {
         // Closing a socket that is still connecting may throw in some implementations.
       }
-      this.emitter.emit("error", new OrdoError("protocol", `no welcome (or no authed) from ${this.url} in ${HANDSHAKE_TIMEOUT_MS} ms`));
+      this.emitter.emit("error", new OrdoError("protocol", `no welcome (or no authed) from ${url} in ${HANDSHAKE_TIMEOUT_MS} ms`));
       this.onSocketGone(undefined);
     }, HANDSHAKE_TIMEOUT_MS);
     socket.onmessage = (event) => {
@@ -535,12 +574,13 @@ export class OrdoClient {
     this.scheduleReconnect();
   }
 
-  /** Connects again after the backoff's delay (exponential, capped, with jitter). */
+  /**
+   * Connects again, to the next node (round robin), after a jitter within a round of the
+   * nodes or the backoff's delay (exponential, capped, with jitter) once a round failed.
+   */
   private scheduleReconnect(): void {
     this.setState("reconnecting");
-    const ceiling = Math.min(this.maxDelayMs, this.initialDelayMs * 2 ** Math.min(this.attempt, 30));
-    this.attempt += 1;
-    const delay = ceiling / 2 + Math.random() * (ceiling / 2);
+    const delay = this.nodes.fail();
     this.reconnectTimer = setTimeout(() => this.connect(), delay);
   }
 
@@ -595,7 +635,10 @@ export class OrdoClient {
     list.sentDefinition = copyDefinition(list.definition);
     list.beforeChange = null;
     list.changePending = false;
-    this.send({ op: "subscribe", sub: list.id, ...list.sentDefinition });
+    const message: ClientMessage = { op: "subscribe", sub: list.id, ...list.sentDefinition };
+    // Never older than what the list already showed (it may be another node's answer).
+    if (list.floorSeq !== null) message.min_seq = list.floorSeq;
+    this.send(message);
   }
 
   /** @internal A list's window changed: tell the server now if it can take it. */
@@ -701,6 +744,7 @@ export class OrdoClient {
         for (const failure of event.failed) {
           const list = this.lists.get(failure.sub);
           if (!list) continue;
+          if (this.behindList(list, failure.code, failure.message)) continue;
           this.lists.delete(failure.sub);
           list._fail(new OrdoError(failure.code, failure.message, failure.sub), true);
         }
@@ -739,6 +783,7 @@ export class OrdoClient {
           return;
         }
         if (event.refused === "subscribe") {
+          if (this.behindList(list, event.code, event.message)) return;
           this.lists.delete(list.id);
           list._fail(error, true);
           return;
@@ -804,6 +849,25 @@ export class OrdoClient {
     for (const list of this.lists.values()) this.restartList(list);
   }
 
+  /**
+   * A refused subscribe or resume entry that another node may take: `lagging` (the node
+   * is too far behind its cluster's log to take subscribers), or, for a list that has
+   * shown data, `seq_not_reached` (this node has not caught up with what the list showed).
+   * The list keeps its items (status `subscribing`), and the client moves to the next
+   * node, where it resumes (the same node again with one URL, after the backoff). Returns
+   * false for any other refusal, handled as before.
+   */
+  private behindList(list: LiveList, code: string, message: string): boolean {
+    const behind = code === "lagging" || (code === "seq_not_reached" && list.floorSeq !== null);
+    if (!behind || !this.reconnectEnabled) return false;
+    list._fail(new OrdoError(code, message, list.id), false);
+    list._restarting();
+    // The refusal removed it from the core: it is subscribed afresh on the next connection.
+    this.core.subscribe(list.id);
+    this.restartConnection(true, "node behind");
+    return true;
+  }
+
   /** The subscription is live or being subscribed: no `unsubscribed` is awaited for it. */
   private isSettled(sub: string): boolean {
     const phase = this.core.get(sub)?.phase;
@@ -823,13 +887,13 @@ export class OrdoClient {
    * reconnection is disabled: this is no lost connection): with `resume`, or
    * subscribing every list afresh.
    */
-  private restartConnection(resume: boolean): void {
+  private restartConnection(resume: boolean, reason = "unreadable frame"): void {
     const socket = this.socket;
     if (!socket) return;
     if (!resume) this.resumeSession = null;
     this.detachSocket();
     try {
-      socket.close(1000, "unreadable frame");
+      socket.close(1000, reason);
     } catch {
       // Closing a socket that is still connecting may throw in some implementations.
     }
@@ -939,7 +1003,10 @@ export class OrdoClient {
   /** The connection may carry everything: resume, or subscribe every list. */
   private onReady(session: string): void {
     this.handshaken = true;
-    this.attempt = 0;
+    this.nodes.succeeded();
+    const url = this.nodes.current;
+    if (this.servedBy !== null && this.servedBy !== url) this.emitter.emit("failover", { from: this.servedBy, to: url });
+    this.servedBy = url;
     if (this.handshakeTimer !== null) clearTimeout(this.handshakeTimer);
     this.handshakeTimer = null;
     const previous = this.resumeSession;
@@ -955,7 +1022,11 @@ export class OrdoClient {
         list.sentDefinition = copyDefinition(list.definition);
         list.beforeChange = null;
         list.changePending = false;
-        subs.push({ sub, ...list.sentDefinition, last_seq });
+        const entry: ResumeEntry = { sub, ...list.sentDefinition, last_seq };
+        // A node that does not know the session (another node's, or one it lost) resets
+        // every entry: `min_seq` makes it wait until it has what the list already showed.
+        if (list.floorSeq !== null) entry.min_seq = list.floorSeq;
+        subs.push(entry);
       }
       this.send({ op: "resume", session: previous, subs });
       // `resumed` names the session to use next time; until then the old one stays.

@@ -88,18 +88,46 @@ export class OrdoHttpError extends OrdoError {
 
 const path = (...segments: string[]) => segments.map(encodeURIComponent).join("/");
 
+/**
+ * Requests that change nothing, so that sending one again (to another node) is safe:
+ * GET and HEAD, and the one-shot query (a POST that only reads).
+ */
+export function isIdempotent(method: string, urlPath: string): boolean {
+  const verb = method.toUpperCase();
+  if (verb === "GET" || verb === "HEAD") return true;
+  return verb === "POST" && /^\/v1\/collections\/[^/]+\/query(\?|$)/.test(urlPath);
+}
+
 export class OrdoHttp {
-  private readonly base: string;
+  private readonly bases: string[];
+  /** The node in use: a connection failure moves it to the next one (round robin). */
+  private idx = 0;
   private readonly fetchFn: typeof fetch;
   private token: string | undefined;
   private readonly tokenProvider: (() => string | Promise<string>) | undefined;
 
-  /** `baseUrl`: the server, `http://host:port`. */
-  constructor(baseUrl: string, options: OrdoHttpOptions = {}) {
-    this.base = baseUrl.replace(/\/+$/, "");
+  /**
+   * `baseUrl`: the server, `http://host:port`, or the URLs of several nodes of one
+   * cluster. A request that cannot reach its node (the connection fails) moves the
+   * client to the next node; a request that changes nothing (GET, query) is then sent
+   * again there, once per node, and so is one a node answers 503 (lagging, or behind a
+   * `min_seq`). Writes are never sent again: the node may have applied one before the
+   * connection broke, so they reject with the connection's error and the caller decides.
+   */
+  constructor(baseUrl: string | readonly string[], options: OrdoHttpOptions = {}) {
+    const bases = (typeof baseUrl === "string" ? [baseUrl] : [...baseUrl]).map((url) => url.replace(/\/+$/, ""));
+    if (bases.length === 0 || bases.some((url) => typeof url !== "string" || url === "")) {
+      throw new TypeError("OrdoHttp needs at least one node URL");
+    }
+    this.bases = bases;
     this.fetchFn = options.fetch ?? globalThis.fetch.bind(globalThis);
     this.token = options.token;
     this.tokenProvider = options.tokenProvider;
+  }
+
+  /** The node requests go to now. */
+  get currentUrl(): string {
+    return this.bases[this.idx]!;
   }
 
   /** `PUT /v1/collections/{name}`: creates it, or finds it with this very schema. */
@@ -155,13 +183,34 @@ export class OrdoHttp {
     return this.request("DELETE", `/v1/collections/${path(collection, "items", id)}`);
   }
 
-  /** Any request, the answer's JSON on success. A 401 with a provider is retried once with a fresh token. */
+  /**
+   * Any request, the answer's JSON on success. A 401 with a provider is retried once with
+   * a fresh token. Failover across nodes: see the constructor.
+   */
   async request<T>(method: string, urlPath: string, body?: unknown): Promise<T> {
     if (this.token === undefined && this.tokenProvider) this.token = await this.tokenProvider();
-    let response = await this.send(method, urlPath, body);
-    if (response.status === 401 && this.tokenProvider) {
-      this.token = await this.tokenProvider();
-      response = await this.send(method, urlPath, body);
+    const retry = isIdempotent(method, urlPath);
+    let response: Response | null = null;
+    for (let tries = 1; ; tries++) {
+      const base = this.bases[this.idx]!;
+      try {
+        response = await this.send(base, method, urlPath, body);
+        if (response.status === 401 && this.tokenProvider) {
+          this.token = await this.tokenProvider();
+          response = await this.send(base, method, urlPath, body);
+        }
+      } catch (error) {
+        // No answer from this node: the next request goes to the next one.
+        if (this.bases[this.idx] === base) this.idx = (this.idx + 1) % this.bases.length;
+        if (!retry || tries >= this.bases.length) throw error;
+        continue;
+      }
+      if (response.status === 503 && retry && tries < this.bases.length) {
+        if (this.bases[this.idx] === base) this.idx = (this.idx + 1) % this.bases.length;
+        await response.text().catch(() => "");
+        continue;
+      }
+      break;
     }
     const text = await response.text();
     let json: unknown;
@@ -179,11 +228,11 @@ export class OrdoHttp {
     return json as T;
   }
 
-  private send(method: string, urlPath: string, body: unknown): Promise<Response> {
+  private send(base: string, method: string, urlPath: string, body: unknown): Promise<Response> {
     const headers: Record<string, string> = {};
     if (body !== undefined) headers["content-type"] = "application/json";
     if (this.token !== undefined) headers.authorization = `Bearer ${this.token}`;
-    return this.fetchFn(`${this.base}${urlPath}`, {
+    return this.fetchFn(`${base}${urlPath}`, {
       method,
       headers,
       body: body === undefined ? undefined : JSON.stringify(body),

@@ -1,5 +1,6 @@
 export { OrdoClient, LiveList } from "./client.js";
-export type { ConnectionState, ListChange, ListEnded, ListStatus, OrdoClientOptions, ReconnectOptions } from "./client.js";
+export { NodeRotation } from "./nodes.js";
+export type { ConnectionState, Failover, ListChange, ListEnded, ListStatus, OrdoClientOptions, ReconnectOptions } from "./client.js";
 export { OrdoError } from "./errors.js";
 export { applyDiffs } from "./diffs.js";
 export { ProtocolState } from "./protocol.js";

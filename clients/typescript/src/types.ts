@@ -127,11 +127,12 @@ export type ServerFrame =
 
 // ---- Client → server messages ----
 
-export type SubscribeOp = { op: "subscribe"; sub: string } & WindowDefinition;
+/** `min_seq`: answer only once the node has applied that batch (PROTOCOL.md "Read your writes"). */
+export type SubscribeOp = { op: "subscribe"; sub: string; min_seq?: number } & WindowDefinition;
 export type SetRangeOp = { op: "set_range"; sub: string; offset: number; limit: number };
 export type SetViewOp = { op: "set_view"; sub: string; filter: Filter | null; sort: SortKey[] };
 export type UnsubscribeOp = { op: "unsubscribe"; sub: string };
-export type ResumeEntry = { sub: string; last_seq: number } & WindowDefinition;
+export type ResumeEntry = { sub: string; last_seq: number; min_seq?: number } & WindowDefinition;
 export type ResumeOp = { op: "resume"; session: string; subs: ResumeEntry[] };
 
 /** Authenticates the connection, or refreshes its token (same identity, later `exp`). */

@@ -1,5 +1,6 @@
 //! The HTTP helpers: schemas, writes, one-shot queries, items.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,10 +19,19 @@ use crate::wire::{
 };
 use crate::Error;
 
-/// HTTP access to one server (`http://host:port`). Cheap to clone; connections are pooled.
+/// HTTP access to a server (`http://host:port`), or to the nodes of one cluster. Cheap
+/// to clone (clones share the node in use); connections are pooled.
+///
+/// With several nodes, a request that cannot reach its node (`Error::Transport`: the
+/// connection failed, or no answer in time) moves every clone to the next node; a
+/// request that changes nothing (GET, HEAD, a query) is then sent again there, once per
+/// node, and so is one a node answers `503` (lagging, or behind a `min_seq`). Writes are
+/// never sent again: the node may have applied one before the connection broke, so the
+/// error is returned and the caller decides (read the item back, say).
 #[derive(Clone)]
 pub struct Http {
-    base: String,
+    bases: Arc<[String]>,
+    index: Arc<AtomicUsize>,
     client: Client<HttpConnector, Full<Bytes>>,
     tokens: Arc<TokenSource>,
     timeout: Duration,
@@ -40,6 +50,20 @@ fn segment(text: &str) -> String {
     out
 }
 
+/// A request that changes nothing, so that sending it again (to another node) is safe:
+/// GET and HEAD, and the one-shot query (a POST that only reads).
+pub fn is_idempotent(method: &Method, path: &str) -> bool {
+    if method == Method::GET || method == Method::HEAD {
+        return true;
+    }
+    let path = path.split('?').next().unwrap_or(path);
+    method == Method::POST
+        && path
+            .strip_prefix("/v1/collections/")
+            .and_then(|rest| rest.strip_suffix("/query"))
+            .is_some_and(|name| !name.is_empty() && !name.contains('/'))
+}
+
 #[derive(Deserialize)]
 struct ErrorBody {
     error: ErrorDetail,
@@ -55,9 +79,22 @@ struct ErrorDetail {
 }
 
 impl Http {
-    pub(crate) fn new(base: &str, tokens: Arc<TokenSource>, timeout: Duration) -> Http {
+    pub(crate) fn new(bases: &[String], tokens: Arc<TokenSource>, timeout: Duration) -> Http {
         let client = Client::builder(TokioExecutor::new()).build_http();
-        Http { base: base.trim_end_matches('/').to_owned(), client, tokens, timeout }
+        let bases = bases.iter().map(|base| base.trim_end_matches('/').to_owned()).collect();
+        Http { bases, index: Arc::new(AtomicUsize::new(0)), client, tokens, timeout }
+    }
+
+    /// The base URL requests go to now.
+    pub fn current_url(&self) -> &str {
+        &self.bases[self.index.load(Ordering::Relaxed) % self.bases.len()]
+    }
+
+    /// The node at `index` failed: the next request goes to the one after it (unless
+    /// another request moved on already).
+    fn move_on(&self, index: usize) {
+        let next = (index + 1) % self.bases.len();
+        let _ = self.index.compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed);
     }
 
     /// `PUT /v1/collections/{name}`: creates the collection (or finds it with this very schema).
@@ -125,11 +162,30 @@ impl Http {
         let body = body.map(|body| Bytes::from(body.to_string())).unwrap_or_default();
         let mut token = self.tokens.current().await?;
         let mut retried = false;
+        let again = is_idempotent(&method, path);
+        let mut tries = 0;
         loop {
-            let (status, bytes) = self.send(method.clone(), path, token.as_deref(), body.clone()).await?;
+            tries += 1;
+            let index = self.index.load(Ordering::Relaxed) % self.bases.len();
+            let (status, bytes) = match self.send(index, method.clone(), path, token.as_deref(), body.clone()).await {
+                Ok(answer) => answer,
+                Err(error @ Error::Transport(_)) => {
+                    self.move_on(index);
+                    if again && tries < self.bases.len() {
+                        continue;
+                    }
+                    return Err(error);
+                }
+                Err(error) => return Err(error),
+            };
             if status == StatusCode::UNAUTHORIZED && self.tokens.can_refresh() && !retried {
                 retried = true;
                 token = self.tokens.refresh().await?;
+                tries -= 1;
+                continue;
+            }
+            if status == StatusCode::SERVICE_UNAVAILABLE && again && tries < self.bases.len() {
+                self.move_on(index);
                 continue;
             }
             if !status.is_success() {
@@ -151,12 +207,13 @@ impl Http {
 
     async fn send(
         &self,
+        index: usize,
         method: Method,
         path: &str,
         token: Option<&str>,
         body: Bytes,
     ) -> Result<(StatusCode, Bytes), Error> {
-        let mut request = Request::builder().method(method).uri(format!("{}{path}", self.base));
+        let mut request = Request::builder().method(method).uri(format!("{}{path}", self.bases[index]));
         if !body.is_empty() {
             request = request.header("content-type", "application/json");
         }

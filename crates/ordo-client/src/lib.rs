@@ -18,6 +18,7 @@ mod error;
 pub mod http;
 mod list;
 mod live;
+mod nodes;
 pub mod protocol;
 pub mod wire;
 
@@ -27,6 +28,7 @@ pub use http::Http;
 pub use hyper::Method;
 pub use list::{DiffStream, ListStatus, LiveList, PageController, MAX_PENDING_BATCHES};
 pub use live::{Backoff, Client, ClientBuilder, ConnectionState};
+pub use nodes::{NodeRotation, NodeUrls};
 pub use wire::{
     Collection, DeleteResult, Dropped, Ended, Field, Item, NewField, Op, Precondition, QueryResult, SchemaChange,
     Upsert, View, WriteResult,

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::{SinkExt, StreamExt};
@@ -20,6 +20,7 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use crate::auth::{Auth, TokenSource};
 use crate::http::Http;
 use crate::list::{LiveList, Shared, TypedSink};
+use crate::nodes::{NodeRotation, NodeUrls};
 use crate::protocol::{Event, ListSink, Phase, ProtocolState, Refused, WelcomeAuth};
 use crate::wire::{Ended, View};
 use crate::Error;
@@ -70,16 +71,28 @@ impl Default for Backoff {
 }
 
 impl Backoff {
+    #[cfg(test)]
     fn delay(&self, attempt: u32) -> Duration {
-        let base = self.min.saturating_mul(1u32 << attempt.min(16)).min(self.max);
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |now| now.subsec_nanos());
-        base + base.mul_f64(f64::from(nanos % 1000) / 4000.0)
+        self.delay_with(attempt, jitter_unit())
     }
+
+    /// The delay after `attempt` failures in a row: `min * 2^attempt` capped at `max`,
+    /// plus `unit` (in `0..1`) times a quarter of it.
+    pub(crate) fn delay_with(&self, attempt: u32, unit: f64) -> Duration {
+        let base = self.min.saturating_mul(1u32 << attempt.min(16)).min(self.max);
+        base + base.mul_f64(unit.clamp(0.0, 1.0) / 4.0)
+    }
+}
+
+/// A number in `0..1` for jitter (from the clock: no random generator needed for this).
+fn jitter_unit() -> f64 {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |now| now.subsec_nanos());
+    f64::from(nanos % 1000) / 1000.0
 }
 
 /// Builds a `Client`.
 pub struct ClientBuilder {
-    url: String,
+    urls: NodeUrls,
     auth: Auth,
     backoff: Backoff,
     http_timeout: Duration,
@@ -106,12 +119,17 @@ impl ClientBuilder {
     /// connects, and reconnects, in the background.
     pub fn build(self) -> Client {
         let tokens = Arc::new(TokenSource::new(self.auth));
-        let http = Http::new(&self.url, tokens.clone(), self.http_timeout);
+        let nodes = NodeRotation::new(self.urls);
+        let http = Http::new(nodes.urls(), tokens.clone(), self.http_timeout);
         let (commands, receiver) = mpsc::unbounded_channel();
         let (state_tx, state_rx) = watch::channel(ConnectionState::Connecting { attempt: 0, last_error: None });
-        let ws_url = format!("{}/v1/ws", self.url.trim_end_matches('/').replacen("http", "ws", 1));
+        let current = Arc::new(Mutex::new(nodes.current().to_owned()));
+        let (node_tx, node_rx) = watch::channel(nodes.current().to_owned());
         let task = Task {
-            ws_url,
+            nodes,
+            current: current.clone(),
+            node: node_tx,
+            served: false,
             tokens,
             backoff: self.backoff,
             commands: receiver,
@@ -124,7 +142,7 @@ impl ClientBuilder {
             recoveries: BTreeMap::new(),
         };
         tokio::spawn(task.run());
-        Client { http, commands, next_id: Arc::new(AtomicU64::new(1)), state: state_rx }
+        Client { http, commands, next_id: Arc::new(AtomicU64::new(1)), state: state_rx, current, node: node_rx }
     }
 }
 
@@ -136,13 +154,23 @@ pub struct Client {
     commands: mpsc::UnboundedSender<Command>,
     next_id: Arc<AtomicU64>,
     state: watch::Receiver<ConnectionState>,
+    current: Arc<Mutex<String>>,
+    node: watch::Receiver<String>,
 }
 
 impl Client {
-    /// `url` is the server's base URL, `http://host:port`.
-    pub fn builder(url: impl Into<String>) -> ClientBuilder {
+    /// `urls` is the server's base URL, `http://host:port`, or the base URLs of several
+    /// nodes of one cluster (`["http://a:7070", "http://b:7070"]`): the client uses the
+    /// first, and on a lost connection (or a failed connect) moves to the next, round
+    /// robin, waiting the backoff only once a whole round failed. Every resume entry and
+    /// re-subscription asks for `min_seq` = the greatest `write_seq` the list applied, so
+    /// a list never goes back in time on a node that lags (README, "Several nodes").
+    ///
+    /// # Panics
+    /// With an empty list.
+    pub fn builder(urls: impl Into<NodeUrls>) -> ClientBuilder {
         ClientBuilder {
-            url: url.into(),
+            urls: urls.into(),
             auth: Auth::None,
             backoff: Backoff::default(),
             http_timeout: Duration::from_secs(30),
@@ -156,6 +184,17 @@ impl Client {
     /// The connection's state, to watch.
     pub fn connection(&self) -> watch::Receiver<ConnectionState> {
         self.state.clone()
+    }
+
+    /// The base URL of the node in use, or being connected to.
+    pub fn current_url(&self) -> String {
+        self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The base URL of the node that serves the client (its connection is set up), to
+    /// watch: it changes when the client fails over to another node.
+    pub fn node(&self) -> watch::Receiver<String> {
+        self.node.clone()
     }
 
     /// A live window of `view` over `collection` (`view.limit` is required by the server).
@@ -189,7 +228,13 @@ enum Lost {
 }
 
 struct Task {
-    ws_url: String,
+    nodes: NodeRotation,
+    /// `Client::current_url`.
+    current: Arc<Mutex<String>>,
+    /// `Client::node`: the node of the last connection set up.
+    node: watch::Sender<String>,
+    /// A connection was set up at least once (`node` then names a node that served).
+    served: bool,
     tokens: Arc<TokenSource>,
     backoff: Backoff,
     commands: mpsc::UnboundedReceiver<Command>,
@@ -241,11 +286,17 @@ impl Task {
                 Lost::Retry { healthy, stale_token: stale } => {
                     stale_token = stale;
                     attempt = if healthy { 0 } else { attempt.saturating_add(1) };
+                    if healthy {
+                        self.nodes.succeeded();
+                    }
                 }
             }
             let _ = self.status.send(ConnectionState::Connecting { attempt, last_error: self.last_error.clone() });
+            // The next node (round robin); the backoff once a whole round failed.
+            let delay = self.nodes.fail(&self.backoff, jitter_unit());
+            *self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = self.nodes.current().to_owned();
             // Commands that come while disconnected change what the next resume lists.
-            let wake = Instant::now() + self.backoff.delay(attempt);
+            let wake = Instant::now() + delay;
             loop {
                 tokio::select! {
                     _ = sleep_until(wake) => break,
@@ -297,6 +348,10 @@ impl Task {
         let mut message = self.specs.get(sub).cloned().unwrap_or_default();
         message.insert("op".to_owned(), "subscribe".into());
         message.insert("sub".to_owned(), sub.into());
+        // Never older than what the list already showed (this may be another node).
+        if let Some(floor) = self.state.floor_seq(sub) {
+            message.insert("min_seq".to_owned(), floor.into());
+        }
         Value::Object(message)
     }
 
@@ -363,15 +418,15 @@ impl Task {
     async fn connection(&mut self, stale_token: bool) -> Lost {
         // An answer to a request of the last connection can no longer come.
         self.before_change.clear();
-        let mut socket = match timeout(HANDSHAKE_TIMEOUT, tokio_tungstenite::connect_async(self.ws_url.as_str())).await
-        {
+        let ws_url = format!("{}/v1/ws", self.nodes.current().trim_end_matches('/').replacen("http", "ws", 1));
+        let mut socket = match timeout(HANDSHAKE_TIMEOUT, tokio_tungstenite::connect_async(ws_url.as_str())).await {
             Ok(Ok((socket, _))) => socket,
             Ok(Err(error)) => {
-                self.last_error = Some(format!("connecting to {}: {error}", self.ws_url));
+                self.last_error = Some(format!("connecting to {ws_url}: {error}"));
                 return Lost::Retry { healthy: false, stale_token };
             }
             Err(_) => {
-                self.last_error = Some(format!("connecting to {}: timed out", self.ws_url));
+                self.last_error = Some(format!("connecting to {ws_url}: timed out"));
                 return Lost::Retry { healthy: false, stale_token };
             }
         };
@@ -398,6 +453,12 @@ impl Task {
         }
         let session = self.state.session.clone().unwrap_or_default();
         self.last_error = None;
+        let url = self.nodes.current().to_owned();
+        if !self.served || *self.node.borrow() != url {
+            // The failover signal: another node than before serves the client.
+            let _ = self.node.send(url);
+        }
+        self.served = true;
         let _ = self.status.send(ConnectionState::Connected { session });
         self.live(&mut socket).await
     }
@@ -423,6 +484,11 @@ impl Task {
             let mut entry = self.specs.get(&sub).cloned().unwrap_or_default();
             entry.insert("sub".to_owned(), sub.as_str().into());
             entry.insert("last_seq".to_owned(), last_seq.into());
+            // A node that does not know the session (another node's) resets every entry:
+            // `min_seq` makes it wait until it has what the list already showed.
+            if let Some(floor) = self.state.floor_seq(&sub) {
+                entry.insert("min_seq".to_owned(), floor.into());
+            }
             let entry = Value::Object(entry);
             let entry_size = entry.to_string().len() + 1;
             if size + entry_size > RESUME_BUDGET_BYTES {
@@ -540,6 +606,9 @@ impl Task {
                     self.drop_spec(&sub);
                 }
             }
+            // This node lags what the list showed: move on (the core kept the list, and
+            // the next connection's resume asks for the same `min_seq`).
+            Event::Behind { .. } => return Err(lost),
             _ => {}
         }
         Ok(())

@@ -195,12 +195,34 @@ pub enum Event {
         message: String,
         sub: Option<String>,
     },
+    /// The node refused to subscribe (or resume) a list for a reason another node may not
+    /// have: `lagging` (the node is too far behind its cluster's log to take subscribers),
+    /// or, for a list that has shown data, `seq_not_reached` (it has not caught up with the
+    /// list's `floor_seq`). The list keeps its items and stays here, `Subscribing` from
+    /// `seq` 0; the client moves to another node (or tries this one again later).
+    Behind {
+        sub: String,
+        message: String,
+    },
+}
+
+/// The code of a refusal for want of a `min_seq` the node has not reached.
+const SEQ_NOT_REACHED: &str = "seq_not_reached";
+/// The code of a node too far behind its cluster's log to take subscribers.
+const LAGGING: &str = "lagging";
+
+/// A refusal that another node may not give (see `Event::Behind`).
+fn another_node_may_take(code: &str, floor: Option<u64>) -> bool {
+    code == LAGGING || (code == SEQ_NOT_REACHED && floor.is_some())
 }
 
 struct Record<S> {
     sink: S,
     seq: u64,
     phase: Phase,
+    /// The greatest `write_seq` applied (`None`: none yet): the `min_seq` of every later
+    /// subscribe or resume of this list, so it never goes back in time.
+    floor: Option<u64>,
 }
 
 /// The subscriptions of one client and the session to resume them with.
@@ -245,7 +267,7 @@ impl<S: ListSink> ProtocolState<S> {
     /// (0: nothing yet; it is then `Subscribing`).
     pub fn seed(&mut self, sub: &str, sink: S, seq: u64) {
         let phase = if seq == 0 { Phase::Subscribing } else { Phase::Live };
-        self.subs.insert(sub.to_owned(), Record { sink, seq, phase });
+        self.subs.insert(sub.to_owned(), Record { sink, seq, phase, floor: None });
     }
 
     /// The client sends `subscribe`.
@@ -280,6 +302,12 @@ impl<S: ListSink> ProtocolState<S> {
     /// Forgets a subscription at once (closed while disconnected).
     pub fn forget(&mut self, sub: &str) -> Option<S> {
         self.subs.remove(sub).map(|record| record.sink)
+    }
+
+    /// The greatest `write_seq` the list has applied (`None`: none yet, or a server that
+    /// sends none): what a subscribe or resume of it asks for as `min_seq`.
+    pub fn floor_seq(&self, sub: &str) -> Option<u64> {
+        self.subs.get(sub).and_then(|record| record.floor)
     }
 
     pub fn contains(&self, sub: &str) -> bool {
@@ -403,6 +431,7 @@ impl<S: ListSink> ProtocolState<S> {
         }
         if let Some(write_seq) = frame.get("write_seq").and_then(Value::as_u64) {
             record.sink.set_write_seq(write_seq);
+            record.floor = Some(record.floor.map_or(write_seq, |floor| floor.max(write_seq)));
         }
         vec![Event::Change { sub: sub.to_owned(), seq, reset, req: str_of(frame, "req").map(str::to_owned) }]
     }
@@ -417,6 +446,11 @@ impl<S: ListSink> ProtocolState<S> {
         let mut refused = None;
         if let Some(record) = self.subs.get_mut(sub) {
             match record.phase {
+                Phase::Subscribing if another_node_may_take(&code, record.floor) => {
+                    record.sink.note_error(format!("{code}: {message}"));
+                    record.seq = 0;
+                    return vec![Event::Behind { sub: sub.to_owned(), message }];
+                }
                 Phase::Subscribing => {
                     // A refused subscribe creates nothing.
                     let mut record = self.subs.remove(sub).expect("present");
@@ -459,11 +493,21 @@ impl<S: ListSink> ProtocolState<S> {
             self.session = Some(session.to_owned());
         }
         let (mut replayed, mut reset, mut failed) = (Vec::new(), Vec::new(), Vec::new());
+        let mut behind = Vec::new();
         for entry in frame.get("subs").and_then(Value::as_array).into_iter().flatten() {
             let Some(sub) = str_of(entry, "sub") else { continue };
             if let Some(error) = entry.get("error").filter(|error| error.is_object()) {
                 let code = str_of(error, "code").unwrap_or("internal").to_owned();
                 let message = str_of(error, "message").unwrap_or(&code).to_owned();
+                if let Some(record) = self.subs.get_mut(sub).filter(|record| another_node_may_take(&code, record.floor))
+                {
+                    // Kept: the list is subscribed again (elsewhere) with the same floor.
+                    record.sink.note_error(format!("{code}: {message}"));
+                    record.seq = 0;
+                    record.phase = Phase::Subscribing;
+                    behind.push(Event::Behind { sub: sub.to_owned(), message });
+                    continue;
+                }
                 if let Some(mut record) = self.subs.remove(sub) {
                     record.sink.end(Ended { reason: code.clone(), message: message.clone() });
                 }
@@ -475,7 +519,9 @@ impl<S: ListSink> ProtocolState<S> {
             }
         }
         let session = self.session.clone().unwrap_or_default();
-        vec![Event::Resumed { session, replayed, reset, failed }]
+        let mut events = vec![Event::Resumed { session, replayed, reset, failed }];
+        events.append(&mut behind);
+        events
     }
 
     fn on_ended(&mut self, frame: &Value) -> Vec<Event> {

@@ -77,6 +77,59 @@ var OrdoError = class extends Error {
   }
 };
 
+// src/nodes.ts
+var NodeRotation = class {
+  constructor(urls, initialDelayMs, maxDelayMs, random = Math.random) {
+    this.initialDelayMs = initialDelayMs;
+    this.maxDelayMs = maxDelayMs;
+    this.random = random;
+    this.idx = 0;
+    /** Failures since the last good connection, in the current round (0..urls.length). */
+    this.failsInRound = 0;
+    /** Full rounds failed since the last good connection: the backoff's exponent. */
+    this.rounds = 0;
+    const list = typeof urls === "string" ? [urls] : [...urls];
+    if (list.length === 0) throw new TypeError("`url` needs at least one node URL");
+    for (const url of list) {
+      if (typeof url !== "string" || url === "") throw new TypeError(`not a node URL: ${String(url)}`);
+    }
+    this.urls = list;
+  }
+  /** The URL of the node in use (or being tried). */
+  get current() {
+    return this.urls[this.idx];
+  }
+  /** Every node URL, in rotation order. */
+  get all() {
+    return this.urls;
+  }
+  /** Full rounds failed since the last good connection. */
+  get failedRounds() {
+    return this.rounds;
+  }
+  /**
+   * The node in use failed (lost, refused, or unusable): moves to the next one and
+   * returns the delay in ms before connecting to it. Within a round the delay is a
+   * jitter below `initialDelayMs / 2` (so the clients of a dead node do not all land at
+   * once); ending a round it is the backoff: half to all of
+   * `min(maxDelayMs, initialDelayMs * 2^rounds)`.
+   */
+  fail() {
+    this.idx = (this.idx + 1) % this.urls.length;
+    this.failsInRound += 1;
+    if (this.failsInRound < this.urls.length) return this.random() * (this.initialDelayMs / 2);
+    this.failsInRound = 0;
+    const ceiling = Math.min(this.maxDelayMs, this.initialDelayMs * 2 ** Math.min(this.rounds, 30));
+    this.rounds += 1;
+    return ceiling / 2 + this.random() * (ceiling / 2);
+  }
+  /** The node in use took the connection (handshake done): the next failure starts a fresh round. */
+  succeeded() {
+    this.failsInRound = 0;
+    this.rounds = 0;
+  }
+};
+
 // src/diffs.ts
 function bad(message) {
   return new OrdoError("invalid_diffs", message);
@@ -510,6 +563,8 @@ var LiveList = class {
     this._error = null;
     this._total = null;
     this._writeSeq = null;
+    /** The greatest `write_seq` applied so far: the `min_seq` of every later subscribe or resume of this list. */
+    this._floorSeq = null;
     this._ended = null;
     this.emitter = new Emitter();
     this.settled = false;
@@ -551,6 +606,14 @@ var LiveList = class {
   get writeSeq() {
     return this._writeSeq;
   }
+  /**
+   * The greatest `write_seq` this list has applied (null: none yet). Every later
+   * subscribe or resume of it (after a reconnection, on this node or another) asks for
+   * `min_seq` = this, so the list never goes back in time.
+   */
+  get floorSeq() {
+    return this._floorSeq;
+  }
   /** Why the server ended the subscription (`status` is then `ended`), or null. */
   get ended() {
     return this._ended;
@@ -589,6 +652,9 @@ var LiveList = class {
     this._seq = seq;
     this._total = change.total;
     this._writeSeq = change.write_seq;
+    if (change.write_seq !== null && (this._floorSeq === null || change.write_seq > this._floorSeq)) {
+      this._floorSeq = change.write_seq;
+    }
     if (this._status === "subscribing") this._status = "live";
     if (!this.settled) {
       this.settled = true;
@@ -634,6 +700,8 @@ var LiveList = class {
 };
 var OrdoClient = class {
   constructor(options) {
+    /** The node whose connection last completed its handshake (null: none yet). */
+    this.servedBy = null;
     this.core = new ProtocolState();
     this.lists = /* @__PURE__ */ new Map();
     this.emitter = new Emitter();
@@ -655,7 +723,6 @@ var OrdoClient = class {
     this._state = "connecting";
     /** The session to name in the next `resume`. */
     this.resumeSession = null;
-    this.attempt = 0;
     this.reconnectTimer = null;
     this.handshakeTimer = null;
     this.nextId = 0;
@@ -664,7 +731,6 @@ var OrdoClient = class {
     this.tokensAt = 0;
     this.messagesPerSecond = DEFAULT_MESSAGES_PER_SECOND;
     this.drainTimer = null;
-    this.url = options.url;
     this.Socket = options.WebSocket ?? globalThis.WebSocket;
     if (typeof this.Socket !== "function") {
       throw new TypeError(
@@ -674,6 +740,7 @@ var OrdoClient = class {
     this.initialDelayMs = Math.max(1, options.reconnect?.initialDelayMs ?? DEFAULT_INITIAL_DELAY_MS);
     this.maxDelayMs = Math.max(this.initialDelayMs, options.reconnect?.maxDelayMs ?? DEFAULT_MAX_DELAY_MS);
     this.reconnectEnabled = options.reconnect?.enabled ?? true;
+    this.nodes = new NodeRotation(options.url, this.initialDelayMs, this.maxDelayMs);
     this.token = options.token;
     this.tokenProvider = options.tokenProvider;
     if (this.token !== void 0 && typeof this.token !== "string") throw new TypeError("`token` must be a string");
@@ -688,6 +755,14 @@ var OrdoClient = class {
   }
   get state() {
     return this._state;
+  }
+  /** The URL of the node in use (or being connected to). */
+  get currentUrl() {
+    return this.nodes.current;
+  }
+  /** Every node URL the client was given, in rotation order. */
+  get urls() {
+    return this.nodes.all;
   }
   /** Who the server says the connection is (from `authed`), or null (no auth, or not yet). */
   get identity() {
@@ -746,11 +821,12 @@ var OrdoClient = class {
   // ---- Connection ----
   connect() {
     this.reconnectTimer = null;
+    const url = this.nodes.current;
     let socket;
     try {
-      socket = new this.Socket(this.url);
+      socket = new this.Socket(url);
     } catch (error) {
-      this.emitter.emit("error", new OrdoError("connect", `cannot connect to ${this.url}: ${String(error)}`));
+      this.emitter.emit("error", new OrdoError("connect", `cannot connect to ${url}: ${String(error)}`));
       this.onSocketGone(void 0);
       return;
     }
@@ -763,7 +839,7 @@ var OrdoClient = class {
         socket.close();
       } catch {
       }
-      this.emitter.emit("error", new OrdoError("protocol", `no welcome (or no authed) from ${this.url} in ${HANDSHAKE_TIMEOUT_MS} ms`));
+      this.emitter.emit("error", new OrdoError("protocol", `no welcome (or no authed) from ${url} in ${HANDSHAKE_TIMEOUT_MS} ms`));
       this.onSocketGone(void 0);
     }, HANDSHAKE_TIMEOUT_MS);
     socket.onmessage = (event) => {
@@ -822,12 +898,13 @@ var OrdoClient = class {
     }
     this.scheduleReconnect();
   }
-  /** Connects again after the backoff's delay (exponential, capped, with jitter). */
+  /**
+   * Connects again, to the next node (round robin), after a jitter within a round of the
+   * nodes or the backoff's delay (exponential, capped, with jitter) once a round failed.
+   */
   scheduleReconnect() {
     this.setState("reconnecting");
-    const ceiling = Math.min(this.maxDelayMs, this.initialDelayMs * 2 ** Math.min(this.attempt, 30));
-    this.attempt += 1;
-    const delay = ceiling / 2 + Math.random() * (ceiling / 2);
+    const delay = this.nodes.fail();
     this.reconnectTimer = setTimeout(() => this.connect(), delay);
   }
   setState(state) {
@@ -875,7 +952,9 @@ var OrdoClient = class {
     list.sentDefinition = copyDefinition(list.definition);
     list.beforeChange = null;
     list.changePending = false;
-    this.send({ op: "subscribe", sub: list.id, ...list.sentDefinition });
+    const message = { op: "subscribe", sub: list.id, ...list.sentDefinition };
+    if (list.floorSeq !== null) message.min_seq = list.floorSeq;
+    this.send(message);
   }
   /** @internal A list's window changed: tell the server now if it can take it. */
   _windowChanged(list) {
@@ -972,6 +1051,7 @@ var OrdoClient = class {
         for (const failure of event.failed) {
           const list = this.lists.get(failure.sub);
           if (!list) continue;
+          if (this.behindList(list, failure.code, failure.message)) continue;
           this.lists.delete(failure.sub);
           list._fail(new OrdoError(failure.code, failure.message, failure.sub), true);
         }
@@ -1009,6 +1089,7 @@ var OrdoClient = class {
           return;
         }
         if (event.refused === "subscribe") {
+          if (this.behindList(list, event.code, event.message)) return;
           this.lists.delete(list.id);
           list._fail(error, true);
           return;
@@ -1065,6 +1146,23 @@ var OrdoClient = class {
     }
     for (const list of this.lists.values()) this.restartList(list);
   }
+  /**
+   * A refused subscribe or resume entry that another node may take: `lagging` (the node
+   * is too far behind its cluster's log to take subscribers), or, for a list that has
+   * shown data, `seq_not_reached` (this node has not caught up with what the list showed).
+   * The list keeps its items (status `subscribing`), and the client moves to the next
+   * node, where it resumes (the same node again with one URL, after the backoff). Returns
+   * false for any other refusal, handled as before.
+   */
+  behindList(list, code, message) {
+    const behind = code === "lagging" || code === "seq_not_reached" && list.floorSeq !== null;
+    if (!behind || !this.reconnectEnabled) return false;
+    list._fail(new OrdoError(code, message, list.id), false);
+    list._restarting();
+    this.core.subscribe(list.id);
+    this.restartConnection(true, "node behind");
+    return true;
+  }
   /** The subscription is live or being subscribed: no `unsubscribed` is awaited for it. */
   isSettled(sub) {
     const phase = this.core.get(sub)?.phase;
@@ -1082,13 +1180,13 @@ var OrdoClient = class {
    * reconnection is disabled: this is no lost connection): with `resume`, or
    * subscribing every list afresh.
    */
-  restartConnection(resume) {
+  restartConnection(resume, reason = "unreadable frame") {
     const socket = this.socket;
     if (!socket) return;
     if (!resume) this.resumeSession = null;
     this.detachSocket();
     try {
-      socket.close(1e3, "unreadable frame");
+      socket.close(1e3, reason);
     } catch {
     }
     if (this.drainTimer !== null) clearTimeout(this.drainTimer);
@@ -1188,7 +1286,10 @@ var OrdoClient = class {
   /** The connection may carry everything: resume, or subscribe every list. */
   onReady(session) {
     this.handshaken = true;
-    this.attempt = 0;
+    this.nodes.succeeded();
+    const url = this.nodes.current;
+    if (this.servedBy !== null && this.servedBy !== url) this.emitter.emit("failover", { from: this.servedBy, to: url });
+    this.servedBy = url;
     if (this.handshakeTimer !== null) clearTimeout(this.handshakeTimer);
     this.handshakeTimer = null;
     const previous = this.resumeSession;
@@ -1203,7 +1304,9 @@ var OrdoClient = class {
         list.sentDefinition = copyDefinition(list.definition);
         list.beforeChange = null;
         list.changePending = false;
-        subs.push({ sub, ...list.sentDefinition, last_seq });
+        const entry = { sub, ...list.sentDefinition, last_seq };
+        if (list.floorSeq !== null) entry.min_seq = list.floorSeq;
+        subs.push(entry);
       }
       this.send({ op: "resume", session: previous, subs });
     } else {
@@ -1222,6 +1325,7 @@ function describe(error) {
 }
 export {
   LiveList,
+  NodeRotation,
   OrdoClient,
   OrdoError,
   PROTOCOL_VERSION,

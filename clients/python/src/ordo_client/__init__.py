@@ -7,6 +7,7 @@ from ._client import LiveList, OrdoClient
 from ._diffs import DIFF_KINDS, apply_diffs
 from ._errors import DiffError, OrdoError
 from ._http import OrdoHttp, OrdoHttpError
+from ._nodes import NodeRotation
 from ._protocol import (
     AuthExpired,
     Authed,
@@ -34,6 +35,7 @@ __all__ = [
     "Gap",
     "InvalidDiffs",
     "LiveList",
+    "NodeRotation",
     "OrdoClient",
     "OrdoError",
     "OrdoHttp",

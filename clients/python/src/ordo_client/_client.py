@@ -9,7 +9,6 @@ import contextlib
 import inspect
 import json
 import logging
-import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -20,6 +19,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from ._errors import OrdoError
+from ._nodes import NodeRotation
 from ._protocol import (
     AuthExpired,
     Authed,
@@ -41,6 +41,8 @@ logger = logging.getLogger("ordo_client")
 
 ErrorCallback = Callable[[OrdoError], "Awaitable[None] | None"]
 TokenProvider = Callable[[], "str | Awaitable[str]"]
+#: Called with ``(from_url, to_url)`` when another node than before serves the client.
+FailoverCallback = Callable[[str, str], "Awaitable[None] | None"]
 
 #: Close code of a connection without a valid token (expired and not
 #: refreshed, or no `auth` in time).
@@ -162,6 +164,7 @@ class LiveList:
         self.error: OrdoError | None = None
         self._total: int | None = None
         self._write_seq: int | None = None
+        self._floor_seq: int | None = None
         self._ended: Ended | None = None
 
     # ---- reading --------------------------------------------------------
@@ -197,6 +200,13 @@ class LiveList:
         """The last write (batch ``seq``, as a write's answer gives it) the
         items reflect; ``None`` before the first frame."""
         return self._write_seq
+
+    @property
+    def floor_seq(self) -> int | None:
+        """The greatest ``write_seq`` this list has applied (``None``: none yet).
+        Every later subscribe or resume of it, on this node or another, asks for
+        ``min_seq`` = this: the list never goes back in time."""
+        return self._floor_seq
 
     @property
     def ended(self) -> Ended | None:
@@ -342,6 +352,8 @@ class LiveList:
         self._seq = update.seq
         self._total = update.total
         self._write_seq = update.write_seq
+        if update.write_seq is not None and (self._floor_seq is None or update.write_seq > self._floor_seq):
+            self._floor_seq = update.write_seq
         self._push(update)
         self._notify()
         if not self._first.done():
@@ -409,6 +421,16 @@ class OrdoClient:
     exponential backoff and jitter (``backoff_initial`` doubling up to
     ``backoff_max`` seconds), and every live list is resumed with one
     ``resume`` op; lists continue without the caller doing anything.
+
+    ``url`` may be a list of node URLs (of one cluster): the client connects
+    to the first that answers, and a lost connection moves it to the next
+    node, round robin; the backoff is waited only once a full round of nodes
+    failed. Every resume entry and re-subscription carries ``min_seq`` = the
+    greatest ``write_seq`` the list applied, so a node that lags holds it (or
+    refuses it, ``seq_not_reached``: the client then moves on again, keeping
+    the list as it was) and a list never goes back in time. ``current_url``
+    names the node in use; ``on_failover(from_url, to_url)`` is called when
+    another node serves the client.
     With ``reconnect=False`` a lost connection ends every list with
     ``OrdoError("connection_lost")``.
 
@@ -426,7 +448,7 @@ class OrdoClient:
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         *,
         reconnect: bool = True,
         backoff_initial: float = 0.1,
@@ -436,6 +458,7 @@ class OrdoClient:
         max_queued_updates: int = 10_000,
         token: str | None = None,
         token_provider: TokenProvider | None = None,
+        on_failover: FailoverCallback | None = None,
     ) -> None:
         if token is not None and token_provider is not None:
             raise ValueError("pass token or token_provider, not both")
@@ -443,7 +466,10 @@ class OrdoClient:
             raise ValueError("token is a non-empty string")
         if token_provider is not None and not callable(token_provider):
             raise ValueError("token_provider is a callable returning a token (or an awaitable of one)")
-        self.url = url
+        self._nodes = NodeRotation(url, backoff_initial, backoff_max)
+        self._on_failover = on_failover
+        #: The node whose connection was last established (``None``: none yet).
+        self._served_by: str | None = None
         self.reconnect = reconnect
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
@@ -482,6 +508,21 @@ class OrdoClient:
         return self._state.session
 
     @property
+    def url(self) -> str:
+        """The URL of the node in use (or being connected to); same as ``current_url``."""
+        return self._nodes.current
+
+    @property
+    def current_url(self) -> str:
+        """The URL of the node in use (or being connected to)."""
+        return self._nodes.current
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every node URL, in rotation order."""
+        return self._nodes.urls
+
+    @property
     def limits(self) -> dict[str, Any]:
         """The server's limits, from its ``welcome``."""
         return self._state.limits
@@ -516,7 +557,18 @@ class OrdoClient:
         self._send_lock = asyncio.Lock()
         self._outbox = asyncio.Queue()
         self._connected_event = asyncio.Event()
-        ws, token, authed = await self._open()
+        # The first connection: each node once, in order; the last error is raised.
+        for tried in range(len(self._nodes.urls)):
+            try:
+                ws, token, authed = await self._open()
+                break
+            except Exception as error:
+                if isinstance(error, InvalidURI) or tried + 1 == len(self._nodes.urls):
+                    raise
+                logger.info("ordo: node %s: %s; trying the next one", self._nodes.current, error)
+                self._nodes.fail()
+        self._nodes.succeeded()
+        self._served_by = self._nodes.current
         self._ws = ws
         self._generation += 1
         self._authenticated(token, authed)
@@ -571,7 +623,7 @@ class OrdoClient:
         auth). Raises ``OrdoError`` (``unauthorized``, ``forbidden``,
         ``token_provider``, ``bad_frame``) when that fails."""
         ws = await connect(
-            self.url,
+            self._nodes.current,
             open_timeout=self.open_timeout,
             max_size=None,
             compression=None,
@@ -731,11 +783,12 @@ class OrdoClient:
             raise
 
     async def _reconnect(self) -> None:
+        """Connects again: to the next node (round robin), after a jitter within
+        a round of the nodes, or the backoff once a whole round failed."""
         attempt = 0
         while not self._closing:
-            delay = min(self.backoff_max, self.backoff_initial * (2**attempt))
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-            attempt = min(attempt + 1, 30)
+            await asyncio.sleep(self._nodes.fail())
+            attempt += 1
             try:
                 ws, token, authed = await self._open()
             except asyncio.CancelledError:
@@ -773,7 +826,19 @@ class OrdoClient:
                     except ConnectionClosed:
                         pass  # the read loop sees the closure
                 self._ready = True
+            self._nodes.succeeded()
             self.reconnects += 1
+            url = self._nodes.current
+            if self._served_by is not None and self._served_by != url and self._on_failover is not None:
+                try:
+                    result = self._on_failover(self._served_by, url)
+                    if inspect.isawaitable(result):
+                        self._spawn(result)
+                except Exception:
+                    logger.exception("ordo: failover callback failed")
+            if self._served_by != url:
+                logger.info("ordo: failed over from %s to %s", self._served_by, url)
+            self._served_by = url
             assert self._connected_event is not None
             self._connected_event.set()
             return
@@ -905,6 +970,8 @@ class OrdoClient:
                 self._schedule_refresh(self._auth_retry_delay())
             elif live is None:
                 self._report(event.to_exception())
+            elif event.fatal and self._behind(live, event.code, event.message):
+                pass
             elif event.fatal:
                 self._lists.pop(live.sub, None)
                 live._finish(event.to_exception())
@@ -929,10 +996,35 @@ class OrdoClient:
                 live._on_ended(event)
         elif isinstance(event, Resumed):
             for sub, (code, message) in event.errors.items():
+                live = self._lists.get(sub)
+                if live is not None and self._behind(live, code, message):
+                    continue
                 live = self._lists.pop(sub, None)
                 if live is not None:
                     live._finish(OrdoError(code, message, sub))
             logger.info("ordo: resumed session %s: replayed %s, reset %s", event.session, event.replayed, event.reset)
+
+    def _behind(self, live: LiveList, code: str, message: str) -> bool:
+        """A refused subscribe or resume entry that another node may take:
+        ``lagging`` (the node is too far behind its cluster's log to take
+        subscribers), or, for a list that has shown data, ``seq_not_reached``
+        (this node has not caught up with what the list showed). The list
+        keeps its items; the client drops the connection and moves to the next
+        node (the same one again, after the backoff, with one URL), where the
+        resume asks for the same ``min_seq``. False for any other refusal."""
+        behind = code == "lagging" or (code == "seq_not_reached" and live.floor_seq is not None)
+        if not behind or not self.reconnect:
+            return False
+        live._report(OrdoError(code, message, live.sub))
+        # The refusal removed the subscription from the local state: the next
+        # connection's resume lists it afresh, with the list's floor as `min_seq`.
+        state = self._state.seed(live.sub, (), 0, live._spec)
+        state.floor_seq = live.floor_seq
+        ws = self._ws
+        if ws is not None and self._ready:
+            self._ready = False
+            self._spawn(ws.close(1000, "node behind"))
+        return True
 
     def _report(self, error: OrdoError) -> None:
         if self._on_error is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -28,12 +29,33 @@ class OrdoHttpError(OrdoError):
         self.op = op
 
 
+_QUERY_PATH = re.compile(r"^/v1/collections/[^/]+/query(\?|$)")
+
+
+def is_idempotent(method: str, path: str) -> bool:
+    """Requests that change nothing, so that sending one again (to another
+    node) is safe: GET and HEAD, and the one-shot query (a POST that only reads)."""
+    verb = method.upper()
+    if verb in ("GET", "HEAD"):
+        return True
+    return verb == "POST" and _QUERY_PATH.match(path) is not None
+
+
 def _segment(text: str) -> str:
     return urllib.parse.quote(text, safe="")
 
 
 class OrdoHttp:
-    """HTTP access to one server (``http://host:port``).
+    """HTTP access to a server (``http://host:port``), or to several nodes of
+    one cluster (a list of URLs).
+
+    With several nodes, a request that cannot reach its node (the connection
+    fails: ``OrdoError("connection_lost")``) moves the client to the next node
+    for good (``current_url``); a request that changes nothing (GET, a query)
+    is then sent again there, once per node, and so is one a node answers 503
+    (lagging, or behind a ``min_seq``). Writes are never sent again: the node
+    may have applied one before the connection broke, so the error is raised
+    and the caller decides (read the item back, say).
 
     ``token``: a fixed bearer token; ``token_provider``: called (sync or async)
     for one at the first request and again after a 401, which is retried once.
@@ -41,16 +63,27 @@ class OrdoHttp:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         *,
         token: str | None = None,
         token_provider: TokenProvider | None = None,
         timeout: float = 30.0,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        bases = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not bases or not all(isinstance(url, str) and url for url in bases):
+            raise ValueError("OrdoHttp needs at least one node URL")
+        self.base_urls: tuple[str, ...] = tuple(url.rstrip("/") for url in bases)
+        self._index = 0
         self._token = token
         self._token_provider = token_provider
         self._timeout = timeout
+
+    @property
+    def base_url(self) -> str:
+        """The node requests go to now."""
+        return self.base_urls[self._index]
+
+    current_url = base_url
 
     async def create_collection(self, name: str, fields: Sequence[Mapping[str, str]]) -> Any:
         """``PUT /v1/collections/{name}``: creates it, or finds it with this very schema.
@@ -111,10 +144,31 @@ class OrdoHttp:
         """Any request; the answer's JSON, or ``OrdoHttpError``."""
         if self._token is None and self._token_provider is not None:
             self._token = await self._fresh_token()
-        status, answer = await asyncio.to_thread(self._send, method, path, body, self._token)
-        if status == 401 and self._token_provider is not None:
-            self._token = await self._fresh_token()
-            status, answer = await asyncio.to_thread(self._send, method, path, body, self._token)
+        retry = is_idempotent(method, path)
+        tries = 0
+        while True:
+            tries += 1
+            index = self._index
+            base = self.base_urls[index]
+            try:
+                status, answer = await asyncio.to_thread(self._send, base, method, path, body, self._token)
+                if status == 401 and self._token_provider is not None:
+                    self._token = await self._fresh_token()
+                    status, answer = await asyncio.to_thread(self._send, base, method, path, body, self._token)
+            except OrdoError as error:
+                if error.code != "connection_lost":
+                    raise
+                # No answer from this node: the next request goes to the next one.
+                if self._index == index:
+                    self._index = (index + 1) % len(self.base_urls)
+                if not retry or tries >= len(self.base_urls):
+                    raise
+                continue
+            if status == 503 and retry and tries < len(self.base_urls):
+                if self._index == index:
+                    self._index = (index + 1) % len(self.base_urls)
+                continue
+            break
         if not 200 <= status < 300:
             error = answer.get("error") if isinstance(answer, dict) else None
             error = error if isinstance(error, dict) else {}
@@ -133,9 +187,9 @@ class OrdoHttp:
             raise OrdoError("token_provider", "the token provider returned no string")
         return token
 
-    def _send(self, method: str, path: str, body: Any, token: str | None) -> tuple[int, Any]:
+    def _send(self, base: str, method: str, path: str, body: Any, token: str | None) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.base_url + path, data=data, method=method)
+        request = urllib.request.Request(base + path, data=data, method=method)
         if data is not None:
             request.add_header("Content-Type", "application/json")
         if token:

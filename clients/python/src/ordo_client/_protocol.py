@@ -219,6 +219,11 @@ class Subscription:
     total: int | None = None
     #: The ``write_seq`` of the last frame applied; ``None`` before any.
     write_seq: int | None = None
+    #: The greatest ``write_seq`` applied so far (``None``: none yet). Every
+    #: later ``subscribe`` or ``resume`` entry of this subscription carries it
+    #: as ``min_seq``, so the list never goes back in time, even when another
+    #: node (one that lags) answers.
+    floor_seq: int | None = None
 
 
 def _require(frame: Mapping[str, Any], key: str, kinds: type | tuple[type, ...]) -> Any:
@@ -294,7 +299,7 @@ class ProtocolState:
         if state.status == "resubscribing":
             return []
         state.status = "resubscribing"
-        return [{"op": "unsubscribe", "sub": sub}, _subscribe_op(sub, state.spec)]
+        return [{"op": "unsubscribe", "sub": sub}, _subscribe_op(sub, state.spec, state.floor_seq)]
 
     def begin_unsubscribe(self, sub: str) -> dict[str, Any]:
         """Marks the subscription as closing and returns the ``unsubscribe`` op."""
@@ -328,6 +333,11 @@ class ProtocolState:
                 # from 0: resume that one.
                 state.status = "pending"
             entry = {"sub": sub, **_spec_keys(state.spec), "last_seq": state.seq}
+            if state.floor_seq is not None:
+                # A node that does not know the session (another node's) resets
+                # every entry: `min_seq` makes it wait until it has what the
+                # list already showed (or refuse with `seq_not_reached`).
+                entry["min_seq"] = state.floor_seq
             entries.append(entry)
         if not entries:
             # Nothing to resume: this connection's own session is the one now.
@@ -416,6 +426,8 @@ class ProtocolState:
             state.total = total
         write_seq = frame.get("write_seq")
         state.write_seq = write_seq if _is_count(write_seq) else None
+        if state.write_seq is not None and (state.floor_seq is None or state.write_seq > state.floor_seq):
+            state.floor_seq = state.write_seq
         if state.status in ("pending", "awaiting_reset"):
             state.status = "live"
         return [Update(sub, seq, list(diffs), items, has_reset(diffs), state.total, state.write_seq)]
@@ -517,5 +529,8 @@ def _spec_keys(spec: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _subscribe_op(sub: str, spec: Mapping[str, Any]) -> dict[str, Any]:
-    return {"op": "subscribe", "sub": sub, **_spec_keys(spec)}
+def _subscribe_op(sub: str, spec: Mapping[str, Any], min_seq: int | None = None) -> dict[str, Any]:
+    op = {"op": "subscribe", "sub": sub, **_spec_keys(spec)}
+    if min_seq is not None:
+        op["min_seq"] = min_seq
+    return op

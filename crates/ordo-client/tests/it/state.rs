@@ -189,3 +189,47 @@ fn every_resumed_replaces_the_session() {
     state.handle_frame(&json!({"type": "resumed", "session": "s3", "subs": [{"sub": "rooms", "replayed": 0}]}));
     assert_eq!(state.session.as_deref(), Some("s3"));
 }
+
+#[test]
+fn the_floor_is_the_greatest_write_seq_and_a_node_behind_it_keeps_the_list() {
+    let mut state: ProtocolState<JsonList> = ProtocolState::new();
+    state.subscribe("rooms", JsonList::new(vec![]));
+    assert_eq!(state.floor_seq("rooms"), None);
+    state.handle_frame(
+        &json!({"type": "diffs", "sub": "rooms", "seq": 1, "diffs": [{"Reset": {"values": [item(1)]}}], "write_seq": 9}),
+    );
+    // A frame without write_seq does not lower it.
+    state
+        .handle_frame(&json!({"type": "diffs", "sub": "rooms", "seq": 2, "diffs": [{"PushBack": {"value": item(2)}}]}));
+    assert_eq!(state.floor_seq("rooms"), Some(9));
+
+    // Resumed on a node that has not reached 9: the list stays, subscribing afresh.
+    state.prepare_resume();
+    let events = state.handle_frame(&json!({"type": "resumed", "session": "s2", "subs": [
+        {"sub": "rooms", "error": {"code": "seq_not_reached", "message": "not yet"}}]}));
+    assert!(
+        matches!(&events[..], [Event::Resumed { failed, .. }, Event::Behind { sub, .. }] if failed.is_empty() && sub == "rooms"),
+        "{events:?}"
+    );
+    assert_eq!(state.phase("rooms"), Some(Phase::Subscribing));
+    assert_eq!(state.floor_seq("rooms"), Some(9));
+    assert_eq!(state.sink("rooms").unwrap().items.len(), 2);
+    // The same on a refused subscribe.
+    let events =
+        state.handle_frame(&json!({"type": "error", "sub": "rooms", "code": "seq_not_reached", "message": "not yet"}));
+    assert!(matches!(&events[..], [Event::Behind { .. }]), "{events:?}");
+    assert!(state.contains("rooms"));
+
+    // `lagging` (the node refuses subscribers until it catches up): kept, even with no floor.
+    state.subscribe("new", JsonList::new(vec![]));
+    let events = state.handle_frame(&json!({"type": "error", "sub": "new", "code": "lagging", "message": "lags"}));
+    assert!(matches!(&events[..], [Event::Behind { .. }]), "{events:?}");
+    assert_eq!(state.phase("new"), Some(Phase::Subscribing));
+
+    // A list that never showed anything is refused as before: it is gone.
+    state.subscribe("fresh", JsonList::new(vec![]));
+    let events =
+        state.handle_frame(&json!({"type": "error", "sub": "fresh", "code": "seq_not_reached", "message": "not yet"}));
+    assert!(matches!(&events[..], [Event::Error { .. }]), "{events:?}");
+    assert!(!state.contains("fresh"));
+}

@@ -36,7 +36,11 @@ fn as_vector_event(event: &Event) -> Option<Value> {
         Event::InvalidDiffs { sub, .. } => json!({"kind": "invalid_diffs", "sub": sub}),
         Event::Protocol { message, .. } => json!({"kind": "protocol", "message": message}),
         Event::Ended { sub, reason, .. } => json!({"kind": "ended", "sub": sub, "reason": reason}),
-        Event::Change { .. } | Event::Authed(_) | Event::AuthExpired { .. } | Event::Ack { .. } => return None,
+        Event::Change { .. }
+        | Event::Behind { .. }
+        | Event::Authed(_)
+        | Event::AuthExpired { .. }
+        | Event::Ack { .. } => return None,
     })
 }
 
