@@ -40,7 +40,7 @@ use crate::harness::{time_ops, Measurement, MemProbe, OpPlan};
 
 /// Counts diffs; a server would encode them here, borrowing the item data.
 #[derive(Default)]
-struct CountingSink {
+pub(crate) struct CountingSink {
     n_diffs: usize,
 }
 
@@ -55,7 +55,7 @@ impl DiffSink for CountingSink {
 }
 
 impl CountingSink {
-    fn take(&mut self) -> usize {
+    pub(crate) fn take(&mut self) -> usize {
         std::mem::take(&mut self.n_diffs)
     }
 }

@@ -26,13 +26,11 @@
 
 use std::time::Duration;
 
-use ordo_core::{
-    Batch, CollectionId, DiffRef, DiffSink, Engine, FieldType, Filter, OwnedValue, Schema, SortKey, Value, ViewDef,
-    WindowId,
-};
+use ordo_core::{Batch, CollectionId, Engine, FieldType, Filter, OwnedValue, Schema, SortKey, Value, ViewDef};
 
 use crate::data::{generate_rooms, random_payload, Rng, Room, WINDOW_LIMIT};
 use crate::harness::{time_ops, Measurement, MemProbe, OpPlan, Samples};
+use crate::ordo_system::CountingSink;
 use crate::peers::eyeball;
 use crate::report::{Group, Outcome, Row};
 
@@ -163,27 +161,6 @@ pub fn generate_messages(data: &SharedRooms, count: usize, seed: u64) -> Vec<Mes
 pub fn plan(quick: bool) -> OpPlan {
     let n_messages = if quick { 40 } else { 300 };
     OpPlan { warmup: 10, min_ops: n_messages, max_ops: n_messages, budget: Duration::from_secs(3_600) }
-}
-
-/// Counts diffs, touching the borrowed data as an encoder would.
-#[derive(Default)]
-struct CountingSink {
-    n_diffs: usize,
-}
-
-impl DiffSink for CountingSink {
-    fn diff(&mut self, _window: WindowId, diff: DiffRef<'_>) {
-        if let DiffRef::Insert { value, .. } | DiffRef::PushFront { value } | DiffRef::Set { value, .. } = diff {
-            std::hint::black_box(value.payload().len());
-        }
-        self.n_diffs += 1;
-    }
-}
-
-impl CountingSink {
-    fn take(&mut self) -> usize {
-        std::mem::take(&mut self.n_diffs)
-    }
 }
 
 fn member_id(user: usize, room: u32) -> String {
@@ -395,6 +372,7 @@ pub fn run(quick: bool, systems: &[&'static str], seed: u64, emit: &mut dyn FnMu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ordo_core::WindowId;
 
     #[test]
     fn memberships_are_distinct_per_user_and_indexed_both_ways() {
