@@ -7,6 +7,7 @@
 //! - [`harness`]: per-operation timing, allocation counting, memory probes.
 //! - [`peers`]: the peers, one function per scenario each.
 //! - [`ordo_system`]: the Ordo side, one function per scenario.
+//! - [`shared_rooms`]: the `shared-rooms` scenario (its data, its three systems).
 //! - [`scenarios`]: the runner; [`report`]: the table and JSON lines.
 
 pub mod alloc_counter;
@@ -17,6 +18,7 @@ pub mod partition;
 pub mod peers;
 pub mod report;
 pub mod scenarios;
+pub mod shared_rooms;
 
 /// Every allocation of the benchmark (and of its tests) goes through the
 /// counting allocator.

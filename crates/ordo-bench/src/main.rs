@@ -16,12 +16,14 @@ usage: ordo-bench [--quick] [--json] [--scenario NAME[,NAME…]]… [--n N[,N…
                 time budgets: the whole run takes well under a minute
   --json        one JSON object per line on stdout (progress goes to stderr)
   --scenario    create, new-message, load-more, filter-switch, fan-out,
-                many-lists, shared-predicate (default: all)
+                many-lists, shared-predicate, shared-rooms (default: all)
   --n           restrict N (default 1000,10000,100000,1000000; many-lists is
                 sized in collections and ignores it)
   --system      ordo, eyeball, naive, naive-full (default: all); in
                 shared-predicate, ordo runs against ordo-unkeyed (the same
-                engine with view keying off) instead of the peers
+                engine with view keying off) instead of the peers; in
+                shared-rooms, ordo (reference fields) runs with ordo-fan-out
+                (one collection per user, every copy updated) and eyeball
   --seed        seed of the data set and update streams (default 1)
 
 Each operation is timed individually (Instant::now() before and after; the

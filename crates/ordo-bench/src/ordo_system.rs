@@ -40,7 +40,7 @@ use crate::harness::{time_ops, Measurement, MemProbe, OpPlan};
 
 /// Counts diffs; a server would encode them here, borrowing the item data.
 #[derive(Default)]
-struct CountingSink {
+pub(crate) struct CountingSink {
     n_diffs: usize,
 }
 
@@ -55,7 +55,7 @@ impl DiffSink for CountingSink {
 }
 
 impl CountingSink {
-    fn take(&mut self) -> usize {
+    pub(crate) fn take(&mut self) -> usize {
         std::mem::take(&mut self.n_diffs)
     }
 }
@@ -294,7 +294,8 @@ pub fn fan_out(rooms: &[Room], updates: &[Update], offsets: &[usize], plan: &OpP
 /// collection that holds the room — `data.memberships_of(room)` gives the 50
 /// `(collection, position)` pairs — and drain all those windows' diffs;
 /// return the total. Attach the memory figures as the peers do:
-/// `Some(mem.attach(samples.measurement(true)))`.
+/// `Some(mem.attach(samples.measurement(true)))`, plus the views' heap per
+/// entry (the windows are opened after every collection is filled, to measure it).
 pub fn many_lists(data: &ManyLists, updates: &[Update], plan: &OpPlan) -> Option<Measurement> {
     let probe = MemProbe::start();
     let mut engine = Engine::new();
@@ -307,10 +308,16 @@ pub fn many_lists(data: &ManyLists, updates: &[Update], plan: &OpPlan) -> Option
         batch.clear();
         add_rooms(&mut batch, data.collection(c).iter().map(|&room| &data.rooms[room as usize]));
         engine.apply_batch(collection, &batch, &mut sink).ok()?;
-        let window = engine.open_window(collection, &def, 0, WINDOW_LIMIT, &mut sink).ok()?;
-        engine.prepare_window(window).ok()?;
         collections.push(collection);
     }
+    // The views apart, for their bytes per entry (the view's fixed part included).
+    let views_probe = MemProbe::start();
+    for &collection in &collections {
+        let window = engine.open_window(collection, &def, 0, WINDOW_LIMIT, &mut sink).ok()?;
+        engine.prepare_window(window).ok()?;
+    }
+    let view_entries = data.collections * data.per_collection;
+    let view_bytes_per_entry = views_probe.per_unit(view_entries).heap;
     sink.take();
     let memory = probe.per_unit(data.collections);
     let samples = time_ops(plan, |i| {
@@ -321,7 +328,7 @@ pub fn many_lists(data: &ManyLists, updates: &[Update], plan: &OpPlan) -> Option
         }
         (sink.take(), ())
     });
-    Some(memory.attach(samples.measurement(true)))
+    Some(memory.attach(samples.measurement(true)).with_extra("heap_bytes_per_view_entry", view_bytes_per_entry))
 }
 
 /// Items per user in `shared-predicate`.

@@ -16,8 +16,16 @@ use crate::peers::naive::{self, Mode};
 use crate::report::{Group, Outcome, Row};
 
 /// Scenario names, in run order.
-pub const SCENARIOS: [&str; 7] =
-    ["create", "new-message", "load-more", "filter-switch", "fan-out", "many-lists", "shared-predicate"];
+pub const SCENARIOS: [&str; 8] = [
+    "create",
+    "new-message",
+    "load-more",
+    "filter-switch",
+    "fan-out",
+    "many-lists",
+    "shared-predicate",
+    "shared-rooms",
+];
 
 /// System names, in report order.
 pub const SYSTEMS: [&str; 4] = ["ordo", "eyeball", "naive", "naive-full"];
@@ -168,6 +176,17 @@ impl Runner {
     pub fn run_scenario(&mut self, scenario: &'static str, emit: &mut dyn FnMut(Group)) {
         if scenario == "many-lists" {
             self.many_lists(emit);
+            return;
+        }
+        if scenario == "shared-rooms" {
+            // Its own data and systems: `ordo` (references), `ordo-fan-out` (with
+            // `--system ordo`) and `eyeball`.
+            let systems: Vec<&'static str> = crate::shared_rooms::SYSTEMS
+                .iter()
+                .copied()
+                .filter(|system| self.cfg.systems.contains(&if *system == "eyeball" { "eyeball" } else { "ordo" }))
+                .collect();
+            crate::shared_rooms::run(self.cfg.quick, &systems, self.cfg.seed, emit);
             return;
         }
         if scenario == "shared-predicate" {

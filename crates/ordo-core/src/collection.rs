@@ -376,7 +376,8 @@ pub struct Collection {
 }
 
 impl Collection {
-    pub(crate) fn new(name: &str, schema: Schema) -> Collection {
+    pub(crate) fn new(name: &str, mut schema: Schema) -> Collection {
+        schema.shrink_to_fit();
         let columns = schema.fields().iter().map(|field| Column::new(field.field_type)).collect();
         Collection {
             name: name.to_owned(),

@@ -1023,7 +1023,6 @@ fn remove_from_views(
             old_ranks.push(OldRank::NotMember);
             continue;
         }
-        let entry = Entry { prefix: view.sort.encode_prefix(&state.collection, slot), slot };
         let (sort, collection) = (&view.sort, &state.collection);
         let compare = |left, right| compare_entries(sort, collection, left, right);
         // `None` (a remove) changes everything; otherwise only the fields written.
@@ -1035,10 +1034,17 @@ fn remove_from_views(
             ),
         };
         let tree = view.index.tree_mut();
+        let still_member = !touches_filter;
         old_ranks.push(if !touches_sort && !touches_filter {
+            let entry = Entry { prefix: sort.encode_prefix(collection, slot), slot };
             OldRank::Unchanged(tree.rank_of(entry, compare))
+        } else if let Some((rank, _prefix)) = tree.remove_slot(slot) {
+            // Found through the slot → leaf map: no search, no old prefix to encode.
+            debug_assert_eq!(_prefix, sort.encode_prefix(collection, slot), "index out of sync with item data");
+            OldRank::Removed { rank, still_member }
         } else {
-            OldRank::Removed { rank: tree.remove(entry, compare), still_member: !touches_filter }
+            let entry = Entry { prefix: sort.encode_prefix(collection, slot), slot };
+            OldRank::Removed { rank: tree.remove(entry, compare), still_member }
         });
     }
 }

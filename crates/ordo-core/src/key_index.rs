@@ -148,6 +148,9 @@ impl KeyIndex {
                 field.add_slot(slot, hash);
             }
         }
+        // Usually the only keyed field: room for one (a `KeyedField` is 96 bytes, and
+        // a push would make room for four, paid by every user's collection).
+        self.fields.reserve_exact(1);
         self.fields.push(field);
     }
 

@@ -143,6 +143,12 @@ impl Schema {
         Schema::default()
     }
 
+    /// Drops the field list's spare capacity (a collection keeps its schema for life,
+    /// and each user's collection pays for it).
+    pub(crate) fn shrink_to_fit(&mut self) {
+        self.fields.shrink_to_fit();
+    }
+
     /// Adds a field; fails on a duplicate or invalid name, or past the field limit.
     pub fn try_with_field(mut self, name: &str, field_type: FieldType) -> Result<Schema, SchemaError> {
         if name.is_empty() || name.len() > MAX_FIELD_NAME_BYTES {

@@ -16,6 +16,8 @@ pub struct CountingAllocator;
 
 thread_local! {
     static ALLOCATIONS_ON_THIS_THREAD: Cell<u64> = const { Cell::new(0) };
+    /// Requested bytes allocated minus freed by this thread (see `heap_bytes_on_this_thread`).
+    static HEAP_BYTES_ON_THIS_THREAD: Cell<i64> = const { Cell::new(0) };
 }
 
 // SAFETY: every call is forwarded unchanged to the system allocator; the counter is a
@@ -24,30 +26,45 @@ thread_local! {
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         ALLOCATIONS_ON_THIS_THREAD.with(|count| count.set(count.get() + 1));
+        add_heap_bytes(layout.size() as i64);
         // SAFETY: same contract as ours, passed through.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
+        add_heap_bytes(-(layout.size() as i64));
         // SAFETY: `pointer` came from `System.alloc` through this allocator.
         unsafe { System.dealloc(pointer, layout) }
     }
 
     unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         ALLOCATIONS_ON_THIS_THREAD.with(|count| count.set(count.get() + 1));
+        add_heap_bytes(new_size as i64 - layout.size() as i64);
         // SAFETY: same contract as ours, passed through.
         unsafe { System.realloc(pointer, layout, new_size) }
     }
+}
+
+fn add_heap_bytes(delta: i64) {
+    // `try_with`: a thread's last frees may come after its thread-locals are gone.
+    let _ = HEAP_BYTES_ON_THIS_THREAD.try_with(|bytes| bytes.set(bytes.get() + delta));
 }
 
 pub fn allocations_on_this_thread() -> u64 {
     ALLOCATIONS_ON_THIS_THREAD.with(Cell::get)
 }
 
+/// Heap bytes (as requested, without the allocator's own overhead) allocated and not
+/// yet freed by this thread. Memory freed by another thread would skew it; the
+/// engine's tests run it on one thread.
+pub fn heap_bytes_on_this_thread() -> i64 {
+    HEAP_BYTES_ON_THIS_THREAD.with(Cell::get)
+}
+
 /// Reads every diff's borrowed data, as a server encoding frames would.
 #[derive(Default)]
-struct ReadingSink {
-    n_diffs: u64,
+pub struct ReadingSink {
+    pub n_diffs: u64,
     n_bytes_seen: u64,
 }
 
@@ -128,7 +145,7 @@ fn room_list_updates_allocate_nothing_in_steady_state() {
         }
     };
     // Warm-up: buffers, node arenas and per-slot strings reach their working size.
-    run_updates(&mut engine, &mut batch, &mut sink, 5_000);
+    run_updates(&mut engine, &mut batch, &mut sink, 20_000);
     let n_diffs_before = sink.n_diffs;
     let before = allocations_on_this_thread();
     run_updates(&mut engine, &mut batch, &mut sink, 20_000);
@@ -279,7 +296,7 @@ fn collated_view_updates_allocate_nothing_in_steady_state() {
             engine.apply_batch(people, batch, sink).unwrap();
         }
     };
-    run_updates(&mut engine, &mut batch, &mut sink, 5_000);
+    run_updates(&mut engine, &mut batch, &mut sink, 20_000);
     let n_diffs_before = sink.n_diffs;
     let before = allocations_on_this_thread();
     run_updates(&mut engine, &mut batch, &mut sink, 20_000);
