@@ -440,3 +440,49 @@ fn a_node_catching_up_in_runs_gets_the_seqs_and_outcomes_of_one_by_one() {
     // After the run, a write on the caught-up node gets the next seq.
     assert_eq!(increment(&b, "counter"), last + 1);
 }
+
+/// The rules are checked where an entry applies, not only by the node that
+/// published it: entries put on the stream directly (a node of an older
+/// version, a bug, anyone with access to NATS) carrying a writer's or a
+/// reader's identity cannot change the schema, drop or write past the rules.
+#[test]
+fn entries_are_checked_against_the_callers_rules_where_they_apply() {
+    let nats = NatsCluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let server = node(dir.path(), &nats.urls(), "solo", 1);
+    let (status, _) = server.http("PUT", "/v1/collections/things", Some(&schema()));
+    assert_eq!(status, 201);
+    let entries = [
+        json!({"kind": "add_field", "collection": "things", "field": {"name": "extra", "type": "u64"},
+               "caller": {"sub": "w", "role": "writer"}}),
+        json!({"kind": "remove_field", "collection": "things", "field": "owner",
+               "caller": {"sub": "w", "role": "writer"}}),
+        json!({"kind": "drop_collection", "collection": "things", "caller": {"sub": "w", "role": "writer"}}),
+        json!({"kind": "write", "collection": "things", "ops": [{"op": "upsert", "id": "r", "fields": {"n": 1}}],
+               "caller": {"sub": "r", "role": "reader"}}),
+        // The last one is allowed: it tells when the others have been applied.
+        json!({"kind": "write", "collection": "things", "ops": [{"op": "upsert", "id": "ok", "fields": {"n": 2}}],
+               "caller": {"sub": "a", "role": "admin"}}),
+    ];
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let last = runtime.block_on(async {
+        let client = async_nats::connect(nats.url(0)).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let mut last = 0;
+        for (index, entry) in entries.iter().enumerate() {
+            let publish = async_nats::jetstream::context::Publish::build()
+                .message_id(format!("test/rules/{index}"))
+                .payload(entry.to_string().into_bytes().into());
+            last = js.send_publish("ordo.log", publish).await.unwrap().await.unwrap().sequence;
+        }
+        last
+    });
+    wait_applied(&[&server], last);
+    let ids: Vec<Value> = items(&server, last).as_array().unwrap().iter().map(|item| item["id"].clone()).collect();
+    assert_eq!(ids, vec![json!("ok")], "only the admin's write applied");
+    let (status, collection) = server.http("GET", "/v1/collections/things", None);
+    assert_eq!(status, 200, "the writer's drop was refused: {collection}");
+    let names: Vec<&str> =
+        collection["fields"].as_array().unwrap().iter().map(|field| field["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["n", "owner"], "the writer's schema changes were refused");
+}
