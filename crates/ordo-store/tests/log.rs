@@ -486,20 +486,15 @@ impl ordo_core::DiffSink for BatchSeqSink {
 /// `write_seq`). Refused batches get no `seq` and no call.
 #[test]
 fn the_sink_hears_each_batch_seq_before_its_diffs() {
-    use ordo_core::{SortKey, Value, ViewDef};
+    use ordo_core::{SortKey, ViewDef};
     use ordo_store::PendingWrite;
     let dir = tempfile::tempdir().unwrap();
     let (mut database, _) = open(dir.path());
     let rooms = database.create_collection("rooms", test_schema()).unwrap();
     let def = ViewDef::new(ordo_core::Filter::True, vec![SortKey::desc("recency")]);
     let window = database.open_window(rooms, &def, 0, 10, &mut CollectingSink::default()).unwrap();
-    let batch = |id: &str, recency: u64| {
-        let mut batch = Batch::new();
-        batch.upsert(id).set("recency", Value::U64(recency));
-        batch
-    };
-    let mut refused = Batch::new();
-    refused.upsert("bad").set("recency", Value::Str("not a number"));
+    let batch = recency_batch;
+    let refused = refused_batch();
     let mut group = vec![
         PendingWrite::new(rooms, batch("a", 1)),
         PendingWrite::new(rooms, refused),
@@ -508,8 +503,7 @@ fn the_sink_hears_each_batch_seq_before_its_diffs() {
     ];
     let mut sink = BatchSeqSink::default();
     database.write_group(&mut group, &mut sink);
-    let seqs: Vec<Option<u64>> =
-        group.iter().map(|write| write.result.as_ref().unwrap().as_ref().ok().map(|ack| ack.seq)).collect();
+    let seqs = acked_seqs(&group);
     assert_eq!(seqs, [Some(1), None, Some(2), Some(3)]);
     assert_eq!(sink.begun, [1, 2, 3]);
     assert_eq!(sink.changes, [(Some(1), window), (Some(2), window), (Some(3), window)]);
@@ -520,18 +514,12 @@ fn the_sink_hears_each_batch_seq_before_its_diffs() {
 /// a reopened database has the same `last_seq` and versions.
 #[test]
 fn a_run_gives_every_write_its_own_seq_and_refused_ones_a_marker() {
-    use ordo_core::Value;
     use ordo_store::PendingWrite;
     let dir = tempfile::tempdir().unwrap();
     let (mut database, _) = open(dir.path());
     let rooms = database.create_collection("rooms", test_schema()).unwrap();
-    let batch = |id: &str, recency: u64| {
-        let mut batch = Batch::new();
-        batch.upsert(id).set("recency", Value::U64(recency));
-        batch
-    };
-    let mut refused = Batch::new();
-    refused.upsert("bad").set("recency", Value::Str("not a number"));
+    let batch = recency_batch;
+    let refused = refused_batch();
     let mut run = vec![
         PendingWrite::new(rooms, batch("a", 1)),
         PendingWrite::new(rooms, refused),
@@ -540,8 +528,7 @@ fn a_run_gives_every_write_its_own_seq_and_refused_ones_a_marker() {
     ];
     let mut sink = BatchSeqSink::default();
     database.write_run(&mut run, &mut sink);
-    let seqs: Vec<Option<u64>> =
-        run.iter().map(|write| write.result.as_ref().unwrap().as_ref().ok().map(|ack| ack.seq)).collect();
+    let seqs = acked_seqs(&run);
     assert_eq!(seqs, [Some(1), None, Some(3), Some(4)]);
     assert_eq!(sink.begun, [1, 3, 4]);
     assert_eq!(database.last_seq(), 4);
@@ -557,4 +544,23 @@ fn a_run_gives_every_write_its_own_seq_and_refused_ones_a_marker() {
     let (database, _) = open(dir.path());
     assert_eq!(database.last_seq(), 4);
     assert_eq!(versions(&database), (Some(4), Some(3)));
+}
+
+/// A batch that sets one item's `recency`.
+fn recency_batch(id: &str, recency: u64) -> Batch {
+    let mut batch = Batch::new();
+    batch.upsert(id).set("recency", ordo_core::Value::U64(recency));
+    batch
+}
+
+/// A batch validation refuses (a string in a `u64` field).
+fn refused_batch() -> Batch {
+    let mut batch = Batch::new();
+    batch.upsert("bad").set("recency", ordo_core::Value::Str("not a number"));
+    batch
+}
+
+/// Each write's acknowledged seq, `None` for a refused one.
+fn acked_seqs(writes: &[ordo_store::PendingWrite]) -> Vec<Option<u64>> {
+    writes.iter().map(|write| write.result.as_ref().unwrap().as_ref().ok().map(|ack| ack.seq)).collect()
 }
