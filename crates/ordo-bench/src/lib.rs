@@ -7,12 +7,16 @@
 //! - [`harness`]: per-operation timing, allocation counting, memory probes.
 //! - [`peers`]: the peers, one function per scenario each.
 //! - [`ordo_system`]: the Ordo side, one function per scenario.
+//! - [`cluster_bench`]: the `cluster-bench` binary's phases (issue 16).
+//! - [`live`]: drives a live `ordo serve` (loadgen, cluster-bench's chat phase).
 //! - [`shared_rooms`]: the `shared-rooms` scenario (its data, its three systems).
 //! - [`scenarios`]: the runner; [`report`]: the table and JSON lines.
 
 pub mod alloc_counter;
+pub mod cluster_bench;
 pub mod data;
 pub mod harness;
+pub mod live;
 pub mod ordo_system;
 pub mod partition;
 pub mod peers;

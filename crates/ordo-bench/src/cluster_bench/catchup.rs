@@ -1,0 +1,136 @@
+//! `--phase catchup` (a new node replays the stream) and `--phase apply` (the store's apply ceiling).
+
+use std::time::{Duration, Instant};
+
+use super::procs::{create_collection, temp_dir, write_body, Http, Nats, Ordo, Sync};
+use super::Options;
+use crate::live::Result;
+
+/// Fills the stream through `node` as fast as `connections` writers go; returns the last seq.
+pub fn fill(node: &Ordo, entries: u64, connections: usize) -> Result<u64> {
+    let port = node.port;
+    let per_thread = entries.div_ceil(connections as u64);
+    let threads: Vec<_> = (0..connections as u64)
+        .map(|thread| {
+            std::thread::spawn(move || -> Result<()> {
+                let mut http = Http::connect(port)?;
+                for i in 0..per_thread {
+                    let (status, body) =
+                        http.request("POST", "/v1/collections/rooms/batch", &write_body(thread * per_thread + i))?;
+                    if status != 200 {
+                        return Err(format!("a write answered {status}: {body}").into());
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().map_err(|_| "a writer thread panicked")??;
+    }
+    node.applied_seq()
+}
+
+pub fn catchup_phase(options: &Options) -> Result<()> {
+    println!("\n== catch-up of a new node: {} entries (one upsert each) ==", options.catchup_entries);
+    let nats = Nats::start(&options.nats_bin, options.nats_nodes, Sync::Default)?;
+    let node_a = Ordo::start(&options.ordo_bin, "node-a", Some((&nats, options.nats_nodes)), &[])?;
+    create_collection(node_a.port)?;
+    let filled = Instant::now();
+    let target = fill(&node_a, options.catchup_entries, options.connections.max(16))?;
+    let fill_seconds = filled.elapsed().as_secs_f64();
+    println!(
+        "filled: {target} entries through node-a in {fill_seconds:.1} s ({:.0} entries/s: the write path's \
+         throughput with {} connections)",
+        target as f64 / fill_seconds,
+        options.connections.max(16)
+    );
+    let spawned = Instant::now();
+    let node_b = Ordo::start(&options.ordo_bin, "node-b", Some((&nats, options.nats_nodes)), &[])?;
+    let listening = spawned.elapsed();
+    let at_listening = node_b.applied_seq()?;
+    let mut first_progress: Option<(Instant, u64)> = None;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let done = loop {
+        let applied = node_b.applied_seq()?;
+        if first_progress.is_none() && applied > at_listening {
+            first_progress = Some((Instant::now(), applied));
+        }
+        if applied >= target {
+            break Instant::now();
+        }
+        if Instant::now() > deadline {
+            return Err(format!("node-b applied {applied} of {target} entries in 600 s").into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let total = done - spawned;
+    println!(
+        "node-b: listening after {:.2} s (applied {at_listening} by then), all {target} applied {:.2} s after \
+         start: {:.0} entries/s from process start (goal: 200 000/s)",
+        listening.as_secs_f64(),
+        total.as_secs_f64(),
+        target as f64 / total.as_secs_f64()
+    );
+    if let Some((at, applied)) = first_progress {
+        let seconds = (done - at).as_secs_f64().max(1e-3);
+        println!(
+            "node-b: {:.0} entries/s while applying (from the first progress seen by /v1/health)",
+            (target - applied) as f64 / seconds
+        );
+    }
+    println!("node-a pid {}, node-b pid {}", node_a.process.pid(), node_b.process.pid());
+    Ok(())
+}
+
+/// The apply side's ceiling, without NATS: `entries` one-upsert batches into a
+/// store with the cluster's durability (relaxed: the stream is the durable
+/// copy), one `Database::write` (one log append, one group) per entry against
+/// `write_group` of `group` entries. A catching-up node's writer can do no
+/// better than this; the gap between the two says what batching entries per
+/// writer command and per group commit is worth.
+pub fn apply_phase(options: &Options) -> Result<()> {
+    use ordo_core::{Batch, FieldType, NullSink, Schema, Value};
+    use ordo_store::{Database, Durability, PendingWrite, StoreOptions};
+    let entries = options.catchup_entries;
+    println!("\n== apply ceiling (store only, relaxed durability): {entries} one-upsert entries ==");
+    let run = |group: usize| -> Result<f64> {
+        let dir = temp_dir(&format!("apply-{group}"));
+        let store_options = StoreOptions { durability: Durability::Relaxed, ..StoreOptions::default() };
+        let (mut database, _) = Database::open(&dir, store_options, &mut |_| {})?;
+        let schema = Schema::new().with_field("recency", FieldType::U64).with_field("name", FieldType::String);
+        let rooms = database.create_collection("rooms", schema)?;
+        let mut pending: Vec<PendingWrite> = (0..group).map(|_| PendingWrite::new(rooms, Batch::new())).collect();
+        let names: Vec<String> = (0..10_000).map(|i| format!("room {i}")).collect();
+        let ids: Vec<String> = (0..10_000).map(|i| format!("r{i}")).collect();
+        let started = Instant::now();
+        let mut n = 0u64;
+        while n < entries {
+            let n_now = (group as u64).min(entries - n) as usize;
+            for (k, write) in pending[..n_now].iter_mut().enumerate() {
+                let i = (n as usize + k) % 10_000;
+                write.batch.clear();
+                write.batch.upsert(&ids[i]).set("recency", Value::U64(n + k as u64)).set("name", Value::Str(&names[i]));
+                write.result = None;
+            }
+            database.write_group(&mut pending[..n_now], &mut NullSink);
+            for write in &mut pending[..n_now] {
+                write.result.take().ok_or("no result")??;
+            }
+            n += n_now as u64;
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        drop(database);
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(entries as f64 / seconds)
+    };
+    for _ in 0..options.runs {
+        let (one, grouped) = (run(1)?, run(256)?);
+        println!(
+            "one entry per group commit: {one:.0} entries/s | 256 per group commit: {grouped:.0} entries/s ({:.1}x) \
+             (goal for catch-up: 200 000/s)",
+            grouped / one
+        );
+    }
+    Ok(())
+}
