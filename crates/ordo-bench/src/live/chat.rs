@@ -298,3 +298,47 @@ pub fn chat_losses(outcomes: &[SubscriberOutcome], stats: &WriteStats) -> ChatLo
     }
     losses
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::live::subscriber::SeenUpdates;
+
+    /// A subscriber that received `seen` of the update numbers 1.. and got
+    /// `resets` Resets after its first frame.
+    fn outcome(seen: u64, resets: u64) -> SubscriberOutcome {
+        let mut numbers = SeenUpdates { words: Vec::new(), n_seen: 0, max_number: 1_000 };
+        for number in 1..=seen {
+            numbers.insert(number).expect("below max_number");
+        }
+        SubscriberOutcome {
+            list: Vec::new(),
+            seen: numbers,
+            resets_after_first: resets,
+            seq_gaps: 0,
+            protocol_errors: 0,
+            error_frames: 0,
+            subscribed: true,
+            closed: None,
+            first_problem: None,
+        }
+    }
+
+    #[test]
+    fn losses_count_unseen_acknowledged_updates_apart_from_announced_resets() {
+        let stats = WriteStats::new(4);
+        for (collection, acked) in [(0u32, 3u64), (1, 5), (2, 4), (3, 1)] {
+            stats.ack(&WritePart { collection, n_updates: acked });
+        }
+        // User 0 saw everything; user 1 misses 3 with no reset (lost); user 2
+        // misses 3 after a Reset (shown apart); user 3 saw 2 of 1 written (extra).
+        let outcomes = [outcome(3, 0), outcome(2, 0), outcome(1, 2), outcome(2, 0)];
+        let losses = chat_losses(&outcomes, &stats);
+        assert_eq!(losses.lost, 3);
+        assert_eq!(losses.reset_collections, 1);
+        assert_eq!(losses.written_in_reset_collections, 4);
+        assert_eq!(losses.missing_in_reset_collections, 3);
+        assert_eq!(losses.resets, 2);
+        assert_eq!(losses.extra, 1);
+    }
+}

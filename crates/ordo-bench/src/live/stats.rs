@@ -58,6 +58,12 @@ pub const HISTOGRAM_SUB_BUCKETS: u64 = 1 << HISTOGRAM_SUB_BUCKET_BITS;
 pub const HISTOGRAM_BUCKETS: usize = (64 - HISTOGRAM_SUB_BUCKET_BITS as usize + 1) * HISTOGRAM_SUB_BUCKETS as usize;
 const _: () = assert!(HISTOGRAM_BUCKETS == 56 * 128 + 255 + 1);
 
+impl Default for Histogram {
+    fn default() -> Histogram {
+        Histogram::new()
+    }
+}
+
 impl Histogram {
     pub fn new() -> Histogram {
         Histogram {
@@ -90,6 +96,10 @@ impl Histogram {
         self.counts[Self::bucket_of(value)].fetch_add(1, Ordering::Relaxed);
         self.n_samples.fetch_add(1, Ordering::Relaxed);
         self.max.fetch_max(value, Ordering::Relaxed);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     pub fn len(&self) -> u64 {

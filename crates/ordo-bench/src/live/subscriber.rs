@@ -46,6 +46,12 @@ pub struct TimelineSecond {
     pub wake_max_us: AtomicU64,
 }
 
+impl Default for Timeline {
+    fn default() -> Timeline {
+        Timeline::new()
+    }
+}
+
 impl Timeline {
     pub fn new() -> Timeline {
         Timeline { seconds: (0..TIMELINE_SECONDS).map(|_| TimelineSecond::default()).collect() }
@@ -100,6 +106,12 @@ pub struct DeliveryCounters {
     pub failed: AtomicU64,
     pub latency_us: Histogram,
     pub timeline: Timeline,
+}
+
+impl Default for DeliveryCounters {
+    fn default() -> DeliveryCounters {
+        DeliveryCounters::new()
+    }
 }
 
 impl DeliveryCounters {
