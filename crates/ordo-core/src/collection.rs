@@ -94,7 +94,8 @@ pub(crate) enum Column {
         present: Bitmap,
     },
     Str {
-        values: Vec<String>,
+        /// The strings longer than their head; see `LongStrings`.
+        values: LongStrings,
         present: Bitmap,
         /// The first bytes of each value, held in the column itself: sort keys are
         /// encoded from here, and short strings (room names) filtered here, without
@@ -113,7 +114,7 @@ impl Column {
             }
             // A reference holds its target's id, a string.
             FieldType::String | FieldType::Ref(_) => {
-                Column::Str { values: Vec::new(), present: Bitmap::default(), heads: Vec::new() }
+                Column::Str { values: LongStrings::default(), present: Bitmap::default(), heads: Vec::new() }
             }
         }
     }
@@ -177,7 +178,7 @@ impl Column {
             (Column::Str { values, present, heads }, Value::Str(text)) => {
                 let head = StringHead::new(text);
                 // As in `set`: only strings longer than their head keep a heap copy.
-                values.push(if text.len() > STRING_HEAD_BYTES { text.to_owned() } else { String::new() });
+                values.push(text);
                 present.push(true);
                 heads.push(head);
             }
@@ -196,7 +197,7 @@ impl Column {
                 present.push(false);
             }
             Column::Str { values, present, heads } => {
-                values.push(String::new());
+                values.push("");
                 present.push(false);
                 heads.push(StringHead::default());
             }
@@ -237,9 +238,7 @@ impl Column {
                 // reader goes through `StringHead::whole` first): no heap copy, so
                 // room names cost no allocation. A longer one reuses the slot's
                 // buffer: no allocation unless the new text is longer.
-                if text.len() > STRING_HEAD_BYTES {
-                    copy_reusing_capacity_str(&mut values[slot], text);
-                }
+                values.set(slot, text);
                 present.set(slot, true);
                 heads[slot] = head;
             }
@@ -296,6 +295,57 @@ impl StringHead {
         }
     }
 }
+
+/// A string column's values that do not fit in their head, per slot: 8 bytes
+/// for a slot whose string fits (room names, owners, reference ids: nothing to
+/// keep but the head), where a `String` per slot took 24. A long string keeps its
+/// box and buffer across updates, so rewriting it allocates only when it grows.
+#[derive(Default)]
+pub(crate) struct LongStrings {
+    strings: Vec<Option<Box<String>>>,
+}
+
+impl LongStrings {
+    /// The slot's string if longer than a head; `""` otherwise (read the head).
+    #[inline]
+    pub(crate) fn get(&self, slot: usize) -> &str {
+        self.strings[slot].as_deref().map_or("", String::as_str)
+    }
+
+    fn push(&mut self, text: &str) {
+        self.strings.push((text.len() > STRING_HEAD_BYTES).then(|| Box::new(text.to_owned())));
+    }
+
+    fn set(&mut self, slot: usize, text: &str) {
+        if text.len() > STRING_HEAD_BYTES {
+            let string = self.strings[slot].get_or_insert_with(Default::default);
+            copy_reusing_capacity_str(string, text);
+        }
+        // A short string leaves the slot's long one in place (stale, never read:
+        // the head says the string is whole), so that the buffer is reused when the
+        // value grows again.
+    }
+
+    fn reserve(&mut self, n_items: usize) {
+        self.strings.reserve(n_items);
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.strings.truncate(len);
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.strings.capacity() * std::mem::size_of::<Option<Box<String>>>()
+            + self
+                .strings
+                .iter()
+                .flatten()
+                .map(|string| std::mem::size_of::<String>() + string.capacity())
+                .sum::<usize>()
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<Option<Box<String>>>() == 8);
 
 fn copy_reusing_capacity_str(target: &mut String, text: &str) {
     target.clear();
@@ -467,7 +517,7 @@ impl Collection {
             },
             Column::Str { present, .. } if !present[slot] => Value::Null,
             // Short strings are read from the column's head, not their heap buffer.
-            Column::Str { values, heads, .. } => Value::Str(heads[slot].whole().unwrap_or(&values[slot])),
+            Column::Str { values, heads, .. } => Value::Str(heads[slot].whole().unwrap_or(values.get(slot))),
         }
     }
 
@@ -751,10 +801,7 @@ impl Collection {
                 Column::Bool { values, present } => values.heap_bytes() + present.heap_bytes(),
                 Column::Word { bits, present } => bits.capacity() * 8 + present.heap_bytes(),
                 Column::Str { values, present, heads } => {
-                    heads.capacity() * std::mem::size_of::<StringHead>()
-                        + values.capacity() * std::mem::size_of::<String>()
-                        + values.iter().map(String::capacity).sum::<usize>()
-                        + present.heap_bytes()
+                    heads.capacity() * std::mem::size_of::<StringHead>() + values.heap_bytes() + present.heap_bytes()
                 }
             };
             parts.push((format!("column {}", self.schema.field(field_id).name), bytes));
