@@ -19,10 +19,17 @@ use crate::error::ApiError;
 /// A running cluster connection.
 pub struct Cluster {
     pub options: ClusterOptions,
+    client: async_nats::Client,
     js: jetstream::Context,
     stream: stream::Stream,
     pub shared: Arc<Shared>,
+    /// When this node last dropped its NATS connection for another (`reconnect_after_timeout`).
+    last_reconnect: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// At most one forced reconnection this often (a stream leader election also
+/// times requests out, and a reconnection restarts the consumer).
+const RECONNECT_SPACING: Duration = Duration::from_secs(10);
 
 /// Where the stream stands at start.
 pub struct StreamState {
@@ -44,7 +51,7 @@ impl Cluster {
             .connect(options.urls.clone())
             .await
             .map_err(|error| format!("cannot connect to NATS at {}: {error}", options.urls.join(",")))?;
-        let mut js = jetstream::new(client);
+        let mut js = jetstream::new(client.clone());
         js.set_timeout(PUBLISH_TIMEOUT);
         let config = stream::Config {
             name: options.stream.clone(),
@@ -71,11 +78,47 @@ impl Cluster {
                 Err(error) => return Err(format!("cannot create or open the stream `{}`: {error}", options.stream)),
             }
         };
-        Ok(Cluster { options, js, stream, shared })
+        // An existing stream keeps its configuration: bind only to one that keeps Ordo's promises.
+        for warning in super::stream_check::check(&stream.cached_info().config, &options)? {
+            tracing::warn!("{warning}");
+        }
+        Ok(Cluster { options, client, js, stream, shared, last_reconnect: std::sync::Mutex::new(None) })
+    }
+
+    /// A request to the stream timed out. When the NATS server this node is
+    /// connected to is frozen (SIGSTOP, a stuck disk, a half-open partition),
+    /// its TCP connection stays open, and async-nats 0.42 finds it dead only
+    /// when pings go unanswered, but it postpones its ping on every command
+    /// sent, and this node sends one at least every second (the stream poll,
+    /// pull requests): the connection would hang on (nats-io/nats.rs#1593).
+    /// So a timeout drops the connection and connects again, to whichever
+    /// server of `--cluster` answers first within `connection_timeout`; at most
+    /// once per `RECONNECT_SPACING`.
+    fn reconnect_after_timeout(&self, what: &str) {
+        {
+            let mut last = self.last_reconnect.lock().expect("reconnect lock");
+            if last.is_some_and(|at| at.elapsed() < RECONNECT_SPACING) {
+                return;
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        tracing::warn!("{what} timed out: connecting to NATS again (the server this node uses may be frozen)");
+        let client = self.client.clone();
+        // Its command queue may be full behind a frozen socket: never wait here.
+        tokio::spawn(async move {
+            if let Err(error) = client.force_reconnect().await {
+                tracing::warn!(%error, "cannot reconnect to NATS");
+            }
+        });
     }
 
     pub async fn stream_state(&self) -> Result<StreamState, String> {
-        let info = self.stream.get_info().await.map_err(|error| format!("cannot read the stream's state: {error}"))?;
+        let info = self.stream.get_info().await.map_err(|error| {
+            if error.kind() == jetstream::context::RequestErrorKind::TimedOut {
+                self.reconnect_after_timeout("reading the stream's state");
+            }
+            format!("cannot read the stream's state: {error}")
+        })?;
         Ok(StreamState {
             first_seq: info.state.first_sequence,
             last_seq: info.state.last_sequence,
@@ -86,12 +129,15 @@ impl Cluster {
     /// Publishes `entries` (encoded, in order) and waits for each one's outcome
     /// on this node: acknowledged by the stream's quorum, then applied here.
     pub async fn submit_all(&self, entries: Vec<Vec<u8>>) -> Vec<Result<Outcome, ApiError>> {
+        if let Some(fatal) = self.shared.status.fatal() {
+            return entries.iter().map(|_| Err(unavailable(format!("this node stopped applying: {fatal}")))).collect();
+        }
         let mut waiting = Vec::with_capacity(entries.len());
         // Sent back to back, so the stream takes them in this order.
         for payload in entries {
             let (id, outcome) = self.shared.register();
             let payload = Bytes::from(payload);
-            let ack = self.js.send_publish(SUBJECT, Publish::build().message_id(&id).payload(payload.clone())).await;
+            let ack = self.send(&id, payload.clone()).await;
             waiting.push((id, payload, ack, outcome));
         }
         let mut results = Vec::with_capacity(waiting.len());
@@ -103,6 +149,20 @@ impl Cluster {
 
     pub async fn submit(&self, entry: Vec<u8>) -> Result<Outcome, ApiError> {
         self.submit_all(vec![entry]).await.pop().expect("one result per entry")
+    }
+
+    /// Hands one publish to the connection, bounded: behind a frozen server
+    /// the client's command queue can fill, and the send would wait for it.
+    async fn send(
+        &self,
+        id: &str,
+        payload: Bytes,
+    ) -> Result<jetstream::context::PublishAckFuture, jetstream::context::PublishError> {
+        let publish = self.js.send_publish(SUBJECT, Publish::build().message_id(id).payload(payload));
+        match tokio::time::timeout(PUBLISH_TIMEOUT, publish).await {
+            Ok(sent) => sent,
+            Err(_) => Err(jetstream::context::PublishErrorKind::TimedOut.into()),
+        }
     }
 
     async fn finish(
@@ -117,10 +177,13 @@ impl Cluster {
             let error = match ack {
                 Ok(future) => match future.await {
                     Ok(ack) => break ack.sequence,
-                    Err(error) => error.to_string(),
+                    Err(error) => error,
                 },
-                Err(error) => error.to_string(),
+                Err(error) => error,
             };
+            if error.kind() == jetstream::context::PublishErrorKind::TimedOut {
+                self.reconnect_after_timeout("a publish");
+            }
             if attempt >= PUBLISH_ATTEMPTS {
                 // Maybe in the stream after all: the entry is then applied, but
                 // nobody waits for it any more.
@@ -133,7 +196,7 @@ impl Cluster {
             tracing::debug!(msg_id = id, %error, "publishing again with the same message id");
             // The same id: if the first attempt landed, JetStream drops this one
             // and acknowledges the first one's sequence.
-            ack = self.js.send_publish(SUBJECT, Publish::build().message_id(id).payload(payload.clone())).await;
+            ack = self.send(id, payload.clone()).await;
         };
         match tokio::time::timeout(APPLY_TIMEOUT, outcome).await {
             Ok(Ok(outcome)) => Ok(outcome),
@@ -184,7 +247,8 @@ pub async fn consume(cluster: Arc<Cluster>, core: CoreSender, mut shutdown: watc
             }
             _ = shutdown.wait_for(|stopping| *stopping) => true,
         };
-        if stopped {
+        if stopped || cluster.shared.status.fatal().is_some() {
+            // Stopped for good (a gap): nothing more goes to the writer.
             return;
         }
         tokio::select! {
@@ -197,15 +261,10 @@ pub async fn consume(cluster: Arc<Cluster>, core: CoreSender, mut shutdown: watc
 async fn consume_from(cluster: &Cluster, core: &CoreSender, start_seq: u64, generation: u64) -> Result<(), String> {
     let state = cluster.stream_state().await?;
     cluster.shared.status.saw_stream_seq(state.last_seq);
-    if state.messages > 0 && state.first_seq > start_seq {
-        // Entries this node needs were removed from the stream (retention).
-        // Applying what is left would skip them silently: refuse, loudly.
-        return Err(format!(
-            "the stream starts at seq {} but this node needs seq {start_seq}: restore a snapshot taken at or after seq {} (docs/SCALING.md)",
-            state.first_seq,
-            state.first_seq - 1
-        ));
-    }
+    // Entries this node needs removed from the stream (retention): applying what
+    // is left would skip them silently. The node stops for good (`gap`).
+    let bounds = super::snapshot::StreamBounds { first_seq: state.first_seq, last_seq: state.last_seq };
+    super::gap::check_start(cluster, start_seq, bounds)?;
     let config = consumer::pull::OrderedConfig {
         filter_subject: SUBJECT.to_owned(),
         deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence: start_seq },
@@ -213,28 +272,49 @@ async fn consume_from(cluster: &Cluster, core: &CoreSender, start_seq: u64, gene
     };
     let consumer = cluster.stream.create_consumer(config).await.map_err(|error| error.to_string())?;
     let mut messages = consumer.messages().await.map_err(|error| error.to_string())?;
+    // The seq the next delivered entry must have; one past it is a gap, checked
+    // (`gap::check`) before anything after the gap reaches the writer.
+    let mut expected = start_seq;
+    let mut after_gap: Option<Delivered> = None;
     loop {
-        let next = match tokio::time::timeout(STALL_AFTER, messages.next()).await {
-            Ok(next) => next,
-            Err(_) if cluster.shared.status.lag_entries() > 0 => {
-                // The stream has entries this consumer does not deliver: its
-                // server is frozen or cut off, and the ordered consumer has not
-                // noticed. A new one reaches the stream's current leader.
-                return Err(format!("no entry for {STALL_AFTER:?} while the stream holds more; consuming again"));
+        let first = match after_gap.take() {
+            Some(entry) => entry,
+            None => {
+                let next = match tokio::time::timeout(STALL_AFTER, messages.next()).await {
+                    Ok(next) => next,
+                    Err(_) if cluster.shared.status.lag_entries() > 0 => {
+                        // The stream has entries this consumer does not deliver: its
+                        // server is frozen or cut off, and the ordered consumer has not
+                        // noticed. A new one reaches the stream's current leader.
+                        return Err(format!(
+                            "no entry for {STALL_AFTER:?} while the stream holds more; consuming again"
+                        ));
+                    }
+                    Err(_) => continue,
+                };
+                let Some(message) = next else { break };
+                delivered(cluster, message, generation)?
             }
-            Err(_) => continue,
         };
-        let Some(message) = next else { break };
+        if first.seq > expected {
+            super::gap::check(cluster, expected, first.seq).await?;
+        }
+        expected = first.seq + 1;
         // A run: this entry and those the consumer already holds (never waiting
         // for more), applied by the writer in one command and one group commit
         // (`apply::apply_run`). A node that keeps up gets runs of one.
-        let first = delivered(cluster, message, generation)?;
         let mut n_bytes = first.payload.len();
         let mut run = vec![first];
         while run.len() < MAX_RUN_ENTRIES && n_bytes < MAX_RUN_BYTES {
             match messages.next().now_or_never() {
                 Some(Some(message)) => {
                     let entry = delivered(cluster, message, generation)?;
+                    if entry.seq != expected {
+                        // A gap: the run so far goes to the writer, then the check.
+                        after_gap = Some(entry);
+                        break;
+                    }
+                    expected += 1;
                     n_bytes += entry.payload.len();
                     run.push(entry);
                 }
