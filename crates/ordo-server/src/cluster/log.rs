@@ -19,12 +19,46 @@ use crate::error::ApiError;
 /// A running cluster connection.
 pub struct Cluster {
     pub options: ClusterOptions,
-    client: async_nats::Client,
+    /// Replaced whole by `reconnect_after_timeout`.
+    conn: Arc<std::sync::RwLock<Arc<Conn>>>,
+    pub shared: Arc<Shared>,
+    /// When this node last started replacing its NATS connection (`reconnect_after_timeout`).
+    last_reconnect: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+/// One NATS connection and the stream as seen through it.
+struct Conn {
     js: jetstream::Context,
     stream: stream::Stream,
-    pub shared: Arc<Shared>,
-    /// When this node last dropped its NATS connection for another (`reconnect_after_timeout`).
-    last_reconnect: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+/// How long one connection to NATS may take, the handshake included (async-nats
+/// 0.42 bounds only its TCP connect by `connection_timeout`: nats-io/nats.rs#1526).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+async fn new_client(options: &ClusterOptions) -> Result<async_nats::Client, String> {
+    let connect = async_nats::ConnectOptions::new()
+        .name(format!("ordo {}", options.node_name))
+        .connection_timeout(CONNECT_TIMEOUT)
+        // A frozen server (SIGSTOP, a partition) keeps its TCP connection
+        // open: pings find it within a few seconds instead of two minutes
+        // (unless commands keep postponing them: `reconnect_after_timeout`).
+        .ping_interval(Duration::from_secs(1))
+        .connect(options.urls.clone());
+    match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(error)) => Err(format!("cannot connect to NATS at {}: {error}", options.urls.join(","))),
+        Err(_) => Err(format!(
+            "cannot connect to NATS at {}: no answer within {CONNECT_TIMEOUT:?}",
+            options.urls.join(",")
+        )),
+    }
+}
+
+fn jetstream_of(client: async_nats::Client) -> jetstream::Context {
+    let mut js = jetstream::new(client);
+    js.set_timeout(PUBLISH_TIMEOUT);
+    js
 }
 
 /// At most one forced reconnection this often (a stream leader election also
@@ -42,17 +76,19 @@ impl Cluster {
     /// Connects to the NATS servers and creates the stream if absent (or binds
     /// to it: an existing stream keeps its own configuration).
     pub async fn connect(options: ClusterOptions, shared: Arc<Shared>) -> Result<Cluster, String> {
-        let client = async_nats::ConnectOptions::new()
-            .name(format!("ordo {}", options.node_name))
-            .connection_timeout(Duration::from_secs(5))
-            // A frozen server (SIGSTOP, a partition) keeps its TCP connection
-            // open: pings find it within a few seconds instead of two minutes.
-            .ping_interval(Duration::from_secs(1))
-            .connect(options.urls.clone())
-            .await
-            .map_err(|error| format!("cannot connect to NATS at {}: {error}", options.urls.join(",")))?;
-        let mut js = jetstream::new(client.clone());
-        js.set_timeout(PUBLISH_TIMEOUT);
+        // A frozen server among the URLs can take a connection attempt: try again.
+        let mut attempt = 0;
+        let client = loop {
+            match new_client(&options).await {
+                Ok(client) => break client,
+                Err(error) if attempt < 3 => {
+                    attempt += 1;
+                    tracing::warn!("{error}; trying again");
+                }
+                Err(error) => return Err(error),
+            }
+        };
+        let js = jetstream_of(client);
         let config = stream::Config {
             name: options.stream.clone(),
             subjects: vec![SUBJECT.to_owned()],
@@ -82,7 +118,12 @@ impl Cluster {
         for warning in super::stream_check::check(&stream.cached_info().config, &options)? {
             tracing::warn!("{warning}");
         }
-        Ok(Cluster { options, client, js, stream, shared, last_reconnect: std::sync::Mutex::new(None) })
+        let conn = Arc::new(std::sync::RwLock::new(Arc::new(Conn { js, stream })));
+        Ok(Cluster { options, conn, shared, last_reconnect: std::sync::Mutex::new(None) })
+    }
+
+    fn conn(&self) -> Arc<Conn> {
+        self.conn.read().expect("connection lock").clone()
     }
 
     /// A request to the stream timed out. When the NATS server this node is
@@ -91,9 +132,13 @@ impl Cluster {
     /// when pings go unanswered, but it postpones its ping on every command
     /// sent, and this node sends one at least every second (the stream poll,
     /// pull requests): the connection would hang on (nats-io/nats.rs#1593).
-    /// So a timeout drops the connection and connects again, to whichever
-    /// server of `--cluster` answers first within `connection_timeout`; at most
-    /// once per `RECONNECT_SPACING`.
+    /// So a timeout replaces the connection by a new one, to whichever server
+    /// of `--cluster` completes its handshake within `CONNECT_TIMEOUT` (a
+    /// frozen one never does: another attempt then), and starts the consumer
+    /// again on it; at most once per `RECONNECT_SPACING`. (async-nats' own
+    /// `force_reconnect` would wait forever for a frozen server's handshake if
+    /// it picked that server again.) Requests in flight on the old connection
+    /// time out and are sent again on the new one, with the same message id.
     fn reconnect_after_timeout(&self, what: &str) {
         {
             let mut last = self.last_reconnect.lock().expect("reconnect lock");
@@ -103,17 +148,35 @@ impl Cluster {
             *last = Some(std::time::Instant::now());
         }
         tracing::warn!("{what} timed out: connecting to NATS again (the server this node uses may be frozen)");
-        let client = self.client.clone();
-        // Its command queue may be full behind a frozen socket: never wait here.
+        let (options, conn, shared) = (self.options.clone(), self.conn.clone(), self.shared.clone());
         tokio::spawn(async move {
-            if let Err(error) = client.force_reconnect().await {
-                tracing::warn!(%error, "cannot reconnect to NATS");
+            for _ in 0..6 {
+                let client = match new_client(&options).await {
+                    Ok(client) => client,
+                    Err(error) => {
+                        tracing::warn!("{error}; trying again");
+                        continue;
+                    }
+                };
+                let js = jetstream_of(client);
+                match tokio::time::timeout(PUBLISH_TIMEOUT, js.get_stream(&options.stream)).await {
+                    Ok(Ok(stream)) => {
+                        // The old connection is dropped once its last request ends.
+                        *conn.write().expect("connection lock") = Arc::new(Conn { js, stream });
+                        tracing::info!("connected to NATS again; consuming again on the new connection");
+                        shared.restart.notify_one();
+                        return;
+                    }
+                    Ok(Err(error)) => tracing::warn!(%error, "the new NATS connection cannot open the stream"),
+                    Err(_) => tracing::warn!("the new NATS connection did not open the stream in time"),
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
             }
         });
     }
 
     pub async fn stream_state(&self) -> Result<StreamState, String> {
-        let info = self.stream.get_info().await.map_err(|error| {
+        let info = self.conn().stream.get_info().await.map_err(|error| {
             if error.kind() == jetstream::context::RequestErrorKind::TimedOut {
                 self.reconnect_after_timeout("reading the stream's state");
             }
@@ -158,7 +221,8 @@ impl Cluster {
         id: &str,
         payload: Bytes,
     ) -> Result<jetstream::context::PublishAckFuture, jetstream::context::PublishError> {
-        let publish = self.js.send_publish(SUBJECT, Publish::build().message_id(id).payload(payload));
+        let conn = self.conn();
+        let publish = conn.js.send_publish(SUBJECT, Publish::build().message_id(id).payload(payload));
         match tokio::time::timeout(PUBLISH_TIMEOUT, publish).await {
             Ok(sent) => sent,
             Err(_) => Err(jetstream::context::PublishErrorKind::TimedOut.into()),
@@ -270,7 +334,7 @@ async fn consume_from(cluster: &Cluster, core: &CoreSender, start_seq: u64, gene
         deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence: start_seq },
         ..Default::default()
     };
-    let consumer = cluster.stream.create_consumer(config).await.map_err(|error| error.to_string())?;
+    let consumer = cluster.conn().stream.create_consumer(config).await.map_err(|error| error.to_string())?;
     let mut messages = consumer.messages().await.map_err(|error| error.to_string())?;
     // The seq the next delivered entry must have; one past it is a gap, checked
     // (`gap::check`) before anything after the gap reaches the writer.
