@@ -347,20 +347,14 @@ fn connected_server(nats: &NatsCluster, name: &str) -> Option<usize> {
 
 /// While the NATS server a node is connected to is frozen (SIGSTOP), its TCP
 /// connection stays open and async-nats' pings never fire (each command sent
-/// postpones them, nats-io/nats.rs#1593). Every write on that node is answered
-/// within a bound (`503 cluster_unavailable` after the publish attempts), and a
-/// timed-out publish makes the node drop the connection and connect again.
-///
-/// Known problem, why this is ignored: async-nats 0.42 bounds only the TCP
-/// connect of a (re)connection, not the wait for the server's INFO
-/// (nats-io/nats.rs#1526, fixed upstream by PR #1544): a frozen server's
-/// kernel still accepts the connection, so when the reconnection picks the
-/// frozen server (shuffled, one chance in three here) it hangs until that
-/// server continues, and the node stays without NATS meanwhile. Seen here: 503
-/// after 15 s for every write for over 60 s. (The former version of this test
-/// froze server 1 whoever the nodes used, and passed when it was neither's.)
+/// postpones them, nats-io/nats.rs#1593), and async-nats' own reconnection
+/// could wait forever for the frozen server's handshake (nats-io/nats.rs#1526):
+/// writes on that node went unacknowledged for minutes. A timed-out publish
+/// now makes the node open a new connection with a bounded handshake and
+/// consume again on it; every write is answered within a bound (acknowledged,
+/// or `503 cluster_unavailable` after the publish attempts, retried here).
+/// (The former version of this test froze server 1 whoever the nodes used.)
 #[test]
-#[ignore = "async-nats 0.42 reconnects without a handshake timeout and can hang on the frozen server (see the comment)"]
 fn writes_go_on_while_the_nats_server_a_node_uses_is_frozen() {
     let nats = NatsCluster::start(3);
     let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
