@@ -371,7 +371,13 @@ fn writes_go_on_while_the_nats_server_a_node_uses_is_frozen() {
     while tally.acknowledged < 10 {
         tally.attempts += 1;
         let asked = Instant::now();
-        let answer = common::cluster::request(a.port, "POST", "/v1/collections/things/batch", Some(&batch), Duration::from_secs(60));
+        let answer = common::cluster::request(
+            a.port,
+            "POST",
+            "/v1/collections/things/batch",
+            Some(&batch),
+            Duration::from_secs(60),
+        );
         let (status, body) = answer.expect("node a answers");
         // Publish attempts (3 × (send + acknowledgement), 5 s each) and the
         // wait for its own apply (30 s) bound every answer.
@@ -387,7 +393,10 @@ fn writes_go_on_while_the_nats_server_a_node_uses_is_frozen() {
             }
             _ => panic!("{status} {body}"),
         }
-        assert!(started.elapsed() < Duration::from_secs(60), "node a took no write in 60 s with its NATS server frozen");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "node a took no write in 60 s with its NATS server frozen"
+        );
     }
     eprintln!("10 writes on a in {:?} with its server frozen ({n_unavailable} answered 503 first)", started.elapsed());
     let now = connected_server(&nats, "ordo a");

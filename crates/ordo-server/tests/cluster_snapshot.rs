@@ -175,12 +175,14 @@ fn a_running_node_that_falls_past_retention_stops_instead_of_filling_the_gap() {
     let root = tempfile::tempdir().unwrap();
     let snapshots = root.path().join("snapshots");
     let a = start(&root.path().join("a"), &cluster_args(&nats.urls(), "node-a", &snapshots, &[]));
-    let (status, body) = a.http("PUT", "/v1/collections/things", Some(&json!({"fields": [{"name": "n", "type": "u64"}]})));
+    let (status, body) =
+        a.http("PUT", "/v1/collections/things", Some(&json!({"fields": [{"name": "n", "type": "u64"}]})));
     assert_eq!(status, 201, "{body}");
     let b_dir = root.path().join("b");
     let b_args: Vec<String> = cluster_args(&nats.urls(), "node-b", &snapshots, &[]);
     let b_args_str: Vec<&str> = b_args.iter().map(String::as_str).collect();
-    let mut b = Server::start_with(&b_dir, &b_args_str, common::StartOptions { capture_stderr: true, ..Default::default() });
+    let mut b =
+        Server::start_with(&b_dir, &b_args_str, common::StartOptions { capture_stderr: true, ..Default::default() });
     let before = write(&a, 0, 5);
     wait_applied(&b, before);
 
@@ -252,7 +254,10 @@ fn an_existing_stream_is_checked_before_a_node_binds_to_it() {
         runtime.block_on(js.create_stream(config)).unwrap();
         let dir = root.path().join(format!("refused-{index}"));
         let stderr = refused_start(&dir, &node_args(&name, replicas));
-        assert!(stderr.contains(&format!("the stream `{name}` exists with a configuration Ordo cannot use")), "{stderr}");
+        assert!(
+            stderr.contains(&format!("the stream `{name}` exists with a configuration Ordo cannot use")),
+            "{stderr}"
+        );
         assert!(stderr.contains(expected), "{name}: {stderr}");
         // Two streams may not share a subject: the next case needs it.
         runtime.block_on(js.delete_stream(&name)).unwrap();
@@ -269,7 +274,8 @@ fn an_existing_stream_is_checked_before_a_node_binds_to_it() {
     );
     let lines = node.wait_for_stderr_line(|line| line.contains("stream `KEEPS` keeps 1000 entries"));
     assert!(lines.iter().any(|line| line.contains("the stream's retention stands")), "{lines:?}");
-    let (status, body) = node.http("PUT", "/v1/collections/things", Some(&json!({"fields": [{"name": "n", "type": "u64"}]})));
+    let (status, body) =
+        node.http("PUT", "/v1/collections/things", Some(&json!({"fields": [{"name": "n", "type": "u64"}]})));
     assert_eq!(status, 201, "{body}");
     let info = runtime.block_on(async { js.get_stream("KEEPS").await.unwrap().get_info().await.unwrap() });
     assert_eq!(info.config.max_messages, 1000);

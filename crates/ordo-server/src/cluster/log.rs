@@ -48,10 +48,9 @@ async fn new_client(options: &ClusterOptions) -> Result<async_nats::Client, Stri
     match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
         Ok(Ok(client)) => Ok(client),
         Ok(Err(error)) => Err(format!("cannot connect to NATS at {}: {error}", options.urls.join(","))),
-        Err(_) => Err(format!(
-            "cannot connect to NATS at {}: no answer within {CONNECT_TIMEOUT:?}",
-            options.urls.join(",")
-        )),
+        Err(_) => {
+            Err(format!("cannot connect to NATS at {}: no answer within {CONNECT_TIMEOUT:?}", options.urls.join(",")))
+        }
     }
 }
 
