@@ -538,6 +538,88 @@ fn entries_are_checked_against_the_callers_rules_where_they_apply() {
     assert_eq!(names, ["n", "owner"], "the writer's schema changes were refused");
 }
 
+/// A write under a filtered write rule (`owner == $sub`) is checked against the
+/// items as the entries before it left them, so inside a catch-up run it must
+/// see the writes of the same run before it: the guard of each such entry
+/// decides on the same state whether the node applies the stream live, one
+/// entry at a time, or in runs. Each guarded write here is refused or accepted
+/// only because of the admin's write just before it.
+#[test]
+fn a_guarded_write_in_a_catch_up_run_gets_the_outcome_it_gets_alone() {
+    let nats = NatsCluster::start(1);
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = node(dir_a.path(), &nats.urls(), "a", 1);
+    let (status, _) = a.http("PUT", "/v1/collections/things", Some(&schema()));
+    assert_eq!(status, 201);
+    let admin = json!({"sub": "ops", "role": "admin"});
+    let writer = json!({"sub": "w", "role": "writer"});
+    let write = |caller: &Value, id: &str, fields: Value| {
+        json!({"kind": "write", "collection": "things", "ops": [{"op": "upsert", "id": id, "fields": fields}],
+               "caller": caller})
+    };
+    let rules = json!({"rules": [{"collection": "things", "roles": ["writer"], "read": true,
+                                  "write": {"filter": {"field": "owner", "op": "eq", "value": "$sub"}}}]});
+    // (entry, whether it must be accepted).
+    let mut entries = vec![(json!({"kind": "set_rules", "rules": rules, "caller": admin}), true)];
+    for round in 0..5 {
+        let (mine, given, theirs) = (format!("mine{round}"), format!("given{round}"), format!("theirs{round}"));
+        entries.extend([
+            // The writer's own new item: inside the grant.
+            (write(&writer, &mine, json!({"owner": "w", "n": 1})), true),
+            // The admin hands it to someone else...
+            (write(&admin, &mine, json!({"owner": "z"})), true),
+            // ...so the writer may no longer touch it: refused only if the guard sees the write before.
+            (write(&writer, &mine, json!({"n": 2})), false),
+            // The admin gives the writer an item...
+            (write(&admin, &given, json!({"owner": "w", "n": 5})), true),
+            // ...which it may then change: accepted only if the guard sees the write before.
+            (write(&writer, &given, json!({"n": 6})), true),
+            // Someone else's new item: outside the grant.
+            (write(&writer, &theirs, json!({"owner": "z", "n": 7})), false),
+        ]);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let js = runtime.block_on(async { async_nats::jetstream::new(async_nats::connect(nats.url(0)).await.unwrap()) });
+    // Published one at a time, each applied by node a before the next: a applies them alone.
+    let mut seqs = Vec::new();
+    for (index, (entry, _)) in entries.iter().enumerate() {
+        let seq = runtime.block_on(async {
+            let publish = async_nats::jetstream::context::Publish::build()
+                .message_id(format!("test/guarded/{index}"))
+                .payload(entry.to_string().into_bytes().into());
+            js.send_publish("ordo.log", publish).await.unwrap().await.unwrap().sequence
+        });
+        wait_applied(&[&a], seq);
+        seqs.push(seq);
+    }
+    let last = *seqs.last().unwrap();
+    // Applied alone, each item is at the seq of its last accepted write, with its fields.
+    let mut expected = std::collections::BTreeMap::new();
+    for ((entry, accepted), seq) in entries.iter().zip(&seqs).skip(1) {
+        if *accepted {
+            expected.insert(entry["ops"][0]["id"].as_str().unwrap().to_owned(), *seq);
+        }
+    }
+    let on_a = items(&a, last);
+    let versions: std::collections::BTreeMap<String, u64> = on_a
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| (item["id"].as_str().unwrap().to_owned(), item["version"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(versions, expected, "applied alone, exactly the accepted writes are there: {on_a}");
+    for item in on_a.as_array().unwrap() {
+        let (owner, n) = if item["id"].as_str().unwrap().starts_with("mine") { ("z", 1) } else { ("w", 6) };
+        assert_eq!(item["fields"], json!({"owner": owner, "n": n}), "{item}");
+    }
+
+    // A new node gets the whole stream at once: its consumer hands it runs.
+    let b = node(dir_b.path(), &nats.urls(), "b", 1);
+    wait_applied(&[&b], last);
+    assert_eq!(applied_seq(&b), last);
+    assert_eq!(items(&b, last), on_a, "the same outcome for every guarded write in runs as applied alone");
+}
+
 /// After a stream leader kill a node's poll of the stream's state got no
 /// answer, and its lag read 0 while it waited for entries it had not heard of.
 /// A node that cannot read the stream keeps the last seq it knew, says how old

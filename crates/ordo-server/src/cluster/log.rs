@@ -399,10 +399,16 @@ fn delivered(
     generation: u64,
 ) -> Result<Delivered, String> {
     let message = message.map_err(|error| error.to_string())?;
-    let info = message.info().map_err(|error| error.to_string())?;
-    let seq = info.stream_sequence;
-    let published_ns = u64::try_from(info.published.unix_timestamp_nanos()).unwrap_or(0);
-    cluster.shared.status.saw_stream_seq(seq + info.pending);
+    let reply = message.message.reply.as_deref().and_then(ack_reply_info);
+    let (seq, pending, published_ns) = match reply {
+        Some(parsed) => parsed,
+        None => {
+            let info = message.info().map_err(|error| error.to_string())?;
+            let published_ns = u64::try_from(info.published.unix_timestamp_nanos()).unwrap_or(0);
+            (info.stream_sequence, info.pending, published_ns)
+        }
+    };
+    cluster.shared.status.saw_stream_seq(seq + pending);
     let msg_id = message
         .message
         .headers
@@ -410,6 +416,34 @@ fn delivered(
         .and_then(|headers| headers.get(async_nats::header::NATS_MESSAGE_ID))
         .map(|value| value.as_str().to_owned());
     Ok(Delivered { seq, generation, msg_id, published_ns, payload: message.message.payload.clone() })
+}
+
+/// The stream seq, the entries pending after it and the publication time (Unix
+/// ns) of a delivered message, read from its ack subject as
+/// `jetstream::Message::info` reads it (`$JS.ACK.[<domain>.<account hash>.]<stream>.
+/// <consumer>.<delivered>.<stream seq>.<consumer seq>.<ns>.<pending>[...]`), without
+/// its date conversion: `info` is the costliest step of a message's delivery
+/// here after async-nats' own (docs/BENCHMARKS.md, "Catch-up profile").
+/// `None` for any other shape (the caller falls back to `info`).
+fn ack_reply_info(reply: &str) -> Option<(u64, u64, u64)> {
+    let rest = reply.strip_prefix("$JS.ACK.")?;
+    let mut tokens = [""; 9];
+    let mut n_tokens = 0;
+    for token in rest.split('.') {
+        if n_tokens == tokens.len() {
+            break;
+        }
+        tokens[n_tokens] = token;
+        n_tokens += 1;
+    }
+    // The v2 form (9 tokens or more) adds the domain and the account hash in front.
+    let offset = match n_tokens {
+        9 => 2,
+        7 => 0,
+        _ => return None,
+    };
+    let number = |index: usize| tokens[offset + index].parse::<u64>().ok();
+    Some((number(3)?, number(6)?, number(5)?))
 }
 
 /// How long a node may lag without applying anything before its consumer is
@@ -463,4 +497,30 @@ async fn poll_stream(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bool>)
 /// Unix nanoseconds now (for entries whose publication time is unknown).
 pub fn now_ns() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_nanos() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ack_reply_info;
+
+    #[test]
+    fn the_ack_subject_gives_the_stream_seq_the_pending_count_and_the_time() {
+        // The v1 form: stream, consumer, delivered, stream seq, consumer seq, ns, pending.
+        assert_eq!(
+            ack_reply_info("$JS.ACK.ORDO.c1.1.42.7.1700000000123456789.958"),
+            Some((42, 958, 1700000000123456789))
+        );
+        // The v2 form: domain and account hash first, a random token after.
+        assert_eq!(
+            ack_reply_info("$JS.ACK._.HASH.ORDO.c1.1.42.7.1700000000123456789.958.xyz"),
+            Some((42, 958, 1700000000123456789))
+        );
+        assert_eq!(ack_reply_info("$JS.ACK.hub.HASH.ORDO.c1.2.5.3.17.0"), Some((5, 0, 17)));
+        // Anything else falls back to async-nats' own parser.
+        for bad in
+            ["", "_INBOX.x", "$JS.ACK.ORDO.c1.1.42.7.17", "$JS.ACK.ORDO.c1.1.x.7.17.0", "$JS.ACK.a.b.c.d.e.f.g.h"]
+        {
+            assert_eq!(ack_reply_info(bad), None, "{bad}");
+        }
+    }
 }
