@@ -36,10 +36,8 @@ pub async fn check(cluster: &Cluster, expected: u64, delivered: u64) -> Result<(
     })?;
     cluster.shared.status.saw_stream_seq(state.last_seq);
     let bounds = StreamBounds { first_seq: state.first_seq, last_seq: state.last_seq };
-    verdict(&cluster.options.stream, expected, delivered, bounds).map_err(|message| {
-        cluster.shared.stop_for_good(message.clone());
-        message
-    })
+    verdict(&cluster.options.stream, expected, delivered, bounds)
+        .inspect_err(|message| cluster.shared.stop_for_good(message.clone()))
 }
 
 /// What the stream's bounds, read after the jump from `expected` to `delivered`,

@@ -119,6 +119,8 @@ mod tests {
         ClusterOptions::new("nats://127.0.0.1:4222", Some("n".into()), listen, "ORDO".into(), 3, 10).unwrap()
     }
 
+    type Change = Box<dyn Fn(&mut Config)>;
+
     /// The configuration a node creates (`Cluster::connect`).
     fn created() -> Config {
         Config {
@@ -139,7 +141,7 @@ mod tests {
 
     #[test]
     fn mismatches_that_break_a_guarantee_refuse_and_say_which() {
-        let cases: Vec<(Box<dyn Fn(&mut Config)>, &str)> = vec![
+        let cases: Vec<(Change, &str)> = vec![
             (Box::new(|c| c.subjects = vec!["ordo.>".into()]), "subjects"),
             (Box::new(|c| c.subjects.push("other".into())), "subjects"),
             (Box::new(|c| c.retention = RetentionPolicy::WorkQueue), "retention policy"),
@@ -159,7 +161,7 @@ mod tests {
 
     #[test]
     fn harmless_differences_warn_and_start() {
-        let cases: Vec<(Box<dyn Fn(&mut Config)>, &str)> = vec![
+        let cases: Vec<(Change, &str)> = vec![
             (Box::new(|c| c.num_replicas = 5), "5 replicas"),
             (Box::new(|c| c.duplicate_window = PUBLISH_RETRY_SPAN), "duplicate window"),
             (Box::new(|c| c.max_messages = 1000), "keeps 1000 entries"),
