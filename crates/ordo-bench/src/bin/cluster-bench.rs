@@ -21,7 +21,9 @@
 //! - **catchup**: writes `--catchup-entries` entries through one cluster node,
 //!   then starts a node with an empty data directory and measures how fast it
 //!   applies the stream (entries per second, from `/v1/health`'s
-//!   `cluster.applied_seq`), against the goal of 200 000/s.
+//!   `cluster.applied_seq`), against the goal of 200 000/s, and its CPU time
+//!   per 100 000 entries by thread (`/proc`: steadier than wall time on a
+//!   shared machine); `--catchup-nodes` new nodes, one after another, on one fill.
 //!
 //! Benchmarks are not tests: nothing here asserts a time. Every figure is
 //! printed next to its peer from the same run.
@@ -43,7 +45,11 @@ const USAGE: &str = "cluster-bench [options]
   --seconds N            length of each latency run (default 10)
   --rate N               writes per second in the latency phase, all connections together (default 500)
   --connections N        keep-alive HTTP connections writing at once (default 8)
-  --catchup-entries N    entries in the stream before the new node starts (default 100000)";
+  --catchup-entries N    entries in the stream before the new node starts (default 100000)
+  --catchup-nodes N      new nodes started one after another on the same stream, each from an empty
+                         data directory (default 3): one fill, N catch-up figures and their median
+  --catchup-wrap CMD     runs each new node under CMD (split on spaces; `{n}` is the node's number),
+                         e.g. `perf record -g -o /tmp/catchup-{n}.data --` (CPU is then read from its child)";
 
 struct Options {
     ordo_bin: PathBuf,
@@ -55,6 +61,8 @@ struct Options {
     rate: f64,
     connections: usize,
     catchup_entries: u64,
+    catchup_nodes: usize,
+    catchup_wrap: Option<String>,
 }
 
 fn repo_root() -> PathBuf {
@@ -75,6 +83,8 @@ impl Options {
             rate: 500.0,
             connections: 8,
             catchup_entries: 100_000,
+            catchup_nodes: 3,
+            catchup_wrap: None,
         };
         let mut args = std::env::args().skip(1);
         while let Some(flag) = args.next() {
@@ -94,6 +104,8 @@ impl Options {
                 "--rate" => options.rate = number(&value)?.clamp(1.0, 100_000.0),
                 "--connections" => options.connections = (number(&value)? as usize).clamp(1, 256),
                 "--catchup-entries" => options.catchup_entries = (number(&value)? as u64).clamp(1, 10_000_000),
+                "--catchup-nodes" => options.catchup_nodes = (number(&value)? as usize).clamp(1, 50),
+                "--catchup-wrap" => options.catchup_wrap = Some(value),
                 _ => return Err(format!("unknown flag {flag}\n{USAGE}").into()),
             }
         }
@@ -224,9 +236,27 @@ struct Ordo {
 impl Ordo {
     /// `cluster`: the NATS URLs and the stream's replicas, or single-node mode.
     fn start(binary: &Path, name: &str, cluster: Option<(&Nats, usize)>, extra: &[String]) -> Result<Ordo> {
+        Ordo::start_wrapped(&[], binary, name, cluster, extra)
+    }
+
+    /// `start`, run under `wrap` (a profiler's command line) when not empty.
+    fn start_wrapped(
+        wrap: &[String],
+        binary: &Path,
+        name: &str,
+        cluster: Option<(&Nats, usize)>,
+        extra: &[String],
+    ) -> Result<Ordo> {
         let dir = temp_dir(name);
         std::fs::create_dir_all(&dir)?;
-        let mut command = Command::new(binary);
+        let mut command = match wrap.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
         command.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"]).arg(&dir).args(extra);
         if let Some((nats, replicas)) = cluster {
             command.args(["--cluster", &nats.urls.join(","), "--node-name", name]);
@@ -376,6 +406,9 @@ fn quantile_ms(sorted: &[u64], quantile: f64) -> f64 {
 }
 
 fn median(values: &mut [f64]) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
 }
@@ -470,8 +503,42 @@ fn catchup_phase(options: &Options) -> Result<()> {
         target as f64 / fill_seconds,
         options.connections.max(16)
     );
+    let (mut from_start, mut while_applying, mut cpu_per_100k) = (Vec::new(), Vec::new(), Vec::new());
+    for n in 1..=options.catchup_nodes {
+        let caught_up = catch_up_once(options, &nats, n, target)?;
+        from_start.push(caught_up.from_start);
+        while_applying.extend(caught_up.while_applying);
+        cpu_per_100k.push(caught_up.cpu_seconds * 100_000.0 / target as f64);
+    }
+    println!(
+        "median of {} new nodes: {:.0} entries/s from process start, {:.0} entries/s while applying, {:.3} CPU-s \
+         per 100 000 entries (goal: 200 000/s)",
+        options.catchup_nodes,
+        median(&mut from_start),
+        median(&mut while_applying),
+        median(&mut cpu_per_100k)
+    );
+    println!("node-a pid {}", node_a.process.pid());
+    Ok(())
+}
+
+struct CaughtUp {
+    from_start: f64,
+    while_applying: Option<f64>,
+    cpu_seconds: f64,
+}
+
+/// Starts new node `n` with an empty data directory and waits until it applied
+/// the stream up to `target`; prints its rates and its CPU time by thread.
+fn catch_up_once(options: &Options, nats: &Nats, n: usize, target: u64) -> Result<CaughtUp> {
+    let wrap: Vec<String> = options
+        .catchup_wrap
+        .as_deref()
+        .map(|wrap| wrap.split_whitespace().map(|word| word.replace("{n}", &n.to_string())).collect())
+        .unwrap_or_default();
+    let name = format!("node-b{n}");
     let spawned = Instant::now();
-    let node_b = Ordo::start(&options.ordo_bin, "node-b", Some((&nats, options.nats_nodes)), &[])?;
+    let node_b = Ordo::start_wrapped(&wrap, &options.ordo_bin, &name, Some((nats, options.nats_nodes)), &[])?;
     let listening = spawned.elapsed();
     let at_listening = node_b.applied_seq()?;
     let mut first_progress: Option<(Instant, u64)> = None;
@@ -485,27 +552,72 @@ fn catchup_phase(options: &Options) -> Result<()> {
             break Instant::now();
         }
         if Instant::now() > deadline {
-            return Err(format!("node-b applied {applied} of {target} entries in 600 s").into());
+            return Err(format!("{name} applied {applied} of {target} entries in 600 s").into());
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    // Read at once: the node idles from here on.
+    let pid = if wrap.is_empty() { node_b.process.pid() } else { child_of(node_b.process.pid())? };
+    let (cpu_seconds, by_thread) = cpu_of(pid)?;
     let total = done - spawned;
+    let from_start = target as f64 / total.as_secs_f64();
     println!(
-        "node-b: listening after {:.2} s (applied {at_listening} by then), all {target} applied {:.2} s after \
-         start: {:.0} entries/s from process start (goal: 200 000/s)",
+        "{name}: listening after {:.2} s (applied {at_listening} by then), all {target} applied {:.2} s after \
+         start: {from_start:.0} entries/s from process start",
         listening.as_secs_f64(),
         total.as_secs_f64(),
-        target as f64 / total.as_secs_f64()
     );
-    if let Some((at, applied)) = first_progress {
-        let seconds = (done - at).as_secs_f64().max(1e-3);
-        println!(
-            "node-b: {:.0} entries/s while applying (from the first progress seen by /v1/health)",
-            (target - applied) as f64 / seconds
-        );
+    let while_applying = first_progress.map(|(at, applied)| {
+        let rate = (target - applied) as f64 / (done - at).as_secs_f64().max(1e-3);
+        println!("{name}: {rate:.0} entries/s while applying (from the first progress seen by /v1/health)");
+        rate
+    });
+    let per_100k = |seconds: f64| seconds * 100_000.0 / target as f64;
+    let threads: Vec<String> =
+        by_thread.iter().map(|(thread, seconds)| format!("{thread} {:.3}", per_100k(*seconds))).collect();
+    println!(
+        "{name}: {:.3} CPU-s per 100 000 entries from process start (by thread: {})",
+        per_100k(cpu_seconds),
+        threads.join(", ")
+    );
+    Ok(CaughtUp { from_start, while_applying, cpu_seconds })
+}
+
+/// The first child of `pid` (the node a wrapper such as `perf record` started),
+/// or `pid` itself when it has none (a wrapper that `exec`s the node).
+fn child_of(pid: u32) -> Result<u32> {
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))?;
+    Ok(children.split_whitespace().next().map_or(Ok(pid), str::parse)?)
+}
+
+/// User + system CPU seconds of `pid` (every thread, live or exited) and of its
+/// live threads by name (`/proc/<pid>/task/*/stat`), the busiest first.
+fn cpu_of(pid: u32) -> Result<(f64, Vec<(String, f64)>)> {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let read = |path: String| -> Result<(String, f64)> {
+        let stat = std::fs::read_to_string(path)?;
+        let open = stat.find('(').ok_or("no ( in stat")?;
+        let close = stat.rfind(')').ok_or("no ) in stat")?;
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        // Fields 14 and 15 of proc(5) (utime, stime); `fields` starts at field 3.
+        let utime: f64 = fields.get(11).ok_or("short stat")?.parse()?;
+        let stime: f64 = fields.get(12).ok_or("short stat")?.parse()?;
+        Ok((stat[open + 1..close].to_owned(), (utime + stime) / ticks))
+    };
+    let (_, total) = read(format!("/proc/{pid}/stat"))?;
+    let mut by_thread: Vec<(String, f64)> = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let (name, seconds) = read(format!("{}/stat", task?.path().display()))?;
+        match by_thread.iter_mut().find(|(known, _)| *known == name) {
+            Some((_, sum)) => *sum += seconds,
+            None => by_thread.push((name, seconds)),
+        }
     }
-    println!("node-a pid {}, node-b pid {}", node_a.process.pid(), node_b.process.pid());
-    Ok(())
+    let live: f64 = by_thread.iter().map(|(_, seconds)| seconds).sum();
+    by_thread.push(("exited threads".to_owned(), (total - live).max(0.0)));
+    by_thread.sort_by(|a, b| b.1.total_cmp(&a.1));
+    Ok((total, by_thread))
 }
 
 /// The apply side's ceiling, without NATS: `entries` one-upsert batches into a
