@@ -716,20 +716,25 @@ async fn reference_views(server: &Server) -> Case {
     let write_to = |collection: &str, ops: Value| {
         server.ok("POST", &format!("/v1/collections/{collection}/batch"), json!({ "ops": ops }));
     };
-    let space = |id: &str, name: &str, recency: u64, topic: &str| {
-        json!({"op": "upsert", "id": id, "fields": {"name": name, "recency": recency, "topic": topic, "archived": false}})
-    };
-    let seat = |id: &str, owner: &str, space: &str, unread: u64| {
-        json!({"op": "upsert", "id": id, "fields": {"owner": owner, "space": space, "unread": unread}})
-    };
+    let space = |id: &str, name: &str, recency: u64, topic: &str| json!({"op": "upsert", "id": id, "fields": {"name": name, "recency": recency, "topic": topic, "archived": false}});
+    let seat = |id: &str, owner: &str, space: &str, unread: u64| json!({"op": "upsert", "id": id, "fields": {"owner": owner, "space": space, "unread": unread}});
     write_to(
         "spaces",
-        json!([space("s1", "Atrium", 10, "welcome"), space("s2", "Annex", 20, "news"), space("s3", "Basement", 30, "")]),
+        json!([
+            space("s1", "Atrium", 10, "welcome"),
+            space("s2", "Annex", 20, "news"),
+            space("s3", "Basement", 30, "")
+        ]),
     );
     write_to(
         "seats",
-        json!([seat("u1/s1", "u1", "s1", 0), seat("u1/s2", "u1", "s2", 2), seat("u1/s3", "u1", "s3", 1),
-               seat("u1/s9", "u1", "s9", 0), seat("u2/s1", "u2", "s1", 5)]),
+        json!([
+            seat("u1/s1", "u1", "s1", 0),
+            seat("u1/s2", "u1", "s2", 2),
+            seat("u1/s3", "u1", "s3", 1),
+            seat("u1/s9", "u1", "s9", 0),
+            seat("u2/s1", "u2", "s1", 5)
+        ]),
     );
     let mut recorder = Recorder::connect(server, BTreeMap::new(), fresh(&["mine", "named"])).await;
     let initial = recorder.client.lists.clone();
@@ -767,9 +772,9 @@ async fn reference_views(server: &Server) -> Case {
         ("spaces", json!([{"op": "upsert", "id": "s2", "fields": {"topic": "new topic"}}])), // a Set in `mine` only
         ("spaces", json!([{"op": "upsert", "id": "s2", "fields": {"archived": true}}])), // shown nowhere: no frame
         ("spaces", json!([{"op": "upsert", "id": "s3", "fields": {"name": "Arcade"}}])), // enters `named`
-        ("spaces", json!([space("s9", "Alcove", 50, "found")])), // a missing target appears
-        ("spaces", json!([{"op": "remove", "id": "s1"}])), // a target goes: null, last
-        ("seats", json!([seat("u1/s1", "u1", "s2", 7)])), // a reference changes target
+        ("spaces", json!([space("s9", "Alcove", 50, "found")])),                      // a missing target appears
+        ("spaces", json!([{"op": "remove", "id": "s1"}])),                            // a target goes: null, last
+        ("seats", json!([seat("u1/s1", "u1", "s2", 7)])),                             // a reference changes target
         ("seats", json!([{"op": "remove", "id": "u2/s1"}])),
     ];
     for (collection, ops) in writes {

@@ -162,7 +162,8 @@ async fn client_lists_through_references_equal_one_shot_queries() {
     }
     settle(&mut client, &server, &subs, &format!("seed {seed}, subscribed")).await;
     for step in 0..150 {
-        let (collection, n_ops) = if rng.below(2) == 0 { ("rooms", 1 + rng.below(3)) } else { ("members", 1 + rng.below(3)) };
+        let (collection, n_ops) =
+            if rng.below(2) == 0 { ("rooms", 1 + rng.below(3)) } else { ("members", 1 + rng.below(3)) };
         let mut ops = Vec::new();
         for _ in 0..n_ops {
             let op = if collection == "rooms" { random_room_op(&mut rng) } else { random_member_op(&mut rng) };

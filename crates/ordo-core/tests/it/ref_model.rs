@@ -307,7 +307,8 @@ fn run(seed: u64, n_steps: usize) {
             let read_changed = |id: &str| {
                 read.iter().any(|name| {
                     let index = joined_schema.field_id(name).expect("a joined field").index();
-                    let value = |joined: &ReferenceCollection| joined.items.get(id).map(|item| item.fields[index].clone());
+                    let value =
+                        |joined: &ReferenceCollection| joined.items.get(id).map(|item| item.fields[index].clone());
                     value(&before) != value(&joined)
                 })
             };
