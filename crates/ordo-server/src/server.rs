@@ -103,9 +103,13 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
     let max_connections = limits::connection_cap(nofile);
     // The demo signs its users' tokens with a secret of its own, kept with the
     // data so that `ordo token --secret-file DATA_DIR/demo-secret` can mint an admin's.
+    // Whether the demo made the secret: the admin-token hint printed at start
+    // must name the secret the server really uses.
+    let mut demo_made_secret = false;
     let demo_secret = if options.demo {
         if options.auth.secret.is_none() {
             options.auth.secret = Some(demo_secret(&options.data_dir)?);
+            demo_made_secret = true;
         }
         options.auth.secret.clone().map(Arc::new)
     } else {
@@ -263,10 +267,14 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
                 "ordo: demo on http://{address}/demo (simulator: {} messages/s); demo users sign in there",
                 simulator.rate()
             );
+            let secret_file = if demo_made_secret {
+                options.data_dir.join(DEMO_SECRET_FILE).display().to_string()
+            } else {
+                "<the secret given with --auth-secret-file>".to_owned()
+            };
             println!(
                 "ordo: an admin token (to change the simulator's rate: POST /demo/simulator {{\"rate\":N}}): \
-                 ordo token --secret-file {} --role admin --sub ops",
-                options.data_dir.join(DEMO_SECRET_FILE).display()
+                 ordo token --secret-file {secret_file} --role admin --sub ops"
             );
         }
         if max_connections < limits::MAX_CONNECTIONS {

@@ -108,6 +108,7 @@ fn writes_and_checkpoints_allocate_nothing_per_batch_in_steady_state() {
     // buffers' return channel allocates a block every few dozen messages, and
     // when the checkpointer lags further behind than in the warm-up (a busy
     // machine) the writer starts a few more record buffers. About 100 on an
-    // idle machine; 212 seen with a CI run beside it.
-    assert!(n_allocations < N_WRITES / 4, "{n_allocations} allocations for {N_WRITES} batches and one checkpoint");
+    // idle machine; 212 seen with a CI run beside it, 554 once with eight
+    // builds beside it. Half of N_WRITES keeps a margin both ways.
+    assert!(n_allocations < N_WRITES / 2, "{n_allocations} allocations for {N_WRITES} batches and one checkpoint");
 }

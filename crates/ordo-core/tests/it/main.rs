@@ -11,6 +11,7 @@ mod many_lists;
 mod many_windows;
 mod model;
 mod ref_fields;
+mod ref_limits;
 mod ref_memory;
 mod ref_model;
 mod reference;
