@@ -135,8 +135,14 @@ for i in 0 1 2; do
     for j in 0 1 2; do [ "$j" = "$i" ] || urls+=",nats://127.0.0.1:${nats_ports[$j]}"; done
     log="$data/ordo-$n.log"
     : > "$log"
+    # One simulator for the cluster, on ordo1: each node's would write the same
+    # rooms through the one stream (3x the rate). The others start at rate 0
+    # (ORDO_DEMO_RATE, so a --demo-rate in ORDO_ARGS still wins; POST
+    # /demo/simulator on a node starts its own).
+    rate_env=()
+    [ "$i" = 0 ] || rate_env=(env ORDO_DEMO_RATE=0)
     # shellcheck disable=SC2086 # ORDO_ARGS is a list of flags
-    "$ordo_bin" serve --cluster "$urls" --listen "127.0.0.1:${ordo_ports[$i]}" \
+    ${rate_env[@]+"${rate_env[@]}"} "$ordo_bin" serve --cluster "$urls" --listen "127.0.0.1:${ordo_ports[$i]}" \
         --data-dir "$data/ordo-$n" --node-name "ordo$n" --demo --auth-secret-file "$secret" \
         ${ORDO_ARGS:-} > "$log" 2>&1 &
     ordo_pids+=($!)
@@ -156,6 +162,7 @@ for i in 0 1 2; do
     echo "  ordo$((i + 1)): demo http://127.0.0.1:$port/demo  health http://127.0.0.1:$port/v1/health  metrics http://127.0.0.1:$port/metrics  (pid ${ordo_pids[$i]})"
 done
 echo "  clients take the list: http://127.0.0.1:7071,http://127.0.0.1:7072,http://127.0.0.1:7073"
+echo "  demo simulator: on ordo1 only (the others at rate 0; POST /demo/simulator to change)"
 echo "Ctrl-C stops all six processes."
 
 # Wait until a signal, or until any process dies (then stop the rest and say which).

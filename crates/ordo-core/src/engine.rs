@@ -196,8 +196,8 @@ pub struct Engine {
     /// Where `apply_batch` resolves a batch with atomic operations or preconditions, reused.
     resolved: Batch,
     /// Per view (by index): the reference links of its collection it reads
-    /// through, one bit per link (see `references`).
-    view_links: Vec<u64>,
+    /// through and the derived fields it reads or shows (see `references`).
+    view_links: Vec<references::ViewReads>,
 }
 
 impl Engine {

@@ -181,8 +181,9 @@ impl Schema {
         Schema { fields, derived: Vec::new() }
     }
 
-    /// The schema without its derived fields.
-    pub(crate) fn without_derived(&self) -> Schema {
+    /// The schema without its derived fields (what a server publishes: the
+    /// engine's derived fields come and go with its views).
+    pub fn without_derived(&self) -> Schema {
         Schema { fields: self.fields.clone(), derived: Vec::new() }
     }
 
@@ -192,13 +193,25 @@ impl Schema {
         FieldId::derived(self.derived.len() - 1)
     }
 
+    /// The schema with one more field a view may read through a reference
+    /// (`room.name`, of the target field's value type), for checking a view's
+    /// filter and sort away from the engine (a server's network threads) with
+    /// [`crate::CompiledFilter::compile`] and [`crate::CompiledSort::compile`].
+    /// The engine adds its own derived fields when a view needs them.
+    pub fn with_read_through(mut self, name: &str, field_type: FieldType) -> Schema {
+        if self.view_field_id(name).is_none() {
+            self.push_derived(name, field_type.value_type());
+        }
+        self
+    }
+
     pub(crate) fn derived_fields(&self) -> &[FieldDef] {
         &self.derived
     }
 
     /// Finds a field a view may read: a schema field, or a derived field
     /// (`room.recency`) already added for a view. A schema field's own name wins.
-    pub(crate) fn view_field_id(&self, name: &str) -> Option<FieldId> {
+    pub fn view_field_id(&self, name: &str) -> Option<FieldId> {
         self.field_id(name).or_else(|| self.derived.iter().position(|field| field.name == name).map(FieldId::derived))
     }
 

@@ -134,10 +134,23 @@ impl SortKey {
 pub struct ViewDef {
     pub filter: Filter,
     pub sort: Vec<SortKey>,
+    /// Target fields read through references (`room.name`) that the view's
+    /// windows show without filtering or sorting on them (a server's
+    /// projection). The engine keeps them current like the fields the view
+    /// reads, and a change of one gives each window holding the item a `Set`;
+    /// a change of a target field no view reads gives nothing. Names that are
+    /// not read through a reference are ignored.
+    pub shown: Vec<String>,
 }
 
 impl ViewDef {
     pub fn new(filter: Filter, sort: Vec<SortKey>) -> ViewDef {
-        ViewDef { filter, sort }
+        ViewDef { filter, sort, shown: Vec::new() }
+    }
+
+    /// The same definition showing these target fields (see [`ViewDef::shown`]).
+    pub fn showing(mut self, shown: Vec<String>) -> ViewDef {
+        self.shown = shown;
+        self
     }
 }

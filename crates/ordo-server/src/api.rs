@@ -565,8 +565,12 @@ async fn route(
             let (entry, grant) = granted_collection(state, &identity, name, Action::Read)?;
             let body = read_body(request).await?;
             let query: QueryRequest = parse(&body)?;
+            let reader = crate::refs::Reader { gate: &state.gate, routes: &state.routes, identity: &identity };
+            let read_schema =
+                crate::refs::read_schema(&reader, &entry, &query.filter, &query.sort, query.fields.as_deref())?;
+            let schema = read_schema.as_ref().unwrap_or(&entry.schema);
             let mut spec = wire::window_spec(
-                &entry.schema,
+                schema,
                 &query.filter,
                 &query.sort,
                 query.position_keys(),
@@ -574,7 +578,7 @@ async fn route(
                 query.fields.as_deref(),
                 query.payload,
             )?;
-            wire::restrict_spec(&mut spec, grant.predicate(&entry.schema)?.as_ref(), &entry.schema)?;
+            wire::restrict_spec(&mut spec, grant.predicate(&entry.schema)?.as_ref(), schema)?;
             // Read-your-writes: the writer answers queries in order, after every
             // batch it applied before, so once it has published `min_seq` the
             // answer reflects it.

@@ -65,7 +65,10 @@ pub const FRAME_OVERHEAD_BYTES: usize = 96;
 pub struct CollectionEntry {
     pub id: CollectionId,
     pub name: String,
+    /// The collection's own fields (never the engine's derived ones).
     pub schema: Arc<Schema>,
+    /// Each `ref` field's name and its target collection's name (see `refs`).
+    pub ref_targets: Vec<(String, String)>,
 }
 
 /// Collection routing, shared with network tasks. Only the writer thread writes it
@@ -608,11 +611,7 @@ impl Core {
             if is_reserved_name(collection.name()) {
                 continue;
             }
-            let entry = Arc::new(CollectionEntry {
-                id,
-                name: collection.name().to_owned(),
-                schema: Arc::new(collection.schema().clone()),
-            });
+            let entry = Arc::new(CollectionEntry::from_engine(engine, id).expect("listed"));
             // Names stored by an older, case-sensitive build could collide; the first wins.
             if routes.insert(collection.name(), entry).is_err() {
                 tracing::warn!(
@@ -971,7 +970,10 @@ impl Core {
             ));
         }
         let id = self.database.create_collection(name, schema.clone())?;
-        let entry = Arc::new(CollectionEntry { id, name: name.to_owned(), schema: Arc::new(schema) });
+        let mut entry = CollectionEntry::from_engine(self.database.engine(), id).expect("just created");
+        // The name as the caller spelled it (the engine's may differ only by case).
+        entry.name = name.to_owned();
+        let entry = Arc::new(entry);
         self.routes
             .write()
             .expect("routes lock")

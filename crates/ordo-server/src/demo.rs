@@ -160,7 +160,8 @@ pub struct DemoStart {
 /// start, then creates, seeds and installs only what is still missing, through
 /// the stream: the rooms are written once across nodes (two nodes seeding at the
 /// same instant write the same generated rooms, so the second changes nothing
-/// but versions). Every node runs its own simulator (`--demo-rate` each).
+/// but versions). Every node runs its own simulator (`--demo-rate` each; `make
+/// cluster` runs one, on the first node); their writes add up (`cluster_op`).
 pub async fn start(
     core: &CoreSender,
     routes: &Routes,
@@ -418,6 +419,23 @@ impl UnreadChange {
     }
 }
 
+/// Cluster mode: one room's update as an op whose outcome does not depend on
+/// what this node read. Several simulators (one per node, or a user marking
+/// the room read on another node) write the same rooms, and the stream orders
+/// their entries only after each node read the count: a read-then-write of
+/// `unread` would lose the others' messages. So messages from others are an
+/// `increment`, the user's own message sets the count (it is read then), and
+/// `recency` only moves forward (`set_max`).
+pub fn cluster_op(id: &str, unread: UnreadChange, now_ms: u64, last_message: &str) -> serde_json::Value {
+    let mut op = serde_json::json!({"op": "upsert", "id": id, "set_max": {"recency": now_ms},
+                                    "payload": {"last_message": last_message}});
+    match unread {
+        UnreadChange::Add(n) => op["increment"] = serde_json::json!({ "unread": n }),
+        UnreadChange::Set(n) => op["fields"] = serde_json::json!({ "unread": n }),
+    }
+    op
+}
+
 /// One room's messages within a tick.
 struct PlannedRoom {
     room: usize,
@@ -513,9 +531,7 @@ async fn run_simulator(
                 .and_then(|item| item["fields"]["unread"].as_u64())
                 .unwrap_or(0);
             if cluster.is_some() {
-                ops.push(serde_json::json!({"op": "upsert", "id": id, "fields": {
-                    "recency": now_ms, "unread": plan.unread.apply(current),
-                }, "payload": {"last_message": plan.last_message}}));
+                ops.push(cluster_op(id, plan.unread, now_ms, &plan.last_message));
             } else {
                 batch
                     .upsert(id)
@@ -577,6 +593,28 @@ async fn run_simulator(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two simulators adding messages to one room through the stream must both
+    /// count: the op adds, it never writes back a count read before.
+    #[test]
+    fn the_cluster_ops_of_two_simulators_never_lose_a_message() {
+        let own_then_two = UnreadChange::Add(0).after_message(true).after_message(false).after_message(false);
+        let others = UnreadChange::Add(0).after_message(false).after_message(false).after_message(false);
+        let op = cluster_op("!r", others, 7, "hi");
+        assert_eq!(op["increment"]["unread"], 3);
+        assert!(op.get("fields").is_none(), "{op}");
+        assert_eq!(op["set_max"]["recency"], 7);
+        let op = cluster_op("!r", own_then_two, 8, "hi");
+        assert_eq!(op["fields"]["unread"], 2);
+        assert!(op.get("increment").is_none(), "{op}");
+        // Applied in either order on a room at 5 unread, two simulators' "3 more" give 11.
+        let apply = |current: u64, op: &serde_json::Value| match op["increment"]["unread"].as_u64() {
+            Some(n) => current + n,
+            None => op["fields"]["unread"].as_u64().unwrap(),
+        };
+        let op = cluster_op("!r", others, 7, "hi");
+        assert_eq!(apply(apply(5, &op), &op), 11);
+    }
 
     #[test]
     fn zipf_stays_in_range_and_favours_the_head() {

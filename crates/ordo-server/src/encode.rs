@@ -36,6 +36,16 @@ fn write_item_as(out: &mut Vec<u8>, item: ItemRef<'_>, projection: &Projection, 
         out.push(b':');
         write_value(out, item.field(field_id));
     }
+    for (index, name) in projection.through.iter().enumerate() {
+        if index > 0 || !projection.fields.is_empty() {
+            out.push(b',');
+        }
+        write_json_str(out, name);
+        out.push(b':');
+        // The window's view reads it, so the engine has it (null if ever not).
+        let value = schema.view_field_id(name).map_or(Value::Null, |field_id| item.field(field_id));
+        write_value(out, value);
+    }
     out.push(b'}');
     if projection.payload {
         out.extend_from_slice(b",\"payload\":");

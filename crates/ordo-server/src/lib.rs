@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod min_seq;
 pub mod name_routes;
 pub mod rate_limit;
+pub mod refs;
 pub mod rng;
 pub mod rules;
 pub mod server;

@@ -311,14 +311,33 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
             cluster,
         });
         tokio::spawn(expire_sessions(registry, core_tx.clone(), shutdown_rx.clone()));
+        let fatal = state.cluster.as_ref().map(|cluster| cluster.shared.clone());
         tokio::spawn(async move {
-            stop_signal.await;
-            println!("ordo: stopping (finishing the requests in flight)");
-            tracing::info!("stopping: a signal came; finishing the requests in flight");
+            // A cluster node that cannot go on without a gap stops too (cluster::gap).
+            let fatal = async {
+                match &fatal {
+                    Some(shared) => shared.fatal.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = stop_signal => {
+                    println!("ordo: stopping (finishing the requests in flight)");
+                    tracing::info!("stopping: a signal came; finishing the requests in flight");
+                }
+                _ = fatal => {
+                    println!("ordo: stopping: this node cannot apply the stream without a gap (finishing the requests in flight)");
+                }
+            }
             let _ = shutdown_tx.send(true);
         });
+        let fatal = state.cluster.as_ref().map(|cluster| cluster.shared.clone());
         http::serve(listener, state, shutdown_rx, Duration::from_secs(10)).await;
-        Ok::<(), String>(())
+        // Exit status 1 with the reason, like a refusal at start.
+        match fatal.and_then(|shared| shared.status.fatal()) {
+            Some(message) => Err(message),
+            None => Ok::<(), String>(()),
+        }
     });
     // Every sender is gone once the runtime is: the writer finishes what is queued and returns.
     runtime.shutdown_timeout(Duration::from_secs(5));

@@ -739,8 +739,10 @@ impl Connection {
             )));
         }
         let (entry, predicate) = self.readable(collection)?;
-        let mut spec = wire::window_spec(&entry.schema, filter, sort, position, limit, fields, payload)?;
-        wire::restrict_spec(&mut spec, predicate.as_ref(), &entry.schema)?;
+        let read_schema = self.read_schema(&entry, filter, sort, fields)?;
+        let schema = read_schema.as_ref().unwrap_or(&entry.schema);
+        let mut spec = wire::window_spec(schema, filter, sort, position, limit, fields, payload)?;
+        wire::restrict_spec(&mut spec, predicate.as_ref(), schema)?;
         Ok((entry, spec))
     }
 
@@ -816,9 +818,14 @@ impl Connection {
         let name = self.session.table.get(handle).expect("mapped handles are live").collection.name.clone();
         // The rules as they are now: a view change never widens past them.
         let (_, predicate) = self.readable(&name)?;
+        let entry = self.session.table.get(handle).expect("mapped handles are live");
+        // The projection stays: its fields read through references are checked again too.
+        let shown = entry.spec.projection.through.clone();
+        let read_schema = self.read_schema(&entry.collection, filter, sort, Some(&shown))?;
+        let schema = read_schema.as_ref().unwrap_or(&entry.collection.schema);
+        let mut def = wire::view_def(schema, filter, sort)?.showing(shown);
+        wire::restrict(&mut def, predicate.as_ref(), schema)?;
         let entry = self.session.table.get_mut(handle).expect("mapped handles are live");
-        let mut def = wire::view_def(&entry.collection.schema, filter, sort)?;
-        wire::restrict(&mut def, predicate.as_ref(), &entry.collection.schema)?;
         entry.spec.def = def.clone();
         let command = Command::SetView { session: self.session.id, handle, def, req };
         let _ = self.context.core.send(command).await;

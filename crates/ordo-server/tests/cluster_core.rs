@@ -335,26 +335,77 @@ fn writes_go_on_while_one_nats_node_is_killed_and_restarted() {
     check_tally(&[&a, &b], &tally, 30);
 }
 
-/// Known problem (left to the fault tests): while the NATS server a node is
-/// connected to is frozen (SIGSTOP), its publishes went unacknowledged for
-/// minutes on this 2-core VM under load, although the other two servers keep a
-/// quorum. Run with `--ignored` to reproduce.
+/// The NATS server (index) a client named `name` is connected to, as the
+/// servers' `/connz` say (a frozen server does not answer: not it, or unknown).
+fn connected_server(nats: &NatsCluster, name: &str) -> Option<usize> {
+    (0..nats.len()).find(|&index| {
+        nats.monitor(index, "/connz").is_some_and(|(_, connz)| {
+            connz["connections"].as_array().into_iter().flatten().any(|connection| connection["name"] == name)
+        })
+    })
+}
+
+/// While the NATS server a node is connected to is frozen (SIGSTOP), its TCP
+/// connection stays open and async-nats' pings never fire (each command sent
+/// postpones them, nats-io/nats.rs#1593), and async-nats' own reconnection
+/// could wait forever for the frozen server's handshake (nats-io/nats.rs#1526):
+/// writes on that node went unacknowledged for minutes. A timed-out publish
+/// now makes the node open a new connection with a bounded handshake and
+/// consume again on it; every write is answered within a bound (acknowledged,
+/// or `503 cluster_unavailable` after the publish attempts, retried here).
+/// (The former version of this test froze server 1 whoever the nodes used.)
 #[test]
-#[ignore = "a frozen NATS server stalls the nodes connected to it (see the comment)"]
-fn writes_go_on_while_one_nats_node_is_frozen() {
+fn writes_go_on_while_the_nats_server_a_node_uses_is_frozen() {
     let nats = NatsCluster::start(3);
     let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     let a = node(dirs[0].path(), &nats.urls(), "a", 3);
     let b = node(dirs[1].path(), &nats.urls(), "b", 3);
     assert_eq!(a.http("PUT", "/v1/collections/things", Some(&schema())).0, 201);
     let mut tally = Tally { acknowledged: 0, attempts: 0, last: 0 };
-    write_some(&[&a, &b], 10, &mut tally);
-    nats.stop(1);
-    write_some(&[&a, &b], 10, &mut tally);
-    nats.cont(1);
+    write_some(&[&a, &b], 4, &mut tally);
+    let frozen = connected_server(&nats, "ordo a").expect("node a is connected to a NATS server");
+    nats.stop(frozen);
+    let batch = json!({"ops": [{"op": "upsert", "id": "counter", "increment": {"n": 1}}]});
+    let started = Instant::now();
+    let mut n_unavailable = 0;
+    while tally.acknowledged < 10 {
+        tally.attempts += 1;
+        let asked = Instant::now();
+        let answer = common::cluster::request(
+            a.port,
+            "POST",
+            "/v1/collections/things/batch",
+            Some(&batch),
+            Duration::from_secs(60),
+        );
+        let (status, body) = answer.expect("node a answers");
+        // Publish attempts (3 × (send + acknowledgement), 5 s each) and the
+        // wait for its own apply (30 s) bound every answer.
+        assert!(asked.elapsed() < Duration::from_secs(61), "a write took {:?}", asked.elapsed());
+        match status {
+            200 => {
+                tally.acknowledged += 1;
+                tally.last = tally.last.max(body["seq"].as_u64().unwrap());
+            }
+            503 => {
+                assert_eq!(body["error"]["code"], "cluster_unavailable", "{body}");
+                n_unavailable += 1;
+            }
+            _ => panic!("{status} {body}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "node a took no write in 60 s with its NATS server frozen"
+        );
+    }
+    eprintln!("10 writes on a in {:?} with its server frozen ({n_unavailable} answered 503 first)", started.elapsed());
+    let now = connected_server(&nats, "ordo a");
+    assert!(now.is_some_and(|index| index != frozen), "node a is on server {now:?}, the frozen one is {frozen}");
+    write_some(&[&b], 2, &mut tally);
+    nats.cont(frozen);
     nats.wait_all_ready();
-    write_some(&[&a, &b], 10, &mut tally);
-    check_tally(&[&a, &b], &tally, 30);
+    write_some(&[&a, &b], 4, &mut tally);
+    check_tally(&[&a, &b], &tally, 16);
 }
 
 /// A node that catches up applies the stream in runs (one group commit for
@@ -485,4 +536,130 @@ fn entries_are_checked_against_the_callers_rules_where_they_apply() {
     let names: Vec<&str> =
         collection["fields"].as_array().unwrap().iter().map(|field| field["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["n", "owner"], "the writer's schema changes were refused");
+}
+
+/// A write under a filtered write rule (`owner == $sub`) is checked against the
+/// items as the entries before it left them, so inside a catch-up run it must
+/// see the writes of the same run before it: the guard of each such entry
+/// decides on the same state whether the node applies the stream live, one
+/// entry at a time, or in runs. Each guarded write here is refused or accepted
+/// only because of the admin's write just before it.
+#[test]
+fn a_guarded_write_in_a_catch_up_run_gets_the_outcome_it_gets_alone() {
+    let nats = NatsCluster::start(1);
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = node(dir_a.path(), &nats.urls(), "a", 1);
+    let (status, _) = a.http("PUT", "/v1/collections/things", Some(&schema()));
+    assert_eq!(status, 201);
+    let admin = json!({"sub": "ops", "role": "admin"});
+    let writer = json!({"sub": "w", "role": "writer"});
+    let write = |caller: &Value, id: &str, fields: Value| {
+        json!({"kind": "write", "collection": "things", "ops": [{"op": "upsert", "id": id, "fields": fields}],
+               "caller": caller})
+    };
+    let rules = json!({"rules": [{"collection": "things", "roles": ["writer"], "read": true,
+                                  "write": {"filter": {"field": "owner", "op": "eq", "value": "$sub"}}}]});
+    // (entry, whether it must be accepted).
+    let mut entries = vec![(json!({"kind": "set_rules", "rules": rules, "caller": admin}), true)];
+    for round in 0..5 {
+        let (mine, given, theirs) = (format!("mine{round}"), format!("given{round}"), format!("theirs{round}"));
+        entries.extend([
+            // The writer's own new item: inside the grant.
+            (write(&writer, &mine, json!({"owner": "w", "n": 1})), true),
+            // The admin hands it to someone else...
+            (write(&admin, &mine, json!({"owner": "z"})), true),
+            // ...so the writer may no longer touch it: refused only if the guard sees the write before.
+            (write(&writer, &mine, json!({"n": 2})), false),
+            // The admin gives the writer an item...
+            (write(&admin, &given, json!({"owner": "w", "n": 5})), true),
+            // ...which it may then change: accepted only if the guard sees the write before.
+            (write(&writer, &given, json!({"n": 6})), true),
+            // Someone else's new item: outside the grant.
+            (write(&writer, &theirs, json!({"owner": "z", "n": 7})), false),
+        ]);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let js = runtime.block_on(async { async_nats::jetstream::new(async_nats::connect(nats.url(0)).await.unwrap()) });
+    // Published one at a time, each applied by node a before the next: a applies them alone.
+    let mut seqs = Vec::new();
+    for (index, (entry, _)) in entries.iter().enumerate() {
+        let seq = runtime.block_on(async {
+            let publish = async_nats::jetstream::context::Publish::build()
+                .message_id(format!("test/guarded/{index}"))
+                .payload(entry.to_string().into_bytes().into());
+            js.send_publish("ordo.log", publish).await.unwrap().await.unwrap().sequence
+        });
+        wait_applied(&[&a], seq);
+        seqs.push(seq);
+    }
+    let last = *seqs.last().unwrap();
+    // Applied alone, each item is at the seq of its last accepted write, with its fields.
+    let mut expected = std::collections::BTreeMap::new();
+    for ((entry, accepted), seq) in entries.iter().zip(&seqs).skip(1) {
+        if *accepted {
+            expected.insert(entry["ops"][0]["id"].as_str().unwrap().to_owned(), *seq);
+        }
+    }
+    let on_a = items(&a, last);
+    let versions: std::collections::BTreeMap<String, u64> = on_a
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| (item["id"].as_str().unwrap().to_owned(), item["version"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(versions, expected, "applied alone, exactly the accepted writes are there: {on_a}");
+    for item in on_a.as_array().unwrap() {
+        let (owner, n) = if item["id"].as_str().unwrap().starts_with("mine") { ("z", 1) } else { ("w", 6) };
+        assert_eq!(item["fields"], json!({"owner": owner, "n": n}), "{item}");
+    }
+
+    // A new node gets the whole stream at once: its consumer hands it runs.
+    let b = node(dir_b.path(), &nats.urls(), "b", 1);
+    wait_applied(&[&b], last);
+    assert_eq!(applied_seq(&b), last);
+    assert_eq!(items(&b, last), on_a, "the same outcome for every guarded write in runs as applied alone");
+}
+
+/// After a stream leader kill a node's poll of the stream's state got no
+/// answer, and its lag read 0 while it waited for entries it had not heard of.
+/// A node that cannot read the stream keeps the last seq it knew, says how old
+/// that is, never reports "0 s behind", and after `STALE_LAGGING_AFTER` counts
+/// as lagging (refuses new subscribers); once the stream answers again, all is
+/// fresh. Here the only NATS server is killed, then restarted.
+#[test]
+fn a_node_that_cannot_read_the_stream_says_so_and_never_reads_caught_up() {
+    let mut nats = NatsCluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let a = node(dir.path(), &nats.urls(), "a", 1);
+    assert_eq!(a.http("PUT", "/v1/collections/things", Some(&schema())).0, 201);
+    let seq = increment(&a, "c");
+    let cluster = &health(&a)["cluster"];
+    assert_eq!(cluster["stream_state_stale"], false, "{cluster}");
+    assert_eq!(cluster["lag_seconds"], 0.0, "{cluster}");
+    assert_eq!(cluster["fatal"], Value::Null, "{cluster}");
+
+    nats.kill(0);
+    let wait_for = |what: &str, is_it: &dyn Fn(&Value) -> bool| -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let cluster = health(&a)["cluster"].clone();
+            if is_it(&cluster) {
+                return cluster;
+            }
+            assert!(Instant::now() < deadline, "not {what} within 20 s: {cluster}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let stale = wait_for("stale", &|cluster| cluster["stream_state_stale"] == true);
+    assert_eq!(stale["stream_last_seq"], seq, "the last known seq is kept: {stale}");
+    assert!(stale["lag_seconds"].as_f64().unwrap() > 3.0, "a node that cannot tell is not 0 s behind: {stale}");
+    assert_eq!(stale["lagging"], false, "{stale}");
+    let lagging = wait_for("lagging", &|cluster| cluster["lagging"] == true);
+    assert!(lagging["stream_state_age_seconds"].as_f64().unwrap() > 10.0, "{lagging}");
+    assert!(a.metric("ordo_cluster_stream_state_age_seconds") > 10.0);
+
+    nats.restart(0);
+    let fresh = wait_for("fresh", &|cluster| cluster["stream_state_stale"] == false && cluster["lagging"] == false);
+    assert_eq!(fresh["lag_seconds"], 0.0, "{fresh}");
+    assert_eq!(increment(&a, "c"), seq + 1);
 }

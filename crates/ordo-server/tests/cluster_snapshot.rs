@@ -4,6 +4,8 @@
 //! with an empty data directory restores the newest snapshot, replays the rest
 //! of the stream and converges; without a usable snapshot (none, or one older
 //! than what the stream still holds) a new node refuses to start and says why.
+//! A running node that falls past retention stops rather than fill the gap; an
+//! existing stream whose configuration breaks a guarantee is refused.
 
 mod common;
 
@@ -158,4 +160,124 @@ fn a_new_node_joins_from_a_snapshot_after_retention_and_refuses_without_one() {
     assert!(stderr.contains(&format!("needs a snapshot at seq {} or later", first_kept - 1)), "{stderr}");
     drop(b);
     drop(a);
+}
+
+/// Issue 16, "never a silent gap", for a node that is already running: it is
+/// frozen (SIGSTOP) while another node writes far past the stream's retention,
+/// then continues. Its consumer then meets seqs beyond the one it needs (the
+/// stream dropped them), either mid-stream or when it starts again. Filling
+/// them with seq markers would leave its items silently wrong at the stream's
+/// seq; it must apply nothing past the gap and stop, saying why, and refuse to
+/// start again on that data directory.
+#[test]
+fn a_running_node_that_falls_past_retention_stops_instead_of_filling_the_gap() {
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let snapshots = root.path().join("snapshots");
+    let a = start(&root.path().join("a"), &cluster_args(&nats.urls(), "node-a", &snapshots, &[]));
+    let (status, body) =
+        a.http("PUT", "/v1/collections/things", Some(&json!({"fields": [{"name": "n", "type": "u64"}]})));
+    assert_eq!(status, 201, "{body}");
+    let b_dir = root.path().join("b");
+    let b_args: Vec<String> = cluster_args(&nats.urls(), "node-b", &snapshots, &[]);
+    let b_args_str: Vec<&str> = b_args.iter().map(String::as_str).collect();
+    let mut b =
+        Server::start_with(&b_dir, &b_args_str, common::StartOptions { capture_stderr: true, ..Default::default() });
+    let before = write(&a, 0, 5);
+    wait_applied(&b, before);
+
+    // SAFETY: `kill` with the pid of a child this test owns and a valid signal.
+    unsafe { libc::kill(b.pid() as i32, libc::SIGSTOP) };
+    // Far more entries than the stream keeps and than one pull request of b's
+    // consumer holds (500: what it already has in its socket is contiguous), in
+    // requests of 50 entries: a, which applies each before it answers, never
+    // falls behind the retention of 60 itself.
+    let mut last = before;
+    for round in 0..18 {
+        let writes: Vec<Value> = (0..50)
+            .map(|i| json!({"collection": "things", "ops": [{"op": "upsert", "id": format!("k{}", i % 17), "fields": {"n": round * 50 + i}}]}))
+            .collect();
+        let answer = a.ok("POST", "/v1/batch", json!({"writes": writes}));
+        last = answer["results"].as_array().unwrap().last().unwrap()["seq"].as_u64().unwrap();
+    }
+    assert!(last > before + 500 + RETENTION);
+    // SAFETY: as above.
+    unsafe { libc::kill(b.pid() as i32, libc::SIGCONT) };
+
+    let status = b.wait_exit(Duration::from_secs(25)).expect("the node that fell past retention did not stop");
+    assert!(!status.success());
+    let stderr = b.stderr_lines().join("\n");
+    assert!(stderr.contains("applies nothing more and stops"), "{stderr}");
+    assert!(stderr.contains("cannot start without a gap"), "{stderr}");
+    assert!(!stderr.contains("recording it as empty"), "a seq marker filled the gap: {stderr}");
+    // Its data directory stops before the gap: a start refuses it, naming it.
+    let stderr = refused_start(&b_dir, &b_args);
+    assert!(stderr.contains("cannot start without a gap"), "{stderr}");
+    assert!(stderr.contains(&format!("holds entries {}..={last}", last + 1 - RETENTION)), "{stderr}");
+    // The node that kept up is untouched.
+    assert_eq!(items(&a, last).as_array().unwrap().len(), 17);
+}
+
+/// An existing stream is checked before a node binds to it
+/// (`cluster::stream_check`): a configuration that breaks a guarantee refuses
+/// the start, naming what is wrong; a harmless difference is logged and the
+/// node starts with the stream as it is.
+#[test]
+fn an_existing_stream_is_checked_before_a_node_binds_to_it() {
+    use async_nats::jetstream::stream::{Config, StorageType};
+    let nats = NatsCluster::start(1);
+    let root = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let js = async_nats::jetstream::new(runtime.block_on(async_nats::connect(nats.urls())).unwrap());
+    let ordo_config = |name: &str| Config {
+        name: name.to_owned(),
+        subjects: vec!["ordo.log".to_owned()],
+        num_replicas: 1,
+        storage: StorageType::File,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    };
+    let node_args = |name: &str, replicas: &str| -> Vec<String> {
+        ["--cluster", &nats.urls(), "--node-name", "n", "--stream", name, "--stream-replicas", replicas]
+            .iter()
+            .map(|arg| arg.to_string())
+            .collect()
+    };
+    let cases: Vec<(Config, &str, &str)> = vec![
+        (Config { subjects: vec!["ordo.>".to_owned()], ..ordo_config("WIDE") }, "1", "its subjects are [\"ordo.>\"]"),
+        (Config { duplicate_window: Duration::from_secs(5), ..ordo_config("SHORT") }, "1", "duplicate window is 5s"),
+        (ordo_config("R1"), "3", "1 replica(s) where this node asks for 3"),
+        (Config { storage: StorageType::Memory, ..ordo_config("MEMORY") }, "1", "storage is memory"),
+    ];
+    for (index, (config, replicas, expected)) in cases.into_iter().enumerate() {
+        let name = config.name.clone();
+        runtime.block_on(js.create_stream(config)).unwrap();
+        let dir = root.path().join(format!("refused-{index}"));
+        let stderr = refused_start(&dir, &node_args(&name, replicas));
+        assert!(
+            stderr.contains(&format!("the stream `{name}` exists with a configuration Ordo cannot use")),
+            "{stderr}"
+        );
+        assert!(stderr.contains(expected), "{name}: {stderr}");
+        // Two streams may not share a subject: the next case needs it.
+        runtime.block_on(js.delete_stream(&name)).unwrap();
+    }
+
+    // A retention of its own: the stream's stands, with a warning, and the node serves.
+    runtime.block_on(js.create_stream(Config { max_messages: 1000, ..ordo_config("KEEPS") })).expect("creating KEEPS");
+    let args = node_args("KEEPS", "1");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let node = Server::start_with(
+        &root.path().join("warned"),
+        &args,
+        common::StartOptions { capture_stderr: true, ..Default::default() },
+    );
+    let lines = node.wait_for_stderr_line(|line| line.contains("stream `KEEPS` keeps 1000 entries"));
+    assert!(lines.iter().any(|line| line.contains("the stream's retention stands")), "{lines:?}");
+    let (status, body) =
+        node.http("PUT", "/v1/collections/things", Some(&json!({"fields": [{"name": "n", "type": "u64"}]})));
+    assert_eq!(status, 201, "{body}");
+    let info = runtime.block_on(async { js.get_stream("KEEPS").await.unwrap().get_info().await.unwrap() });
+    assert_eq!(info.config.max_messages, 1000);
+    assert_eq!(info.state.last_sequence, 1);
 }

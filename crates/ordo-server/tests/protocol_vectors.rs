@@ -699,6 +699,110 @@ async fn ended(server: &Server) -> Case {
     }
 }
 
+/// Views through a `ref` field: `seats` reference `spaces`.
+async fn reference_views(server: &Server) -> Case {
+    server.ok(
+        "PUT",
+        "/v1/collections/spaces",
+        json!({"fields": [{"name": "name", "type": "string"}, {"name": "recency", "type": "u64"},
+                          {"name": "topic", "type": "string"}, {"name": "archived", "type": "bool"}]}),
+    );
+    server.ok(
+        "PUT",
+        "/v1/collections/seats",
+        json!({"fields": [{"name": "owner", "type": "string"}, {"name": "space", "type": "ref", "target": "spaces"},
+                          {"name": "unread", "type": "u64"}]}),
+    );
+    let write_to = |collection: &str, ops: Value| {
+        server.ok("POST", &format!("/v1/collections/{collection}/batch"), json!({ "ops": ops }));
+    };
+    let space = |id: &str, name: &str, recency: u64, topic: &str| json!({"op": "upsert", "id": id, "fields": {"name": name, "recency": recency, "topic": topic, "archived": false}});
+    let seat = |id: &str, owner: &str, space: &str, unread: u64| json!({"op": "upsert", "id": id, "fields": {"owner": owner, "space": space, "unread": unread}});
+    write_to(
+        "spaces",
+        json!([
+            space("s1", "Atrium", 10, "welcome"),
+            space("s2", "Annex", 20, "news"),
+            space("s3", "Basement", 30, "")
+        ]),
+    );
+    write_to(
+        "seats",
+        json!([
+            seat("u1/s1", "u1", "s1", 0),
+            seat("u1/s2", "u1", "s2", 2),
+            seat("u1/s3", "u1", "s3", 1),
+            seat("u1/s9", "u1", "s9", 0),
+            seat("u2/s1", "u2", "s1", 5)
+        ]),
+    );
+    let mut recorder = Recorder::connect(server, BTreeMap::new(), fresh(&["mine", "named"])).await;
+    let initial = recorder.client.lists.clone();
+    let mine = json!({"op": "subscribe", "sub": "mine", "collection": "seats",
+        "filter": {"field": "owner", "op": "eq", "value": "u1"}, "sort": [{"field": "space.recency", "dir": "desc"}],
+        "offset": 0, "limit": 4, "fields": ["unread", "space.name", "space.topic"], "payload": false});
+    let named = json!({"op": "subscribe", "sub": "named", "collection": "seats",
+        "filter": {"field": "space.name", "prefix": "a"}, "sort": [{"field": "space.name", "dir": "asc"}],
+        "offset": 0, "limit": 3, "fields": ["space.name"], "payload": false});
+    let views = [mine.clone(), named.clone()];
+    async fn settle_seats(recorder: &mut Recorder, server: &Server, views: &[Value], context: &str) {
+        for view in views {
+            let sub = view["sub"].as_str().unwrap().to_owned();
+            let mut body = view.clone();
+            for key in ["op", "sub", "collection"] {
+                body.as_object_mut().unwrap().remove(key);
+            }
+            let answer = server.ok("POST", "/v1/collections/seats/query", body);
+            let expected = common::without_versions(&answer["items"]);
+            let deadline = tokio::time::Instant::now() + SETTLE;
+            while recorder.client.lists.get(&sub).is_none_or(|list| list.items != expected) {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() || recorder.next(left).await.is_none() {
+                    let got = recorder.client.lists.get(&sub).map(|list| list.items.clone());
+                    panic!("{context}: {sub}\n got      {got:?}\n expected {expected:?}");
+                }
+            }
+        }
+    }
+    recorder.request(mine).await;
+    recorder.request(named).await;
+    settle_seats(&mut recorder, server, &views, "subscribed").await;
+    let writes = [
+        ("spaces", json!([{"op": "upsert", "id": "s1", "fields": {"recency": 40}}])), // moves to the top of `mine`
+        ("spaces", json!([{"op": "upsert", "id": "s2", "fields": {"topic": "new topic"}}])), // a Set in `mine` only
+        ("spaces", json!([{"op": "upsert", "id": "s2", "fields": {"archived": true}}])), // shown nowhere: no frame
+        ("spaces", json!([{"op": "upsert", "id": "s3", "fields": {"name": "Arcade"}}])), // enters `named`
+        ("spaces", json!([space("s9", "Alcove", 50, "found")])),                      // a missing target appears
+        ("spaces", json!([{"op": "remove", "id": "s1"}])),                            // a target goes: null, last
+        ("seats", json!([seat("u1/s1", "u1", "s2", 7)])),                             // a reference changes target
+        ("seats", json!([{"op": "remove", "id": "u2/s1"}])),
+    ];
+    for (collection, ops) in writes {
+        write_to(collection, ops);
+        settle_seats(&mut recorder, server, &views, "after a write").await;
+    }
+    recorder.drain().await;
+    // Removing a target field ends every subscription reading through the reference.
+    let (status, answer) = server.http("DELETE", "/v1/collections/spaces/fields/topic", None);
+    assert_eq!(status, 200, "{answer}");
+    while !recorder.client.lists.is_empty() {
+        recorder.until_frame("ended").await;
+    }
+    recorder.drain().await;
+    Case {
+        name: "reference_views",
+        description: "Views through a `ref` field (`seats.space` references `spaces`): sorted by `space.recency`, \
+                      filtered on `space.name`, showing `space.name` and `space.topic` flat under their dotted \
+                      names. A target update moves referencing items (or gives a `Set` when only a shown field \
+                      changed, nothing when an unshown one did); a missing target reads null until it appears; a \
+                      removed target reads null again; a reference changes target. Removing a target field ends \
+                      both subscriptions (`ended`, `field_removed`).",
+        synthetic: false,
+        subscriptions: initial,
+        steps: recorder.steps,
+    }
+}
+
 fn item(id: &str, name: &str, recency: u64) -> Value {
     json!({"id": id, "fields": {"name": name, "recency": recency}, "payload": null})
 }
@@ -782,6 +886,7 @@ async fn the_protocol_corpus_matches_what_the_server_sends() {
         resume(&server, false).await,
         // Last: it changes the collection's fields and drops it.
         ended(&server).await,
+        reference_views(&server).await,
     ];
     cases.extend(synthetic_cases());
 

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use super::procs::{create_collection, temp_dir, write_body, Http, Nats, Ordo, Sync};
-use super::Options;
+use super::{median, Options};
 use crate::live::Result;
 
 /// Fills the stream through `node` as fast as `connections` writers go; returns the last seq.
@@ -45,8 +45,42 @@ pub fn catchup_phase(options: &Options) -> Result<()> {
         target as f64 / fill_seconds,
         options.connections.max(16)
     );
+    let (mut from_start, mut while_applying, mut cpu_per_100k) = (Vec::new(), Vec::new(), Vec::new());
+    for n in 1..=options.catchup_nodes {
+        let caught_up = catch_up_once(options, &nats, n, target)?;
+        from_start.push(caught_up.from_start);
+        while_applying.extend(caught_up.while_applying);
+        cpu_per_100k.push(caught_up.cpu_seconds * 100_000.0 / target as f64);
+    }
+    println!(
+        "median of {} new nodes: {:.0} entries/s from process start, {:.0} entries/s while applying, {:.3} CPU-s \
+         per 100 000 entries (goal: 200 000/s)",
+        options.catchup_nodes,
+        median(&mut from_start),
+        median(&mut while_applying),
+        median(&mut cpu_per_100k)
+    );
+    println!("node-a pid {}", node_a.process.pid());
+    Ok(())
+}
+
+struct CaughtUp {
+    from_start: f64,
+    while_applying: Option<f64>,
+    cpu_seconds: f64,
+}
+
+/// Starts new node `n` with an empty data directory and waits until it applied
+/// the stream up to `target`; prints its rates and its CPU time by thread.
+fn catch_up_once(options: &Options, nats: &Nats, n: usize, target: u64) -> Result<CaughtUp> {
+    let wrap: Vec<String> = options
+        .catchup_wrap
+        .as_deref()
+        .map(|wrap| wrap.split_whitespace().map(|word| word.replace("{n}", &n.to_string())).collect())
+        .unwrap_or_default();
+    let name = format!("node-b{n}");
     let spawned = Instant::now();
-    let node_b = Ordo::start(&options.ordo_bin, "node-b", Some((&nats, options.nats_nodes)), &[])?;
+    let node_b = Ordo::start_wrapped(&wrap, &options.ordo_bin, &name, Some((nats, options.nats_nodes)), &[])?;
     let listening = spawned.elapsed();
     let at_listening = node_b.applied_seq()?;
     let mut first_progress: Option<(Instant, u64)> = None;
@@ -60,27 +94,72 @@ pub fn catchup_phase(options: &Options) -> Result<()> {
             break Instant::now();
         }
         if Instant::now() > deadline {
-            return Err(format!("node-b applied {applied} of {target} entries in 600 s").into());
+            return Err(format!("{name} applied {applied} of {target} entries in 600 s").into());
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    // Read at once: the node idles from here on.
+    let pid = if wrap.is_empty() { node_b.process.pid() } else { child_of(node_b.process.pid())? };
+    let (cpu_seconds, by_thread) = cpu_of(pid)?;
     let total = done - spawned;
+    let from_start = target as f64 / total.as_secs_f64();
     println!(
-        "node-b: listening after {:.2} s (applied {at_listening} by then), all {target} applied {:.2} s after \
-         start: {:.0} entries/s from process start (goal: 200 000/s)",
+        "{name}: listening after {:.2} s (applied {at_listening} by then), all {target} applied {:.2} s after \
+         start: {from_start:.0} entries/s from process start",
         listening.as_secs_f64(),
         total.as_secs_f64(),
-        target as f64 / total.as_secs_f64()
     );
-    if let Some((at, applied)) = first_progress {
-        let seconds = (done - at).as_secs_f64().max(1e-3);
-        println!(
-            "node-b: {:.0} entries/s while applying (from the first progress seen by /v1/health)",
-            (target - applied) as f64 / seconds
-        );
+    let while_applying = first_progress.map(|(at, applied)| {
+        let rate = (target - applied) as f64 / (done - at).as_secs_f64().max(1e-3);
+        println!("{name}: {rate:.0} entries/s while applying (from the first progress seen by /v1/health)");
+        rate
+    });
+    let per_100k = |seconds: f64| seconds * 100_000.0 / target as f64;
+    let threads: Vec<String> =
+        by_thread.iter().map(|(thread, seconds)| format!("{thread} {:.3}", per_100k(*seconds))).collect();
+    println!(
+        "{name}: {:.3} CPU-s per 100 000 entries from process start (by thread: {})",
+        per_100k(cpu_seconds),
+        threads.join(", ")
+    );
+    Ok(CaughtUp { from_start, while_applying, cpu_seconds })
+}
+
+/// The first child of `pid` (the node a wrapper such as `perf record` started),
+/// or `pid` itself when it has none (a wrapper that `exec`s the node).
+fn child_of(pid: u32) -> Result<u32> {
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))?;
+    Ok(children.split_whitespace().next().map_or(Ok(pid), str::parse)?)
+}
+
+/// User + system CPU seconds of `pid` (every thread, live or exited) and of its
+/// live threads by name (`/proc/<pid>/task/*/stat`), the busiest first.
+fn cpu_of(pid: u32) -> Result<(f64, Vec<(String, f64)>)> {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let read = |path: String| -> Result<(String, f64)> {
+        let stat = std::fs::read_to_string(path)?;
+        let open = stat.find('(').ok_or("no ( in stat")?;
+        let close = stat.rfind(')').ok_or("no ) in stat")?;
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        // Fields 14 and 15 of proc(5) (utime, stime); `fields` starts at field 3.
+        let utime: f64 = fields.get(11).ok_or("short stat")?.parse()?;
+        let stime: f64 = fields.get(12).ok_or("short stat")?.parse()?;
+        Ok((stat[open + 1..close].to_owned(), (utime + stime) / ticks))
+    };
+    let (_, total) = read(format!("/proc/{pid}/stat"))?;
+    let mut by_thread: Vec<(String, f64)> = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let (name, seconds) = read(format!("{}/stat", task?.path().display()))?;
+        match by_thread.iter_mut().find(|(known, _)| *known == name) {
+            Some((_, sum)) => *sum += seconds,
+            None => by_thread.push((name, seconds)),
+        }
     }
-    println!("node-a pid {}, node-b pid {}", node_a.process.pid(), node_b.process.pid());
-    Ok(())
+    let live: f64 = by_thread.iter().map(|(_, seconds)| seconds).sum();
+    by_thread.push(("exited threads".to_owned(), (total - live).max(0.0)));
+    by_thread.sort_by(|a, b| b.1.total_cmp(&a.1));
+    Ok((total, by_thread))
 }
 
 /// The apply side's ceiling, without NATS: `entries` one-upsert batches into a

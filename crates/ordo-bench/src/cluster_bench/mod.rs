@@ -23,7 +23,9 @@
 //! - **catchup**: writes `--catchup-entries` entries through one cluster node,
 //!   then starts a node with an empty data directory and measures how fast it
 //!   applies the stream (entries per second, from `/v1/health`'s
-//!   `cluster.applied_seq`), against the goal of 200 000/s.
+//!   `cluster.applied_seq`), against the goal of 200 000/s, and its CPU time
+//!   per 100 000 entries by thread (`/proc`: steadier than wall time on a
+//!   shared machine); `--catchup-nodes` new nodes, one after another, on one fill.
 //! - **chat**: loadgen's chat scenario (users × rooms, one WebSocket per user on
 //!   its top rooms, random rooms moved to the top) against a single-node server
 //!   and split across 1, 2, 3… cluster nodes (`--nodes`): the same subscribers
@@ -60,6 +62,10 @@ pub const USAGE: &str = "cluster-bench [options]
   --rate N               writes per second in the latency phase, all connections together (default 500)
   --connections N        keep-alive HTTP connections writing at once (default 8; chat: per node)
   --catchup-entries N    entries in the stream before the new node starts (default 100000)
+  --catchup-nodes N      new nodes started one after another on the same stream, each from an empty
+                         data directory (default 3): one fill, N catch-up figures and their median
+  --catchup-wrap CMD     runs each new node under CMD (split on spaces; `{n}` is the node's number),
+                         e.g. `perf record -g -o /tmp/catchup-{n}.data --` (CPU is then read from its child)
   --users N              chat: users = collections = subscribers, over all nodes (default 1000)
   --rooms N              chat: rooms per user (default 200)
   --window N             chat: window length of every subscription (default 20)
@@ -79,6 +85,8 @@ pub struct Options {
     pub rate: f64,
     pub connections: usize,
     pub catchup_entries: u64,
+    pub catchup_nodes: usize,
+    pub catchup_wrap: Option<String>,
     pub users: usize,
     pub rooms: usize,
     pub window: usize,
@@ -120,6 +128,8 @@ impl Options {
             rate: 500.0,
             connections: 8,
             catchup_entries: 100_000,
+            catchup_nodes: 3,
+            catchup_wrap: None,
             users: 1_000,
             rooms: 200,
             window: 20,
@@ -148,6 +158,8 @@ impl Options {
                 "--rate" => options.rate = number(&value)?.clamp(1.0, 100_000.0),
                 "--connections" => options.connections = (number(&value)? as usize).clamp(1, 256),
                 "--catchup-entries" => options.catchup_entries = (number(&value)? as u64).clamp(1, 10_000_000),
+                "--catchup-nodes" => options.catchup_nodes = (number(&value)? as usize).clamp(1, 50),
+                "--catchup-wrap" => options.catchup_wrap = Some(value),
                 // Collection names are `user-NNNN` and room ids `!rNNNN:…`: four digits each.
                 "--users" => options.users = (number(&value)? as usize).clamp(1, 9_999),
                 "--rooms" => options.rooms = (number(&value)? as usize).clamp(1, 9_999),
@@ -192,6 +204,9 @@ pub fn quantile_ms(sorted: &[u64], quantile: f64) -> f64 {
 }
 
 pub fn median(values: &mut [f64]) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
 }

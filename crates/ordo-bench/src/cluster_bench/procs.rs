@@ -140,9 +140,27 @@ pub struct Ordo {
 impl Ordo {
     /// `cluster`: the NATS URLs and the stream's replicas, or single-node mode.
     pub fn start(binary: &Path, name: &str, cluster: Option<(&Nats, usize)>, extra: &[String]) -> Result<Ordo> {
+        Ordo::start_wrapped(&[], binary, name, cluster, extra)
+    }
+
+    /// `start`, run under `wrap` (a profiler's command line) when not empty.
+    pub fn start_wrapped(
+        wrap: &[String],
+        binary: &Path,
+        name: &str,
+        cluster: Option<(&Nats, usize)>,
+        extra: &[String],
+    ) -> Result<Ordo> {
         let dir = temp_dir(name);
         std::fs::create_dir_all(&dir)?;
-        let mut command = Command::new(binary);
+        let mut command = match wrap.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
         command.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"]).arg(&dir).args(extra);
         if let Some((nats, replicas)) = cluster {
             command.args(["--cluster", &nats.urls.join(","), "--node-name", name]);

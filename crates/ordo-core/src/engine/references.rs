@@ -68,6 +68,16 @@ pub(super) struct CollectionRefs {
     pub(super) referrers: Vec<(CollectionId, u8)>,
 }
 
+/// What one view reads through references: its links (one bit per link of its
+/// collection) and its derived fields (one bit per [`FieldId::derived_index`],
+/// which stays under `limits::MAX_DERIVED_FIELDS` = 64), whether it filters,
+/// sorts or only shows them (`ViewDef::shown`).
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct ViewReads {
+    links: u64,
+    derived: u64,
+}
+
 /// A target field read through a reference, resolved.
 struct RefRead<'a> {
     name: &'a str,
@@ -92,6 +102,7 @@ fn names_read<'a>(def: &'a ViewDef, out: &mut Vec<&'a str>) {
     }
     walk(&def.filter, out);
     out.extend(def.sort.iter().map(|key| key.field.as_str()));
+    out.extend(def.shown.iter().map(String::as_str));
 }
 
 /// Whether two values of one column are the same (floats by bits: `-0.0` and
@@ -107,8 +118,12 @@ impl Engine {
     /// Resolves the names a view reads through references (`room.recency`),
     /// refusing bad ones, and makes sure each has a live link and derived field
     /// (so that the view then compiles against the collection's schema). Returns
-    /// the links the view reads through, one bit each.
-    pub(super) fn prepare_view_refs(&mut self, collection_id: CollectionId, def: &ViewDef) -> Result<u64, ViewError> {
+    /// the links and derived fields the view reads, one bit each.
+    pub(super) fn prepare_view_refs(
+        &mut self,
+        collection_id: CollectionId,
+        def: &ViewDef,
+    ) -> Result<ViewReads, ViewError> {
         let mut names = Vec::new();
         names_read(def, &mut names);
         let state = self.collections.get(collection_id).ok_or(ViewError::UnknownCollection)?;
@@ -137,7 +152,7 @@ impl Engine {
             reads.push(RefRead { name, ref_field, target, target_field });
         }
         if reads.is_empty() {
-            return Ok(0);
+            return Ok(ViewReads::default());
         }
         let n_new_derived = {
             let mut new_names: Vec<&str> =
@@ -150,18 +165,21 @@ impl Engine {
             return Err(ViewError::TooManyDerivedFields { n_fields_max: limits::MAX_DERIVED_FIELDS });
         }
         // Checked: from here on nothing fails.
-        let mut mask = 0u64;
+        let mut view_reads = ViewReads::default();
         for read in &reads {
             let link_index = self.ensure_link(collection_id, read.ref_field, read.target);
             self.ensure_derived(collection_id, link_index, read.name, read.target_field);
-            mask |= 1 << link_index;
+            view_reads.links |= 1 << link_index;
+            let schema = self.collections.get(collection_id).expect("checked").collection.schema();
+            let derived = schema.view_field_id(read.name).expect("ensured");
+            view_reads.derived |= 1 << derived.derived_index();
         }
         for link_index in 0..64 {
-            if mask & (1 << link_index) != 0 {
+            if view_reads.links & (1 << link_index) != 0 {
                 self.rebuild_if_stale(collection_id, link_index);
             }
         }
-        Ok(mask)
+        Ok(view_reads)
     }
 
     fn ensure_link(&mut self, collection_id: CollectionId, ref_field: FieldId, target: CollectionId) -> usize {
@@ -234,13 +252,14 @@ impl Engine {
         })
     }
 
-    /// Records that a new view reads through the links in `mask`.
-    pub(super) fn register_view_links(&mut self, collection_id: CollectionId, view_index: u32, mask: u64) {
+    /// Records what a new view reads through references.
+    pub(super) fn register_view_links(&mut self, collection_id: CollectionId, view_index: u32, reads: ViewReads) {
         let index = view_index as usize;
         if self.view_links.len() <= index {
-            self.view_links.resize(index + 1, 0);
+            self.view_links.resize(index + 1, ViewReads::default());
         }
-        self.view_links[index] = mask;
+        self.view_links[index] = reads;
+        let mask = reads.links;
         let state = self.collections.get_mut(collection_id).expect("live");
         for (link_index, link) in state.refs.links.iter_mut().enumerate() {
             if mask & (1 << link_index) != 0 {
@@ -251,7 +270,8 @@ impl Engine {
 
     /// Records that a view is gone; a link without views turns stale.
     pub(super) fn unregister_view_links(&mut self, collection_index: u32, view_index: u32) {
-        let Some(mask) = self.view_links.get_mut(view_index as usize).map(std::mem::take) else { return };
+        let Some(reads) = self.view_links.get_mut(view_index as usize).map(std::mem::take) else { return };
+        let mask = reads.links;
         if mask == 0 {
             return;
         }
@@ -277,7 +297,7 @@ impl Engine {
         let reading: Vec<usize> = (0..self.views.len())
             .filter(|&index| {
                 self.views[index].as_ref().is_some_and(|view| view.collection == collection_id.index)
-                    && self.view_links.get(index).is_some_and(|&mask| mask != 0)
+                    && self.view_links.get(index).is_some_and(|reads| reads.links != 0)
             })
             .collect();
         let ended = self.close_windows_of_views(&reading);
@@ -434,7 +454,10 @@ pub(super) fn before_remove(state: &mut CollectionState, old_hashes: &[Option<u6
 }
 
 /// Re-reads one referencing item's target and moves it in the views that read
-/// through the link (a `Set` where its place does not change).
+/// the derived fields that changed (a `Set` where its place does not change:
+/// views that only show them). When no derived value changed, nothing a view
+/// reads or shows changed (a referencing item shows its target only through
+/// derived fields), so no view is visited and no diff is sent.
 #[allow(clippy::too_many_arguments)]
 fn refresh_item(
     state: &mut CollectionState,
@@ -442,29 +465,36 @@ fn refresh_item(
     views: &mut [Option<View>],
     windows: &mut [WindowSlot],
     scratch: &mut Scratch,
-    view_links: &[u64],
+    view_links: &[ViewReads],
     link_index: usize,
     slot: Slot,
     id: &str,
 ) {
-    let bit = 1u64 << link_index;
-    let reads_link = |view_index: u32| view_links.get(view_index as usize).is_some_and(|&mask| mask & bit != 0);
-    // The views that hold or may hold the item: unkeyed ones and those of its key
-    // values (which a refresh does not change), narrowed to those reading the link.
     scratch.visited_views.clear();
-    scratch.visited_views.extend(state.unkeyed_views.iter().copied().filter(|&view| reads_link(view)));
-    for field in state.keys.fields() {
-        if let Some(hash) = state.keys.hash_value(state.collection.value(slot, field.field_id)) {
-            scratch.visited_views.extend(field.views_of_hash(hash).iter().copied().filter(|&view| reads_link(view)));
-        }
-    }
     let target_slot = target.collection.find_slot(id);
     let mut changed = std::mem::take(&mut scratch.changed_fields);
     changed.clear();
+    let mut changed_mask = 0u64;
     for &(derived, target_field) in &state.refs.links[link_index].derived {
         let new = target_slot.map_or(Value::Null, |t| target.collection.value(t, target_field));
         if !same_value(state.collection.value(slot, derived), new) {
             changed.push(derived);
+            changed_mask |= 1 << derived.derived_index();
+        }
+    }
+    if changed.is_empty() {
+        scratch.changed_fields = changed;
+        return;
+    }
+    let reads_changed =
+        |view_index: u32| view_links.get(view_index as usize).is_some_and(|reads| reads.derived & changed_mask != 0);
+    // The views that hold or may hold the item: unkeyed ones and those of its key
+    // values (which a refresh does not change), narrowed to those reading or
+    // showing a derived field that changed.
+    scratch.visited_views.extend(state.unkeyed_views.iter().copied().filter(|&view| reads_changed(view)));
+    for field in state.keys.fields() {
+        if let Some(hash) = state.keys.hash_value(state.collection.value(slot, field.field_id)) {
+            scratch.visited_views.extend(field.views_of_hash(hash).iter().copied().filter(|&view| reads_changed(view)));
         }
     }
     remove_from_views(state, views, scratch, Some(slot), Some(&changed));

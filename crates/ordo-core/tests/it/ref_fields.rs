@@ -69,19 +69,33 @@ fn a_room_update_moves_its_memberships_in_every_list() {
 fn a_change_of_shown_target_data_is_a_set_and_other_views_are_not_visited() {
     let (mut engine, rooms, members) = setup();
     let mut sink = CollectingSink::new();
-    let a = engine.open_window(members, &room_list("a"), 0, 10, &mut sink).unwrap();
+    // `a` shows the room's name (a projection) without sorting or filtering on it.
+    let a = engine.open_window(members, &room_list("a").showing(vec!["room.name".into()]), 0, 10, &mut sink).unwrap();
+    // `hidden` reads through `room` too, but not the name.
+    let hidden = engine.open_window(members, &room_list("a"), 0, 10, &mut sink).unwrap();
     let own = ViewDef::new(Filter::eq("owner", OwnedValue::Str("a".into())), vec![SortKey::desc("unread")]);
     let plain = engine.open_window(members, &own, 0, 10, &mut sink).unwrap();
+    assert_eq!(engine.window_items(a).unwrap()[1].id, "a/r2");
     sink.take_for(a);
+    sink.take_for(hidden);
     sink.take_for(plain);
     let visits_before = engine.stats().n_view_visits;
     let mut batch = Batch::new();
     batch.upsert("r2").set("name", Value::Str("renamed"));
     engine.apply_batch(rooms, &batch, &mut sink).unwrap();
     assert!(matches!(sink.take_for(a)[..], [OwnedDiff::Set { index: 1, .. }]));
+    assert!(sink.take_for(hidden).is_empty(), "the name is not shown there");
     assert!(sink.take_for(plain).is_empty());
-    // The rooms collection has no views; of the members' views only `a` reads through `room`.
+    // The rooms collection has no views; of the members' views only `a` reads the name.
     assert_eq!(engine.stats().n_view_visits - visits_before, 1);
+
+    // A target field no view reads: nothing at all.
+    batch.clear();
+    batch.upsert("r2").set("muted", Value::Bool(true));
+    let visits_before = engine.stats().n_view_visits;
+    engine.apply_batch(rooms, &batch, &mut sink).unwrap();
+    assert!(sink.take_for(a).is_empty() && sink.take_for(hidden).is_empty());
+    assert_eq!(engine.stats().n_view_visits - visits_before, 0);
 }
 
 #[test]

@@ -17,14 +17,14 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::entry::{Entry, Kind};
+use super::entry::{Decoded, Kind};
 use super::{Outcome, Shared};
 use crate::access::Gate;
 use crate::auth::{Identity, Role};
 use crate::core::{is_reserved_name, Core, FieldChange};
 use crate::error::{ApiError, ErrorCode};
 use crate::rules::{self, Action, RuleSet, RulesDoc, WriteGuard};
-use crate::wire::{self, AddFieldRequest, OpRequest, SchemaRequest};
+use crate::wire::{self, AddFieldRequest, SchemaRequest};
 use ordo_core::CollectionId;
 use ordo_store::PendingWrite;
 
@@ -134,7 +134,7 @@ fn apply_next(core: &mut Core, applier: &mut Applier, group: &mut Group, deliver
             }
         }
     }
-    let entry = match Entry::decode(&payload) {
+    let entry = match Decoded::decode(&payload) {
         Ok(entry) => entry,
         Err(error) => {
             let outcome =
@@ -236,7 +236,7 @@ fn halt(core: &mut Core, applier: &mut Applier, generation: u64, seq: u64, error
     applier.shared.restart.notify_one();
 }
 
-fn apply_decoded(core: &mut Core, applier: &Applier, entry: &Entry<'_>) -> Outcome {
+fn apply_decoded(core: &mut Core, applier: &Applier, entry: &Decoded<'_>) -> Outcome {
     let identity = entry.caller.identity();
     match entry.kind {
         Kind::Write => unreachable!("write entries are applied by `apply_next`"),
@@ -270,22 +270,22 @@ fn require_admin(identity: &Identity, what: &str) -> Result<(), ApiError> {
 fn prepare_write(
     core: &Core,
     applier: &Applier,
-    entry: &Entry<'_>,
+    entry: &Decoded<'_>,
     identity: &Identity,
 ) -> Result<(CollectionId, ordo_core::Batch, Option<WriteGuard>), ApiError> {
     let name = required(entry.collection.as_deref(), "collection")?;
-    let ops: Vec<OpRequest<'_>> = parse(required(entry.ops, "ops")?)?;
+    let ops = required(entry.ops.as_deref(), "ops")?;
     let (target, grant) = applier.gate.granted_collection(core.routes(), identity, name, Action::Write)?;
     let guard = WriteGuard::new(&grant, &target.schema)?;
     let mut batch = ordo_core::Batch::new();
-    wire::fill_batch(&mut batch, &target.schema, &ops, 0)?;
+    wire::fill_batch(&mut batch, &target.schema, ops, 0)?;
     Ok((target.id, batch, guard))
 }
 
 fn create_collection(
     core: &mut Core,
     applier: &Applier,
-    entry: &Entry<'_>,
+    entry: &Decoded<'_>,
     identity: &Identity,
 ) -> Result<(bool, Arc<crate::core::CollectionEntry>), ApiError> {
     let name = required(entry.collection.as_deref(), "collection")?;
@@ -307,7 +307,7 @@ fn route_id(core: &Core, name: &str) -> Option<ordo_core::CollectionId> {
 }
 
 /// The collection a schema change or drop names, as the routing table has it now.
-fn schema_target(core: &Core, entry: &Entry<'_>) -> Result<Arc<crate::core::CollectionEntry>, ApiError> {
+fn schema_target(core: &Core, entry: &Decoded<'_>) -> Result<Arc<crate::core::CollectionEntry>, ApiError> {
     let name = required(entry.collection.as_deref(), "collection")?;
     if is_reserved_name(name) {
         return Err(ApiError::new(ErrorCode::Forbidden, format!("`{name}` is reserved for the server")));
@@ -317,7 +317,7 @@ fn schema_target(core: &Core, entry: &Entry<'_>) -> Result<Arc<crate::core::Coll
 
 fn add_field(
     core: &mut Core,
-    entry: &Entry<'_>,
+    entry: &Decoded<'_>,
     identity: &Identity,
 ) -> Result<(u64, Arc<crate::core::CollectionEntry>), ApiError> {
     require_admin(identity, "adding a field")?;
@@ -329,7 +329,7 @@ fn add_field(
 
 fn remove_field(
     core: &mut Core,
-    entry: &Entry<'_>,
+    entry: &Decoded<'_>,
     identity: &Identity,
 ) -> Result<(u64, Arc<crate::core::CollectionEntry>), ApiError> {
     require_admin(identity, "removing a field")?;
@@ -338,13 +338,13 @@ fn remove_field(
     core.change_fields(target.id, FieldChange::Remove { name })
 }
 
-fn drop_collection(core: &mut Core, entry: &Entry<'_>, identity: &Identity) -> Result<u64, ApiError> {
+fn drop_collection(core: &mut Core, entry: &Decoded<'_>, identity: &Identity) -> Result<u64, ApiError> {
     require_admin(identity, "dropping a collection")?;
     let target = schema_target(core, entry)?;
     core.drop_collection(target.id)
 }
 
-fn set_rules(core: &mut Core, applier: &Applier, entry: &Entry<'_>, identity: &Identity) -> Result<u64, ApiError> {
+fn set_rules(core: &mut Core, applier: &Applier, entry: &Decoded<'_>, identity: &Identity) -> Result<u64, ApiError> {
     require_admin(identity, "changing the rules")?;
     let doc: RulesDoc = parse(required(entry.rules, "rules")?)?;
     let rules = RuleSet::compile(doc.clone())?;

@@ -1,8 +1,16 @@
 //! How far this node is behind the stream: `/v1/health`'s `cluster` object,
 //! the `ordo_cluster_*` metrics, and the `lagging` refusal of new subscribers.
+//!
+//! The stream's last seq is only known as of the last time the stream said it
+//! (a poll every second, or a delivered entry). While the stream cannot be read
+//! (no stream leader during an election, NATS unreachable), the last known value
+//! is kept and its age reported: past `STALE_AFTER` the lag in seconds is at
+//! least that age (it is never 0 for a node that cannot tell), and past
+//! `STALE_LAGGING_AFTER` the node counts as lagging.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::error::{ApiError, ErrorCode};
 
@@ -16,7 +24,20 @@ pub struct Status {
     stream_last_seq: AtomicU64,
     /// When the stream received the last entry applied (Unix nanoseconds; 0: none yet).
     applied_published_ns: AtomicU64,
+    /// When the stream last told this node its last seq (Unix nanoseconds).
+    stream_seen_ns: AtomicU64,
+    /// Why this node stopped applying for good (a gap in the stream): set once,
+    /// then the node shuts down (`cluster::gap`).
+    fatal: Mutex<Option<String>>,
 }
+
+/// The stream's state is stale after this long without word from it (three
+/// missed polls): `lag_seconds` is then at least its age.
+pub const STALE_AFTER: Duration = Duration::from_secs(3);
+/// After this long without word from the stream, the node cannot tell how far
+/// behind it is and counts as lagging (refuses new subscribers). Longer than a
+/// stream leader election takes, so a failover does not make every node refuse.
+pub const STALE_LAGGING_AFTER: Duration = Duration::from_secs(10);
 
 fn now_ns() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_nanos() as u64)
@@ -31,6 +52,9 @@ impl Status {
             // Unknown until the stream is asked, before the node serves.
             stream_last_seq: AtomicU64::new(applied_seq),
             applied_published_ns: AtomicU64::new(0),
+            // Counted from start: the stream is asked before the node serves.
+            stream_seen_ns: AtomicU64::new(now_ns()),
+            fatal: Mutex::new(None),
         }
     }
 
@@ -47,9 +71,41 @@ impl Status {
         self.applied_published_ns.store(published_ns, Ordering::Release);
     }
 
-    /// Raises the stream's last sequence as seen (never lowers it).
+    /// The stream said its last sequence is `seq` (a poll answered, an entry
+    /// delivered): raises the last sequence as seen (never lowers it) and
+    /// marks it fresh.
     pub(crate) fn saw_stream_seq(&self, seq: u64) {
+        self.saw_stream_seq_at(seq, now_ns());
+    }
+
+    pub(crate) fn saw_stream_seq_at(&self, seq: u64, at_ns: u64) {
         self.stream_last_seq.fetch_max(seq, Ordering::AcqRel);
+        self.stream_seen_ns.fetch_max(at_ns, Ordering::AcqRel);
+    }
+
+    /// How long since the stream last told this node its last sequence.
+    pub fn stream_state_age(&self) -> Duration {
+        Duration::from_nanos(now_ns().saturating_sub(self.stream_seen_ns.load(Ordering::Acquire)))
+    }
+
+    /// Whether `stream_last_seq` is older than `STALE_AFTER`: the lag in entries
+    /// is then a lower bound.
+    pub fn is_stream_state_stale(&self) -> bool {
+        self.stream_state_age() > STALE_AFTER
+    }
+
+    /// Records why this node stops applying for good; false if it was already.
+    pub(crate) fn set_fatal(&self, message: String) -> bool {
+        let mut fatal = self.fatal.lock().expect("fatal lock");
+        if fatal.is_some() {
+            return false;
+        }
+        *fatal = Some(message);
+        true
+    }
+
+    pub fn fatal(&self) -> Option<String> {
+        self.fatal.lock().expect("fatal lock").clone()
     }
 
     pub fn lag_entries(&self) -> u64 {
@@ -57,36 +113,49 @@ impl Status {
     }
 
     /// Zero when caught up; else how long ago the stream received the last
-    /// entry this node applied (a bound on how stale its views are).
+    /// entry this node applied (a bound on how stale its views are). While the
+    /// stream's state is stale, at least its age: entries may have come since
+    /// without this node hearing of them.
     pub fn lag_seconds(&self) -> f64 {
+        let stale = if self.is_stream_state_stale() { self.stream_state_age().as_secs_f64() } else { 0.0 };
         if self.lag_entries() == 0 {
-            return 0.0;
+            return stale;
         }
         let published = self.applied_published_ns.load(Ordering::Acquire);
         if published == 0 {
-            return 0.0;
+            return stale;
         }
-        now_ns().saturating_sub(published) as f64 / 1e9
+        (now_ns().saturating_sub(published) as f64 / 1e9).max(stale)
     }
 
-    /// Over `--cluster-max-lag` entries behind: new subscribers are refused.
+    /// Over `--cluster-max-lag` entries behind, or without word from the stream
+    /// for `STALE_LAGGING_AFTER`, or stopped for good: new subscribers are refused.
     pub fn is_lagging(&self) -> bool {
         self.lag_entries() > self.max_lag
+            || self.stream_state_age() > STALE_LAGGING_AFTER
+            || self.fatal.lock().expect("fatal lock").is_some()
     }
 
     /// `lagging` (503) when this node is too far behind to take a subscriber.
     pub fn check_not_lagging(&self) -> Result<(), ApiError> {
-        if self.is_lagging() {
-            return Err(ApiError::new(
-                ErrorCode::Lagging,
-                format!(
-                    "this node is {} entries behind the stream (over --cluster-max-lag {}); try another node or again later",
-                    self.lag_entries(),
-                    self.max_lag
-                ),
-            ));
+        if !self.is_lagging() {
+            return Ok(());
         }
-        Ok(())
+        let why = if let Some(fatal) = self.fatal() {
+            format!("this node stopped applying the stream ({fatal})")
+        } else if self.lag_entries() > self.max_lag {
+            format!(
+                "this node is {} entries behind the stream (over --cluster-max-lag {})",
+                self.lag_entries(),
+                self.max_lag
+            )
+        } else {
+            format!(
+                "this node has not been able to read the stream's state for {:.0} s, so it cannot tell how far behind it is",
+                self.stream_state_age().as_secs_f64()
+            )
+        };
+        Err(ApiError::new(ErrorCode::Lagging, format!("{why}; try another node or again later")))
     }
 
     /// `/v1/health`'s `cluster` object.
@@ -97,7 +166,10 @@ impl Status {
             "stream_last_seq": self.stream_last_seq(),
             "lag_entries": self.lag_entries(),
             "lag_seconds": self.lag_seconds(),
+            "stream_state_age_seconds": self.stream_state_age().as_secs_f64(),
+            "stream_state_stale": self.is_stream_state_stale(),
             "lagging": self.is_lagging(),
+            "fatal": self.fatal(),
         })
     }
 
@@ -117,6 +189,12 @@ impl Status {
         );
         let _ = writeln!(out, "# TYPE ordo_cluster_lag_seconds gauge");
         let _ = writeln!(out, "ordo_cluster_lag_seconds {:.3}", self.lag_seconds());
+        let _ = writeln!(
+            out,
+            "# HELP ordo_cluster_stream_state_age_seconds Time since the stream last told this node its last entry."
+        );
+        let _ = writeln!(out, "# TYPE ordo_cluster_stream_state_age_seconds gauge");
+        let _ = writeln!(out, "ordo_cluster_stream_state_age_seconds {:.3}", self.stream_state_age().as_secs_f64());
     }
 }
 
@@ -142,5 +220,46 @@ mod tests {
         assert!(!status.is_lagging());
         status.saw_stream_seq(17);
         assert!(status.lag_seconds() >= 2.0);
+    }
+
+    /// After a leader kill the stream's state could not be read and lag read 0
+    /// while the node waited for entries it had not heard of: a stale state
+    /// keeps its last value, says its age, and never reads as "caught up, 0 s".
+    #[test]
+    fn a_stream_state_that_cannot_be_read_is_reported_stale_never_as_no_lag() {
+        let status = Status::new("n".to_owned(), 10, 5);
+        status.saw_stream_seq(5);
+        assert!(!status.is_stream_state_stale());
+        assert_eq!(status.lag_seconds(), 0.0);
+        // The last answer came 4 s ago; polls since failed.
+        let status = Status::new("n".to_owned(), 10, 5);
+        status.stream_seen_ns.store(now_ns() - 4_000_000_000, Ordering::Release);
+        status.saw_stream_seq_at(5, 0);
+        assert_eq!(status.stream_last_seq(), 5, "the last known value is kept");
+        assert_eq!(status.lag_entries(), 0);
+        assert!(status.is_stream_state_stale());
+        assert!(status.lag_seconds() >= 4.0, "{}", status.lag_seconds());
+        assert!(!status.is_lagging(), "stale, but not yet for STALE_LAGGING_AFTER");
+        status.stream_seen_ns.store(now_ns() - 11_000_000_000, Ordering::Release);
+        assert!(status.is_lagging());
+        let refusal = status.check_not_lagging().unwrap_err();
+        assert!(refusal.message.contains("cannot tell how far behind"), "{}", refusal.message);
+        let health = status.health_json();
+        assert_eq!(health["stream_state_stale"], true);
+        assert!(health["stream_state_age_seconds"].as_f64().unwrap() >= 11.0);
+        // An answer makes it fresh again.
+        status.saw_stream_seq(5);
+        assert!(!status.is_stream_state_stale() && !status.is_lagging());
+        assert_eq!(status.lag_seconds(), 0.0);
+    }
+
+    #[test]
+    fn a_fatal_stop_is_kept_once_and_makes_the_node_lagging() {
+        let status = Status::new("n".to_owned(), 10, 5);
+        assert!(status.set_fatal("a gap".to_owned()));
+        assert!(!status.set_fatal("another".to_owned()));
+        assert_eq!(status.fatal().as_deref(), Some("a gap"));
+        assert!(status.is_lagging());
+        assert_eq!(status.health_json()["fatal"], "a gap");
     }
 }

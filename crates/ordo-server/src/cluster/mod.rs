@@ -18,10 +18,12 @@
 
 pub mod apply;
 pub mod entry;
+pub mod gap;
 pub mod lag;
 pub mod log;
 pub mod routes;
 pub mod snapshot;
+pub mod stream_check;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,6 +47,10 @@ pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Attempts of one publish (each with the same message id, so at most one lands).
 pub const PUBLISH_ATTEMPTS: u32 = 3;
+/// The longest a node may go on sending one entry again (each attempt: the
+/// send, then the acknowledgement, each bounded by `PUBLISH_TIMEOUT`): the
+/// stream's duplicate window must be at least this (`stream_check`).
+pub const PUBLISH_RETRY_SPAN: Duration = Duration::from_secs(2 * PUBLISH_TIMEOUT.as_secs() * PUBLISH_ATTEMPTS as u64);
 /// How long a request waits for its own node to apply its entry once published.
 pub const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -162,6 +168,9 @@ pub struct Shared {
     /// The writer asks the consumer to start again from the last entry applied
     /// (after a local failure to apply one).
     pub restart: Notify,
+    /// Fires once when this node stops applying for good (`gap`): the server
+    /// then shuts down and exits with `status.fatal()`.
+    pub fatal: Notify,
 }
 
 impl Shared {
@@ -175,7 +184,18 @@ impl Shared {
             pending: Mutex::new(HashMap::new()),
             status: Status::new(node_name.to_owned(), max_lag, applied_seq),
             restart: Notify::new(),
+            fatal: Notify::new(),
         })
+    }
+
+    /// This node cannot go on applying the stream without a gap: it applies
+    /// nothing more, says why (log, `/v1/health`'s `cluster.fatal`, lagging),
+    /// and shuts down (`server::serve` returns the message: exit status 1).
+    pub fn stop_for_good(&self, message: String) {
+        if self.status.set_fatal(message.clone()) {
+            tracing::error!("stopping: {message}");
+            self.fatal.notify_one();
+        }
     }
 
     /// A new message id, and the receiver its entry's outcome will come to.

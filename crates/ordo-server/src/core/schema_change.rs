@@ -164,7 +164,9 @@ impl Core {
     fn republish(&mut self, collection: CollectionId, schema: Schema) -> Arc<CollectionEntry> {
         let mut routes = self.routes.write().expect("routes lock");
         let name = self.database.engine().collection(collection).expect("live").name().to_owned();
-        let entry = Arc::new(CollectionEntry { id: collection, name: name.clone(), schema: Arc::new(schema) });
+        let mut entry = CollectionEntry::from_engine(self.database.engine(), collection).expect("live");
+        entry.schema = Arc::new(schema.without_derived());
+        let entry = Arc::new(entry);
         routes.remove(&name);
         routes.insert(&name, entry.clone()).expect("the name was just freed");
         entry

@@ -81,11 +81,19 @@ pub struct Projection {
     /// Fields in the order the client listed them (all fields, in schema order, by default).
     pub fields: Vec<FieldId>,
     pub payload: bool,
+    /// Target fields read through references (`room.name`), in the order listed;
+    /// sent after the own fields, under these names. Their engine field ids
+    /// exist only once a window reads them, so they go by name (see `refs`).
+    pub through: Vec<String>,
 }
 
 impl Projection {
     pub fn all(schema: &Schema) -> Projection {
-        Projection { fields: (0..schema.len()).map(|index| field_id_at(schema, index)).collect(), payload: true }
+        Projection {
+            fields: (0..schema.len()).map(|index| field_id_at(schema, index)).collect(),
+            payload: true,
+            through: Vec::new(),
+        }
     }
 }
 
@@ -171,7 +179,19 @@ pub fn window_spec(
                 return Err(ApiError::limit("the projection lists more fields than a schema can have"));
             }
             let mut ids = Vec::with_capacity(names.len());
+            let mut through = Vec::new();
             for name in names {
+                // A field read through a reference: `schema` has it when `refs::read_schema` checked it.
+                if schema.field_id(name).is_none() && schema.view_field_id(name).is_some() {
+                    if through.contains(name) {
+                        return Err(ApiError::new(
+                            ErrorCode::InvalidView,
+                            format!("the projection names `{name}` twice"),
+                        ));
+                    }
+                    through.push(name.clone());
+                    continue;
+                }
                 let field_id = schema.field_id(name).ok_or_else(|| {
                     ApiError::new(
                         ErrorCode::InvalidView,
@@ -183,9 +203,11 @@ pub fn window_spec(
                 }
                 ids.push(field_id);
             }
-            Projection { fields: ids, payload }
+            Projection { fields: ids, payload, through }
         }
     };
+    // The engine keeps the projected target fields current, and sends a `Set` when one changes.
+    let def = def.showing(projection.through.clone());
     let mut spec = WindowSpec { def, offset: 0, limit, is_tail: false, seek: None, projection };
     spec.set_position(position);
     Ok(spec)
@@ -333,7 +355,8 @@ fn filter_from_json(schema: &Schema, json: &Json, depth: usize, n_nodes: &mut us
             ))
         }
     };
-    let field_type = schema.field_id(&field).map(|id| schema.field(id).field_type);
+    // `view_field_id`: a field read through a reference, when `refs::read_schema` added it.
+    let field_type = schema.view_field_id(&field).map(|id| schema.field(id).field_type);
     let field_name = field.clone();
     let literal = |json: &Json| {
         typed_owned_value(json, field_type).map_err(|found| {

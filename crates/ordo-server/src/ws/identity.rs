@@ -89,6 +89,22 @@ impl Connection {
         let predicate = grant.predicate(&entry.schema)?;
         Ok((entry, predicate))
     }
+
+    /// The schema to check a view request on `entry` against, once every name it
+    /// reads through a reference passed `refs::read_schema` (the access rule among
+    /// its checks); `None`: it reads none, use the entry's.
+    pub(super) fn read_schema(
+        &self,
+        entry: &crate::core::CollectionEntry,
+        filter: &serde_json::Value,
+        sort: &[crate::wire::SortRequest],
+        fields: Option<&[String]>,
+    ) -> Result<Option<ordo_core::Schema>, ApiError> {
+        let identity =
+            self.identity.as_ref().ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "send `auth` first"))?;
+        let reader = crate::refs::Reader { gate: &self.context.gate, routes: &self.context.routes, identity };
+        crate::refs::read_schema(&reader, entry, filter, sort, fields)
+    }
 }
 
 /// When a verified token must be looked at again: its expiry plus the leeway.

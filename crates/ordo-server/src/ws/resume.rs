@@ -147,6 +147,15 @@ impl Connection {
                     Some(current) if current.id != entry.collection.id => Some(EndReason::CollectionDropped),
                     None => Some(EndReason::CollectionDropped),
                     Some(current) if Arc::ptr_eq(&current.schema, &entry.collection.schema) => None,
+                    // Any removal of a field ends every window reading through references
+                    // out of the collection (the engine's derived fields are rebuilt), and
+                    // such a view never compiles against the own fields alone.
+                    Some(current) if crate::refs::reads_through(&entry.spec.def, &entry.collection.schema) => {
+                        let lost = entry.collection.schema.fields().iter().any(|field| {
+                            current.schema.field_id(&field.name).is_none_or(|id| current.schema.field(id) != field)
+                        });
+                        lost.then_some(EndReason::FieldRemoved)
+                    }
                     Some(current) => {
                         let compiles = ordo_core::CompiledFilter::compile(&entry.spec.def.filter, &current.schema)
                             .is_ok()
@@ -187,9 +196,11 @@ impl Connection {
             cluster.status.check_not_lagging()?;
         }
         let (collection, predicate) = self.readable(&entry.collection)?;
+        let read_schema = self.read_schema(&collection, &entry.filter, &entry.sort, entry.fields.as_deref())?;
+        let schema = read_schema.as_ref().unwrap_or(&collection.schema);
         let position = wire::PositionKeys { offset: entry.offset, tail: entry.tail, ..Default::default() };
         let mut spec = wire::window_spec(
-            &collection.schema,
+            schema,
             &entry.filter,
             &entry.sort,
             position,
@@ -197,7 +208,7 @@ impl Connection {
             entry.fields.as_deref(),
             entry.payload,
         )?;
-        wire::restrict_spec(&mut spec, predicate.as_ref(), &collection.schema)?;
+        wire::restrict_spec(&mut spec, predicate.as_ref(), schema)?;
         Ok((collection, spec))
     }
 }

@@ -154,6 +154,20 @@ impl Server {
         self.child.wait().expect("waiting for ordo")
     }
 
+    /// Waits at most `timeout` for the process to exit by itself: its status, or None.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("waiting for ordo") {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGINT, then wait: the graceful path.
     pub fn stop(mut self) {
         // SAFETY: `kill` with a pid we own and a valid signal number.
