@@ -94,7 +94,8 @@ pub(crate) enum Column {
         present: Bitmap,
     },
     Str {
-        values: Vec<String>,
+        /// The strings longer than their head; see `LongStrings`.
+        values: LongStrings,
         present: Bitmap,
         /// The first bytes of each value, held in the column itself: sort keys are
         /// encoded from here, and short strings (room names) filtered here, without
@@ -113,7 +114,7 @@ impl Column {
             }
             // A reference holds its target's id, a string.
             FieldType::String | FieldType::Ref(_) => {
-                Column::Str { values: Vec::new(), present: Bitmap::default(), heads: Vec::new() }
+                Column::Str { values: LongStrings::default(), present: Bitmap::default(), heads: Vec::new() }
             }
         }
     }
@@ -177,7 +178,7 @@ impl Column {
             (Column::Str { values, present, heads }, Value::Str(text)) => {
                 let head = StringHead::new(text);
                 // As in `set`: only strings longer than their head keep a heap copy.
-                values.push(if text.len() > STRING_HEAD_BYTES { text.to_owned() } else { String::new() });
+                values.push(text);
                 present.push(true);
                 heads.push(head);
             }
@@ -196,7 +197,7 @@ impl Column {
                 present.push(false);
             }
             Column::Str { values, present, heads } => {
-                values.push(String::new());
+                values.push("");
                 present.push(false);
                 heads.push(StringHead::default());
             }
@@ -237,9 +238,7 @@ impl Column {
                 // reader goes through `StringHead::whole` first): no heap copy, so
                 // room names cost no allocation. A longer one reuses the slot's
                 // buffer: no allocation unless the new text is longer.
-                if text.len() > STRING_HEAD_BYTES {
-                    copy_reusing_capacity_str(&mut values[slot], text);
-                }
+                values.set(slot, text);
                 present.set(slot, true);
                 heads[slot] = head;
             }
@@ -282,14 +281,74 @@ impl StringHead {
     pub(crate) fn whole(&self) -> Option<&str> {
         let len = self.len as usize;
         if len <= STRING_HEAD_BYTES {
-            // Copied whole from a `&str`, so valid UTF-8; checked anyway rather than
-            // trusted with `unsafe`, at the cost of a short scan.
-            std::str::from_utf8(&self.bytes[..len]).ok()
+            let bytes = &self.bytes[..len];
+            debug_assert!(std::str::from_utf8(bytes).is_ok(), "a head holds a whole `&str`");
+            // SAFETY: `bytes` and `len` are private and set only by `StringHead::new`
+            // (and `Default`: no bytes), which copies `text.len()` bytes of a `&str`
+            // whole when they fit; `len <= STRING_HEAD_BYTES` means they did, so these
+            // are exactly that `&str`'s bytes, valid UTF-8. Checking again cost 14 % of
+            // a shared-rooms message (the `owner == user` filter reads the head of every
+            // membership it tests). Tested by `string_heads_return_whole_strings`.
+            Some(unsafe { std::str::from_utf8_unchecked(bytes) })
         } else {
             None
         }
     }
 }
+
+/// A string column's values that do not fit in their head, per slot: 8 bytes
+/// for a slot whose string fits (room names, owners, reference ids: nothing to
+/// keep but the head), where a `String` per slot took 24. A long string keeps its
+/// box and buffer across updates, so rewriting it allocates only when it grows.
+#[derive(Default)]
+pub(crate) struct LongStrings {
+    // The box is the point: `Option<Box<String>>` is 8 bytes where `String` is 24,
+    // and the extra allocation exists only for strings that need a buffer anyway.
+    #[allow(clippy::box_collection)]
+    strings: Vec<Option<Box<String>>>,
+}
+
+impl LongStrings {
+    /// The slot's string if longer than a head; `""` otherwise (read the head).
+    #[inline]
+    pub(crate) fn get(&self, slot: usize) -> &str {
+        self.strings[slot].as_deref().map_or("", String::as_str)
+    }
+
+    fn push(&mut self, text: &str) {
+        self.strings.push((text.len() > STRING_HEAD_BYTES).then(|| Box::new(text.to_owned())));
+    }
+
+    fn set(&mut self, slot: usize, text: &str) {
+        if text.len() > STRING_HEAD_BYTES {
+            let string = self.strings[slot].get_or_insert_with(Default::default);
+            copy_reusing_capacity_str(string, text);
+        }
+        // A short string leaves the slot's long one in place (stale, never read:
+        // the head says the string is whole), so that the buffer is reused when the
+        // value grows again.
+    }
+
+    fn reserve(&mut self, n_items: usize) {
+        self.strings.reserve(n_items);
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.strings.truncate(len);
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.strings.capacity() * std::mem::size_of::<Option<Box<String>>>()
+            + self
+                .strings
+                .iter()
+                .flatten()
+                .map(|string| std::mem::size_of::<String>() + string.capacity())
+                .sum::<usize>()
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<Option<Box<String>>>() == 8);
 
 fn copy_reusing_capacity_str(target: &mut String, text: &str) {
     target.clear();
@@ -447,16 +506,21 @@ impl Collection {
     /// Reads one field of a slot.
     pub(crate) fn value(&self, slot: Slot, field_id: FieldId) -> Value<'_> {
         let slot = slot as usize;
-        match (self.column(field_id), self.schema.field(field_id).field_type) {
-            (Column::Bool { present, .. }, _) if !present.get(slot) => Value::Null,
-            (Column::Bool { values, .. }, _) => Value::Bool(values.get(slot)),
-            (Column::Word { present, .. }, _) if !present[slot] => Value::Null,
-            (Column::Word { bits, .. }, FieldType::I64) => Value::I64(bits[slot] as i64),
-            (Column::Word { bits, .. }, FieldType::U64) => Value::U64(bits[slot]),
-            (Column::Word { bits, .. }, _) => Value::F64(f64::from_bits(bits[slot])),
-            (Column::Str { present, .. }, _) if !present[slot] => Value::Null,
+        // The field's type is looked up only for word columns, the one kind that
+        // needs it: a bool or string read (a filter's `left == false`, a keyed
+        // view's `owner == user`) skips the schema.
+        match self.column(field_id) {
+            Column::Bool { present, .. } if !present.get(slot) => Value::Null,
+            Column::Bool { values, .. } => Value::Bool(values.get(slot)),
+            Column::Word { present, .. } if !present[slot] => Value::Null,
+            Column::Word { bits, .. } => match self.schema.field(field_id).field_type {
+                FieldType::I64 => Value::I64(bits[slot] as i64),
+                FieldType::U64 => Value::U64(bits[slot]),
+                _ => Value::F64(f64::from_bits(bits[slot])),
+            },
+            Column::Str { present, .. } if !present[slot] => Value::Null,
             // Short strings are read from the column's head, not their heap buffer.
-            (Column::Str { values, heads, .. }, _) => Value::Str(heads[slot].whole().unwrap_or(&values[slot])),
+            Column::Str { values, heads, .. } => Value::Str(heads[slot].whole().unwrap_or(values.get(slot))),
         }
     }
 
@@ -708,27 +772,44 @@ impl Collection {
 
     /// Approximate heap bytes held, for memory accounting.
     pub fn heap_bytes(&self) -> usize {
-        let mut total = self.ids.capacity() * std::mem::size_of::<String>()
-            + self.payloads.capacity() * std::mem::size_of::<Vec<u8>>()
-            + self.versions.capacity() * 8
-            + self.alive.capacity()
-            + self.id_index.capacity() * (std::mem::size_of::<IdIndexEntry>() + 1)
-            + self.free_slots.capacity() * 4;
-        total += self.ids.iter().map(String::capacity).sum::<usize>();
-        total += self.payloads.iter().map(Vec::capacity).sum::<usize>();
-        for column in self.columns.iter().chain(&self.derived_columns) {
-            total += match column {
+        self.heap_parts().iter().map(|&(_, bytes)| bytes).sum()
+    }
+
+    /// [`Collection::heap_bytes`] by part, to see where the bytes per item go: the
+    /// ids, the id index, payloads, versions and liveness, then each column by
+    /// field name (derived fields by their dotted name).
+    pub fn heap_parts(&self) -> Vec<(String, usize)> {
+        let mut parts = vec![
+            (
+                "ids".to_owned(),
+                self.ids.capacity() * std::mem::size_of::<String>()
+                    + self.ids.iter().map(String::capacity).sum::<usize>(),
+            ),
+            ("id index".to_owned(), self.id_index.capacity() * (std::mem::size_of::<IdIndexEntry>() + 1)),
+            (
+                "payloads".to_owned(),
+                self.payloads.capacity() * std::mem::size_of::<Vec<u8>>()
+                    + self.payloads.iter().map(Vec::capacity).sum::<usize>(),
+            ),
+            (
+                "versions, alive, free slots".to_owned(),
+                self.versions.capacity() * 8 + self.alive.capacity() + self.free_slots.capacity() * 4,
+            ),
+        ];
+        let field_ids = (0..self.columns.len())
+            .map(|index| FieldId(index as u16))
+            .chain((0..self.derived_columns.len()).map(FieldId::derived));
+        for (field_id, column) in field_ids.zip(self.columns.iter().chain(&self.derived_columns)) {
+            let bytes = match column {
                 Column::Bool { values, present } => values.heap_bytes() + present.heap_bytes(),
                 Column::Word { bits, present } => bits.capacity() * 8 + present.heap_bytes(),
                 Column::Str { values, present, heads } => {
-                    heads.capacity() * std::mem::size_of::<StringHead>()
-                        + values.capacity() * std::mem::size_of::<String>()
-                        + values.iter().map(String::capacity).sum::<usize>()
-                        + present.heap_bytes()
+                    heads.capacity() * std::mem::size_of::<StringHead>() + values.heap_bytes() + present.heap_bytes()
                 }
             };
+            parts.push((format!("column {}", self.schema.field(field_id).name), bytes));
         }
-        total
+        parts
     }
 }
 
@@ -791,4 +872,51 @@ pub struct OwnedItem {
     pub id: String,
     pub fields: Vec<OwnedValue>,
     pub payload: Vec<u8>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `StringHead::whole` skips the UTF-8 check (`unsafe`): every string that fits
+    /// must come back whole and every longer one not at all, including strings whose
+    /// 28th byte falls inside a multi-byte character.
+    #[test]
+    fn string_heads_return_whole_strings() {
+        let pieces = ["a", "é", "€", "😀"];
+        for n_bytes in 0..=40 {
+            for (index, piece) in pieces.iter().enumerate() {
+                // Fill with `piece`, then pad with ASCII to exactly `n_bytes`.
+                let mut text = String::new();
+                while text.len() + piece.len() <= n_bytes {
+                    text.push_str(piece);
+                }
+                while text.len() < n_bytes {
+                    text.push((b'a' + index as u8) as char);
+                }
+                let head = StringHead::new(&text);
+                if n_bytes <= STRING_HEAD_BYTES {
+                    assert_eq!(head.whole(), Some(text.as_str()), "{n_bytes} bytes of {piece:?}");
+                } else {
+                    assert_eq!(head.whole(), None, "{n_bytes} bytes of {piece:?}");
+                }
+            }
+        }
+        assert_eq!(StringHead::default().whole(), Some(""));
+    }
+
+    /// Reads through the head and through the heap buffer give the written value,
+    /// before and after a shorter or longer value replaces it.
+    #[test]
+    fn string_values_read_back_through_heads() {
+        let schema = Schema::new().with_field("name", FieldType::String);
+        let mut collection = Collection::new("c", schema);
+        let slot = collection.insert_slot("x");
+        let field_id = FieldId(0);
+        for text in ["ünïcödé ünïcödé ünïcödé 😀", "short", "a much longer value that lives on the heap ✓", ""]
+        {
+            collection.set_value(slot, field_id, Value::Str(text));
+            assert_eq!(collection.value(slot, field_id), Value::Str(text));
+        }
+    }
 }

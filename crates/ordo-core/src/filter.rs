@@ -224,7 +224,7 @@ impl CompiledFilter {
                     }
                     // A short string is whole in the column's cached head: test it
                     // there and skip the cache miss on the string's own buffer.
-                    let text = heads[slot].whole().unwrap_or(&values[slot]);
+                    let text = heads[slot].whole().unwrap_or(values.get(slot));
                     if is_contains {
                         contains_folded(text, needle, &mut scratch.folded_haystack)
                     } else {

@@ -301,6 +301,15 @@ impl OrderTree {
         self.leaf_of.is_some()
     }
 
+    /// Whether `slot` is in the tree, when the tree keeps the slot → leaf map
+    /// (which names every slot's leaf, and `NO_NODE` for slots not in the tree);
+    /// `None` without the map.
+    #[inline]
+    pub(crate) fn holds_slot(&self, slot: Slot) -> Option<bool> {
+        let leaf_of = self.leaf_of.as_ref()?;
+        Some(leaf_of.get(slot as usize).is_some_and(|&leaf| leaf != NO_NODE))
+    }
+
     /// Records that `slot` is in leaf `leaf` (no-op without the map). The map
     /// grows with the collection's slots, amortised like a `Vec` push.
     #[inline]
@@ -355,14 +364,20 @@ impl OrderTree {
             None => self.insert_with_search(entry, &compare),
         };
         if self.len == SLOT_MAP_MIN_LEN && self.leaf_of.is_none() {
-            // A tree that grew to the size: decide once per crossing (O(size)).
-            let mut max_slot = 0;
-            self.for_each_leaf(self.root, self.height, &mut |_, leaf| {
-                max_slot = leaf.slots[..leaf.len as usize].iter().copied().fold(max_slot, Slot::max);
-            });
-            self.try_enable_slot_map(max_slot);
+            self.on_reaching_slot_map_size();
         }
         rank
+    }
+
+    /// A tree that grew to the slot map's size: decide once per crossing (O(size)).
+    #[cold]
+    #[inline(never)]
+    fn on_reaching_slot_map_size(&mut self) {
+        let mut max_slot = 0;
+        self.for_each_leaf(self.root, self.height, &mut |_, leaf| {
+            max_slot = leaf.slots[..leaf.len as usize].iter().copied().fold(max_slot, Slot::max);
+        });
+        self.try_enable_slot_map(max_slot);
     }
 
     /// The chat case: an entry that belongs in the first leaf (a room moving to
@@ -404,6 +419,9 @@ impl OrderTree {
         Some(position)
     }
 
+    // Kept out of `insert`'s body: the chat case (first-leaf insert) then stays a
+    // short run of code, and the update path fits the instruction cache better.
+    #[inline(never)]
     fn insert_with_search(&mut self, entry: Entry, compare: &impl Fn(Entry, Entry) -> Ordering) -> usize {
         let (rank, split) = self.insert_below(self.root, self.height, entry, compare);
         if let Some(split) = split {
@@ -777,6 +795,8 @@ impl OrderTree {
     }
 
     /// Merges an underfull child with a neighbour, or evens out their entries.
+    #[cold]
+    #[inline(never)]
     fn rebalance_child(&mut self, node: NodeIndex, height: u32, child_index: usize) {
         let inner = &self.inners[node as usize];
         let left_index = if child_index + 1 < inner.len as usize { child_index } else { child_index - 1 };

@@ -289,7 +289,7 @@ fn encode_key(key: &CompiledSortKey, collection: &Collection, column: &Column, s
             let folded_head = if let Some(collation) = &key.collation {
                 // The sort key needs the whole string (its head may end mid-character);
                 // a short one is whole in the column's head, saving a cache miss.
-                let text = heads[slot as usize].whole().unwrap_or(&values[slot as usize]);
+                let text = heads[slot as usize].whole().unwrap_or(values.get(slot as usize));
                 collation.sort_key_head(text)
             } else if !key.case_insensitive {
                 head

@@ -113,7 +113,17 @@ impl View {
     pub(crate) fn is_member(&self, collection: &Collection, slot: Slot, filter_scratch: &mut FilterScratch) -> bool {
         match &self.membership {
             Membership::Bits(bits) => bits.get(slot as usize / 64).is_some_and(|word| word & (1 << (slot % 64)) != 0),
-            Membership::Filter => self.filter.matches(collection, slot, filter_scratch),
+            Membership::Filter => {
+                // A large tree's slot → leaf map knows its members exactly: one load
+                // instead of the filter (the room list's `left == false` read again at
+                // every update of a room).
+                if let ViewIndex::Ready(tree) = &self.index {
+                    if let Some(is_member) = tree.holds_slot(slot) {
+                        return is_member;
+                    }
+                }
+                self.filter.matches(collection, slot, filter_scratch)
+            }
         }
     }
 

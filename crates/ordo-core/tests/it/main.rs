@@ -7,6 +7,7 @@ mod bulk_load;
 mod conversions;
 mod key_windows;
 mod keyed_views;
+mod large_views;
 mod many_lists;
 mod many_windows;
 mod model;

@@ -43,6 +43,9 @@ fn memory_per_membership() {
     let collection_after = engine.collection(members).unwrap().heap_bytes();
     let reverse_index = engine.reference_heap_bytes(members);
     let per = |bytes: usize| bytes as f64 / n_memberships as f64;
+    for (part, bytes) in engine.collection(members).unwrap().heap_parts() {
+        println!("  {part}: {:.1} B per membership", per(bytes));
+    }
     println!(
         "per membership: item {:.1} B (before views), derived column {:.1} B, reverse index {:.1} B, view entry {:.1} B; \
          total {:.1} B",
