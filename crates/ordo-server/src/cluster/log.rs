@@ -12,7 +12,7 @@ use tokio::sync::{oneshot, watch};
 
 use super::apply::{Delivered, MAX_RUN_BYTES, MAX_RUN_ENTRIES};
 use super::{unavailable, ClusterOptions, Outcome, Shared};
-use super::{APPLY_TIMEOUT, DUPLICATE_WINDOW, PUBLISH_ATTEMPTS, PUBLISH_TIMEOUT, SUBJECT};
+use super::{APPLY_TIMEOUT, DUPLICATE_WINDOW, NO_LEADER_WAIT, PUBLISH_ATTEMPTS, PUBLISH_TIMEOUT, SUBJECT};
 use crate::core::{Command, CoreSender};
 use crate::error::ApiError;
 
@@ -236,6 +236,8 @@ impl Cluster {
         outcome: oneshot::Receiver<Outcome>,
     ) -> Result<Outcome, ApiError> {
         let mut attempt = 1;
+        let started = tokio::time::Instant::now();
+        let mut backoff = Duration::from_millis(50);
         let seq = loop {
             let error = match ack {
                 Ok(future) => match future.await {
@@ -246,6 +248,14 @@ impl Cluster {
             };
             if error.kind() == jetstream::context::PublishErrorKind::TimedOut {
                 self.reconnect_after_timeout("a publish");
+            } else if started.elapsed() + backoff < NO_LEADER_WAIT {
+                // Refused at once ("no stream found": no leader yet, or one being
+                // elected again): wait for one instead of answering 503.
+                tracing::debug!(msg_id = id, %error, ?backoff, "the stream refused a publish at once; sending it again");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                ack = self.send(id, payload.clone()).await;
+                continue;
             }
             if attempt >= PUBLISH_ATTEMPTS {
                 // Maybe in the stream after all: the entry is then applied, but

@@ -47,10 +47,17 @@ pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Attempts of one publish (each with the same message id, so at most one lands).
 pub const PUBLISH_ATTEMPTS: u32 = 3;
+/// How long a publish refused at once (no stream leader yet: a stream just
+/// created, or a leader being elected again) is sent again, with backoff,
+/// before it counts as a failed attempt: a short election costs the writer
+/// latency, not a `503`.
+pub const NO_LEADER_WAIT: Duration = Duration::from_secs(5);
 /// The longest a node may go on sending one entry again (each attempt: the
-/// send, then the acknowledgement, each bounded by `PUBLISH_TIMEOUT`): the
-/// stream's duplicate window must be at least this (`stream_check`).
-pub const PUBLISH_RETRY_SPAN: Duration = Duration::from_secs(2 * PUBLISH_TIMEOUT.as_secs() * PUBLISH_ATTEMPTS as u64);
+/// send, then the acknowledgement, each bounded by `PUBLISH_TIMEOUT`; plus the
+/// wait for a leader): the stream's duplicate window must be at least this
+/// (`stream_check`).
+pub const PUBLISH_RETRY_SPAN: Duration =
+    Duration::from_secs(2 * PUBLISH_TIMEOUT.as_secs() * PUBLISH_ATTEMPTS as u64 + NO_LEADER_WAIT.as_secs());
 /// How long a request waits for its own node to apply its entry once published.
 pub const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
