@@ -138,18 +138,7 @@ async fn client_lists_through_references_equal_one_shot_queries() {
     let mut rng = Rng::new(seed);
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), &[]);
-    server.ok(
-        "PUT",
-        "/v1/collections/rooms",
-        json!({"fields": [{"name": "name", "type": "string"}, {"name": "recency", "type": "u64"},
-                          {"name": "preview", "type": "string"}, {"name": "muted", "type": "bool"}]}),
-    );
-    server.ok(
-        "PUT",
-        "/v1/collections/members",
-        json!({"fields": [{"name": "owner", "type": "string"}, {"name": "room", "type": "ref", "target": "rooms"},
-                          {"name": "unread", "type": "u64"}]}),
-    );
+    common::create_rooms_and_members(&server);
     let mut rooms: BTreeMap<String, Map<String, Value>> = BTreeMap::new();
     let mut members: BTreeMap<String, Map<String, Value>> = BTreeMap::new();
     let subs = subscriptions();

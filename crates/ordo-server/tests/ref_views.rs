@@ -10,25 +10,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{mint, without_versions, write_secret, Client, Server};
+use common::{create_rooms_and_members, mint, without_versions, write_secret, Client, Server};
 use serde_json::{json, Value};
 
 const SETTLE: Duration = Duration::from_secs(10);
-
-fn create_rooms_and_members(server: &Server) {
-    server.ok(
-        "PUT",
-        "/v1/collections/rooms",
-        json!({"fields": [{"name": "name", "type": "string"}, {"name": "recency", "type": "u64"},
-                          {"name": "preview", "type": "string"}, {"name": "muted", "type": "bool"}]}),
-    );
-    server.ok(
-        "PUT",
-        "/v1/collections/members",
-        json!({"fields": [{"name": "owner", "type": "string"}, {"name": "room", "type": "ref", "target": "rooms"},
-                          {"name": "unread", "type": "u64"}]}),
-    );
-}
 
 fn batch(server: &Server, collection: &str, ops: Value) -> u64 {
     server.ok("POST", &format!("/v1/collections/{collection}/batch"), json!({ "ops": ops }))["seq"].as_u64().unwrap()

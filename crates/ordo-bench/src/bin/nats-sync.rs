@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, context::Publish, stream};
+use async_nats::jetstream::{self, context::Publish};
 use bytes::Bytes;
 
 const USAGE: &str = "\
@@ -183,31 +183,6 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
     sorted[rank - 1] as f64
 }
 
-/// The stream a cluster-mode Ordo creates (`ordo.log`-like: one subject, R3,
-/// file storage, 2 min dedupe window), under a bench name.
-async fn create_stream(js: &jetstream::Context) -> Result<(), String> {
-    let config = stream::Config {
-        name: "NATSSYNC".to_owned(),
-        subjects: vec!["natssync.log".to_owned()],
-        num_replicas: 3,
-        storage: stream::StorageType::File,
-        duplicate_window: Duration::from_secs(120),
-        ..Default::default()
-    };
-    // The meta leader needs a moment after the servers start: retry until it answers.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match js.get_or_create_stream(config.clone()).await {
-            Ok(_) => return Ok(()),
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => return Err(format!("create the R3 stream: {e}")),
-        }
-    }
-}
-
 /// One publish with a `Nats-Msg-Id` (as Ordo's writes carry), timed to its PubAck.
 async fn publish_timed(js: &jetstream::Context, id: u64, payload: Bytes) -> Result<u64, String> {
     let start = Instant::now();
@@ -229,7 +204,10 @@ async fn measure(urls: &[String], args: &Args) -> Result<Figures, String> {
         }
     };
     let js = jetstream::new(client);
-    create_stream(&js).await?;
+    // The stream a cluster-mode Ordo creates (`ordo.log`-like), under a bench name.
+    ordo_bench::cluster_bench::ceiling::create_stream(&js, "NATSSYNC", "natssync.log", 3)
+        .await
+        .map_err(|error| error.to_string())?;
     let payload = Bytes::from(vec![b'x'; args.size]);
     let ids = Arc::new(AtomicU64::new(0));
 

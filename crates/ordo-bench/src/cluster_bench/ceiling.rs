@@ -43,22 +43,24 @@ async fn connect(url: &str) -> Result<jetstream::Context> {
     }
 }
 
-async fn create_stream(js: &jetstream::Context, replicas: usize) -> Result<()> {
+/// A stream set up as a cluster-mode Ordo sets up its own (one subject, file
+/// storage, 2 min dedupe window), under a bench's name; retried while the meta
+/// leader is not elected yet (just after the servers start).
+pub async fn create_stream(js: &jetstream::Context, name: &str, subject: &str, replicas: usize) -> Result<()> {
     let config = stream::Config {
-        name: "CEILING".to_owned(),
-        subjects: vec![SUBJECT.to_owned()],
+        name: name.to_owned(),
+        subjects: vec![subject.to_owned()],
         num_replicas: replicas,
         storage: stream::StorageType::File,
         duplicate_window: Duration::from_secs(120),
         ..Default::default()
     };
-    // The meta leader needs a moment after the servers start.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match js.get_or_create_stream(config.clone()).await {
             Ok(_) => return Ok(()),
             Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
-            Err(error) => return Err(format!("cannot create the stream: {error}").into()),
+            Err(error) => return Err(format!("cannot create stream {name}: {error}").into()),
         }
     }
 }
@@ -92,7 +94,7 @@ fn measure(options: &Options, sync: Sync) -> Result<Vec<Ceiling>> {
     let payload = Bytes::from(vec![b'x'; options.entry_bytes]);
     runtime.block_on(async {
         let js = connect(&nats.urls[0]).await?;
-        create_stream(&js, options.nats_nodes).await?;
+        create_stream(&js, "CEILING", SUBJECT, options.nats_nodes).await?;
         publish(&js, 0, WARM_UP, 64, &payload).await?;
         let mut next_id = WARM_UP;
         let mut figures = Vec::new();

@@ -434,3 +434,20 @@ pub fn room_schema() -> Value {
 /// test file that includes this module uses it.)
 #[allow(unused_imports)]
 pub use ordo_server::rng::Rng;
+
+/// The reference-field tests' layout: shared `rooms` and `members` with a
+/// `ref` to them (`ref_views`, `ref_view_model`).
+pub fn create_rooms_and_members(server: &Server) {
+    server.ok(
+        "PUT",
+        "/v1/collections/rooms",
+        json!({"fields": [{"name": "name", "type": "string"}, {"name": "recency", "type": "u64"},
+                          {"name": "preview", "type": "string"}, {"name": "muted", "type": "bool"}]}),
+    );
+    server.ok(
+        "PUT",
+        "/v1/collections/members",
+        json!({"fields": [{"name": "owner", "type": "string"}, {"name": "room", "type": "ref", "target": "rooms"},
+                          {"name": "unread", "type": "u64"}]}),
+    );
+}
