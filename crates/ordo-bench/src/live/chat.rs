@@ -65,7 +65,8 @@ impl UpdateSource for ChatUpdates {
         let mut body = String::with_capacity(64 + n_updates * 90);
         let mut parts: Vec<WritePart> = Vec::new();
         body.push_str(r#"{"writes":["#);
-        for (index, &(collection, room)) in self.updates.iter().enumerate() {
+        for index in 0..self.updates.len() {
+            let (collection, room) = self.updates[index];
             let starts_part = parts.last().is_none_or(|part| part.collection != collection);
             if starts_part {
                 if index > 0 {
@@ -76,15 +77,10 @@ impl UpdateSource for ChatUpdates {
             } else {
                 body.push(',');
             }
-            // Strictly increasing within a user's list, so the room always moves to the top.
-            let slot = collection as usize;
-            let recency_us = now_us.max(self.last_recency_us[slot] + 1);
-            self.last_recency_us[slot] = recency_us;
-            self.last_number[slot] += 1;
+            let (recency_us, number) = self.next_stamp(collection as usize, now_us);
             write!(
                 body,
-                r#"{{"op":"upsert","id":"!r{room:04}:example.org","fields":{{"recency":{recency_us},"unread":{}}}}}"#,
-                self.last_number[slot]
+                r#"{{"op":"upsert","id":"!r{room:04}:example.org","fields":{{"recency":{recency_us},"unread":{number}}}}}"#
             )
             .expect("writing to a String");
             parts.last_mut().expect("a part was started").n_updates += 1;
@@ -95,12 +91,22 @@ impl UpdateSource for ChatUpdates {
 }
 
 impl ChatUpdates {
+    /// The next update of user `slot`'s list: its recency, strictly increasing
+    /// within the list so the room always moves to the top, and its number.
+    fn next_stamp(&mut self, slot: usize, now_us: u64) -> (u64, u64) {
+        let recency_us = now_us.max(self.last_recency_us[slot] + 1);
+        self.last_recency_us[slot] = recency_us;
+        self.last_number[slot] += 1;
+        (recency_us, self.last_number[slot])
+    }
+
     /// `chat-shared`: the picked updates as one batch of the collection `rooms`.
     pub fn build_shared_request(&mut self, now_us: u64) -> WriteRequest {
         let mut body = String::with_capacity(16 + self.updates.len() * 90);
         let mut parts: Vec<WritePart> = Vec::new();
         body.push_str(r#"{"ops":["#);
-        for (index, &(collection, room)) in self.updates.iter().enumerate() {
+        for index in 0..self.updates.len() {
+            let (collection, room) = self.updates[index];
             if index > 0 {
                 body.push(',');
             }
@@ -109,14 +115,11 @@ impl ChatUpdates {
                 parts.push(WritePart { collection, n_updates: 0 });
             }
             let slot = collection as usize;
-            let recency_us = now_us.max(self.last_recency_us[slot] + 1);
-            self.last_recency_us[slot] = recency_us;
-            self.last_number[slot] += 1;
+            let (recency_us, number) = self.next_stamp(slot, now_us);
             write!(
                 body,
-                r#"{{"op":"upsert","id":"{}","fields":{{"recency":{recency_us},"unread":{}}}}}"#,
-                shared_room_id(slot, room as usize),
-                self.last_number[slot]
+                r#"{{"op":"upsert","id":"{}","fields":{{"recency":{recency_us},"unread":{number}}}}}"#,
+                shared_room_id(slot, room as usize)
             )
             .expect("writing to a String");
             parts.last_mut().expect("a part was started").n_updates += 1;
