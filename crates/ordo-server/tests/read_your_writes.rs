@@ -347,3 +347,30 @@ async fn min_seq_not_reached_in_time_is_refused_and_one_far_ahead_at_once() {
     assert_eq!(resumed["subs"][1], json!({"sub": "plain", "reset": true}), "{resumed}");
     server.stop();
 }
+
+/// A query naming a collection that the entry at its `min_seq` creates waits
+/// for that entry instead of answering `unknown_collection` at once: in a
+/// cluster, a client learns the creation's `seq` from one node and reads from
+/// another that has not applied it yet. Here the query is sent first; the
+/// collection is created while it waits, then a write reaches its `min_seq`
+/// (a single node gives a creation no `seq` of its own).
+#[test]
+fn a_query_waits_for_min_seq_before_it_looks_up_its_collection() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    server.ok("PUT", "/v1/collections/rooms", room_schema());
+    let next = last_seq(&server) + 1;
+    let port = server.port;
+    let query = std::thread::spawn(move || {
+        request(port, "POST", "/v1/collections/later/query", &json!({"limit": 10, "min_seq": next}))
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    server.ok("PUT", "/v1/collections/later", json!({"fields": [{"name": "n", "type": "u64"}]}));
+    assert_eq!(write(&server, json!([{"op": "upsert", "id": "r1", "fields": {}}])), next);
+    let (status, answer) = query.join().unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["items"], json!([]), "{answer}");
+    // Without a `min_seq` to wait for, an unknown collection is refused at once.
+    let (status, answer) = request(port, "POST", "/v1/collections/never/query", &json!({"limit": 10}));
+    assert_eq!((status, answer["error"]["code"].as_str()), (404, Some("unknown_collection")), "{answer}");
+}
