@@ -562,21 +562,27 @@ async fn route(
         }
         (&Method::POST, ["v1", "collections", name, "query"]) => {
             let identity = caller(state, token, &path)?;
+            let granted = match granted_collection(state, &identity, name, Action::Read) {
+                Err(error) if error.code != ErrorCode::UnknownCollection => return Err(error),
+                granted => granted,
+            };
             let body = read_body(request).await?;
-            let query: QueryRequest = parse(&body)?;
-            let (entry, grant) = match granted_collection(state, &identity, name, Action::Read) {
+            let parsed: Result<QueryRequest, ApiError> = parse(&body);
+            let (entry, grant) = match granted {
                 // A collection created by the entry at `min_seq` or before, not
                 // applied here yet (another node of a cluster answered its
-                // creation): wait for it, then look again.
-                Err(error)
-                    if error.code == ErrorCode::UnknownCollection
-                        && query.min_seq.is_some_and(|min_seq| min_seq > crate::min_seq::last(&state.seq)) =>
-                {
-                    crate::min_seq::wait(&state.seq, query.min_seq).await?;
-                    granted_collection(state, &identity, name, Action::Read)?
-                }
+                // creation): wait for it, then look again. Otherwise an unknown
+                // collection is the answer, whatever the body.
+                Err(error) if error.code == ErrorCode::UnknownCollection => match &parsed {
+                    Ok(query) if query.min_seq.is_some_and(|min_seq| min_seq > crate::min_seq::last(&state.seq)) => {
+                        crate::min_seq::wait(&state.seq, query.min_seq).await?;
+                        granted_collection(state, &identity, name, Action::Read)?
+                    }
+                    _ => return Err(error),
+                },
                 granted => granted?,
             };
+            let query = parsed?;
             let reader = crate::refs::Reader { gate: &state.gate, routes: &state.routes, identity: &identity };
             let read_schema =
                 crate::refs::read_schema(&reader, &entry, &query.filter, &query.sort, query.fields.as_deref())?;
