@@ -295,6 +295,10 @@ impl Cluster {
 /// second) holds entries this node has not applied is replaced.
 const STALL_AFTER: Duration = Duration::from_secs(2);
 
+/// Setting a consumer up (reading the stream's state, creating the consumer)
+/// longer than this is logged.
+const CONSUMER_SETUP_SLOW: Duration = Duration::from_secs(1);
+
 /// Delivers the stream to the writer thread, in order, from the entry after
 /// the last one applied; starts again from there whenever the writer asks
 /// (it failed to apply one) or the consumer fails.
@@ -332,6 +336,7 @@ pub async fn consume(cluster: Arc<Cluster>, core: CoreSender, mut shutdown: watc
 }
 
 async fn consume_from(cluster: &Cluster, core: &CoreSender, start_seq: u64, generation: u64) -> Result<(), String> {
+    let setup_started = std::time::Instant::now();
     let state = cluster.stream_state().await?;
     cluster.shared.status.saw_stream_seq(state.last_seq);
     // Entries this node needs removed from the stream (retention): applying what
@@ -345,6 +350,13 @@ async fn consume_from(cluster: &Cluster, core: &CoreSender, start_seq: u64, gene
     };
     let consumer = cluster.conn().stream.create_consumer(config).await.map_err(|error| error.to_string())?;
     let mut messages = consumer.messages().await.map_err(|error| error.to_string())?;
+    // A fresh R3 stream still electing its leader, or a loaded NATS server, makes
+    // this slow; until it is done nothing is applied here (`poll_stream` starts
+    // it again if it stalls). Said, so that a slow first write can be explained.
+    let setup = setup_started.elapsed();
+    if setup >= CONSUMER_SETUP_SLOW {
+        tracing::warn!(start_seq, millis = setup.as_millis() as u64, "the stream's consumer took long to set up");
+    }
     // The seq the next delivered entry must have; one past it is a gap, checked
     // (`gap::check`) before anything after the gap reaches the writer.
     let mut expected = start_seq;
