@@ -37,18 +37,43 @@ pub struct Applier {
     halted_generation: u64,
     /// `--snapshot-every`: starts a snapshot when due (cluster::snapshot).
     snapshots: Option<super::snapshot::SnapshotScheduler>,
+    /// Batches of entries already written, emptied, filled again by the next
+    /// write entries: a catching-up node would otherwise allocate every
+    /// entry's buffers afresh (docs/BENCHMARKS.md, "Catch-up, round three").
+    spare_batches: Vec<ordo_core::Batch>,
+    /// The identity the last write entry applied for, reused by the next ones
+    /// while their caller is the same (`Caller::is`).
+    last_identity: Option<Identity>,
 }
 
 impl Applier {
     pub fn new(shared: Arc<Shared>, gate: Arc<Gate>) -> Applier {
-        Applier { shared, gate, halted_generation: 0, snapshots: None }
+        Applier { shared, gate, halted_generation: 0, snapshots: None, spare_batches: Vec::new(), last_identity: None }
     }
 
     pub fn with_snapshots(mut self, scheduler: super::snapshot::SnapshotScheduler) -> Applier {
         self.snapshots = Some(scheduler);
         self
     }
+
+    /// An empty batch, with the buffers of an earlier entry's if one is spare.
+    fn take_batch(&mut self) -> ordo_core::Batch {
+        self.spare_batches.pop().unwrap_or_default()
+    }
+
+    /// Keeps `batch`'s buffers for a later entry, unless they are large (one
+    /// big entry must not keep its memory) or enough are kept already.
+    fn recycle(&mut self, mut batch: ordo_core::Batch) {
+        if self.spare_batches.len() < MAX_RUN_ENTRIES && batch.n_bytes() <= MAX_SPARE_BATCH_BYTES {
+            batch.clear();
+            self.spare_batches.push(batch);
+        }
+    }
 }
+
+/// A batch holding more bytes than this is dropped after its write, not kept
+/// for reuse: at most `MAX_RUN_ENTRIES` of them are kept, a few MiB at most.
+const MAX_SPARE_BATCH_BYTES: usize = 16 * 1024;
 
 /// One entry as the consumer delivered it.
 pub struct Delivered {
@@ -149,10 +174,17 @@ fn apply_next(core: &mut Core, applier: &mut Applier, group: &mut Group, deliver
         let outcome = apply_decoded(core, applier, &entry);
         return finish(core, applier, waiting, outcome);
     }
-    let identity = entry.caller.identity();
-    let (collection, batch, guard) = match prepare_write(core, applier, &entry, &identity) {
+    if !applier.last_identity.as_ref().is_some_and(|identity| entry.caller.is(identity)) {
+        applier.last_identity = Some(entry.caller.identity());
+    }
+    let mut batch = applier.take_batch();
+    let identity = applier.last_identity.as_ref().expect("set just above");
+    let (collection, guard) = match prepare_write(core, &applier.gate, &entry, identity, &mut batch) {
         Ok(prepared) => prepared,
-        Err(error) => return flush(core, applier, group) && finish(core, applier, waiting, Outcome::Write(Err(error))),
+        Err(error) => {
+            applier.recycle(batch);
+            return flush(core, applier, group) && finish(core, applier, waiting, Outcome::Write(Err(error)));
+        }
     };
     if let Some(guard) = guard {
         // Checked against the items as committed, so after the group before it.
@@ -160,6 +192,7 @@ fn apply_next(core: &mut Core, applier: &mut Applier, group: &mut Group, deliver
             return false;
         }
         if let Some(refusal) = core.guard_refusal(collection, &batch, &guard) {
+            applier.recycle(batch);
             return finish(core, applier, waiting, Outcome::Write(Err(refusal)));
         }
     }
@@ -192,8 +225,10 @@ fn flush(core: &mut Core, applier: &mut Applier, group: &mut Group) -> bool {
     // Before the answers: a client that got one of these seqs never waits for it here.
     core.publish_seq();
     for (write, waiting) in group.writes.drain(..).zip(group.entries.drain(..)) {
-        let result = write.result.expect("every write of a run gets a result").map_err(ApiError::from);
+        let PendingWrite { batch, result, .. } = write;
+        let result = result.expect("every write of a run gets a result").map_err(ApiError::from);
         debug_assert!(result.as_ref().map_or(true, |ack| ack.seq == waiting.seq), "an entry uses exactly its seq");
+        applier.recycle(batch);
         applier.shared.status.set_applied(waiting.seq, waiting.published_ns);
         applier.shared.deliver(waiting.msg_id.as_deref(), Outcome::Write(result));
     }
@@ -267,19 +302,21 @@ fn require_admin(identity: &Identity, what: &str) -> Result<(), ApiError> {
 /// A write entry's batch, checked as far as it can be before the store: its
 /// collection, the caller's grant, the ops against the schema; with the guard
 /// of a filtered write rule, if any.
+/// `batch` comes empty (`Applier::take_batch`) and is filled with the ops.
 fn prepare_write(
     core: &Core,
-    applier: &Applier,
+    gate: &Gate,
     entry: &Decoded<'_>,
     identity: &Identity,
-) -> Result<(CollectionId, ordo_core::Batch, Option<WriteGuard>), ApiError> {
+    batch: &mut ordo_core::Batch,
+) -> Result<(CollectionId, Option<WriteGuard>), ApiError> {
+    debug_assert!(batch.is_empty(), "a write entry's batch starts empty");
     let name = required(entry.collection.as_deref(), "collection")?;
     let ops = required(entry.ops.as_deref(), "ops")?;
-    let (target, grant) = applier.gate.granted_collection(core.routes(), identity, name, Action::Write)?;
+    let (target, grant) = gate.granted_collection(core.routes(), identity, name, Action::Write)?;
     let guard = WriteGuard::new(&grant, &target.schema)?;
-    let mut batch = ordo_core::Batch::new();
-    wire::fill_batch(&mut batch, &target.schema, ops, 0)?;
-    Ok((target.id, batch, guard))
+    wire::fill_batch(batch, &target.schema, ops, 0)?;
+    Ok((target.id, guard))
 }
 
 fn create_collection(

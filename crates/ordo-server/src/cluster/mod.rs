@@ -17,6 +17,7 @@
 //!   applied.
 
 pub mod apply;
+pub mod consume;
 pub mod entry;
 pub mod gap;
 pub mod lag;
