@@ -194,19 +194,20 @@ fn a_running_node_that_falls_past_retention_stops_instead_of_filling_the_gap() {
 
     // SAFETY: `kill` with the pid of a child this test owns and a valid signal.
     unsafe { libc::kill(b.pid() as i32, libc::SIGSTOP) };
-    // Far more entries than the stream keeps and than one pull request of b's
-    // consumer holds (500: what it already has in its socket is contiguous), in
-    // requests of 50 entries: a, which applies each before it answers, never
-    // falls behind the retention of 60 itself.
+    // Far more entries than the stream keeps and than the pull requests of b's
+    // consumer hold (1024 each, a second one sent once half of the first has
+    // arrived: what it already has in its socket is contiguous), in requests
+    // of 50 entries: a, which applies each before it answers, never falls
+    // behind the retention of 60 itself.
     let mut last = before;
-    for round in 0..18 {
+    for round in 0..40 {
         let writes: Vec<Value> = (0..50)
             .map(|i| json!({"collection": "things", "ops": [{"op": "upsert", "id": format!("k{}", i % 17), "fields": {"n": round * 50 + i}}]}))
             .collect();
         let answer = a.ok("POST", "/v1/batch", json!({"writes": writes}));
         last = answer["results"].as_array().unwrap().last().unwrap()["seq"].as_u64().unwrap();
     }
-    assert!(last > before + 500 + RETENTION);
+    assert!(last > before + 1536 + RETENTION);
     // SAFETY: as above.
     unsafe { libc::kill(b.pid() as i32, libc::SIGCONT) };
 
