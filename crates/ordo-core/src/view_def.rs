@@ -57,6 +57,21 @@ pub enum Filter {
 }
 
 impl Filter {
+    /// Whether `test` holds for the name of any field the filter reads (each
+    /// leaf's, in order; stops at the first that does).
+    pub fn any_field<'a>(&'a self, test: &mut impl FnMut(&'a str) -> bool) -> bool {
+        match self {
+            Filter::True => false,
+            Filter::Compare { field, .. }
+            | Filter::In { field, .. }
+            | Filter::IsNull { field }
+            | Filter::Contains { field, .. }
+            | Filter::Prefix { field, .. } => test(field),
+            Filter::All(children) | Filter::Any(children) => children.iter().any(|child| child.any_field(test)),
+            Filter::Not(child) => child.any_field(test),
+        }
+    }
+
     pub fn eq(field: &str, value: OwnedValue) -> Filter {
         Filter::Compare { field: field.to_owned(), op: CompareOp::Eq, value }
     }
@@ -152,5 +167,39 @@ impl ViewDef {
     pub fn showing(mut self, shown: Vec<String>) -> ViewDef {
         self.shown = shown;
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every leaf's name, in order, through every kind of node; and the walk
+    /// stops at the first name the test accepts.
+    #[test]
+    fn any_field_visits_every_leaf_in_order_and_stops_at_the_first_match() {
+        let filter = Filter::All(vec![
+            Filter::eq("a", OwnedValue::U64(1)),
+            Filter::Any(vec![
+                Filter::Not(Box::new(Filter::IsNull { field: "b".into() })),
+                Filter::True,
+                Filter::In { field: "c".into(), values: vec![] },
+            ]),
+            Filter::contains("d", "x"),
+            Filter::prefix("e", "y"),
+        ]);
+        let mut seen = Vec::new();
+        assert!(!filter.any_field(&mut |name| {
+            seen.push(name);
+            false
+        }));
+        assert_eq!(seen, ["a", "b", "c", "d", "e"]);
+        seen.clear();
+        assert!(filter.any_field(&mut |name| {
+            seen.push(name);
+            name == "c"
+        }));
+        assert_eq!(seen, ["a", "b", "c"]);
+        assert!(!Filter::True.any_field(&mut |_| true));
     }
 }

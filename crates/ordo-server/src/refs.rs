@@ -144,21 +144,8 @@ fn check_read(reader: &Reader<'_>, entry: &CollectionEntry, name: &str) -> Resul
 /// Whether a checked view reads anything through a reference (a dotted name
 /// that is not one of `schema`'s own fields).
 pub fn reads_through(def: &ordo_core::ViewDef, schema: &Schema) -> bool {
-    fn walk(filter: &ordo_core::Filter, through: &dyn Fn(&str) -> bool) -> bool {
-        use ordo_core::Filter;
-        match filter {
-            Filter::True => false,
-            Filter::Compare { field, .. }
-            | Filter::In { field, .. }
-            | Filter::IsNull { field }
-            | Filter::Contains { field, .. }
-            | Filter::Prefix { field, .. } => through(field),
-            Filter::All(children) | Filter::Any(children) => children.iter().any(|child| walk(child, through)),
-            Filter::Not(child) => walk(child, through),
-        }
-    }
-    let through = |name: &str| name.contains('.') && schema.field_id(name).is_none();
-    !def.shown.is_empty() || def.sort.iter().any(|key| through(&key.field)) || walk(&def.filter, &through)
+    let mut through = |name: &str| name.contains('.') && schema.field_id(name).is_none();
+    !def.shown.is_empty() || def.sort.iter().any(|key| through(&key.field)) || def.filter.any_field(&mut through)
 }
 
 /// The `field` names of a filter's JSON. Walks no deeper, and no more nodes,

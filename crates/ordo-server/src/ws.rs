@@ -616,6 +616,28 @@ impl Connection {
             return;
         }
         let first = std::mem::replace(&mut self.may_resume, false);
+        if let Some(min_seq) = self.awaits_its_collection(&message) {
+            self.park(min_seq, Parked::Unchecked { message: Box::new(message), req });
+            return;
+        }
+        self.dispatch(message, req, first).await;
+    }
+
+    /// The `min_seq` to wait for before checking `message`: a `subscribe` to a
+    /// collection this node does not know (yet) whose `min_seq` it has not
+    /// reached. In a cluster the collection may come with an entry this node has
+    /// not applied; refusing it now would make the answer depend on the node.
+    fn awaits_its_collection(&self, message: &ClientMessage) -> Option<u64> {
+        let ClientMessage::Subscribe { collection, min_seq, .. } = message else { return None };
+        let SeqCheck::Wait(min_seq) = min_seq::check(*min_seq, min_seq::last(&self.seq)) else { return None };
+        match self.readable(collection) {
+            Err(error) if error.code == ErrorCode::UnknownCollection => Some(min_seq),
+            _ => None,
+        }
+    }
+
+    /// Handles a message from an authenticated client within its request rate.
+    async fn dispatch(&mut self, message: ClientMessage, req: Option<Box<str>>, first: bool) {
         let result = match message {
             ClientMessage::Auth { .. } => unreachable!("handled above"),
             ClientMessage::Subscribe {

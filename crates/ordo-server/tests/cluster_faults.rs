@@ -7,7 +7,10 @@
 //! - `ordo_kill`: `kill -9` of an Ordo node: its clients fail over to another
 //!   node and resume there; the node restarts on its data dir and catches up;
 //! - `ordo_stop`: SIGSTOP of an Ordo node for a few seconds: it lags (health
-//!   says so once it runs again), then catches up.
+//!   says so once it runs again), then catches up;
+//! - `nats_stop`: SIGSTOP of a NATS node (sometimes the stream's leader) for
+//!   3 to 4.5 s: its connections stay open and silent; the nodes using it
+//!   reconnect elsewhere, writes go on once the stream has a leader.
 //!
 //! Writers send each write to a random node and retry it, on another node, on
 //! any error or timeout. A write is a batch of three ops: a new item `a` with
@@ -70,9 +73,13 @@ enum Fault {
     NatsLeaderKill,
     OrdoKill,
     OrdoStop,
+    /// `SIGSTOP` of one NATS node (the stream leader in some trials): its TCP
+    /// connections stay open and say nothing, which async-nats does not notice
+    /// by itself (nats-io/nats.rs#1593; `cluster/log.rs` reconnects).
+    NatsStop,
 }
 
-const FAULTS: [Fault; 4] = [Fault::NatsKill, Fault::NatsLeaderKill, Fault::OrdoKill, Fault::OrdoStop];
+const FAULTS: [Fault; 5] = [Fault::NatsKill, Fault::NatsLeaderKill, Fault::OrdoKill, Fault::OrdoStop, Fault::NatsStop];
 
 /// State the test shares with its writer threads and client tasks.
 struct Shared {
@@ -430,6 +437,8 @@ struct Observed {
     lagging_seen: bool,
     /// For `nats_leader_kill`: whether the stream leader was the meta leader too.
     was_meta_leader: bool,
+    /// For `nats_stop`: whether the frozen node led the stream.
+    was_stream_leader: bool,
     /// What was done, for the log.
     what: String,
 }
@@ -553,6 +562,19 @@ impl Bench {
                     "the stream did not settle after restarting n{victim}"
                 );
             }
+            Fault::NatsStop => {
+                let (meta, leader) = self.cluster.nats.leaders(STREAM);
+                let victim = rng.index(self.cluster.nats.len());
+                observed.was_stream_leader = leader == Some(victim);
+                observed.what = format!("froze nats node {victim} (stream leader {leader:?}, meta leader {meta:?})");
+                self.cluster.nats.stop(victim);
+                std::thread::sleep(Duration::from_millis(3000 + rng.below(1500)));
+                self.cluster.nats.cont(victim);
+                assert!(
+                    self.cluster.nats.wait_stream_settled(STREAM, CONVERGE_TIMEOUT),
+                    "the stream did not settle after n{victim} was thawed"
+                );
+            }
             Fault::OrdoKill => {
                 let victim = rng.index(self.cluster.len());
                 self.shared.ports.lock().unwrap()[victim] = None;
@@ -670,6 +692,9 @@ impl Bench {
                 Fault::NatsLeaderKill => {
                     format!(", also meta leader in {}", observed.iter().filter(|o| o.was_meta_leader).count())
                 }
+                Fault::NatsStop => {
+                    format!(", the stream leader in {}", observed.iter().filter(|o| o.was_stream_leader).count())
+                }
                 _ => String::new(),
             };
             out += &format!("  {fault:?}: {n} trials, all checks passed{detail}\n");
@@ -760,6 +785,11 @@ fn kill_9_of_an_ordo_node_its_clients_fail_over_and_it_catches_up() {
 #[test]
 fn a_frozen_ordo_node_lags_then_catches_up() {
     run_trials("ordo_stop", &trials(Fault::OrdoStop), 400);
+}
+
+#[test]
+fn sigstop_of_a_nats_node_loses_no_acknowledged_write() {
+    run_trials("nats_stop", &trials(Fault::NatsStop), 600);
 }
 
 /// One of each fault in a random order; `ORDO_CLUSTER_FAULTS=n`: `n` faults of random kinds.

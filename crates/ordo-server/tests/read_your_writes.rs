@@ -374,3 +374,55 @@ fn a_query_waits_for_min_seq_before_it_looks_up_its_collection() {
     let (status, answer) = request(port, "POST", "/v1/collections/never/query", &json!({"limit": 10}));
     assert_eq!((status, answer["error"]["code"].as_str()), (404, Some("unknown_collection")), "{answer}");
 }
+
+/// The same for a `subscribe`: one naming a collection this node does not know
+/// yet, with a `min_seq` not reached, waits for it and is checked after; the
+/// subscription then starts on the new collection. Without a `min_seq` (or with
+/// one already reached) it is refused with `unknown_collection` at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscribe_waits_for_min_seq_before_it_looks_up_its_collection() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    server.ok("PUT", "/v1/collections/rooms", room_schema());
+    let next = last_seq(&server) + 1;
+    let mut client = server.connect().await;
+    let later = |sub: &str, min_seq: Option<u64>| {
+        let mut message =
+            json!({"op": "subscribe", "sub": sub, "collection": "later", "limit": 10, "req": format!("q-{sub}")});
+        if let Some(min_seq) = min_seq {
+            message["min_seq"] = json!(min_seq);
+        }
+        message
+    };
+    client.send(later("waits", Some(next))).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.ok("PUT", "/v1/collections/later", json!({"fields": [{"name": "n", "type": "u64"}]}));
+    let second = server.ok(
+        "POST",
+        "/v1/collections/later/batch",
+        json!({"ops": [{"op": "upsert", "id": "r1", "fields": {"n": 1}}]}),
+    );
+    assert_eq!(second["seq"].as_u64(), Some(next), "{second}");
+    wait_for(&mut client, "the parked subscribe's answer", |client| {
+        client.frames.iter().chain(&client.diffs_seen).any(|frame| frame["req"] == "q-waits")
+    })
+    .await;
+    let answer = client.frames.iter().chain(&client.diffs_seen).find(|frame| frame["req"] == "q-waits").unwrap();
+    assert_ne!(answer["type"], "error", "{answer}");
+    wait_for(&mut client, "the item in the new list", |client| {
+        client.lists.get("waits").is_some_and(|list| list.items.iter().any(|item| item["id"] == "r1"))
+    })
+    .await;
+
+    // Nothing to wait for: refused at once, whether or not `min_seq` is given.
+    for (sub, min_seq) in [("none", None), ("reached", Some(next))] {
+        let mut message = later(sub, min_seq);
+        message["collection"] = json!("never");
+        client.send(message).await;
+        let req = format!("q-{sub}");
+        wait_for(&mut client, "the refusal", |client| client.frames.iter().any(|frame| frame["req"] == req)).await;
+        let refusal = client.frames.iter().find(|frame| frame["req"] == req).unwrap();
+        assert_eq!((&refusal["type"], &refusal["code"]), (&json!("error"), &json!("unknown_collection")), "{refusal}");
+    }
+    server.stop();
+}

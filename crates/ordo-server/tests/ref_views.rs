@@ -10,7 +10,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{create_rooms_and_members, mint, without_versions, write_secret, Client, Server};
+use common::{create_rooms_and_members, mint, without_versions, write_secret, Client, LocalList, Server};
 use serde_json::{json, Value};
 
 const SETTLE: Duration = Duration::from_secs(10);
@@ -376,4 +376,58 @@ async fn removing_a_field_read_through_a_reference_ends_the_subscription() {
     assert!(!client.frames.iter().any(|f| f["type"] == "ended" && f["sub"] == "own"), "{:?}", client.frames);
     // Nothing references rooms now: it can be dropped.
     server.ok("DELETE", "/v1/collections/rooms", Value::Null);
+}
+
+/// Resumes `session` with one entry for `sub`, whose list the client held as
+/// `held`; returns the client once it has the `resumed` answer.
+async fn resume_one(server: &Server, session: &str, sub: &Value, held: LocalList) -> Client {
+    let mut resumer = server.connect().await;
+    let mut entry = sub.clone();
+    entry.as_object_mut().unwrap().remove("op");
+    entry["last_seq"] = json!(held.seq);
+    resumer.lists.insert(sub["sub"].as_str().unwrap().to_owned(), held);
+    resumer.send(json!({"op": "resume", "session": session, "subs": [entry]})).await;
+    let found = resumer.read_until(SETTLE, |client| client.frames.iter().any(|frame| frame["type"] == "resumed")).await;
+    assert!(found, "no resumed: {:?}", resumer.frames);
+    resumer
+}
+
+/// A parked session (its connection lost) whose subscription reads through a
+/// reference: a field added meanwhile ends nothing; a field of the referencing
+/// collection removed meanwhile (one the view does not even read) ends it, and
+/// the resume says so with `ended` before `resumed`, as a live connection
+/// would have seen it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_subscription_through_a_reference_ends_when_a_field_is_removed_meanwhile() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    create_rooms_and_members(&server);
+    batch(&server, "rooms", json!([{"op": "upsert", "id": "r1", "fields": {"name": "Alpha", "recency": 1}}]));
+    batch(&server, "members", json!([{"op": "upsert", "id": "a/r1", "fields": {"owner": "a", "room": "r1"}}]));
+    let by_recency = json!({"op": "subscribe", "sub": "recency", "collection": "members",
+        "sort": [{"field": "room.recency", "dir": "desc"}], "fields": ["unread"], "limit": 5});
+    let mut parked = server.connect().await;
+    parked.send(by_recency.clone()).await;
+    settle(&mut parked, &server, &by_recency, "subscribed").await;
+    let (session, held) = (parked.session.clone(), parked.lists["recency"].clone());
+    drop(parked);
+
+    // A field added to the members: the subscription goes on.
+    server.ok("POST", "/v1/collections/members/fields", json!({"name": "tag", "type": "string"}));
+    let mut parked = resume_one(&server, &session, &by_recency, held).await;
+    assert!(!parked.frames.iter().any(|frame| frame["type"] == "ended"), "{:?}", parked.frames);
+    let resumed = parked.frames.iter().find(|frame| frame["type"] == "resumed").unwrap().clone();
+    assert!(resumed["subs"][0].get("error").is_none(), "{resumed}");
+    batch(&server, "rooms", json!([{"op": "upsert", "id": "r1", "fields": {"recency": 2}}]));
+    settle(&mut parked, &server, &by_recency, "resumed after a field was added").await;
+    let (session, held) = (resumed["session"].as_str().unwrap().to_owned(), parked.lists["recency"].clone());
+    drop(parked);
+
+    // A field of the members the view neither sorts, filters nor shows, removed.
+    server.ok("DELETE", "/v1/collections/members/fields/owner", Value::Null);
+    let frames = resume_one(&server, &session, &by_recency, held).await.frames;
+    let position = |kind: &str| frames.iter().position(|frame| frame["type"] == kind);
+    let ended_at = position("ended").unwrap_or_else(|| panic!("no ended frame: {frames:?}"));
+    assert!(ended_at < position("resumed").unwrap(), "{frames:?}");
+    assert_eq!((&frames[ended_at]["sub"], &frames[ended_at]["reason"]), (&json!("recency"), &json!("field_removed")));
 }

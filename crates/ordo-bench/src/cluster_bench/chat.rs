@@ -26,7 +26,7 @@ use std::time::Instant;
 
 use super::procs::{Nats, Ordo, Sync};
 use super::{load_average, median, Options};
-use crate::live::chat::{chat_collection, chat_losses, chat_marks, load_chat, ChatLayout, ChatUpdates};
+use crate::live::chat::{chat_collection, chat_losses_of, chat_marks, load_chat, ChatLayout, ChatUpdates};
 use crate::live::http::HttpPool;
 use crate::live::phase::{run_live_phase, LivePlan, LiveResult};
 use crate::live::procfs::raise_open_files_limit;
@@ -125,6 +125,7 @@ fn run_setup(
     let k = nodes.len();
     let subscribed = matches!(setup, Setup::Single { subscribers: true } | Setup::Cluster { subscribers: true, .. });
     let (users, rooms, window) = (options.users, options.rooms, options.window);
+    let per_user = options.subscribers_per_user;
 
     let live: LiveResult = runtime.block_on(async {
         // Set-up through the first node; in a cluster every node (and the
@@ -144,11 +145,12 @@ fn run_setup(
             }
         }
         let max_number = max_update_number(options.chat_rate, options.seconds);
-        let specs = (0..users)
+        // Subscriber i watches user i / per_user's list, on node i mod K.
+        let specs = (0..users * per_user)
             .filter(|_| subscribed)
-            .map(|user| SubscriberSpec {
-                authority: authorities[user % k].clone(),
-                collection: chat_collection(user),
+            .map(|subscriber| SubscriberSpec {
+                authority: authorities[subscriber % k].clone(),
+                collection: chat_collection(subscriber / per_user),
                 sort_field: "recency",
                 window_limit: window,
                 marks: chat_marks(),
@@ -176,10 +178,11 @@ fn run_setup(
     let write_seconds = live.write.write_seconds;
     let acked = live.stats.acked.load(Ordering::Relaxed);
     let cores: Vec<f64> = live.watched_cpu_seconds.iter().map(|cpu| cpu.unwrap_or(f64::NAN) / write_seconds).collect();
-    let failures = check(&live, &authorities, runtime, window, subscribed)?;
+    let failures = check(&live, &authorities, runtime, window, subscribed, per_user)?;
+    let n_subscribers = users * per_user;
     let figures = Figures {
         setup,
-        nodes: (0..k).map(|j| (if subscribed { (users + k - 1 - j) / k } else { 0 }, cores[j])).collect(),
+        nodes: (0..k).map(|j| (if subscribed { (n_subscribers + k - 1 - j) / k } else { 0 }, cores[j])).collect(),
         observer: observer.as_ref().map(|_| cores[k]),
         nats: nats.as_ref().map(|_| cores[k + 1..].iter().sum()),
         rate: acked as f64 / write_seconds,
@@ -205,6 +208,7 @@ fn check(
     runtime: &tokio::runtime::Runtime,
     window: usize,
     subscribed: bool,
+    per_user: usize,
 ) -> Result<u64> {
     let write_failures = live.stats.failed_requests.load(Ordering::Relaxed);
     if let Some(failure) = live.stats.first_failure.lock().expect("no panics while holding it").as_ref() {
@@ -213,20 +217,21 @@ fn check(
     if !subscribed {
         return Ok(write_failures);
     }
-    let losses = chat_losses(&live.outcomes, &live.stats);
+    let losses = chat_losses_of(&live.outcomes, &live.stats, |subscriber| subscriber / per_user);
     let sum = |field: fn(&SubscriberOutcome) -> u64| live.outcomes.iter().map(field).sum::<u64>();
     let (gaps, protocol_errors) = (sum(|o| o.seq_gaps), sum(|o| o.protocol_errors));
     let closed = live.outcomes.iter().filter(|outcome| outcome.closed.is_some()).count() as u64;
-    // Each subscriber against its own node's window: user i is on node i mod k.
+    // Each subscriber against its own node's window: subscriber i is on node
+    // i mod k and watches user i / per_user.
     let k = authorities.len();
     let (mut mismatches, mut first_mismatch) = (0, None);
     for (j, authority) in authorities.iter().enumerate() {
-        let users: Vec<usize> = (j..live.outcomes.len()).step_by(k).collect();
-        // The node's outcomes as one slice: index i is user j + i k.
-        let outcomes: Vec<&SubscriberOutcome> = users.iter().map(|&user| &live.outcomes[user]).collect();
+        let subscribers: Vec<usize> = (j..live.outcomes.len()).step_by(k).collect();
+        // The node's outcomes as one slice: index i is subscriber j + i k.
+        let outcomes: Vec<&SubscriberOutcome> = subscribers.iter().map(|&s| &live.outcomes[s]).collect();
         let (n, first) = runtime.block_on(async {
             let mut pool = HttpPool::connect(authority, 4, None).await?;
-            verify_lists(&mut pool, &outcomes, |i| chat_collection(j + i * k), "recency", window).await
+            verify_lists(&mut pool, &outcomes, |i| chat_collection((j + i * k) / per_user), "recency", window).await
         })?;
         mismatches += n as u64;
         first_mismatch = first_mismatch.or(first);
@@ -289,14 +294,21 @@ fn print_figures(figures: &Figures, options: &Options) {
 
 pub fn chat_phase(options: &Options) -> Result<()> {
     println!(
-        "\n== chat split across cluster nodes: {} users × {} rooms, one subscriber per user on its top {} by recency; \
-         {:.0} updates/s for {:.1} s; cluster sizes {:?}, 3 NATS servers (sync_interval: always), R3 ==",
-        options.users, options.rooms, options.window, options.chat_rate, options.seconds, options.nodes
+        "\n== chat split across cluster nodes: {} users × {} rooms, {} subscriber(s) per user on its top {} by \
+         recency; {:.0} updates/s for {:.1} s; cluster sizes {:?}, 3 NATS servers (sync_interval: always), R3 ==",
+        options.users,
+        options.rooms,
+        options.subscribers_per_user,
+        options.window,
+        options.chat_rate,
+        options.seconds,
+        options.nodes
     );
     println!("  cores = CPU seconds (user + system, /proc/<pid>/stat) per second of the write phase");
     let open_files = raise_open_files_limit();
-    if open_files < options.users as u64 + 256 {
-        println!("  warning: {open_files} open files allowed, about {} needed", options.users + 256);
+    let n_subscribers = options.users * options.subscribers_per_user;
+    if open_files < n_subscribers as u64 + 256 {
+        println!("  warning: {open_files} open files allowed, about {} needed", n_subscribers + 256);
     }
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let subscriber_runtime =
@@ -377,7 +389,9 @@ fn summarise(setups: &[Setup], all: &[Vec<Figures>], options: &Options) {
                 serve / single_serve
             );
             follow_cluster.push(observer / rate);
-            serve_cluster.push(serve / 1000.0 / (rate / options.users as f64));
+            // Per update, all its subscribers: per subscriber and update × subscribers per user.
+            let updates_per_subscriber = rate / options.users as f64;
+            serve_cluster.push(serve / 1000.0 / updates_per_subscriber * options.subscribers_per_user as f64);
         }
         let loads: Vec<&str> = runs.iter().map(|f| f.load.as_str()).collect();
         println!("{line}; load {}", loads.join(" / "));
@@ -386,16 +400,17 @@ fn summarise(setups: &[Setup], all: &[Vec<Figures>], options: &Options) {
         return;
     }
     // Per update, in CPU seconds: every node follows it (a), the node that
-    // takes it pays c, the node of its subscriber b.
+    // takes it pays c, the nodes of its subscribers b together.
     let a = med(follow_cluster);
     let b = med(serve_cluster);
     let rate = med(all[2].iter().map(|f| f.rate).collect());
     let c = med(taking) / rate;
     let per_user = options.chat_rate / options.users as f64;
+    let subscribers_per_user = options.subscribers_per_user as f64;
     println!(
         "projection (from the medians; writes and subscribers spread evenly): per update, every node pays {:.1} µs of \
-         CPU to follow the log, the node that takes it {:.1} µs, the node of its subscriber {:.1} µs; at {per_user:.2} \
-         updates/s per user, one core per node holds:",
+         CPU to follow the log, the node that takes it {:.1} µs, the nodes of its {subscribers_per_user} subscriber(s) \
+         {:.1} µs; at {per_user:.2} updates/s per user, one core per node holds:",
         a * 1e6,
         c * 1e6,
         b * 1e6,
@@ -406,7 +421,7 @@ fn summarise(setups: &[Setup], all: &[Vec<Figures>], options: &Options) {
         println!(
             "  {n:>2} nodes: {users:.0} users ({:.0} updates/s through the stream, {:.0} subscribers per node)",
             users * per_user,
-            users / n as f64
+            users * subscribers_per_user / n as f64
         );
     }
     println!(

@@ -66,7 +66,10 @@ pub const USAGE: &str = "cluster-bench [options]
                          data directory (default 3): one fill, N catch-up figures and their median
   --catchup-wrap CMD     runs each new node under CMD (split on spaces; `{n}` is the node's number),
                          e.g. `perf record -g -o /tmp/catchup-{n}.data --` (CPU is then read from its child)
-  --users N              chat: users = collections = subscribers, over all nodes (default 1000)
+  --users N              chat: users = collections, over all nodes (default 1000)
+  --subscribers-per-user N
+                         chat: WebSockets watching each user's list, so that each update reaches N
+                         subscribers and serving them outweighs taking the write (default 1)
   --rooms N              chat: rooms per user (default 200)
   --window N             chat: window length of every subscription (default 20)
   --chat-rate N          chat: updates per second written through the nodes together (default 1000)
@@ -88,6 +91,7 @@ pub struct Options {
     pub catchup_nodes: usize,
     pub catchup_wrap: Option<String>,
     pub users: usize,
+    pub subscribers_per_user: usize,
     pub rooms: usize,
     pub window: usize,
     pub chat_rate: f64,
@@ -131,6 +135,7 @@ impl Options {
             catchup_nodes: 3,
             catchup_wrap: None,
             users: 1_000,
+            subscribers_per_user: 1,
             rooms: 200,
             window: 20,
             chat_rate: 1_000.0,
@@ -162,6 +167,7 @@ impl Options {
                 "--catchup-wrap" => options.catchup_wrap = Some(value),
                 // Collection names are `user-NNNN` and room ids `!rNNNN:…`: four digits each.
                 "--users" => options.users = (number(&value)? as usize).clamp(1, 9_999),
+                "--subscribers-per-user" => options.subscribers_per_user = (number(&value)? as usize).clamp(1, 1_000),
                 "--rooms" => options.rooms = (number(&value)? as usize).clamp(1, 9_999),
                 // PROTOCOL.md: a window holds at most 1 000 items.
                 "--window" => options.window = (number(&value)? as usize).clamp(1, 1_000),

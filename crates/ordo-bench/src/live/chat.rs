@@ -278,6 +278,16 @@ pub struct ChatLosses {
 
 /// `outcomes[i]` is the subscriber of user `i`; `stats` the writer's counters.
 pub fn chat_losses(outcomes: &[SubscriberOutcome], stats: &WriteStats) -> ChatLosses {
+    chat_losses_of(outcomes, stats, |subscriber| subscriber)
+}
+
+/// [`chat_losses`] where subscriber `i` watches collection `collection_of(i)`
+/// (several subscribers per collection).
+pub fn chat_losses_of(
+    outcomes: &[SubscriberOutcome],
+    stats: &WriteStats,
+    collection_of: impl Fn(usize) -> usize,
+) -> ChatLosses {
     let mut losses = ChatLosses {
         lost: 0,
         extra: 0,
@@ -286,8 +296,8 @@ pub fn chat_losses(outcomes: &[SubscriberOutcome], stats: &WriteStats) -> ChatLo
         missing_in_reset_collections: 0,
         resets: 0,
     };
-    for (collection, outcome) in outcomes.iter().enumerate() {
-        let written = stats.acked_per_collection[collection].load(Ordering::Relaxed);
+    for (subscriber, outcome) in outcomes.iter().enumerate() {
+        let written = stats.acked_per_collection[collection_of(subscriber)].load(Ordering::Relaxed);
         let missing = written.saturating_sub(outcome.seen.n_seen);
         if outcome.resets_after_first > 0 {
             losses.reset_collections += 1;

@@ -34,7 +34,7 @@ use crate::reference::{RefIndex, NO_SLOT};
 use crate::schema::{FieldId, FieldType};
 use crate::value::Value;
 use crate::view::View;
-use crate::view_def::{Filter, ViewDef};
+use crate::view_def::ViewDef;
 
 use super::collection_table::OtherCollections;
 use super::{insert_into_views, remove_from_views, CollectionId, CollectionState, Engine, Scratch, WindowSlot};
@@ -88,19 +88,10 @@ struct RefRead<'a> {
 
 /// Every field name a view definition reads.
 fn names_read<'a>(def: &'a ViewDef, out: &mut Vec<&'a str>) {
-    fn walk<'a>(filter: &'a Filter, out: &mut Vec<&'a str>) {
-        match filter {
-            Filter::True => {}
-            Filter::Compare { field, .. }
-            | Filter::In { field, .. }
-            | Filter::IsNull { field }
-            | Filter::Contains { field, .. }
-            | Filter::Prefix { field, .. } => out.push(field),
-            Filter::All(children) | Filter::Any(children) => children.iter().for_each(|child| walk(child, out)),
-            Filter::Not(child) => walk(child, out),
-        }
-    }
-    walk(&def.filter, out);
+    def.filter.any_field(&mut |field| {
+        out.push(field);
+        false
+    });
     out.extend(def.sort.iter().map(|key| key.field.as_str()));
     out.extend(def.shown.iter().map(String::as_str));
 }

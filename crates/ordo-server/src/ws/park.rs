@@ -11,7 +11,8 @@ use crate::core::CollectionEntry;
 use crate::min_seq;
 use crate::wire::{self, WindowSpec};
 
-/// A request held until the store reaches `min_seq`, already checked otherwise.
+/// A request held until the store reaches `min_seq`, already checked otherwise
+/// (except `Parked::Unchecked`, checked when the wait is over).
 pub(super) struct ParkedRequest {
     pub(super) min_seq: u64,
     pub(super) request: Parked,
@@ -22,6 +23,12 @@ pub(super) enum Parked {
         sub: String,
         collection: Arc<CollectionEntry>,
         spec: Box<WindowSpec>,
+        req: Option<Box<str>>,
+    },
+    /// A `subscribe` to a collection this node did not know when it came
+    /// (`Connection::awaits_its_collection`), checked once the wait is over.
+    Unchecked {
+        message: Box<wire::ClientMessage>,
         req: Option<Box<str>>,
     },
     /// Entries check their own `min_seq` when the resume runs; this waits for the greatest.
@@ -52,6 +59,18 @@ impl Connection {
                     self.start_subscription(sub, collection, *spec, 0, req).await;
                 } else {
                     self.send_error(&min_seq::not_reached(min_seq, last_seq), Some(&sub), req.as_deref()).await;
+                }
+            }
+            Parked::Unchecked { message, req } => {
+                if last_seq >= min_seq {
+                    // Not the connection's first message any more: it cannot resume.
+                    self.dispatch(*message, req, false).await;
+                } else {
+                    let sub = match &*message {
+                        wire::ClientMessage::Subscribe { sub, .. } => Some(sub.as_str()),
+                        _ => None,
+                    };
+                    self.send_error(&min_seq::not_reached(min_seq, last_seq), sub, req.as_deref()).await;
                 }
             }
             Parked::Resume { session, entries, req } => self.resume(&session, entries, req).await,
