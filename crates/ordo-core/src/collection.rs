@@ -8,6 +8,7 @@
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 use std::hash::BuildHasher;
+use thin_vec::ThinVec;
 
 use crate::schema::{FieldId, FieldType, Schema};
 use crate::value::{OwnedValue, Value};
@@ -359,12 +360,22 @@ fn copy_reusing_capacity_str(target: &mut String, text: &str) {
     target.push_str(text);
 }
 
-pub(crate) fn copy_reusing_capacity_bytes(target: &mut Vec<u8>, bytes: &[u8]) {
+/// As [`copy_reusing_capacity_str`], for a payload (an item's buffer is reused by its next payload).
+fn copy_reusing_capacity_payload(target: &mut ThinVec<u8>, bytes: &[u8]) {
     target.clear();
     if target.capacity() < bytes.len() {
         target.reserve(bytes.len().next_power_of_two().max(16));
     }
     target.extend_from_slice(bytes);
+}
+
+/// Heap bytes of a payload: none when it never held bytes; else its buffer and
+/// the length and capacity `ThinVec` keeps in front of it.
+fn thin_payload_heap_bytes(payload: &ThinVec<u8>) -> usize {
+    match payload.capacity() {
+        0 => 0,
+        capacity => capacity + 2 * std::mem::size_of::<usize>(),
+    }
 }
 
 /// An id-index entry waiting for a bulk load to finish, with its id's hash.
@@ -420,7 +431,8 @@ pub struct Collection {
     /// column), by [`FieldId::derived_index`]. Written only by `engine::references`.
     derived_columns: Vec<Column>,
     ids: Vec<String>,
-    payloads: Vec<Vec<u8>>,
+    /// One pointer per slot; an empty payload allocates nothing (see `Cargo.toml`).
+    payloads: Vec<ThinVec<u8>>,
     /// Per slot: the version of the item, the sequence number of the last batch that changed it.
     versions: Vec<u64>,
     alive: Vec<bool>,
@@ -584,7 +596,7 @@ impl Collection {
             None => {
                 let slot = self.ids.len() as Slot;
                 self.ids.push(id.to_owned());
-                self.payloads.push(Vec::new());
+                self.payloads.push(ThinVec::new());
                 self.versions.push(0);
                 self.alive.push(false);
                 for column in self.columns.iter_mut().chain(&mut self.derived_columns) {
@@ -613,7 +625,7 @@ impl Collection {
         // Exactly the payload's size: a bulk load keeps memory at what the data needs
         // (a million ~200-byte previews would take 256 bytes each if rounded up). The
         // first update that brings a longer payload rounds the buffer up, once.
-        self.payloads.push(payload.to_vec());
+        self.payloads.push(ThinVec::from(payload));
         self.versions.push(version);
         self.alive.push(true);
         for ((column, field), &value) in self.columns.iter_mut().zip(schema.fields()).zip(values) {
@@ -725,7 +737,7 @@ impl Collection {
     }
 
     pub(crate) fn set_payload(&mut self, slot: Slot, payload: &[u8]) {
-        copy_reusing_capacity_bytes(&mut self.payloads[slot as usize], payload);
+        copy_reusing_capacity_payload(&mut self.payloads[slot as usize], payload);
     }
 
     /// Unlinks an item from the id index. Its data stays readable until
@@ -788,8 +800,8 @@ impl Collection {
             ("id index".to_owned(), self.id_index.capacity() * (std::mem::size_of::<IdIndexEntry>() + 1)),
             (
                 "payloads".to_owned(),
-                self.payloads.capacity() * std::mem::size_of::<Vec<u8>>()
-                    + self.payloads.iter().map(Vec::capacity).sum::<usize>(),
+                self.payloads.capacity() * std::mem::size_of::<ThinVec<u8>>()
+                    + self.payloads.iter().map(thin_payload_heap_bytes).sum::<usize>(),
             ),
             (
                 "versions, alive, free slots".to_owned(),
@@ -918,5 +930,31 @@ mod tests {
             collection.set_value(slot, field_id, Value::Str(text));
             assert_eq!(collection.value(slot, field_id), Value::Str(text));
         }
+    }
+
+    /// An item without a payload costs its slot's pointer and nothing on the heap
+    /// (the memory figure per membership counts on it); payloads read back whole
+    /// through every change, and a slot reused after a remove starts empty.
+    #[test]
+    fn empty_payloads_take_no_heap_and_payloads_read_back() {
+        let mut collection = Collection::new("c", Schema::new());
+        let slots: Vec<Slot> = (0..1000).map(|index| collection.insert_slot(&format!("m{index}"))).collect();
+        let payload_bytes = |collection: &Collection| {
+            collection.heap_parts().into_iter().find(|(part, _)| part == "payloads").expect("payloads part").1
+        };
+        assert_eq!(payload_bytes(&collection), collection.payloads.capacity() * 8, "empty payloads on the heap");
+        let slot = slots[7];
+        let long = vec![b'p'; 300];
+        for payload in [&b"preview"[..], &long, b"", b"short again", b""] {
+            collection.set_payload(slot, payload);
+            assert_eq!(collection.item(slot).payload(), payload);
+        }
+        assert!(payload_bytes(&collection) >= collection.payloads.capacity() * 8 + 300, "a held buffer is counted");
+        collection.set_payload(slot, b"kept");
+        collection.remove_slot(slot);
+        collection.recycle_freed_slots();
+        let reused = collection.insert_slot("new");
+        assert_eq!(reused, slot);
+        assert_eq!(collection.item(reused).payload(), b"");
     }
 }

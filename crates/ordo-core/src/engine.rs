@@ -28,9 +28,8 @@ use crate::limits;
 use crate::list_diff::{emit_list_diff, ListDiffScratch};
 use crate::order_tree::Entry;
 use crate::resolve::{self, Overlay};
-use crate::schema::{FieldId, FieldType, Schema, SchemaError};
+use crate::schema::{FieldId, Schema, SchemaError};
 use crate::sort::CompiledSort;
-use crate::value::Value;
 use crate::view::{compare_entries, View};
 use crate::view_def::ViewDef;
 use crate::window::{ViewChange, Window};
@@ -39,9 +38,13 @@ use crate::OwnedItem;
 mod collection_table;
 mod references;
 mod schema_change;
+mod single_upsert;
+mod validate;
 
 use collection_table::{CollectionTable, OtherCollections};
 pub use schema_change::SchemaChangeError;
+pub(crate) use validate::check_field_value;
+use validate::validate_batch;
 
 /// Identifies a collection. A dropped collection's id stays dead: a collection
 /// created later may reuse its slot (`index`) but never its generation, so an
@@ -175,6 +178,8 @@ pub struct EngineStats {
     /// per operation). Divided by the operations applied, it is the work per update
     /// that grows with the number of views.
     pub n_view_visits: u64,
+    /// Batches applied by the one-item path (`engine/single_upsert.rs`).
+    pub n_single_upserts: u64,
 }
 
 #[derive(Default)]
@@ -188,7 +193,10 @@ pub struct Engine {
     scratch: Scratch,
     /// See [`Engine::set_view_keying`].
     is_view_keying_disabled: bool,
+    /// See [`Engine::set_single_upsert_path`].
+    is_single_upsert_path_disabled: bool,
     n_view_visits: u64,
+    n_single_upserts: u64,
     /// The highest version given to a batch so far (see [`Engine::apply_batch`]).
     last_version: u64,
     /// Batches staged by a store's group commit (see [`Engine::resolve_batch`]).
@@ -269,6 +277,7 @@ impl Engine {
             n_keyed_views: self.collections.iter().map(|state| state.keys.n_views()).sum(),
             n_windows: self.windows.iter().filter(|slot| slot.window.is_some()).count(),
             n_view_visits: self.n_view_visits,
+            n_single_upserts: self.n_single_upserts,
         }
     }
 
@@ -279,6 +288,14 @@ impl Engine {
     #[doc(hidden)]
     pub fn set_view_keying(&mut self, is_enabled: bool) {
         self.is_view_keying_disabled = !is_enabled;
+    }
+
+    /// For tests and benchmarks only: with `false`, every batch takes the general
+    /// path, also the single upserts `engine/single_upsert.rs` would apply. Results
+    /// are the same either way (tests/it/single_upsert.rs); only the cost differs.
+    #[doc(hidden)]
+    pub fn set_single_upsert_path(&mut self, is_enabled: bool) {
+        self.is_single_upsert_path_disabled = !is_enabled;
     }
 
     /// For tests: checks every collection's equality indexes against its items
@@ -334,25 +351,40 @@ impl Engine {
         version: u64,
         sink: &mut dyn DiffSink,
     ) -> Result<BatchSummary, BatchError> {
-        let Engine { collections, views, windows, scratch, n_view_visits, .. } = self;
+        let Engine {
+            collections,
+            views,
+            windows,
+            scratch,
+            n_view_visits,
+            n_single_upserts,
+            is_single_upsert_path_disabled,
+            ..
+        } = self;
         let (state, others) = collections.split_mut(collection_id).ok_or(BatchError::UnknownCollection)?;
-        validate_batch(&state.collection, batch, 0, &mut scratch.resolved_fields)?;
         debug_assert!(!batch.needs_state(), "resolved before it is applied");
-
         let mut summary = BatchSummary::default();
-        for op in &batch.ops {
-            match op.kind {
-                OpKind::Upsert => {
-                    apply_upsert(state, &others, views, windows, scratch, batch, op, version);
-                    summary.n_upserted += 1;
-                }
-                OpKind::Remove => {
-                    if apply_remove(state, views, windows, scratch, batch.id(op)) {
-                        summary.n_removed += 1;
+        if !*is_single_upsert_path_disabled && single_upsert::try_apply(state, views, windows, scratch, batch, version)
+        {
+            summary.n_upserted = 1;
+            *n_single_upserts += 1;
+            *n_view_visits += scratch.visited_views.len() as u64;
+        } else {
+            validate_batch(&state.collection, batch, 0, &mut scratch.resolved_fields)?;
+            for op in &batch.ops {
+                match op.kind {
+                    OpKind::Upsert => {
+                        apply_upsert(state, &others, views, windows, scratch, batch, op, version);
+                        summary.n_upserted += 1;
+                    }
+                    OpKind::Remove => {
+                        if apply_remove(state, views, windows, scratch, batch.id(op)) {
+                            summary.n_removed += 1;
+                        }
                     }
                 }
+                *n_view_visits += scratch.visited_views.len() as u64;
             }
-            *n_view_visits += scratch.visited_views.len() as u64;
         }
         summary.n_windows_changed = deliver_pending(&state.collection, views, windows, scratch, sink);
         let has_referrers = !state.refs.referrers.is_empty();
@@ -866,86 +898,6 @@ fn finish_window(sink: &mut dyn DiffSink, window_id: WindowId, view_len: usize) 
 fn check_window_limit(limit: usize) -> Result<(), ViewError> {
     if limit > limits::MAX_WINDOW_LIMIT {
         return Err(ViewError::WindowTooLarge { limit, limit_max: limits::MAX_WINDOW_LIMIT });
-    }
-    Ok(())
-}
-
-/// Checks a whole batch before anything changes. Fills `resolved_fields`.
-/// Converts a value to its field's type and checks it against the limits.
-pub(crate) fn check_field_value<'a>(
-    op_index: usize,
-    name: &str,
-    field_type: FieldType,
-    value: Value<'a>,
-) -> Result<Value<'a>, BatchError> {
-    match value.coerce_to(field_type) {
-        None => Err(BatchError::WrongType {
-            op_index,
-            field: name.to_owned(),
-            expected: field_type.name(),
-            found: value.type_name(),
-        }),
-        Some(Value::F64(number)) if number.is_nan() => Err(BatchError::NotANumber { op_index, field: name.to_owned() }),
-        Some(Value::Str(text)) if text.len() > limits::MAX_STRING_FIELD_BYTES => {
-            Err(BatchError::StringTooLong { op_index, field: name.to_owned(), value_bytes: text.len() })
-        }
-        Some(value) => Ok(value),
-    }
-}
-
-/// `n_items_pending` counts items that batches accepted but not yet applied will
-/// add (a store validates a group of batches before committing any of them).
-fn validate_batch(
-    collection: &Collection,
-    batch: &Batch,
-    n_items_pending: usize,
-    resolved_fields: &mut Vec<FieldId>,
-) -> Result<(), BatchError> {
-    if batch.ops.len() > limits::MAX_OPS_PER_BATCH {
-        return Err(BatchError::TooManyOps { n_ops: batch.ops.len() });
-    }
-    if batch.is_oversized {
-        return Err(BatchError::BatchTooLarge);
-    }
-    let n_upserts = batch.ops.iter().filter(|op| op.kind == OpKind::Upsert).count();
-    if collection.len().saturating_add(n_items_pending).saturating_add(n_upserts) > limits::MAX_ITEMS_PER_COLLECTION {
-        return Err(BatchError::CollectionFull { n_items_max: limits::MAX_ITEMS_PER_COLLECTION });
-    }
-    resolved_fields.clear();
-    let schema = collection.schema();
-    for (op_index, op) in batch.ops.iter().enumerate() {
-        let id = batch.id(op);
-        if id.is_empty() {
-            return Err(BatchError::IdEmpty { op_index });
-        }
-        if id.len() > limits::MAX_ID_BYTES {
-            return Err(BatchError::IdTooLong { op_index, id_bytes: id.len() });
-        }
-        if let Some(payload) = batch.payload(op) {
-            if payload.len() > limits::MAX_PAYLOAD_BYTES {
-                return Err(BatchError::PayloadTooLarge { op_index, payload_bytes: payload.len() });
-            }
-        }
-        for field in batch.op_fields(op) {
-            let name = batch.field_name(field);
-            let field_id =
-                schema.field_id(name).ok_or_else(|| BatchError::UnknownField { op_index, field: name.to_owned() })?;
-            let field_type = schema.field(field_id).field_type;
-            check_field_value(op_index, name, field_type, batch.field_value(field))?;
-            resolved_fields.push(field_id);
-        }
-        for atomic in batch.op_atomics(op) {
-            let name = batch.field_name(&atomic.field);
-            let field_id =
-                schema.field_id(name).ok_or_else(|| BatchError::UnknownField { op_index, field: name.to_owned() })?;
-            resolve::check_atomic(
-                op_index,
-                name,
-                schema.field(field_id).field_type,
-                atomic.op,
-                batch.field_value(&atomic.field),
-            )?;
-        }
     }
     Ok(())
 }

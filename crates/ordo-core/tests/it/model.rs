@@ -22,7 +22,7 @@ use ordo_core::{
 
 use crate::reference::{reference_atomic, ReferenceCollection, Rng};
 
-const FIELDS: [(&str, ordo_core::FieldType); 7] = [
+pub(crate) const FIELDS: [(&str, ordo_core::FieldType); 7] = [
     ("name", ordo_core::FieldType::String),
     ("recency", ordo_core::FieldType::U64),
     ("score", ordo_core::FieldType::I64),
@@ -74,11 +74,11 @@ const NAMES: [&str; 31] = [
     "a room name longer than the column's head: E\u{301}COLE ab",
 ];
 
-fn schema() -> Schema {
+pub(crate) fn schema() -> Schema {
     FIELDS.iter().fold(Schema::new(), |schema, (name, field_type)| schema.with_field(name, *field_type))
 }
 
-fn random_id(rng: &mut Rng, n_ids: usize) -> String {
+pub(crate) fn random_id(rng: &mut Rng, n_ids: usize) -> String {
     let n = rng.below(n_ids);
     if n.is_multiple_of(7) {
         format!("rööm-{n}")
@@ -87,7 +87,7 @@ fn random_id(rng: &mut Rng, n_ids: usize) -> String {
     }
 }
 
-fn random_value(rng: &mut Rng, field: &str) -> OwnedValue {
+pub(crate) fn random_value(rng: &mut Rng, field: &str) -> OwnedValue {
     if rng.chance(12) {
         return OwnedValue::Null;
     }
@@ -140,7 +140,7 @@ impl MaybeAccentInsensitive for Filter {
     }
 }
 
-fn random_filter(rng: &mut Rng, depth: usize) -> Filter {
+pub(crate) fn random_filter(rng: &mut Rng, depth: usize) -> Filter {
     match rng.below(if depth == 0 { 2 } else { 6 }) {
         0 => Filter::True,
         1 => random_leaf_filter(rng),
@@ -151,7 +151,7 @@ fn random_filter(rng: &mut Rng, depth: usize) -> Filter {
     }
 }
 
-fn random_sort(rng: &mut Rng) -> Vec<SortKey> {
+pub(crate) fn random_sort(rng: &mut Rng) -> Vec<SortKey> {
     let mut fields: Vec<&str> = FIELDS.iter().map(|(name, _)| *name).collect();
     let mut keys = Vec::new();
     for _ in 0..rng.below(4) {
@@ -183,7 +183,7 @@ fn random_equality(rng: &mut Rng) -> Filter {
 
 /// A filter as the server builds it for a user under a row predicate, or a
 /// variant that must not be keyed.
-fn random_row_filter(rng: &mut Rng) -> Filter {
+pub(crate) fn random_row_filter(rng: &mut Rng) -> Filter {
     let predicate = random_equality(rng);
     match rng.below(10) {
         0..=4 => Filter::All(vec![predicate, random_filter(rng, 2)]),
@@ -197,7 +197,7 @@ fn random_row_filter(rng: &mut Rng) -> Filter {
 }
 
 /// A few definitions are reused often so that windows share views.
-fn random_def(rng: &mut Rng, shared: &[ViewDef]) -> ViewDef {
+pub(crate) fn random_def(rng: &mut Rng, shared: &[ViewDef]) -> ViewDef {
     match rng.below(100) {
         0..=39 => rng.pick(shared).clone(),
         40..=74 => ViewDef::new(random_row_filter(rng), random_sort(rng)),
@@ -249,7 +249,7 @@ struct Harness {
 
 /// A random atomic operation on a field it applies to, with an operand near the
 /// edges of the field's type so that overflows are exercised too.
-fn random_atomic(rng: &mut Rng) -> (AtomicOp, &'static str, OwnedValue) {
+pub(crate) fn random_atomic(rng: &mut Rng) -> (AtomicOp, &'static str, OwnedValue) {
     let op = *rng.pick(&[AtomicOp::Increment, AtomicOp::Decrement, AtomicOp::SetMax, AtomicOp::SetMin]);
     let is_arithmetic = matches!(op, AtomicOp::Increment | AtomicOp::Decrement);
     let field = if is_arithmetic {

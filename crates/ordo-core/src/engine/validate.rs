@@ -1,0 +1,104 @@
+//! Validation: a batch is checked whole, against the schema and the limits,
+//! before anything changes, so that a rejected batch leaves no trace.
+
+use crate::batch::{Batch, OpKind};
+use crate::collection::Collection;
+use crate::error::BatchError;
+use crate::limits;
+use crate::resolve;
+use crate::schema::{FieldId, FieldType};
+use crate::value::Value;
+
+/// Converts a value to its field's type and checks it against the limits.
+pub(crate) fn check_field_value<'a>(
+    op_index: usize,
+    name: &str,
+    field_type: FieldType,
+    value: Value<'a>,
+) -> Result<Value<'a>, BatchError> {
+    if let Some(value) = accepted_value(field_type, value) {
+        return Ok(value);
+    }
+    match value.coerce_to(field_type) {
+        None => Err(BatchError::WrongType {
+            op_index,
+            field: name.to_owned(),
+            expected: field_type.name(),
+            found: value.type_name(),
+        }),
+        Some(Value::F64(number)) if number.is_nan() => Err(BatchError::NotANumber { op_index, field: name.to_owned() }),
+        Some(Value::Str(text)) if text.len() > limits::MAX_STRING_FIELD_BYTES => {
+            Err(BatchError::StringTooLong { op_index, field: name.to_owned(), value_bytes: text.len() })
+        }
+        Some(value) => unreachable!("refused by accepted_value: {value:?}"),
+    }
+}
+
+/// The value converted to its field's type, when the field accepts it (`None`:
+/// refused, and `check_field_value` says why). Allocates nothing.
+#[inline]
+pub(super) fn accepted_value(field_type: FieldType, value: Value<'_>) -> Option<Value<'_>> {
+    match value.coerce_to(field_type) {
+        Some(Value::F64(number)) if number.is_nan() => None,
+        Some(Value::Str(text)) if text.len() > limits::MAX_STRING_FIELD_BYTES => None,
+        converted => converted,
+    }
+}
+
+/// Checks a whole batch before anything changes. Fills `resolved_fields`.
+/// `n_items_pending` counts items that batches accepted but not yet applied will
+/// add (a store validates a group of batches before committing any of them).
+pub(super) fn validate_batch(
+    collection: &Collection,
+    batch: &Batch,
+    n_items_pending: usize,
+    resolved_fields: &mut Vec<FieldId>,
+) -> Result<(), BatchError> {
+    if batch.ops.len() > limits::MAX_OPS_PER_BATCH {
+        return Err(BatchError::TooManyOps { n_ops: batch.ops.len() });
+    }
+    if batch.is_oversized {
+        return Err(BatchError::BatchTooLarge);
+    }
+    let n_upserts = batch.ops.iter().filter(|op| op.kind == OpKind::Upsert).count();
+    if collection.len().saturating_add(n_items_pending).saturating_add(n_upserts) > limits::MAX_ITEMS_PER_COLLECTION {
+        return Err(BatchError::CollectionFull { n_items_max: limits::MAX_ITEMS_PER_COLLECTION });
+    }
+    resolved_fields.clear();
+    let schema = collection.schema();
+    for (op_index, op) in batch.ops.iter().enumerate() {
+        let id = batch.id(op);
+        if id.is_empty() {
+            return Err(BatchError::IdEmpty { op_index });
+        }
+        if id.len() > limits::MAX_ID_BYTES {
+            return Err(BatchError::IdTooLong { op_index, id_bytes: id.len() });
+        }
+        if let Some(payload) = batch.payload(op) {
+            if payload.len() > limits::MAX_PAYLOAD_BYTES {
+                return Err(BatchError::PayloadTooLarge { op_index, payload_bytes: payload.len() });
+            }
+        }
+        for field in batch.op_fields(op) {
+            let name = batch.field_name(field);
+            let field_id =
+                schema.field_id(name).ok_or_else(|| BatchError::UnknownField { op_index, field: name.to_owned() })?;
+            let field_type = schema.field(field_id).field_type;
+            check_field_value(op_index, name, field_type, batch.field_value(field))?;
+            resolved_fields.push(field_id);
+        }
+        for atomic in batch.op_atomics(op) {
+            let name = batch.field_name(&atomic.field);
+            let field_id =
+                schema.field_id(name).ok_or_else(|| BatchError::UnknownField { op_index, field: name.to_owned() })?;
+            resolve::check_atomic(
+                op_index,
+                name,
+                schema.field(field_id).field_type,
+                atomic.op,
+                batch.field_value(&atomic.field),
+            )?;
+        }
+    }
+    Ok(())
+}
