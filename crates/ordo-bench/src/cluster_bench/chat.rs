@@ -321,6 +321,12 @@ pub fn chat_phase(options: &Options) -> Result<()> {
         Setup::Cluster { nodes: 1, subscribers: false },
     ];
     setups.extend(options.nodes.iter().map(|&nodes| Setup::Cluster { nodes, subscribers: true }));
+    // The same K nodes without subscribers: serving then reads directly as the
+    // difference, without assuming that taking writes costs a node 1/K of what
+    // it costs one node (fewer writes per node batch less).
+    setups.extend(
+        options.nodes.iter().filter(|&&nodes| nodes > 1).map(|&nodes| Setup::Cluster { nodes, subscribers: false }),
+    );
     // Per setup, one Figures per run.
     let mut all: Vec<Vec<Figures>> = setups.iter().map(|_| Vec::new()).collect();
     for run in 0..options.runs {
@@ -336,15 +342,30 @@ pub fn chat_phase(options: &Options) -> Result<()> {
         let mut line = format!(
             "  serving cost per 1 000 subscribers (node less the same writes without subscribers): single {single:.3}"
         );
-        for figures in all.iter().skip(3) {
+        for (figures, setup) in all.iter().zip(&setups).skip(3) {
+            let Setup::Cluster { nodes, subscribers: true } = *setup else { continue };
             let cluster = figures[run].serve_per_1000_subscribers(taking);
-            line += &format!(" | {} {cluster:.3} ({:.2}x single)", figures[run].setup.label(), cluster / single);
+            line += &format!(" | {} {cluster:.3} ({:.2}x single", figures[run].setup.label(), cluster / single);
+            if let Some(direct) = direct_serve(&setups, &all, nodes, run) {
+                line += &format!("; direct {direct:.3}, {:.2}x", direct / single);
+            }
+            line += ")";
         }
         println!("{line}");
     }
     summarise(&setups, &all, options);
     subscriber_runtime.shutdown_background();
     Ok(())
+}
+
+/// Serving cost per 1 000 subscribers on a node of the K-node cluster in run
+/// `run`, read directly: its cores less those of the same K nodes taking the
+/// same writes without subscribers. `None` when that setup was not measured.
+fn direct_serve(setups: &[Setup], all: &[Vec<Figures>], nodes: usize, run: usize) -> Option<f64> {
+    let index = |subscribers| setups.iter().position(|&setup| setup == Setup::Cluster { nodes, subscribers });
+    let (with, without) = (&all[index(true)?][run], &all[index(false)?][run]);
+    let subscribers = with.nodes.iter().map(|&(n, _)| n).sum::<usize>() as f64;
+    Some((with.mean_node_cores() - without.mean_node_cores()) * nodes as f64 / (subscribers / 1000.0))
 }
 
 /// A cluster node's cores for taking all the writes (parse, publish, wait for
@@ -388,6 +409,14 @@ fn summarise(setups: &[Setup], all: &[Vec<Figures>], options: &Options) {
                 "; serving {serve:.3} per 1 000 subs ({:.2}x single's {single_serve:.3}; goal within 10 %)",
                 serve / single_serve
             );
+            if let Setup::Cluster { nodes, .. } = setup {
+                let direct: Vec<f64> =
+                    (0..runs.len()).filter_map(|run| direct_serve(setups, all, *nodes, run)).collect();
+                if !direct.is_empty() {
+                    let direct = med(direct);
+                    line += &format!("; direct {direct:.3} ({:.2}x single)", direct / single_serve);
+                }
+            }
             follow_cluster.push(observer / rate);
             // Per update, all its subscribers: per subscriber and update × subscribers per user.
             let updates_per_subscriber = rate / options.users as f64;
