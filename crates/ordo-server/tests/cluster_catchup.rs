@@ -55,13 +55,19 @@ fn entries(rounds: usize) -> Vec<Value> {
     let red = json!({"sub": "w", "role": "writer", "claims": {"team": "red"}});
     let blue = json!({"sub": "w", "role": "writer", "claims": {"team": "blue"}});
     let reader = json!({"sub": "w", "role": "reader", "claims": {"team": "red"}});
+    // Two writers told apart by their sub alone (the same role, no claims).
+    let zed = json!({"sub": "zed", "role": "writer"});
+    let stranger = json!({"sub": "x", "role": "writer"});
     let schema = json!({"fields": [{"name": "n", "type": "u64"}, {"name": "owner", "type": "string"}]});
     let mut entries = vec![
         json!({"kind": "create_collection", "collection": "red", "schema": schema, "caller": admin}),
         json!({"kind": "create_collection", "collection": "blue", "schema": schema, "caller": admin}),
-        // A writer writes to the collection its `team` claim names, nowhere else.
+        json!({"kind": "create_collection", "collection": "zed", "schema": schema, "caller": admin}),
+        // A writer writes to the collection its `team` claim names, and to the
+        // one named as its sub; nowhere else.
         json!({"kind": "set_rules", "caller": admin,
-               "rules": {"rules": [{"collection": "{team}", "roles": ["writer"], "read": true, "write": true}]}}),
+               "rules": {"rules": [{"collection": "{team}", "roles": ["writer"], "read": true, "write": true},
+                                   {"collection": "{sub}", "roles": ["writer"], "read": true, "write": true}]}}),
     ];
     for r in 0..rounds {
         entries.extend([
@@ -101,14 +107,18 @@ fn entries(rounds: usize) -> Vec<Value> {
             ),
             write("red", &admin, json!([{"op": "remove", "id": format!("b{}", r.saturating_sub(1))}])),
             write("blue", &blue, json!([{"op": "upsert", "id": format!("g{r}"), "payload": null}])),
+            // After `zed`, a caller differing only by its sub: refused.
+            write("zed", &zed, json!([{"op": "upsert", "id": format!("j{r}"), "fields": {"n": 1}}])),
+            write("zed", &stranger, json!([{"op": "upsert", "id": format!("k{r}"), "fields": {"n": 1}}])),
         ]);
     }
     entries
 }
 
 /// What the entries leave: in `red`, `a{r}` (n = 1000, its owner and payload),
-/// `b{last}`, `c{r}`, `i{r}`; in `blue`, `g{r}`. Nothing of `d`, `e`, `f`, `h`.
-fn check_expected(red: &[Value], blue: &[Value], rounds: usize) {
+/// `b{last}`, `c{r}`, `i{r}`; in `blue`, `g{r}`; in `zed`, `j{r}`. Nothing of
+/// `d`, `e`, `f`, `h`, `k`.
+fn check_expected(red: &[Value], blue: &[Value], zed: &[Value], rounds: usize) {
     let mut ids: Vec<String> = red.iter().map(|item| item["id"].as_str().unwrap().to_owned()).collect();
     ids.sort();
     let mut expected: Vec<String> = (0..rounds)
@@ -128,6 +138,11 @@ fn check_expected(red: &[Value], blue: &[Value], rounds: usize) {
     }
     let blue_ids: Vec<&str> = blue.iter().map(|item| item["id"].as_str().unwrap()).collect();
     assert_eq!(blue_ids.len(), rounds, "blue's items: {blue_ids:?}");
+    let mut zed_ids: Vec<&str> = zed.iter().map(|item| item["id"].as_str().unwrap()).collect();
+    zed_ids.sort();
+    let mut expected: Vec<String> = (0..rounds).map(|r| format!("j{r}")).collect();
+    expected.sort();
+    assert_eq!(zed_ids, expected, "zed's items");
 }
 
 #[test]
@@ -149,15 +164,16 @@ fn a_node_catching_up_in_runs_reaches_the_state_of_one_applying_each_entry_alone
         // Node a applies each entry in a run of its own.
         wait_applied(&a, last);
     }
-    let (red_a, blue_a) = (items(&a, "red", last), items(&a, "blue", last));
-    check_expected(&red_a, &blue_a, ROUNDS);
+    let (red_a, blue_a, zed_a) = (items(&a, "red", last), items(&a, "blue", last), items(&a, "zed", last));
+    check_expected(&red_a, &blue_a, &zed_a, ROUNDS);
 
     // A new node gets the whole stream at once: its consumer hands it runs.
     let b = node(dir_b.path(), &nats.urls(), "b");
     wait_applied(&b, last);
     assert_eq!(applied_seq(&b), last);
-    let (red_b, blue_b) = (items(&b, "red", last), items(&b, "blue", last));
+    let (red_b, blue_b, zed_b) = (items(&b, "red", last), items(&b, "blue", last), items(&b, "zed", last));
     assert_eq!(red_b, red_a, "the same items, versions and payloads in runs as one by one");
     assert_eq!(blue_b, blue_a);
-    check_expected(&red_b, &blue_b, ROUNDS);
+    assert_eq!(zed_b, zed_a);
+    check_expected(&red_b, &blue_b, &zed_b, ROUNDS);
 }
