@@ -10,6 +10,7 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 use std::hash::BuildHasher;
 use thin_vec::ThinVec;
 
+use crate::interned::InternedColumn;
 use crate::schema::{FieldId, FieldType, Schema};
 use crate::value::{OwnedValue, Value};
 
@@ -104,7 +105,16 @@ pub(crate) enum Column {
         /// when views are built or items move).
         heads: Vec<StringHead>,
     },
+    /// A string column with a handle per slot into a dictionary of its distinct
+    /// values (see `crate::interned`): references, and strings with few distinct
+    /// values. A string column starts here and converts to `Str` once its values
+    /// are mostly distinct.
+    Interned(InternedColumn),
 }
+
+// An interned column keeps its dictionary boxed so that the enum stays the size
+// of the head layout's three vectors: a user's empty collection has one per field.
+const _: () = assert!(std::mem::size_of::<Column>() <= 80);
 
 impl Column {
     fn new(field_type: FieldType) -> Column {
@@ -113,11 +123,41 @@ impl Column {
             FieldType::I64 | FieldType::U64 | FieldType::F64 => {
                 Column::Word { bits: Vec::new(), present: Bitmap::default() }
             }
-            // A reference holds its target's id, a string.
-            FieldType::String | FieldType::Ref(_) => {
-                Column::Str { values: LongStrings::default(), present: Bitmap::default(), heads: Vec::new() }
-            }
+            // A reference holds its target's id, a string; ids repeat as often as
+            // targets are shared, so a reference column stays interned.
+            FieldType::Ref(_) => Column::Interned(InternedColumn::new(false)),
+            FieldType::String => Column::Interned(InternedColumn::new(true)),
         }
+    }
+
+    /// A string column's value at `slot`, in either layout; `None` for null.
+    #[inline]
+    pub(crate) fn str_at(&self, slot: usize) -> Option<StrRef<'_>> {
+        match self {
+            Column::Str { present, .. } if !present.get(slot) => None,
+            Column::Str { values, heads, .. } => Some(StrRef::new(&heads[slot], values, slot)),
+            Column::Interned(column) => column.get(slot),
+            _ => unreachable!("only string columns hold strings"),
+        }
+    }
+
+    /// Rewrites an interned column in the head layout, once its values are mostly
+    /// distinct (O(slots), allocates once; see `InternedColumn::wants_heads`).
+    #[cold]
+    fn convert_to_heads(&mut self) {
+        let Column::Interned(column) = self else { return };
+        let n_slots = column.len();
+        let (mut values, mut present, mut heads) = (LongStrings::default(), Bitmap::default(), Vec::new());
+        values.reserve(n_slots);
+        present.reserve(n_slots);
+        heads.reserve(n_slots);
+        for slot in 0..n_slots {
+            let text = column.get(slot);
+            values.push(text.map_or("", |text| text.text()));
+            present.push(text.is_some());
+            heads.push(text.map_or_else(StringHead::default, |text| *text.head));
+        }
+        *self = Column::Str { values, present, heads };
     }
 
     fn reserve(&mut self, n_items: usize) {
@@ -135,6 +175,7 @@ impl Column {
                 present.reserve(n_items);
                 heads.reserve(n_items);
             }
+            Column::Interned(column) => column.reserve(n_items),
         }
     }
 
@@ -153,12 +194,13 @@ impl Column {
                 present.truncate(len);
                 heads.truncate(len);
             }
+            Column::Interned(column) => column.truncate(len),
         }
     }
 
     /// Appends an already validated value (its type matches the column; `Null` for none).
     fn push(&mut self, value: Value<'_>) {
-        match (self, value) {
+        match (&mut *self, value) {
             (column, Value::Null) => column.push_null(),
             (Column::Bool { values, present }, Value::Bool(flag)) => {
                 values.push(flag);
@@ -183,6 +225,12 @@ impl Column {
                 present.push(true);
                 heads.push(head);
             }
+            (Column::Interned(column), Value::Str(text)) => {
+                column.push(Some(text));
+                if column.wants_heads() {
+                    self.convert_to_heads();
+                }
+            }
             (_, value) => unreachable!("load validation lets no {} into this column", value.type_name()),
         }
     }
@@ -202,6 +250,7 @@ impl Column {
                 present.push(false);
                 heads.push(StringHead::default());
             }
+            Column::Interned(column) => column.push(None),
         }
     }
 
@@ -210,12 +259,14 @@ impl Column {
             Column::Bool { present, .. } | Column::Word { present, .. } | Column::Str { present, .. } => {
                 present.set(slot, false)
             }
+            // The handle's count must drop, so that a string no slot holds leaves the dictionary.
+            Column::Interned(column) => column.set(slot, None),
         }
     }
 
     /// Writes an already validated value (its type matches the column).
     fn set(&mut self, slot: usize, value: Value<'_>) {
-        match (self, value) {
+        match (&mut *self, value) {
             (column, Value::Null) => column.set_null(slot),
             (Column::Bool { values, present }, Value::Bool(flag)) => {
                 values.set(slot, flag);
@@ -243,6 +294,12 @@ impl Column {
                 present.set(slot, true);
                 heads[slot] = head;
             }
+            (Column::Interned(column), Value::Str(text)) => {
+                column.set(slot, Some(text));
+                if column.wants_heads() {
+                    self.convert_to_heads();
+                }
+            }
             (_, value) => unreachable!("batch validation lets no {} into this column", value.type_name()),
         }
     }
@@ -261,7 +318,7 @@ const STRING_HEAD_BYTES: usize = 28;
 const _: () = assert!(std::mem::size_of::<StringHead>() == 32);
 
 impl StringHead {
-    fn new(text: &str) -> StringHead {
+    pub(crate) fn new(text: &str) -> StringHead {
         let mut head = StringHead { bytes: [0; STRING_HEAD_BYTES], len: text.len() as u32 };
         let n_bytes = text.len().min(STRING_HEAD_BYTES);
         head.bytes[..n_bytes].copy_from_slice(&text.as_bytes()[..n_bytes]);
@@ -316,11 +373,11 @@ impl LongStrings {
         self.strings[slot].as_deref().map_or("", String::as_str)
     }
 
-    fn push(&mut self, text: &str) {
+    pub(crate) fn push(&mut self, text: &str) {
         self.strings.push((text.len() > STRING_HEAD_BYTES).then(|| Box::new(text.to_owned())));
     }
 
-    fn set(&mut self, slot: usize, text: &str) {
+    pub(crate) fn set(&mut self, slot: usize, text: &str) {
         if text.len() > STRING_HEAD_BYTES {
             let string = self.strings[slot].get_or_insert_with(Default::default);
             copy_reusing_capacity_str(string, text);
@@ -338,7 +395,7 @@ impl LongStrings {
         self.strings.truncate(len);
     }
 
-    fn heap_bytes(&self) -> usize {
+    pub(crate) fn heap_bytes(&self) -> usize {
         self.strings.capacity() * std::mem::size_of::<Option<Box<String>>>()
             + self
                 .strings
@@ -350,6 +407,28 @@ impl LongStrings {
 }
 
 const _: () = assert!(std::mem::size_of::<Option<Box<String>>>() == 8);
+
+/// One string of a string column, in either layout: its head, and where its
+/// bytes are if longer than the head (read only then, a pointer chase).
+#[derive(Clone, Copy)]
+pub(crate) struct StrRef<'a> {
+    pub(crate) head: &'a StringHead,
+    long: &'a LongStrings,
+    index: usize,
+}
+
+impl<'a> StrRef<'a> {
+    #[inline]
+    pub(crate) fn new(head: &'a StringHead, long: &'a LongStrings, index: usize) -> StrRef<'a> {
+        StrRef { head, long, index }
+    }
+
+    /// The whole string: from the head when it fits there.
+    #[inline]
+    pub(crate) fn text(&self) -> &'a str {
+        self.head.whole().unwrap_or_else(|| self.long.get(self.index))
+    }
+}
 
 fn copy_reusing_capacity_str(target: &mut String, text: &str) {
     target.clear();
@@ -533,6 +612,25 @@ impl Collection {
             Column::Str { present, .. } if !present[slot] => Value::Null,
             // Short strings are read from the column's head, not their heap buffer.
             Column::Str { values, heads, .. } => Value::Str(heads[slot].whole().unwrap_or(values.get(slot))),
+            Column::Interned(column) => column.get(slot).map_or(Value::Null, |text| Value::Str(text.text())),
+        }
+    }
+
+    /// The handle of `text` in an interned column (a reference field's), if some
+    /// slot holds it: comparing handles then compares the strings.
+    pub(crate) fn interned_handle(&self, field_id: FieldId, text: &str) -> Option<u32> {
+        match self.column(field_id) {
+            Column::Interned(column) => column.find(text),
+            _ => unreachable!("reference columns stay interned"),
+        }
+    }
+
+    /// A slot's handle in an interned column (`NULL_HANDLE` for null).
+    #[inline]
+    pub(crate) fn handle_at(&self, slot: Slot, field_id: FieldId) -> u32 {
+        match self.column(field_id) {
+            Column::Interned(column) => column.handle(slot as usize),
+            _ => unreachable!("reference columns stay interned"),
         }
     }
 
@@ -782,6 +880,17 @@ impl Collection {
         self.schema = self.schema.without_field(field_id);
     }
 
+    /// Whether a string or reference field's column is interned (`None`: no such
+    /// string field). For tests of the two layouts; not a stable API.
+    #[doc(hidden)]
+    pub fn string_column_is_interned(&self, field_name: &str) -> Option<bool> {
+        match self.column(self.schema.field_id(field_name)?) {
+            Column::Interned(_) => Some(true),
+            Column::Str { .. } => Some(false),
+            Column::Bool { .. } | Column::Word { .. } => None,
+        }
+    }
+
     /// Approximate heap bytes held, for memory accounting.
     pub fn heap_bytes(&self) -> usize {
         self.heap_parts().iter().map(|&(_, bytes)| bytes).sum()
@@ -818,6 +927,7 @@ impl Collection {
                 Column::Str { values, present, heads } => {
                     heads.capacity() * std::mem::size_of::<StringHead>() + values.heap_bytes() + present.heap_bytes()
                 }
+                Column::Interned(column) => column.heap_bytes(),
             };
             parts.push((format!("column {}", self.schema.field(field_id).name), bytes));
         }

@@ -212,19 +212,16 @@ impl CompiledFilter {
                 }
             }
             [Node::Contains { field_id, needle }] | [Node::Prefix { field_id, needle }] => {
-                let Column::Str { values, present, heads } = collection.column(field_id) else {
-                    unreachable!("contains and prefix compile only on string fields")
-                };
+                // Contains and prefix compile only on string fields.
+                let column = collection.column(field_id);
                 let needle = &self.needles[needle as usize];
                 let is_contains = matches!(self.nodes[0], Node::Contains { .. });
                 out.extend(collection.live_slots().filter(|&slot| {
-                    let slot = slot as usize;
-                    if !present.get(slot) {
-                        return false;
-                    }
-                    // A short string is whole in the column's cached head: test it
-                    // there and skip the cache miss on the string's own buffer.
-                    let text = heads[slot].whole().unwrap_or(values.get(slot));
+                    let Some(text) = column.str_at(slot as usize) else { return false };
+                    // A short string is whole in its head (the column's, or the
+                    // dictionary's): test it there and skip the cache miss on the
+                    // string's own buffer.
+                    let text = text.text();
                     if is_contains {
                         contains_folded(text, needle, &mut scratch.folded_haystack)
                     } else {

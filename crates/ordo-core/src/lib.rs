@@ -59,6 +59,7 @@ mod diff;
 mod engine;
 mod error;
 mod filter;
+mod interned;
 mod key_index;
 mod list_diff;
 mod order_tree;

@@ -172,7 +172,7 @@ impl CompiledSort {
                         };
                     }
                 }
-                Column::Str { .. } => {
+                Column::Str { .. } | Column::Interned(_) => {
                     for (prefix, &slot) in prefixes.iter_mut().zip(slots) {
                         *prefix |= encode_key(key, collection, column, slot);
                     }
@@ -281,16 +281,16 @@ fn encode_key(key: &CompiledSortKey, collection: &Collection, column: &Column, s
     match column {
         Column::Bool { values, present } => encode_bool(key, values.get(slot as usize), present.get(slot as usize)),
         Column::Word { bits, present } => encode_word(key, bits[slot as usize], present[slot as usize]),
-        Column::Str { present, heads, values } => {
-            if !present[slot as usize] {
+        Column::Str { .. } | Column::Interned(_) => {
+            // Either layout: the head is the column's own or, interned, the dictionary's.
+            let Some(text) = column.str_at(slot as usize) else {
                 return place(1, 1, key.bit_offset);
-            }
-            let head = heads[slot as usize].prefix();
+            };
+            let head = text.head.prefix();
             let folded_head = if let Some(collation) = &key.collation {
                 // The sort key needs the whole string (its head may end mid-character);
-                // a short one is whole in the column's head, saving a cache miss.
-                let text = heads[slot as usize].whole().unwrap_or(values.get(slot as usize));
-                collation.sort_key_head(text)
+                // a short one is whole in its head, saving a cache miss.
+                collation.sort_key_head(text.text())
             } else if !key.case_insensitive {
                 head
             } else if head & ASCII_HIGH_BITS == 0 {

@@ -328,12 +328,15 @@ impl Engine {
             for op in &batch.ops {
                 let id = batch.id(op);
                 let link = &state.refs.links[link_index];
+                let ref_field = link.ref_field;
+                // A reference column is interned: the id's handle, looked up once,
+                // stands for the id (no slot refers to an id the dictionary lacks).
+                let Some(handle) = state.collection.interned_handle(ref_field, id) else { continue };
                 let mut slot = link.index.first(link.index.hash_id(id));
                 while slot != NO_SLOT {
                     let next = state.refs.links[link_index].index.next(slot);
-                    let ref_field = state.refs.links[link_index].ref_field;
                     // A colliding hash lists other ids too.
-                    if state.collection.value(slot, ref_field) == Value::Str(id) {
+                    if state.collection.handle_at(slot, ref_field) == handle {
                         refresh_item(state, target, views, windows, scratch, view_links, link_index, slot, id);
                         *n_view_visits += scratch.visited_views.len() as u64;
                     }

@@ -247,6 +247,38 @@ struct Harness {
     next_version: u64,
 }
 
+impl Harness {
+    /// String columns start interned (a handle per slot into a dictionary) and
+    /// change, once and for good, to the head layout when their values are mostly
+    /// distinct. The run's few names never get there, so on odd seeds this inserts
+    /// and removes enough items of distinct names and owners first: the run then
+    /// reads and writes those columns in the head layout. Before any window, and
+    /// the reference never holds these items.
+    fn convert_string_columns_to_heads(&mut self) {
+        const N_DISTINCT: usize = 200;
+        let id = |index: usize| format!("distinct-{index}");
+        self.batch.clear();
+        for index in 0..N_DISTINCT {
+            self.batch
+                .upsert(&id(index))
+                .set("name", Value::Str(&format!("name {index}")))
+                .set("owner", Value::Str(&format!("owner {index}")));
+        }
+        self.engine.apply_batch(self.collection, &self.batch, &mut self.sink).unwrap();
+        self.batch.clear();
+        for index in 0..N_DISTINCT {
+            self.batch.remove(&id(index));
+        }
+        self.engine.apply_batch(self.collection, &self.batch, &mut self.sink).unwrap();
+        self.batch.clear();
+        self.next_version += 2;
+        let collection = self.engine.collection(self.collection).unwrap();
+        for field in ["name", "owner"] {
+            assert_eq!(collection.string_column_is_interned(field), Some(false), "{field} converted");
+        }
+    }
+}
+
 /// A random atomic operation on a field it applies to, with an operand near the
 /// edges of the field's type so that overflows are exercised too.
 pub(crate) fn random_atomic(rng: &mut Rng) -> (AtomicOp, &'static str, OwnedValue) {
@@ -487,6 +519,9 @@ fn run_seed(seed: u64, n_steps: usize) -> std::collections::BTreeMap<String, usi
         max_ops_per_batch: if seed % 4 == 3 { 40 } else { 6 },
         next_version: 1,
     };
+    if seed % 2 == 1 {
+        harness.convert_string_columns_to_heads();
+    }
     // One seed in four opens many windows (on few ids, to keep the reference
     // cheap), so that many keyed views coexist.
     let max_windows = if seed % 4 == 1 { 40 } else { 12 };
