@@ -12,6 +12,7 @@ use thin_vec::ThinVec;
 
 use crate::interned::InternedColumn;
 use crate::schema::{FieldId, FieldType, Schema};
+use crate::slot_id::{IdIndexEntry, SlotId};
 use crate::value::{OwnedValue, Value};
 
 /// Index of an item's storage inside its collection.
@@ -463,44 +464,6 @@ pub(crate) struct PendingIndexEntry {
     entry: IdIndexEntry,
 }
 
-/// Longest id held inline in the id index.
-const INLINE_ID_BYTES_MAX: usize = 27;
-
-/// One id-index entry: the slot, and the id itself when it is short (Matrix room
-/// ids are about 25 bytes), so that a lookup compares bytes already in the table's
-/// cache line instead of chasing `ids[slot]` to its heap buffer: two cache misses
-/// fewer per update on large collections.
-#[derive(Clone, Copy)]
-struct IdIndexEntry {
-    slot: Slot,
-    /// Length of the inline id, or `u8::MAX` when the id lives only in `ids[slot]`.
-    inline_len: u8,
-    inline_bytes: [u8; INLINE_ID_BYTES_MAX],
-}
-
-const _: () = assert!(std::mem::size_of::<IdIndexEntry>() == 32);
-
-impl IdIndexEntry {
-    fn new(id: &str, slot: Slot) -> IdIndexEntry {
-        let mut entry = IdIndexEntry { slot, inline_len: u8::MAX, inline_bytes: [0; INLINE_ID_BYTES_MAX] };
-        if id.len() <= INLINE_ID_BYTES_MAX {
-            entry.inline_len = id.len() as u8;
-            entry.inline_bytes[..id.len()].copy_from_slice(id.as_bytes());
-        }
-        entry
-    }
-
-    /// The id's bytes (ids are hashed and compared as bytes).
-    #[inline]
-    fn id_bytes<'a>(&'a self, ids: &'a [String]) -> &'a [u8] {
-        if self.inline_len == u8::MAX {
-            ids[self.slot as usize].as_bytes()
-        } else {
-            &self.inline_bytes[..self.inline_len as usize]
-        }
-    }
-}
-
 pub struct Collection {
     name: String,
     schema: Schema,
@@ -509,13 +472,14 @@ pub struct Collection {
     /// reference, kept here so that views sort and filter on them as on any
     /// column), by [`FieldId::derived_index`]. Written only by `engine::references`.
     derived_columns: Vec<Column>,
-    ids: Vec<String>,
+    /// Per slot, the item's id (held only here: the id index refers to it).
+    ids: Vec<SlotId>,
     /// One pointer per slot; an empty payload allocates nothing (see `Cargo.toml`).
     payloads: Vec<ThinVec<u8>>,
     /// Per slot: the version of the item, the sequence number of the last batch that changed it.
     versions: Vec<u64>,
     alive: Vec<bool>,
-    /// id -> slot. Short ids are stored inline in the table (see `IdIndexEntry`).
+    /// id -> slot, by the id's hash (see `IdIndexEntry`).
     id_index: HashTable<IdIndexEntry>,
     hasher: DefaultHashBuilder,
     /// Slots ready for reuse.
@@ -570,7 +534,7 @@ impl Collection {
 
     pub(crate) fn find_slot(&self, id: &str) -> Option<Slot> {
         let hash = self.hasher.hash_one(id.as_bytes());
-        self.id_index.find(hash, |entry| entry.id_bytes(&self.ids) == id.as_bytes()).map(|entry| entry.slot)
+        self.id_index.find(hash, |entry| entry.holds(hash, id.as_bytes(), &self.ids)).map(|entry| entry.slot)
     }
 
     pub fn get(&self, id: &str) -> Option<ItemRef<'_>> {
@@ -591,7 +555,7 @@ impl Collection {
     }
 
     pub(crate) fn id_of(&self, slot: Slot) -> &str {
-        &self.ids[slot as usize]
+        self.ids[slot as usize].as_str()
     }
 
     /// Reads one field of a slot.
@@ -666,7 +630,7 @@ impl Collection {
     /// Makes room for `n_items` more items in every table (bulk loads).
     pub(crate) fn reserve(&mut self, n_items: usize) {
         let (ids, hasher) = (&self.ids, &self.hasher);
-        self.id_index.reserve(n_items, |entry| hasher.hash_one(entry.id_bytes(ids)));
+        self.id_index.reserve(n_items, |entry| hasher.hash_one(ids[entry.slot as usize].as_bytes()));
         self.ids.reserve(n_items);
         self.payloads.reserve(n_items);
         self.versions.reserve(n_items);
@@ -683,7 +647,7 @@ impl Collection {
         let slot = match self.free_slots.pop() {
             Some(slot) => {
                 let index = slot as usize;
-                copy_reusing_capacity_str(&mut self.ids[index], id);
+                self.ids[index].set(id);
                 self.payloads[index].clear();
                 self.versions[index] = 0;
                 for column in self.columns.iter_mut().chain(&mut self.derived_columns) {
@@ -693,7 +657,7 @@ impl Collection {
             }
             None => {
                 let slot = self.ids.len() as Slot;
-                self.ids.push(id.to_owned());
+                self.ids.push(SlotId::new(id));
                 self.payloads.push(ThinVec::new());
                 self.versions.push(0);
                 self.alive.push(false);
@@ -706,7 +670,9 @@ impl Collection {
         self.alive[slot as usize] = true;
         let hash = self.hasher.hash_one(id.as_bytes());
         let (ids, hasher) = (&self.ids, &self.hasher);
-        self.id_index.insert_unique(hash, IdIndexEntry::new(id, slot), |entry| hasher.hash_one(entry.id_bytes(ids)));
+        self.id_index.insert_unique(hash, IdIndexEntry::new(hash, slot), |entry| {
+            hasher.hash_one(ids[entry.slot as usize].as_bytes())
+        });
         self.n_items += 1;
         slot
     }
@@ -719,7 +685,7 @@ impl Collection {
         debug_assert_eq!(values.len(), self.columns.len());
         let schema = &self.schema;
         let slot = self.ids.len() as Slot;
-        self.ids.push(id.to_owned());
+        self.ids.push(SlotId::new(id));
         // Exactly the payload's size: a bulk load keeps memory at what the data needs
         // (a million ~200-byte previews would take 256 bytes each if rounded up). The
         // first update that brings a longer payload rounds the buffer up, once.
@@ -741,8 +707,8 @@ impl Collection {
     /// with its id's hash: made while the id is at hand, entered by
     /// [`Collection::index_slots_from`].
     pub(crate) fn pending_index_entry(&self, slot: Slot) -> PendingIndexEntry {
-        let id = &self.ids[slot as usize];
-        PendingIndexEntry { hash: self.hasher.hash_one(id.as_bytes()), entry: IdIndexEntry::new(id, slot) }
+        let hash = self.hasher.hash_one(self.ids[slot as usize].as_bytes());
+        PendingIndexEntry { hash, entry: IdIndexEntry::new(hash, slot) }
     }
 
     /// Enters the pending entries of slots `first_slot..` into the id index. On a
@@ -753,7 +719,8 @@ impl Collection {
     /// buckets at random, a cache and TLB miss each (~450 ns per id on the
     /// benchmark machine). hashbrown places an entry by the low bits of its hash,
     /// so inserting in order of those bits walks the table front to back. The
-    /// entries carry their (inline) ids, so the walk does not chase id strings either.
+    /// entries carry 32 bits of their hash, so the walk compares ids (`ids[slot]`,
+    /// at random) only on a real duplicate.
     pub(crate) fn index_slots_from(
         &mut self,
         first_slot: Slot,
@@ -761,7 +728,7 @@ impl Collection {
     ) -> Result<(), String> {
         debug_assert_eq!(first_slot as usize + pending.len(), self.ids.len());
         let (ids, hasher) = (&self.ids, &self.hasher);
-        self.id_index.reserve(pending.len(), |entry| hasher.hash_one(entry.id_bytes(ids)));
+        self.id_index.reserve(pending.len(), |entry| hasher.hash_one(ids[entry.slot as usize].as_bytes()));
         // hashbrown's capacity is 7/8 of its power-of-two bucket count (for 8+ buckets).
         let n_buckets = (self.id_index.capacity() / 7 * 8) as u64;
         if n_buckets.is_power_of_two() {
@@ -771,11 +738,11 @@ impl Collection {
         let mut n_inserted = 0;
         let mut duplicate = None;
         for pending in pending.iter() {
-            let id = pending.entry.id_bytes(ids);
+            let id = ids[pending.entry.slot as usize].as_bytes();
             match self.id_index.entry(
                 pending.hash,
-                |entry| entry.id_bytes(ids) == id,
-                |entry| hasher.hash_one(entry.id_bytes(ids)),
+                |entry| entry.holds(pending.hash, id, ids),
+                |entry| hasher.hash_one(ids[entry.slot as usize].as_bytes()),
             ) {
                 hashbrown::hash_table::Entry::Occupied(_) => {
                     duplicate = Some(pending.entry.slot);
@@ -788,7 +755,7 @@ impl Collection {
             }
         }
         let Some(duplicate) = duplicate else { return Ok(()) };
-        let duplicate_id = self.ids[duplicate as usize].clone();
+        let duplicate_id = self.ids[duplicate as usize].as_str().to_owned();
         for pending in &pending[..n_inserted] {
             match self.id_index.find_entry(pending.hash, |entry| entry.slot == pending.entry.slot) {
                 Ok(entry) => {
@@ -903,8 +870,8 @@ impl Collection {
         let mut parts = vec![
             (
                 "ids".to_owned(),
-                self.ids.capacity() * std::mem::size_of::<String>()
-                    + self.ids.iter().map(String::capacity).sum::<usize>(),
+                self.ids.capacity() * std::mem::size_of::<SlotId>()
+                    + self.ids.iter().map(SlotId::heap_bytes).sum::<usize>(),
             ),
             ("id index".to_owned(), self.id_index.capacity() * (std::mem::size_of::<IdIndexEntry>() + 1)),
             (

@@ -66,6 +66,7 @@ mod order_tree;
 mod reference;
 mod resolve;
 mod schema;
+mod slot_id;
 mod sort;
 mod text_match;
 mod value;

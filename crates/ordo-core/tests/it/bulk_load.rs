@@ -12,7 +12,7 @@ use crate::alloc::{room_list_def, room_schema};
 use crate::reference::Rng;
 
 fn random_room(rng: &mut Rng, index: usize) -> (String, Vec<OwnedValue>, Vec<u8>) {
-    // Ids both shorter and longer than the 27 bytes held inline in the id index.
+    // Ids both shorter and longer than the 30 bytes held inline in their slot.
     let id = if index.is_multiple_of(3) {
         format!("!a-rather-long-room-identifier-{index}:example.org")
     } else {
