@@ -411,11 +411,11 @@ mod tests {
                         }
                         model[slot as usize] = [None, None];
                         live.push(slot);
-                        for field in 0..2 {
+                        for (field, held) in model[slot as usize].iter_mut().enumerate() {
                             let text = value(&mut rng);
                             let field_id = FieldId(field as u16);
                             collection.set_value(slot, field_id, text.as_deref().map_or(Value::Null, Value::Str));
-                            model[slot as usize][field] = text;
+                            *held = text;
                         }
                     }
                     4..=7 if !live.is_empty() => {
@@ -438,8 +438,8 @@ mod tests {
                 }
                 if step % 97 == 0 || step == n_steps - 1 {
                     for &slot in &live {
-                        for field in 0..2 {
-                            let expected = model[slot as usize][field].as_deref();
+                        for (field, expected) in model[slot as usize].iter().enumerate() {
+                            let expected = expected.as_deref();
                             let field_id = FieldId(field as u16);
                             let value = collection.value(slot, field_id);
                             assert_eq!(value, expected.map_or(Value::Null, Value::Str), "seed {seed} step {step}");
