@@ -971,22 +971,40 @@ fn remove_from_views(
             old_ranks.push(OldRank::NotMember);
             continue;
         };
+        // `None` (a remove) changes everything; otherwise only the fields written.
+        let (touches_sort, touches_filter) = match changed_fields {
+            None => (true, true),
+            Some(fields) => (
+                fields.iter().any(|&field_id| view.sort.reads_field(field_id)),
+                fields.iter().any(|&field_id| view.filter.reads_fields().contains(&field_id)),
+            ),
+        };
+        let still_member = !touches_filter;
+        if touches_sort || touches_filter {
+            // The item leaves its place: where the index finds it by slot, that one
+            // lookup also says whether it is a member (a user's list of rooms).
+            if let Some(removed) = view.remove_if_member(slot) {
+                old_ranks.push(match removed {
+                    None => OldRank::NotMember,
+                    Some((rank, _prefix)) => {
+                        debug_assert_eq!(
+                            _prefix,
+                            view.sort.encode_prefix(&state.collection, slot),
+                            "index out of sync with item data"
+                        );
+                        OldRank::Removed { rank, still_member }
+                    }
+                });
+                continue;
+            }
+        }
         if !view.is_member(&state.collection, slot, filter_scratch) {
             old_ranks.push(OldRank::NotMember);
             continue;
         }
         let (sort, collection) = (&view.sort, &state.collection);
         let compare = |left, right| compare_entries(sort, collection, left, right);
-        // `None` (a remove) changes everything; otherwise only the fields written.
-        let (touches_sort, touches_filter) = match changed_fields {
-            None => (true, true),
-            Some(fields) => (
-                fields.iter().any(|&field_id| sort.reads_field(field_id)),
-                fields.iter().any(|&field_id| view.filter.reads_fields().contains(&field_id)),
-            ),
-        };
         let tree = view.index.tree_mut();
-        let still_member = !touches_filter;
         old_ranks.push(if !touches_sort && !touches_filter {
             let entry = Entry { prefix: sort.encode_prefix(collection, slot), slot };
             OldRank::Unchanged(tree.rank_of(entry, compare))

@@ -127,6 +127,17 @@ impl View {
         }
     }
 
+    /// Takes the item in `slot` out of the index if it is a member, when the
+    /// index itself says so (a keyed view whose index finds entries by slot): one
+    /// lookup for `is_member` and the removal. `Some(None)`: not a member;
+    /// `None`: ask `is_member` and remove by entry.
+    pub(crate) fn remove_if_member(&mut self, slot: Slot) -> Option<Option<(usize, crate::sort::Prefix)>> {
+        match (&self.membership, &mut self.index) {
+            (Membership::Filter, ViewIndex::Ready(tree)) => tree.remove_slot_if_held(slot),
+            _ => None,
+        }
+    }
+
     pub(crate) fn set_member(&mut self, slot: Slot, is_member: bool) {
         let Membership::Bits(member_bits) = &mut self.membership else {
             return;
