@@ -119,6 +119,8 @@ struct Scratch {
     changed_fields: Vec<FieldId>,
     /// Per reference link, the hash the item's reference held before the operation.
     ref_hashes: Vec<Option<u64>>,
+    /// The slots referencing a target a batch changed, read out of the reverse index.
+    referencing_slots: Vec<Slot>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -30,7 +30,7 @@ use crate::batch::Batch;
 use crate::collection::Slot;
 use crate::error::ViewError;
 use crate::limits;
-use crate::reference::{RefIndex, NO_SLOT};
+use crate::reference::RefIndex;
 use crate::schema::{FieldId, FieldType};
 use crate::value::Value;
 use crate::view::View;
@@ -227,6 +227,7 @@ impl Engine {
                     link.index.link(slot, hash);
                 }
             }
+            link.index.spare_after_build();
             link.is_stale = false;
             link.derived.clone()
         };
@@ -325,6 +326,9 @@ impl Engine {
                 continue;
             }
             let target = others.get(target_id).expect("live");
+            // Copied out of the index (which the refreshes leave alone) so that the
+            // refreshes may borrow the collection's state mutably.
+            let mut referencing = std::mem::take(&mut scratch.referencing_slots);
             for op in &batch.ops {
                 let id = batch.id(op);
                 let link = &state.refs.links[link_index];
@@ -332,17 +336,17 @@ impl Engine {
                 // A reference column is interned: the id's handle, looked up once,
                 // stands for the id (no slot refers to an id the dictionary lacks).
                 let Some(handle) = state.collection.interned_handle(ref_field, id) else { continue };
-                let mut slot = link.index.first(link.index.hash_id(id));
-                while slot != NO_SLOT {
-                    let next = state.refs.links[link_index].index.next(slot);
+                referencing.clear();
+                referencing.extend_from_slice(link.index.slots(link.index.hash_id(id)));
+                for &slot in &referencing {
                     // A colliding hash lists other ids too.
                     if state.collection.handle_at(slot, ref_field) == handle {
                         refresh_item(state, target, views, windows, scratch, view_links, link_index, slot, id);
                         *n_view_visits += scratch.visited_views.len() as u64;
                     }
-                    slot = next;
                 }
             }
+            scratch.referencing_slots = referencing;
             n_windows_changed += super::deliver_pending(&state.collection, views, windows, scratch, sink);
         }
         n_windows_changed
