@@ -281,23 +281,7 @@ impl InternedColumn {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A seeded splitmix64, as the other model tests use.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
+    use crate::test_rng::Rng;
 
     /// Strings short and long (past a head's 28 bytes), some multi-byte.
     fn string(index: usize) -> String {
@@ -316,21 +300,21 @@ mod tests {
             let mut rng = Rng(seed);
             let mut column = InternedColumn::new(false);
             let mut model: Vec<Option<String>> = Vec::new();
-            let n_distinct = 1 + rng.below(30);
+            let n_distinct = 1 + rng.index(30);
             for step in 0..300 {
-                let value = (rng.below(5) != 0).then(|| string(rng.below(n_distinct)));
-                match rng.below(10) {
+                let value = (rng.index(5) != 0).then(|| string(rng.index(n_distinct)));
+                match rng.index(10) {
                     0..=2 => {
                         column.push(value.as_deref());
                         model.push(value);
                     }
                     3..=8 if !model.is_empty() => {
-                        let slot = rng.below(model.len());
+                        let slot = rng.index(model.len());
                         column.set(slot, value.as_deref());
                         model[slot] = value;
                     }
                     9 if !model.is_empty() => {
-                        let len = rng.below(model.len() + 1);
+                        let len = rng.index(model.len() + 1);
                         column.truncate(len);
                         model.truncate(len);
                     }
@@ -402,8 +386,8 @@ mod tests {
             for step in 0..n_steps {
                 // Few distinct values at first, then mostly new ones.
                 let n_distinct = if step < n_steps / 4 { 20 } else { 1 << 30 };
-                let value = |rng: &mut Rng| (rng.below(8) != 0).then(|| string(rng.below(n_distinct)));
-                match rng.below(10) {
+                let value = |rng: &mut Rng| (rng.index(8) != 0).then(|| string(rng.index(n_distinct)));
+                match rng.index(10) {
                     0..=3 => {
                         let slot = collection.insert_slot(&format!("i{step}"));
                         if slot as usize == model.len() {
@@ -419,8 +403,8 @@ mod tests {
                         }
                     }
                     4..=7 if !live.is_empty() => {
-                        let slot = live[rng.below(live.len())];
-                        let field = rng.below(2);
+                        let slot = live[rng.index(live.len())];
+                        let field = rng.index(2);
                         let text = value(&mut rng);
                         collection.set_value(
                             slot,
@@ -430,7 +414,7 @@ mod tests {
                         model[slot as usize][field] = text;
                     }
                     8 if !live.is_empty() => {
-                        let slot = live.swap_remove(rng.below(live.len()));
+                        let slot = live.swap_remove(rng.index(live.len()));
                         collection.remove_slot(slot);
                         collection.recycle_freed_slots();
                     }

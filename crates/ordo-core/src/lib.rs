@@ -68,6 +68,8 @@ mod resolve;
 mod schema;
 mod slot_id;
 mod sort;
+#[cfg(test)]
+mod test_rng;
 mod text_match;
 mod value;
 mod view;
