@@ -40,8 +40,14 @@ pub(crate) struct Collation {
     case_insensitive: bool,
     /// Shared so that cloning a compiled sort does not redo the locale lookup.
     collator: Arc<CollatorBorrowed<'static>>,
-    /// NFC forms of the two strings of a comparison, when they are not NFC already.
-    nfc_scratch: RefCell<(String, String)>,
+}
+
+thread_local! {
+    /// NFC forms of the two strings of a comparison, when they are not NFC
+    /// already: per thread rather than per collation, because a compiled sort
+    /// is shared by views on any thread (see `engine::shared`), and kept so that
+    /// comparisons allocate only until the buffers fit the longest names.
+    static NFC_SCRATCH: RefCell<(String, String)> = const { RefCell::new((String::new(), String::new())) };
 }
 
 const NFC: ComposingNormalizerBorrowed<'static> = ComposingNormalizerBorrowed::new_nfc();
@@ -64,7 +70,6 @@ impl Collation {
             locale: parsed.to_string(),
             case_insensitive,
             collator: Arc::new(collator),
-            nfc_scratch: RefCell::default(),
         })
     }
 
@@ -81,13 +86,13 @@ impl Collation {
         if NFC.is_normalized(left) && NFC.is_normalized(right) {
             return self.collator.compare(left, right);
         }
-        let mut scratch = self.nfc_scratch.borrow_mut();
-        let (left_nfc, right_nfc) = &mut *scratch;
-        left_nfc.clear();
-        left_nfc.extend(NFC.normalize_iter(left.chars()));
-        right_nfc.clear();
-        right_nfc.extend(NFC.normalize_iter(right.chars()));
-        self.collator.compare(left_nfc, right_nfc)
+        NFC_SCRATCH.with_borrow_mut(|(left_nfc, right_nfc)| {
+            left_nfc.clear();
+            left_nfc.extend(NFC.normalize_iter(left.chars()));
+            right_nfc.clear();
+            right_nfc.extend(NFC.normalize_iter(right.chars()));
+            self.collator.compare(left_nfc, right_nfc)
+        })
     }
 
     /// ICU's comparison, without the NFC detour: the reference in tests.

@@ -6,8 +6,10 @@
 //! with them. Slots freed by a remove are recycled only after the batch that
 //! freed them has delivered its diffs, so a diff may still borrow their data.
 
-use hashbrown::{DefaultHashBuilder, HashTable};
 use std::hash::BuildHasher;
+use std::sync::Arc;
+
+use hashbrown::{DefaultHashBuilder, HashTable};
 use thin_vec::ThinVec;
 
 use crate::interned::InternedColumn;
@@ -466,7 +468,9 @@ pub(crate) struct PendingIndexEntry {
 
 pub struct Collection {
     name: String,
-    schema: Schema,
+    /// Shared with the collections created with an identical schema (see
+    /// `engine::shared`), copied on write.
+    schema: Arc<Schema>,
     columns: Vec<Column>,
     /// The columns of the schema's derived fields (target fields read through a
     /// reference, kept here so that views sort and filter on them as on any
@@ -490,8 +494,8 @@ pub struct Collection {
 }
 
 impl Collection {
-    pub(crate) fn new(name: &str, mut schema: Schema) -> Collection {
-        schema.shrink_to_fit();
+    pub(crate) fn new(name: &str, schema: impl Into<Arc<Schema>>) -> Collection {
+        let schema = schema.into();
         let columns = schema.fields().iter().map(|field| Column::new(field.field_type)).collect();
         Collection {
             name: name.to_owned(),
@@ -516,6 +520,16 @@ impl Collection {
 
     pub fn schema(&self) -> &Schema {
         &self.schema
+    }
+
+    /// The schema as shared: views compile against it and share plans by it.
+    pub(crate) fn shared_schema(&self) -> &Arc<Schema> {
+        &self.schema
+    }
+
+    /// The schema, for the engine to let go of when the collection is dropped.
+    pub(crate) fn into_shared_schema(self) -> Arc<Schema> {
+        self.schema
     }
 
     /// Number of live items.
@@ -616,7 +630,7 @@ impl Collection {
             column.push_null();
         }
         self.derived_columns.push(column);
-        let field_id = self.schema.push_derived(name, field_type);
+        let field_id = Arc::make_mut(&mut self.schema).push_derived(name, field_type);
         debug_assert_eq!(field_id.derived_index(), self.derived_columns.len() - 1);
         field_id
     }
@@ -624,7 +638,9 @@ impl Collection {
     /// Forgets every derived field (their views are gone or being recompiled).
     pub(crate) fn clear_derived_columns(&mut self) {
         self.derived_columns.clear();
-        self.schema = self.schema.without_derived();
+        if !self.schema.derived_fields().is_empty() {
+            self.schema = Arc::new(self.schema.without_derived());
+        }
     }
 
     /// Makes room for `n_items` more items in every table (bulk loads).
@@ -836,7 +852,7 @@ impl Collection {
             column.push(value);
         }
         self.columns.push(column);
-        self.schema = schema;
+        self.schema = Arc::new(schema);
     }
 
     /// Removes a field's column; the fields after it move down by one.
@@ -844,7 +860,7 @@ impl Collection {
         self.columns.remove(field_id.index());
         // `without_field` drops the derived fields; the engine adds back those its views still read.
         self.derived_columns.clear();
-        self.schema = self.schema.without_field(field_id);
+        self.schema = Arc::new(self.schema.without_field(field_id));
     }
 
     /// Whether a string or reference field's column is interned (`None`: no such

@@ -22,15 +22,14 @@ use crate::bulk_load::BulkLoad;
 use crate::collection::{Collection, Slot};
 use crate::diff::{DiffRef, DiffSink, ItemList, WindowId};
 use crate::error::{BatchError, LoadError, ViewError};
-use crate::filter::{CompiledFilter, FilterScratch};
+use crate::filter::FilterScratch;
 use crate::key_index::{KeyIndex, KeyMove, ViewKey};
 use crate::limits;
 use crate::list_diff::{emit_list_diff, ListDiffScratch};
 use crate::order_tree::Entry;
 use crate::resolve::{self, Overlay};
 use crate::schema::{FieldId, Schema, SchemaError};
-use crate::sort::CompiledSort;
-use crate::view::{compare_entries, View};
+use crate::view::{compare_entries, View, ViewPlan};
 use crate::view_def::ViewDef;
 use crate::window::{ViewChange, Window};
 use crate::OwnedItem;
@@ -38,6 +37,7 @@ use crate::OwnedItem;
 mod collection_table;
 mod references;
 mod schema_change;
+mod shared;
 mod single_upsert;
 mod validate;
 
@@ -208,6 +208,8 @@ pub struct Engine {
     /// Per view (by index): the reference links of its collection it reads
     /// through and the derived fields it reads or shows (see `references`).
     view_links: Vec<references::ViewReads>,
+    /// Schemas and view plans held once for every collection and view that has one.
+    shared: shared::Shared,
 }
 
 impl Engine {
@@ -218,7 +220,7 @@ impl Engine {
     pub fn create_collection(&mut self, name: &str, schema: Schema) -> Result<CollectionId, CreateCollectionError> {
         self.check_create_collection(name, &schema)?;
         let collection_id = self.collections.insert(CollectionState {
-            collection: Collection::new(name, schema),
+            collection: Collection::new(name, self.shared.schema(schema)),
             unkeyed_views: Vec::new(),
             keys: KeyIndex::default(),
             refs: references::CollectionRefs::default(),
@@ -750,8 +752,10 @@ impl Engine {
     ) -> Result<u32, ViewError> {
         let link_mask = self.prepare_view_refs(collection_id, def)?;
         let state = self.collections.get_mut(collection_id).ok_or(ViewError::UnknownCollection)?;
-        let filter = CompiledFilter::compile(&def.filter, state.collection.schema())?;
-        let key = match filter.equality_key() {
+        let plan = self
+            .shared
+            .plan(state.collection.shared_schema(), def, || ViewPlan::compile(def, state.collection.shared_schema()))?;
+        let key = match plan.filter.equality_key() {
             Some((field_id, value)) if !self.is_view_keying_disabled => {
                 Some(ViewKey { field_id, hash: state.keys.hash_value(value).expect("keys are never null or floats") })
             }
@@ -763,11 +767,11 @@ impl Engine {
             None => &state.unkeyed_views[..],
         };
         for &view_index in same_key_views {
-            if self.views[view_index as usize].as_ref().is_some_and(|view| view.def == *def) {
+            if self.views[view_index as usize].as_ref().is_some_and(|view| view.plan.def == *def) {
+                self.shared.release_plan(plan);
                 return Ok(view_index);
             }
         }
-        let sort = CompiledSort::compile(&def.sort, state.collection.schema())?;
         let candidates = &mut self.scratch.old_slots;
         candidates.clear();
         if let Some(key) = key {
@@ -776,9 +780,7 @@ impl Engine {
         }
         let view = View::build(
             collection_id.index,
-            def.clone(),
-            filter,
-            sort,
+            plan,
             key.map(|key| (key, &candidates[..])),
             &state.collection,
             &mut self.scratch.filter,
@@ -814,7 +816,8 @@ impl Engine {
         let view = self.views[view_index as usize].as_mut().expect("live view");
         if view.windows.is_empty() {
             let (collection, key) = (view.collection, view.key);
-            self.views[view_index as usize] = None;
+            let view = self.views[view_index as usize].take().expect("live view");
+            self.shared.release_plan(view.plan);
             self.free_views.push(view_index);
             let state = &mut self.collections[collection];
             match key {
@@ -977,8 +980,8 @@ fn remove_from_views(
         let (touches_sort, touches_filter) = match changed_fields {
             None => (true, true),
             Some(fields) => (
-                fields.iter().any(|&field_id| view.sort.reads_field(field_id)),
-                fields.iter().any(|&field_id| view.filter.reads_fields().contains(&field_id)),
+                fields.iter().any(|&field_id| view.plan.sort.reads_field(field_id)),
+                fields.iter().any(|&field_id| view.plan.filter.reads_fields().contains(&field_id)),
             ),
         };
         let still_member = !touches_filter;
@@ -991,7 +994,7 @@ fn remove_from_views(
                     Some((rank, _prefix)) => {
                         debug_assert_eq!(
                             _prefix,
-                            view.sort.encode_prefix(&state.collection, slot),
+                            view.plan.sort.encode_prefix(&state.collection, slot),
                             "index out of sync with item data"
                         );
                         OldRank::Removed { rank, still_member }
@@ -1004,7 +1007,7 @@ fn remove_from_views(
             old_ranks.push(OldRank::NotMember);
             continue;
         }
-        let (sort, collection) = (&view.sort, &state.collection);
+        let (sort, collection) = (&view.plan.sort, &state.collection);
         let compare = |left, right| compare_entries(sort, collection, left, right);
         let tree = view.index.tree_mut();
         old_ranks.push(if !touches_sort && !touches_filter {
@@ -1052,12 +1055,12 @@ fn insert_into_views(
         let (old_rank, new_rank) = match old {
             OldRank::Unchanged(rank) => (Some(rank), Some(rank)),
             OldRank::NotMember => {
-                let is_member = is_alive && view.filter.matches(&state.collection, slot, filter_scratch);
+                let is_member = is_alive && view.plan.filter.matches(&state.collection, slot, filter_scratch);
                 (None, insert_entry(view, &state.collection, slot, is_member))
             }
             OldRank::Removed { rank, still_member } => {
                 let is_member =
-                    is_alive && (still_member || view.filter.matches(&state.collection, slot, filter_scratch));
+                    is_alive && (still_member || view.plan.filter.matches(&state.collection, slot, filter_scratch));
                 (Some(rank), insert_entry(view, &state.collection, slot, is_member))
             }
         };
@@ -1080,8 +1083,8 @@ fn insert_into_views(
 fn insert_entry(view: &mut View, collection: &Collection, slot: Slot, is_member: bool) -> Option<usize> {
     view.set_member(slot, is_member);
     if is_member {
-        let entry = Entry { prefix: view.sort.encode_prefix(collection, slot), slot };
-        let sort = &view.sort;
+        let entry = Entry { prefix: view.plan.sort.encode_prefix(collection, slot), slot };
+        let sort = &view.plan.sort;
         let tree = view.index.tree_mut();
         Some(tree.insert(entry, |left, right| compare_entries(sort, collection, left, right)))
     } else {

@@ -69,7 +69,7 @@ impl FieldId {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct FieldDef {
     pub name: String,
     pub field_type: FieldType,
@@ -147,6 +147,19 @@ impl Schema {
     /// and each user's collection pays for it).
     pub(crate) fn shrink_to_fit(&mut self) {
         self.fields.shrink_to_fit();
+    }
+
+    /// Equal fields and equal derived fields: one schema may stand for the other
+    /// everywhere, compiled field ids included (`PartialEq` ignores derived fields).
+    pub(crate) fn is_identical(&self, other: &Schema) -> bool {
+        self.fields == other.fields && self.derived == other.derived
+    }
+
+    /// Hashes what [`Schema::is_identical`] compares.
+    pub(crate) fn hash_identity(&self, state: &mut impl std::hash::Hasher) {
+        use std::hash::Hash;
+        self.fields.hash(state);
+        self.derived.hash(state);
     }
 
     /// Adds a field; fails on a duplicate or invalid name, or past the field limit.

@@ -2,11 +2,13 @@
 //! every window of the view shares.
 
 use std::cmp::Ordering;
+use std::sync::Arc;
 
 use crate::collection::{Collection, Slot};
 use crate::filter::{CompiledFilter, FilterScratch};
 use crate::key_index::ViewKey;
 use crate::order_tree::{Entry, OrderTree, PackedEntry};
+use crate::schema::Schema;
 use crate::sort::CompiledSort;
 use crate::view_def::ViewDef;
 
@@ -30,11 +32,32 @@ impl ViewIndex {
     }
 }
 
-pub(crate) struct View {
-    pub(crate) collection: u32,
+/// What a view computes: its definition, compiled against a schema. Immutable,
+/// and shared by the views with the same definition over the same schema (a
+/// million users' room lists hold one; see `engine::shared`).
+pub(crate) struct ViewPlan {
     pub(crate) def: ViewDef,
     pub(crate) filter: CompiledFilter,
     pub(crate) sort: CompiledSort,
+    /// The schema the filter and sort were compiled against: held, so that its
+    /// address names it for as long as the plan lives.
+    pub(crate) schema: Arc<Schema>,
+}
+
+impl ViewPlan {
+    pub(crate) fn compile(def: &ViewDef, schema: &Arc<Schema>) -> Result<ViewPlan, crate::error::ViewError> {
+        Ok(ViewPlan {
+            def: def.clone(),
+            filter: CompiledFilter::compile(&def.filter, schema)?,
+            sort: CompiledSort::compile(&def.sort, schema)?,
+            schema: Arc::clone(schema),
+        })
+    }
+}
+
+pub(crate) struct View {
+    pub(crate) collection: u32,
+    pub(crate) plan: Arc<ViewPlan>,
     pub(crate) index: ViewIndex,
     /// The key the view is registered under in its collection's `KeyIndex`, if any.
     pub(crate) key: Option<ViewKey>,
@@ -60,17 +83,15 @@ impl View {
     /// Creates a view, sorting just enough to serve `n_first` entries. A keyed view
     /// comes with its key and the candidate slots the equality index lists for it;
     /// an unkeyed one filters the whole collection.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn build(
         collection_index: u32,
-        def: ViewDef,
-        filter: CompiledFilter,
-        sort: CompiledSort,
+        plan: Arc<ViewPlan>,
         keyed: Option<(ViewKey, &[Slot])>,
         collection: &Collection,
         filter_scratch: &mut FilterScratch,
         n_first: usize,
     ) -> View {
+        let (filter, sort) = (&plan.filter, &plan.sort);
         let (slots, membership) = match keyed {
             Some((_, candidates)) => {
                 // Every candidate is tested: a hash collision may have mixed in other values.
@@ -97,9 +118,7 @@ impl View {
         let entries = prefixes.iter().zip(&slots).map(|(&prefix, &slot)| PackedEntry::new(prefix, slot)).collect();
         let mut view = View {
             collection: collection_index,
-            def,
-            filter,
-            sort,
+            plan,
             index: ViewIndex::Partial { entries, n_sorted: 0 },
             key: keyed.map(|(key, _)| key),
             membership,
@@ -122,7 +141,7 @@ impl View {
                         return is_member;
                     }
                 }
-                self.filter.matches(collection, slot, filter_scratch)
+                self.plan.filter.matches(collection, slot, filter_scratch)
             }
         }
     }
@@ -166,7 +185,7 @@ impl View {
 
     /// Makes sure the first `n_first` entries of a partial index are sorted.
     fn sort_first(&mut self, collection: &Collection, n_first: usize) {
-        let sort = &self.sort;
+        let sort = &self.plan.sort;
         let ViewIndex::Partial { entries, n_sorted } = &mut self.index else {
             return;
         };

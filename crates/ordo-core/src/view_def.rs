@@ -1,6 +1,8 @@
 //! What a user asks for: a filter and a sort over a collection. Plain data, compiled
 //! against the schema by `filter::CompiledFilter` and `sort::CompiledSort`.
 
+use std::hash::Hash;
+
 use crate::value::OwnedValue;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -57,6 +59,35 @@ pub enum Filter {
 }
 
 impl Filter {
+    /// See [`ViewDef::hash_shape`].
+    fn hash_shape(&self, state: &mut impl std::hash::Hasher) {
+        std::mem::discriminant(self).hash(state);
+        match self {
+            Filter::True => {}
+            Filter::Compare { field, op, value } => {
+                field.hash(state);
+                op.hash(state);
+                hash_value_shape(value, state);
+            }
+            Filter::In { field, values } => {
+                field.hash(state);
+                values.iter().for_each(|value| hash_value_shape(value, state));
+            }
+            Filter::IsNull { field } => field.hash(state),
+            Filter::Contains { field, needle: text, accent_insensitive }
+            | Filter::Prefix { field, prefix: text, accent_insensitive } => {
+                field.hash(state);
+                text.hash(state);
+                accent_insensitive.hash(state);
+            }
+            Filter::All(children) | Filter::Any(children) => {
+                children.len().hash(state);
+                children.iter().for_each(|child| child.hash_shape(state));
+            }
+            Filter::Not(child) => child.hash_shape(state),
+        }
+    }
+
     /// Whether `test` holds for the name of any field the filter reads (each
     /// leaf's, in order; stops at the first that does).
     pub fn any_field<'a>(&'a self, test: &mut impl FnMut(&'a str) -> bool) -> bool {
@@ -142,6 +173,17 @@ impl SortKey {
     }
 }
 
+fn hash_value_shape(value: &OwnedValue, state: &mut impl std::hash::Hasher) {
+    std::mem::discriminant(value).hash(state);
+    match value {
+        OwnedValue::Null | OwnedValue::F64(_) => {}
+        OwnedValue::Bool(value) => value.hash(state),
+        OwnedValue::I64(value) => value.hash(state),
+        OwnedValue::U64(value) => value.hash(state),
+        OwnedValue::Str(value) => value.hash(state),
+    }
+}
+
 /// A view definition. The item id, ascending, always follows the sort keys, so the
 /// order is total and deterministic. Identical definitions on one collection share
 /// one sorted index.
@@ -159,6 +201,15 @@ pub struct ViewDef {
 }
 
 impl ViewDef {
+    /// Hashes the definition so that equal definitions hash alike (float literals
+    /// are left out: `0.0 == -0.0`); unequal ones mostly differ, which is all a
+    /// table of shared plans needs, since it compares what the hash finds.
+    pub(crate) fn hash_shape(&self, state: &mut impl std::hash::Hasher) {
+        self.filter.hash_shape(state);
+        self.sort.hash(state);
+        self.shown.hash(state);
+    }
+
     pub fn new(filter: Filter, sort: Vec<SortKey>) -> ViewDef {
         ViewDef { filter, sort, shown: Vec::new() }
     }

@@ -18,6 +18,8 @@
 //! These are control-plane operations: O(items) or O(views), with allocations,
 //! never on the update path.
 
+use std::sync::Arc;
+
 use super::{CollectionId, Engine};
 use crate::diff::{DiffSink, WindowId};
 use crate::filter::CompiledFilter;
@@ -25,6 +27,7 @@ use crate::limits;
 use crate::schema::{FieldId, FieldType, Schema, SchemaError};
 use crate::sort::CompiledSort;
 use crate::value::{OwnedValue, Value};
+use crate::view::ViewPlan;
 
 /// Why a schema change or a drop was refused. A refused change changes nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,8 +175,8 @@ impl Engine {
         for (view_index, view) in self.views.iter().enumerate() {
             let Some(view) = view.as_ref().filter(|view| view.collection == collection_id.index) else { continue };
             match (
-                CompiledFilter::compile(&view.def.filter, &new_schema),
-                CompiledSort::compile(&view.def.sort, &new_schema),
+                CompiledFilter::compile(&view.plan.def.filter, &new_schema),
+                CompiledSort::compile(&view.plan.def.sort, &new_schema),
             ) {
                 (Ok(filter), Ok(sort)) => recompiled.push((view_index, filter, sort)),
                 _ => ending.push(view_index),
@@ -191,8 +194,15 @@ impl Engine {
                     key.field_id = FieldId(key.field_id.0 - 1);
                 }
             }
-            view.filter = filter;
-            view.sort = sort;
+            // Not shared: the collection's schema is its own from now on.
+            let plan = ViewPlan {
+                def: view.plan.def.clone(),
+                filter,
+                sort,
+                schema: Arc::clone(state.collection.shared_schema()),
+            };
+            let old_plan = std::mem::replace(&mut view.plan, Arc::new(plan));
+            self.shared.release_plan(old_plan);
         }
         self.reset_windows_of(collection_id, sink);
         ended_by_refs.extend(ended);
@@ -217,6 +227,7 @@ impl Engine {
         debug_assert!(self.views.iter().flatten().all(|view| view.collection != collection_id.index));
         let state = self.collections.remove(collection_id).expect("checked above");
         self.collection_by_name.remove(state.collection.name());
+        self.shared.release_schema(state.collection.into_shared_schema());
         Ok(ended)
     }
 

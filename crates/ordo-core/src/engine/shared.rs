@@ -1,0 +1,178 @@
+//! What many collections and views hold alike, held once: schemas and view plans.
+//!
+//! A million users' lists are a million collections with the same schema and a
+//! million views with the same definition. Each used to keep its own copy: the
+//! schema's field list and names, the definition and its compiled filter and sort,
+//! about 700 B of heap per list before an item was added (issue 17's fixed-heap
+//! goal is 1 KiB for the whole list). Equal values are now one `Arc` found in an
+//! [`Interner`], and each holder keeps a pointer.
+//!
+//! Sharing is copy-on-write: a collection that changes its schema (a schema
+//! change, a derived field added for a view) makes its own copy and leaves the
+//! others alone. A plan is compiled against one schema and records which
+//! (`ViewPlan::schema`), so two views share a plan only if their collections
+//! share the very schema the plan was compiled for; an equal schema in another
+//! allocation gets its own plan, which is correct and merely less shared.
+
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::{Arc, Weak};
+
+use hashbrown::{DefaultHashBuilder, HashTable};
+
+use crate::schema::Schema;
+use crate::view::ViewPlan;
+use crate::view_def::ViewDef;
+
+/// A set of live shared values, found by hash and an equality test.
+///
+/// Entries are weak: a value lives while something outside holds it, and the
+/// table never keeps one alive. A dead entry's allocation (the `Arc`'s block)
+/// stays until the entry goes, so dead entries are dropped when their holder
+/// lets go ([`Interner::release`]) and, as a net for the rest, before the table
+/// would grow: it never holds more than twice its live values.
+pub(crate) struct Interner<T> {
+    entries: HashTable<(u64, Weak<T>)>,
+}
+
+impl<T> Default for Interner<T> {
+    fn default() -> Self {
+        Interner { entries: HashTable::new() }
+    }
+}
+
+impl<T> Interner<T> {
+    /// The live value with `hash` that `is_same` accepts.
+    pub(crate) fn find(&self, hash: u64, is_same: impl Fn(&T) -> bool) -> Option<Arc<T>> {
+        let (_, weak) = self.entries.find(hash, |(entry_hash, weak)| {
+            *entry_hash == hash && weak.upgrade().is_some_and(|value| is_same(&value))
+        })?;
+        weak.upgrade()
+    }
+
+    /// Shares `value` (which [`Interner::find`] did not find).
+    pub(crate) fn insert(&mut self, hash: u64, value: T) -> Arc<T> {
+        if self.entries.len() == self.entries.capacity() {
+            self.entries.retain(|(_, weak)| weak.strong_count() > 0);
+        }
+        let value = Arc::new(value);
+        self.entries.insert_unique(hash, (hash, Arc::downgrade(&value)), |(entry_hash, _)| *entry_hash);
+        value
+    }
+
+    /// Drops `value`, and its entry if this was the last holder.
+    pub(crate) fn release(&mut self, value: Arc<T>, hash: u64) {
+        if Arc::strong_count(&value) == 1 {
+            let weak = Arc::downgrade(&value);
+            drop(value);
+            if let Ok(entry) = self.entries.find_entry(hash, |(_, entry)| Weak::ptr_eq(entry, &weak)) {
+                entry.remove();
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+/// The engine's shared schemas and view plans.
+#[derive(Default)]
+pub(crate) struct Shared {
+    hasher: DefaultHashBuilder,
+    schemas: Interner<Schema>,
+    plans: Interner<ViewPlan>,
+}
+
+impl Shared {
+    /// A schema equal to `schema` (fields and derived fields) shared with the
+    /// collections that already have one.
+    pub(crate) fn schema(&mut self, mut schema: Schema) -> Arc<Schema> {
+        let hash = self.schema_hash(&schema);
+        if let Some(shared) = self.schemas.find(hash, |candidate| candidate.is_identical(&schema)) {
+            return shared;
+        }
+        schema.shrink_to_fit();
+        self.schemas.insert(hash, schema)
+    }
+
+    /// Lets go of a dropped collection's schema.
+    pub(crate) fn release_schema(&mut self, schema: Arc<Schema>) {
+        let hash = self.schema_hash(&schema);
+        self.schemas.release(schema, hash);
+    }
+
+    /// The plan of `def` over `schema`, shared with the views that already have it;
+    /// `compile` makes one (it fails, and nothing is shared, on a bad definition).
+    pub(crate) fn plan<E>(
+        &mut self,
+        schema: &Arc<Schema>,
+        def: &ViewDef,
+        compile: impl FnOnce() -> Result<ViewPlan, E>,
+    ) -> Result<Arc<ViewPlan>, E> {
+        let hash = self.plan_hash(schema, def);
+        let is_same = |plan: &ViewPlan| Arc::ptr_eq(&plan.schema, schema) && plan.def == *def;
+        if let Some(plan) = self.plans.find(hash, is_same) {
+            return Ok(plan);
+        }
+        Ok(self.plans.insert(hash, compile()?))
+    }
+
+    /// Lets go of a dropped view's plan.
+    pub(crate) fn release_plan(&mut self, plan: Arc<ViewPlan>) {
+        let hash = self.plan_hash(&plan.schema, &plan.def);
+        self.plans.release(plan, hash);
+    }
+
+    fn schema_hash(&self, schema: &Schema) -> u64 {
+        let mut hasher = self.hasher.build_hasher();
+        schema.hash_identity(&mut hasher);
+        hasher.finish()
+    }
+
+    fn plan_hash(&self, schema: &Arc<Schema>, def: &ViewDef) -> u64 {
+        let mut hasher = self.hasher.build_hasher();
+        // The schema by address: a plan is shared only over the very same schema.
+        Arc::as_ptr(schema).hash(&mut hasher);
+        def.hash_shape(&mut hasher);
+        hasher.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_values_are_one_and_dead_entries_go() {
+        let mut interner: Interner<String> = Interner::default();
+        let intern = |interner: &mut Interner<String>, hash: u64, text: &str| {
+            interner.find(hash, |value| value == text).unwrap_or_else(|| interner.insert(hash, text.to_owned()))
+        };
+        let a = intern(&mut interner, 1, "a");
+        let again = intern(&mut interner, 1, "a");
+        assert!(Arc::ptr_eq(&a, &again));
+        // Same hash, different value: a second entry.
+        let b = intern(&mut interner, 1, "b");
+        assert!(!Arc::ptr_eq(&a, &b));
+        assert_eq!(interner.len(), 2);
+        // Not the last holder: the entry stays.
+        interner.release(again, 1);
+        assert_eq!(interner.len(), 2);
+        interner.release(a, 1);
+        assert_eq!(interner.len(), 1);
+        // A value dropped without `release` is not found again, and its entry goes
+        // before the table grows.
+        drop(b);
+        let b2 = intern(&mut interner, 1, "b");
+        assert_eq!(Arc::strong_count(&b2), 1);
+        let mut held = Vec::new();
+        for n in 0..100u64 {
+            let value = interner.insert(n + 10, n.to_string());
+            if n % 2 == 0 {
+                held.push(value);
+            }
+        }
+        assert!(interner.len() <= 2 * (held.len() + 1), "{} entries for {} live values", interner.len(), held.len() + 1);
+    }
+}
