@@ -23,19 +23,40 @@ pub(crate) type Slot = u32;
 /// One bit per slot. Null flags and bools are bits rather than bytes so that, at a
 /// million items, they take 125 KB a column and stay in the CPU's L2 cache: reading a
 /// random item's flags then costs no memory access of its own.
+///
+/// A boxed slice, 16 bytes, where a `Vec` and a bit count took 32: the bitmap's
+/// length is its collection's slot count, which every caller knows (`push` takes
+/// the slot), and its capacity is the slice's length (grown by doubling, in
+/// `grow`). A user's empty collection holds a bitmap or two per field, and this is
+/// what lets a `Column` stay within 48 bytes. Bits past the slot count may be
+/// stale (after `Column::truncate`): `push` writes its bit either way.
 #[derive(Default)]
 pub(crate) struct Bitmap {
-    words: Vec<u64>,
-    len: usize,
+    words: Box<[u64]>,
 }
 
 impl Bitmap {
-    fn push(&mut self, bit: bool) {
-        if self.len.is_multiple_of(64) {
-            self.words.push(0);
+    /// Appends slot `slot`'s bit; `slot` is the collection's slot count before the push.
+    #[inline]
+    fn push(&mut self, slot: usize, bit: bool) {
+        if slot / 64 >= self.words.len() {
+            self.grow(slot / 64 + 1);
         }
-        self.len += 1;
-        self.set(self.len - 1, bit);
+        self.set(slot, bit);
+    }
+
+    /// Makes room for at least `n_words` words, doubling so that pushes stay amortised O(1).
+    #[cold]
+    fn grow(&mut self, n_words: usize) {
+        self.resize_words(n_words.max(self.words.len() * 2));
+    }
+
+    fn resize_words(&mut self, n_words: usize) {
+        let mut words = std::mem::take(&mut self.words).into_vec();
+        // Exact, so that `into_boxed_slice` has nothing to shrink (no second reallocation).
+        words.reserve_exact(n_words.saturating_sub(words.len()));
+        words.resize(n_words, 0);
+        self.words = words.into_boxed_slice();
     }
 
     #[inline]
@@ -45,7 +66,6 @@ impl Bitmap {
 
     #[inline]
     fn set(&mut self, index: usize, bit: bool) {
-        debug_assert!(index < self.len);
         let mask = 1 << (index % 64);
         if bit {
             self.words[index / 64] |= mask;
@@ -54,24 +74,16 @@ impl Bitmap {
         }
     }
 
+    /// Makes room for `n_bits` bits in all (the slot count plus those to come).
     fn reserve(&mut self, n_bits: usize) {
-        self.words.reserve(n_bits.div_ceil(64) + 1);
-    }
-
-    fn truncate(&mut self, len: usize) {
-        if len >= self.len {
-            return;
+        let n_words = n_bits.div_ceil(64);
+        if n_words > self.words.len() {
+            self.resize_words(n_words);
         }
-        self.words.truncate(len.div_ceil(64));
-        if !len.is_multiple_of(64) {
-            // Clear the bits past the end, so that a later `push` starts from zero.
-            self.words[len / 64] &= (1u64 << (len % 64)) - 1;
-        }
-        self.len = len;
     }
 
     fn heap_bytes(&self) -> usize {
-        self.words.capacity() * 8
+        self.words.len() * 8
     }
 }
 
@@ -101,11 +113,11 @@ pub(crate) enum Column {
     Str {
         /// The strings longer than their head; see `LongStrings`.
         values: LongStrings,
-        present: Bitmap,
         /// The first bytes of each value, held in the column itself: sort keys are
         /// encoded from here, and short strings (room names) filtered here, without
         /// following the pointer to the string's heap buffer (a cache miss per item
-        /// when views are built or items move).
+        /// when views are built or items move). A null is `StringHead::NULL`: the
+        /// head is read anyway, so presence costs no bitmap (and no load of its own).
         heads: Vec<StringHead>,
     },
     /// A string column with a handle per slot into a dictionary of its distinct
@@ -115,9 +127,13 @@ pub(crate) enum Column {
     Interned(InternedColumn),
 }
 
-// An interned column keeps its dictionary boxed so that the enum stays the size
-// of the head layout's three vectors: a user's empty collection has one per field.
-const _: () = assert!(std::mem::size_of::<Column>() <= 80);
+// A user's empty collection has one column per field (7 in a room list), so each
+// byte here counts seven times in every list (issue 17: an empty list within
+// 1 KiB). 48 is the head layout's two vectors; the other variants fit beside one of
+// their capacities' niches, which then holds the tag: bitmaps are boxed slices
+// sized by the slot count (16 bytes), an interned column keeps its dictionary boxed
+// (40 bytes), and a string's presence is in its head.
+const _: () = assert!(std::mem::size_of::<Column>() <= 48);
 
 impl Column {
     fn new(field_type: FieldType) -> Column {
@@ -137,8 +153,10 @@ impl Column {
     #[inline]
     pub(crate) fn str_at(&self, slot: usize) -> Option<StrRef<'_>> {
         match self {
-            Column::Str { present, .. } if !present.get(slot) => None,
-            Column::Str { values, heads, .. } => Some(StrRef::new(&heads[slot], values, slot)),
+            Column::Str { values, heads } => {
+                let head = &heads[slot];
+                (!head.is_null()).then(|| StrRef::new(head, values, slot))
+            }
             Column::Interned(column) => column.get(slot),
             _ => unreachable!("only string columns hold strings"),
         }
@@ -150,85 +168,81 @@ impl Column {
     fn convert_to_heads(&mut self) {
         let Column::Interned(column) = self else { return };
         let n_slots = column.len();
-        let (mut values, mut present, mut heads) = (LongStrings::default(), Bitmap::default(), Vec::new());
+        let (mut values, mut heads) = (LongStrings::default(), Vec::new());
         values.reserve(n_slots);
-        present.reserve(n_slots);
         heads.reserve(n_slots);
         for slot in 0..n_slots {
             let text = column.get(slot);
             values.push(text.map_or("", |text| text.text()));
-            present.push(text.is_some());
-            heads.push(text.map_or_else(StringHead::default, |text| *text.head));
+            heads.push(text.map_or(StringHead::NULL, |text| *text.head));
         }
-        *self = Column::Str { values, present, heads };
+        *self = Column::Str { values, heads };
     }
 
-    fn reserve(&mut self, n_items: usize) {
+    /// Makes room for `n_more` slots past the current `n_slots`.
+    fn reserve(&mut self, n_slots: usize, n_more: usize) {
         match self {
             Column::Bool { values, present } => {
-                values.reserve(n_items);
-                present.reserve(n_items);
+                values.reserve(n_slots + n_more);
+                present.reserve(n_slots + n_more);
             }
             Column::Word { bits, present } => {
-                bits.reserve(n_items);
-                present.reserve(n_items);
+                bits.reserve(n_more);
+                present.reserve(n_slots + n_more);
             }
-            Column::Str { values, present, heads } => {
-                values.reserve(n_items);
-                present.reserve(n_items);
-                heads.reserve(n_items);
+            Column::Str { values, heads } => {
+                values.reserve(n_more);
+                heads.reserve(n_more);
             }
-            Column::Interned(column) => column.reserve(n_items),
+            Column::Interned(column) => column.reserve(n_more),
         }
     }
 
     fn truncate(&mut self, len: usize) {
         match self {
-            Column::Bool { values, present } => {
+            // The bits past `len` stay, stale and unread: the next `push` writes its bit.
+            Column::Bool { .. } => {}
+            Column::Word { bits, .. } => bits.truncate(len),
+            Column::Str { values, heads } => {
                 values.truncate(len);
-                present.truncate(len);
-            }
-            Column::Word { bits, present } => {
-                bits.truncate(len);
-                present.truncate(len);
-            }
-            Column::Str { values, present, heads } => {
-                values.truncate(len);
-                present.truncate(len);
                 heads.truncate(len);
             }
             Column::Interned(column) => column.truncate(len),
         }
     }
 
-    /// Appends an already validated value (its type matches the column; `Null` for none).
-    fn push(&mut self, value: Value<'_>) {
+    /// Appends an already validated value (its type matches the column; `Null` for
+    /// none) at `slot`, the collection's slot count before the push.
+    fn push(&mut self, slot: usize, value: Value<'_>) {
         match (&mut *self, value) {
-            (column, Value::Null) => column.push_null(),
+            (column, Value::Null) => column.push_null(slot),
             (Column::Bool { values, present }, Value::Bool(flag)) => {
-                values.push(flag);
-                present.push(true);
+                values.push(slot, flag);
+                present.push(slot, true);
             }
             (Column::Word { bits, present }, Value::I64(number)) => {
+                debug_assert_eq!(bits.len(), slot);
                 bits.push(number as u64);
-                present.push(true);
+                present.push(slot, true);
             }
             (Column::Word { bits, present }, Value::U64(number)) => {
+                debug_assert_eq!(bits.len(), slot);
                 bits.push(number);
-                present.push(true);
+                present.push(slot, true);
             }
             (Column::Word { bits, present }, Value::F64(number)) => {
+                debug_assert_eq!(bits.len(), slot);
                 bits.push(number.to_bits());
-                present.push(true);
+                present.push(slot, true);
             }
-            (Column::Str { values, present, heads }, Value::Str(text)) => {
-                let head = StringHead::new(text);
+            (Column::Str { values, heads }, Value::Str(text)) => {
+                debug_assert_eq!(heads.len(), slot);
                 // As in `set`: only strings longer than their head keep a heap copy.
                 values.push(text);
-                present.push(true);
-                heads.push(head);
+                heads.push(StringHead::new(text));
             }
             (Column::Interned(column), Value::Str(text)) => {
+                debug_assert_eq!(column.len(), slot);
                 column.push(Some(text));
                 if column.wants_heads() {
                     self.convert_to_heads();
@@ -238,30 +252,34 @@ impl Column {
         }
     }
 
-    fn push_null(&mut self) {
+    fn push_null(&mut self, slot: usize) {
         match self {
             Column::Bool { values, present } => {
-                values.push(false);
-                present.push(false);
+                values.push(slot, false);
+                present.push(slot, false);
             }
             Column::Word { bits, present } => {
+                debug_assert_eq!(bits.len(), slot);
                 bits.push(0);
-                present.push(false);
+                present.push(slot, false);
             }
-            Column::Str { values, present, heads } => {
+            Column::Str { values, heads } => {
+                debug_assert_eq!(heads.len(), slot);
                 values.push("");
-                present.push(false);
-                heads.push(StringHead::default());
+                heads.push(StringHead::NULL);
             }
-            Column::Interned(column) => column.push(None),
+            Column::Interned(column) => {
+                debug_assert_eq!(column.len(), slot);
+                column.push(None);
+            }
         }
     }
 
     fn set_null(&mut self, slot: usize) {
         match self {
-            Column::Bool { present, .. } | Column::Word { present, .. } | Column::Str { present, .. } => {
-                present.set(slot, false)
-            }
+            Column::Bool { present, .. } | Column::Word { present, .. } => present.set(slot, false),
+            // The slot's long string, if any, stays: its buffer is reused when the value returns.
+            Column::Str { heads, .. } => heads[slot] = StringHead::NULL,
             // The handle's count must drop, so that a string no slot holds leaves the dictionary.
             Column::Interned(column) => column.set(slot, None),
         }
@@ -287,14 +305,13 @@ impl Column {
                 bits[slot] = number.to_bits();
                 present.set(slot, true);
             }
-            (Column::Str { values, present, heads }, Value::Str(text)) => {
+            (Column::Str { values, heads }, Value::Str(text)) => {
                 let head = StringHead::new(text);
                 // A string that fits in its head is only ever read from there (every
                 // reader goes through `StringHead::whole` first): no heap copy, so
                 // room names cost no allocation. A longer one reuses the slot's
                 // buffer: no allocation unless the new text is longer.
                 values.set(slot, text);
-                present.set(slot, true);
                 heads[slot] = head;
             }
             (Column::Interned(column), Value::Str(text)) => {
@@ -308,7 +325,8 @@ impl Column {
     }
 }
 
-/// The first `STRING_HEAD_BYTES` bytes of a string, zero-padded, and its length.
+/// The first `STRING_HEAD_BYTES` bytes of a string, zero-padded, and its length;
+/// or, in a head-layout column, `StringHead::NULL` for a null slot.
 #[derive(Clone, Copy, Default)]
 pub(crate) struct StringHead {
     bytes: [u8; STRING_HEAD_BYTES],
@@ -321,11 +339,22 @@ const STRING_HEAD_BYTES: usize = 28;
 const _: () = assert!(std::mem::size_of::<StringHead>() == 32);
 
 impl StringHead {
+    /// A null slot of a head-layout column: a length no string reaches (values are
+    /// at most `MAX_STRING_FIELD_BYTES`), so `whole` answers `None` for it, and a
+    /// reader that gets `None` there tells null from long with `is_null`.
+    pub(crate) const NULL: StringHead = StringHead { bytes: [0; STRING_HEAD_BYTES], len: u32::MAX };
+
     pub(crate) fn new(text: &str) -> StringHead {
+        debug_assert!(text.len() < u32::MAX as usize, "validated: at most MAX_STRING_FIELD_BYTES");
         let mut head = StringHead { bytes: [0; STRING_HEAD_BYTES], len: text.len() as u32 };
         let n_bytes = text.len().min(STRING_HEAD_BYTES);
         head.bytes[..n_bytes].copy_from_slice(&text.as_bytes()[..n_bytes]);
         head
+    }
+
+    #[inline]
+    pub(crate) fn is_null(&self) -> bool {
+        self.len == u32::MAX
     }
 
     /// The first 16 bytes, big-endian: comparing these compares the strings' first
@@ -345,7 +374,7 @@ impl StringHead {
             let bytes = &self.bytes[..len];
             debug_assert!(std::str::from_utf8(bytes).is_ok(), "a head holds a whole `&str`");
             // SAFETY: `bytes` and `len` are private and set only by `StringHead::new`
-            // (and `Default`: no bytes), which copies `text.len()` bytes of a `&str`
+            // (and `Default`: no bytes; `NULL`'s length fails the test above), which copies `text.len()` bytes of a `&str`
             // whole when they fit; `len <= STRING_HEAD_BYTES` means they did, so these
             // are exactly that `&str`'s bytes, valid UTF-8. Checking again cost 14 % of
             // a shared-rooms message (the `owner == user` filter reads the head of every
@@ -587,9 +616,13 @@ impl Collection {
                 FieldType::U64 => Value::U64(bits[slot]),
                 _ => Value::F64(f64::from_bits(bits[slot])),
             },
-            Column::Str { present, .. } if !present[slot] => Value::Null,
-            // Short strings are read from the column's head, not their heap buffer.
-            Column::Str { values, heads, .. } => Value::Str(heads[slot].whole().unwrap_or(values.get(slot))),
+            // Short strings are read from the column's head, not their heap buffer; a
+            // null's head is never whole, so only a long string or a null asks `is_null`.
+            Column::Str { values, heads } => match heads[slot].whole() {
+                Some(text) => Value::Str(text),
+                None if heads[slot].is_null() => Value::Null,
+                None => Value::Str(values.get(slot)),
+            },
             Column::Interned(column) => column.get(slot).map_or(Value::Null, |text| Value::Str(text.text())),
         }
     }
@@ -625,9 +658,9 @@ impl Collection {
     pub(crate) fn add_derived_column(&mut self, name: &str, field_type: FieldType) -> FieldId {
         debug_assert!(!matches!(field_type, FieldType::Ref(_)), "derived fields hold values, not references");
         let mut column = Column::new(field_type);
-        column.reserve(self.ids.len());
-        for _ in 0..self.ids.len() {
-            column.push_null();
+        column.reserve(0, self.ids.len());
+        for slot in 0..self.ids.len() {
+            column.push_null(slot);
         }
         self.derived_columns.push(column);
         let field_id = Arc::make_mut(&mut self.schema).push_derived(name, field_type);
@@ -651,8 +684,9 @@ impl Collection {
         self.payloads.reserve(n_items);
         self.versions.reserve(n_items);
         self.alive.reserve(n_items);
+        let n_slots = self.ids.len();
         for column in self.columns.iter_mut().chain(&mut self.derived_columns) {
-            column.reserve(n_items);
+            column.reserve(n_slots, n_items);
         }
     }
 
@@ -678,7 +712,7 @@ impl Collection {
                 self.versions.push(0);
                 self.alive.push(false);
                 for column in self.columns.iter_mut().chain(&mut self.derived_columns) {
-                    column.push_null();
+                    column.push_null(slot as usize);
                 }
                 slot
             }
@@ -709,11 +743,11 @@ impl Collection {
         self.versions.push(version);
         self.alive.push(true);
         for ((column, field), &value) in self.columns.iter_mut().zip(schema.fields()).zip(values) {
-            column.push(value.coerce_to(field.field_type).expect("validated by the caller"));
+            column.push(slot as usize, value.coerce_to(field.field_type).expect("validated by the caller"));
         }
         // Derived fields are rebuilt by the engine before a view reads them (their links are stale).
         for column in &mut self.derived_columns {
-            column.push_null();
+            column.push_null(slot as usize);
         }
         self.n_items += 1;
         slot
@@ -847,9 +881,9 @@ impl Collection {
         debug_assert_eq!(schema.len(), self.schema.len() + 1);
         let field_type = schema.fields().last().expect("the new field").field_type;
         let mut column = Column::new(field_type);
-        column.reserve(self.ids.len());
-        for _ in 0..self.ids.len() {
-            column.push(value);
+        column.reserve(0, self.ids.len());
+        for slot in 0..self.ids.len() {
+            column.push(slot, value);
         }
         self.columns.push(column);
         self.schema = Arc::new(schema);
@@ -907,8 +941,8 @@ impl Collection {
             let bytes = match column {
                 Column::Bool { values, present } => values.heap_bytes() + present.heap_bytes(),
                 Column::Word { bits, present } => bits.capacity() * 8 + present.heap_bytes(),
-                Column::Str { values, present, heads } => {
-                    heads.capacity() * std::mem::size_of::<StringHead>() + values.heap_bytes() + present.heap_bytes()
+                Column::Str { values, heads } => {
+                    heads.capacity() * std::mem::size_of::<StringHead>() + values.heap_bytes()
                 }
                 Column::Interned(column) => column.heap_bytes(),
             };
@@ -1022,6 +1056,100 @@ mod tests {
         {
             collection.set_value(slot, field_id, Value::Str(text));
             assert_eq!(collection.value(slot, field_id), Value::Str(text));
+        }
+    }
+
+    /// A head-layout column marks null in the head (`StringHead::NULL`), with no
+    /// bitmap: null, the empty string, a string of exactly the head's length and a
+    /// long one must all read back as written, through `value` and `str_at` (what
+    /// filters and sort keys read), including a slot set to null and back, a long
+    /// string's slot set to null and then to a short one (its stale buffer must not
+    /// show), and slots pushed null (new items, a bulk load's nulls).
+    #[test]
+    fn head_layout_marks_null_in_the_head() {
+        let schema = Schema::new().with_field("name", FieldType::String);
+        let mut collection = Collection::new("c", schema);
+        let field_id = FieldId(0);
+        // Distinct names turn the column into the head layout.
+        let slots: Vec<Slot> = (0..100).map(|index| collection.insert_slot(&format!("i{index}"))).collect();
+        for (index, &slot) in slots.iter().enumerate() {
+            collection.set_value(slot, field_id, Value::Str(&format!("room {index}")));
+        }
+        assert_eq!(collection.string_column_is_interned("name"), Some(false));
+        let at_head_length = "h".repeat(STRING_HEAD_BYTES);
+        let long = "a long value, past the head, that lives on the heap ✓".repeat(2);
+        let texts = [None, Some(""), Some(at_head_length.as_str()), Some(long.as_str())];
+        let read = |collection: &Collection, slot: Slot| {
+            let through_str_at = collection.column(field_id).str_at(slot as usize).map(|text| text.text());
+            let through_value = match collection.value(slot, field_id) {
+                Value::Null => None,
+                Value::Str(text) => Some(text),
+                other => panic!("a string column read {other:?}"),
+            };
+            assert_eq!(through_str_at, through_value, "slot {slot}");
+            through_value.map(str::to_owned)
+        };
+        // Every value after every other one, so each is also set over null and over itself.
+        let slot = slots[3];
+        for &before in &texts {
+            for &after in &texts {
+                for text in [before, after, None, after] {
+                    collection.set_value(slot, field_id, text.map_or(Value::Null, Value::Str));
+                    assert_eq!(read(&collection, slot).as_deref(), text, "{before:?} then {after:?}");
+                }
+            }
+        }
+        // Untouched neighbours keep their values; a new slot (pushed null) reads null.
+        assert_eq!(read(&collection, slots[2]).as_deref(), Some("room 2"));
+        assert_eq!(read(&collection, slots[4]).as_deref(), Some("room 4"));
+        let new_slot = collection.insert_slot("new");
+        assert_eq!(read(&collection, new_slot), None);
+        collection.set_value(new_slot, field_id, Value::Str(&long));
+        assert_eq!(read(&collection, new_slot).as_deref(), Some(long.as_str()));
+        // A recycled slot starts null again, its long buffer notwithstanding.
+        collection.remove_slot(new_slot);
+        collection.recycle_freed_slots();
+        assert_eq!(collection.insert_slot("again"), new_slot);
+        assert_eq!(read(&collection, new_slot), None);
+        // The empty string is not null, and a bulk load's null is.
+        collection.set_value(new_slot, field_id, Value::Str(""));
+        assert_eq!(read(&collection, new_slot).as_deref(), Some(""));
+        let loaded = collection.push_unindexed_slot("loaded", 0, &[Value::Null], b"");
+        assert_eq!(read(&collection, loaded), None);
+    }
+
+    /// Bitmaps know no length of their own (the slot count is the collection's):
+    /// pushes cross word boundaries and grow the box, and a slot pushed again after
+    /// a rollback (`truncate_slots`) reads what was pushed, not the stale bit.
+    #[test]
+    fn bool_columns_read_back_across_growth_and_rollback() {
+        let schema = Schema::new().with_field("flag", FieldType::Bool);
+        let mut collection = Collection::new("c", schema);
+        let field_id = FieldId(0);
+        let value_of = |index: usize| match index % 3 {
+            0 => Value::Null,
+            1 => Value::Bool(true),
+            _ => Value::Bool(false),
+        };
+        for index in 0..300 {
+            collection.push_unindexed_slot(&format!("i{index}"), 0, &[value_of(index)], b"");
+        }
+        for index in 0..300 {
+            assert_eq!(collection.value(index as Slot, field_id), value_of(index), "slot {index}");
+        }
+        // Roll back to mid-word, then push the opposite values over the stale bits.
+        collection.truncate_slots(70);
+        let flipped = |index: usize| match index % 3 {
+            0 => Value::Bool(true),
+            1 => Value::Null,
+            _ => Value::Bool(true),
+        };
+        for index in 70..200 {
+            collection.push_unindexed_slot(&format!("j{index}"), 0, &[flipped(index)], b"");
+        }
+        for index in 0..200 {
+            let expected = if index < 70 { value_of(index) } else { flipped(index) };
+            assert_eq!(collection.value(index as Slot, field_id), expected, "slot {index}");
         }
     }
 

@@ -2,8 +2,8 @@
 //!
 //! A column of references, or of a string field with few distinct values (a
 //! membership's `owner`), repeats the same strings over and over. Stored per
-//! slot in the head layout (`Column::Str`: a 32-byte `StringHead`, an 8-byte
-//! long-string pointer and a null bit) it costs ~41 bytes a slot; interned it
+//! slot in the head layout (`Column::Str`: a 32-byte `StringHead`, which also
+//! marks null, and an 8-byte long-string pointer) it costs 40 bytes a slot; interned it
 //! costs a 4-byte handle per slot, and each distinct string is stored once in the
 //! column's dictionary, with a count of the slots holding it.
 //!

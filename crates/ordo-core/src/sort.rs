@@ -161,12 +161,13 @@ impl CompiledSort {
                         *prefix |= encode_word(key, bits[slot as usize], present[slot as usize]);
                     }
                 }
-                Column::Str { present, heads, .. } if !key.case_insensitive && key.collation.is_none() => {
+                Column::Str { heads, .. } if !key.case_insensitive && key.collation.is_none() => {
                     let value_offset = key.bit_offset + 1;
                     let invert = if key.descending { u128::MAX } else { 0 };
                     for (prefix, &slot) in prefixes.iter_mut().zip(slots) {
-                        *prefix |= if present[slot as usize] {
-                            (heads[slot as usize].prefix() ^ invert).checked_shr(value_offset).unwrap_or(0)
+                        let head = &heads[slot as usize];
+                        *prefix |= if !head.is_null() {
+                            (head.prefix() ^ invert).checked_shr(value_offset).unwrap_or(0)
                         } else {
                             place(1, 1, key.bit_offset)
                         };
