@@ -2,7 +2,8 @@
 //! view and window each, as in `many-lists`): `cargo build --release -p
 //! ordo-core --examples`, then `valgrind --tool=dhat
 //! target/release/examples/empty_lists_profile N`; the heap at its peak over N
-//! is the bytes per list, and the profile names who holds them.
+//! is the bytes per list, and the profile names who holds them. `N unkeyed`
+//! measures the same lists with views that are not keyed by their equality.
 
 use ordo_core::{Engine, FieldType, Filter, OwnedValue, Schema, SortKey, ViewDef};
 
@@ -13,6 +14,9 @@ impl ordo_core::DiffSink for NoSink {
 
 fn main() {
     let n: usize = std::env::args().nth(1).map_or(2_000, |a| a.parse().expect("a number"));
+    // `unkeyed`: the views filter the collection instead of being keyed by
+    // `left == false` (what the equality index costs a one-view collection).
+    let is_unkeyed = std::env::args().nth(2).is_some_and(|a| a == "unkeyed");
     let schema = Schema::new()
         .with_field("name", FieldType::String)
         .with_field("recency", FieldType::U64)
@@ -26,6 +30,7 @@ fn main() {
         vec![SortKey::desc("is_local"), SortKey::desc("recency"), SortKey::asc("name")],
     );
     let mut engine = Engine::new();
+    engine.set_view_keying(!is_unkeyed);
     let mut sink = NoSink;
     for list in 0..n {
         let collection = engine.create_collection(&format!("user{list}"), schema.clone()).unwrap();

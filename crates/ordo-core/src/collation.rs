@@ -66,11 +66,7 @@ impl Collation {
                 locale: locale.to_owned(),
                 reason: error.to_string(),
             })?;
-        Ok(Collation {
-            locale: parsed.to_string(),
-            case_insensitive,
-            collator: Arc::new(collator),
-        })
+        Ok(Collation { locale: parsed.to_string(), case_insensitive, collator: Arc::new(collator) })
     }
 
     /// The full collation order of two strings (equal only when equal at this

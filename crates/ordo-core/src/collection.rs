@@ -496,7 +496,7 @@ pub(crate) struct PendingIndexEntry {
 }
 
 pub struct Collection {
-    name: String,
+    name: Box<str>,
     /// Shared with the collections created with an identical schema (see
     /// `engine::shared`), copied on write.
     schema: Arc<Schema>,
@@ -504,7 +504,7 @@ pub struct Collection {
     /// The columns of the schema's derived fields (target fields read through a
     /// reference, kept here so that views sort and filter on them as on any
     /// column), by [`FieldId::derived_index`]. Written only by `engine::references`.
-    derived_columns: Vec<Column>,
+    derived_columns: ThinVec<Column>,
     /// Per slot, the item's id (held only here: the id index refers to it).
     ids: Vec<SlotId>,
     /// One pointer per slot; an empty payload allocates nothing (see `Cargo.toml`).
@@ -515,10 +515,12 @@ pub struct Collection {
     /// id -> slot, by the id's hash (see `IdIndexEntry`).
     id_index: HashTable<IdIndexEntry>,
     hasher: DefaultHashBuilder,
-    /// Slots ready for reuse.
-    free_slots: Vec<Slot>,
+    /// Slots ready for reuse. This and the other vectors that are empty in most
+    /// collections are thin (8 bytes where a `Vec` is 24): every user's list pays
+    /// for their headers (issue 17's fixed-heap goal).
+    free_slots: ThinVec<Slot>,
     /// Slots removed by the batch being applied; they join `free_slots` once its diffs are out.
-    freed_this_batch: Vec<Slot>,
+    freed_this_batch: ThinVec<Slot>,
     n_items: usize,
 }
 
@@ -527,18 +529,18 @@ impl Collection {
         let schema = schema.into();
         let columns = schema.fields().iter().map(|field| Column::new(field.field_type)).collect();
         Collection {
-            name: name.to_owned(),
+            name: name.into(),
             schema,
             columns,
-            derived_columns: Vec::new(),
+            derived_columns: ThinVec::new(),
             ids: Vec::new(),
             payloads: Vec::new(),
             versions: Vec::new(),
             alive: Vec::new(),
             id_index: HashTable::new(),
             hasher: DefaultHashBuilder::default(),
-            free_slots: Vec::new(),
-            freed_this_batch: Vec::new(),
+            free_slots: ThinVec::new(),
+            freed_this_batch: ThinVec::new(),
             n_items: 0,
         }
     }

@@ -14,7 +14,7 @@
 //! `key_index`). So its cost does not grow with the number of views keyed by other
 //! values, such as other users' views under a row predicate.
 
-use std::collections::HashMap;
+use thin_vec::ThinVec;
 
 use crate::anchor::{resolve_anchor, ItemPosition, WindowAnchor, WindowRange};
 use crate::batch::{Batch, OpKind, StoredOp};
@@ -79,7 +79,7 @@ struct CollectionState {
     collection: Collection,
     /// Views on this collection without an equality key (indices into
     /// `Engine::views`): every update of the collection visits them.
-    unkeyed_views: Vec<u32>,
+    unkeyed_views: ThinVec<u32>,
     /// Views keyed by an equality conjunct, and the equality index of each field
     /// that keys one: an update visits only the views of its item's key values.
     keys: KeyIndex,
@@ -187,7 +187,6 @@ pub struct EngineStats {
 #[derive(Default)]
 pub struct Engine {
     collections: CollectionTable,
-    collection_by_name: HashMap<String, CollectionId>,
     views: Vec<Option<View>>,
     free_views: Vec<u32>,
     windows: Vec<WindowSlot>,
@@ -221,11 +220,10 @@ impl Engine {
         self.check_create_collection(name, &schema)?;
         let collection_id = self.collections.insert(CollectionState {
             collection: Collection::new(name, self.shared.schema(schema)),
-            unkeyed_views: Vec::new(),
+            unkeyed_views: ThinVec::new(),
             keys: KeyIndex::default(),
             refs: references::CollectionRefs::default(),
         });
-        self.collection_by_name.insert(name.to_owned(), collection_id);
         Ok(collection_id)
     }
 
@@ -235,7 +233,7 @@ impl Engine {
         if name.is_empty() || name.len() > limits::MAX_COLLECTION_NAME_BYTES {
             return Err(CreateCollectionError::NameInvalid { name_bytes: name.len() });
         }
-        if self.collection_by_name.contains_key(name) {
+        if self.collections.id_by_name(name).is_some() {
             return Err(CreateCollectionError::NameTaken { name: name.to_owned() });
         }
         if self.collections.len() >= limits::MAX_COLLECTIONS {
@@ -261,7 +259,7 @@ impl Engine {
     }
 
     pub fn collection_id(&self, name: &str) -> Option<CollectionId> {
-        self.collection_by_name.get(name).copied()
+        self.collections.id_by_name(name)
     }
 
     /// Every live collection, in slot order (creation order until a drop frees a slot).
@@ -761,17 +759,28 @@ impl Engine {
             }
             _ => None,
         };
-        // An equal definition has the same key, so only the views of that key are compared.
-        let same_key_views = match key {
-            Some(key) => state.keys.views_of(key),
-            None => &state.unkeyed_views[..],
-        };
-        for &view_index in same_key_views {
+        // An equal definition has the same key, so only the views of that key are
+        // compared, and the unkeyed ones: a collection's lone view is not keyed.
+        let same_key_views = key.map_or(&[][..], |key| state.keys.views_of(key));
+        for &view_index in same_key_views.iter().chain(state.unkeyed_views.iter()) {
             if self.views[view_index as usize].as_ref().is_some_and(|view| view.plan.def == *def) {
                 self.shared.release_plan(plan);
                 return Ok(view_index);
             }
         }
+        // The first view of a collection is not keyed: with no other view to skip,
+        // keying saves an update no work, and the equality index costs a small
+        // collection more than the view (about 290 B plus 8 B per item, where the
+        // view's membership bits cost one bit per item; a user's room list is such
+        // a collection). A second view keys the first if it can.
+        let key = if state.has_views() {
+            if key.is_some() {
+                key_lone_view(state, &mut self.views);
+            }
+            key
+        } else {
+            None
+        };
         let candidates = &mut self.scratch.old_slots;
         candidates.clear();
         if let Some(key) = key {
@@ -827,6 +836,24 @@ impl Engine {
             self.unregister_view_links(collection, view_index);
         }
     }
+}
+
+/// Keys a collection's lone view by its equality conjunct, if it has one and is
+/// not keyed yet (see `find_or_create_view`): it joins the equality index and
+/// drops its membership bits (its index holds exactly the items whose current
+/// data matches, which is what a keyed view's membership test reads).
+fn key_lone_view(state: &mut CollectionState, views: &mut [Option<View>]) {
+    let &[view_index] = &state.unkeyed_views[..] else { return };
+    if !state.keys.is_empty() {
+        return;
+    }
+    let view = views[view_index as usize].as_mut().expect("live view");
+    let Some((field_id, value)) = view.plan.filter.equality_key() else { return };
+    let key = ViewKey { field_id, hash: state.keys.hash_value(value).expect("keys are never null or floats") };
+    state.keys.ensure_field(&state.collection, field_id);
+    state.keys.add_view(key, view_index);
+    state.unkeyed_views.clear();
+    view.become_keyed(key);
 }
 
 /// Emits the diffs of moving a window from `old` to `new` `(offset, limit)` on the

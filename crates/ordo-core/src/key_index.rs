@@ -29,6 +29,7 @@
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 use std::hash::BuildHasher;
+use thin_vec::ThinVec;
 
 use crate::collection::{Collection, Slot};
 use crate::schema::FieldId;
@@ -77,8 +78,9 @@ pub(crate) struct KeyedField {
 #[derive(Default)]
 pub(crate) struct KeyIndex {
     hasher: DefaultHashBuilder,
-    /// Usually one field (the row predicate's); searched linearly.
-    fields: Vec<KeyedField>,
+    /// Usually one field (the row predicate's); searched linearly. Thin: most
+    /// collections have none, and each pays for the header.
+    fields: ThinVec<KeyedField>,
 }
 
 impl KeyIndex {

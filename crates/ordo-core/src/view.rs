@@ -128,6 +128,13 @@ impl View {
         view
     }
 
+    /// Registers the view under `key` (see `engine::key_lone_view`): from now on
+    /// the filter on current data, or the index, says who is a member.
+    pub(crate) fn become_keyed(&mut self, key: ViewKey) {
+        self.key = Some(key);
+        self.membership = Membership::Filter;
+    }
+
     /// Whether the item in `slot`, with its current data, is in the view.
     pub(crate) fn is_member(&self, collection: &Collection, slot: Slot, filter_scratch: &mut FilterScratch) -> bool {
         match &self.membership {

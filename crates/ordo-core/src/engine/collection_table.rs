@@ -11,6 +11,10 @@
 //! generation is 32 bits: an id could alias again only after 2^32 drops of
 //! collections in the same slot while it was kept.
 
+use std::hash::BuildHasher;
+
+use hashbrown::{DefaultHashBuilder, HashTable};
+
 use super::{CollectionId, CollectionState};
 
 struct Entry {
@@ -24,6 +28,11 @@ pub(super) struct CollectionTable {
     /// Empty slots, reused by the next creations.
     free: Vec<u32>,
     n_live: usize,
+    /// Live collections by name: slot indices, hashed by the name the collection
+    /// holds (4 bytes an entry; a map keyed by a copy of the name costs each
+    /// user's list about 70 bytes).
+    by_name: HashTable<u32>,
+    hasher: DefaultHashBuilder,
 }
 
 impl CollectionTable {
@@ -32,8 +41,29 @@ impl CollectionTable {
         self.n_live
     }
 
+    /// Adds a collection; its name must be free ([`CollectionTable::id_by_name`]).
     pub(super) fn insert(&mut self, state: CollectionState) -> CollectionId {
+        debug_assert!(self.id_by_name(state.collection.name()).is_none());
         self.n_live += 1;
+        let hash = self.hasher.hash_one(state.collection.name());
+        let id = self.insert_entry(state);
+        let (entries, hasher) = (&self.entries, &self.hasher);
+        self.by_name.insert_unique(hash, id.index, |&index| hasher.hash_one(Self::name_at(entries, index)));
+        id
+    }
+
+    /// The live collection named `name`.
+    pub(super) fn id_by_name(&self, name: &str) -> Option<CollectionId> {
+        let hash = self.hasher.hash_one(name);
+        let &index = self.by_name.find(hash, |&index| Self::name_at(&self.entries, index) == name)?;
+        Some(self.id_at(index))
+    }
+
+    fn name_at(entries: &[Entry], index: u32) -> &str {
+        entries[index as usize].state.as_ref().expect("named collections are live").collection.name()
+    }
+
+    fn insert_entry(&mut self, state: CollectionState) -> CollectionId {
         match self.free.pop() {
             Some(index) => {
                 let entry = &mut self.entries[index as usize];
@@ -51,8 +81,13 @@ impl CollectionTable {
 
     /// Takes a collection out; its id (and every copy of it) is dead from now on.
     pub(super) fn remove(&mut self, id: CollectionId) -> Option<CollectionState> {
-        let entry = self.entries.get_mut(id.index as usize).filter(|entry| entry.generation == id.generation)?;
-        let state = entry.state.take()?;
+        let entry = self.entries.get(id.index as usize).filter(|entry| entry.generation == id.generation)?;
+        let name = entry.state.as_ref()?.collection.name();
+        let hash = self.hasher.hash_one(name);
+        if let Ok(found) = self.by_name.find_entry(hash, |&index| index == id.index) {
+            found.remove();
+        }
+        let state = self.entries[id.index as usize].state.take().expect("checked live");
         self.free.push(id.index);
         self.n_live -= 1;
         Some(state)

@@ -26,6 +26,8 @@
 //! goes it turns *stale*, and the next view to need it rebuilds its index and
 //! derived columns in one scan (as a view build scans the collection).
 
+use thin_vec::ThinVec;
+
 use crate::batch::Batch;
 use crate::collection::Slot;
 use crate::error::ViewError;
@@ -63,9 +65,9 @@ impl RefLink {
 pub(super) struct CollectionRefs {
     /// Links out of this collection (at most one per ref field; at most 64, one bit
     /// each in `Engine::view_links`).
-    pub(super) links: Vec<RefLink>,
+    pub(super) links: ThinVec<RefLink>,
     /// Links into this collection: `(referencing collection, link index)`.
-    pub(super) referrers: Vec<(CollectionId, u8)>,
+    pub(super) referrers: ThinVec<(CollectionId, u8)>,
 }
 
 /// What one view reads through references: its links (one bit per link of its

@@ -226,7 +226,6 @@ impl Engine {
         // A view lives only while it has windows, so none of the collection's is left.
         debug_assert!(self.views.iter().flatten().all(|view| view.collection != collection_id.index));
         let state = self.collections.remove(collection_id).expect("checked above");
-        self.collection_by_name.remove(state.collection.name());
         self.shared.release_schema(state.collection.into_shared_schema());
         Ok(ended)
     }

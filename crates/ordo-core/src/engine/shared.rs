@@ -173,6 +173,11 @@ mod tests {
                 held.push(value);
             }
         }
-        assert!(interner.len() <= 2 * (held.len() + 1), "{} entries for {} live values", interner.len(), held.len() + 1);
+        assert!(
+            interner.len() <= 2 * (held.len() + 1),
+            "{} entries for {} live values",
+            interner.len(),
+            held.len() + 1
+        );
     }
 }

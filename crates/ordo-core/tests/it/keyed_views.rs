@@ -158,24 +158,39 @@ fn a_keyed_view_is_built_from_its_key_and_shared_like_any_view() {
     let mut engine = Engine::new();
     let collection = shared_collection(&mut engine);
     let mut sink = CollectingSink::new();
+    // A collection's lone view is not keyed (the index would save no work); the
+    // second keys both.
+    let other = engine.open_window(collection, &user_def(7), 0, 5, &mut sink).unwrap();
+    assert_eq!((engine.stats().n_views, engine.stats().n_keyed_views), (1, 0), "a lone view is not keyed");
     let first = engine.open_window(collection, &user_def(42), 0, 5, &mut sink).unwrap();
     let second = engine.open_window(collection, &user_def(42), 2, 5, &mut sink).unwrap();
     let stats = engine.stats();
-    assert_eq!((stats.n_views, stats.n_keyed_views, stats.n_windows), (1, 1, 2), "equal definitions share a view");
+    assert_eq!((stats.n_views, stats.n_keyed_views, stats.n_windows), (2, 2, 3), "equal definitions share a view");
     assert_eq!(engine.view_len(first).unwrap(), ITEMS_PER_USER);
     let expected: Vec<String> = (0..5).map(|rank| item_id((ITEMS_PER_USER - 1 - rank) * N_USERS + 42)).collect();
     let Some(OwnedDiff::Reset { values }) = sink.take_for(first).pop() else { panic!("no reset") };
     assert_eq!(values.iter().map(|item| item.id.clone()).collect::<Vec<_>>(), expected);
     assert_eq!(engine.window_items(second).unwrap().len(), 5);
     // The last window of the key's last view drops the view and the equality index;
-    // a new keyed view builds both again, from the items as they are now.
+    // a new view builds them again, from the items as they are now: alone, by
+    // filtering; keyed, once a second view comes.
     engine.close_window(first).unwrap();
     engine.close_window(second).unwrap();
+    engine.close_window(other).unwrap();
     assert_eq!(engine.stats().n_keyed_views, 0);
     let mut batch = Batch::new();
     batch.upsert(&item_id(0)).set("owner", Value::Str(&user_name(42)));
     engine.apply_batch(collection, &batch, &mut sink).unwrap();
     let window = engine.open_window(collection, &user_def(42), 0, 20, &mut sink).unwrap();
     assert_eq!(engine.view_len(window).unwrap(), ITEMS_PER_USER + 1);
+    assert_eq!(engine.stats().n_keyed_views, 0);
+    let other = engine.open_window(collection, &user_def(7), 0, 5, &mut sink).unwrap();
+    assert_eq!(engine.stats().n_keyed_views, 2, "the second view keys the lone one");
+    // The converted view follows updates through the index: an item leaves it.
+    batch.clear();
+    batch.upsert(&item_id(0)).set("owner", Value::Str(&user_name(7)));
+    engine.apply_batch(collection, &batch, &mut sink).unwrap();
+    assert_eq!(engine.view_len(window).unwrap(), ITEMS_PER_USER);
+    assert_eq!(engine.view_len(other).unwrap(), ITEMS_PER_USER + 1);
     engine.check_key_indexes();
 }

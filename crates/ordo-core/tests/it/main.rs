@@ -17,6 +17,7 @@ mod ref_memory;
 mod ref_model;
 mod reference;
 mod schema_model;
+mod shared_plans;
 mod single_upsert;
 mod window_changes;
 
