@@ -528,7 +528,7 @@ impl Engine {
         let window_index = match self.free_windows.pop() {
             Some(index) => index,
             None => {
-                self.windows.push(WindowSlot { generation: 0, window: None });
+                push_with_slack_of_an_eighth(&mut self.windows, WindowSlot { generation: 0, window: None });
                 (self.windows.len() - 1) as u32
             }
         };
@@ -801,7 +801,7 @@ impl Engine {
                 index
             }
             None => {
-                self.views.push(Some(view));
+                push_with_slack_of_an_eighth(&mut self.views, Some(view));
                 (self.views.len() - 1) as u32
             }
         };
@@ -836,6 +836,18 @@ impl Engine {
             self.unregister_view_links(collection, view_index);
         }
     }
+}
+
+/// Pushes onto one of the engine's tables of collections, views or windows,
+/// growing it by an eighth where a `Vec` doubles: a table just past a power of
+/// two would otherwise hold up to twice the structs it needs, and a million
+/// users' lists are a million of each (about 500 B a list at worst). Growth
+/// stays amortised O(1); these pushes are on the control plane only.
+pub(crate) fn push_with_slack_of_an_eighth<T>(table: &mut Vec<T>, value: T) {
+    if table.len() == table.capacity() {
+        table.reserve_exact((table.len() / 8).max(16));
+    }
+    table.push(value);
 }
 
 /// Keys a collection's lone view by its equality conjunct, if it has one and is

@@ -56,7 +56,9 @@ pub(crate) struct OrderTree {
 
 enum Form {
     Run(Run),
-    Nodes(NodeTree),
+    /// Boxed: most views are runs (a user's list), and an inline tree would make
+    /// every view's struct 40 bytes larger (issue 17's fixed heap per list).
+    Nodes(Box<NodeTree>),
 }
 
 impl OrderTree {
@@ -67,7 +69,7 @@ impl OrderTree {
         let form = if entries.len() <= RUN_MAX {
             Form::Run(Run::from_sorted(entries))
         } else {
-            Form::Nodes(NodeTree::from_sorted(entries))
+            Form::Nodes(Box::new(NodeTree::from_sorted(entries)))
         };
         OrderTree { form }
     }
@@ -105,7 +107,7 @@ impl OrderTree {
     #[inline(never)]
     fn grow_into_nodes(&mut self) -> &mut NodeTree {
         let Form::Run(run) = &self.form else { unreachable!("only a run grows into nodes") };
-        self.form = Form::Nodes(NodeTree::from_sorted(&run.packed_entries()));
+        self.form = Form::Nodes(Box::new(NodeTree::from_sorted(&run.packed_entries())));
         let Form::Nodes(tree) = &mut self.form else { unreachable!("just built") };
         tree
     }
@@ -183,7 +185,7 @@ impl OrderTree {
     pub(crate) fn heap_bytes(&self) -> usize {
         match &self.form {
             Form::Run(run) => run.heap_bytes(),
-            Form::Nodes(tree) => tree.heap_bytes(),
+            Form::Nodes(tree) => size_of::<NodeTree>() + tree.heap_bytes(),
         }
     }
 

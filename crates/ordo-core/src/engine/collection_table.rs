@@ -73,7 +73,7 @@ impl CollectionTable {
                 CollectionId { index, generation: entry.generation }
             }
             None => {
-                self.entries.push(Entry { generation: 0, state: Some(state) });
+                super::push_with_slack_of_an_eighth(&mut self.entries, Entry { generation: 0, state: Some(state) });
                 CollectionId { index: (self.entries.len() - 1) as u32, generation: 0 }
             }
         }

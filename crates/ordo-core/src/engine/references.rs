@@ -249,8 +249,8 @@ impl Engine {
     /// Records what a new view reads through references.
     pub(super) fn register_view_links(&mut self, collection_id: CollectionId, view_index: u32, reads: ViewReads) {
         let index = view_index as usize;
-        if self.view_links.len() <= index {
-            self.view_links.resize(index + 1, ViewReads::default());
+        while self.view_links.len() <= index {
+            super::push_with_slack_of_an_eighth(&mut self.view_links, ViewReads::default());
         }
         self.view_links[index] = reads;
         let mask = reads.links;

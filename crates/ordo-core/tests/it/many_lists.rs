@@ -8,14 +8,15 @@ use ordo_core::{Batch, CollectionId, Engine, Value};
 use crate::alloc::{allocations_on_this_thread, heap_bytes_on_this_thread, room_list_def, room_schema, ReadingSink};
 use crate::reference::Rng;
 
-/// Issue 17 asks for 1 KiB, so that a million users' lists fit on one node; this is
-/// what the engine holds now, with a little room. History: 4 352 B before issue 17's
-/// work, 2 431 B after its first round, 2 675 B with reference fields' per-collection
-/// state, 1 668 B with schemas and view plans shared engine-wide, 1 560 B with thin
-/// vectors for what most collections leave empty, 1 284 B with a lone view left
-/// unkeyed, 1 219 B with the name index holding no copy of the names, 995 B with
-/// 48-byte column headers (see `docs/BENCHMARKS.md`, `many-lists`).
-const FIXED_HEAP_BYTES_MAX: f64 = 1_005.0;
+/// Issue 17 asks for 1 KiB, so that a million users' lists fit on one node.
+/// History: 4 352 B before issue 17's work, 2 431 B after its first round, 2 675 B
+/// with reference fields' per-collection state, 1 668 B with schemas and view plans
+/// shared engine-wide, 1 560 B with thin vectors for what most collections leave
+/// empty, 1 284 B with a lone view left unkeyed, 1 219 B with the name index holding
+/// no copy of the names, 995 B with 48-byte column headers, about 960 B with a
+/// boxed node tree and the engine's tables grown by an eighth (see
+/// `docs/BENCHMARKS.md`, `many-lists`).
+const FIXED_HEAP_BYTES_MAX: f64 = 1_024.0;
 /// Rooms per list, lists per room (as in `many-lists`).
 const ROOMS_PER_LIST: usize = 100;
 const LISTS_PER_ROOM: usize = 50;
@@ -118,7 +119,9 @@ fn many_lists_first_updates_allocate_nothing() {
 /// with the number of collections, count too).
 #[test]
 fn an_empty_list_has_a_bounded_fixed_heap() {
-    let n_lists = 2_000;
+    // Just past a power of two: tables that doubled would hold almost twice the
+    // structs they need here (`push_with_slack_of_an_eighth` in the engine).
+    let n_lists = 2_100;
     let mut engine = Engine::new();
     let mut sink = ReadingSink::default();
     let names: Vec<String> = (0..n_lists).map(|list| format!("user{list}")).collect();
