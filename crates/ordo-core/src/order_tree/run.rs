@@ -3,8 +3,8 @@
 //!
 //! A user's room list is about a hundred entries. In the node tree that is two
 //! 1.3 KB leaves and a 1.8 KB inner node whatever the view holds (about 57 bytes
-//! per entry at a hundred), where a run costs the entries' own 20 bytes and an
-//! eighth of slack. Rank is the position, so select is an index and a removal
+//! per entry at a hundred), where a run costs the entries' own 20 bytes and a
+//! sixteenth of slack. Rank is the position, so select is an index and a removal
 //! needs no counts to fix on the way up; the run has no slot → leaf map, but a
 //! scan of at most [`RUN_MAX`] slots finds an entry without its old prefix.
 //!
@@ -31,10 +31,12 @@ pub(crate) const RUN_MAX: usize = 192;
 /// reached a size it never had.
 const GROWN_CAPACITY_MIN: usize = 32;
 
-/// Places for `len` entries and an eighth more (at least [`GROWN_CAPACITY_MIN`]):
-/// at a hundred entries, 22.4 bytes per entry.
+/// Places for `len` entries and a sixteenth more (at least [`GROWN_CAPACITY_MIN`]):
+/// at a hundred entries, 21.2 bytes per entry, so that the view's entries with its
+/// fixed part stay within issue 17's 24 bytes. The slack serves a view's first
+/// few new members (a move needs none: it leaves a gap and fills it).
 fn capacity_for(len: usize) -> usize {
-    (len + len / 8).max(GROWN_CAPACITY_MIN)
+    (len + len / 16).max(GROWN_CAPACITY_MIN)
 }
 
 pub(crate) struct Run {
@@ -48,7 +50,7 @@ pub(crate) struct Run {
 const NO_GAP: usize = usize::MAX;
 
 impl Run {
-    /// A run of entries already in order, with an eighth more places (at least
+    /// A run of entries already in order, with a sixteenth more places (at least
     /// [`GROWN_CAPACITY_MIN`]): a view's first new member then finds room, as its
     /// first move does, instead of allocating on the update that brings it.
     pub(crate) fn from_sorted(entries: &[PackedEntry]) -> Run {
