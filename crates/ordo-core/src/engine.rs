@@ -286,7 +286,9 @@ impl Engine {
     /// For benchmarks and tests only: with `false`, views created from now on are
     /// never keyed, so every update visits them and building one filters the whole
     /// collection (the engine as it was before keyed views). Views already created
-    /// keep what they are. Results are the same either way; only the cost differs.
+    /// keep what they are, except a collection's lone view, which a second view
+    /// created with keying on keys (see `key_lone_view`). Results are the same
+    /// either way; only the cost differs.
     #[doc(hidden)]
     pub fn set_view_keying(&mut self, is_enabled: bool) {
         self.is_view_keying_disabled = !is_enabled;
