@@ -23,9 +23,10 @@ use crate::http::{Body, ConnectionSlot, HttpState};
 use crate::limits;
 use crate::metrics::{self, METRICS};
 use crate::rate_limit::TokenBucket;
-use crate::rules::{self, Action, Grant, RuleSet, RulesDoc, WriteGuard};
+use crate::rules::{self, Action, Grant, RuleSet, RulesDoc};
 use crate::wire::{self, BatchRequest, MultiBatchRequest, QueryRequest, SchemaRequest};
 use crate::write_buffers;
+use crate::write_guard::WriteGuard;
 use crate::ws::{self, ConnectionContext};
 
 fn json_response(status: u16, body: Vec<u8>) -> Response<Body> {
@@ -203,6 +204,34 @@ fn write_guard(
         guards.push((index, Arc::new(guard)));
     }
     Ok(())
+}
+
+/// The items the guarded parts of one `POST /v1/batch` write. Each part is
+/// checked against the committed items, but applied after the parts before it,
+/// and those may still be refused whole (a precondition): a later part's check
+/// could hold for one outcome and not the other (a part removing `a`, the next
+/// upserting `a` without `owner`). So under a write rule an item is written by
+/// one part of a request; its ops may repeat it within that part, where the
+/// guard follows them one by one.
+#[derive(Default)]
+struct GuardedItems {
+    written: std::collections::HashSet<(ordo_core::CollectionId, Box<str>)>,
+}
+
+impl GuardedItems {
+    fn claim(&mut self, collection: ordo_core::CollectionId, batch: &Batch) -> Result<(), ApiError> {
+        if let Some(op) = batch.ops().find(|op| self.written.contains(&(collection, Box::from(op.id())))) {
+            return Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!(
+                    "item `{}` is also written by an earlier part of this request: under a write rule an item may be written by one part of a request only",
+                    op.id()
+                ),
+            ));
+        }
+        self.written.extend(batch.ops().map(|op| (collection, Box::from(op.id()))));
+        Ok(())
+    }
 }
 
 async fn route(
@@ -463,15 +492,24 @@ async fn route(
             let mut refused: Vec<(usize, ApiError)> = Vec::new();
             let mut parts = write_buffers::take_list();
             let mut guards = Vec::new();
+            let mut guarded_items = GuardedItems::default();
             for (index, part) in multi.writes.iter().enumerate() {
                 let prepared =
                     granted_collection(state, &identity, &part.collection, Action::Write).and_then(|(entry, grant)| {
                         write_guard(parts.len(), &entry, &grant, &mut guards)?;
+                        let guarded = guards.last().is_some_and(|(guarded, _)| *guarded == parts.len());
                         let mut batch = write_buffers::take_batch();
-                        match wire::fill_batch(&mut batch, &entry.schema, &part.ops, 0) {
+                        let filled = wire::fill_batch(&mut batch, &entry.schema, &part.ops, 0).and_then(|()| {
+                            if guarded {
+                                guarded_items.claim(entry.id, &batch)
+                            } else {
+                                Ok(())
+                            }
+                        });
+                        match filled {
                             Ok(()) => Ok((entry.id, batch)),
                             Err(error) => {
-                                if guards.last().is_some_and(|(guarded, _)| *guarded == parts.len()) {
+                                if guarded {
                                     guards.pop();
                                 }
                                 write_buffers::give_batch(batch);

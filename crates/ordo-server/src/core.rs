@@ -26,8 +26,8 @@ use crate::frame::DiffsExtra;
 use crate::metrics::{self, CoreGauges, Stage, METRICS};
 use crate::min_seq::SeqWatch;
 use crate::name_routes::NameRoutes;
-use crate::rules::WriteGuard;
 use crate::wire::{Position, Projection, Seek, WindowSpec};
+use crate::write_guard::WriteGuard;
 
 mod schema_change;
 

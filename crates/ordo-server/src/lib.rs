@@ -30,4 +30,5 @@ pub mod server;
 pub mod sub_table;
 pub mod wire;
 pub mod write_buffers;
+pub mod write_guard;
 pub mod ws;

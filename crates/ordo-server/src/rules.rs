@@ -13,7 +13,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
-use ordo_core::{Batch, Collection, CompareOp, FieldId, Filter, OwnedValue, Schema};
+use ordo_core::{Filter, Schema};
 
 use crate::auth::{Identity, Role};
 use crate::error::{ApiError, ErrorCode};
@@ -334,96 +334,6 @@ impl Grant {
             compiled.push(filter);
         }
         Ok(Some(if compiled.len() == 1 { compiled.pop().expect("one") } else { Filter::Any(compiled) }))
-    }
-}
-
-/// What a write under a filtered grant must respect, checked on the writer
-/// thread against the items as they are: every item the batch touches must be
-/// inside the grant before (if it exists) and after. A grant is a list of
-/// alternatives, each a conjunction of `field == value`.
-#[derive(Debug)]
-pub struct WriteGuard {
-    alternatives: Vec<Vec<(FieldId, OwnedValue)>>,
-    /// The schema the field ids belong to: a guard is only checked against a
-    /// collection that still has it (a schema change may come in between).
-    schema: Schema,
-}
-
-impl WriteGuard {
-    /// `None` for a grant of every item.
-    pub fn new(grant: &Grant, schema: &Schema) -> Result<Option<WriteGuard>, ApiError> {
-        let Some(predicate) = grant.predicate(schema)? else { return Ok(None) };
-        let alternatives = match predicate {
-            Filter::Any(list) => list,
-            single => vec![single],
-        };
-        let mut compiled = Vec::with_capacity(alternatives.len());
-        for alternative in alternatives {
-            let mut equalities = Vec::new();
-            collect_equalities(&alternative, schema, &mut equalities)?;
-            compiled.push(equalities);
-        }
-        Ok(Some(WriteGuard { alternatives: compiled, schema: schema.clone() }))
-    }
-
-    /// The schema the guard was compiled against.
-    pub fn schema(&self) -> &Schema {
-        &self.schema
-    }
-
-    /// The index of the first op that leaves the grant, if one does.
-    pub fn check(&self, collection: &Collection, batch: &Batch) -> Result<(), usize> {
-        for (index, op) in batch.ops().enumerate() {
-            let existing = collection.get(op.id());
-            if let Some(item) = existing {
-                let inside = self
-                    .alternatives
-                    .iter()
-                    .any(|equalities| equalities.iter().all(|(field, value)| item.field(*field) == value.as_value()));
-                if !inside {
-                    return Err(index);
-                }
-            }
-            if op.is_remove() {
-                continue;
-            }
-            let schema = collection.schema();
-            // An atomic operation on a field the rule pins (`owner == $user`) would
-            // change it to a value only known on the writer: refused outright, so
-            // that no increment or `set_max` can move an item out of the grant.
-            let pins = |field_id| self.alternatives.iter().flatten().any(|(pinned, _)| *pinned == field_id);
-            if op.atomics().any(|(_, name, _)| schema.field_id(name).is_some_and(pins)) {
-                return Err(index);
-            }
-            let after_inside = self.alternatives.iter().any(|equalities| {
-                equalities.iter().all(|(field, value)| {
-                    let name = &schema.field(*field).name;
-                    match op.fields().find(|(set, _)| set == name) {
-                        Some((_, set)) => set.coerce_to(schema.field(*field).field_type) == Some(value.as_value()),
-                        // Unchanged: equal only if the item exists and already had it.
-                        None => existing.is_some_and(|item| item.field(*field) == value.as_value()),
-                    }
-                })
-            });
-            if !after_inside {
-                return Err(index);
-            }
-        }
-        Ok(())
-    }
-}
-
-fn collect_equalities(filter: &Filter, schema: &Schema, out: &mut Vec<(FieldId, OwnedValue)>) -> Result<(), ApiError> {
-    match filter {
-        Filter::All(list) => list.iter().try_for_each(|child| collect_equalities(child, schema, out)),
-        Filter::Compare { field, op: CompareOp::Eq, value } => {
-            let field_id = schema
-                .field_id(field)
-                .ok_or_else(|| ApiError::new(ErrorCode::Forbidden, "the write rule names a field the schema lacks"))?;
-            out.push((field_id, value.clone()));
-            Ok(())
-        }
-        _ => Err(ApiError::new(ErrorCode::Forbidden, "a write rule's filter is `eq` comparisons only")),
     }
 }
 

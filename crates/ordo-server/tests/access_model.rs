@@ -5,7 +5,10 @@
 //! session) while a writer changes the data. After every step, every frame any
 //! user received holds only items that user may see, every window equals the
 //! reference computed over the items the user may see (filter, sort, slice,
-//! projection), and every forbidden attempt got `forbidden`.
+//! projection), and every forbidden attempt got `forbidden`. Readers may also
+//! write their own documents (`owner == $sub`): their batches repeat ids,
+//! remove and upsert again, increment, and try to plant or take items; the
+//! model decides each batch op by op against the state the earlier ops leave.
 //!
 //! `ORDO_ACCESS_MODEL_SEEDS` and `ORDO_ACCESS_MODEL_STEPS` run it longer.
 
@@ -346,6 +349,82 @@ impl Model {
         assert_eq!(status, 200, "seed {}: the writer's batch: {answer}", self.seed);
     }
 
+    /// A reader's batch on `docs` under its write rule (`owner == $sub`): ops
+    /// on its own, other users' and new ids, often the same id several times.
+    /// The model applies the ops one by one; the server must accept the batch
+    /// exactly when no op touches or leaves an item outside the rule, and then
+    /// hold what the model holds.
+    async fn reader_write(&mut self, index: usize, step: usize) {
+        let name = self.users[index].name;
+        let mut ids: Vec<String> = Vec::new();
+        for _ in 0..1 + self.rng.below(2) {
+            let id = if self.next_doc == 0 || self.rng.chance(30) {
+                self.next_doc += 1;
+                let id = format!("d{:03}", self.next_doc);
+                self.doc_owner_team.insert(id.clone(), (name, *self.rng.pick(&TEAMS)));
+                id
+            } else {
+                format!("d{:03}", 1 + self.rng.below(self.next_doc as u64))
+            };
+            ids.push(id);
+        }
+        let mut staged = self.world.docs.clone();
+        let mut accepted = true;
+        let mut ops = Vec::new();
+        for _ in 0..1 + self.rng.below(4) {
+            let id = self.rng.pick(&ids).clone();
+            let (owner, team) = self.doc_owner_team[&id];
+            if staged.get(&id).is_some_and(|doc| doc.owner != name) {
+                accepted = false;
+            }
+            let score = self.rng.below(20) as i64 - 3;
+            let title = *self.rng.pick(&TITLES);
+            match self.rng.below(5) {
+                0 => {
+                    staged.remove(&id);
+                    ops.push(json!({"op": "remove", "id": id}));
+                }
+                1 => {
+                    // No owner: only an item that exists (as the batch left it) keeps one.
+                    match staged.get_mut(&id) {
+                        Some(doc) => (doc.score, doc.title) = (score, title),
+                        None => accepted = false,
+                    }
+                    ops.push(json!({"op": "upsert", "id": id, "fields": {"score": score, "title": title}}));
+                }
+                2 => {
+                    match staged.get_mut(&id) {
+                        Some(doc) => doc.score += 1,
+                        None => accepted = false,
+                    }
+                    ops.push(json!({"op": "upsert", "id": id, "increment": {"score": 1}}));
+                }
+                3 => {
+                    // Planting an item for someone else, or giving one away.
+                    let other = *self.rng.pick(&USERS);
+                    accepted &= other == name && owner == name;
+                    staged.insert(id.clone(), Doc { owner: other, team, score, title });
+                    ops.push(json!({"op": "upsert", "id": id, "fields": {"owner": other, "team": team, "score": score, "title": title}}));
+                }
+                _ => {
+                    accepted &= owner == name;
+                    staged.insert(id.clone(), Doc { owner, team, score, title });
+                    ops.push(json!({"op": "upsert", "id": id, "fields": {"owner": owner, "team": team, "score": score, "title": title}}));
+                }
+            }
+        }
+        let token = self.users[index].token.clone();
+        let body = json!({"ops": ops});
+        let (status, answer) = self.server.http_as(Some(&token), "POST", "/v1/collections/docs/batch", Some(&body));
+        let context = format!("seed {} step {step} user {name} batch {body}", self.seed);
+        if accepted {
+            assert_eq!(status, 200, "{context}: {answer}");
+            self.world.docs = staged;
+        } else {
+            assert_eq!((status, answer["error"]["code"].as_str()), (403, Some("forbidden")), "{context}: {answer}");
+        }
+    }
+
     async fn subscribe(&mut self, index: usize) {
         let name = self.users[index].name;
         let collection = self.random_collection(name);
@@ -523,6 +602,7 @@ async fn run_seed(seed: u64, n_steps: usize) {
     let mut rules = vec![
         json!({"collection": "lists/{sub}", "roles": ["reader"], "read": true}),
         json!({"collection": "docs", "roles": ["writer"], "write": true}),
+        json!({"collection": "docs", "roles": ["reader"], "write": {"filter": {"field": "owner", "op": "eq", "value": "$sub"}}}),
         json!({"collection": "lists/*", "roles": ["writer"], "write": true}),
     ];
     match rule {
@@ -566,8 +646,9 @@ async fn run_seed(seed: u64, n_steps: usize) {
     for step in 0..n_steps {
         let index = model.rng.index(USERS.len());
         match model.rng.below(100) {
-            0..=34 => model.write().await,
-            35..=54 => model.subscribe(index).await,
+            0..=29 => model.write().await,
+            30..=39 => model.reader_write(index, step).await,
+            40..=54 => model.subscribe(index).await,
             55..=64 => model.set_view(index).await,
             65..=74 => model.set_range(index).await,
             75..=89 => model.query(index, step),

@@ -562,6 +562,28 @@ fn a_write_rule_with_a_filter_keeps_writers_to_their_own_items() {
         let (status, answer) = write(ops);
         assert_eq!((status, answer["error"]["code"].as_str()), (403, Some("forbidden")), "{what}: {answer}");
     }
+    // The rule holds over the batch's own earlier ops, not only the committed items.
+    let (status, answer) =
+        write(json!([{"op": "remove", "id": "a1"}, {"op": "upsert", "id": "a1", "fields": {"score": 1}}]));
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (403, Some("forbidden")),
+        "removed, then written again without an owner: {answer}"
+    );
+    let (status, answer) = write(json!([{"op": "upsert", "id": "a5", "fields": {"owner": "alice", "score": 1}},
+        {"op": "upsert", "id": "a5", "fields": {"score": 2}}, {"op": "upsert", "id": "a5", "increment": {"score": 1}}]));
+    assert_eq!(status, 200, "created, then changed in the same batch: {answer}");
+    // Across the parts of one request: the second part would be checked against
+    // the committed `a5`, but applied after the first part removed it.
+    let (status, answer) = server.http_as(
+        Some(&alice),
+        "POST",
+        "/v1/batch",
+        Some(&json!({"writes": [{"collection": "notes", "ops": [{"op": "remove", "id": "a5"}]},
+            {"collection": "notes", "ops": [{"op": "upsert", "id": "a5", "fields": {"score": 7}}]}]})),
+    );
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(answer["results"][1]["error"]["code"], "forbidden", "{answer}");
     let (status, answer) = server.http_as(Some(&alice), "DELETE", "/v1/collections/notes/items/bobs", None);
     assert_eq!(status, 403, "{answer}");
     let all = server.ok("POST", "/v1/collections/notes/query", json!({"limit": 10}));

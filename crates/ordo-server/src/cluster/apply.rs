@@ -23,8 +23,9 @@ use crate::access::Gate;
 use crate::auth::{Identity, Role};
 use crate::core::{is_reserved_name, Core, FieldChange};
 use crate::error::{ApiError, ErrorCode};
-use crate::rules::{self, Action, RuleSet, RulesDoc, WriteGuard};
+use crate::rules::{self, Action, RuleSet, RulesDoc};
 use crate::wire::{self, AddFieldRequest, SchemaRequest};
+use crate::write_guard::WriteGuard;
 use ordo_core::CollectionId;
 use ordo_store::PendingWrite;
 

@@ -235,7 +235,8 @@ mod tests {
         let schema = Schema::new().with_field("a", FieldType::U64).with_field("owner", FieldType::String);
         let (_, entry) = core.create_collection("notes", schema).unwrap();
         let grant = crate::rules::Grant::Where(vec![serde_json::json!({"field": "owner", "op": "eq", "value": "u1"})]);
-        let guard = Arc::new(crate::rules::WriteGuard::new(&grant, &entry.schema).unwrap().expect("a filtered grant"));
+        let guard =
+            Arc::new(crate::write_guard::WriteGuard::new(&grant, &entry.schema).unwrap().expect("a filtered grant"));
         core.change_fields(entry.id, FieldChange::Remove { name: "a".into() }).unwrap();
 
         // Owner `u2`: outside the grant. With the stale id 1 (no field now) the check
