@@ -193,6 +193,16 @@ fn granted_collection(
     state.gate.granted_collection(&state.routes, identity, name, action)
 }
 
+/// A write's refusal as its caller may see it: unless the caller may read
+/// every item of the collection, a conflict does not say what state the item
+/// was found in (docs/SECURITY.md, "What a refusal reveals").
+fn shown_to(state: &HttpState, identity: &Identity, collection: &str, error: ApiError) -> ApiError {
+    match state.gate.rules().grant(identity, collection, Action::Read) {
+        Some(Grant::All) => error,
+        _ => error.for_partial_reader(),
+    }
+}
+
 /// A write's part and, under a filtered write rule, the guard the writer checks.
 fn write_guard(
     index: usize,
@@ -450,7 +460,8 @@ async fn route(
                 let body = read_body(request).await?;
                 check_op_count(parse::<BatchRequest>(&body)?.ops.len())?;
                 let entry = cluster::routes::batch_entry(&identity, name, &body).map_err(|_| error.clone())?;
-                let ack = write(state, Vec::new(), Vec::new(), Some(vec![entry])).await?.pop().expect("one result")?;
+                let ack = write(state, Vec::new(), Vec::new(), Some(vec![entry])).await?.pop().expect("one result");
+                let ack = ack.map_err(|error| shown_to(state, &identity, name, error))?;
                 let mut body = Vec::with_capacity(64);
                 write_ack(&mut body, &ack);
                 return Ok(json_response(200, body));
@@ -471,7 +482,8 @@ async fn route(
                 None => None,
             };
             let mut results = write(state, parts, guards, entries).await?;
-            let ack = results.pop().expect("one result per part")?;
+            let ack =
+                results.pop().expect("one result per part").map_err(|error| shown_to(state, &identity, name, error))?;
             let mut body = Vec::with_capacity(64);
             write_ack(&mut body, &ack);
             Ok(json_response(200, body))
@@ -548,7 +560,10 @@ async fn route(
                 }
                 let result = match refused.next_if(|(refused_index, _)| *refused_index == index) {
                     Some((_, error)) => Err(error),
-                    None => written.next().expect("one result per part written"),
+                    None => written
+                        .next()
+                        .expect("one result per part written")
+                        .map_err(|error| shown_to(state, &identity, &multi.writes[index].collection, error)),
                 };
                 match result {
                     Ok(ack) => write_ack(&mut body, &ack),
@@ -594,7 +609,8 @@ async fn route(
             batch.remove(id);
             let entries = state.cluster.as_ref().map(|_| vec![cluster::routes::remove_entry(&identity, name, id)]);
             let mut results = write(state, vec![(entry.id, batch)], guards, entries).await?;
-            let ack = results.pop().expect("one result per part")?;
+            let ack =
+                results.pop().expect("one result per part").map_err(|error| shown_to(state, &identity, name, error))?;
             let body = serde_json::json!({"seq": ack.seq, "removed": ack.summary.n_removed == 1});
             Ok(json_response(200, body.to_string().into_bytes()))
         }

@@ -1,7 +1,7 @@
 //! Errors answered to clients: a stable code, an HTTP status, and a message a
 //! person can act on. The codes are listed in `docs/PROTOCOL.md`.
 
-use ordo_core::{BatchError, CreateCollectionError, SchemaChangeError, SchemaError, ViewError};
+use ordo_core::{BatchError, CreateCollectionError, Precondition, SchemaChangeError, SchemaError, ViewError};
 use ordo_store::StoreError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -128,11 +128,15 @@ pub struct ApiError {
     pub status: Option<u16>,
     /// The batch op a `conflict` names (also in the message), for clients to act on.
     pub op: Option<usize>,
+    /// A `conflict`'s message without the state the item was found in (its
+    /// version, whether it exists): what a caller that may not read the whole
+    /// collection is told, so that a precondition cannot read a hidden item.
+    pub without_found_state: Option<String>,
 }
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
-        ApiError { code, message: message.into(), status: None, op: None }
+        ApiError { code, message: message.into(), status: None, op: None, without_found_state: None }
     }
 
     pub fn status(&self) -> u16 {
@@ -169,6 +173,15 @@ impl ApiError {
         }
     }
 
+    /// The error as a caller that may not read every item of the collection
+    /// sees it: a conflict without the state the item was found in.
+    pub fn for_partial_reader(self) -> ApiError {
+        match self.without_found_state {
+            Some(message) => ApiError { message, without_found_state: None, ..self },
+            None => self,
+        }
+    }
+
     /// `{"error":{"code":..,"message":..}}`
     pub fn to_json_body(&self) -> Vec<u8> {
         let body = match self.op {
@@ -200,8 +213,18 @@ impl From<ViewError> for ApiError {
 
 impl From<BatchError> for ApiError {
     fn from(error: BatchError) -> ApiError {
-        if let BatchError::Conflict { op_index, .. } = error {
-            return ApiError { op: Some(op_index), ..ApiError::new(ErrorCode::Conflict, error.to_string()) };
+        if let BatchError::Conflict { op_index, id, expected, .. } = &error {
+            let expected = match expected {
+                Precondition::Exists => "`{\"exists\":true}`".to_owned(),
+                Precondition::NotExists => "`{\"exists\":false}`".to_owned(),
+                Precondition::Version(version) => format!("`{{\"version\":{version}}}`"),
+            };
+            let without_found_state = format!("op {op_index} (`{id}`): the precondition {expected} does not hold");
+            return ApiError {
+                op: Some(*op_index),
+                without_found_state: Some(without_found_state),
+                ..ApiError::new(ErrorCode::Conflict, error.to_string())
+            };
         }
         let code = match error {
             BatchError::UnknownCollection => ErrorCode::UnknownCollection,

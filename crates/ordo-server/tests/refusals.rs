@@ -1,0 +1,77 @@
+//! What a refusal may tell a caller about items and collections it may not
+//! read: no version or state of a hidden item in a conflict, and no probing of
+//! other collections through a schema's `ref` targets.
+
+mod common;
+
+use common::{mint, write_secret, Server};
+use serde_json::{json, Value};
+
+/// Readers may write every note but read only their own.
+fn start_with_hidden_notes(dir: &std::path::Path) -> (Server, std::path::PathBuf) {
+    let secret_file = write_secret(dir);
+    let mut server = Server::start(&dir.join("data"), &["--auth-secret-file", secret_file.to_str().unwrap()]);
+    server.token = Some(mint(&secret_file, "ops", "admin", &[]));
+    server.ok("PUT", "/v1/collections/notes", json!({"fields": [{"name": "owner", "type": "string"}]}));
+    server.ok(
+        "PUT",
+        "/v1/rules",
+        json!({"rules": [{"collection": "notes", "roles": ["reader"], "write": true,
+            "read": {"filter": {"field": "owner", "op": "eq", "value": "$sub"}}}]}),
+    );
+    for _ in 0..3 {
+        server.ok(
+            "POST",
+            "/v1/collections/notes/batch",
+            json!({"ops": [{"op": "upsert", "id": "bobs", "fields": {"owner": "bob"}}]}),
+        );
+    }
+    (server, secret_file)
+}
+
+fn conflict_message(answer: &Value, id: &str) -> String {
+    assert_eq!(answer["error"]["code"], "conflict", "{answer}");
+    answer["error"]["message"].as_str().unwrap().replace(id, "ID")
+}
+
+#[test]
+fn a_conflict_on_a_hidden_item_says_no_more_than_one_on_a_missing_item() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, secret_file) = start_with_hidden_notes(dir.path());
+    let alice = mint(&secret_file, "alice", "reader", &[]);
+    let write = |id: &str, condition: Value| {
+        let body = json!({"ops": [{"op": "upsert", "id": id, "if": condition, "fields": {"owner": "alice"}}]});
+        let single = server.http_as(Some(&alice), "POST", "/v1/collections/notes/batch", Some(&body));
+        let multi = server.http_as(
+            Some(&alice),
+            "POST",
+            "/v1/batch",
+            Some(&json!({"writes": [{"collection": "notes", "ops": body["ops"]}]})),
+        );
+        assert_eq!(single.0, 409, "{}", single.1);
+        assert_eq!(multi.0, 409, "{}", multi.1);
+        let multi_error = json!({"error": multi.1["results"][0]["error"]});
+        assert_eq!(conflict_message(&single.1, id), conflict_message(&multi_error, id), "the same on every path");
+        conflict_message(&single.1, id)
+    };
+    let version = server.http("GET", "/v1/collections/notes/items/bobs", None).1["version"].as_u64().unwrap();
+    for condition in [json!({"version": 99}), json!({"version": version - 1}), json!({"exists": true})] {
+        let hidden = if condition == json!({"exists": true}) { None } else { Some(write("bobs", condition.clone())) };
+        let missing = write("nobody", condition.clone());
+        assert!(!missing.contains("found"), "{missing}");
+        if let Some(hidden) = hidden {
+            assert_eq!(hidden, missing, "{condition}: a hidden item answers as a missing one");
+        }
+    }
+    let hidden = write("bobs", json!({"exists": false}));
+    assert!(!hidden.contains("version") && !hidden.contains("found"), "{hidden}");
+    // An admin, who may read everything, is told what was found.
+    let (status, answer) = server.http(
+        "POST",
+        "/v1/collections/notes/batch",
+        Some(&json!({"ops": [{"op": "upsert", "id": "bobs", "if": {"version": 99}, "fields": {}}]})),
+    );
+    assert_eq!(status, 409, "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains(&format!("found {version}")), "{answer}");
+    server.stop();
+}
