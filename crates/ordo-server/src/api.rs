@@ -385,9 +385,11 @@ async fn route(
             }
             let name = name.to_string();
             let body = read_body(request).await?;
-            let schema_request: SchemaRequest = parse(&body)?;
-            let schema = schema_request.to_schema(|target| collection_id(state, target))?;
+            // Every attempt counts against the quota, refused ones too.
             state.gate.take_creation(&identity)?;
+            let schema_request: SchemaRequest = parse(&body)?;
+            state.gate.rules().check_ref_targets(&identity, schema_request.ref_targets())?;
+            let schema = schema_request.to_schema(|target| collection_id(state, target))?;
             let (created, entry) = if let Some(cluster) = &state.cluster {
                 cluster::routes::create_collection(cluster, &identity, &name, &body).await?
             } else {

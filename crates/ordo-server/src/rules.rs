@@ -183,6 +183,27 @@ impl RuleSet {
             })
     }
 
+    /// A non-admin's new collection may reference only collections it may read
+    /// whole. Checked before any name is looked up, so that a refusal says the
+    /// same whether the target exists or not (a schema is no way to probe
+    /// names), and so that a reader's collection never pins one it may not read
+    /// (a referenced collection cannot be dropped while the reference lasts).
+    pub fn check_ref_targets<'a>(
+        &self,
+        identity: &Identity,
+        targets: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), ApiError> {
+        for target in targets {
+            if self.grant(identity, target, Action::Read) != Some(Grant::All) {
+                return Err(ApiError::new(
+                    ErrorCode::Forbidden,
+                    format!("this identity may not reference `{target}`: a ref field's target must be a collection it may read whole"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether some rule lets `identity` read `name`: the collection list shows only those.
     pub fn may_read(&self, identity: &Identity, name: &str) -> bool {
         self.grant(identity, name, Action::Read).is_some()

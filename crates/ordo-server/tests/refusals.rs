@@ -75,3 +75,41 @@ fn a_conflict_on_a_hidden_item_says_no_more_than_one_on_a_missing_item() {
     assert!(answer["error"]["message"].as_str().unwrap().contains(&format!("found {version}")), "{answer}");
     server.stop();
 }
+
+#[test]
+fn a_readers_schema_neither_probes_nor_pins_collections_it_may_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = write_secret(dir.path());
+    let mut server = Server::start(&dir.path().join("data"), &["--auth-secret-file", secret_file.to_str().unwrap()]);
+    server.token = Some(mint(&secret_file, "ops", "admin", &[]));
+    server.ok(
+        "PUT",
+        "/v1/rules",
+        json!({"rules": [{"collection": "lists/{sub}", "roles": ["reader"], "read": true, "create": true},
+            {"collection": "rooms", "roles": ["reader"], "read": true}]}),
+    );
+    let plain = json!({"fields": [{"name": "title", "type": "string"}]});
+    server.ok("PUT", "/v1/collections/lists%2Fbob", plain.clone());
+    server.ok("PUT", "/v1/collections/rooms", plain);
+    let alice = mint(&secret_file, "alice", "reader", &[]);
+    let create_with_ref = |target: &str| {
+        let schema = json!({"fields": [{"name": "r", "type": "ref", "target": target}]});
+        server.http_as(Some(&alice), "PUT", "/v1/collections/lists%2Falice", Some(&schema))
+    };
+    let (status, missing) = create_with_ref("lists/nobody");
+    assert_eq!((status, missing["error"]["code"].as_str()), (403, Some("forbidden")), "{missing}");
+    let (status, existing) = create_with_ref("lists/bob");
+    assert_eq!((status, existing["error"]["code"].as_str()), (403, Some("forbidden")), "{existing}");
+    assert_eq!(
+        missing["error"]["message"].as_str().unwrap().replace("nobody", "X"),
+        existing["error"]["message"].as_str().unwrap().replace("bob", "X"),
+        "the same answer whether the target exists or not"
+    );
+    // Bob's collection is not pinned: the admin drops it.
+    let (status, answer) = server.http("DELETE", "/v1/collections/lists%2Fbob", None);
+    assert_eq!(status, 200, "{answer}");
+    // A collection the reader may read whole may be referenced.
+    let (status, answer) = create_with_ref("rooms");
+    assert_eq!(status, 201, "{answer}");
+    server.stop();
+}

@@ -334,6 +334,7 @@ fn create_collection(
         return Err(rules::forbidden(name, "create"));
     }
     let request: SchemaRequest = parse(required(entry.schema, "schema")?)?;
+    applier.gate.rules().check_ref_targets(identity, request.ref_targets())?;
     let schema = request.to_schema(|target| route_id(core, target))?;
     core.create_collection(name, schema)
 }

@@ -26,6 +26,11 @@ pub struct FieldRequest {
 }
 
 impl SchemaRequest {
+    /// The collections the schema's `ref` fields name, as written.
+    pub fn ref_targets(&self) -> impl Iterator<Item = &str> {
+        self.fields.iter().filter(|field| field.field_type == "ref").filter_map(|field| field.target.as_deref())
+    }
+
     /// `collection_id` finds a `ref` field's target by name.
     pub fn to_schema(&self, collection_id: impl Fn(&str) -> Option<CollectionId>) -> Result<Schema, ApiError> {
         let mut schema = Schema::new();
