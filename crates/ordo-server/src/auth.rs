@@ -72,15 +72,25 @@ impl Identity {
 
     /// A claim's value as rules bind it: strings as they are, integers and
     /// booleans in their JSON spelling; anything else does not bind.
+    /// `None` also for a value outside the claim alphabet: a claim is put into
+    /// a collection pattern as a value, so it must not carry the pattern's
+    /// syntax (`lists/{sub}` with `sub` = `bob/archive` would name
+    /// `lists/bob/archive`). `sub` is checked when the token is verified.
     pub fn claim_text(&self, name: &str) -> Option<String> {
         if name == "sub" {
             return Some(self.sub.clone());
         }
-        match self.claims.get(name)? {
-            Json::String(text) => Some(text.clone()),
-            Json::Number(number) if number.is_i64() || number.is_u64() => Some(number.to_string()),
-            Json::Bool(value) => Some(value.to_string()),
-            _ => None,
+        let text = match self.claims.get(name)? {
+            Json::String(text) => text.clone(),
+            Json::Number(number) if number.is_i64() || number.is_u64() => number.to_string(),
+            Json::Bool(value) => value.to_string(),
+            _ => return None,
+        };
+        if is_claim_text(&text) {
+            Some(text)
+        } else {
+            crate::metrics::add(&crate::metrics::METRICS.claims_outside_alphabet, 1);
+            None
         }
     }
 
@@ -109,10 +119,12 @@ pub enum AuthFailure {
     WrongAudience,
     WrongIssuer,
     BadClaims,
+    /// `sub` holds a character outside the claim alphabet (`is_claim_text`).
+    BadSubject,
 }
 
 impl AuthFailure {
-    pub const ALL: [AuthFailure; 11] = [
+    pub const ALL: [AuthFailure; 12] = [
         AuthFailure::Missing,
         AuthFailure::TooLarge,
         AuthFailure::Malformed,
@@ -124,6 +136,7 @@ impl AuthFailure {
         AuthFailure::WrongAudience,
         AuthFailure::WrongIssuer,
         AuthFailure::BadClaims,
+        AuthFailure::BadSubject,
     ];
 
     pub fn reason(self) -> &'static str {
@@ -139,6 +152,7 @@ impl AuthFailure {
             AuthFailure::WrongAudience => "wrong_audience",
             AuthFailure::WrongIssuer => "wrong_issuer",
             AuthFailure::BadClaims => "bad_claims",
+            AuthFailure::BadSubject => "bad_subject",
         }
     }
 
@@ -154,11 +168,23 @@ impl AuthFailure {
             AuthFailure::NotYetValid => "the token is not valid yet (`nbf`)".to_owned(),
             AuthFailure::WrongAudience => "the token's audience (`aud`) is not this server".to_owned(),
             AuthFailure::WrongIssuer => "the token's issuer (`iss`) is not accepted".to_owned(),
+            AuthFailure::BadSubject => {
+                "the token's `sub` holds a character outside A-Z a-z 0-9 - _ . @ : + = | ~ (docs/SECURITY.md, \"Claims are values\")".to_owned()
+            }
             AuthFailure::BadClaims => {
                 "the token's claims are not acceptable (`sub` a string of 1..=255 bytes, `exp` a number, the role one of admin, writer, reader)".to_owned()
             }
         }
     }
+}
+
+/// The claim alphabet: what a claim bound into a collection pattern may hold.
+/// Letters, digits and `- _ . @ : + = | ~` cover the subjects identity
+/// providers issue (UUIDs, numbers, e-mail addresses, `auth0|…`, Matrix's
+/// `@user:server`), and none of them is pattern syntax (`/`, `*`, `{`, `}`)
+/// or changes meaning in a URL path (`%`, `?`, `#`).
+pub fn is_claim_text(text: &str) -> bool {
+    text.bytes().all(|byte| byte.is_ascii_alphanumeric() || b"-_.@:+=|~".contains(&byte))
 }
 
 /// A public key of the JWKS file, with the one algorithm it verifies.
@@ -298,6 +324,9 @@ impl Verifier {
             Some(Json::String(sub)) if !sub.is_empty() && sub.len() <= limits::MAX_SUBJECT_BYTES => sub.clone(),
             _ => return Err(AuthFailure::BadClaims),
         };
+        if !is_claim_text(&sub) {
+            return Err(AuthFailure::BadSubject);
+        }
         let role = match claims.get(&self.role_claim) {
             None => Role::Reader,
             Some(Json::String(name)) => Role::parse(name).ok_or(AuthFailure::BadClaims)?,

@@ -450,6 +450,11 @@ impl TokenArgs {
         if self.sub.is_empty() || self.sub.len() > limits::MAX_SUBJECT_BYTES {
             return Err(format!("--sub is 1..={} bytes", limits::MAX_SUBJECT_BYTES));
         }
+        if !crate::auth::is_claim_text(&self.sub) {
+            return Err(
+                "--sub holds only letters, digits and - _ . @ : + = | ~ (the server refuses any other)".to_owned()
+            );
+        }
         let secret = match &self.secret_file {
             Some(path) => auth::read_secret_file(path)?,
             None => secret_from_env()?.ok_or("no secret: pass --secret-file FILE or set ORDO_AUTH_SECRET")?,

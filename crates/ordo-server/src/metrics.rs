@@ -27,6 +27,7 @@ pub struct Metrics {
     pub resume_replayed: AtomicU64,
     pub resume_reset: AtomicU64,
     pub closed_slow: AtomicU64,
+    pub claims_outside_alphabet: AtomicU64,
     errors: [AtomicU64; ErrorCode::ALL.len()],
     auth_failures: [AtomicU64; AuthFailure::ALL.len()],
     stages: [StageHistogram; Stage::ALL.len()],
@@ -48,6 +49,7 @@ pub static METRICS: Metrics = Metrics {
     resume_replayed: AtomicU64::new(0),
     resume_reset: AtomicU64::new(0),
     closed_slow: AtomicU64::new(0),
+    claims_outside_alphabet: AtomicU64::new(0),
     errors: [const { AtomicU64::new(0) }; ErrorCode::ALL.len()],
     auth_failures: [const { AtomicU64::new(0) }; AuthFailure::ALL.len()],
     stages: [const { StageHistogram::new() }; Stage::ALL.len()],
@@ -217,6 +219,12 @@ pub fn render(gauges: &CoreGauges, core_queue_depth: usize) -> String {
     line("ordo_resume_replayed_total", "counter", "Subscriptions resumed by replay.", m.resume_replayed.load(Relaxed));
     line("ordo_resume_reset_total", "counter", "Subscriptions resumed by a reset.", m.resume_reset.load(Relaxed));
     line("ordo_closed_slow_total", "counter", "Connections closed for being slow (4001).", m.closed_slow.load(Relaxed));
+    line(
+        "ordo_claims_outside_alphabet_total",
+        "counter",
+        "Claims a collection pattern did not bind because they hold characters outside the claim alphabet.",
+        m.claims_outside_alphabet.load(Relaxed),
+    );
     let _ = writeln!(out, "# HELP ordo_errors_total Errors answered, by code.\n# TYPE ordo_errors_total counter");
     for (code, counter) in ErrorCode::ALL.iter().zip(&m.errors) {
         let _ = writeln!(out, "ordo_errors_total{{code=\"{}\"}} {}", code.as_str(), counter.load(Relaxed));

@@ -1,6 +1,7 @@
-//! What a refusal may tell a caller about items and collections it may not
-//! read: no version or state of a hidden item in a conflict, and no probing of
-//! other collections through a schema's `ref` targets.
+//! What a caller cannot reach through a refusal or a claim: no version or
+//! state of a hidden item in a conflict, no probing or pinning of other
+//! collections through a schema's `ref` targets, and no other user's
+//! collection through a claim that carries a pattern's syntax.
 
 mod common;
 
@@ -111,5 +112,48 @@ fn a_readers_schema_neither_probes_nor_pins_collections_it_may_not_read() {
     // A collection the reader may read whole may be referenced.
     let (status, answer) = create_with_ref("rooms");
     assert_eq!(status, 201, "{answer}");
+    server.stop();
+}
+
+fn hs256(secret_file: &std::path::Path, claims: Value) -> String {
+    let secret = std::fs::read_to_string(secret_file).unwrap();
+    let key = jsonwebtoken::EncodingKey::from_secret(secret.trim().as_bytes());
+    jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256), &claims, &key).unwrap()
+}
+
+#[test]
+fn a_claim_is_a_value_never_pattern_syntax() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = write_secret(dir.path());
+    let mut server = Server::start(&dir.path().join("data"), &["--auth-secret-file", secret_file.to_str().unwrap()]);
+    server.token = Some(mint(&secret_file, "ops", "admin", &[]));
+    server.ok(
+        "PUT",
+        "/v1/rules",
+        json!({"rules": [{"collection": "lists/{sub}", "roles": ["reader"], "read": true},
+            {"collection": "lists/{sub}/archive", "roles": ["reader"], "read": true},
+            {"collection": "teams/{team}", "roles": ["reader"], "read": true}]}),
+    );
+    let plain = json!({"fields": [{"name": "title", "type": "string"}]});
+    for name in ["lists%2Fbob%2Farchive", "teams%2Fred", "teams%2Fred%2Fx", "lists%2Fbob"] {
+        server.ok("PUT", &format!("/v1/collections/{name}"), plain.clone());
+    }
+    let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 600;
+    // A subject that would name someone else's collection is refused when the token is verified.
+    let walker = hs256(&secret_file, json!({"sub": "bob/archive", "role": "reader", "exp": exp}));
+    let (status, answer) = server.http_as(Some(&walker), "GET", "/v1/collections/lists%2Fbob%2Farchive", None);
+    assert_eq!((status, answer["error"]["code"].as_str()), (401, Some("unauthorized")), "{answer}");
+    assert_eq!(server.metric("ordo_auth_failures_total{reason=\"bad_subject\"}"), 1.0);
+    // Any other claim outside the alphabet binds no pattern (and is counted).
+    let red_slash = hs256(&secret_file, json!({"sub": "carol", "role": "reader", "exp": exp, "team": "red/x"}));
+    let (status, answer) = server.http_as(Some(&red_slash), "GET", "/v1/collections/teams%2Fred%2Fx", None);
+    assert_eq!((status, answer["error"]["code"].as_str()), (403, Some("forbidden")), "{answer}");
+    assert!(server.metric("ordo_claims_outside_alphabet_total") >= 1.0);
+    // Subjects identity providers issue still work.
+    for sub in ["@bob:example.org", "auth0|5f7c8ec7c33c6c004bbafe82", "bob.smith+x@example.org"] {
+        let token = hs256(&secret_file, json!({"sub": sub, "role": "reader", "exp": exp, "team": "red"}));
+        let (status, answer) = server.http_as(Some(&token), "GET", "/v1/collections/teams%2Fred", None);
+        assert_eq!(status, 200, "{sub}: {answer}");
+    }
     server.stop();
 }
