@@ -223,3 +223,134 @@ async fn a_resume_after_an_unrelated_removal_and_a_set_view_through_a_reference_
     assert_eq!(client.lists["s"].items[0]["id"], "i2");
     server.stop();
 }
+
+/// A collection `t` of items `n1..=n{count}` with a `u64` field `n` equal to their number.
+fn create_numbers(server: &Server, count: u64) {
+    server.ok("PUT", "/v1/collections/t", json!({"fields": [{"name": "n", "type": "u64"}]}));
+    let ops: Vec<Value> =
+        (1..=count).map(|n| json!({"op": "upsert", "id": format!("n{n}"), "fields": {"n": n}})).collect();
+    batch(server, "t", json!(ops));
+}
+
+fn kinds(frame: &Value) -> Vec<String> {
+    frame["diffs"].as_array().unwrap().iter().map(|diff| diff.as_object().unwrap().keys().next().unwrap().clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_windows_slide_by_small_diffs_or_a_reset_when_that_is_smaller() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    create_numbers(&server, 5);
+    let sort = json!([{"field": "n", "dir": "asc"}]);
+    let mut client = server.connect().await;
+    for (sub, limit) in [("one", 1), ("two", 2), ("three", 3)] {
+        client.send(json!({"op": "subscribe", "sub": sub, "collection": "t", "sort": sort, "tail": true, "limit": limit})).await;
+        next_frame(&mut client, sub).await;
+    }
+    let expected = |server: &Server, limit: u64| query(server, "t", json!({"sort": sort, "tail": true, "limit": limit}));
+
+    // One row enters at the end.
+    client.diffs_seen.clear();
+    batch(&server, "t", json!([{"op": "upsert", "id": "n6", "fields": {"n": 6}}]));
+    for (sub, limit) in [("one", 1), ("two", 2), ("three", 3)] {
+        settle_to(&mut client, sub, &expected(&server, limit), "one row entered").await;
+    }
+    // A one-row tail whose row changes is one Reset; a longer tail slides by two diffs.
+    let frames: Vec<Value> = client.diffs_seen.clone();
+    let of = |sub: &str| frames.iter().find(|frame| frame["sub"] == sub).cloned().unwrap();
+    assert_eq!(kinds(&of("one")), ["Reset"], "{}", of("one"));
+    assert_eq!(kinds(&of("three")).len(), 2, "{}", of("three"));
+    assert!(!kinds(&of("three")).contains(&"Reset".to_owned()), "{}", of("three"));
+
+    // Two rows entering a limit-2 tail in one batch replace it whole: a Reset.
+    client.diffs_seen.clear();
+    batch(&server, "t", json!([{"op": "upsert", "id": "n7", "fields": {"n": 7}}, {"op": "upsert", "id": "n8", "fields": {"n": 8}}]));
+    for (sub, limit) in [("one", 1), ("two", 2), ("three", 3)] {
+        settle_to(&mut client, sub, &expected(&server, limit), "two rows entered").await;
+    }
+    let frames: Vec<Value> = client.diffs_seen.clone();
+    let two = frames.iter().find(|frame| frame["sub"] == "two").unwrap();
+    assert_eq!(kinds(two), ["Reset"], "{two}");
+    assert_eq!(two["total"], 8, "a Reset carries the total: {two}");
+    server.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tail_window_reset_by_a_resume_says_where_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    create_numbers(&server, 5);
+    let subscribe = json!({"op": "subscribe", "sub": "tail", "collection": "t",
+                           "sort": [{"field": "n", "dir": "asc"}], "tail": true, "limit": 2});
+    let mut client = server.connect().await;
+    client.send(subscribe.clone()).await;
+    let first = next_frame(&mut client, "tail").await;
+    assert_eq!((first["offset"].as_u64(), first["limit"].as_u64()), (Some(3), Some(2)), "{first}");
+    let applied = client.lists["tail"].clone();
+    let session = client.session.clone();
+    disconnect(&server, client).await;
+    batch(&server, "t", json!([{"op": "upsert", "id": "n6", "fields": {"n": 6}}]));
+
+    let mut entry = subscribe.clone();
+    entry.as_object_mut().unwrap().remove("op");
+    // Both ways a resume resets: the held session with frames it cannot replay
+    // (a `last_seq` it never sent), and a session it does not know.
+    for (session, what) in [(session.as_str(), "held session"), ("0123456789abcdef", "unknown session")] {
+        let mut client = server.connect().await;
+        let last_seq = applied.seq + 10;
+        client.lists.insert("tail".into(), common::LocalList { seq: last_seq, ..applied.clone() });
+        entry["last_seq"] = json!(last_seq);
+        client.send(json!({"op": "resume", "session": session, "subs": [entry]})).await;
+        let reset = next_frame(&mut client, "tail").await;
+        let resumed = client.frames.iter().find(|frame| frame["type"] == "resumed").expect("resumed first").clone();
+        assert_eq!(resumed["subs"][0]["reset"], true, "{what}: {resumed}");
+        assert_eq!(kinds(&reset), ["Reset"], "{what}: {reset}");
+        assert_eq!(reset["seq"], last_seq + 1, "{what}: {reset}");
+        assert_eq!((reset["offset"].as_u64(), reset["limit"].as_u64()), (Some(4), Some(2)), "{what}: {reset}");
+        disconnect(&server, client).await;
+    }
+    server.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_view_that_changes_the_total_but_not_the_window_tells_the_total() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    create_numbers(&server, 5);
+    let sort = json!([{"field": "n", "dir": "asc"}]);
+    let mut client = server.connect().await;
+    client.send(json!({"op": "subscribe", "sub": "s", "collection": "t", "sort": sort, "limit": 2})).await;
+    assert_eq!(next_frame(&mut client, "s").await["total"], 5);
+
+    // The same two rows, of a view of three: a frame with no diffs, and the total.
+    let small = json!({"field": "n", "op": "le", "value": 3});
+    client.send(json!({"op": "set_view", "sub": "s", "filter": small, "sort": sort, "req": "v1"})).await;
+    let answer = answer_to(&mut client, "v1").await;
+    assert_eq!(answer["type"], "diffs", "{answer}");
+    assert_eq!(answer["diffs"], json!([]), "{answer}");
+    assert_eq!(answer["total"], 3, "{answer}");
+    // Nothing changes at all: an `ack`.
+    let same = json!({"field": "n", "op": "lt", "value": 4});
+    client.send(json!({"op": "set_view", "sub": "s", "filter": same, "sort": sort, "req": "v2"})).await;
+    let answer = answer_to(&mut client, "v2").await;
+    assert_eq!(answer["type"], "ack", "{answer}");
+    server.stop();
+}
+
+#[test]
+fn projected_fields_come_own_fields_first_each_in_the_order_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    common::create_rooms_and_members(&server);
+    batch(&server, "rooms", json!([{"op": "upsert", "id": "r1", "fields": {"name": "Alpha", "recency": 3}}]));
+    batch(&server, "members", json!([{"op": "upsert", "id": "m1", "fields": {"owner": "a", "room": "r1", "unread": 2}}]));
+    let body = json!({"limit": 10, "payload": false, "fields": ["room.recency", "unread", "room.name", "owner"]});
+    let (status, raw) = server.http_raw("POST", "/v1/collections/members/query", Some(body.to_string().as_bytes()));
+    assert_eq!(status, 200);
+    let text = String::from_utf8(raw).unwrap();
+    let at = |name: &str| text.find(&format!("\"{name}\":")).unwrap_or_else(|| panic!("no {name} in {text}"));
+    assert!(at("unread") < at("owner"), "{text}");
+    assert!(at("owner") < at("room.recency"), "{text}");
+    assert!(at("room.recency") < at("room.name"), "{text}");
+    server.stop();
+}
