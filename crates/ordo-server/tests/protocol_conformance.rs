@@ -42,7 +42,8 @@ async fn answer_to(client: &mut Client, req: &str) -> Value {
 
 /// Reads frames until the list of `sub` equals `expected`.
 async fn settle_to(client: &mut Client, sub: &str, expected: &[Value], what: &str) {
-    let equal = client.read_until(SETTLE, |client| client.lists.get(sub).is_some_and(|list| list.items == expected)).await;
+    let equal =
+        client.read_until(SETTLE, |client| client.lists.get(sub).is_some_and(|list| list.items == expected)).await;
     assert!(equal, "{what}: list {sub} = {:?}, expected {expected:?}", client.lists.get(sub).map(|list| &list.items));
 }
 
@@ -95,10 +96,18 @@ async fn set_view_on_a_subscription_older_than_an_added_field_can_name_it() {
     let server = Server::start(dir.path(), &[]);
     server.ok("PUT", "/v1/collections/rooms", json!({"fields": [{"name": "name", "type": "string"}]}));
     server.ok("PUT", "/v1/collections/x", json!({"fields": [{"name": "a", "type": "u64"}]}));
-    batch(&server, "rooms", json!([{"op": "upsert", "id": "r1", "fields": {"name": "zed"}},
-                                   {"op": "upsert", "id": "r2", "fields": {"name": "amy"}}]));
-    batch(&server, "x", json!([{"op": "upsert", "id": "i1", "fields": {"a": 1}},
-                               {"op": "upsert", "id": "i2", "fields": {"a": 2}}]));
+    batch(
+        &server,
+        "rooms",
+        json!([{"op": "upsert", "id": "r1", "fields": {"name": "zed"}},
+                                   {"op": "upsert", "id": "r2", "fields": {"name": "amy"}}]),
+    );
+    batch(
+        &server,
+        "x",
+        json!([{"op": "upsert", "id": "i1", "fields": {"a": 1}},
+                               {"op": "upsert", "id": "i2", "fields": {"a": 2}}]),
+    );
     let mut client = server.connect().await;
     client.send(json!({"op": "subscribe", "sub": "s", "collection": "x", "limit": 10, "payload": false})).await;
     next_frame(&mut client, "s").await;
@@ -106,7 +115,11 @@ async fn set_view_on_a_subscription_older_than_an_added_field_can_name_it() {
     // A plain field, added after the subscription opened.
     server.ok("POST", "/v1/collections/x/fields", json!({"name": "b", "type": "u64"}));
     next_frame(&mut client, "s").await;
-    batch(&server, "x", json!([{"op": "upsert", "id": "i1", "fields": {"b": 9}}, {"op": "upsert", "id": "i2", "fields": {"b": 3}}]));
+    batch(
+        &server,
+        "x",
+        json!([{"op": "upsert", "id": "i1", "fields": {"b": 9}}, {"op": "upsert", "id": "i2", "fields": {"b": 3}}]),
+    );
     let sort_by_b = json!([{"field": "b", "dir": "asc"}]);
     client.send(json!({"op": "set_view", "sub": "s", "sort": sort_by_b, "req": "v1"})).await;
     let answer = answer_to(&mut client, "v1").await;
@@ -118,7 +131,11 @@ async fn set_view_on_a_subscription_older_than_an_added_field_can_name_it() {
     // A `ref` field, added after the subscription opened: read through by set_view.
     server.ok("POST", "/v1/collections/x/fields", json!({"name": "r2", "type": "ref", "target": "rooms"}));
     next_frame(&mut client, "s").await;
-    batch(&server, "x", json!([{"op": "upsert", "id": "i1", "fields": {"r2": "r2"}}, {"op": "upsert", "id": "i2", "fields": {"r2": "r1"}}]));
+    batch(
+        &server,
+        "x",
+        json!([{"op": "upsert", "id": "i1", "fields": {"r2": "r2"}}, {"op": "upsert", "id": "i2", "fields": {"r2": "r1"}}]),
+    );
     let sort_through = json!([{"field": "r2.name", "dir": "asc"}]);
     client.send(json!({"op": "set_view", "sub": "s", "sort": sort_through, "req": "v2"})).await;
     let answer = answer_to(&mut client, "v2").await;
@@ -160,21 +177,25 @@ async fn an_explicit_projection_of_every_field_does_not_grow_with_the_schema() {
 async fn a_resume_after_an_unrelated_removal_and_a_set_view_through_a_reference_ends_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), &[]);
-    server.ok(
-        "PUT",
-        "/v1/collections/scores",
-        json!({"fields": [{"name": "recency", "type": "u64"}]}),
-    );
+    server.ok("PUT", "/v1/collections/scores", json!({"fields": [{"name": "recency", "type": "u64"}]}));
     server.ok(
         "PUT",
         "/v1/collections/x",
         json!({"fields": [{"name": "a", "type": "u64"}, {"name": "note", "type": "string"},
                           {"name": "score", "type": "ref", "target": "scores"}]}),
     );
-    batch(&server, "scores", json!([{"op": "upsert", "id": "s1", "fields": {"recency": 5}},
-                                    {"op": "upsert", "id": "s2", "fields": {"recency": 1}}]));
-    batch(&server, "x", json!([{"op": "upsert", "id": "i1", "fields": {"a": 1, "score": "s1"}},
-                               {"op": "upsert", "id": "i2", "fields": {"a": 2, "score": "s2"}}]));
+    batch(
+        &server,
+        "scores",
+        json!([{"op": "upsert", "id": "s1", "fields": {"recency": 5}},
+                                    {"op": "upsert", "id": "s2", "fields": {"recency": 1}}]),
+    );
+    batch(
+        &server,
+        "x",
+        json!([{"op": "upsert", "id": "i1", "fields": {"a": 1, "score": "s1"}},
+                               {"op": "upsert", "id": "i2", "fields": {"a": 2, "score": "s2"}}]),
+    );
     let mut client = server.connect().await;
     let subscribe = json!({"op": "subscribe", "sub": "s", "collection": "x", "limit": 10, "payload": false,
                            "sort": [{"field": "a", "dir": "asc"}]});
@@ -233,7 +254,12 @@ fn create_numbers(server: &Server, count: u64) {
 }
 
 fn kinds(frame: &Value) -> Vec<String> {
-    frame["diffs"].as_array().unwrap().iter().map(|diff| diff.as_object().unwrap().keys().next().unwrap().clone()).collect()
+    frame["diffs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|diff| diff.as_object().unwrap().keys().next().unwrap().clone())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -244,10 +270,13 @@ async fn tail_windows_slide_by_small_diffs_or_a_reset_when_that_is_smaller() {
     let sort = json!([{"field": "n", "dir": "asc"}]);
     let mut client = server.connect().await;
     for (sub, limit) in [("one", 1), ("two", 2), ("three", 3)] {
-        client.send(json!({"op": "subscribe", "sub": sub, "collection": "t", "sort": sort, "tail": true, "limit": limit})).await;
+        client
+            .send(json!({"op": "subscribe", "sub": sub, "collection": "t", "sort": sort, "tail": true, "limit": limit}))
+            .await;
         next_frame(&mut client, sub).await;
     }
-    let expected = |server: &Server, limit: u64| query(server, "t", json!({"sort": sort, "tail": true, "limit": limit}));
+    let expected =
+        |server: &Server, limit: u64| query(server, "t", json!({"sort": sort, "tail": true, "limit": limit}));
 
     // One row enters at the end.
     client.diffs_seen.clear();
@@ -264,7 +293,11 @@ async fn tail_windows_slide_by_small_diffs_or_a_reset_when_that_is_smaller() {
 
     // Two rows entering a limit-2 tail in one batch replace it whole: a Reset.
     client.diffs_seen.clear();
-    batch(&server, "t", json!([{"op": "upsert", "id": "n7", "fields": {"n": 7}}, {"op": "upsert", "id": "n8", "fields": {"n": 8}}]));
+    batch(
+        &server,
+        "t",
+        json!([{"op": "upsert", "id": "n7", "fields": {"n": 7}}, {"op": "upsert", "id": "n8", "fields": {"n": 8}}]),
+    );
     for (sub, limit) in [("one", 1), ("two", 2), ("three", 3)] {
         settle_to(&mut client, sub, &expected(&server, limit), "two rows entered").await;
     }
@@ -343,7 +376,11 @@ fn projected_fields_come_own_fields_first_each_in_the_order_listed() {
     let server = Server::start(dir.path(), &[]);
     common::create_rooms_and_members(&server);
     batch(&server, "rooms", json!([{"op": "upsert", "id": "r1", "fields": {"name": "Alpha", "recency": 3}}]));
-    batch(&server, "members", json!([{"op": "upsert", "id": "m1", "fields": {"owner": "a", "room": "r1", "unread": 2}}]));
+    batch(
+        &server,
+        "members",
+        json!([{"op": "upsert", "id": "m1", "fields": {"owner": "a", "room": "r1", "unread": 2}}]),
+    );
     let body = json!({"limit": 10, "payload": false, "fields": ["room.recency", "unread", "room.name", "owner"]});
     let (status, raw) = server.http_raw("POST", "/v1/collections/members/query", Some(body.to_string().as_bytes()));
     assert_eq!(status, 200);
