@@ -141,8 +141,8 @@ pub trait DiffSink {
 
     /// The diffs that follow, up to the next call, come from the batch a store
     /// numbered `seq` (its sequence number). The engine never calls this: a store
-    /// does, before it applies each batch of a group, so that a sink can say which
-    /// write each frame reflects.
+    /// does, before it applies each batch of a group (and each schema change, whose
+    /// Resets reflect it), so that a sink can say which write each frame reflects.
     fn begin_batch(&mut self, seq: u64) {
         let _ = seq;
     }

@@ -1074,13 +1074,19 @@ impl Core {
         Ok(())
     }
 
-    /// Sends one subscription a Reset with its window's contents.
+    /// Sends one subscription a Reset with its window's contents (and, for a tail
+    /// window, its `offset` and `limit`).
     fn send_reset(&mut self, session: SessionId, handle: SubHandle) {
         let Some(sub) = self.fanout.sessions.get_mut(&session).and_then(|state| state.subs.get_mut(&handle)) else {
             return;
         };
         sub.needs_reset = false;
         let window = sub.window;
+        if self.fanout.windows.get(&window).is_some_and(|shared| shared.spec.is_tail) {
+            // A tail's offset moved while the client was not following (a resume, a
+            // slow connection): the Reset that starts it again says where it is.
+            sub.range_due = self.database.engine().window_range(window).ok();
+        }
         self.fanout.route = Route::Only(session, handle);
         let result = self.database.emit_window_reset(window, &mut self.fanout);
         self.fanout.route = Route::Subscribers;
@@ -1195,6 +1201,9 @@ impl Core {
                 let view_len = self.database.view_len(window)?;
                 self.fanout.push_empty(session, handle, view_len);
             }
+            Ok(()) if matches!(change, WindowChange::View(_)) && self.fanout.answer.is_some() => {
+                self.tell_new_total(session, handle, window)?;
+            }
             Ok(()) => {}
         }
         result?;
@@ -1213,6 +1222,18 @@ impl Core {
         if let std::collections::hash_map::Entry::Vacant(vacant) = self.fanout.windows_by_key.entry(new_key) {
             shared.share_key = Some(vacant.key().clone());
             vacant.insert(window);
+        }
+        Ok(())
+    }
+
+    /// A `set_view` that left the window's rows as they were but changed how many
+    /// the view holds is answered by a frame with no diffs and the new `total`,
+    /// not an `ack`: otherwise the client would show the old view's count until
+    /// its window next changed.
+    fn tell_new_total(&mut self, session: SessionId, handle: SubHandle, window: WindowId) -> Result<(), ApiError> {
+        let view_len = self.database.view_len(window)?;
+        if self.fanout.sub_mut(session, handle).is_some_and(|sub| sub.last_total != Some(view_len)) {
+            self.fanout.push_empty(session, handle, view_len);
         }
         Ok(())
     }

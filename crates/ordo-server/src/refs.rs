@@ -141,13 +141,6 @@ fn check_read(reader: &Reader<'_>, entry: &CollectionEntry, name: &str) -> Resul
     Ok(target.schema.field(field_id).field_type)
 }
 
-/// Whether a checked view reads anything through a reference (a dotted name
-/// that is not one of `schema`'s own fields).
-pub fn reads_through(def: &ordo_core::ViewDef, schema: &Schema) -> bool {
-    let mut through = |name: &str| name.contains('.') && schema.field_id(name).is_none();
-    !def.shown.is_empty() || def.sort.iter().any(|key| through(&key.field)) || def.filter.any_field(&mut through)
-}
-
 /// The `field` names of a filter's JSON. Walks no deeper, and no more nodes,
 /// than a filter may have (the parse refuses the rest anyway).
 fn filter_names<'a>(json: &'a Json, depth: usize, out: &mut Vec<&'a str>) {

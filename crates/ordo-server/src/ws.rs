@@ -837,14 +837,23 @@ impl Connection {
         req: Option<Box<str>>,
     ) -> Result<(), ApiError> {
         let handle = self.handle_of(sub)?;
-        let name = self.session.table.get(handle).expect("mapped handles are live").collection.name.clone();
-        // The rules as they are now: a view change never widens past them.
-        let (_, predicate) = self.readable(&name)?;
+        let entry = self.session.table.get(handle).expect("mapped handles are live");
+        let (name, subscribed_id) = (entry.collection.name.clone(), entry.collection.id);
+        // The rules and the schema as they are now: a view change never widens past
+        // the rules, and may name fields added since the subscription opened.
+        let (current, predicate) = self.readable(&name)?;
+        if current.id != subscribed_id {
+            // Dropped (and made again): the subscription's `ended` is on its way.
+            return Err(ApiError::new(
+                ErrorCode::UnknownCollection,
+                format!("collection `{name}` was dropped since this subscription opened"),
+            ));
+        }
         let entry = self.session.table.get(handle).expect("mapped handles are live");
         // The projection stays: its fields read through references are checked again too.
         let shown = entry.spec.projection.through.clone();
-        let read_schema = self.read_schema(&entry.collection, filter, sort, Some(&shown))?;
-        let schema = read_schema.as_ref().unwrap_or(&entry.collection.schema);
+        let read_schema = self.read_schema(&current, filter, sort, Some(&shown))?;
+        let schema = read_schema.as_ref().unwrap_or(&current.schema);
         let mut def = wire::view_def(schema, filter, sort)?.showing(shown);
         wire::restrict(&mut def, predicate.as_ref(), schema)?;
         let entry = self.session.table.get_mut(handle).expect("mapped handles are live");

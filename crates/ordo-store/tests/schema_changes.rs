@@ -185,6 +185,42 @@ fn refused_schema_changes_write_nothing() {
     assert_eq!(database.last_seq(), 0);
 }
 
+/// Records the `seq` each diff was delivered under (`DiffSink::begin_batch`).
+#[derive(Default)]
+struct SeqSink {
+    seq: u64,
+    diff_seqs: Vec<u64>,
+}
+
+impl ordo_core::DiffSink for SeqSink {
+    fn diff(&mut self, _window: ordo_core::WindowId, _diff: ordo_core::DiffRef<'_>) {
+        self.diff_seqs.push(self.seq);
+    }
+
+    fn begin_batch(&mut self, seq: u64) {
+        self.seq = seq;
+    }
+}
+
+/// A schema change is a write with its own `seq`: the Resets it causes are
+/// delivered under it, so a server's frames say they reflect the change.
+#[test]
+fn the_resets_of_a_schema_change_come_under_its_seq() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut database = open(dir.path());
+    let rooms = database.create_collection("rooms", test_schema()).unwrap();
+    let mut batch = Batch::new();
+    batch.upsert("r1");
+    database.write(rooms, batch, &mut NullSink).1.unwrap();
+    let mut sink = SeqSink::default();
+    database.open_window(rooms, &ViewDef::new(Filter::True, Vec::new()), 0, 10, &mut sink).unwrap();
+    let added = database.add_field(rooms, "extra", FieldType::U64, &OwnedValue::Null, &mut sink).unwrap();
+    assert_eq!(sink.diff_seqs.last(), Some(&added), "{:?}", sink.diff_seqs);
+    let (removed, _) = database.remove_field(rooms, "extra", &mut sink).unwrap();
+    assert_eq!(sink.diff_seqs.last(), Some(&removed), "{:?}", sink.diff_seqs);
+    assert!(removed > added);
+}
+
 /// Copies the format-1 fixture (see `fixtures/format1/README.md`) and opens it.
 #[test]
 fn a_format_1_directory_is_upgraded_at_open() {

@@ -120,10 +120,9 @@ impl Core {
 
     /// The windows left on a collection whose fields changed: projections follow
     /// the new schema (a field removed leaves them; the default projection, every
-    /// field, takes a new one too), windows are keyed again for sharing, and each
+    /// field, takes a new one too, a listed one never), windows are keyed again for sharing, and each
     /// gets a Reset in the new shape, encoded once for all its subscribers.
     fn follow_schema(&mut self, collection: CollectionId, old_schema: &Schema, new_schema: &Schema) {
-        let old_all = Projection::all(old_schema);
         let mut windows: Vec<WindowId> = self
             .fanout
             .windows
@@ -135,7 +134,7 @@ impl Core {
         for &window in &windows {
             let shared = self.fanout.windows.get_mut(&window).expect("listed");
             let projection = &mut shared.spec.projection;
-            projection.fields = if *projection.fields == *old_all.fields {
+            projection.fields = if !projection.is_listed {
                 Projection::all(new_schema).fields
             } else {
                 // By name: the fields after a removed one moved down.

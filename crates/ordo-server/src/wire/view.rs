@@ -85,6 +85,10 @@ pub struct Projection {
     /// sent after the own fields, under these names. Their engine field ids
     /// exist only once a window reads them, so they go by name (see `refs`).
     pub through: Vec<String>,
+    /// The client listed the fields (`fields`): the list is kept as given when the
+    /// schema changes, even when it names every field. Otherwise the projection is
+    /// every field, and takes an added one.
+    pub is_listed: bool,
 }
 
 impl Projection {
@@ -93,6 +97,7 @@ impl Projection {
             fields: (0..schema.len()).map(|index| field_id_at(schema, index)).collect(),
             payload: true,
             through: Vec::new(),
+            is_listed: false,
         }
     }
 }
@@ -203,7 +208,7 @@ pub fn window_spec(
                 }
                 ids.push(field_id);
             }
-            Projection { fields: ids, payload, through }
+            Projection { fields: ids, payload, through, is_listed: true }
         }
     };
     // The engine keeps the projected target fields current, and sends a `Set` when one changes.

@@ -9,7 +9,7 @@ use fastwebsockets::OpCode;
 
 use super::{Connection, RetainedFrame};
 use crate::auth;
-use crate::core::{share_key, Command, EndReason, SubHandle};
+use crate::core::{share_key, Command, Outgoing, SubHandle};
 use crate::error::{ApiError, ErrorCode};
 use crate::frame::{write_diffs_frame, DiffsHeader};
 use crate::limits;
@@ -25,13 +25,15 @@ impl Connection {
         let last_seq = min_seq::last(&self.seq);
         let mut outcomes: Vec<serde_json::Value> = Vec::with_capacity(entries.len());
         let mut replays: Vec<SubHandle> = Vec::new();
+        // What the core queued for an adopted session, handled after the answer.
+        let mut queued: Vec<Outgoing> = Vec::new();
         if let Some(old) = self.context.registry.take(token, &self.session.owner) {
             // Adopt the old session: its queue, table and retained frames.
             let fresh = std::mem::replace(&mut self.session, old);
             let _ = self.context.core.send(Command::DropSession { session: fresh.id }).await;
             // A resume token is good for one resume: whoever saw this one cannot reuse it.
             self.session.token = auth::new_session_token();
-            self.end_stale_subscriptions().await;
+            queued = self.end_subscriptions_ended_while_parked().await;
         }
         let mut listed: Vec<SubHandle> = Vec::with_capacity(entries.len());
         // Ids seen so far in this resume: a second entry for one id is refused,
@@ -69,7 +71,10 @@ impl Connection {
             let existing = self.session.by_client_id.get(&entry.sub).copied();
             let same = existing.and_then(|handle| {
                 let sub = self.session.table.get(handle)?;
+                // The same schema too: a projection holds field ids, which a schema
+                // change renumbers (the window's own projection followed it by name).
                 (sub.collection.id == collection.id
+                    && Arc::ptr_eq(&sub.collection.schema, &collection.schema)
                     && share_key(collection.id, &sub.spec) == share_key(collection.id, &spec))
                 .then_some(handle)
             });
@@ -132,51 +137,29 @@ impl Connection {
                 self.write(OpCode::Text).await;
             }
         }
+        for outgoing in queued {
+            self.on_outgoing(outgoing).await;
+        }
+        self.flush().await;
+        self.maybe_report_drained().await;
     }
 
     /// Subscriptions of an adopted session that a drop or a field removal ended
-    /// while it was parked: the `ended` frames go out first (the `Outgoing::Ended`
-    /// still queued for them then finds nothing), so the resume treats their ids
-    /// as free. The core detached them when it ended them; routes change after that.
-    async fn end_stale_subscriptions(&mut self) {
-        let mut stale = Vec::new();
-        {
-            let routes = self.context.routes.read().expect("routes lock");
-            for (handle, entry) in self.session.table.iter() {
-                let reason = match routes.get(&entry.collection.name) {
-                    Some(current) if current.id != entry.collection.id => Some(EndReason::CollectionDropped),
-                    None => Some(EndReason::CollectionDropped),
-                    Some(current) if Arc::ptr_eq(&current.schema, &entry.collection.schema) => None,
-                    // Any removal of a field ends every window reading through references
-                    // out of the collection (the engine's derived fields are rebuilt), and
-                    // such a view never compiles against the own fields alone.
-                    Some(current) if crate::refs::reads_through(&entry.spec.def, &entry.collection.schema) => {
-                        let lost = entry.collection.schema.fields().iter().any(|field| {
-                            current.schema.field_id(&field.name).is_none_or(|id| current.schema.field(id) != field)
-                        });
-                        lost.then_some(EndReason::FieldRemoved)
-                    }
-                    Some(current) => {
-                        let compiles = ordo_core::CompiledFilter::compile(&entry.spec.def.filter, &current.schema)
-                            .is_ok()
-                            && ordo_core::CompiledSort::compile(&entry.spec.def.sort, &current.schema).is_ok();
-                        (!compiles).then_some(EndReason::FieldRemoved)
-                    }
-                };
-                if let Some(reason) = reason {
-                    stale.push((handle, reason, entry.collection.name.clone()));
-                }
+    /// while it was parked: the core detached them and queued their
+    /// `Outgoing::Ended` in the session's outbox, which is the only word on what
+    /// ended (guessing from schemas cannot tell which view a window had when a
+    /// field went). Their `ended` frames go out first, so the resume treats their
+    /// ids as free; everything else queued is returned, in order, to be handled
+    /// after the `resumed` answer, where the connection would have handled it.
+    async fn end_subscriptions_ended_while_parked(&mut self) -> Vec<Outgoing> {
+        let mut rest = Vec::new();
+        while let Ok(outgoing) = self.session.outbox.try_recv() {
+            match outgoing {
+                Outgoing::Ended { .. } => self.on_outgoing(outgoing).await,
+                other => rest.push(other),
             }
         }
-        for (handle, reason, name) in stale {
-            let Some(entry) = self.session.table.remove(handle) else { continue };
-            self.session.by_client_id.remove(&entry.client_id);
-            let message = match reason {
-                EndReason::CollectionDropped => format!("collection `{name}` was dropped"),
-                EndReason::FieldRemoved => "a field this subscription's view reads was removed".to_owned(),
-            };
-            self.send_ended(&entry.client_id, reason, &message).await;
-        }
+        rest
     }
 
     /// Closes a subscription without telling the client (it did not ask for it).

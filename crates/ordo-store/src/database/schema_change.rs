@@ -42,6 +42,8 @@ impl Database {
             change: FieldChange::Added { default: default.clone() },
         };
         let seq = self.commit_change(change)?;
+        // The change is a write of its own: the Resets it causes reflect it.
+        sink.begin_batch(seq);
         self.engine.add_field(collection, name, field_type, &default, sink).expect("checked before the disk");
         Ok(seq)
     }
@@ -66,6 +68,7 @@ impl Database {
             change: FieldChange::Removed { field_index },
         };
         let seq = self.commit_change(change)?;
+        sink.begin_batch(seq);
         let ended = self.engine.remove_field(collection, name, sink).expect("checked before the disk");
         Ok((seq, ended))
     }
