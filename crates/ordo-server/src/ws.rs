@@ -795,7 +795,9 @@ impl Connection {
         self.session.table.insert(handle, entry).expect("handles increase");
         self.session.by_client_id.insert(client_id, handle);
         let schema = collection.schema.clone();
-        let command = Command::Subscribe { session: self.session.id, handle, collection: collection.id, schema, spec };
+        let owner = self.view_budget_owner();
+        let command =
+            Command::Subscribe { session: self.session.id, handle, collection: collection.id, schema, spec, owner };
         let _ = self.context.core.send(command).await;
     }
 
@@ -849,7 +851,8 @@ impl Connection {
         wire::restrict(&mut def, predicate.as_ref(), schema)?;
         let entry = self.session.table.get_mut(handle).expect("mapped handles are live");
         entry.spec.def = def.clone();
-        let command = Command::SetView { session: self.session.id, handle, def, req };
+        let owner = self.view_budget_owner();
+        let command = Command::SetView { session: self.session.id, handle, def, req, owner };
         let _ = self.context.core.send(command).await;
         Ok(())
     }
