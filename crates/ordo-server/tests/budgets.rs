@@ -191,11 +191,27 @@ async fn a_readers_view_budget_is_released_with_its_views() {
     server.stop();
 }
 
+type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// The close code the server sent on `socket`, reading past what came before it.
+async fn close_code(socket: &mut Socket) -> Option<u16> {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), socket.next()).await {
+            Ok(Some(Ok(Message::Close(frame)))) => return frame.map(|frame| u16::from(frame.code)),
+            Ok(Some(Ok(_))) => continue,
+            _ => return None,
+        }
+    }
+}
+
 /// Sockets that never authenticate, opened past the connection cap, cannot
 /// keep a reader with a good token out: they have a small share of the cap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anonymous_sockets_cannot_lock_out_authenticated_users() {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
 
     let dir = tempfile::tempdir().unwrap();
     let options = StartOptions { nofile: Some(200), ..StartOptions::default() };
@@ -212,6 +228,13 @@ async fn anonymous_sockets_cannot_lock_out_authenticated_users() {
             anonymous.push(socket);
         }
     }
+
+    // They hold a small share of the cap: the oldest were closed (4401) to make room.
+    let share = limits["max_unauthenticated_connections"].as_u64().unwrap() as usize;
+    assert!(share < max_connections / 4, "{limits}");
+    let evicted = server.metric("ordo_unauthenticated_connections_closed_total") as usize;
+    assert!(evicted >= anonymous.len() - share, "{evicted} of {} closed", anonymous.len());
+    assert_eq!(close_code(&mut anonymous[0]).await, Some(4401));
 
     // A reader with the token in the upgrade request gets in, every time.
     let bob = mint(&secret_file, "bob", "reader", &[]);
