@@ -21,6 +21,13 @@ fn start(dir: &Path, extra: &[&str], options: StartOptions) -> (Server, PathBuf)
     let mut server = Server::start_with(&dir.join("data"), &args, options);
     server.token = Some(mint(&secret_file, "ops", "admin", &[]));
     server.ok("PUT", "/v1/collections/rooms", common::room_schema());
+    fill_rooms(&server);
+    server.ok("PUT", "/v1/rules", json!({"rules": [{"collection": "rooms", "roles": ["reader"], "read": true}]}));
+    (server, secret_file)
+}
+
+/// `N_ITEMS` rooms, `recency` 0, 1, 2...
+fn fill_rooms(server: &Server) {
     for chunk in (0..N_ITEMS).collect::<Vec<_>>().chunks(10_000) {
         let ops: Vec<Value> = chunk
             .iter()
@@ -28,8 +35,6 @@ fn start(dir: &Path, extra: &[&str], options: StartOptions) -> (Server, PathBuf)
             .collect();
         server.ok("POST", "/v1/collections/rooms/batch", json!({ "ops": ops }));
     }
-    server.ok("PUT", "/v1/rules", json!({"rules": [{"collection": "rooms", "roles": ["reader"], "read": true}]}));
-    (server, secret_file)
 }
 
 /// A view of its own for every `index`: items with `recency >= index`, so
@@ -191,6 +196,27 @@ async fn a_readers_view_budget_is_released_with_its_views() {
     server.stop();
 }
 
+/// Views ended by a collection's drop are given back too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_collections_views_leave_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, secret_file) = start(dir.path(), &[], StartOptions::default());
+    let alice = mint(&secret_file, "alice", "reader", &[]);
+    let mut client = server.connect_as(Some(&alice)).await;
+    let (_, refused) = fill(&mut client, 0, 128).await;
+    assert_budget_refusal(&refused.expect("the budget is reached within one connection"));
+
+    // The same collection again, under the same name: its views are new ones.
+    server.ok("DELETE", "/v1/collections/rooms", json!(null));
+    let ended = |client: &Client| client.frames.iter().any(|frame| frame["type"] == "ended");
+    assert!(client.read_until(Duration::from_secs(10), ended).await);
+    server.ok("PUT", "/v1/collections/rooms", common::room_schema());
+    fill_rooms(&server);
+    client.send(subscribe("after", 0)).await;
+    answer_of(&mut client, "after").await.expect("room once the collection was dropped");
+    server.stop();
+}
+
 type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// The close code the server sent on `socket`, reading past what came before it.
@@ -211,7 +237,6 @@ async fn close_code(socket: &mut Socket) -> Option<u16> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anonymous_sockets_cannot_lock_out_authenticated_users() {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-
 
     let dir = tempfile::tempdir().unwrap();
     let options = StartOptions { nofile: Some(200), ..StartOptions::default() };
