@@ -392,6 +392,30 @@ mod tests {
     }
 
     #[test]
+    fn sockets_waiting_for_auth_make_room_oldest_first() {
+        let gate = Arc::new(gate(&[], &[]));
+        gate.set_max_unauthenticated(2);
+        let mut first = gate.open_connection(None).unwrap();
+        let mut second = gate.open_connection(None).unwrap();
+        let evicted = |slot: &mut ConnectionSlot| match &mut slot.waiting {
+            Some((_, signal)) => signal.try_recv().is_ok(),
+            None => true,
+        };
+        assert!(!evicted(&mut first) && !evicted(&mut second));
+        let mut third = gate.open_connection(None).unwrap();
+        assert!(evicted(&mut first), "the longest waiting makes room");
+        assert!(!evicted(&mut second) && !evicted(&mut third));
+        // A socket that goes (or authenticates) gives its place back: no one else is closed.
+        drop(second);
+        let mut fourth = gate.open_connection(None).unwrap();
+        assert!(!evicted(&mut third) && !evicted(&mut fourth));
+        // An identity's slot is not among them.
+        let admin = Identity::anonymous_admin();
+        let _admin = gate.open_connection(Some(&admin)).unwrap();
+        assert!(!evicted(&mut third) && !evicted(&mut fourth));
+    }
+
+    #[test]
     fn hosts_are_ip_literals_localhost_or_listed() {
         let gate = gate(&["chat.example.org"], &[]);
         for good in ["127.0.0.1:7070", "localhost", "LOCALHOST:1", "[::1]:7070", "10.0.0.1", "chat.example.org:443"] {
