@@ -4,17 +4,19 @@
 //! (connections, request rate, collection creation). Rules live in `rules`;
 //! this module holds the state shared by every network task.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
 
 use crate::auth::{AuthFailure, Identity, Role, Verifier};
 use crate::core::{is_reserved_name, CollectionEntry, Routes};
 use crate::error::{ApiError, ErrorCode};
 use crate::limits;
-use crate::metrics;
+use crate::metrics::{self, METRICS};
 use crate::rate_limit::TokenBucket;
 use crate::rules::{Action, Grant, RuleSet, SharedRules};
 
@@ -39,6 +41,17 @@ pub struct Gate {
     /// every connection's event loop through one shared waiter list).
     rules_version: AtomicU64,
     anonymous: Arc<Identity>,
+    /// WebSockets that have no identity yet (their token is to come in an `auth`
+    /// message), at most `max_unauthenticated`: see `wait_for_auth`.
+    waiting_for_auth: Mutex<WaitingRoom>,
+    max_unauthenticated: AtomicUsize,
+}
+
+/// Sockets waiting for their `auth`, oldest first, each with the signal that closes it.
+#[derive(Default)]
+struct WaitingRoom {
+    next_id: u64,
+    waiting: BTreeMap<u64, oneshot::Sender<()>>,
 }
 
 /// What one identity is using right now.
@@ -60,14 +73,39 @@ impl IdentityUse {
     }
 }
 
-/// Holds one of an identity's connection slots; gives it back when dropped.
+/// Holds one of an identity's connection slots, or, for a WebSocket without an
+/// identity yet, its place among those waiting for `auth`; gives it back when dropped.
 pub struct ConnectionSlot {
     gate: Arc<Gate>,
     key: Option<Arc<str>>,
+    /// The place among the sockets waiting for `auth`, and the signal that this
+    /// one must close to make room for a newer one.
+    waiting: Option<(u64, oneshot::Receiver<()>)>,
+}
+
+impl ConnectionSlot {
+    fn new(gate: &Arc<Gate>, key: Option<Arc<str>>) -> ConnectionSlot {
+        ConnectionSlot { gate: gate.clone(), key, waiting: None }
+    }
+
+    /// Resolves when this socket, still waiting for `auth`, must close to make
+    /// room (never for a slot of an identity).
+    pub async fn evicted(&mut self) {
+        match &mut self.waiting {
+            Some((_, evicted)) => {
+                let _ = evicted.await;
+                self.waiting = None;
+            }
+            None => std::future::pending().await,
+        }
+    }
 }
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
+        if let Some((id, _)) = &self.waiting {
+            self.gate.waiting_for_auth.lock().expect("waiting room lock").waiting.remove(id);
+        }
         if let Some(key) = &self.key {
             let mut identities = self.gate.identities.lock().expect("identities lock");
             if let Some(usage) = identities.get_mut(key) {
@@ -96,7 +134,15 @@ impl Gate {
             verified: Mutex::new(HashMap::new()),
             rules_version: AtomicU64::new(0),
             anonymous: Arc::new(Identity::anonymous_admin()),
+            waiting_for_auth: Mutex::new(WaitingRoom::default()),
+            max_unauthenticated: AtomicUsize::new(limits::unauthenticated_cap(limits::MAX_CONNECTIONS)),
         }
+    }
+
+    /// How many WebSockets may wait for their `auth` at once (`limits::unauthenticated_cap`
+    /// of the connection cap in force).
+    pub fn set_max_unauthenticated(&self, max: usize) {
+        self.max_unauthenticated.store(max.max(1), Ordering::Relaxed);
     }
 
     pub fn auth_enabled(&self) -> bool {
@@ -221,11 +267,13 @@ impl Gate {
         &self.allowed_origins
     }
 
-    /// Takes a WebSocket connection slot of `identity` (readers are capped).
+    /// Takes a WebSocket connection slot of `identity` (readers are capped), or
+    /// without one a place among the sockets waiting for `auth`.
     pub fn open_connection(self: &Arc<Self>, identity: Option<&Identity>) -> Result<ConnectionSlot, ApiError> {
-        let Some(identity) = identity.filter(|identity| identity.role == Role::Reader) else {
-            return Ok(ConnectionSlot { gate: self.clone(), key: None });
-        };
+        let Some(identity) = identity else { return Ok(self.wait_for_auth()) };
+        if identity.role != Role::Reader {
+            return Ok(ConnectionSlot::new(self, None));
+        }
         let mut identities = self.identities.lock().expect("identities lock");
         let usage = entry(&mut identities, &identity.key);
         if usage.connections >= limits::MAX_CONNECTIONS_PER_IDENTITY {
@@ -235,7 +283,29 @@ impl Gate {
             )));
         }
         usage.connections += 1;
-        Ok(ConnectionSlot { gate: self.clone(), key: Some(identity.key.clone()) })
+        Ok(ConnectionSlot::new(self, Some(identity.key.clone())))
+    }
+
+    /// A place among the WebSockets waiting for `auth`. They may hold only a
+    /// small share of the connection cap: past it, the one that has waited
+    /// longest is told to close. Refusing the newest instead would let sockets
+    /// that never authenticate keep every newcomer out, a browser about to send
+    /// its token included; this way they cannot hold their places longer than
+    /// it takes the newcomers to fill the share, and a client sends its `auth`
+    /// within a round trip of the `welcome`.
+    fn wait_for_auth(self: &Arc<Self>) -> ConnectionSlot {
+        let (signal, evicted) = oneshot::channel();
+        let max = self.max_unauthenticated.load(Ordering::Relaxed);
+        let mut room = self.waiting_for_auth.lock().expect("waiting room lock");
+        while room.waiting.len() >= max {
+            let Some((_, oldest)) = room.waiting.pop_first() else { break };
+            metrics::add(&METRICS.unauthenticated_evicted, 1);
+            let _ = oldest.send(());
+        }
+        let id = room.next_id;
+        room.next_id += 1;
+        room.waiting.insert(id, signal);
+        ConnectionSlot { gate: self.clone(), key: None, waiting: Some((id, evicted)) }
     }
 
     /// Counts one request (or WebSocket message) against a reader's budget.
@@ -319,6 +389,30 @@ mod tests {
             hosts.iter().map(|h| h.to_string()).collect(),
             origins.iter().map(|o| o.to_string()).collect(),
         )
+    }
+
+    #[test]
+    fn sockets_waiting_for_auth_make_room_oldest_first() {
+        let gate = Arc::new(gate(&[], &[]));
+        gate.set_max_unauthenticated(2);
+        let mut first = gate.open_connection(None).unwrap();
+        let mut second = gate.open_connection(None).unwrap();
+        let evicted = |slot: &mut ConnectionSlot| match &mut slot.waiting {
+            Some((_, signal)) => signal.try_recv().is_ok(),
+            None => true,
+        };
+        assert!(!evicted(&mut first) && !evicted(&mut second));
+        let mut third = gate.open_connection(None).unwrap();
+        assert!(evicted(&mut first), "the longest waiting makes room");
+        assert!(!evicted(&mut second) && !evicted(&mut third));
+        // A socket that goes (or authenticates) gives its place back: no one else is closed.
+        drop(second);
+        let mut fourth = gate.open_connection(None).unwrap();
+        assert!(!evicted(&mut third) && !evicted(&mut fourth));
+        // An identity's slot is not among them.
+        let admin = Identity::anonymous_admin();
+        let _admin = gate.open_connection(Some(&admin)).unwrap();
+        assert!(!evicted(&mut third) && !evicted(&mut fourth));
     }
 
     #[test]

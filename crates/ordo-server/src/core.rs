@@ -30,6 +30,7 @@ use crate::wire::{Position, Projection, Seek, WindowSpec};
 use crate::write_guard::WriteGuard;
 
 mod schema_change;
+mod view_budget;
 
 pub use schema_change::{EndReason, FieldChange};
 
@@ -267,6 +268,9 @@ pub enum Command {
         /// The schema `spec` was checked against (its projection holds field ids).
         schema: Arc<Schema>,
         spec: WindowSpec,
+        /// The identity whose view budget the subscription's view is charged to
+        /// (`None`: not budgeted; see `core::view_budget`).
+        owner: Option<Arc<str>>,
     },
     SetRange {
         session: SessionId,
@@ -280,6 +284,8 @@ pub enum Command {
         handle: SubHandle,
         def: ordo_core::ViewDef,
         req: Option<Box<str>>,
+        /// As `Subscribe::owner`.
+        owner: Option<Arc<str>>,
     },
     Unsubscribe {
         session: SessionId,
@@ -525,6 +531,8 @@ pub struct Core {
     unprepared: Vec<WindowId>,
     /// Cluster mode's writer-side state (`None` in single-node mode).
     cluster: Option<Box<crate::cluster::apply::Applier>>,
+    /// The views each budgeted identity holds.
+    view_budgets: view_budget::ViewBudgets,
 }
 
 /// The identity under which subscriptions share an engine window (the
@@ -562,7 +570,15 @@ impl Core {
             answer: None,
         };
         let (last_seq, _) = watch::channel(database.last_seq());
-        Core { database, fanout, routes, last_seq, unprepared: Vec::new(), cluster: None }
+        Core {
+            database,
+            fanout,
+            routes,
+            last_seq,
+            unprepared: Vec::new(),
+            cluster: None,
+            view_budgets: Default::default(),
+        }
     }
 
     /// Cluster mode: this writer applies the stream's entries.
@@ -883,6 +899,8 @@ impl Core {
                     n_windows: stats.n_windows,
                     n_subscriptions: self.fanout.sessions.values().map(|session| session.subs.len()).sum(),
                     n_sessions: self.fanout.sessions.len(),
+                    largest_identity_view_bytes: self.view_budgets.largest_owner_bytes(),
+                    n_budgeted_identities: self.view_budgets.n_owners(),
                     last_seq: self.database.last_seq(),
                     checkpointed_seq: self.database.checkpointed_seq(),
                 });
@@ -899,19 +917,19 @@ impl Core {
                 }
                 self.fanout.sessions.remove(&session);
             }
-            Command::Subscribe { session, handle, collection, schema, spec } => {
+            Command::Subscribe { session, handle, collection, schema, spec, owner } => {
                 let subscribed = self
                     .check_schema(collection, &schema)
-                    .and_then(|()| self.subscribe(session, handle, collection, spec));
+                    .and_then(|()| self.subscribe(session, handle, collection, spec, owner));
                 if let Err(error) = subscribed {
                     self.fanout.send(session, Outgoing::SubscribeFailed { handle, error });
                 }
             }
             Command::SetRange { session, handle, position, limit, req } => {
-                self.answer_window_change(session, handle, WindowChange::Range(position, limit), req);
+                self.answer_window_change(session, handle, WindowChange::Range(position, limit), None, req);
             }
-            Command::SetView { session, handle, def, req } => {
-                self.answer_window_change(session, handle, WindowChange::View(def), req);
+            Command::SetView { session, handle, def, req, owner } => {
+                self.answer_window_change(session, handle, WindowChange::View(def), owner, req);
             }
             Command::Unsubscribe { session, handle } => {
                 self.detach(session, handle);
@@ -930,10 +948,14 @@ impl Core {
         session: SessionId,
         handle: SubHandle,
         change: WindowChange,
+        owner: Option<Arc<str>>,
         req: Option<Box<str>>,
     ) {
         self.fanout.answer = Some(((session, handle), Answer { req }));
-        let result = self.change_window(session, handle, change);
+        let result = match (change, owner) {
+            (WindowChange::View(def), Some(owner)) => self.change_view_within_budget(session, handle, def, owner),
+            (change, _) => self.change_window(session, handle, change),
+        };
         let answer = self.fanout.answer.take().map(|(_, answer)| answer);
         match result {
             Ok(()) => {
@@ -1021,6 +1043,7 @@ impl Core {
         handle: SubHandle,
         collection: CollectionId,
         spec: WindowSpec,
+        owner: Option<Arc<str>>,
     ) -> Result<(), ApiError> {
         if !self.fanout.sessions.contains_key(&session) {
             return Ok(());
@@ -1060,6 +1083,7 @@ impl Core {
                 window
             }
         };
+        self.charge_new_subscription((session, handle), owner, window, opened_now)?;
         // The client learns where its window landed on its first frame (from the
         // engine: a shared tail window's offset has moved since it was opened).
         let range_due = if is_keyed { Some(self.database.engine().window_range(window)?) } else { None };
@@ -1240,6 +1264,7 @@ impl Core {
 
     /// Removes a subscription from its window, closing the window with its last subscriber.
     fn detach(&mut self, session: SessionId, handle: SubHandle) {
+        self.view_budgets.release((session, handle));
         let Some(sub) = self.fanout.sessions.get_mut(&session).and_then(|state| state.subs.remove(&handle)) else {
             return;
         };

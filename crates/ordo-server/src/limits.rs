@@ -125,8 +125,17 @@ pub const MAX_JWKS_KEYS: usize = 64;
 pub const MAX_CACHED_TOKENS: usize = 4_096;
 /// Most access rules.
 pub const MAX_RULES: usize = 256;
-/// A WebSocket opened without a token must send `auth` within this many seconds (else close 4401).
-pub const AUTH_TIMEOUT_SECS: u64 = 10;
+/// A WebSocket opened without a token must send `auth` within this many seconds
+/// (else close 4401): a client sends it right after the `welcome`, so a long
+/// wait only helps sockets that never will.
+pub const AUTH_TIMEOUT_SECS: u64 = 3;
+/// WebSockets that have not authenticated yet hold at most this share of the
+/// connection cap (`max_connections / 8`, at least `MIN_UNAUTHENTICATED_CONNECTIONS`);
+/// past it, the one that has waited longest is closed (4401) to make room, so
+/// that sockets which never authenticate cannot take the places of users with
+/// a token. See `unauthenticated_cap`.
+pub const UNAUTHENTICATED_SHARE_DIVISOR: usize = 8;
+pub const MIN_UNAUTHENTICATED_CONNECTIONS: usize = 8;
 /// After its token expires, a WebSocket has this many seconds to send a fresh one (else close 4401).
 pub const AUTH_EXPIRY_GRACE_SECS: u64 = 30;
 /// Most WebSocket connections one `reader` identity may hold at once.
@@ -137,6 +146,17 @@ pub const IDENTITY_REQUESTS_PER_SECOND: u32 = 200;
 pub const IDENTITY_REQUEST_BURST: u32 = 400;
 /// Collections one non-admin identity may create per hour (rules granting `create`).
 pub const COLLECTIONS_CREATED_PER_IDENTITY_PER_HOUR: u32 = 100;
+/// Views one `reader` identity may hold at once: distinct views behind its
+/// subscriptions, over all its connections and the sessions parked for it, and
+/// their estimated bytes (see `VIEW_ITEM_BYTES`). Past either, `subscribe`,
+/// `set_view` and a `resume` entry are refused with `limit_exceeded`.
+pub const MAX_VIEWS_PER_IDENTITY: usize = 256;
+pub const MAX_VIEW_BYTES_PER_IDENTITY: usize = 64 * 1024 * 1024;
+/// A view's estimated bytes: this per item in it when the identity comes to hold
+/// it (an `OrderTree` entry is 20 bytes, membership bits and slack make ~26 B
+/// measured), plus `VIEW_BASE_BYTES` for its fixed heap (~1 KiB measured).
+pub const VIEW_ITEM_BYTES: usize = 32;
+pub const VIEW_BASE_BYTES: usize = 1024;
 /// Identities whose counters are kept; past it, idle ones are forgotten first.
 pub const MAX_TRACKED_IDENTITIES: usize = 100_000;
 /// Lifetime of the tokens `POST /demo/token` hands out (the page refreshes them).
@@ -144,7 +164,7 @@ pub const DEMO_TOKEN_TTL_SECS: u64 = 300;
 
 /// Every limit by name, for `GET /v1/limits` and the `welcome` frame.
 pub fn as_json() -> serde_json::Value {
-    serde_json::json!({
+    let mut json = serde_json::json!({
         "max_inbound_frame_bytes": MAX_INBOUND_FRAME_BYTES,
         "max_http_body_bytes": MAX_HTTP_BODY_BYTES,
         "max_ops_per_request": MAX_OPS_PER_REQUEST,
@@ -182,7 +202,14 @@ pub fn as_json() -> serde_json::Value {
         "max_rules": MAX_RULES,
         "max_backup_path_bytes": MAX_BACKUP_PATH_BYTES,
         "max_payload_depth": MAX_PAYLOAD_DEPTH,
-    })
+    });
+    // Apart: one `json!` of every key would pass the macro's recursion limit.
+    json["max_views_per_identity"] = MAX_VIEWS_PER_IDENTITY.into();
+    json["max_view_bytes_per_identity"] = MAX_VIEW_BYTES_PER_IDENTITY.into();
+    json["view_item_bytes"] = VIEW_ITEM_BYTES.into();
+    json["view_base_bytes"] = VIEW_BASE_BYTES.into();
+    json["max_unauthenticated_connections"] = unauthenticated_cap(MAX_CONNECTIONS).into();
+    json
 }
 
 /// The connection cap in force for a descriptor limit of `nofile_soft` (the
@@ -193,6 +220,17 @@ pub fn connection_cap(nofile_soft: u64) -> usize {
     let nofile = usize::try_from(nofile_soft).unwrap_or(usize::MAX);
     let below_limit = if nofile > 2 * DESCRIPTOR_RESERVE { nofile - DESCRIPTOR_RESERVE } else { nofile / 2 };
     MAX_CONNECTIONS.min(below_limit).max(1)
+}
+
+/// How many WebSockets without an identity yet may be open under a connection
+/// cap of `max_connections`: an eighth, at least a few (never more than the cap).
+pub fn unauthenticated_cap(max_connections: usize) -> usize {
+    (max_connections / UNAUTHENTICATED_SHARE_DIVISOR).max(MIN_UNAUTHENTICATED_CONNECTIONS).min(max_connections)
+}
+
+/// The estimated bytes of a view of `n_items` items (see `VIEW_ITEM_BYTES`).
+pub fn view_cost_bytes(n_items: usize) -> usize {
+    n_items.saturating_mul(VIEW_ITEM_BYTES).saturating_add(VIEW_BASE_BYTES)
 }
 
 /// `ordo serve --demo`: rooms written into an empty `rooms` collection at start.

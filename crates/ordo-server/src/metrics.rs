@@ -28,6 +28,8 @@ pub struct Metrics {
     pub resume_reset: AtomicU64,
     pub closed_slow: AtomicU64,
     pub claims_outside_alphabet: AtomicU64,
+    pub view_budget_refusals: AtomicU64,
+    pub unauthenticated_evicted: AtomicU64,
     errors: [AtomicU64; ErrorCode::ALL.len()],
     auth_failures: [AtomicU64; AuthFailure::ALL.len()],
     stages: [StageHistogram; Stage::ALL.len()],
@@ -50,6 +52,8 @@ pub static METRICS: Metrics = Metrics {
     resume_reset: AtomicU64::new(0),
     closed_slow: AtomicU64::new(0),
     claims_outside_alphabet: AtomicU64::new(0),
+    view_budget_refusals: AtomicU64::new(0),
+    unauthenticated_evicted: AtomicU64::new(0),
     errors: [const { AtomicU64::new(0) }; ErrorCode::ALL.len()],
     auth_failures: [const { AtomicU64::new(0) }; AuthFailure::ALL.len()],
     stages: [const { StageHistogram::new() }; Stage::ALL.len()],
@@ -150,6 +154,10 @@ pub struct CoreGauges {
     pub n_windows: usize,
     pub n_subscriptions: usize,
     pub n_sessions: usize,
+    /// The estimated view bytes (`limits::view_cost_bytes`) of the identity holding the most.
+    pub largest_identity_view_bytes: usize,
+    /// Identities holding views under a budget.
+    pub n_budgeted_identities: usize,
     pub last_seq: u64,
     pub checkpointed_seq: u64,
 }
@@ -180,7 +188,31 @@ pub fn render(gauges: &CoreGauges, core_queue_depth: usize) -> String {
         gauges.n_subscriptions as u64,
     );
     line("ordo_sessions", "gauge", "Sessions, attached or held for resume.", gauges.n_sessions as u64);
+    line(
+        "ordo_identity_view_bytes_max",
+        "gauge",
+        "Estimated bytes of the views held by the identity holding the most (budgeted identities only).",
+        gauges.largest_identity_view_bytes as u64,
+    );
+    line(
+        "ordo_identities_holding_views",
+        "gauge",
+        "Budgeted identities holding views (live or parked).",
+        gauges.n_budgeted_identities as u64,
+    );
+    line(
+        "ordo_identity_view_budget_refusals_total",
+        "counter",
+        "Subscriptions and view changes refused for an identity's view budget.",
+        m.view_budget_refusals.load(Relaxed),
+    );
     line("ordo_connections", "gauge", "Open WebSocket connections.", m.connections.load(Relaxed));
+    line(
+        "ordo_unauthenticated_connections_closed_total",
+        "counter",
+        "WebSockets without a token closed to make room within the unauthenticated share of the cap.",
+        m.unauthenticated_evicted.load(Relaxed),
+    );
     line(
         "ordo_tcp_connections",
         "gauge",

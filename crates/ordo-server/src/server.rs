@@ -186,6 +186,7 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
 
     let rules = load_rules(&database)?;
     let gate = Arc::new(Gate::new(verifier, rules, options.allow_hosts.clone(), options.allow_origins.clone()));
+    gate.set_max_unauthenticated(limits::unauthenticated_cap(max_connections));
     let routes = Arc::new(RwLock::new(NameRoutes::new()));
     let cluster_shared = options
         .cluster
@@ -435,6 +436,7 @@ fn limits_json(options: &ServeOptions, max_connections: usize) -> serde_json::Va
     json["http_requests_per_second"] = options.http_requests_per_second.into();
     json["session_retention_secs"] = options.session_retention.as_secs().into();
     json["auth_timeout_secs"] = options.auth_timeout.as_secs().into();
+    json["max_unauthenticated_connections"] = limits::unauthenticated_cap(max_connections).into();
     json["auth_expiry_grace_secs"] = options.auth_grace.as_secs().into();
     json
 }

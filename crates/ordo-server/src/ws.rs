@@ -169,6 +169,8 @@ enum Event {
     Outgoing(Option<Outgoing>),
     Shutdown,
     AuthDeadline,
+    /// Too many sockets wait for their `auth`, and this one has waited longest.
+    Evicted,
     /// The parked request's `min_seq` was reached, or its wait ran out.
     Unpark,
 }
@@ -247,6 +249,7 @@ impl Connection {
                 outgoing = self.session.outbox.recv() => Event::Outgoing(outgoing),
                 _ = shutdown.wait_for(|stopping| *stopping) => Event::Shutdown,
                 _ = &mut self.auth_timer, if timed => Event::AuthDeadline,
+                _ = evicted(&mut self.slot), if self.identity.is_none() => Event::Evicted,
                 // Woken by the writer thread's publication of each new `seq`, not by polling.
                 // (An error means the writer is gone: unparking then refuses.)
                 _ = self.seq.wait_for(|&seq| parked.is_some_and(|min_seq| seq >= min_seq)), if parked.is_some() => {
@@ -281,6 +284,10 @@ impl Connection {
                 Event::Outgoing(None) => self.close(CLOSE_GOING_AWAY, "server stopping").await,
                 Event::Shutdown => self.close(CLOSE_GOING_AWAY, "server stopping").await,
                 Event::AuthDeadline => self.on_auth_deadline().await,
+                Event::Evicted => {
+                    let reason = "too many connections are waiting for `auth`; this one waited longest";
+                    self.close(CLOSE_UNAUTHORIZED, reason).await;
+                }
                 Event::Unpark => self.unpark().await,
             }
         }
@@ -795,7 +802,9 @@ impl Connection {
         self.session.table.insert(handle, entry).expect("handles increase");
         self.session.by_client_id.insert(client_id, handle);
         let schema = collection.schema.clone();
-        let command = Command::Subscribe { session: self.session.id, handle, collection: collection.id, schema, spec };
+        let owner = self.view_budget_owner();
+        let command =
+            Command::Subscribe { session: self.session.id, handle, collection: collection.id, schema, spec, owner };
         let _ = self.context.core.send(command).await;
     }
 
@@ -858,9 +867,19 @@ impl Connection {
         wire::restrict(&mut def, predicate.as_ref(), schema)?;
         let entry = self.session.table.get_mut(handle).expect("mapped handles are live");
         entry.spec.def = def.clone();
-        let command = Command::SetView { session: self.session.id, handle, def, req };
+        let owner = self.view_budget_owner();
+        let command = Command::SetView { session: self.session.id, handle, def, req, owner };
         let _ = self.context.core.send(command).await;
         Ok(())
+    }
+}
+
+/// Resolves when the connection's socket, still without an identity, must close
+/// to make room among those waiting for `auth` (see `Gate::open_connection`).
+async fn evicted(slot: &mut Option<ConnectionSlot>) {
+    match slot {
+        Some(slot) => slot.evicted().await,
+        None => std::future::pending().await,
     }
 }
 

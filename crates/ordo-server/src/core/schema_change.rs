@@ -109,6 +109,7 @@ impl Core {
                 self.fanout.windows_by_key.remove(&key);
             }
             for (session, handle) in shared.subscribers {
+                self.view_budgets.release((session, handle));
                 if let Some(state) = self.fanout.sessions.get_mut(&session) {
                     state.subs.remove(&handle);
                 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use fastwebsockets::OpCode;
 
 use super::{Connection, CLOSE_UNAUTHORIZED};
-use crate::auth::{self, AuthFailure, Identity};
+use crate::auth::{self, AuthFailure, Identity, Role};
 use crate::error::{ApiError, ErrorCode};
 use crate::limits;
 use crate::rules::Action;
@@ -73,6 +73,13 @@ impl Connection {
         self.identity = Some(identity);
         self.send_json(&answer).await;
         Ok(())
+    }
+
+    /// The identity whose view budget this connection's views are charged to:
+    /// readers only (writers are trusted backends, admins operators; with auth
+    /// off every caller is an admin).
+    pub(super) fn view_budget_owner(&self) -> Option<Arc<str>> {
+        self.identity.as_ref().filter(|identity| identity.role == Role::Reader).map(|identity| identity.key.clone())
     }
 
     /// The collection as this connection's identity may read it, and the row
