@@ -1,4 +1,4 @@
-//! The seeded, deterministic data set of `BENCH_SCENARIOS.md`: the room
+//! The seeded, deterministic data set of `SCENARIOS.md`: the room
 //! collection, the update streams, the filters of `filter-switch`, the window
 //! offsets of `fan-out` and the collections of `many-lists`.
 //!
@@ -88,7 +88,7 @@ impl Rng {
     }
 }
 
-/// One room of the collection (see the table in `BENCH_SCENARIOS.md`).
+/// One room of the collection (see the table in `SCENARIOS.md`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Room {
     /// `!room{n:08}:example.org`.

@@ -1,4 +1,4 @@
-//! Ordo's benchmark: every scenario of `BENCH_SCENARIOS.md`, with the peers
+//! Ordo's benchmark: every scenario of `SCENARIOS.md`, with the peers
 //! (eyeball-im-util, naive, naive-full) measured in the same run on the same
 //! seeded data.
 //!
@@ -7,7 +7,7 @@
 //! - [`harness`]: per-operation timing, allocation counting, memory probes.
 //! - [`peers`]: the peers, one function per scenario each.
 //! - [`ordo_system`]: the Ordo side, one function per scenario.
-//! - [`cluster_bench`]: the `cluster-bench` binary's phases (issue 16).
+//! - [`cluster_bench`]: the `cluster-bench` binary's phases (cluster mode's figures).
 //! - [`live`]: drives a live `ordo serve` (loadgen, cluster-bench's chat phase).
 //! - [`shared_rooms`]: the `shared-rooms` scenario (its data, its three systems).
 //! - [`scenarios`]: the runner; [`report`]: the table and JSON lines.

@@ -1,4 +1,4 @@
-//! `ordo-bench`: runs the scenarios of `BENCH_SCENARIOS.md` and prints a
+//! `ordo-bench`: runs the engine scenarios of `SCENARIOS.md` and prints a
 //! table per scenario, or JSON lines with `--json`. See `--help`.
 
 use std::io::Write;

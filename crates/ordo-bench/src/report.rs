@@ -1,5 +1,5 @@
 //! Reporting: the human table and the `--json` lines of
-//! `BENCH_SCENARIOS.md`.
+//! `SCENARIOS.md`.
 //!
 //! JSON: one object per measured system and (scenario, n, dist):
 //! `{"scenario": "new-message", "n": 100000, "dist": "uniform", "system":

@@ -11,7 +11,7 @@
 //! - `ordo` (with references): a shared `rooms` collection and one shared `members` collection
 //!   (`owner`, `room` a reference to `rooms`, `unread`), each user's window
 //!   `owner == user` sorted by `room.recency` desc; a message is one upsert in
-//!   `rooms` (the layout `i17-refs` chose, see `ARCHITECTURE.md`).
+//!   `rooms` (the layout chosen for reference fields, see `ARCHITECTURE.md`).
 //! - `ordo-fan-out`: today's layout without references: one collection per user
 //!   holding its own copy of each of its rooms; a message is one upsert per
 //!   member (fan-out on write).
@@ -36,7 +36,7 @@ use crate::report::{Group, Outcome, Row};
 
 /// Rooms each user is in.
 pub const ROOMS_PER_USER: usize = 100;
-/// Users and rooms of a full run (the sizes).
+/// Users and rooms of a full run (the sizes `SCENARIOS.md` defines).
 pub const FULL_SIZES: [(usize, usize); 2] = [(10_000, 1_000), (100_000, 10_000)];
 /// Users and rooms of a `--quick` run.
 pub const QUICK_SIZES: [(usize, usize); 1] = [(2_000, 1_000)];

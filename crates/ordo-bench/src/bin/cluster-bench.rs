@@ -1,4 +1,4 @@
-//! `cluster-bench`: the figures of issue 16 (docs/BENCHMARKS.md, "Cluster");
+//! `cluster-bench`: cluster mode's figures (docs/BENCHMARKS.md, "Cluster mode");
 //! the phases and their options are in `ordo_bench::cluster_bench`.
 
 fn main() {

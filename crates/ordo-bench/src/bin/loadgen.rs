@@ -96,12 +96,12 @@ const MAX_SUBSCRIBER_THREADS: usize = 64;
 const MAX_TICK_MS: u64 = 100;
 const SERVER_START_TIMEOUT: Duration = Duration::from_secs(60);
 const SERVER_STOP_TIMEOUT: Duration = Duration::from_secs(15);
-/// Printed next to the chat figures: the targets of the issue this bench serves.
+/// Printed next to the chat figures: the chat scenario's goals (`SCENARIOS.md`).
 const CHAT_GOAL: &str = "goal: p99 ≤ 10 ms, 0 lost, server ≤ 1 core";
 /// Tokens minted by loadgen live this much longer than the write phase (set-up
 /// of a million rooms and a thousand connections included).
 const TOKEN_TTL_MARGIN_SECS: u64 = 3_600;
-/// The auth issue's target for a run with `--auth` against one without.
+/// The goal of a run with `--auth` against one without (`SCENARIOS.md`).
 const AUTH_GOAL: &str = "auth goal: p99 and server CPU within 5 % of the same run without --auth";
 
 const USAGE: &str = "\

@@ -14,7 +14,7 @@
 //!
 //! and e., `auth::Verifier::verify` per token (what a connection's `auth`
 //! message or an HTTP request's bearer token costs) for HS256 and for EdDSA,
-//! RS256 and ES256 keys from a JWKS file, next to the auth issue's goals.
+//! RS256 and ES256 keys from a JWKS file, next to their goals (`SCENARIOS.md`).
 //! Tokens are timed one by one (each takes microseconds).
 //!
 //! Each sample times a batch of operations (one clock read per batch, not per
@@ -487,7 +487,7 @@ const RSA_PEM: &str = include_str!("../../../ordo-server/tests/keys/rsa.pem");
 const P256_PEM: &str = include_str!("../../../ordo-server/tests/keys/p256.pem");
 const JWKS_JSON: &str = include_str!("../../../ordo-server/tests/keys/jwks.json");
 
-/// What one case of e. verifies with, and the goal for it.
+/// What one case of e. verifies with, and its goal (`SCENARIOS.md`).
 struct TokenCase {
     name: &'static str,
     verifier: &'static str,

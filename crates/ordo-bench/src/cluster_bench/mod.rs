@@ -1,4 +1,5 @@
-//! `cluster-bench`: the figures of issue 16 (docs/BENCHMARKS.md, "Cluster").
+//! `cluster-bench`: cluster mode's figures (docs/BENCHMARKS.md, "Cluster mode";
+//! the phases are defined in `SCENARIOS.md`).
 //!
 //! ```text
 //! cargo build --release -p ordo-server --bin ordo -p ordo-bench --bin cluster-bench

@@ -1,4 +1,4 @@
-//! The peers measured in the same run as Ordo (see `BENCH_SCENARIOS.md`).
+//! The peers measured in the same run as Ordo (see `SCENARIOS.md`).
 //!
 //! Each peer module exposes one function per scenario with the same
 //! signature as the matching function of [`crate::ordo_system`] (the naive
