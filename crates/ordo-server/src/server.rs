@@ -92,7 +92,7 @@ impl Default for ServeOptions {
 
 /// One network thread per core, at most [`limits::DEFAULT_MAX_NETWORK_THREADS`].
 /// A second thread keeps frames moving while the first is descheduled or busy
-/// with a burst (docs/BENCHMARKS.md, the session-4 bullet on the server).
+/// with a burst (docs/bench-history/2026-11-23-server-under-load.md, "2026-11-23, fourth pass").
 pub fn default_network_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, limits::DEFAULT_MAX_NETWORK_THREADS)
 }

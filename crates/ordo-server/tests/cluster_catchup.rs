@@ -1,6 +1,6 @@
 //! A node catching up applies the stream in runs, with a batch reused from
 //! entry to entry and the caller's identity kept from one entry to the next
-//! (`cluster::apply`, docs/BENCHMARKS.md "Catch-up, round three"); its consumer
+//! (`cluster::apply`, docs/bench-history/2026-11-24-cluster-mode.md "Catch-up, third pass"); its consumer
 //! is a pull consumer that checks the order itself (`cluster::consume`). Here a
 //! stream of entries of every shape is applied one at a time by one node (each
 //! published only once the one before is applied) and in runs by a new node,

@@ -1,4 +1,4 @@
-//! Faults during writes (issue 16): three NATS nodes (an R3 stream) and three
+//! Faults during writes: three NATS nodes (an R3 stream) and three
 //! `ordo serve --cluster` nodes while writers and subscribers run, and one
 //! fault per trial:
 //!

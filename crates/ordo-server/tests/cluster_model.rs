@@ -1,4 +1,4 @@
-//! The cluster model test (issue 16): three NATS nodes (an R3 stream) and three
+//! The cluster model test: three NATS nodes (an R3 stream) and three
 //! `ordo serve --cluster` nodes. Random writes (upserts, removes, increments,
 //! `set_max`, conditional writes, multi-op batches, item deletes, and now and
 //! then a schema change) go to random nodes over HTTP, some steps several at

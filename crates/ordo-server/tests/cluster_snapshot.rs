@@ -168,7 +168,7 @@ fn a_new_node_joins_from_a_snapshot_after_retention_and_refuses_without_one() {
     drop(a);
 }
 
-/// Issue 16, "never a silent gap", for a node that is already running: it is
+/// Never a silent gap, for a node that is already running: it is
 /// frozen (SIGSTOP) while another node writes far past the stream's retention,
 /// then continues. Its consumer then meets seqs beyond the one it needs (the
 /// stream dropped them), either mid-stream or when it starts again. Filling

@@ -40,7 +40,7 @@ pub struct Applier {
     snapshots: Option<super::snapshot::SnapshotScheduler>,
     /// Batches of entries already written, emptied, filled again by the next
     /// write entries: a catching-up node would otherwise allocate every
-    /// entry's buffers afresh (docs/BENCHMARKS.md, "Catch-up, round three").
+    /// entry's buffers afresh (docs/bench-history/2026-11-24-cluster-mode.md, "Catch-up, third pass").
     spare_batches: Vec<ordo_core::Batch>,
     /// The identity the last write entry applied for, reused by the next ones
     /// while their caller is the same (`Caller::is`).

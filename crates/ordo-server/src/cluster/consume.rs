@@ -7,8 +7,8 @@
 //! (`Order`), as the ordered consumer did, and without its costs per message
 //! (a second parse of the ack subject with a date conversion, and an idle
 //! heartbeat timer armed again for every message), and pulls `PULL_BATCH`
-//! messages at a time instead of its fixed 500 (docs/BENCHMARKS.md, "Catch-up,
-//! round three").
+//! messages at a time instead of its fixed 500 (docs/bench-history/2026-11-24-cluster-mode.md,
+//! "Catch-up, third pass").
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -253,7 +253,7 @@ struct AckInfo {
 /// `jetstream::Message::info` reads it (`$JS.ACK.[<domain>.<account hash>.]<stream>.
 /// <consumer>.<delivered>.<stream seq>.<consumer seq>.<ns>.<pending>[...]`), without
 /// its date conversion: `info` is the costliest step of a message's delivery
-/// here after async-nats' own (docs/BENCHMARKS.md, "Catch-up profile").
+/// here after async-nats' own (docs/bench-history/2026-11-24-cluster-mode.md, "Catch-up profile").
 /// `None` for any other shape (the caller falls back to `info`).
 fn ack_reply_info(reply: &str) -> Option<AckInfo> {
     let rest = reply.strip_prefix("$JS.ACK.")?;
@@ -286,7 +286,7 @@ const STALL_RESTART_MAX: Duration = Duration::from_secs(32);
 ///
 /// It also restarts a consumer that stopped delivering without an error: when
 /// the NATS server this node is connected to dies, a consumer notices late or
-/// never (async-nats' ordered consumer, used until round three, after missing
+/// never (async-nats' ordered consumer, used before the pull consumer, after missing
 /// two 15 s idle heartbeats: the fault tests saw nodes stand still 20 to 30 s,
 /// with writes taken there waiting for their apply; the pull consumer now used
 /// asks for no heartbeats at all). A node that lags and has applied nothing for `STALL_RESTART`

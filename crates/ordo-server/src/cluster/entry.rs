@@ -80,7 +80,7 @@ impl Caller<'_> {
     /// Whether `identity` is the one [`Caller::identity`] gives, every part of
     /// it compared: the writer keeps the last one and reuses it for the next
     /// entry of the same caller (its two copies were a catching-up node's
-    /// allocations per entry: docs/BENCHMARKS.md, "Catch-up, round three").
+    /// allocations per entry: docs/bench-history/2026-11-24-cluster-mode.md, "Catch-up, third pass").
     pub fn is(&self, identity: &Identity) -> bool {
         identity.sub == *self.sub
             && identity.role == self.role()
@@ -135,7 +135,7 @@ impl<'a> Entry<'a> {
 /// An entry as the writer applies it: [`Entry`]'s keys, with a write's `ops`
 /// decoded in the same pass as the rest (borrowed from the message's bytes),
 /// not kept raw and parsed again: one pass over each entry's bytes fewer on a
-/// catching-up node (docs/BENCHMARKS.md, "Catch-up profile"). An op that does
+/// catching-up node (docs/bench-history/2026-11-24-cluster-mode.md, "Catch-up profile"). An op that does
 /// not decode makes the whole entry malformed, which every node decides alike.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -158,7 +158,7 @@ pub struct Decoded<'a> {
 impl<'a> Decoded<'a> {
     /// The bytes are checked to be UTF-8 once, whole, then decoded as text:
     /// decoding from bytes checks every string and raw value it borrows on its
-    /// own, a call per key (docs/BENCHMARKS.md, "Catch-up, round three"). Bytes
+    /// own, a call per key (docs/bench-history/2026-11-24-cluster-mode.md, "Catch-up, third pass"). Bytes
     /// that are not UTF-8 are refused either way.
     pub fn decode(bytes: &'a [u8]) -> Result<Decoded<'a>, serde_json::Error> {
         let text = std::str::from_utf8(bytes).map_err(|error| {

@@ -1,4 +1,4 @@
-//! Entries missing from what the consumer delivers (issue 16: never a silent gap).
+//! Entries missing from what the consumer delivers (a node never applies past a silent gap).
 //!
 //! The stream's seqs are dense: Ordo publishes every entry on one subject and
 //! never deletes one. A consumer that delivers seq S when it expected E < S

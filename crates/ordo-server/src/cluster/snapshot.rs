@@ -1,4 +1,4 @@
-//! Snapshots for new nodes (issue 16, "New and lagging nodes"; docs/SCALING.md).
+//! Snapshots for new nodes (docs/SCALING.md, "New and lagging nodes; retention and snapshots").
 //!
 //! A snapshot is the existing hot backup (`ordo_store::Backup`: a data
 //! directory holding exactly the entries `1..=seq`, docs/STORAGE.md "Backup")

@@ -1,4 +1,4 @@
-//! An existing stream is checked before a node binds to it (issue 16): the
+//! An existing stream is checked before a node binds to it: the
 //! first node creates the stream with its flags, and every later node (or an
 //! operator with `nats stream add`) may meet one made otherwise. A difference
 //! that breaks a guarantee of docs/SCALING.md refuses the start, naming it; a
