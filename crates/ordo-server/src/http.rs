@@ -25,6 +25,7 @@ use crate::error::{ApiError, ErrorCode};
 use crate::limits;
 use crate::metrics::{self, METRICS};
 use crate::rate_limit::TokenBucket;
+use crate::silent_sockets::SilentSockets;
 use crate::ws::{self, Registry};
 
 pub struct HttpState {
@@ -63,11 +64,13 @@ pub(crate) type Body = Full<Bytes>;
 /// (`state.max_connections`, below the descriptor limit), so a flood of idle
 /// sockets meets a `503` instead of exhausting descriptors; and every one must
 /// send a request head within `state.header_timeout`, so idle and half-sent
-/// ones are closed instead of held.
+/// ones are closed instead of held. Until it sends one, a socket is among the
+/// `SilentSockets`, which hold only a share of the cap.
 pub async fn serve(listener: TcpListener, state: Arc<HttpState>, mut shutdown: watch::Receiver<bool>, grace: Duration) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let cors = cors_layer(state.gate.allowed_origins());
     let refusal = Bytes::from(refusal_response(state.max_connections));
+    let silent = Arc::new(SilentSockets::new(limits::unauthenticated_cap(state.max_connections)));
     let mut accept_errors = AcceptErrors::default();
     loop {
         let accepted = tokio::select! {
@@ -99,16 +102,21 @@ pub async fn serve(listener: TcpListener, state: Arc<HttpState>, mut shutdown: w
         let watcher = graceful.watcher();
         let mut stopping = shutdown.clone();
         let cors = cors.clone();
+        let silent = silent.clone();
         tokio::spawn(async move {
             // Connections come and go by the thousand: their lines are `debug`.
             tracing::debug!(%peer, "connection opened");
             let header_timeout = state.header_timeout;
+            // Silent until its first request head is whole: the service drops this then.
+            let (silent, mut eviction) = silent.enter();
+            let silent = Arc::new(Mutex::new(Some(silent)));
             let started = tokio::select! {
                 started = tokio::time::timeout(header_timeout, wait_for_request_start(&stream)) => match started {
                     Ok(true) => Ok(()),
                     Ok(false) => Err("closed by the client before a request"),
                     Err(_) => Err("no request within the header timeout"),
                 },
+                _ = eviction.wait() => Err(EVICTED),
                 _ = stopping.wait_for(|stopping| *stopping) => Err("server stopping"),
             };
             if let Err(reason) = started {
@@ -119,6 +127,7 @@ pub async fn serve(listener: TcpListener, state: Arc<HttpState>, mut shutdown: w
             let bucket =
                 Arc::new(Mutex::new(TokenBucket::new(state.http_requests_per_second, limits::HTTP_REQUEST_BURST)));
             let service = tower::ServiceBuilder::new().layer(cors).service_fn(move |request| {
+                silent.lock().expect("silent socket lock").take();
                 let state = state.clone();
                 let bucket = bucket.clone();
                 let slot = slot.clone();
@@ -130,15 +139,22 @@ pub async fn serve(listener: TcpListener, state: Arc<HttpState>, mut shutdown: w
             // connection) must arrive within the timeout; hyper measures it with this timer.
             builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout);
             let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
-            match watcher.watch(connection).await {
-                Ok(()) => tracing::debug!(%peer, reason = "done", "connection closed"),
-                Err(error) => tracing::debug!(%peer, reason = %error, "connection closed"),
+            tokio::select! {
+                served = watcher.watch(connection) => match served {
+                    Ok(()) => tracing::debug!(%peer, reason = "done", "connection closed"),
+                    Err(error) => tracing::debug!(%peer, reason = %error, "connection closed"),
+                },
+                // Dropping the connection closes it.
+                _ = eviction.wait() => tracing::debug!(%peer, reason = EVICTED, "connection closed"),
             }
         });
     }
     drop(listener);
     let _ = tokio::time::timeout(grace, graceful.shutdown()).await;
 }
+
+/// Why a socket that sent no whole request head yet was closed.
+const EVICTED: &str = "no whole request yet, and newer sockets needed the room";
 
 /// CORS for the allowed origins (`--allow-origin`): preflights answered, the
 /// API's methods and the `Authorization`, `Content-Type` and `X-Request-Id`

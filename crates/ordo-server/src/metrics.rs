@@ -30,6 +30,7 @@ pub struct Metrics {
     pub claims_outside_alphabet: AtomicU64,
     pub view_budget_refusals: AtomicU64,
     pub unauthenticated_evicted: AtomicU64,
+    pub silent_sockets_closed: AtomicU64,
     errors: [AtomicU64; ErrorCode::ALL.len()],
     auth_failures: [AtomicU64; AuthFailure::ALL.len()],
     stages: [StageHistogram; Stage::ALL.len()],
@@ -54,6 +55,7 @@ pub static METRICS: Metrics = Metrics {
     claims_outside_alphabet: AtomicU64::new(0),
     view_budget_refusals: AtomicU64::new(0),
     unauthenticated_evicted: AtomicU64::new(0),
+    silent_sockets_closed: AtomicU64::new(0),
     errors: [const { AtomicU64::new(0) }; ErrorCode::ALL.len()],
     auth_failures: [const { AtomicU64::new(0) }; AuthFailure::ALL.len()],
     stages: [const { StageHistogram::new() }; Stage::ALL.len()],
@@ -251,6 +253,12 @@ pub fn render(gauges: &CoreGauges, core_queue_depth: usize) -> String {
     line("ordo_resume_replayed_total", "counter", "Subscriptions resumed by replay.", m.resume_replayed.load(Relaxed));
     line("ordo_resume_reset_total", "counter", "Subscriptions resumed by a reset.", m.resume_reset.load(Relaxed));
     line("ordo_closed_slow_total", "counter", "Connections closed for being slow (4001).", m.closed_slow.load(Relaxed));
+    line(
+        "ordo_silent_sockets_closed_total",
+        "counter",
+        "TCP connections closed before their first request to keep the sockets that sent nothing within their share of the cap.",
+        m.silent_sockets_closed.load(Relaxed),
+    );
     line(
         "ordo_claims_outside_alphabet_total",
         "counter",
