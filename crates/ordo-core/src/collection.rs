@@ -12,13 +12,11 @@ use std::sync::Arc;
 use hashbrown::{DefaultHashBuilder, HashTable};
 use thin_vec::ThinVec;
 
+use crate::ids::Slot;
 use crate::interned::InternedColumn;
 use crate::schema::{FieldId, FieldType, Schema};
 use crate::slot_id::{IdIndexEntry, SlotId};
 use crate::value::{OwnedValue, Value};
-
-/// Index of an item's storage inside its collection.
-pub(crate) type Slot = u32;
 
 /// One bit per slot. Null flags and bools are bits rather than bytes so that, at a
 /// million items, they take 125 KB a column and stay in the CPU's L2 cache: reading a

@@ -19,10 +19,11 @@ use thin_vec::ThinVec;
 use crate::anchor::{resolve_anchor, ItemPosition, WindowAnchor, WindowRange};
 use crate::batch::{Batch, OpKind, StoredOp};
 use crate::bulk_load::BulkLoad;
-use crate::collection::{Collection, Slot};
-use crate::diff::{DiffRef, DiffSink, ItemList, WindowId};
+use crate::collection::Collection;
+use crate::diff::{DiffRef, DiffSink, ItemList};
 use crate::error::{BatchError, LoadError, ViewError};
 use crate::filter::FilterScratch;
+use crate::ids::{CollectionId, Slot, WindowId};
 use crate::key_index::{KeyIndex, KeyMove, ViewKey};
 use crate::limits;
 use crate::list_diff::{emit_list_diff, ListDiffScratch};
@@ -45,35 +46,6 @@ use collection_table::{CollectionTable, OtherCollections};
 pub use schema_change::SchemaChangeError;
 pub(crate) use validate::check_field_value;
 use validate::validate_batch;
-
-/// Identifies a collection. A dropped collection's id stays dead: a collection
-/// created later may reuse its slot (`index`) but never its generation, so an
-/// old id is refused as unknown instead of naming the new collection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CollectionId {
-    index: u32,
-    generation: u32,
-}
-
-impl CollectionId {
-    /// The collection's slot: dense, reused after a drop (for tables indexed by collection).
-    pub fn index(self) -> usize {
-        self.index as usize
-    }
-
-    /// Raised each time the slot is reused after a drop.
-    pub fn generation(self) -> u32 {
-        self.generation
-    }
-
-    /// An id made of raw parts: for a store, which persists a `ref` field's target
-    /// as its own number for the collection and maps it back to a live id at open.
-    /// Names no collection of an engine unless those parts came from one.
-    #[doc(hidden)]
-    pub fn from_raw_parts(index: u32, generation: u32) -> CollectionId {
-        CollectionId { index, generation }
-    }
-}
 
 struct CollectionState {
     collection: Collection,

@@ -14,8 +14,9 @@
 
 use std::cmp::Ordering;
 
-use crate::collection::{Collection, Column, ItemRef, Slot};
+use crate::collection::{Collection, Column, ItemRef};
 use crate::error::ViewError;
+use crate::ids::Slot;
 use crate::limits::{MAX_FILTER_DEPTH, MAX_FILTER_IN_VALUES, MAX_FILTER_NODES};
 use crate::schema::{FieldId, FieldType, Schema};
 use crate::text_match::{contains_folded, starts_with_folded, FoldedNeedle};

@@ -31,7 +31,8 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 use std::hash::BuildHasher;
 use thin_vec::ThinVec;
 
-use crate::collection::{Collection, Slot};
+use crate::collection::Collection;
+use crate::ids::Slot;
 use crate::schema::FieldId;
 use crate::value::Value;
 

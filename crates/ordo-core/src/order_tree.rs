@@ -15,7 +15,7 @@ mod run;
 
 use std::cmp::Ordering;
 
-use crate::collection::Slot;
+use crate::ids::Slot;
 use crate::sort::Prefix;
 
 use nodes::NodeTree;

@@ -8,7 +8,7 @@
 //! that a probe compares the id itself (`ids[slot]`, one more cache line) only
 //! when those bits match, which is almost only for the id sought.
 
-use crate::collection::Slot;
+use crate::ids::Slot;
 
 /// Longest id held inline in its slot. Matrix room ids (`!` + 18 letters +
 /// `:server`) and `ordo-bench`'s (`!room00000001:example.org`, 25 bytes) fit: a
