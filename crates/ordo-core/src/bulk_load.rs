@@ -3,8 +3,8 @@
 //! for why the index is built in one pass).
 
 use crate::collection::{Collection, PendingIndexEntry};
-use crate::engine::check_field_value;
 use crate::error::{BatchError, LoadError};
+use crate::field_check::check_field_value;
 use crate::ids::Slot;
 use crate::limits;
 use crate::value::Value;

@@ -44,7 +44,6 @@ mod validate;
 
 use collection_table::{CollectionTable, OtherCollections};
 pub use schema_change::SchemaChangeError;
-pub(crate) use validate::check_field_value;
 use validate::validate_batch;
 
 struct CollectionState {

@@ -58,6 +58,7 @@ mod collection;
 mod diff;
 mod engine;
 mod error;
+mod field_check;
 mod filter;
 mod ids;
 mod interned;
