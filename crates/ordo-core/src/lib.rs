@@ -61,7 +61,6 @@ mod error;
 mod field_check;
 mod filter;
 mod ids;
-mod interned;
 mod key_index;
 mod list_diff;
 mod order_tree;
