@@ -38,8 +38,9 @@ use crate::value::Value;
 use crate::view::View;
 use crate::view_def::ViewDef;
 
+use super::apply::{insert_into_views, remove_from_views};
 use super::collection_table::OtherCollections;
-use super::{insert_into_views, remove_from_views, CollectionState, Engine, Scratch, WindowSlot};
+use super::{CollectionState, Engine, Scratch, WindowSlot};
 
 /// One ref field of a collection that views read through.
 pub(super) struct RefLink {
@@ -349,7 +350,7 @@ impl Engine {
                 }
             }
             scratch.referencing_slots = referencing;
-            n_windows_changed += super::deliver_pending(&state.collection, views, windows, scratch, sink);
+            n_windows_changed += super::apply::deliver_pending(&state.collection, views, windows, scratch, sink);
         }
         n_windows_changed
     }
