@@ -75,7 +75,7 @@ pub struct Collection {
     hasher: DefaultHashBuilder,
     /// Slots ready for reuse. This and the other vectors that are empty in most
     /// collections are thin (8 bytes where a `Vec` is 24): every user's list pays
-    /// for their headers (issue 17's fixed-heap goal).
+    /// for their headers (the 1 KiB of fixed heap per list of `tests/it/many_lists.rs`).
     free_slots: ThinVec<Slot>,
     /// Slots removed by the batch being applied; they join `free_slots` once its diffs are out.
     freed_this_batch: ThinVec<Slot>,

@@ -120,8 +120,8 @@ pub(crate) enum Column {
 }
 
 // A user's empty collection has one column per field (7 in a room list), so each
-// byte here counts seven times in every list (issue 17: an empty list within
-// 1 KiB). 48 is the head layout's two vectors; the other variants fit beside one of
+// byte here counts seven times in every list (an empty list must stay within
+// 1 KiB of heap: `tests/it/many_lists.rs`). 48 is the head layout's two vectors; the other variants fit beside one of
 // their capacities' niches, which then holds the tag: bitmaps are boxed slices
 // sized by the slot count (16 bytes), an interned column keeps its dictionary boxed
 // (40 bytes), and a string's presence is in its head.
