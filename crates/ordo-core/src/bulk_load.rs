@@ -2,9 +2,10 @@
 //! by one and indexed all at once at the end (see `Collection::index_slots_from`
 //! for why the index is built in one pass).
 
-use crate::collection::{Collection, PendingIndexEntry, Slot};
-use crate::engine::check_field_value;
+use crate::collection::{Collection, PendingIndexEntry};
 use crate::error::{BatchError, LoadError};
+use crate::field_check::check_field_value;
+use crate::ids::Slot;
 use crate::limits;
 use crate::value::Value;
 

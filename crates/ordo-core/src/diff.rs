@@ -2,22 +2,8 @@
 //! caller-provided [`DiffSink`] that borrows item data, so a server can encode
 //! straight into its own buffers; nothing builds an owned diff list on the hot path.
 
-use crate::collection::{Collection, ItemRef, OwnedItem, Slot};
-
-/// Identifies an open window. Ids are not reused while the engine lives
-/// (a generation counter guards recycled storage).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct WindowId {
-    pub(crate) index: u32,
-    pub(crate) generation: u32,
-}
-
-impl WindowId {
-    /// A stable number for logs and wire protocols.
-    pub fn as_u64(self) -> u64 {
-        (self.generation as u64) << 32 | self.index as u64
-    }
-}
+use crate::collection::{Collection, ItemRef, OwnedItem};
+use crate::ids::{Slot, WindowId};
 
 /// Items borrowed from a collection, in window order.
 #[derive(Clone, Copy)]

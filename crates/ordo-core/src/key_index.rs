@@ -2,7 +2,7 @@
 //!
 //! A view whose filter requires `field == literal` at its top level (the filter
 //! itself, or one child of a top-level `all`; see
-//! [`CompiledFilter::equality_key`]) can only ever hold items whose `field` has
+//! [`crate::CompiledFilter::equality_key`]) can only ever hold items whose `field` has
 //! that value. Such a view is *keyed* by `(field, value)`: it is listed under that
 //! key instead of in its collection's list of unkeyed views, and an update visits
 //! it only when the item's old or new value of `field` is the key's value. A
@@ -31,7 +31,8 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 use std::hash::BuildHasher;
 use thin_vec::ThinVec;
 
-use crate::collection::{Collection, Slot};
+use crate::collection::Collection;
+use crate::ids::Slot;
 use crate::schema::FieldId;
 use crate::value::Value;
 

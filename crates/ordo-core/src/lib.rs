@@ -50,43 +50,83 @@
 //! assert_eq!((alice.field_by_name("unread"), alice.version()), (Some(Value::U64(1)), 3)); // the third batch
 //! ```
 
-mod anchor;
-mod batch;
-mod bulk_load;
-mod collation;
-mod collection;
-mod diff;
-mod engine;
-mod error;
-mod filter;
-mod interned;
-mod key_index;
-mod list_diff;
-mod order_tree;
-mod reference;
-mod resolve;
+// The modules from the leaves up: each uses only the modules listed before it
+// (a module's own submodules aside: the engine's, the collection's, the order
+// tree's, the filter's compiler).
+
+// Basic types.
+// `CollectionId`, `WindowId`, `Slot`: the handles every layer passes around.
+mod ids;
+// Every input's limit, in one place.
+pub mod limits;
+// `Schema`, `FieldDef`, `FieldId`, `FieldType`: typed fields.
 mod schema;
+// `Value` (borrowed) and `OwnedValue`, and their conversion to a field's type.
+mod value;
+// `ViewDef`: a `Filter` AST and `SortKey`s, plain data.
+mod view_def;
+// `Batch`: a caller-owned, reusable list of upserts and removes.
+mod batch;
+// `BatchError`, `LoadError`, `ViewError`.
+mod error;
+// `check_field_value`: one value checked against its field, for every writer.
+mod field_check;
+
+// Storage.
+// `SlotId`: an item's id, stored once in its slot; the id index's entries.
 mod slot_id;
+// `Collection`: items in slots, a column per field (`collection::column`).
+mod collection;
+// `KeyIndex`: keyed views and the equality index.
+mod key_index;
+// `RefIndex`: the reverse index of a reference field.
+mod reference;
+
+// Views.
+// `contains` / `prefix`: case- and accent-folded matching.
+mod text_match;
+// `Collation`: ICU collators for collated sort keys.
+mod collation;
+// `CompiledFilter`: a filter compiled (`filter::compile`) and evaluated per slot.
+mod filter;
+// `CompiledSort`: sort keys encoded into one 128-bit prefix.
 mod sort;
+// `OrderTree`: a view's sorted index of (prefix, slot) entries.
+mod order_tree;
+// `View` and `ViewPlan`: plan, index and membership.
+mod view;
+// `WindowAnchor`: windows placed by key.
+mod anchor;
+
+// Diffs.
+// `DiffSink`, `DiffRef`, `OwnedDiff`: what a window's owner receives.
+mod diff;
+// `Window`: a view's range, and one item's move as that range's diffs.
+mod window;
+// The smallest diff between two contents of a window.
+mod list_diff;
+
+// Batches and the engine.
+// Atomic operations and preconditions resolved into plain values.
+mod resolve;
+// `BulkLoad`: many new items, indexed at once.
+mod bulk_load;
+// `Engine`: owns everything above; validates, applies and delivers batches.
+mod engine;
+
 #[cfg(test)]
 mod test_rng;
-mod text_match;
-mod value;
-mod view;
-mod view_def;
-mod window;
-
-pub mod limits;
 
 pub use anchor::{ItemPosition, WindowAnchor, WindowRange};
 pub use batch::{AtomicOp, Batch, BatchOp, Precondition, UpsertBuilder};
 pub use bulk_load::BulkLoad;
 pub use collation::canonical_collation_locale;
 pub use collection::{Collection, ItemRef, OwnedItem};
-pub use diff::{CollectingSink, DiffRef, DiffSink, ItemList, NullSink, OwnedDiff, WindowId};
-pub use engine::{BatchSummary, CollectionId, CreateCollectionError, Engine, EngineStats, SchemaChangeError};
+pub use diff::{CollectingSink, DiffRef, DiffSink, ItemList, NullSink, OwnedDiff};
+pub use engine::{BatchSummary, CreateCollectionError, Engine, EngineStats, SchemaChangeError};
 pub use error::{BatchError, LoadError, ViewError};
 pub use filter::CompiledFilter;
+pub use ids::{CollectionId, WindowId};
 pub use schema::{FieldDef, FieldId, FieldType, Schema, SchemaError};
 pub use sort::CompiledSort;
 pub use value::{OwnedValue, Value};

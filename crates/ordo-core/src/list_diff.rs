@@ -8,8 +8,9 @@
 //! insertions at the end an `Append`. If that costs more than a `Reset`, a `Reset`
 //! (or `Clear`) is sent instead.
 
-use crate::collection::{Collection, Slot};
-use crate::diff::{DiffRef, DiffSink, ItemList, WindowId};
+use crate::collection::Collection;
+use crate::diff::{DiffRef, DiffSink, ItemList};
+use crate::ids::{Slot, WindowId};
 
 const NOT_IN_NEW: u32 = u32::MAX;
 

@@ -15,7 +15,7 @@ mod run;
 
 use std::cmp::Ordering;
 
-use crate::collection::Slot;
+use crate::ids::Slot;
 use crate::sort::Prefix;
 
 use nodes::NodeTree;
@@ -57,7 +57,8 @@ pub(crate) struct OrderTree {
 enum Form {
     Run(Run),
     /// Boxed: most views are runs (a user's list), and an inline tree would make
-    /// every view's struct 40 bytes larger (issue 17's fixed heap per list).
+    /// every view's struct 40 bytes larger (counted in each list's fixed heap,
+    /// which must stay within 1 KiB: `tests/it/many_lists.rs`).
     Nodes(Box<NodeTree>),
 }
 

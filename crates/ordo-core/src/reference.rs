@@ -20,7 +20,7 @@
 use hashbrown::{DefaultHashBuilder, HashTable};
 use std::hash::BuildHasher;
 
-use crate::collection::Slot;
+use crate::ids::Slot;
 
 /// A slot in no list (null reference, free slot).
 const NOT_LISTED: u32 = u32::MAX;

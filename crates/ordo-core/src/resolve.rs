@@ -23,8 +23,8 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 
 use crate::batch::{AtomicOp, Batch, OpKind, Precondition, StoredOp, StoredValue};
 use crate::collection::Collection;
-use crate::engine::check_field_value;
 use crate::error::BatchError;
+use crate::field_check::check_field_value;
 use crate::schema::{FieldId, FieldType, Schema};
 use crate::value::Value;
 

@@ -1,6 +1,6 @@
 //! Collection schemas: the typed hot fields an item carries besides its id and payload.
 
-use crate::engine::CollectionId;
+use crate::ids::CollectionId;
 use crate::limits::{MAX_FIELDS_PER_SCHEMA, MAX_FIELD_NAME_BYTES};
 
 /// The type of a hot field. Every field may also be null (absent).

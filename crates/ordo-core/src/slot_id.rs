@@ -1,6 +1,6 @@
 //! Item ids, stored once: in their slot, and only referred to by the id index.
 //!
-//! Until issue 17's round four an id was held twice: a `String` per slot (24
+//! An id used to be held twice: a `String` per slot (24
 //! bytes and a heap buffer: ~39 B per membership) and again inline in a 32-byte
 //! id-index entry (~38 B with the table's slack). Now the slot holds a 32-byte
 //! [`SlotId`] (ids of up to 30 bytes inline, longer ones boxed) and the index
@@ -8,7 +8,7 @@
 //! that a probe compares the id itself (`ids[slot]`, one more cache line) only
 //! when those bits match, which is almost only for the id sought.
 
-use crate::collection::Slot;
+use crate::ids::Slot;
 
 /// Longest id held inline in its slot. Matrix room ids (`!` + 18 letters +
 /// `:server`) and `ordo-bench`'s (`!room00000001:example.org`, 25 bytes) fit: a

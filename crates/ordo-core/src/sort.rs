@@ -18,8 +18,9 @@ use std::cmp::Ordering;
 use caseless::Caseless;
 
 use crate::collation::Collation;
-use crate::collection::{Collection, Column, Slot};
+use crate::collection::{Collection, Column};
 use crate::error::ViewError;
+use crate::ids::Slot;
 use crate::limits::{MAX_COLLATED_SORT_KEYS, MAX_SORT_KEYS};
 use crate::schema::{FieldId, FieldType, Schema};
 use crate::value::Value;

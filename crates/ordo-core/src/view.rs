@@ -4,8 +4,9 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
-use crate::collection::{Collection, Slot};
+use crate::collection::Collection;
 use crate::filter::{CompiledFilter, FilterScratch};
+use crate::ids::Slot;
 use crate::key_index::ViewKey;
 use crate::order_tree::{Entry, OrderTree, PackedEntry};
 use crate::schema::Schema;

@@ -1,8 +1,8 @@
 //! Windows: a range `[offset, offset + limit)` of a view, and the translation of
 //! one item's move in the view into that window's diffs.
 
-use crate::collection::Slot;
 use crate::diff::PendingDiff;
+use crate::ids::Slot;
 
 /// Where one item went in a view, with the view's final state to read from.
 /// `old_rank` is in the view before the change, `new_rank` in the view after it.

@@ -15,7 +15,8 @@ use std::hash::BuildHasher;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 
-use super::{CollectionId, CollectionState};
+use super::CollectionState;
+use crate::ids::CollectionId;
 
 struct Entry {
     generation: u32,

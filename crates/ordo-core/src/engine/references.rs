@@ -29,8 +29,8 @@
 use thin_vec::ThinVec;
 
 use crate::batch::Batch;
-use crate::collection::Slot;
 use crate::error::ViewError;
+use crate::ids::{CollectionId, Slot};
 use crate::limits;
 use crate::reference::RefIndex;
 use crate::schema::{FieldId, FieldType};
@@ -38,8 +38,9 @@ use crate::value::Value;
 use crate::view::View;
 use crate::view_def::ViewDef;
 
+use super::apply::{insert_into_views, remove_from_views};
 use super::collection_table::OtherCollections;
-use super::{insert_into_views, remove_from_views, CollectionId, CollectionState, Engine, Scratch, WindowSlot};
+use super::{CollectionState, Engine, Scratch, WindowSlot};
 
 /// One ref field of a collection that views read through.
 pub(super) struct RefLink {
@@ -283,7 +284,7 @@ impl Engine {
     /// Forgets every link out of a collection and its derived fields, closing the
     /// windows whose views read through them (a schema change of the collection
     /// or of a target: derived fields are positional and target field ids shift).
-    pub(super) fn forget_refs_of(&mut self, collection_id: CollectionId) -> Vec<crate::diff::WindowId> {
+    pub(super) fn forget_refs_of(&mut self, collection_id: CollectionId) -> Vec<crate::ids::WindowId> {
         let Some(state) = self.collections.get(collection_id) else { return Vec::new() };
         if state.refs.links.is_empty() {
             return Vec::new();
@@ -349,7 +350,7 @@ impl Engine {
                 }
             }
             scratch.referencing_slots = referencing;
-            n_windows_changed += super::deliver_pending(&state.collection, views, windows, scratch, sink);
+            n_windows_changed += super::apply::deliver_pending(&state.collection, views, windows, scratch, sink);
         }
         n_windows_changed
     }

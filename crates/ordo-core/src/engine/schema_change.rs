@@ -20,9 +20,10 @@
 
 use std::sync::Arc;
 
-use super::{CollectionId, Engine};
-use crate::diff::{DiffSink, WindowId};
+use super::Engine;
+use crate::diff::DiffSink;
 use crate::filter::CompiledFilter;
+use crate::ids::{CollectionId, WindowId};
 use crate::limits;
 use crate::schema::{FieldId, FieldType, Schema, SchemaError};
 use crate::sort::CompiledSort;

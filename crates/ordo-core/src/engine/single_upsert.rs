@@ -26,9 +26,10 @@
 //! are the general path's by construction; `tests/it/single_upsert.rs` runs the
 //! same random batches through both and compares them.
 
-use super::validate::accepted_value;
-use super::{insert_into_views, remove_from_views, CollectionState, Scratch, WindowSlot};
+use super::apply::{insert_into_views, remove_from_views};
+use super::{CollectionState, Scratch, WindowSlot};
 use crate::batch::{Batch, OpKind};
+use crate::field_check::accepted_value;
 use crate::limits;
 use crate::schema::FieldId;
 use crate::value::Value;

@@ -25,7 +25,7 @@
 
 use std::cmp::Ordering;
 
-use crate::collection::Slot;
+use crate::ids::Slot;
 use crate::sort::Prefix;
 
 use super::{Entry, PackedEntry};

@@ -16,7 +16,7 @@
 
 use std::cmp::Ordering;
 
-use crate::collection::Slot;
+use crate::ids::Slot;
 use crate::sort::Prefix;
 
 use super::{Entry, PackedEntry};
@@ -33,8 +33,9 @@ const GROWN_CAPACITY_MIN: usize = 32;
 
 /// Places for `len` entries and a sixteenth more (at least [`GROWN_CAPACITY_MIN`]):
 /// at a hundred entries, 21.2 bytes per entry, so that the view's entries with its
-/// fixed part stay within issue 17's 24 bytes. The slack serves a view's first
-/// few new members (a move needs none: it leaves a gap and fills it).
+/// fixed part stay within the 24 bytes an entry that a user's room list may cost.
+/// The slack serves a view's first few new members (a move needs none: it leaves
+/// a gap and fills it).
 fn capacity_for(len: usize) -> usize {
     (len + len / 16).max(GROWN_CAPACITY_MIN)
 }

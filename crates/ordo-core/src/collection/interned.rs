@@ -25,7 +25,7 @@
 use hashbrown::{DefaultHashBuilder, HashTable};
 use std::hash::BuildHasher;
 
-use crate::collection::{LongStrings, StrRef, StringHead};
+use super::string_head::{LongStrings, StrRef, StringHead};
 
 /// The handle of a null slot.
 pub(crate) const NULL_HANDLE: u32 = u32::MAX;
