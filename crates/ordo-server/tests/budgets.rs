@@ -276,3 +276,39 @@ async fn anonymous_sockets_cannot_lock_out_authenticated_users() {
     drop(anonymous);
     server.stop();
 }
+
+/// The same for plain TCP: sockets that send nothing, or half a request head,
+/// hold only a share of the cap, so a client that sends its request at once is
+/// answered however many of them are open (before, they filled the cap and
+/// everyone got `503` until the header timeout closed them).
+#[test]
+fn silent_sockets_cannot_lock_out_clients_that_send_requests() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let options = StartOptions { nofile: Some(200), ..StartOptions::default() };
+    let (server, secret_file) = start(dir.path(), &["--header-timeout", "60"], options);
+    let (_, limits) = server.http("GET", "/v1/limits", None);
+    let max_connections = limits["max_connections"].as_u64().unwrap() as usize;
+    let mut silent = Vec::new();
+    for index in 0..2 * max_connections {
+        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", server.port)) else { continue };
+        if index % 2 == 0 {
+            let _ = stream.write_all(b"GET /v1/health HTTP/1.1\r\nHost: localhost\r\n");
+        }
+        silent.push(stream);
+    }
+    // Each new one pushes out the oldest; wait until they all have been seen.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let share = limits["max_unauthenticated_connections"].as_u64().unwrap() as usize;
+    while (server.metric("ordo_silent_sockets_closed_total") as usize) < silent.len() - share {
+        assert!(Instant::now() < deadline, "silent sockets were not closed past their share");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let bob = mint(&secret_file, "bob", "reader", &[]);
+    for attempt in 0..5 {
+        let (status, answer) = server.http_as(Some(&bob), "GET", "/v1/limits", None);
+        assert_eq!(status, 200, "attempt {attempt}: {answer}");
+    }
+    drop(silent);
+    server.stop();
+}
