@@ -27,6 +27,7 @@ pub mod refs;
 pub mod rng;
 pub mod rules;
 pub mod server;
+pub mod strict_json;
 pub mod sub_table;
 pub mod wire;
 pub mod write_buffers;
