@@ -13,6 +13,27 @@ fn code(answer: &Value) -> &str {
     answer["error"]["code"].as_str().unwrap_or_else(|| panic!("not an error: {answer}"))
 }
 
+/// Sends only the head of a POST declaring `length` bytes of body, and answers
+/// the status and head of the response (within 5 s: the body never comes).
+fn declared_length_post(port: u16, path: &str, length: usize) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+    let head = format!("POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {length}\r\n\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut response = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !response.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buffer) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => response.extend_from_slice(&buffer[..n]),
+        }
+    }
+    let head = String::from_utf8_lossy(&response).into_owned();
+    let status = head.split(' ').nth(1).and_then(|status| status.parse().ok()).unwrap_or(0);
+    (status, head)
+}
+
 /// POSTs `mebibytes` MiB of spaces with `Transfer-Encoding: chunked`, a MiB a
 /// chunk, and answers the status and body (de-chunked) the server sent.
 fn chunked_post(port: u16, path: &str, mebibytes: usize) -> (u16, Vec<u8>) {
@@ -208,6 +229,11 @@ fn http_refuses_bad_input_with_its_documented_code_and_writes_nothing() {
     let (status, body) = server.http_raw("POST", "/v1/collections/rooms/batch", Some(&huge));
     assert_eq!(status, 413);
     assert_eq!(code(&serde_json::from_slice(&body).unwrap()), "limit_exceeded");
+    // A body that says it is past 16 MiB is refused before it is sent: the answer
+    // comes though not a byte of it was, and the connection is then closed.
+    let (status, head) = declared_length_post(server.port, "/v1/collections/rooms/batch", 17 * 1024 * 1024);
+    assert_eq!(status, 413, "{head}");
+    assert!(head.to_ascii_lowercase().contains("connection: close"), "{head}");
     // The same past 16 MiB sent in chunks (no Content-Length to refuse up front).
     let (status, body) = chunked_post(server.port, "/v1/collections/rooms/batch", 17);
     assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
