@@ -778,7 +778,7 @@ async fn write(
 }
 
 /// A body read as a whole: checked for one meaning first (`strict_json`).
-fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+pub(crate) fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
     crate::strict_json::parse(body, "the body")
 }
 
@@ -786,7 +786,7 @@ fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
 /// key and every integer too wide for 64 bits itself (derived structs for the
 /// known keys, `wire::fill_batch` for field values and the payload), so the
 /// body is read once.
-fn parse_write<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+pub(crate) fn parse_write<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|error| ApiError::from_json(&error))
 }
 

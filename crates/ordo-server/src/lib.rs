@@ -28,6 +28,8 @@ pub mod rng;
 pub mod rules;
 pub mod server;
 pub mod strict_json;
+#[cfg(test)]
+mod repeated_keys_tests;
 pub mod sub_table;
 pub mod wire;
 pub mod write_buffers;
