@@ -285,6 +285,21 @@ async fn websocket_refuses_bad_messages_with_error_frames_and_keeps_the_connecti
         (Message::text("{\"op\": \"subscribe\", "), "bad_json"),
         (Message::text("[1, 2]"), "bad_request"),
         (Message::text(json!({"op": "frobnicate"}).to_string()), "bad_request"),
+        // One meaning per message: a key given twice (in a filter, at any depth), or an
+        // integer wider than 64 bits, is refused whichever copy a reader would keep.
+        (
+            Message::text(
+                r#"{"op":"subscribe","sub":"a","collection":"rooms","limit":5,"filter":{"not":{"field":"recency","op":"eq","value":1,"value":2}}}"#,
+            ),
+            "bad_json",
+        ),
+        (Message::text(r#"{"op":"subscribe","sub":"a","sub":"b","collection":"rooms","limit":5}"#), "bad_json"),
+        (
+            Message::text(
+                r#"{"op":"subscribe","sub":"a","collection":"rooms","limit":5,"filter":{"field":"recency","op":"eq","value":18446744073709551616}}"#,
+            ),
+            "bad_json",
+        ),
         (
             Message::text(json!({"op": "subscribe", "sub": "a", "collection": "rooms", "limit": "ten"}).to_string()),
             "bad_request",
