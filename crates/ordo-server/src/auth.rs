@@ -498,4 +498,25 @@ mod tests {
         assert_eq!(decode_base64url(b"YW=j", &mut out), None, "padding is not base64url");
         assert_eq!(decode_base64url(b"YWJjYWJjYWJjYWJjYWJjYWJj", &mut out), None, "past the buffer");
     }
+
+    /// A JWKS document repeating a key (a key's `x`, twice with two values) has no
+    /// one key to verify with: refused at start.
+    #[test]
+    fn a_jwks_document_repeating_a_key_is_refused() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/keys/jwks.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(load_jwks(&path).is_ok());
+        let other_key = "\"x\": \"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\", \"x\"";
+        let repeated = text.replacen("\"x\"", other_key, 1);
+        assert_ne!(repeated, text);
+        // A parse alone keeps one copy and goes on: the refusal is the repetition's.
+        assert!(serde_json::from_str::<JwkSet>(&repeated).is_ok());
+        let dir = std::env::temp_dir().join(format!("ordo-jwks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("jwks.json");
+        std::fs::write(&file, repeated).unwrap();
+        let error = load_jwks(&file).err().expect("a repeated key is refused");
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(error.contains("repeats the key `x`"), "{error}");
+    }
 }
