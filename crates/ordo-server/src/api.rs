@@ -171,12 +171,8 @@ fn is_write(method: &Method, path: &str) -> bool {
 /// Headers the server reads, each of which a request may send once: with two
 /// copies, the check (the `Host` and `Origin` gate, authentication) and what a
 /// proxy, a log or the next reader takes could be different copies.
-const SINGLE_HEADERS: [hyper::header::HeaderName; 4] = [
-    hyper::header::HOST,
-    hyper::header::ORIGIN,
-    hyper::header::AUTHORIZATION,
-    hyper::header::SEC_WEBSOCKET_KEY,
-];
+const SINGLE_HEADERS: [hyper::header::HeaderName; 4] =
+    [hyper::header::HOST, hyper::header::ORIGIN, hyper::header::AUTHORIZATION, hyper::header::SEC_WEBSOCKET_KEY];
 
 /// Refuses (`bad_request`) a request repeating a header of `SINGLE_HEADERS`, or
 /// naming two different hosts (an HTTP/2 `:authority` and a `Host`, or an

@@ -167,10 +167,9 @@ impl ApiError {
             Category::Syntax | Category::Eof => ApiError::new(ErrorCode::BadJson, format!("not valid JSON: {error}")),
             // serde's derived structs refuse a known key given twice: one text, one meaning
             // (see `strict_json`), so it is refused as every repeated key is.
-            Category::Data if error.to_string().starts_with("duplicate field") => ApiError::new(
-                ErrorCode::BadJson,
-                format!("not valid JSON: {error}; an object names each key once"),
-            ),
+            Category::Data if error.to_string().starts_with("duplicate field") => {
+                ApiError::new(ErrorCode::BadJson, format!("not valid JSON: {error}; an object names each key once"))
+            }
             // A typed parse's own refusal of a text with no one meaning (`strict_json::Refusal`).
             Category::Data if error.to_string().starts_with("not valid JSON: ") => {
                 ApiError::new(ErrorCode::BadJson, error.to_string())

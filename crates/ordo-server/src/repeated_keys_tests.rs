@@ -107,11 +107,9 @@ fn cases() -> Vec<(&'static str, Json, Decode)> {
             json!({"fields": [{"name": "owner", "type": "string"}, {"name": "room", "type": "ref", "target": "rooms"}]}),
             |body| parse::<SchemaRequest>(body).map(drop),
         ),
-        (
-            "POST .../fields",
-            json!({"name": "pinned", "type": "bool", "default": false}),
-            |body| parse::<AddFieldRequest>(body).map(drop),
-        ),
+        ("POST .../fields", json!({"name": "pinned", "type": "bool", "default": false}), |body| {
+            parse::<AddFieldRequest>(body).map(drop)
+        }),
         (
             "subscribe",
             json!({"op": "subscribe", "sub": "s", "collection": "notes", "filter": filter(),

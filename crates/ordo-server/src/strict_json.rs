@@ -268,7 +268,8 @@ fn string_end(text: &[u8], start: usize) -> (usize, bool) {
 }
 
 fn number_end(text: &[u8], start: usize) -> usize {
-    let length = text[start..].iter().take_while(|byte| matches!(byte, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')).count();
+    let length =
+        text[start..].iter().take_while(|byte| matches!(byte, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')).count();
     start + length
 }
 
@@ -417,7 +418,7 @@ mod tests {
         let claims = read(r#"{"claims":{"role":"reader","team":{"a":[1,{"b":2}]}}}"#).unwrap();
         assert_eq!(claims["team"]["a"][1]["b"], 2);
         for text in [r#"{"claims":{"role":"reader","role":"admin"}}"#, r#"{"claims":{"t":[{"a":1,"a":2}]}}"#] {
-            let error = read(text).err().expect(text);
+            let error = read(text).expect_err(text);
             assert!(error.to_string().starts_with("duplicate field"), "{error}");
         }
     }

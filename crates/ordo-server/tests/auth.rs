@@ -712,9 +712,8 @@ fn a_token_naming_a_claim_twice_is_refused() {
     let mut server = start_with_auth(dir.path(), &[]);
     let secret = secret(dir.path());
     let header = r#"{"alg":"HS256","typ":"JWT"}"#;
-    let claims = |role: &str| {
-        format!(r#"{{"sub":"alice",{role},"aud":"{AUDIENCE}","iss":"{ISSUER}","exp":{}}}"#, now() + 600)
-    };
+    let claims =
+        |role: &str| format!(r#"{{"sub":"alice",{role},"aud":"{AUDIENCE}","iss":"{ISSUER}","exp":{}}}"#, now() + 600);
     let once = raw_hs256(&secret, header, claims(r#""role":"admin""#).as_bytes());
     let (status, answer) = server.http_as(Some(&once), "GET", "/v1/rules", None);
     assert_eq!(status, 200, "the same claims, each once, are accepted: {answer}");
