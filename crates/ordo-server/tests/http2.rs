@@ -41,7 +41,9 @@ async fn an_oversized_body_over_h2c_is_answered_413() {
         let (mut sender, connection) =
             hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
         tokio::spawn(connection);
-        let chunks = (0..17).map(|_| Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(bytes::Bytes::from(vec![b' '; 1 << 20]))));
+        let chunks = (0..17).map(|_| {
+            Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(bytes::Bytes::from(vec![b' '; 1 << 20])))
+        });
         let body = http_body_util::StreamBody::new(futures_util::stream::iter(chunks));
         let mut request = hyper::Request::post(&url);
         if declared {
