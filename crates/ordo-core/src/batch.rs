@@ -262,10 +262,18 @@ impl Batch {
         Some(self.field_value(field))
     }
 
-    /// Sets one more field on the last op, an upsert.
+    /// Sets a field on the last op, an upsert, replacing the value the op
+    /// already sets for it if any: an op sets each field once (validation
+    /// refuses a repeat), so an atomic's result replaces the op's own set.
     pub(crate) fn push_set_to_last(&mut self, name: &str, value: Value<'_>) {
-        let (name_start, name_len) = self.push_text(name);
+        let op = *self.ops.last().expect("an upsert was started");
         let value = self.push_value(value);
+        let fields = op.fields_start as usize..(op.fields_start + op.fields_len) as usize;
+        if let Some(index) = fields.into_iter().find(|&index| self.field_name(&self.fields[index]) == name) {
+            self.fields[index].value = value;
+            return;
+        }
+        let (name_start, name_len) = self.push_text(name);
         self.fields.push(StoredField { name_start, name_len, value });
         self.ops.last_mut().expect("an upsert was started").fields_len += 1;
     }
@@ -287,6 +295,15 @@ impl UpsertBuilder<'_> {
         let value = self.batch.push_value(value);
         self.batch.fields.push(StoredField { name_start, name_len, value });
         self.batch.ops.last_mut().expect("an upsert was started").fields_len += 1;
+        self
+    }
+
+    /// Sets a field, replacing the value this upsert already sets for it, if
+    /// any. For readers of batches recorded before an op could set a field only
+    /// once (a write-ahead log, where an atomic's result followed the op's own
+    /// set of the field): the last value is the one that was applied.
+    pub fn set_replacing(self, field: &str, value: Value<'_>) -> Self {
+        self.batch.push_set_to_last(field, value);
         self
     }
 

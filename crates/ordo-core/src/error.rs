@@ -20,6 +20,11 @@ pub enum BatchError {
         op_index: usize,
         field: String,
     },
+    /// An upsert sets one field more than once.
+    FieldRepeated {
+        op_index: usize,
+        field: String,
+    },
     WrongType {
         op_index: usize,
         field: String,
@@ -85,6 +90,9 @@ impl fmt::Display for BatchError {
             ),
             BatchError::UnknownField { op_index, field } => {
                 write!(f, "op {op_index}: the schema has no field `{field}`")
+            }
+            BatchError::FieldRepeated { op_index, field } => {
+                write!(f, "op {op_index}: field `{field}` is set more than once; set each field once per op")
             }
             BatchError::WrongType { op_index, field, expected, found } => {
                 write!(f, "op {op_index}: field `{field}` is {expected}, got {found}")

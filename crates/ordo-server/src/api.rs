@@ -52,14 +52,25 @@ fn demo_asset(name: &str) -> Option<Response<Body>> {
 
 fn error_response(error: &ApiError) -> Response<Body> {
     metrics::count_error(error.code);
-    json_response(error.status(), error.to_json_body())
+    let mut response = json_response(error.status(), error.to_json_body());
+    if error.status() == 413 {
+        // The rest of an oversized body is not read: an HTTP/1.1 connection cannot
+        // carry another request after it, and the client is told so.
+        response.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
+    }
+    response
 }
 
 /// The request's `X-Request-Id`, if it is one the server echoes: 1 to
 /// `MAX_HTTP_REQUEST_ID_BYTES` bytes of visible ASCII (no spaces, no controls).
 /// Any other value is ignored: not echoed, not logged.
 pub(crate) fn request_id(request: &Request<Incoming>) -> Option<hyper::header::HeaderValue> {
-    let value = request.headers().get(X_REQUEST_ID)?;
+    let mut values = request.headers().get_all(X_REQUEST_ID).iter();
+    let value = values.next()?;
+    // Two ids: neither is the request's (the log and the answer would name different ones).
+    if values.next().is_some() {
+        return None;
+    }
     let bytes = value.as_bytes();
     let valid = !bytes.is_empty()
         && bytes.len() <= limits::MAX_HTTP_REQUEST_ID_BYTES
@@ -105,6 +116,9 @@ async fn handle_request(
         return refused(&method, uri.path(), &ApiError::shutting_down(), request_id);
     }
     // Where the request comes from is checked before anything else is read.
+    if let Err(error) = check_single_headers(&request) {
+        return refused(&method, uri.path(), &error, request_id);
+    }
     let host = host_of(&request);
     let origin = request.headers().get(hyper::header::ORIGIN).and_then(|value| value.to_str().ok());
     let checked =
@@ -153,6 +167,32 @@ fn is_write(method: &Method, path: &str) -> bool {
             | (&Method::POST, [Some("v1"), Some("collections"), Some(_), Some("batch"), None, _])
             | (&Method::DELETE, [Some("v1"), Some("collections"), Some(_), Some("items"), Some(_), None])
     )
+}
+
+/// Headers the server reads, each of which a request may send once: with two
+/// copies, the check (the `Host` and `Origin` gate, authentication) and what a
+/// proxy, a log or the next reader takes could be different copies.
+const SINGLE_HEADERS: [hyper::header::HeaderName; 4] =
+    [hyper::header::HOST, hyper::header::ORIGIN, hyper::header::AUTHORIZATION, hyper::header::SEC_WEBSOCKET_KEY];
+
+/// Refuses (`bad_request`) a request repeating a header of `SINGLE_HEADERS`, or
+/// naming two different hosts (an HTTP/2 `:authority` and a `Host`, or an
+/// HTTP/1.1 absolute URI and a `Host`).
+fn check_single_headers(request: &Request<Incoming>) -> Result<(), ApiError> {
+    let headers = request.headers();
+    for name in &SINGLE_HEADERS {
+        if headers.get_all(name).iter().nth(1).is_some() {
+            return Err(ApiError::bad_request(format!("the request has more than one `{name}` header")));
+        }
+    }
+    let host = headers.get(hyper::header::HOST).map(hyper::header::HeaderValue::as_bytes);
+    let authority = request.uri().authority().map(|authority| authority.as_str().as_bytes());
+    if let (Some(host), Some(authority)) = (host, authority) {
+        if !host.eq_ignore_ascii_case(authority) {
+            return Err(ApiError::bad_request("the request names two different hosts (its URI and `Host`)"));
+        }
+    }
+    Ok(())
 }
 
 /// The request's host: `Host`, or the URI's authority (HTTP/2's `:authority`).
@@ -460,7 +500,7 @@ async fn route(
             let granted = granted_collection(state, &identity, name, Action::Write);
             if let Some(error) = granted.as_ref().err().filter(|error| is_not_here_yet(state, error)) {
                 let body = read_body(request).await?;
-                check_op_count(parse::<BatchRequest>(&body)?.ops.len())?;
+                check_op_count(parse_write::<BatchRequest>(&body)?.ops.len())?;
                 let entry = cluster::routes::batch_entry(&identity, name, &body).map_err(|_| error.clone())?;
                 let ack = write(state, Vec::new(), Vec::new(), Some(vec![entry])).await?.pop().expect("one result");
                 let ack = ack.map_err(|error| shown_to(state, &identity, name, error))?;
@@ -472,7 +512,7 @@ async fn route(
             let mut guards = Vec::new();
             write_guard(0, &entry, &grant, &mut guards)?;
             let body = read_body(request).await?;
-            let batch_request: BatchRequest = parse(&body)?;
+            let batch_request: BatchRequest = parse_write(&body)?;
             check_op_count(batch_request.ops.len())?;
             let mut batch = write_buffers::take_batch();
             wire::fill_batch(&mut batch, &entry.schema, &batch_request.ops, 0)?;
@@ -493,11 +533,11 @@ async fn route(
         (&Method::POST, ["v1", "batch"]) => {
             let identity = caller(state, token, &path)?;
             let body = read_body(request).await?;
-            let multi: MultiBatchRequest = parse(&body)?;
+            let multi: MultiBatchRequest = parse_write(&body)?;
             check_op_count(multi.writes.iter().map(|write| write.ops.len()).sum())?;
             // Cluster mode only: each part written is an entry of its own.
             let raw: Option<cluster::routes::RawMulti<'_>> = match &state.cluster {
-                Some(_) => Some(parse(&body)?),
+                Some(_) => Some(parse_write(&body)?),
                 None => None,
             };
             let mut entries = raw.as_ref().map(|_| Vec::new());
@@ -789,18 +829,37 @@ async fn write(
     Ok(reply.results)
 }
 
-fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+/// A body read as a whole: checked for one meaning first (`strict_json`).
+pub(crate) fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+    crate::strict_json::parse(body, "the body")
+}
+
+/// A write's body, on the write path: its typed parse refuses every repeated
+/// key and every integer too wide for 64 bits itself (derived structs for the
+/// known keys, `wire::fill_batch` for field values and the payload), so the
+/// body is read once.
+pub(crate) fn parse_write<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|error| ApiError::from_json(&error))
 }
 
+/// The body, at most `MAX_HTTP_BODY_BYTES`: one that says it is longer
+/// (`Content-Length`) is refused before any of it is read, and one sent without
+/// a length (chunked, or HTTP/2 without `content-length`) is refused as soon as
+/// it passes the limit; both with `413 limit_exceeded`, and the connection is
+/// then closed (`refused`) rather than the rest read.
 async fn read_body(request: Request<Incoming>) -> Result<Bytes, ApiError> {
-    let limited = Limited::new(request.into_body(), limits::MAX_HTTP_BODY_BYTES);
-    match limited.collect().await {
+    use hyper::body::Body as _;
+    let too_large = || {
+        let error = ApiError::limit(format!("the request body is over {} bytes", limits::MAX_HTTP_BODY_BYTES));
+        ApiError { status: Some(413), ..error }
+    };
+    let body = request.into_body();
+    if body.size_hint().lower() > limits::MAX_HTTP_BODY_BYTES as u64 {
+        return Err(too_large());
+    }
+    match Limited::new(body, limits::MAX_HTTP_BODY_BYTES).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
-            let error = ApiError::limit(format!("the request body is over {} bytes", limits::MAX_HTTP_BODY_BYTES));
-            Err(ApiError { status: Some(413), ..error })
-        }
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(too_large()),
         Err(error) => Err(ApiError::bad_request(format!("could not read the request body: {error}"))),
     }
 }
@@ -838,11 +897,12 @@ fn upgrade(
     if !fastwebsockets::upgrade::is_upgrade_request(&request) {
         return Err(ApiError::bad_request("/v1/ws takes a WebSocket upgrade request"));
     }
-    let query_token = request
-        .uri()
-        .query()
-        .and_then(|query| query.split('&').find_map(|pair| pair.strip_prefix("access_token=")).map(percent_decode));
-    let query_token = query_token.transpose()?;
+    let query = request.uri().query().unwrap_or("");
+    let mut query_tokens = query.split('&').filter_map(|pair| pair.strip_prefix("access_token="));
+    let query_token = query_tokens.next().map(percent_decode).transpose()?;
+    if query_tokens.next().is_some() || (query_token.is_some() && token.is_some()) {
+        return Err(ApiError::bad_request("the upgrade carries more than one token; send one"));
+    }
     let identity = state.gate.authenticate_optional(token.or(query_token.as_deref()), "/v1/ws")?;
     if let Some(identity) = &identity {
         state.gate.take_request(identity)?;

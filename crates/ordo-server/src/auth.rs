@@ -298,6 +298,7 @@ impl Verifier {
         }
         let data = jsonwebtoken::decode::<serde_json::Map<String, Json>>(token, key, &validation)
             .map_err(|error| failure_of(error.kind()))?;
+        check_one_meaning(token)?;
         self.identity(data.claims)
     }
 
@@ -360,13 +361,61 @@ fn failure_of(kind: &ErrorKind) -> AuthFailure {
     }
 }
 
+/// A token's header and claims, as signed, must name each key once at every
+/// depth, and hold no integer too wide for 64 bits: the map `decode` fills keeps
+/// one value of a repeated claim (`role` as `reader`, then `admin`), and
+/// another reader of the same token (a proxy, a second service) may keep the
+/// other. Refused as `bad_claims`. The segments are decoded into a stack buffer:
+/// a token is at most `MAX_TOKEN_BYTES`.
+fn check_one_meaning(token: &str) -> Result<(), AuthFailure> {
+    let mut buffer = [0u8; limits::MAX_TOKEN_BYTES / 4 * 3 + 3];
+    for segment in token.split('.').take(2) {
+        let json = decode_base64url(segment.as_bytes(), &mut buffer).ok_or(AuthFailure::Malformed)?;
+        crate::strict_json::check(json, crate::strict_json::MAX_DEPTH, crate::strict_json::Integers::Exact64)
+            .map_err(|_| AuthFailure::BadClaims)?;
+    }
+    Ok(())
+}
+
+/// Base64url without padding (a JWT segment) into `out`; `None` when malformed or
+/// longer than `out`.
+fn decode_base64url<'o>(text: &[u8], out: &'o mut [u8]) -> Option<&'o [u8]> {
+    let sextet = |byte: u8| -> Option<u32> {
+        Some(match byte {
+            b'A'..=b'Z' => byte - b'A',
+            b'a'..=b'z' => byte - b'a' + 26,
+            b'0'..=b'9' => byte - b'0' + 52,
+            b'-' => 62,
+            b'_' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let mut length = 0;
+    for chunk in text.chunks(4) {
+        if chunk.len() == 1 {
+            return None;
+        }
+        let mut bits = 0u32;
+        for (index, &byte) in chunk.iter().enumerate() {
+            bits |= sextet(byte)? << (18 - 6 * index);
+        }
+        let n_bytes = chunk.len() - 1;
+        let bytes = out.get_mut(length..length + n_bytes)?;
+        for (index, byte) in bytes.iter_mut().enumerate() {
+            *byte = (bits >> (16 - 8 * index)) as u8;
+        }
+        length += n_bytes;
+    }
+    Some(&out[..length])
+}
+
 /// Reads a JWKS file. Each key's algorithm comes from its type (RSA: RS256,
 /// EC P-256: ES256, OKP Ed25519: EdDSA), never from a token; symmetric (`oct`)
 /// keys are refused: the shared secret has its own option.
 fn load_jwks(path: &Path) -> Result<Vec<PublicKey>, String> {
     let text = std::fs::read_to_string(path).map_err(|error| format!("cannot read {}: {error}", path.display()))?;
-    let set: JwkSet =
-        serde_json::from_str(&text).map_err(|error| format!("{} is not a JWKS document: {error}", path.display()))?;
+    let set: JwkSet = crate::strict_json::parse(text.as_bytes(), "the JWKS document")
+        .map_err(|error| format!("{} is not a JWKS document: {}", path.display(), error.message))?;
     if set.keys.is_empty() || set.keys.len() > limits::MAX_JWKS_KEYS {
         return Err(format!("{} must hold 1..={} keys", path.display(), limits::MAX_JWKS_KEYS));
     }
@@ -466,5 +515,37 @@ mod tests {
         assert_eq!(bearer("bearer abc "), Some("abc"));
         assert_eq!(bearer("Basic abc"), None);
         assert_eq!(bearer("Bearer"), None);
+    }
+
+    #[test]
+    fn base64url_decodes_as_jwt_segments_are_written() {
+        let mut out = [0u8; 16];
+        for (text, bytes) in [("", &b""[..]), ("YQ", b"a"), ("YWI", b"ab"), ("YWJj", b"abc"), ("-_8", &[0xfb, 0xff])] {
+            assert_eq!(decode_base64url(text.as_bytes(), &mut out), Some(bytes), "{text}");
+        }
+        assert_eq!(decode_base64url(b"YWJjZ", &mut out), None, "a lone last character");
+        assert_eq!(decode_base64url(b"YW=j", &mut out), None, "padding is not base64url");
+        assert_eq!(decode_base64url(b"YWJjYWJjYWJjYWJjYWJjYWJj", &mut out), None, "past the buffer");
+    }
+
+    /// A JWKS document repeating a key (a key's `x`, twice with two values) has no
+    /// one key to verify with: refused at start.
+    #[test]
+    fn a_jwks_document_repeating_a_key_is_refused() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/keys/jwks.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(load_jwks(&path).is_ok());
+        let other_key = "\"x\": \"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\", \"x\"";
+        let repeated = text.replacen("\"x\"", other_key, 1);
+        assert_ne!(repeated, text);
+        // A parse alone keeps one copy and goes on: the refusal is the repetition's.
+        assert!(serde_json::from_str::<JwkSet>(&repeated).is_ok());
+        let dir = std::env::temp_dir().join(format!("ordo-jwks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("jwks.json");
+        std::fs::write(&file, repeated).unwrap();
+        let error = load_jwks(&file).err().expect("a repeated key is refused");
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(error.contains("repeats the key `x`"), "{error}");
     }
 }

@@ -25,7 +25,7 @@ pub struct BackupRequest {
 /// `{"seq":N,"checkpointed_seq":C,"bytes":B,"to":"/path"}`: the backup holds
 /// exactly the batches 1..=N.
 pub(crate) async fn backup(state: &HttpState, body: &[u8]) -> Result<Vec<u8>, ApiError> {
-    let request: BackupRequest = serde_json::from_slice(body).map_err(|error| ApiError::from_json(&error))?;
+    let request: BackupRequest = crate::strict_json::parse(body, "the body")?;
     if request.to.len() > limits::MAX_BACKUP_PATH_BYTES {
         return Err(ApiError::limit(format!(
             "`to` is {} bytes; at most {} are allowed",

@@ -141,7 +141,7 @@ pub fn parse_rate_request(body: &[u8]) -> Result<u32, ApiError> {
     struct RateRequest {
         rate: u64,
     }
-    let request: RateRequest = serde_json::from_slice(body).map_err(|error| ApiError::from_json(&error))?;
+    let request: RateRequest = crate::strict_json::parse(body, "the body")?;
     check_rate(request.rate)
 }
 
@@ -279,7 +279,7 @@ pub fn parse_token_request(body: &[u8]) -> Result<&'static str, ApiError> {
     struct TokenRequest {
         user: String,
     }
-    let request: TokenRequest = serde_json::from_slice(body).map_err(|error| ApiError::from_json(&error))?;
+    let request: TokenRequest = crate::strict_json::parse(body, "the body")?;
     demo_data::DEMO_USERS
         .iter()
         .copied()

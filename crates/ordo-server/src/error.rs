@@ -169,6 +169,15 @@ impl ApiError {
                 format!("not valid JSON: {error} (a number must fit an f64: at most about 1.8e308 in magnitude)"),
             ),
             Category::Syntax | Category::Eof => ApiError::new(ErrorCode::BadJson, format!("not valid JSON: {error}")),
+            // serde's derived structs refuse a known key given twice: one text, one meaning
+            // (see `strict_json`), so it is refused as every repeated key is.
+            Category::Data if error.to_string().starts_with("duplicate field") => {
+                ApiError::new(ErrorCode::BadJson, format!("not valid JSON: {error}; an object names each key once"))
+            }
+            // A typed parse's own refusal of a text with no one meaning (`strict_json::Refusal`).
+            Category::Data if error.to_string().starts_with("not valid JSON: ") => {
+                ApiError::new(ErrorCode::BadJson, error.to_string())
+            }
             Category::Data | Category::Io => ApiError::bad_request(error.to_string()),
         }
     }

@@ -24,10 +24,13 @@ pub mod min_seq;
 pub mod name_routes;
 pub mod rate_limit;
 pub mod refs;
+#[cfg(test)]
+mod repeated_keys_tests;
 pub mod rng;
 pub mod rules;
 pub mod server;
 pub mod silent_sockets;
+pub mod strict_json;
 pub mod sub_table;
 pub mod wire;
 pub mod write_buffers;

@@ -421,8 +421,8 @@ fn load_rules(database: &Database) -> Result<RuleSet, String> {
         return Ok(RuleSet::default());
     };
     let Some(item) = collection.get(RULES_ITEM) else { return Ok(RuleSet::default()) };
-    let doc: RulesDoc = serde_json::from_slice(item.payload())
-        .map_err(|error| format!("the stored access rules do not parse: {error}"))?;
+    let doc: RulesDoc = crate::strict_json::parse(item.payload(), "the stored access rules")
+        .map_err(|error| format!("the stored access rules do not parse: {}", error.message))?;
     RuleSet::compile(doc).map_err(|error| format!("the stored access rules are refused: {error}"))
 }
 

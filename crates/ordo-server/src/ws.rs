@@ -570,13 +570,13 @@ impl Connection {
                     self.send_error(&error, sub.as_deref(), req.as_deref()).await;
                     return;
                 }
-                match serde_json::from_slice::<ClientMessage>(&text) {
+                match crate::strict_json::parse::<ClientMessage>(&text, "the message") {
                     Ok(message) => self.on_message(message).await,
                     Err(error) => {
                         // Not `sub`: the message is not understood, so no subscription is
                         // refused (a client must not drop its list for a typo).
                         let (_, req) = wire::SubAndReq::read(&text);
-                        self.send_error(&ApiError::from_json(&error), None, req.as_deref()).await;
+                        self.send_error(&error, None, req.as_deref()).await;
                     }
                 }
             }

@@ -685,3 +685,91 @@ fn a_token_verified_once_is_not_accepted_past_its_expiry() {
     assert_eq!((status, answer["error"]["code"].as_str()), (401, Some("unauthorized")), "{answer}");
     server.stop();
 }
+
+/// A key given twice in one object has no one meaning: a rule check reading one
+/// value and the write keeping the other would let a reader plant an item in
+/// another user's view. Refused whole (`bad_json`), on both write routes,
+/// however the key is spelled; nothing is written.
+#[test]
+fn a_repeated_key_cannot_take_a_write_past_its_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, secret_file) = start_with_notes(dir.path());
+    server.ok(
+        "PUT",
+        "/v1/rules",
+        json!({"rules": [{"collection": "notes", "roles": ["reader"],
+            "read": {"filter": {"field": "owner", "op": "eq", "value": "$sub"}},
+            "write": {"filter": {"field": "owner", "op": "eq", "value": "$sub"}}}]}),
+    );
+    let alice = mint(&secret_file, "alice", "reader", &[]);
+    let auth = format!("Authorization: Bearer {alice}\r\n");
+    let planted = r#"{"op":"upsert","id":"planted-1","fields":{"owner":"alice","owner":"bob","score":1}}"#;
+    let escaped = r#"{"op":"upsert","id":"planted-2","fields":{"owner":"alice","own\u0065r":"bob"}}"#;
+    for op in [planted, escaped] {
+        let body = format!(r#"{{"ops":[{op}]}}"#);
+        let (status, answer) = server.http_with("POST", "/v1/collections/notes/batch", &auth, Some(body.as_bytes()));
+        let answer: Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!((status, answer["error"]["code"].as_str()), (400, Some("bad_json")), "{op}: {answer}");
+        assert!(answer["error"]["message"].as_str().unwrap().contains("`owner`"), "{answer}");
+        let body = format!(r#"{{"writes":[{{"collection":"notes","ops":[{op}]}}]}}"#);
+        let (status, answer) = server.http_with("POST", "/v1/batch", &auth, Some(body.as_bytes()));
+        let answer: Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!((status, answer["results"][0]["error"]["code"].as_str()), (422, Some("bad_json")), "{answer}");
+    }
+    // Bob's view, and the admin's, are as they were: empty.
+    let bob = mint(&secret_file, "bob", "reader", &[]);
+    let (status, answer) =
+        server.http_as(Some(&bob), "POST", "/v1/collections/notes/query", Some(&json!({"limit": 10})));
+    assert_eq!((status, answer["total"].as_u64()), (200, Some(0)), "{answer}");
+    let all = server.ok("POST", "/v1/collections/notes/query", json!({"limit": 10}));
+    assert_eq!(all["total"], 0, "{all}");
+    server.stop();
+}
+
+/// A token whose claims repeat a key (`role` as `reader`, then `admin`) is
+/// refused (`bad_claims`), whichever copy a reader of the claims would keep.
+#[test]
+fn a_token_naming_a_claim_twice_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start_with_auth(dir.path(), &[]);
+    let secret = secret(dir.path());
+    let header = r#"{"alg":"HS256","typ":"JWT"}"#;
+    let claims =
+        |role: &str| format!(r#"{{"sub":"alice",{role},"aud":"{AUDIENCE}","iss":"{ISSUER}","exp":{}}}"#, now() + 600);
+    let once = raw_hs256(&secret, header, claims(r#""role":"admin""#).as_bytes());
+    let (status, answer) = server.http_as(Some(&once), "GET", "/v1/rules", None);
+    assert_eq!(status, 200, "the same claims, each once, are accepted: {answer}");
+    for role in [r#""role":"reader","role":"admin""#, r#""role":"admin","ext":{"a":1,"a":2}"#] {
+        let token = raw_hs256(&secret, header, claims(role).as_bytes());
+        let (status, answer) = server.http_as(Some(&token), "GET", "/v1/rules", None);
+        assert_eq!((status, answer["error"]["code"].as_str()), (401, Some("unauthorized")), "{role}: {answer}");
+    }
+    server.token = Some(once);
+    assert_eq!(failures(&server, "bad_claims"), 2.0);
+    server.stop();
+}
+
+/// Two copies of a header the server reads (`Host`, `Origin`, `Authorization`)
+/// could be read one way by the gate and another by whatever reads it next:
+/// the request is refused (`400 bad_request`).
+#[test]
+fn a_request_repeating_a_header_the_server_reads_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = write_secret(dir.path());
+    let server = Server::start(&dir.path().join("data"), &["--auth-secret-file", secret_file.to_str().unwrap()]);
+    let admin = mint(&secret_file, "ops", "admin", &[]);
+    let auth = format!("Authorization: Bearer {admin}\r\n");
+    let (status, answer) = server.http_with("GET", "/v1/rules", &format!("Host: localhost\r\n{auth}"), None);
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+    for headers in [
+        format!("Host: localhost\r\nHost: evil.example\r\n{auth}"),
+        format!("Host: localhost\r\nHost: localhost\r\n{auth}"),
+        format!("Host: localhost\r\nOrigin: http://localhost\r\nOrigin: https://evil.example\r\n{auth}"),
+        format!("Host: localhost\r\n{auth}Authorization: Bearer x\r\n"),
+    ] {
+        let (status, answer) = server.http_with("GET", "/v1/rules", &headers, None);
+        let answer: Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!((status, answer["error"]["code"].as_str()), (400, Some("bad_request")), "{headers}: {answer}");
+    }
+    server.stop();
+}

@@ -13,6 +13,60 @@ fn code(answer: &Value) -> &str {
     answer["error"]["code"].as_str().unwrap_or_else(|| panic!("not an error: {answer}"))
 }
 
+/// Sends only the head of a POST declaring `length` bytes of body, and answers
+/// the status and head of the response (within 5 s: the body never comes).
+fn declared_length_post(port: u16, path: &str, length: usize) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+    let head = format!("POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {length}\r\n\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut response = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !response.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buffer) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => response.extend_from_slice(&buffer[..n]),
+        }
+    }
+    let head = String::from_utf8_lossy(&response).into_owned();
+    let status = head.split(' ').nth(1).and_then(|status| status.parse().ok()).unwrap_or(0);
+    (status, head)
+}
+
+/// POSTs `mebibytes` MiB of spaces with `Transfer-Encoding: chunked`, a MiB a
+/// chunk, and answers the status and body (de-chunked) the server sent.
+fn chunked_post(port: u16, path: &str, mebibytes: usize) -> (u16, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let head = format!("POST {path} HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    let chunk = vec![b' '; 1024 * 1024];
+    for _ in 0..mebibytes {
+        // The server may answer before it has read everything: stop sending then.
+        let sent = stream.write_all(format!("{:x}\r\n", chunk.len()).as_bytes()).and_then(|()| {
+            stream.write_all(&chunk)?;
+            stream.write_all(b"\r\n")
+        });
+        if sent.is_err() {
+            break;
+        }
+    }
+    let _ = stream.write_all(b"0\r\n\r\n");
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    let head_end = response.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head");
+    let head = String::from_utf8_lossy(&response[..head_end]).into_owned();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let mut body = response[head_end + 4..].to_vec();
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        let size_end = body.windows(2).position(|w| w == b"\r\n").unwrap();
+        let size = usize::from_str_radix(std::str::from_utf8(&body[..size_end]).unwrap(), 16).unwrap();
+        body = body[size_end + 2..size_end + 2 + size].to_vec();
+    }
+    (status, body)
+}
+
 #[test]
 fn http_refuses_bad_input_with_its_documented_code_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -175,6 +229,15 @@ fn http_refuses_bad_input_with_its_documented_code_and_writes_nothing() {
     let (status, body) = server.http_raw("POST", "/v1/collections/rooms/batch", Some(&huge));
     assert_eq!(status, 413);
     assert_eq!(code(&serde_json::from_slice(&body).unwrap()), "limit_exceeded");
+    // A body that says it is past 16 MiB is refused before it is sent: the answer
+    // comes though not a byte of it was, and the connection is then closed.
+    let (status, head) = declared_length_post(server.port, "/v1/collections/rooms/batch", 17 * 1024 * 1024);
+    assert_eq!(status, 413, "{head}");
+    assert!(head.to_ascii_lowercase().contains("connection: close"), "{head}");
+    // The same past 16 MiB sent in chunks (no Content-Length to refuse up front).
+    let (status, body) = chunked_post(server.port, "/v1/collections/rooms/batch", 17);
+    assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(code(&serde_json::from_slice(&body).unwrap()), "limit_exceeded");
     // Too many ops in one request.
     let ops: Vec<Value> = (0..10_001).map(|n| json!({"op": "remove", "id": format!("!{n}")})).collect();
     let (status, answer) = server.http("POST", "/v1/collections/rooms/batch", Some(&json!({"ops": ops})));
@@ -222,6 +285,21 @@ async fn websocket_refuses_bad_messages_with_error_frames_and_keeps_the_connecti
         (Message::text("{\"op\": \"subscribe\", "), "bad_json"),
         (Message::text("[1, 2]"), "bad_request"),
         (Message::text(json!({"op": "frobnicate"}).to_string()), "bad_request"),
+        // One meaning per message: a key given twice (in a filter, at any depth), or an
+        // integer wider than 64 bits, is refused whichever copy a reader would keep.
+        (
+            Message::text(
+                r#"{"op":"subscribe","sub":"a","collection":"rooms","limit":5,"filter":{"not":{"field":"recency","op":"eq","value":1,"value":2}}}"#,
+            ),
+            "bad_json",
+        ),
+        (Message::text(r#"{"op":"subscribe","sub":"a","sub":"b","collection":"rooms","limit":5}"#), "bad_json"),
+        (
+            Message::text(
+                r#"{"op":"subscribe","sub":"a","collection":"rooms","limit":5,"filter":{"field":"recency","op":"eq","value":18446744073709551616}}"#,
+            ),
+            "bad_json",
+        ),
         (
             Message::text(json!({"op": "subscribe", "sub": "a", "collection": "rooms", "limit": "ten"}).to_string()),
             "bad_request",
@@ -429,6 +507,40 @@ fn numbers_convert_only_when_exact_in_writes_and_filters() {
     assert_eq!(status, 400, "{answer}");
     assert!(answer.contains("bad_json") && answer.contains("op 0: `fields`: number out of range"), "{answer}");
 
+    // An integer wider than 64 bits cannot be read exactly: refused as such, never
+    // rounded to the f64 next to it (which `i`, `u` or `f` might then accept).
+    let wide = |(status, answer): (u16, String)| {
+        status == 400 && answer.contains("bad_json") && answer.contains("outside -2^63..2^64-1")
+    };
+    for fields in [
+        r#"{"i":-9223372036854775809}"#,
+        r#"{"f":18446744073709551617}"#,
+        r#"{"f":18446744073709551616}"#,
+        r#"{"u":18446744073709551616}"#,
+        r#"{"f":-100000000000000000000000000000}"#,
+    ] {
+        let answer = write(fields);
+        assert!(wide(answer.clone()), "{fields}: {answer:?}");
+    }
+    let op = |rest: &str| {
+        let body = format!(r#"{{"ops":[{{"op":"upsert","id":"x",{rest}}}]}}"#);
+        let (status, answer) = server.http_raw("POST", "/v1/collections/n/batch", Some(body.as_bytes()));
+        (status, String::from_utf8(answer).unwrap())
+    };
+    for rest in [
+        r#""increment":{"i":-9223372036854775809}"#,
+        r#""decrement":{"u":18446744073709551616}"#,
+        r#""set_max":{"f":18446744073709551617}"#,
+        r#""set_min":{"i":-9223372036854775809}"#,
+        r#""if":{"version":18446744073709551616}"#,
+    ] {
+        let answer = op(rest);
+        assert!(wide(answer.clone()), "{rest}: {answer:?}");
+    }
+    // Wide integers in a payload are kept as written: the server never reads them.
+    let (status, answer) = op(r#""payload":{"big":18446744073709551617}"#);
+    assert_eq!(status, 200, "{answer}");
+
     // The stored values are the exact numbers.
     write(r#"{"i":7.0,"u":8.0,"f":9007199254740992}"#);
     let answer = server.ok("POST", "/v1/collections/n/query", json!({"limit": 10}));
@@ -459,6 +571,23 @@ fn numbers_convert_only_when_exact_in_writes_and_filters() {
         answer.contains("bad_json") && answer.contains("number out of range") && answer.contains("f64"),
         "{answer}"
     );
+    for body in [
+        r#"{"filter":{"field":"i","op":"eq","value":-9223372036854775809},"limit":10}"#,
+        r#"{"filter":{"field":"f","in":[1,18446744073709551617]},"limit":10}"#,
+        r#"{"filter":{"not":{"any":[{"field":"u","op":"gt","value":18446744073709551616}]}},"limit":10}"#,
+        r#"{"offset":18446744073709551616,"limit":10}"#,
+        r#"{"limit":18446744073709551617}"#,
+        r#"{"min_seq":18446744073709551616,"limit":10}"#,
+    ] {
+        let (status, answer) = server.http_raw("POST", "/v1/collections/n/query", Some(body.as_bytes()));
+        let answer = String::from_utf8(answer).unwrap();
+        assert!(wide((status, answer.clone())), "{body}: {answer}");
+    }
+    let rules = r#"{"rules":[{"collection":"n","roles":["reader"],
+        "read":{"filter":{"field":"u","op":"eq","value":18446744073709551616}}}]}"#;
+    let (status, answer) = server.http_raw("PUT", "/v1/rules", Some(rules.as_bytes()));
+    let answer = String::from_utf8(answer).unwrap();
+    assert!(wide((status, answer.clone())), "{answer}");
     for filter in [
         r#"{"field":"f","op":"eq","value":9007199254740993}"#,
         r#"{"field":"i","op":"eq","value":7.5}"#,

@@ -74,6 +74,10 @@ pub(super) fn try_apply(
     let schema = state.collection.schema();
     for (index, field) in batch.op_fields(op).iter().enumerate() {
         let Some(field_id) = schema.field_id(batch.field_name(field)) else { return false };
+        // A repeated field is refused by the general path's validation.
+        if field_ids[..index].contains(&field_id) {
+            return false;
+        }
         let Some(value) = accepted_value(schema.field(field_id).field_type, batch.field_value(field)) else {
             return false;
         };

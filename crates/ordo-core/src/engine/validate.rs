@@ -43,10 +43,18 @@ pub(super) fn validate_batch(
                 return Err(BatchError::PayloadTooLarge { op_index, payload_bytes: payload.len() });
             }
         }
+        let op_fields_start = resolved_fields.len();
         for field in batch.op_fields(op) {
             let name = batch.field_name(field);
             let field_id =
                 schema.field_id(name).ok_or_else(|| BatchError::UnknownField { op_index, field: name.to_owned() })?;
+            // A field set twice has no one value: a caller that checks the first
+            // (an access rule) and an apply that keeps the last would disagree.
+            // The scan is short: a schema has at most 64 fields, and the first
+            // repeat ends it.
+            if resolved_fields[op_fields_start..].contains(&field_id) {
+                return Err(BatchError::FieldRepeated { op_index, field: name.to_owned() });
+            }
             let field_type = schema.field(field_id).field_type;
             check_field_value(op_index, name, field_type, batch.field_value(field))?;
             resolved_fields.push(field_id);

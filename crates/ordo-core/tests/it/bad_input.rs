@@ -60,6 +60,14 @@ fn every_rejected_batch_leaves_items_and_windows_untouched() {
             |e| matches!(e, BatchError::UnknownField { field, .. } if field == "colour"),
         ),
         (
+            // One op setting a field twice: a check reading one value and a write
+            // keeping the other would disagree, so neither is chosen.
+            Box::new(|b: &mut Batch| {
+                b.upsert("room01").set("name", Value::Str("a")).set("name", Value::Str("b"));
+            }),
+            |e| matches!(e, BatchError::FieldRepeated { field, .. } if field == "name"),
+        ),
+        (
             Box::new(|b: &mut Batch| {
                 b.upsert("room01").set("recency", Value::Str("now"));
             }),
@@ -291,4 +299,28 @@ fn refused_schema_changes_leave_everything_untouched() {
     let item = engine.collection(rooms).unwrap().get("room").unwrap().to_owned_item();
     assert_eq!(item.fields.len(), limits::MAX_FIELDS_PER_SCHEMA);
     assert_eq!(item.fields.last(), Some(&OwnedValue::U64(7)), "existing items take the default");
+}
+
+/// The one-item path (one plain upsert of an existing item) refuses a field set
+/// twice as the general path does, and changes nothing.
+#[test]
+fn an_upsert_setting_a_field_twice_is_refused_on_the_one_item_path() {
+    let mut engine = Engine::new();
+    let rooms = engine.create_collection("rooms", room_schema()).unwrap();
+    let mut sink = CollectingSink::new();
+    let mut batch = Batch::new();
+    batch.upsert("room").set("name", Value::Str("before")).set("recency", Value::U64(1));
+    engine.apply_batch(rooms, &batch, &mut sink).unwrap();
+    let window = engine.open_window(rooms, &room_list_def(), 0, 10, &mut sink).unwrap();
+    sink.diffs.clear();
+    let items_before = items_of(&engine, rooms);
+    let window_before = engine.window_items(window).unwrap();
+    batch.clear();
+    batch.upsert("room").set("name", Value::Str("checked")).set("name", Value::Str("kept"));
+    let error = engine.apply_batch(rooms, &batch, &mut sink).expect_err("a field set twice was accepted");
+    assert!(matches!(&error, BatchError::FieldRepeated { op_index: 0, field } if field == "name"), "{error:?}");
+    assert!(sink.diffs.is_empty());
+    assert_eq!(items_of(&engine, rooms), items_before);
+    assert_eq!(engine.window_items(window).unwrap(), window_before);
+    assert_eq!(engine.stats().n_single_upserts, 0);
 }

@@ -288,8 +288,10 @@ fn required<'e, T: ?Sized>(value: Option<&'e T>, what: &str) -> Result<&'e T, Ap
     value.ok_or_else(|| ApiError::bad_request(format!("the entry has no `{what}`")))
 }
 
+/// A schema, field or rules document kept raw in the entry: read with one
+/// meaning (`strict_json`), as the node that took the request read it.
 fn parse<'a, T: Deserialize<'a>>(raw: &'a RawValue) -> Result<T, ApiError> {
-    serde_json::from_str(raw.get()).map_err(|error| ApiError::from_json(&error))
+    crate::strict_json::parse(raw.get().as_bytes(), "the entry")
 }
 
 fn require_admin(identity: &Identity, what: &str) -> Result<(), ApiError> {

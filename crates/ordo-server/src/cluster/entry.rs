@@ -48,7 +48,8 @@ pub struct Caller<'a> {
     #[serde(borrow)]
     pub sub: Cow<'a, str>,
     pub role: Cow<'a, str>,
-    #[serde(default)]
+    /// A claim named twice has no one value for the rules of every node to read.
+    #[serde(default, deserialize_with = "crate::strict_json::unique_keys_map")]
     pub claims: serde_json::Map<String, serde_json::Value>,
 }
 

@@ -7,6 +7,9 @@ use serde_json::Value as Json;
 
 use ordo_core::{FieldType, OwnedValue, Value};
 
+use crate::error::ApiError;
+use crate::strict_json;
+
 /// A string that borrows from the input unless it had escapes to undo.
 pub(crate) struct BorrowedStr<'de>(pub(crate) Cow<'de, str>);
 
@@ -90,6 +93,39 @@ impl<'de> Deserialize<'de> for Literal<'de> {
 }
 
 impl<'a> Literal<'a> {
+    /// One value of a write's `fields` (or of an atomic operation), from its
+    /// text as the body holds it (`text` is valid JSON: a `RawValue`'s). An
+    /// integer is read exactly: one wider than 64 bits is refused (`bad_json`),
+    /// not rounded to the `f64` serde_json would make of it. Other numbers are
+    /// read by serde_json, as filter literals are, so a write and a filter read
+    /// one text as one number. An object or array (no field holds one) must
+    /// still name each key once. `op_index` and `key` (`fields`, `increment`…)
+    /// say where, in an error.
+    pub(crate) fn from_raw(text: &'a str, op_index: usize, key: &str) -> Result<Literal<'a>, ApiError> {
+        let refused = |refusal: strict_json::Refusal| refusal.to_api_error(&format!("op {op_index}: `{key}`"));
+        match text.as_bytes().first() {
+            Some(b'-' | b'0'..=b'9') => {
+                strict_json::check(text.as_bytes(), 0, strict_json::Integers::Exact64).map_err(refused)?;
+            }
+            Some(b'{' | b'[') => {
+                strict_json::check(text.as_bytes(), strict_json::MAX_DEPTH, strict_json::Integers::AsWritten)
+                    .map_err(refused)?;
+            }
+            _ => {}
+        }
+        serde_json::from_str(text).map_err(|error| {
+            // Positions would count from the value, not the body: say which op instead.
+            let message = error.to_string();
+            let what = message.rfind(" at line ").map_or(message.as_str(), |end| &message[..end]);
+            let mut refusal = ApiError::from_json(&error);
+            refusal.message = format!("not valid JSON: op {op_index}: `{key}`: {what}");
+            if what.contains("number out of range") {
+                refusal.message.push_str(" (a number must fit an f64: at most about 1.8e308 in magnitude)");
+            }
+            refusal
+        })
+    }
+
     /// A value already parsed (filters): the same typing rules as a write's fields.
     pub(crate) fn from_json(json: &'a Json) -> Literal<'a> {
         match json {

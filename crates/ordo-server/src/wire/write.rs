@@ -10,6 +10,7 @@ use ordo_core::{AtomicOp, Batch, FieldType, Precondition, Schema, UpsertBuilder,
 use super::*;
 use crate::error::{ApiError, ErrorCode};
 use crate::limits;
+use crate::strict_json;
 
 /// `POST /v1/collections/{name}/batch`. Strings borrow from the request body:
 /// decoding a write allocates nothing per op (see `fill_batch`).
@@ -68,7 +69,19 @@ pub struct OpRequest<'a> {
 #[serde(deny_unknown_fields)]
 pub struct IfRequest {
     exists: Option<bool>,
+    #[serde(default, deserialize_with = "exact_version")]
     version: Option<u64>,
+}
+
+/// A version as written: an integer wider than 64 bits is refused as one
+/// (`bad_json`), never read as the `f64` serde_json would round it to.
+fn exact_version<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+    let raw = <&'de RawValue>::deserialize(deserializer)?;
+    let text = raw.get();
+    if let Err(refusal) = strict_json::check(text.as_bytes(), 0, strict_json::Integers::Exact64) {
+        return Err(serde::de::Error::custom(refusal.to_api_error("`if`").message));
+    }
+    serde_json::from_str(text).map_err(serde::de::Error::custom)
 }
 
 impl IfRequest {
@@ -118,16 +131,7 @@ pub fn fill_batch(
                 }
                 if let Some(payload) = &op.payload {
                     let text = payload.get();
-                    if nesting_exceeds(text.as_bytes(), limits::MAX_PAYLOAD_DEPTH) {
-                        return Err(ApiError::new(
-                            ErrorCode::InvalidBatch,
-                            format!(
-                                "op {op_index}: the payload nests arrays and objects more than {} deep \
-                                 (max_payload_depth)",
-                                limits::MAX_PAYLOAD_DEPTH
-                            ),
-                        ));
-                    }
+                    check_payload(text.as_bytes(), op_index)?;
                     builder.payload(if text == "null" { b"" } else { text.as_bytes() });
                 }
             }
@@ -154,40 +158,23 @@ pub fn fill_batch(
     Ok(())
 }
 
-/// Whether `json` (valid JSON text, as a `RawValue` holds) nests arrays and
-/// objects more than `max_depth` deep. One pass over the bytes, no recursion
-/// (the text may nest 100 000 deep): brackets inside strings are skipped, and
-/// so is every escaped character. A scalar payload costs one comparison.
-pub fn nesting_exceeds(json: &[u8], max_depth: usize) -> bool {
-    if !matches!(json.first(), Some(b'[' | b'{')) {
-        return false;
+/// A payload is stored as sent and read by every client: it must have one
+/// meaning (no key repeated in an object, at any depth) and nest at most
+/// `MAX_PAYLOAD_DEPTH` deep. One pass over the bytes, no recursion (the text may
+/// nest 100 000 deep); a scalar payload costs a few comparisons. Its integers
+/// may be of any width: the server never reads them.
+fn check_payload(text: &[u8], op_index: usize) -> Result<(), ApiError> {
+    match strict_json::check(text, limits::MAX_PAYLOAD_DEPTH, strict_json::Integers::AsWritten) {
+        Ok(()) => Ok(()),
+        Err(strict_json::Refusal::TooDeep) => Err(ApiError::new(
+            ErrorCode::InvalidBatch,
+            format!(
+                "op {op_index}: the payload nests arrays and objects more than {} deep (max_payload_depth)",
+                limits::MAX_PAYLOAD_DEPTH
+            ),
+        )),
+        Err(refusal) => Err(refusal.to_api_error(&format!("op {op_index}'s payload"))),
     }
-    let mut depth = 0usize;
-    let mut index = 0;
-    while index < json.len() {
-        match json[index] {
-            b'"' => {
-                index += 1;
-                while index < json.len() {
-                    match json[index] {
-                        b'\\' => index += 2,
-                        b'"' => break,
-                        _ => index += 1,
-                    }
-                }
-            }
-            b'[' | b'{' => {
-                depth += 1;
-                if depth > max_depth {
-                    return true;
-                }
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-        index += 1;
-    }
-    false
 }
 
 /// Decodes an op's `fields` object (or, with `atomic`, the object of one atomic
@@ -221,6 +208,9 @@ fn set_fields<'b>(
     }
 }
 
+// `FieldsVisitor` keeps the fields an object named in one `u64`, a bit per field.
+const _: () = assert!(ordo_core::limits::MAX_FIELDS_PER_SCHEMA <= 64);
+
 struct FieldsVisitor<'b, 'r> {
     builder: UpsertBuilder<'b>,
     schema: &'r Schema,
@@ -240,8 +230,18 @@ impl<'de, 'b> serde::de::Visitor<'de> for FieldsVisitor<'b, '_> {
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<UpsertBuilder<'b>, A::Error> {
         let FieldsVisitor { mut builder, schema, op_index, atomic, refused } = self;
+        let key = atomic.map_or("fields", AtomicOp::name);
+        // The schema fields this object named so far, one bit per field (no allocation).
+        let mut named: u64 = 0;
         while let Some(BorrowedStr(name)) = map.next_key::<BorrowedStr<'de>>()? {
-            let literal: Literal<'de> = map.next_value()?;
+            let raw: &'de RawValue = map.next_value()?;
+            let literal = match Literal::from_raw(raw.get(), op_index, key) {
+                Ok(literal) => literal,
+                Err(error) => {
+                    *refused = Some(error);
+                    return Err(serde::de::Error::custom("refused"));
+                }
+            };
             let Some(field_id) = schema.field_id(&name) else {
                 *refused = Some(ApiError::new(
                     ErrorCode::InvalidBatch,
@@ -249,11 +249,22 @@ impl<'de, 'b> serde::de::Visitor<'de> for FieldsVisitor<'b, '_> {
                 ));
                 return Err(serde::de::Error::custom("refused"));
             };
+            // One key, one value: serde_json would hand both values of a repeated key
+            // over, and a rule checking one while the item keeps the other would let
+            // a writer past its rule. (`"own\u0065r"` is `owner` here too: names are unescaped.)
+            let bit = 1u64 << field_id.index();
+            if named & bit != 0 {
+                *refused = Some(ApiError::new(
+                    ErrorCode::BadJson,
+                    format!("not valid JSON: op {op_index}: `{key}` repeats the key `{name}`; name each key once"),
+                ));
+                return Err(serde::de::Error::custom("refused"));
+            }
+            named |= bit;
             // A field named by an atomic operation may appear nowhere else in its
             // op: `{"fields":{"unread":0},"increment":{"unread":1}}` has no one
             // obvious meaning. Checked as each is added, so a body repeating a key
             // costs at most one pass per schema field before it is refused.
-            // (Repeated keys within `fields` keep their meaning: the last one wins.)
             if let Some(atomic) = atomic {
                 if builder.names_field(&name) {
                     *refused = Some(ApiError::bad_request(format!(
@@ -311,6 +322,10 @@ mod tests {
 
     #[test]
     fn nesting_depth_skips_strings_and_escapes() {
+        let exceeds = |json: &str, depth: usize| {
+            strict_json::check(json.as_bytes(), depth, strict_json::Integers::AsWritten)
+                == Err(strict_json::Refusal::TooDeep)
+        };
         for (json, depth) in [
             ("1", 0),
             ("\"[[[\"", 0),
@@ -320,11 +335,14 @@ mod tests {
             ("[\"\\\\\",[]]", 2),
             ("[{},{},[[]]]", 3),
         ] {
-            assert!(!nesting_exceeds(json.as_bytes(), depth), "{json} is {depth} deep");
-            assert!(depth == 0 || nesting_exceeds(json.as_bytes(), depth - 1), "{json} is {depth} deep");
+            assert!(!exceeds(json, depth), "{json} is {depth} deep");
+            assert!(depth == 0 || exceeds(json, depth - 1), "{json} is {depth} deep");
         }
         let deep = "[".repeat(100_000) + &"]".repeat(100_000);
-        assert!(nesting_exceeds(deep.as_bytes(), limits::MAX_PAYLOAD_DEPTH));
+        assert!(check_payload(deep.as_bytes(), 0).is_err());
+        let repeated = check_payload(br#"{"a":[{"b":1,"b":2}]}"#, 3).unwrap_err();
+        assert_eq!(repeated.code, ErrorCode::BadJson);
+        assert!(repeated.message.contains("op 3's payload repeats the key `b`"), "{}", repeated.message);
     }
 
     /// The decoding `fill_batch` replaced: the whole op parsed into a

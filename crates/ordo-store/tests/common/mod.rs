@@ -79,12 +79,17 @@ pub fn random_ops(rng: &mut Rng, prefix: &str, n_ids: usize, max_ops: usize) -> 
                 return GenOp::Remove { id };
             }
             let n_fields = rng.below(FIELDS.len() + 1);
-            let fields = (0..n_fields)
-                .map(|_| {
-                    let field = FIELDS[rng.below(FIELDS.len())];
-                    (field, random_value(rng, field))
-                })
-                .collect();
+            let mut fields: Vec<(&'static str, OwnedValue)> = Vec::with_capacity(n_fields);
+            for _ in 0..n_fields {
+                let field = FIELDS[rng.below(FIELDS.len())];
+                let value = random_value(rng, field);
+                // An op sets each field once (the engine refuses a repeat): a field
+                // drawn again keeps its place and takes the value drawn last.
+                match fields.iter_mut().find(|(named, _)| *named == field) {
+                    Some((_, earlier)) => *earlier = value,
+                    None => fields.push((field, value)),
+                }
+            }
             let payload = rng.chance(60).then(|| {
                 let len = [0, 3, 40, 300][rng.below(4)];
                 (0..len).map(|index| (index as u8).wrapping_add(rng.below(256) as u8)).collect()
