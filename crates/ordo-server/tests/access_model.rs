@@ -7,8 +7,9 @@
 //! reference computed over the items the user may see (filter, sort, slice,
 //! projection), and every forbidden attempt got `forbidden`. Readers may also
 //! write their own documents (`owner == $sub`): their batches repeat ids,
-//! remove and upsert again, increment, and try to plant or take items; the
-//! model decides each batch op by op against the state the earlier ops leave.
+//! remove and upsert again, increment, try to plant or take items, and
+//! sometimes give a key twice; the model decides each batch op by op against
+//! the state the earlier ops leave.
 //!
 //! `ORDO_ACCESS_MODEL_SEEDS` and `ORDO_ACCESS_MODEL_STEPS` run it longer.
 
@@ -415,8 +416,30 @@ impl Model {
         }
         let token = self.users[index].token.clone();
         let body = json!({"ops": ops});
-        let (status, answer) = self.server.http_as(Some(&token), "POST", "/v1/collections/docs/batch", Some(&body));
         let context = format!("seed {} step {step} user {name} batch {body}", self.seed);
+        let text = body.to_string();
+        if let Some(at) = text.find("\"fields\":{").filter(|_| self.rng.chance(25)) {
+            // A key given twice (the rule's `owner` when the op sets it): one
+            // parse, one meaning, so the whole batch is refused, whatever the copies say.
+            let at = at + "\"fields\":{".len();
+            let repeated = if text[at..].split('}').next().is_some_and(|fields| fields.contains("\"owner\"")) {
+                format!("\"owner\":\"{}\",", self.rng.pick(&USERS))
+            } else {
+                "\"score\":0,".to_owned()
+            };
+            let text = format!("{}{repeated}{}", &text[..at], &text[at..]);
+            let auth = format!("Authorization: Bearer {token}\r\n");
+            let (status, answer) =
+                self.server.http_with("POST", "/v1/collections/docs/batch", &auth, Some(text.as_bytes()));
+            let answer: Value = serde_json::from_slice(&answer).unwrap();
+            assert_eq!(
+                (status, answer["error"]["code"].as_str()),
+                (400, Some("bad_json")),
+                "{context} {text}: {answer}"
+            );
+            return;
+        }
+        let (status, answer) = self.server.http_as(Some(&token), "POST", "/v1/collections/docs/batch", Some(&body));
         if accepted {
             assert_eq!(status, 200, "{context}: {answer}");
             self.world.docs = staged;

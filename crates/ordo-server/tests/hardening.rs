@@ -100,7 +100,11 @@ fn idle_sockets_past_the_descriptor_limit_leave_the_server_reachable() {
         assert!(Instant::now() < deadline, "/v1/health did not answer 200 once the idle sockets were closed");
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(server.metric("ordo_connections_refused_total") > 0.0);
+    // Past their share of the cap the silent sockets were closed (the oldest
+    // first), or refused at the cap if they came faster than they could be closed.
+    let turned_away =
+        server.metric("ordo_connections_refused_total") + server.metric("ordo_silent_sockets_closed_total");
+    assert!(turned_away > 0.0);
 
     // And the log was not flooded: no failing accept at all, since the cap keeps
     // descriptors free (a handful of lines would still be fine).
