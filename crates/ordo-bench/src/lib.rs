@@ -10,8 +10,10 @@
 //! - [`cluster_bench`]: the `cluster-bench` binary's phases (cluster mode's figures).
 //! - [`live`]: drives a live `ordo serve` (loadgen, cluster-bench's chat phase).
 //! - [`shared_rooms`]: the `shared-rooms` scenario (its data, its three systems).
+//! - [`cli`]: value parsers of the binaries' command lines.
 //! - [`scenarios`]: the runner; [`report`]: the table and JSON lines.
 
+pub mod cli;
 pub mod cluster_bench;
 pub mod data;
 pub mod harness;

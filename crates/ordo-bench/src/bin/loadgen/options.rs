@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use ordo_bench::cli::in_range;
 
 /// PROTOCOL.md: a window holds at most 1 000 items.
 const MAX_WINDOW_LIMIT: usize = 1_000;
@@ -104,20 +105,6 @@ struct Args {
     /// Also print end-to-end latency per second of send time (where the tail is)
     #[arg(long)]
     timeline: bool,
-}
-
-/// A parser of a number within `low..=high`, for `value_parser`.
-fn in_range<T>(low: T, high: T) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static
-where
-    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy + Send + Sync + 'static,
-{
-    move |text| {
-        let value: T = text.parse().map_err(|_| format!("`{text}` is not a valid number"))?;
-        if value < low || value > high {
-            return Err(format!("must be in {low}..={high}, not {value}"));
-        }
-        Ok(value)
-    }
 }
 
 /// The run's settings, with `--quick`'s defaults applied.
