@@ -23,7 +23,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::alloc_counter;
+use ordo_test_kit::alloc as alloc_counter;
 
 /// How many operations to run and for how long; identical for every system
 /// of one (scenario, N).

@@ -10,9 +10,10 @@
 //! - [`cluster_bench`]: the `cluster-bench` binary's phases (cluster mode's figures).
 //! - [`live`]: drives a live `ordo serve` (loadgen, cluster-bench's chat phase).
 //! - [`shared_rooms`]: the `shared-rooms` scenario (its data, its three systems).
+//! - [`cli`]: value parsers of the binaries' command lines.
 //! - [`scenarios`]: the runner; [`report`]: the table and JSON lines.
 
-pub mod alloc_counter;
+pub mod cli;
 pub mod cluster_bench;
 pub mod data;
 pub mod harness;
@@ -25,6 +26,8 @@ pub mod scenarios;
 pub mod shared_rooms;
 
 /// Every allocation of the benchmark (and of its tests) goes through the
-/// counting allocator.
+/// counting allocator: the harness reads its count around each timed operation
+/// and its live bytes for the memory figures. An allocation on a hot path is a
+/// number in the report, not an error.
 #[global_allocator]
-static GLOBAL: alloc_counter::CountingAlloc = alloc_counter::CountingAlloc;
+static GLOBAL: ordo_test_kit::alloc::CountingAllocator = ordo_test_kit::alloc::CountingAllocator;

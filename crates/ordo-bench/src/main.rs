@@ -4,107 +4,71 @@
 use std::io::Write;
 use std::process::ExitCode;
 
+use clap::builder::PossibleValuesParser;
+use clap::Parser;
+use ordo_bench::cli::in_range;
 use ordo_bench::harness::timer_overhead_ns;
 use ordo_bench::report::{json_lines, table, Group};
 use ordo_bench::scenarios::{Config, Runner, SCENARIOS, SYSTEMS};
 
-const USAGE: &str = "\
-usage: ordo-bench [--quick] [--json] [--scenario NAME[,NAME…]]… [--n N[,N…]]…
-                  [--system NAME[,NAME…]]… [--seed S]
-
-  --quick       small N (1000, 10000), 1000 many-lists collections, small
-                time budgets: the whole run takes well under a minute
-  --json        one JSON object per line on stdout (progress goes to stderr)
-  --scenario    create, new-message, load-more, filter-switch, fan-out,
-                many-lists, shared-predicate, shared-rooms (default: all)
-  --n           restrict N (default 1000,10000,100000,1000000; many-lists is
-                sized in collections and ignores it)
-  --system      ordo, eyeball, naive, naive-full (default: all); in
-                shared-predicate, ordo runs against ordo-unkeyed (the same
-                engine with view keying off) instead of the peers; in
-                shared-rooms, ordo (reference fields) runs with ordo-fan-out
-                (one collection per user, every copy updated) and eyeball
-  --seed        seed of the data set and update streams (default 1)
-
-Each operation is timed individually (Instant::now() before and after; the
-clock's own cost is included); median and p99 are per operation.";
-
-fn list_arg<'a>(
-    args: &mut impl Iterator<Item = String>,
-    flag: &str,
-    known: &[&'a str],
-) -> Result<Vec<&'a str>, String> {
-    let v = args.next().ok_or(format!("{flag} needs a value"))?;
-    v.split(',')
-        .filter(|s| !s.is_empty())
-        .map(|s| {
-            known
-                .iter()
-                .find(|k| **k == s)
-                .copied()
-                .ok_or(format!("unknown {flag} value '{s}' (known: {})", known.join(", ")))
-        })
-        .collect()
+/// Ordo's engine benchmark: every scenario of SCENARIOS.md, with the peers measured
+/// in the same run on the same seeded data.
+///
+/// Each operation is timed individually (Instant::now() before and after; the
+/// clock's own cost is included); median and p99 are per operation.
+#[derive(Parser)]
+#[command(name = "ordo-bench")]
+struct Args {
+    /// Small N (1000, 10000), 1000 many-lists collections, small time budgets: the
+    /// whole run takes well under a minute
+    #[arg(long)]
+    quick: bool,
+    /// One JSON object per line on stdout (progress goes to stderr)
+    #[arg(long)]
+    json: bool,
+    /// Scenarios to run, comma-separated or repeated (default: all)
+    #[arg(long, value_name = "NAME", value_delimiter = ',', value_parser = PossibleValuesParser::new(SCENARIOS))]
+    scenario: Vec<String>,
+    /// Restrict N (default 1000,10000,100000,1000000; many-lists is sized in
+    /// collections and ignores it); at least 50
+    #[arg(long, value_name = "N", value_delimiter = ',', value_parser = in_range(50, usize::MAX))]
+    n: Vec<usize>,
+    /// Systems to run (default: all); in shared-predicate, ordo runs against
+    /// ordo-unkeyed (the same engine with view keying off) instead of the peers; in
+    /// shared-rooms, ordo (reference fields) runs with ordo-fan-out (one collection
+    /// per user, every copy updated) and eyeball
+    #[arg(long, value_name = "NAME", value_delimiter = ',', value_parser = PossibleValuesParser::new(SYSTEMS))]
+    system: Vec<String>,
+    /// Seed of the data set and update streams
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 }
 
-fn parse(args: impl IntoIterator<Item = String>) -> Result<(Config, bool), String> {
-    let mut cfg = Config::default();
-    let mut json = false;
-    let mut scenarios: Vec<&'static str> = Vec::new();
-    let mut systems: Vec<&'static str> = Vec::new();
-    let mut sizes: Vec<usize> = Vec::new();
-    let mut args = args.into_iter();
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--quick" => cfg.quick = true,
-            "--json" => json = true,
-            "--scenario" => scenarios.extend(list_arg(&mut args, "--scenario", &SCENARIOS)?),
-            "--system" => systems.extend(list_arg(&mut args, "--system", &SYSTEMS)?),
-            "--n" => {
-                let v = args.next().ok_or("--n needs a value")?;
-                for s in v.split(',').filter(|s| !s.is_empty()) {
-                    let n: usize = s.replace('_', "").parse().map_err(|_| format!("bad --n value '{s}'"))?;
-                    if n < 50 {
-                        return Err(format!("--n {n}: N must be at least 50"));
-                    }
-                    sizes.push(n);
-                }
-            }
-            "--seed" => {
-                let v = args.next().ok_or("--seed needs a value")?;
-                cfg.seed = v.parse().map_err(|_| format!("bad --seed value '{v}'"))?;
-            }
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument '{other}'")),
-        }
+/// The names in `known` that `chosen` holds, in `known`'s order, once each.
+fn in_canonical_order(known: &[&'static str], chosen: &[String]) -> Vec<&'static str> {
+    known.iter().copied().filter(|name| chosen.iter().any(|chosen| chosen == name)).collect()
+}
+
+fn parse(args: impl IntoIterator<Item = String>) -> Result<(Config, bool), clap::Error> {
+    let args = Args::try_parse_from(std::iter::once("ordo-bench".to_owned()).chain(args))?;
+    let mut cfg = Config { quick: args.quick, seed: args.seed, ..Config::default() };
+    if !args.scenario.is_empty() {
+        cfg.scenarios = in_canonical_order(&SCENARIOS, &args.scenario);
     }
-    if !scenarios.is_empty() {
-        // Keep the canonical order, drop duplicates.
-        cfg.scenarios = SCENARIOS.iter().copied().filter(|s| scenarios.contains(s)).collect();
+    if !args.system.is_empty() {
+        cfg.systems = in_canonical_order(&SYSTEMS, &args.system);
     }
-    if !systems.is_empty() {
-        cfg.systems = SYSTEMS.iter().copied().filter(|s| systems.contains(s)).collect();
-    }
-    if !sizes.is_empty() {
+    if !args.n.is_empty() {
+        let mut sizes = args.n;
         sizes.sort_unstable();
         sizes.dedup();
         cfg.sizes = Some(sizes);
     }
-    Ok((cfg, json))
+    Ok((cfg, args.json))
 }
 
 fn main() -> ExitCode {
-    let (cfg, json) = match parse(std::env::args().skip(1)) {
-        Ok(x) => x,
-        Err(e) if e.is_empty() => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("ordo-bench: {e}\n\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let (cfg, json) = parse(std::env::args().skip(1)).unwrap_or_else(|error| error.exit());
     let start = std::time::Instant::now();
     let header = format!(
         "ordo-bench: seed {}, {} mode, N {:?}, systems {}; each op timed individually \
@@ -163,6 +127,6 @@ mod tests {
         assert_eq!(cfg.seed, 9);
         assert!(parse(args("--scenario nope")).is_err());
         assert!(parse(args("--bogus")).is_err());
-        assert_eq!(parse(args("--help")).unwrap_err(), "");
+        assert_eq!(parse(args("--help")).err().map(|error| error.kind()), Some(clap::error::ErrorKind::DisplayHelp));
     }
 }

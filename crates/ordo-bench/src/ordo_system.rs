@@ -60,16 +60,7 @@ impl CountingSink {
     }
 }
 
-pub fn room_schema() -> Schema {
-    Schema::new()
-        .with_field("name", FieldType::String)
-        .with_field("recency", FieldType::U64)
-        .with_field("is_local", FieldType::Bool)
-        .with_field("left", FieldType::Bool)
-        .with_field("unread", FieldType::U64)
-        .with_field("is_dm", FieldType::Bool)
-        .with_field("favourite", FieldType::Bool)
-}
+pub use ordo_test_kit::room_schema;
 
 fn filter_of(filter: RoomFilter) -> Filter {
     match filter {
@@ -388,12 +379,12 @@ pub fn shared_predicate(
     let mut windows = Vec::with_capacity(n_users);
     for user in &users {
         let def = shared_predicate_def(user);
-        let allocations_before = crate::alloc_counter::allocations();
+        let allocations_before = ordo_test_kit::alloc::allocations();
         let start = std::time::Instant::now();
         windows.push(engine.open_window(collection, &def, 0, WINDOW_LIMIT, &mut sink).ok()?);
         let n_diffs = sink.take();
         creations.ns.push(start.elapsed().as_nanos() as u64);
-        creations.allocs.push(crate::alloc_counter::allocations() - allocations_before);
+        creations.allocs.push(ordo_test_kit::alloc::allocations() - allocations_before);
         creations.diffs.push(n_diffs as u64);
     }
     // Untimed: every view's full index, as its first update would build it, so that

@@ -15,21 +15,7 @@ use std::time::Instant;
 
 use ordo_core::{Batch, DiffRef, DiffSink, Engine, FieldType, Filter, OwnedValue, Schema, SortKey, Value, ViewDef};
 use ordo_core::{CollectionId, WindowId};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use ordo_test_kit::rng::Rng;
 
 #[derive(Default)]
 struct CountingSink {
@@ -112,22 +98,22 @@ fn main() {
     let collection = engine.create_collection("rooms", schema).expect("fresh engine");
     let ids: Vec<String> = (0..n).map(|i| format!("!room{i:08}:example.org")).collect();
     let payloads: Vec<Vec<u8>> =
-        (0..64).map(|_| (0..180 + rng.below(41)).map(|_| b'a' + rng.below(26) as u8).collect()).collect();
+        (0..64).map(|_| (0..180 + rng.below_u64(41)).map(|_| b'a' + rng.below_u64(26) as u8).collect()).collect();
     let mut left = vec![false; n];
     let mut batch = Batch::new();
     for chunk_start in (0..n).step_by(100_000) {
         batch.clear();
         for i in chunk_start..(chunk_start + 100_000).min(n) {
-            let name: String = (0..12 + rng.below(9)).map(|_| (b'a' + rng.below(26) as u8) as char).collect();
-            left[i] = i >= 4 && rng.below(20) == 0;
+            let name: String = (0..12 + rng.below_u64(9)).map(|_| (b'a' + rng.below_u64(26) as u8) as char).collect();
+            left[i] = i >= 4 && rng.below_u64(20) == 0;
             batch
                 .upsert(&ids[i])
                 .set("name", Value::Str(&name))
-                .set("recency", Value::U64(1 + rng.below(1_000_000_000)))
+                .set("recency", Value::U64(1 + rng.below_u64(1_000_000_000)))
                 .set("is_local", Value::Bool(i < 4))
                 .set("left", Value::Bool(left[i]))
-                .set("unread", Value::U64(rng.below(3)))
-                .payload(&payloads[rng.below(64) as usize]);
+                .set("unread", Value::U64(rng.below_u64(3)))
+                .payload(&payloads[rng.below_u64(64) as usize]);
         }
         engine.apply_batch(collection, &batch, &mut CountingSink::default()).expect("valid rooms");
     }
@@ -144,8 +130,8 @@ fn main() {
         (0..count)
             .map(|_| {
                 recency += 1;
-                let room = live[rng.below(live.len() as u64) as usize];
-                Update { room, recency, payload: rng.below(64) as usize }
+                let room = live[rng.below_u64(live.len() as u64) as usize];
+                Update { room, recency, payload: rng.below_u64(64) as usize }
             })
             .collect()
     };

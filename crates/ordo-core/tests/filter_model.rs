@@ -15,30 +15,8 @@ use ordo_core::{
     ViewError,
 };
 
-/// splitmix64: tiny, seedable, good enough to drive a test generator.
-struct Prng(u64);
-
-impl Prng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut mixed = self.0;
-        mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        mixed ^ (mixed >> 31)
-    }
-
-    fn below(&mut self, bound: usize) -> usize {
-        (self.next_u64() % bound as u64) as usize
-    }
-
-    fn chance(&mut self, numerator: usize, denominator: usize) -> bool {
-        self.below(denominator) < numerator
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-}
+// The shared seeded generator (a failure prints its seed).
+use ordo_test_kit::rng::Rng as Prng;
 
 const FIELD_NAMES: [&str; 6] = ["flag", "signed", "unsigned", "float", "text", "other_text"];
 
@@ -90,11 +68,11 @@ const TEXT_POOL: [&str; 30] = [
 ];
 
 fn random_value(prng: &mut Prng, field_type: FieldType) -> OwnedValue {
-    if prng.chance(1, 5) {
+    if prng.one_in(5) {
         return OwnedValue::Null;
     }
     match field_type {
-        FieldType::Bool => OwnedValue::Bool(prng.chance(1, 2)),
+        FieldType::Bool => OwnedValue::Bool(prng.one_in(2)),
         FieldType::I64 => OwnedValue::I64(*prng.pick(&SIGNED_POOL)),
         FieldType::U64 => OwnedValue::U64(*prng.pick(&UNSIGNED_POOL)),
         FieldType::F64 => OwnedValue::F64(*prng.pick(&FLOAT_POOL)),
@@ -106,10 +84,10 @@ fn random_value(prng: &mut Prng, field_type: FieldType) -> OwnedValue {
 /// converts losslessly, to exercise conversion.
 fn random_literal(prng: &mut Prng, field_type: FieldType) -> OwnedValue {
     match field_type {
-        FieldType::Bool => OwnedValue::Bool(prng.chance(1, 2)),
-        FieldType::I64 if prng.chance(1, 4) => OwnedValue::U64(*prng.pick(&[0, 1, 7, i64::MAX as u64])),
+        FieldType::Bool => OwnedValue::Bool(prng.one_in(2)),
+        FieldType::I64 if prng.one_in(4) => OwnedValue::U64(*prng.pick(&[0, 1, 7, i64::MAX as u64])),
         FieldType::I64 => OwnedValue::I64(*prng.pick(&SIGNED_POOL)),
-        FieldType::U64 if prng.chance(1, 4) => OwnedValue::I64(*prng.pick(&[0, 1, 7, i64::MAX])),
+        FieldType::U64 if prng.one_in(4) => OwnedValue::I64(*prng.pick(&[0, 1, 7, i64::MAX])),
         FieldType::U64 => OwnedValue::U64(*prng.pick(&UNSIGNED_POOL)),
         FieldType::F64 => match prng.below(6) {
             0 => OwnedValue::I64(*prng.pick(&[-1, 0, 2, 7, -(1 << 53)])),
@@ -147,7 +125,7 @@ fn random_op(prng: &mut Prng, field_type: FieldType) -> CompareOp {
 }
 
 fn random_filter(prng: &mut Prng, schema: &Schema, depth_left: usize) -> Filter {
-    if depth_left > 0 && prng.chance(2, 5) {
+    if depth_left > 0 && prng.below(5) < 2 {
         return match prng.below(3) {
             0 => Filter::All((0..prng.below(4)).map(|_| random_filter(prng, schema, depth_left - 1)).collect()),
             1 => Filter::Any((0..prng.below(4)).map(|_| random_filter(prng, schema, depth_left - 1)).collect()),
@@ -163,8 +141,8 @@ fn random_filter(prng: &mut Prng, schema: &Schema, depth_left: usize) -> Filter 
         2 | 3 => Filter::In { field, values: (0..prng.below(5)).map(|_| random_literal(prng, field_type)).collect() },
         4..=7 if field_type == FieldType::String => {
             let needle = random_needle(prng);
-            let accent_insensitive = prng.chance(1, 2);
-            if prng.chance(1, 2) {
+            let accent_insensitive = prng.one_in(2);
+            if prng.one_in(2) {
                 Filter::Contains { field, needle, accent_insensitive }
             } else {
                 Filter::Prefix { field, prefix: needle, accent_insensitive }

@@ -175,6 +175,27 @@ async fn next_error(client: &mut Client) -> Value {
     client.frames[n_before..].iter().find(|frame| frame["type"] == "error").unwrap().clone()
 }
 
+/// HTTP requests the server has received so far (`ordo_http_requests_total` counts
+/// a request as it starts handling it; this read counts itself too).
+fn http_requests_received(server: &Server) -> u64 {
+    server.metric("ordo_http_requests_total") as u64
+}
+
+/// Waits until `n` requests besides these `/metrics` reads have reached the server
+/// since `before` was read: the event that a request sent from another thread is
+/// in the server's hands, where a sleep could only hope so.
+fn wait_for_requests_since(server: &Server, before: u64, n: u64) {
+    let deadline = Instant::now() + SETTLE;
+    for own_reads in 1.. {
+        let others = http_requests_received(server).saturating_sub(before + own_reads);
+        if others >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{others} of {n} requests reached the server");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn frames_of<'a>(client: &'a Client, sub: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
     client.diffs_seen.iter().filter(move |frame| frame["sub"] == sub)
 }
@@ -189,24 +210,26 @@ async fn min_seq_waits_for_its_write_while_other_frames_keep_flowing() {
     client.send(top("live")).await;
     wait_for(&mut client, "live's first frame", |client| client.lists.contains_key("live")).await;
 
-    // A query for the next write waits for it.
-    let port = server.port;
-    let query = std::thread::spawn(move || {
-        let started = Instant::now();
-        let body = json!({"limit": 10, "min_seq": start + 1, "fields": ["recency"], "payload": false});
-        let answer = request(port, "POST", "/v1/collections/rooms/query", &body);
-        (answer, started.elapsed())
-    });
-    // A subscribe for the write after it waits too; the message behind it waits with it.
+    // A subscribe for the write after the next waits; the message behind it waits with it.
     let mut later = top("later");
     later["min_seq"] = json!(start + 2);
     later["req"] = json!("s1");
     client.send(later).await;
     client.send(json!({"op": "set_range", "sub": "live", "offset": 0, "limit": 6, "req": "behind"})).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!client.read_until(Duration::from_millis(200), |client| client.diffs_seen.len() > 1).await);
-    assert!(client.frames.iter().all(|frame| frame["type"] == "welcome"), "{:?}", client.frames);
+    let answered_behind =
+        |client: &Client| client.frames.iter().chain(&client.diffs_seen).any(|f| f["req"] == "behind");
+    // A query for the next write waits for it: once the server has it, it does not answer.
+    let port = server.port;
+    let requests_before = http_requests_received(&server);
+    let query_sent = Instant::now();
+    let query = std::thread::spawn(move || {
+        let body = json!({"limit": 10, "min_seq": start + 1, "fields": ["recency"], "payload": false});
+        let answer = request(port, "POST", "/v1/collections/rooms/query", &body);
+        (answer, query_sent.elapsed())
+    });
+    wait_for_requests_since(&server, requests_before, 1);
     assert!(!query.is_finished(), "the query waits for its write");
+    let held_before_the_write = query_sent.elapsed();
 
     let first = write(&server, json!([{"op": "upsert", "id": "b", "fields": {"recency": 2}}]));
     assert_eq!(first, start + 1);
@@ -215,11 +238,15 @@ async fn min_seq_waits_for_its_write_while_other_frames_keep_flowing() {
         frames_of(client, "live").any(|frame| frame["write_seq"] == first)
     })
     .await;
+    // That frame was caused by a write made after `later` and `behind` were sent,
+    // so an answer to either that was not held back would have come before it.
+    assert!(client.frames.iter().all(|frame| frame["type"] == "welcome"), "{:?}", client.frames);
+    assert!(!answered_behind(&client), "the message behind the parked subscribe waits: {:?}", client.diffs_seen);
     let ((status, answer), waited) = query.join().unwrap();
     assert_eq!(status, 200, "{answer}");
     assert!(answer["write_seq"].as_u64().unwrap() >= first, "{answer}");
     assert!(answer["items"].as_array().unwrap().iter().any(|item| item["id"] == "b"), "{answer}");
-    assert!(waited >= Duration::from_millis(300) && waited < Duration::from_millis(MIN_SEQ_WAIT_MS), "{waited:?}");
+    assert!(waited >= held_before_the_write && waited < Duration::from_millis(MIN_SEQ_WAIT_MS), "{waited:?}");
     assert!(frames_of(&client, "later").next().is_none(), "`later` waits for the second write");
 
     let second = write(&server, json!([{"op": "upsert", "id": "c", "fields": {"recency": 3}}]));
@@ -230,8 +257,6 @@ async fn min_seq_waits_for_its_write_while_other_frames_keep_flowing() {
     assert!(client.lists["later"].items.iter().any(|item| item["id"] == "c"), "{later_first}");
     // The message sent behind the parked one is answered after it (`read_until`
     // stopped at `later`'s first frame, so nothing after it has been read yet).
-    let answered_behind =
-        |client: &Client| client.frames.iter().chain(&client.diffs_seen).any(|f| f["req"] == "behind");
     assert!(!answered_behind(&client), "{:?}", client.frames);
     wait_for(&mut client, "the set_range's answer", answered_behind).await;
 
@@ -361,10 +386,12 @@ fn a_query_waits_for_min_seq_before_it_looks_up_its_collection() {
     server.ok("PUT", "/v1/collections/rooms", room_schema());
     let next = last_seq(&server) + 1;
     let port = server.port;
+    let requests_before = http_requests_received(&server);
     let query = std::thread::spawn(move || {
         request(port, "POST", "/v1/collections/later/query", &json!({"limit": 10, "min_seq": next}))
     });
-    std::thread::sleep(Duration::from_millis(300));
+    // The query is in the server's hands before the collection exists.
+    wait_for_requests_since(&server, requests_before, 1);
     server.ok("PUT", "/v1/collections/later", json!({"fields": [{"name": "n", "type": "u64"}]}));
     assert_eq!(write(&server, json!([{"op": "upsert", "id": "r1", "fields": {}}])), next);
     let (status, answer) = query.join().unwrap();

@@ -300,7 +300,10 @@ async fn a_client_that_never_reads_is_closed_as_slow_and_others_carry_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_session_is_dropped_after_its_retention_and_frees_its_windows() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &["--session-retention", "1"]);
+    // Long enough that the checks of the held state below, made as soon as the idle
+    // session is gone, come well inside it even on a slow machine.
+    let retention = Duration::from_secs(5);
+    let server = Server::start(dir.path(), &["--session-retention", &retention.as_secs().to_string()]);
     server.ok("PUT", "/v1/collections/rooms", room_schema());
     server.ok(
         "POST",
@@ -320,16 +323,25 @@ async fn an_abandoned_session_is_dropped_after_its_retention_and_frees_its_windo
     assert_eq!(server.metric("ordo_windows"), 3.0);
     drop(idle);
     drop(client);
-    // Held for resume first...
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(server.metric("ordo_subscriptions"), 3.0, "held for resume");
-    assert_eq!(server.metric("ordo_sessions"), 1.0, "the idle connection's session is gone at once");
+    let dropped = std::time::Instant::now();
+    // The idle connection's session is gone at once (as soon as the server sees the close)...
+    let deadline = dropped + Duration::from_secs(10);
+    while server.metric("ordo_sessions") > 1.0 {
+        assert!(std::time::Instant::now() < deadline, "the idle connection's session was never dropped");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ...while the other is held for resume.
+    let (sessions, subscriptions) = (server.metric("ordo_sessions"), server.metric("ordo_subscriptions"));
+    assert!(dropped.elapsed() < retention, "the checks of the held session came after its retention");
+    assert_eq!(subscriptions, 3.0, "held for resume");
+    assert_eq!(sessions, 1.0, "the idle connection's session is gone at once");
     // ...then dropped with its windows (and their views) once the retention has passed.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + retention + Duration::from_secs(30);
     while server.metric("ordo_sessions") > 0.0 {
         assert!(std::time::Instant::now() < deadline, "the session was never dropped");
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert!(dropped.elapsed() >= retention, "dropped before its retention: {:?}", dropped.elapsed());
     assert_eq!(server.metric("ordo_subscriptions"), 0.0);
     assert_eq!(server.metric("ordo_windows"), 0.0);
     assert_eq!(server.metric("ordo_views"), 0.0);

@@ -4,36 +4,9 @@
 //! allocator over the whole process; this file holds one test so nothing else
 //! runs meanwhile. A property of the code, not a timing.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use ordo_core::{Batch, DiffRef, DiffSink, FieldType, Filter, Schema, SortKey, Value, ViewDef, WindowId};
 use ordo_store::{Database, StoreOptions};
-
-struct CountingAllocator;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator; counting
-// is one relaxed atomic add, which never allocates.
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as ours, passed through.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
-        // SAFETY: `pointer` came from `System.alloc` through this allocator.
-        unsafe { System.dealloc(pointer, layout) }
-    }
-
-    unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as ours, passed through.
-        unsafe { System.realloc(pointer, layout, new_size) }
-    }
-}
+use ordo_test_kit::alloc::{allocations, CountingAllocator};
 
 #[global_allocator]
 static GLOBAL: CountingAllocator = CountingAllocator;
@@ -95,11 +68,11 @@ fn writes_and_checkpoints_allocate_nothing_per_batch_in_steady_state() {
         write_rooms(&mut database, &mut batch, &mut sink, &mut clock);
         database.checkpoint().unwrap();
     }
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = allocations();
     write_rooms(&mut database, &mut batch, &mut sink, &mut clock);
     // The checkpoint returns once the checkpointer has added every record and committed.
     database.checkpoint().unwrap();
-    let n_allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    let n_allocations = allocations() - before;
 
     assert!(sink.n_diffs > N_WRITES, "the window saw the writes");
     // A per-batch allocation anywhere would make this at least N_WRITES (4 070

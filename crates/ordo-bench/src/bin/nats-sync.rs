@@ -21,20 +21,38 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, context::Publish};
 use bytes::Bytes;
+use clap::Parser;
+use ordo_bench::cli::count;
 
-const USAGE: &str = "\
-usage: nats-sync [--n N] [--inflight C] [--runs R] [--size BYTES] [--nats-server PATH]
-                 [--dir PATH] [--quick]
-
-  --n N           publishes per measured phase (default 3000)
-  --inflight C    publishes in flight in the concurrent phase (default 32)
-  --runs R        runs of each setting, alternating; medians reported (default 3)
-  --size BYTES    payload size (default 300: a small Ordo write entry)
-  --nats-server PATH  the binary (default $ORDO_NATS_SERVER, else <repo>/.tools/bin/nats-server;
-                  `make nats-server` installs it)
-  --dir PATH      where the clusters keep their data (default <repo>/target/nats-sync;
-                  removed after each run). Keep it on the disk you want measured.
-  --quick         --n 300 --runs 1 (a smoke run)";
+/// Publish-to-PubAck latency of an R3 file stream on a local 3-node NATS cluster,
+/// `sync_interval` default against `always`.
+#[derive(Parser)]
+#[command(name = "nats-sync")]
+struct Cli {
+    /// Publishes per measured phase [default: 3000]
+    #[arg(long, value_parser = count)]
+    n: Option<usize>,
+    /// Publishes in flight in the concurrent phase
+    #[arg(long, default_value_t = 32, value_parser = count)]
+    inflight: usize,
+    /// Runs of each setting, alternating; medians reported [default: 3]
+    #[arg(long, value_parser = count)]
+    runs: Option<usize>,
+    /// Payload size in bytes (300: a small Ordo write entry)
+    #[arg(long, value_name = "BYTES", default_value_t = 300, value_parser = count)]
+    size: usize,
+    /// The binary (default $ORDO_NATS_SERVER, else <repo>/.tools/bin/nats-server;
+    /// `make nats-server` installs it)
+    #[arg(long, value_name = "PATH")]
+    nats_server: Option<PathBuf>,
+    /// Where the clusters keep their data (default <repo>/target/nats-sync; removed
+    /// after each run). Keep it on the disk you want measured.
+    #[arg(long, value_name = "PATH")]
+    dir: Option<PathBuf>,
+    /// --n 300 --runs 1 unless they are given (a smoke run)
+    #[arg(long)]
+    quick: bool,
+}
 
 struct Args {
     n: usize,
@@ -45,30 +63,16 @@ struct Args {
     dir: Option<PathBuf>,
 }
 
-fn parse() -> Result<Args, String> {
-    let mut args = Args { n: 3000, inflight: 32, runs: 3, size: 300, nats_server: None, dir: None };
-    let mut iter = std::env::args().skip(1);
-    while let Some(arg) = iter.next() {
-        let mut value = |flag: &str| iter.next().ok_or(format!("{flag} needs a value"));
-        let num = |v: String, flag: &str| -> Result<usize, String> {
-            v.replace('_', "").parse().map_err(|_| format!("bad {flag} value"))
-        };
-        match arg.as_str() {
-            "--n" => args.n = num(value("--n")?, "--n")?,
-            "--inflight" => args.inflight = num(value("--inflight")?, "--inflight")?.max(1),
-            "--runs" => args.runs = num(value("--runs")?, "--runs")?.max(1),
-            "--size" => args.size = num(value("--size")?, "--size")?,
-            "--nats-server" => args.nats_server = Some(value("--nats-server")?.into()),
-            "--dir" => args.dir = Some(value("--dir")?.into()),
-            "--quick" => {
-                args.n = 300;
-                args.runs = 1;
-            }
-            "-h" | "--help" => return Err(USAGE.to_owned()),
-            other => return Err(format!("unknown argument {other}\n{USAGE}")),
-        }
+fn parse() -> Args {
+    let cli = Cli::parse();
+    Args {
+        n: cli.n.unwrap_or(if cli.quick { 300 } else { 3000 }),
+        inflight: cli.inflight,
+        runs: cli.runs.unwrap_or(if cli.quick { 1 } else { 3 }),
+        size: cli.size,
+        nats_server: cli.nats_server,
+        dir: cli.dir,
     }
-    Ok(args)
 }
 
 fn repo_root() -> PathBuf {
@@ -273,13 +277,7 @@ fn ms(us: f64) -> String {
 }
 
 fn main() -> ExitCode {
-    let args = match parse() {
-        Ok(a) => a,
-        Err(msg) => {
-            eprintln!("{msg}");
-            return ExitCode::from(2);
-        }
-    };
+    let args = parse();
     let bin = match nats_server_bin(args.nats_server.clone()) {
         Ok(b) => b,
         Err(msg) => {

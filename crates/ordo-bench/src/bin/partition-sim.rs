@@ -9,25 +9,27 @@
 
 use std::process::ExitCode;
 
+use clap::Parser;
+use ordo_bench::cli::count;
 use ordo_bench::partition::{busiest_stream_share, check, Config, Rules};
 
+/// The partition model over seeds, then the capacity of K streams.
+#[derive(Parser)]
+#[command(name = "partition-sim")]
+struct Args {
+    /// Seeds per configuration
+    #[arg(long, default_value_t = 200)]
+    seeds: u64,
+    /// One stream's ceiling, in entries/s (measured by `nats-sync`)
+    #[arg(long, value_name = "ENTRIES_PER_S")]
+    stream_ceiling: Option<f64>,
+    /// Owners the partitioned collection's rows belong to
+    #[arg(long, default_value_t = 100_000, value_parser = count)]
+    owners: usize,
+}
+
 fn main() -> ExitCode {
-    let mut seeds = 200u64;
-    let mut ceiling: Option<f64> = None;
-    let mut owners = 100_000usize;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let value = args.next();
-        match (arg.as_str(), value) {
-            ("--seeds", Some(v)) => seeds = v.parse().unwrap_or(seeds),
-            ("--stream-ceiling", Some(v)) => ceiling = v.parse().ok(),
-            ("--owners", Some(v)) => owners = v.parse().unwrap_or(owners),
-            _ => {
-                eprintln!("usage: partition-sim [--seeds N] [--stream-ceiling ENTRIES_PER_S] [--owners N]");
-                return ExitCode::from(2);
-            }
-        }
-    }
+    let Args { seeds, stream_ceiling: ceiling, owners } = Args::parse();
     println!("model: {seeds} seeds per configuration, each {} steps", Config::default().steps);
     println!("streams  routers  acked   moved+retried  waited-for-move  moves  views pinned/gathered");
     for streams in [2usize, 4, 8] {

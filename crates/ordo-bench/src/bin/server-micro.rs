@@ -27,7 +27,9 @@ use std::hint::black_box;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::Parser;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use ordo_bench::cli::count;
 use ordo_bench::data::Rng;
 use ordo_bench::harness::{time_ops, OpPlan};
 use ordo_server::auth::{self, AuthOptions, Role, Verifier};
@@ -35,13 +37,22 @@ use ordo_server::frame::{write_diffs_frame, DiffsHeader};
 use ordo_server::name_routes::NameRoutes;
 use ordo_server::sub_table::{SubTable, LINEAR_SCAN_MAX_LEN};
 
-const USAGE: &str = "\
-usage: server-micro [--quick] [--runs R]
-
-  --quick   a short run (well under a second) for CI: 3 runs, small batches;
-            figures are rougher (short batches let the branch predictor learn them)
-  --runs R  timed runs per case; medians are reported (default 7)
-  --only tokens   only e., the token verification benchmark";
+/// Micro-benchmarks of the server's building blocks, each against the obvious
+/// alternative measured in the same run.
+#[derive(Parser)]
+#[command(name = "server-micro")]
+struct Args {
+    /// A short run (well under a second) for CI: 3 runs, small batches; figures are
+    /// rougher (short batches let the branch predictor learn them)
+    #[arg(long)]
+    quick: bool,
+    /// Timed runs per case; medians are reported [default: 7]
+    #[arg(long, value_name = "R", value_parser = count)]
+    runs: Option<usize>,
+    /// Only one benchmark: `tokens` (e., the token verification benchmark)
+    #[arg(long, value_parser = ["tokens"])]
+    only: Option<String>,
+}
 
 const SEED: u64 = 0x5eed_0bd0;
 
@@ -57,31 +68,14 @@ struct Config {
     only_tokens: bool,
 }
 
-fn parse() -> Result<Config, String> {
-    let mut quick = false;
-    let mut runs = None;
-    let mut only_tokens = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--quick" => quick = true,
-            "--runs" => {
-                let value = args.next().ok_or("--runs needs a value")?;
-                runs = Some(value.parse::<usize>().ok().filter(|&r| r > 0).ok_or("bad --runs value")?);
-            }
-            "--only" => match args.next().as_deref() {
-                Some("tokens") => only_tokens = true,
-                _ => return Err("--only takes `tokens`".to_string()),
-            },
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument `{other}`")),
-        }
-    }
-    Ok(if quick {
+fn parse() -> Config {
+    let Args { quick, runs, only } = Args::parse();
+    let only_tokens = only.is_some();
+    if quick {
         Config { runs: runs.unwrap_or(3), batch_len: 4 * 1024, tokens: 64, distinct_tokens: 8, only_tokens }
     } else {
         Config { runs: runs.unwrap_or(7), batch_len: 256 * 1024, tokens: 2_000, distinct_tokens: 64, only_tokens }
-    })
+    }
 }
 
 /// Median ns and mean allocations per operation of `op`, which runs
@@ -593,16 +587,7 @@ fn bench_tokens(config: &Config) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let config = match parse() {
-        Ok(config) => config,
-        Err(message) => {
-            if !message.is_empty() {
-                eprintln!("server-micro: {message}");
-            }
-            eprintln!("{USAGE}");
-            return ExitCode::from(if message.is_empty() { 0 } else { 2 });
-        }
-    };
+    let config = parse();
     println!("$ {}", std::env::args().collect::<Vec<_>>().join(" "));
     if config.only_tokens {
         return match bench_tokens(&config) {

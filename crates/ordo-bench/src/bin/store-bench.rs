@@ -7,75 +7,46 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
+use ordo_bench::cli::count;
 use ordo_bench::data::{generate_rooms, Room, RoomFilter};
 use ordo_bench::ordo_system::{add_rooms, engine_with_rooms, room_list_def, room_schema};
 use ordo_core::{Batch, NullSink, Value};
 use ordo_store::{print_load_progress, Database, Durability, StoreOptions, Writer};
 
-const USAGE: &str = "\
-usage: store-bench [--n N] [--runs R] [--dir PATH] [--reopen-only] [--relaxed] [--cold]
-                   [--in-process]
-
-  --n N       rooms in the collection (default 1000000)
-  --runs R    reopen runs; medians are reported (default 5)
-  --dir PATH  data directory to use (default: a fresh one under the system
-              temp directory, removed at the end)
-  --reopen-only  skip writing: PATH already holds the N rooms (a profile of
-              the reopen alone); the peer is skipped too
-  --relaxed   write with Durability::Relaxed (MDB_NOMETASYNC)
-  --in-process  time the reopens in this process, one after another (later
-              runs reuse the heap the previous one freed: no page faults, so
-              faster than a real restart); by default each reopen and each
-              peer run is a fresh child process, as after a restart
-  --cold      drop the page cache before each reopen (needs root; writes
-              /proc/sys/vm/drop_caches)";
-
+/// Writes N benchmark rooms to a data directory and times reopening it, against
+/// feeding the same rooms to a fresh engine as batches.
+#[derive(Parser)]
+#[command(name = "store-bench")]
 struct Args {
+    /// Rooms in the collection
+    #[arg(long, default_value_t = 1_000_000, value_parser = count)]
     n: usize,
+    /// Reopen runs; medians are reported
+    #[arg(long, default_value_t = 5, value_parser = count)]
     runs: usize,
+    /// Data directory to use (default: a fresh one under the system temp directory,
+    /// removed at the end)
+    #[arg(long, value_name = "PATH")]
     dir: Option<PathBuf>,
+    /// Skip writing: PATH already holds the N rooms (a profile of the reopen alone);
+    /// the peer is skipped too
+    #[arg(long, requires = "dir")]
     reopen_only: bool,
+    /// Write with Durability::Relaxed (MDB_NOMETASYNC)
+    #[arg(long)]
     relaxed: bool,
+    /// Drop the page cache before each reopen (needs root; writes /proc/sys/vm/drop_caches)
+    #[arg(long)]
     cold: bool,
+    /// Time the reopens in this process, one after another (later runs reuse the heap
+    /// the previous one freed: no page faults, so faster than a real restart); by
+    /// default each reopen and each peer run is a fresh child process, as after a restart
+    #[arg(long)]
     in_process: bool,
     /// Internal: run one reopen (`reopen`) or one peer run (`replay`) and print its figures.
+    #[arg(long, hide = true)]
     child: Option<String>,
-}
-
-fn parse() -> Result<Args, String> {
-    let mut args = Args {
-        n: 1_000_000,
-        runs: 5,
-        dir: None,
-        reopen_only: false,
-        relaxed: false,
-        cold: false,
-        in_process: false,
-        child: None,
-    };
-    let mut iter = std::env::args().skip(1);
-    while let Some(arg) = iter.next() {
-        let mut value = |flag: &str| iter.next().ok_or(format!("{flag} needs a value"));
-        match arg.as_str() {
-            "--n" => args.n = value("--n")?.replace('_', "").parse().map_err(|_| "bad --n value".to_owned())?,
-            "--runs" => args.runs = value("--runs")?.parse().map_err(|_| "bad --runs value".to_owned())?,
-            "--dir" => args.dir = Some(PathBuf::from(value("--dir")?)),
-            "--reopen-only" => args.reopen_only = true,
-            "--relaxed" => args.relaxed = true,
-            "--cold" => args.cold = true,
-            "--in-process" => args.in_process = true,
-            "--child" => args.child = Some(value("--child")?),
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument '{other}'")),
-        }
-    }
-    if args.reopen_only && args.dir.is_none() {
-        return Err("--reopen-only needs --dir".to_owned());
-    }
-    if args.n == 0 || args.runs == 0 {
-        return Err("--n and --runs must be at least 1".to_owned());
-    }
-    Ok(args)
 }
 
 fn median(values: &mut [Duration]) -> Duration {
@@ -352,14 +323,10 @@ fn run(args: Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    match parse().and_then(run) {
+    match run(Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) if message.is_empty() => {
-            println!("{USAGE}");
-            ExitCode::SUCCESS
-        }
         Err(message) => {
-            eprintln!("store-bench: {message}\n\n{USAGE}");
+            eprintln!("store-bench: {message}");
             ExitCode::FAILURE
         }
     }

@@ -17,15 +17,24 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::Parser;
+use ordo_bench::cli::count;
 use ordo_bench::data::Rng;
 use ordo_bench::harness::{time_ops, OpPlan};
 use ordo_core::{Batch, CollectionId, Engine, FieldType, Filter, NullSink, Schema, SortKey, Value, ViewDef};
 
-const USAGE: &str = "\
-usage: text-micro [--quick] [--n N]
-
-  --quick   N = 10 000 and short time budgets (a few seconds in all)
-  --n N     people in the collection (default 100 000)";
+/// Sorting on text (byte order, case-insensitive, locale collation): building a
+/// view and updating the sort key, median and p99 per operation.
+#[derive(Parser)]
+#[command(name = "text-micro")]
+struct Args {
+    /// N = 10 000 (unless --n says otherwise) and short time budgets (a few seconds in all)
+    #[arg(long)]
+    quick: bool,
+    /// People in the collection [default: 100 000]
+    #[arg(long, value_parser = count)]
+    n: Option<usize>,
+}
 
 const FIRST_NAMES: [&str; 24] = [
     "Émile", "Eva", "Åsa", "Zoë", "Jürgen", "Anaïs", "Björn", "Chloé", "Denis", "Élodie", "Fanny", "Gaëlle", "Hélène",
@@ -130,28 +139,8 @@ fn format_ns(ns: u64) -> String {
 }
 
 fn main() -> ExitCode {
-    let mut n = 100_000;
-    let mut quick = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--quick" => {
-                quick = true;
-                n = 10_000;
-            }
-            "--n" => match args.next().and_then(|value| value.parse().ok()) {
-                Some(value) => n = value,
-                None => {
-                    eprintln!("{USAGE}");
-                    return ExitCode::FAILURE;
-                }
-            },
-            _ => {
-                eprintln!("{USAGE}");
-                return ExitCode::from(if arg == "--help" { 0 } else { 2 });
-            }
-        }
-    }
+    let Args { quick, n } = Args::parse();
+    let n = n.unwrap_or(if quick { 10_000 } else { 100_000 });
     let budget = Duration::from_secs(if quick { 1 } else { 4 });
     let update_plan = OpPlan { warmup: 5_000, min_ops: 2_000, max_ops: 50_000, budget };
     let build_plan = OpPlan { warmup: 1, min_ops: 3, max_ops: if quick { 5 } else { 15 }, budget };

@@ -51,33 +51,81 @@ pub mod procs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use clap::builder::TypedValueParser as _;
+
+use crate::cli::in_range;
 use crate::live::Result;
 
-pub const USAGE: &str = "cluster-bench [options]
-  --ordo-bin PATH        the `ordo` binary (default: target/release/ordo of this workspace)
-  --nats-bin PATH        nats-server (default: $ORDO_NATS_SERVER, else <repo>/.tools/bin/nats-server)
-  --nats-nodes N         NATS servers in the JetStream cluster, 1 or 3 (default 3; the stream has as many replicas)
-  --phase latency|apply|catchup|chat|ceiling|all   (default all; apply: the store's apply ceiling, no NATS)
-  --runs N               runs of the latency, apply, chat and ceiling phases (default 3)
-  --seconds N            length of each latency run and of each chat write phase (default 10)
-  --rate N               writes per second in the latency phase, all connections together (default 500)
-  --connections N        keep-alive HTTP connections writing at once (default 8; chat: per node)
-  --catchup-entries N    entries in the stream before the new node starts (default 100000)
-  --catchup-nodes N      new nodes started one after another on the same stream, each from an empty
-                         data directory (default 3): one fill, N catch-up figures and their median
-  --catchup-wrap CMD     runs each new node under CMD (split on spaces; `{n}` is the node's number),
-                         e.g. `perf record -g -o /tmp/catchup-{n}.data --` (CPU is then read from its child)
-  --users N              chat: users = collections, over all nodes (default 1000)
-  --subscribers-per-user N
-                         chat: WebSockets watching each user's list, so that each update reaches N
-                         subscribers and serving them outweighs taking the write (default 1)
-  --rooms N              chat: rooms per user (default 200)
-  --window N             chat: window length of every subscription (default 20)
-  --chat-rate N          chat: updates per second written through the nodes together (default 1000)
-  --nodes LIST           chat: cluster sizes to measure, e.g. 1,2,3 (default 1,2,3)
-  --in-flight LIST       ceiling: PubAcks outstanding, e.g. 256,1024 (default 256,1024)
-  --entry-bytes N        ceiling: payload bytes per entry (default 150, about a one-update chat entry)
-  --ceiling-entries N    ceiling: entries published per measurement (default 20000)";
+/// Cluster mode's figures: write latency against a single node, the store's apply
+/// ceiling, catch-up speed, chat served by 1, 2, 3... nodes, the stream's ceiling.
+#[derive(clap::Parser)]
+#[command(name = "cluster-bench")]
+struct Args {
+    /// The `ordo` binary (default: target/release/ordo of this workspace)
+    #[arg(long, value_name = "PATH")]
+    ordo_bin: Option<PathBuf>,
+    /// nats-server (default: $ORDO_NATS_SERVER, else <repo>/.tools/bin/nats-server)
+    #[arg(long, value_name = "PATH")]
+    nats_bin: Option<PathBuf>,
+    /// NATS servers in the JetStream cluster, 1 or 3 (the stream has as many replicas)
+    #[arg(long, default_value_t = 3, value_parser = clap::builder::PossibleValuesParser::new(["1", "3"]).map(|n| n.parse::<usize>().expect("a listed number")))]
+    nats_nodes: usize,
+    /// apply: the store's apply ceiling, no NATS
+    #[arg(long, default_value = "all", value_parser = ["latency", "apply", "catchup", "chat", "ceiling", "all"])]
+    phase: String,
+    /// Runs of the latency, apply, chat and ceiling phases
+    #[arg(long, default_value_t = 3, value_parser = in_range(1, 50))]
+    runs: usize,
+    /// Length of each latency run and of each chat write phase, in seconds
+    #[arg(long, default_value_t = 10.0, value_parser = in_range(0.5, 600.0))]
+    seconds: f64,
+    /// Writes per second in the latency phase, all connections together
+    #[arg(long, default_value_t = 500.0, value_parser = in_range(1.0, 100_000.0))]
+    rate: f64,
+    /// Keep-alive HTTP connections writing at once (chat: per node)
+    #[arg(long, default_value_t = 8, value_parser = in_range(1, 256))]
+    connections: usize,
+    /// Entries in the stream before the new node starts
+    #[arg(long, default_value_t = 100_000, value_parser = in_range(1, 10_000_000))]
+    catchup_entries: u64,
+    /// New nodes started one after another on the same stream, each from an empty data
+    /// directory: one fill, N catch-up figures and their median
+    #[arg(long, default_value_t = 3, value_parser = in_range(1, 50))]
+    catchup_nodes: usize,
+    /// Runs each new node under CMD (split on spaces; `{n}` is the node's number), e.g.
+    /// `perf record -g -o /tmp/catchup-{n}.data --` (CPU is then read from its child)
+    #[arg(long, value_name = "CMD", allow_hyphen_values = true)]
+    catchup_wrap: Option<String>,
+    /// chat: users = collections, over all nodes (collection names are `user-NNNN`)
+    #[arg(long, default_value_t = 1_000, value_parser = in_range(1, 9_999))]
+    users: usize,
+    /// chat: WebSockets watching each user's list, so that each update reaches N
+    /// subscribers and serving them outweighs taking the write
+    #[arg(long, default_value_t = 1, value_parser = in_range(1, 1_000))]
+    subscribers_per_user: usize,
+    /// chat: rooms per user (room ids are `!rNNNN:...`)
+    #[arg(long, default_value_t = 200, value_parser = in_range(1, 9_999))]
+    rooms: usize,
+    /// chat: window length of every subscription (PROTOCOL.md: at most 1 000 items)
+    #[arg(long, default_value_t = 20, value_parser = in_range(1, 1_000))]
+    window: usize,
+    /// chat: updates per second written through the nodes together
+    #[arg(long, default_value_t = 1_000.0, value_parser = in_range(1.0, 100_000.0))]
+    chat_rate: f64,
+    /// chat: cluster sizes to measure
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "1,2,3", value_parser = in_range(1, 8))]
+    nodes: Vec<usize>,
+    /// ceiling: PubAcks outstanding
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "256,1024", value_parser = in_range(1, 65_536))]
+    in_flight: Vec<usize>,
+    /// ceiling: payload bytes per entry (about a one-update chat entry; NATS' default
+    /// max_payload is 1 MiB)
+    #[arg(long, default_value_t = 150, value_parser = in_range(1, 1 << 20))]
+    entry_bytes: usize,
+    /// ceiling: entries published per measurement
+    #[arg(long, default_value_t = 20_000, value_parser = in_range(1, 10_000_000))]
+    ceiling_entries: u64,
+}
 
 pub struct Options {
     pub ordo_bin: PathBuf,
@@ -107,86 +155,36 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// `1,2,3` → `[1, 2, 3]`, each in `low..=high`.
-fn parse_list(flag: &str, value: &str, low: usize, high: usize) -> Result<Vec<usize>> {
-    let list: Vec<usize> = value
-        .split(',')
-        .map(|item| item.trim().parse::<usize>().map_err(|_| format!("{flag}: `{item}` is not a number")))
-        .collect::<std::result::Result<_, _>>()?;
-    if list.is_empty() || list.iter().any(|&n| n < low || n > high) {
-        return Err(format!("{flag}: each of `{value}` must be in {low}..={high}").into());
-    }
-    Ok(list)
-}
-
 impl Options {
     pub fn parse() -> Result<Options> {
-        let mut options = Options {
-            ordo_bin: repo_root().join("target/release/ordo"),
-            nats_bin: std::env::var_os("ORDO_NATS_SERVER")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| repo_root().join(".tools/bin/nats-server")),
-            nats_nodes: 3,
-            phase: "all".into(),
-            runs: 3,
-            seconds: 10.0,
-            rate: 500.0,
-            connections: 8,
-            catchup_entries: 100_000,
-            catchup_nodes: 3,
-            catchup_wrap: None,
-            users: 1_000,
-            subscribers_per_user: 1,
-            rooms: 200,
-            window: 20,
-            chat_rate: 1_000.0,
-            nodes: vec![1, 2, 3],
+        let args = <Args as clap::Parser>::parse();
+        let options = Options {
+            ordo_bin: args.ordo_bin.unwrap_or_else(|| repo_root().join("target/release/ordo")),
+            nats_bin: args.nats_bin.unwrap_or_else(|| {
+                std::env::var_os("ORDO_NATS_SERVER")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| repo_root().join(".tools/bin/nats-server"))
+            }),
+            nats_nodes: args.nats_nodes,
+            phase: args.phase,
+            runs: args.runs,
+            seconds: args.seconds,
+            rate: args.rate,
+            connections: args.connections,
+            catchup_entries: args.catchup_entries,
+            catchup_nodes: args.catchup_nodes,
+            catchup_wrap: args.catchup_wrap,
+            users: args.users,
+            subscribers_per_user: args.subscribers_per_user,
+            rooms: args.rooms,
+            window: args.window,
+            chat_rate: args.chat_rate,
+            nodes: args.nodes,
             tick: Duration::from_millis(4),
-            in_flight: vec![256, 1024],
-            entry_bytes: 150,
-            ceiling_entries: 20_000,
+            in_flight: args.in_flight,
+            entry_bytes: args.entry_bytes,
+            ceiling_entries: args.ceiling_entries,
         };
-        let mut args = std::env::args().skip(1);
-        while let Some(flag) = args.next() {
-            if flag == "-h" || flag == "--help" {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            let value = args.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
-            let number = |value: &str| value.parse::<f64>().map_err(|_| format!("{flag}: `{value}` is not a number"));
-            match flag.as_str() {
-                "--ordo-bin" => options.ordo_bin = value.into(),
-                "--nats-bin" => options.nats_bin = value.into(),
-                "--nats-nodes" => options.nats_nodes = number(&value)? as usize,
-                "--phase" => options.phase = value,
-                "--runs" => options.runs = (number(&value)? as usize).clamp(1, 50),
-                "--seconds" => options.seconds = number(&value)?.clamp(0.5, 600.0),
-                "--rate" => options.rate = number(&value)?.clamp(1.0, 100_000.0),
-                "--connections" => options.connections = (number(&value)? as usize).clamp(1, 256),
-                "--catchup-entries" => options.catchup_entries = (number(&value)? as u64).clamp(1, 10_000_000),
-                "--catchup-nodes" => options.catchup_nodes = (number(&value)? as usize).clamp(1, 50),
-                "--catchup-wrap" => options.catchup_wrap = Some(value),
-                // Collection names are `user-NNNN` and room ids `!rNNNN:…`: four digits each.
-                "--users" => options.users = (number(&value)? as usize).clamp(1, 9_999),
-                "--subscribers-per-user" => options.subscribers_per_user = (number(&value)? as usize).clamp(1, 1_000),
-                "--rooms" => options.rooms = (number(&value)? as usize).clamp(1, 9_999),
-                // PROTOCOL.md: a window holds at most 1 000 items.
-                "--window" => options.window = (number(&value)? as usize).clamp(1, 1_000),
-                "--chat-rate" => options.chat_rate = number(&value)?.clamp(1.0, 100_000.0),
-                "--nodes" => options.nodes = parse_list(&flag, &value, 1, 8)?,
-                "--in-flight" => options.in_flight = parse_list(&flag, &value, 1, 65_536)?,
-                // The NATS default max_payload is 1 MiB.
-                "--entry-bytes" => options.entry_bytes = (number(&value)? as usize).clamp(1, 1 << 20),
-                "--ceiling-entries" => options.ceiling_entries = (number(&value)? as u64).clamp(1, 10_000_000),
-                _ => return Err(format!("unknown flag {flag}\n{USAGE}").into()),
-            }
-        }
-        if !matches!(options.nats_nodes, 1 | 3) {
-            return Err("--nats-nodes is 1 or 3".into());
-        }
-        if !matches!(options.phase.as_str(), "latency" | "apply" | "catchup" | "chat" | "ceiling" | "all") {
-            return Err("--phase is latency, apply, catchup, chat, ceiling or all".into());
-        }
         let needs_ordo = options.phase != "ceiling";
         for (what, path) in [("ordo", &options.ordo_bin), ("nats-server", &options.nats_bin)] {
             if (what == "ordo" && !needs_ordo) || path.is_file() {

@@ -167,25 +167,11 @@ impl Ordo {
             command.args(["--stream-replicas", &replicas.to_string()]);
         }
         command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null());
-        let mut child = command.spawn().map_err(|error| format!("cannot start {}: {error}", binary.display()))?;
-        let stdout = child.stdout.take().ok_or("stdout not piped")?;
-        let process = Process { child, dir };
-        let (port_tx, port_rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut port_tx = Some(port_tx);
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(rest) = line.split("listening on http://127.0.0.1:").nth(1) {
-                    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                    if let (Some(sender), Ok(port)) = (port_tx.take(), digits.parse::<u16>()) {
-                        let _ = sender.send(port);
-                    }
-                }
-            }
-        });
-        let port = port_rx
-            .recv_timeout(Duration::from_secs(120))
-            .map_err(|_| format!("`ordo serve` ({name}) printed no listening line within 120 s"))?;
+        let child = command.spawn().map_err(|error| format!("cannot start {}: {error}", binary.display()))?;
+        let mut process = Process { child, dir };
+        let authority = ordo_test_kit::server::wait_for_address(&mut process.child, Duration::from_secs(120), |_| {})
+            .map_err(|error| format!("`ordo serve` ({name}): {error}"))?;
+        let port = ordo_test_kit::server::port_of(&authority);
         Ok(Ordo { process, port })
     }
 

@@ -97,10 +97,16 @@ async fn tokens_are_refreshed_on_auth_expired_before_exp_and_after_4401() {
     // `auth_expired`: a fresh token on the same connection.
     conn.send(json!({"type": "auth_expired", "grace_secs": 30})).await;
     assert_eq!(conn.authed(now() + 2).await, "t2");
-    // That token expires in 2 s: refreshed before (at exp - lifetime / 2 here).
-    let started = std::time::Instant::now();
+    // That token expires in 2 s: refreshed before (at exp - lifetime / 2 here). On
+    // paused time, the client's refresh timer is the next to fire, so the clock jumps
+    // to it and the elapsed time is the client's schedule, not the machine's speed.
+    // (Only here: the handshakes below must not race auto-advanced timeouts.)
+    tokio::time::pause();
+    let started = tokio::time::Instant::now();
     assert_eq!(conn.authed(now() + 3600).await, "t3");
-    assert!(started.elapsed() < Duration::from_secs(2), "refreshed before exp: {:?}", started.elapsed());
+    let refreshed_after = started.elapsed();
+    tokio::time::resume();
+    assert!(refreshed_after < Duration::from_secs(2), "refreshed before exp: {refreshed_after:?}");
 
     // Closed with 4401: a new connection, with a fresh token.
     conn.ws
@@ -378,7 +384,10 @@ async fn items_that_never_decode_end_the_list_after_three_fresh_subscriptions() 
     assert!(list.items().is_empty(), "nothing undecodable was applied");
 }
 
-#[tokio::test]
+// On paused time: once nothing but the listener is left to wait for, the clock
+// jumps to the client's timeout, so the elapsed time is the timeout's, whatever
+// the machine's load.
+#[tokio::test(start_paused = true)]
 async fn an_http_request_without_an_answer_times_out() {
     // A listener that accepts and never answers.
     let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -390,8 +399,10 @@ async fn an_http_request_without_an_answer_times_out() {
         }
     });
     let client = Client::builder(url).http_timeout(Duration::from_millis(200)).build();
-    let started = std::time::Instant::now();
-    let error = client.http().get_item::<Value>("rooms", "!a").await.unwrap_err();
+    let started = tokio::time::Instant::now();
+    // The outer bound only turns a client without a timeout into a failure, not a hang.
+    let request = client.http().get_item::<Value>("rooms", "!a");
+    let error = timeout(Duration::from_secs(60), request).await.expect("the client gave up by itself").unwrap_err();
     assert!(matches!(&error, ordo_client::Error::Transport(message) if message.contains("no answer")), "{error}");
     assert!(started.elapsed() < Duration::from_secs(5));
 }

@@ -4,10 +4,10 @@
 //! `cargo test --workspace`, which builds ordo-server's binary for its own tests), else
 //! built here with `cargo build -p ordo-server --bin ordo`.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 pub fn ordo_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
@@ -45,24 +45,16 @@ impl Server {
         if !secret.exists() {
             std::fs::write(&secret, "client-test-secret-0123456789abcdef0123\n").unwrap();
         }
-        let mut child = Command::new(ordo_bin())
+        let mut command = Command::new(ordo_bin());
+        command
             .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
             .arg(dir.join("data"))
             .arg("--auth-secret-file")
             .arg(&secret)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("starting ordo");
-        let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
-        let port = loop {
-            let line = lines.next().expect("ordo printed its address").expect("stdout");
-            if let Some(rest) = line.split("listening on http://127.0.0.1:").nth(1) {
-                break rest.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap();
-            }
-        };
-        // Keep draining stdout so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+            .stderr(Stdio::inherit());
+        let (child, authority) =
+            ordo_test_kit::server::spawn_server(&mut command, Duration::from_secs(60), |_| {}).expect("starting ordo");
+        let port = ordo_test_kit::server::port_of(&authority);
         Server { child, port, secret }
     }
 

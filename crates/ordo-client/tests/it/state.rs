@@ -5,20 +5,8 @@
 use ordo_client::protocol::{Event, JsonList, Phase, ProtocolState};
 use serde_json::{json, Value};
 
-/// A tiny deterministic generator (xorshift), so a failure names its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+// The shared seeded generator, so a failure names its seed.
+use ordo_test_kit::rng::Rng;
 
 fn item(n: u64) -> Value {
     json!({"id": format!("i{n}"), "fields": {"n": n}, "payload": null})
@@ -37,8 +25,8 @@ fn random_diff(rng: &mut Rng, len: usize, counter: &mut u64) -> Value {
         4 => json!({"PopFront": {}}),
         5 => json!({"PopBack": {}}),
         6 => json!({"Insert": {"index": rng.below(len + 2), "value": fresh}}),
-        7 => json!({"Set": {"index": if rng.below(8) == 0 { stray } else { rng.below(len) }, "value": fresh}}),
-        8 => json!({"Remove": {"index": if rng.below(8) == 0 { stray } else { rng.below(len) }}}),
+        7 => json!({"Set": {"index": if rng.below(8) == 0 { stray } else { rng.below(len.max(1)) }, "value": fresh}}),
+        8 => json!({"Remove": {"index": if rng.below(8) == 0 { stray } else { rng.below(len.max(1)) }}}),
         9 => json!({"Truncate": {"length": rng.below(len + 2)}}),
         10 => {
             json!({"Reset": {"values": (0..rng.below(5)).map(|k| item(*counter * 10 + k as u64)).collect::<Vec<_>>()}})

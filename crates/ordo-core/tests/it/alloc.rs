@@ -1,65 +1,14 @@
 //! Zero heap allocations per update in steady state, counted by a global allocator.
 //! This is a property of the code, not a timing: it holds on any machine.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
-use ordo_core::{
-    Batch, DiffRef, DiffSink, Engine, FieldType, Filter, OwnedValue, Schema, SortKey, Value, ViewDef, WindowId,
-};
+use ordo_core::{Batch, DiffRef, DiffSink, Engine, Filter, OwnedValue, SortKey, Value, ViewDef, WindowId};
 
 use crate::reference::Rng;
 
-/// Counts allocations made by the current thread only, so tests running in
+/// The allocator `main.rs` installs counts per thread, so tests running in
 /// parallel threads do not disturb each other's counts.
-pub struct CountingAllocator;
-
-thread_local! {
-    static ALLOCATIONS_ON_THIS_THREAD: Cell<u64> = const { Cell::new(0) };
-    /// Requested bytes allocated minus freed by this thread (see `heap_bytes_on_this_thread`).
-    static HEAP_BYTES_ON_THIS_THREAD: Cell<i64> = const { Cell::new(0) };
-}
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the counter is a
-// const-initialised thread-local `Cell`, which never allocates and is never borrowed
-// across calls, so counting cannot recurse into the allocator or race.
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS_ON_THIS_THREAD.with(|count| count.set(count.get() + 1));
-        add_heap_bytes(layout.size() as i64);
-        // SAFETY: same contract as ours, passed through.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
-        add_heap_bytes(-(layout.size() as i64));
-        // SAFETY: `pointer` came from `System.alloc` through this allocator.
-        unsafe { System.dealloc(pointer, layout) }
-    }
-
-    unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS_ON_THIS_THREAD.with(|count| count.set(count.get() + 1));
-        add_heap_bytes(new_size as i64 - layout.size() as i64);
-        // SAFETY: same contract as ours, passed through.
-        unsafe { System.realloc(pointer, layout, new_size) }
-    }
-}
-
-fn add_heap_bytes(delta: i64) {
-    // `try_with`: a thread's last frees may come after its thread-locals are gone.
-    let _ = HEAP_BYTES_ON_THIS_THREAD.try_with(|bytes| bytes.set(bytes.get() + delta));
-}
-
-pub fn allocations_on_this_thread() -> u64 {
-    ALLOCATIONS_ON_THIS_THREAD.with(Cell::get)
-}
-
-/// Heap bytes (as requested, without the allocator's own overhead) allocated and not
-/// yet freed by this thread. Memory freed by another thread would skew it; the
-/// engine's tests run it on one thread.
-pub fn heap_bytes_on_this_thread() -> i64 {
-    HEAP_BYTES_ON_THIS_THREAD.with(Cell::get)
-}
+pub use ordo_test_kit::alloc::{allocations_on_this_thread, heap_bytes_on_this_thread, CountingAllocator};
+pub use ordo_test_kit::room_schema;
 
 /// Reads every diff's borrowed data, as a server encoding frames would.
 #[derive(Default)]
@@ -84,17 +33,6 @@ impl DiffSink for ReadingSink {
             _ => {}
         }
     }
-}
-
-pub fn room_schema() -> Schema {
-    Schema::new()
-        .with_field("name", FieldType::String)
-        .with_field("recency", FieldType::U64)
-        .with_field("is_local", FieldType::Bool)
-        .with_field("left", FieldType::Bool)
-        .with_field("unread", FieldType::U64)
-        .with_field("is_dm", FieldType::Bool)
-        .with_field("favourite", FieldType::Bool)
 }
 
 pub fn room_list_def() -> ViewDef {

@@ -7,14 +7,7 @@
 
 use ordo_core::{Batch, Engine, FieldType, Filter, NullSink, OwnedValue, Schema, SortKey, Value, ViewDef};
 
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
-}
+use ordo_test_kit::rng::Rng;
 
 /// Recencies are distinct across items (the low bits are the item), so the
 /// order is total without the engine's tie-break on ids.
@@ -35,7 +28,7 @@ fn large_keyed_views_know_their_members_from_the_slot_map() {
     let mut items: Vec<(bool, u64)> = Vec::new();
     let mut batch = Batch::new();
     for item in 0..N_ITEMS {
-        let state = (rng.below(4) == 0, unique(item as u64 * 2, item));
+        let state = (rng.below_u64(4) == 0, unique(item as u64 * 2, item));
         batch.upsert(&format!("r{item}")).set("left", Value::Bool(state.0)).set("recency", Value::U64(state.1));
         items.push(state);
     }
@@ -50,15 +43,15 @@ fn large_keyed_views_know_their_members_from_the_slot_map() {
     let mut next_recency = N_ITEMS as u64 * 2;
     for step in 0..3_000 {
         batch.clear();
-        for _ in 0..1 + rng.below(3) {
-            let item = rng.below(N_ITEMS as u64) as usize;
+        for _ in 0..1 + rng.below_u64(3) {
+            let item = rng.below_u64(N_ITEMS as u64) as usize;
             next_recency += 1;
             // Mostly the chat case (a new maximum, `left` untouched), on members and
             // non-members alike; sometimes an older recency or a membership change.
-            let base = if rng.below(4) == 0 { rng.below(next_recency) } else { next_recency };
+            let base = if rng.below_u64(4) == 0 { rng.below_u64(next_recency) } else { next_recency };
             let recency = unique(base, item);
             items[item].1 = recency;
-            let flips = rng.below(10) == 0;
+            let flips = rng.below_u64(10) == 0;
             items[item].0 ^= flips;
             let upsert = batch.upsert(&format!("r{item}")).set("recency", Value::U64(recency));
             if flips {

@@ -56,30 +56,8 @@ pub fn reference_atomic(op: AtomicOp, current: &OwnedValue, operand: &OwnedValue
     }
 }
 
-/// Splitmix64: small, seeded, reproducible.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-
-    pub fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-
-    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-}
+/// The seeded generator of every model test here (a failure prints its seed).
+pub use ordo_test_kit::rng::Rng;
 
 fn fold(text: &str) -> String {
     caseless::default_case_fold_str(text)

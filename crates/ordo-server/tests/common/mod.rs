@@ -54,6 +54,10 @@ pub fn mint(secret_file: &Path, sub: &str, role: &str, extra: &[&str]) -> String
     String::from_utf8(output.stdout).unwrap().trim().to_owned()
 }
 
+/// How long `ordo serve` may take to print its address (a debug build on a busy
+/// machine opening its data directory).
+const SERVER_START_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// How to start a server, beyond its command-line arguments.
 #[derive(Default, Clone, Copy)]
 pub struct StartOptions {
@@ -106,16 +110,9 @@ impl Server {
             });
             lines
         });
-        let stdout = child.stdout.take().expect("piped");
-        let mut lines = BufReader::new(stdout).lines();
-        let port = loop {
-            let line = lines.next().expect("ordo printed its address").expect("stdout");
-            if let Some(rest) = line.split("listening on http://127.0.0.1:").nth(1) {
-                break rest.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap();
-            }
-        };
-        // Keep draining stdout so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        let authority =
+            ordo_test_kit::server::wait_for_address(&mut child, SERVER_START_TIMEOUT, |_| {}).expect("starting ordo");
+        let port = ordo_test_kit::server::port_of(&authority);
         Server { child, port, dir: dir.to_owned(), token: None, stderr }
     }
 

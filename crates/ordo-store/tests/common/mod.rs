@@ -8,30 +8,8 @@ use std::collections::BTreeMap;
 
 use ordo_core::{Batch, Engine, FieldType, OwnedItem, OwnedValue, Schema, Value};
 
-/// Splitmix64: small, seeded, reproducible.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0x1234_5678)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-
-    pub fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-}
+/// The shared seeded generator (a failure prints its seed).
+pub use ordo_test_kit::rng::Rng;
 
 /// Every field type, so that every encoding is exercised.
 pub fn test_schema() -> Schema {
