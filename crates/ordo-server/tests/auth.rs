@@ -675,13 +675,30 @@ fn a_token_verified_once_is_not_accepted_past_its_expiry() {
     let server = start_with_auth(dir.path(), &[]);
     let secret = secret(dir.path());
     // Valid for about two more seconds (inside the 30 s leeway): verified, then remembered.
-    let claims = json!({"sub": "ops", "role": "admin", "aud": AUDIENCE, "iss": ISSUER, "exp": now() - 28});
+    let exp = now() - 28;
+    let claims = json!({"sub": "ops", "role": "admin", "aud": AUDIENCE, "iss": ISSUER, "exp": exp});
     let token = hs256(&secret, &claims);
     for _ in 0..3 {
         assert_eq!(server.http_as(Some(&token), "GET", "/v1/collections", None).0, 200);
     }
-    std::thread::sleep(Duration::from_secs(3));
-    let (status, answer) = server.http_as(Some(&token), "GET", "/v1/collections", None);
+    // Asked again until it is refused, instead of sleeping past the expiry and hoping:
+    // the server checks whole seconds, so a refusal is right once its clock is past
+    // `exp` plus the leeway, which it is by the time the answer is back.
+    let last_valid_second = exp + ordo_server::limits::TOKEN_LEEWAY_SECS as i64;
+    let (status, answer) = loop {
+        let (status, answer) = server.http_as(Some(&token), "GET", "/v1/collections", None);
+        let answered_at = now();
+        if status != 200 {
+            assert!(answered_at > last_valid_second, "refused while still valid: {answer}");
+            break (status, answer);
+        }
+        assert!(
+            answered_at <= last_valid_second + 5,
+            "still accepted {} s past its expiry",
+            answered_at - last_valid_second
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert_eq!((status, answer["error"]["code"].as_str()), (401, Some("unauthorized")), "{answer}");
     server.stop();
 }

@@ -301,9 +301,8 @@ fn silent_sockets_cannot_lock_out_clients_that_send_requests() {
     // oldest could be closed, met the cap); wait until they all have been seen.
     let deadline = Instant::now() + Duration::from_secs(20);
     let share = limits["max_unauthenticated_connections"].as_u64().unwrap() as usize;
-    let turned_away = || {
-        server.metric("ordo_silent_sockets_closed_total") + server.metric("ordo_connections_refused_total")
-    };
+    let turned_away =
+        || server.metric("ordo_silent_sockets_closed_total") + server.metric("ordo_connections_refused_total");
     while (turned_away() as usize) < silent.len() - share {
         assert!(Instant::now() < deadline, "silent sockets were not closed past their share");
         std::thread::sleep(Duration::from_millis(50));

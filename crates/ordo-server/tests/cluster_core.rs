@@ -192,6 +192,7 @@ fn a_restarted_node_resumes_at_the_next_entry_and_applies_nothing_twice() {
     let seq_before = applied_seq(&b);
 
     // A crash: SIGKILL, no checkpoint. The others keep writing meanwhile.
+    // SAFETY: `kill` with the pid of a child this test owns and a valid signal number.
     unsafe { libc::kill(b.pid() as i32, libc::SIGKILL) };
     b.wait();
     drop(b);
