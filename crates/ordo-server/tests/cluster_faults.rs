@@ -92,6 +92,15 @@ struct Shared {
     gaps: Mutex<Vec<Duration>>,
 }
 
+/// Sets the flag when dropped, unwinding included.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 impl Shared {
     fn live_ports(&self) -> Vec<u16> {
         self.ports.lock().unwrap().iter().flatten().copied().collect()
@@ -505,12 +514,15 @@ impl Bench {
                 let shared = &shared;
                 scope.spawn(move || run_writer(writer as u64, seed, shared, log));
             }
+            // A fault whose check panics must still stop the writers: the
+            // scope waits for them, so the test would hang instead of failing.
+            let stop_writers = StopOnDrop(&shared.stop);
             let started = Instant::now();
             std::thread::sleep(Duration::from_millis(500 + rng.below(500)));
             let observed = self.inject(fault, &mut rng);
             eprintln!("{context}: {} after {:?}", observed.what, started.elapsed());
             std::thread::sleep(Duration::from_millis(1000));
-            shared.stop.store(true, Ordering::Relaxed);
+            drop(stop_writers);
             observed
         });
         let stopped = Instant::now();

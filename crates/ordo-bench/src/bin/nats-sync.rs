@@ -12,7 +12,6 @@
 //! times; medians are printed, with the ratio always/default of each figure.
 
 use std::fs;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +22,7 @@ use async_nats::jetstream::{self, context::Publish};
 use bytes::Bytes;
 use clap::Parser;
 use ordo_bench::cli::count;
+use ordo_bench::cluster_bench::procs::{numbers, reserve_ports, ReservedPort};
 
 /// Publish-to-PubAck latency of an R3 file stream on a local 3-node NATS cluster,
 /// `sync_interval` default against `always`.
@@ -92,11 +92,6 @@ fn nats_server_bin(flag: Option<PathBuf>) -> Result<PathBuf, String> {
     }
 }
 
-/// A loopback port free right now (bound then released; the cluster starts at once).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0").local_addr().unwrap().port()
-}
-
 #[derive(Clone, Copy, PartialEq)]
 enum Sync {
     /// No `sync_interval` line: nats-server's default (fsync every 2 minutes).
@@ -119,20 +114,24 @@ struct Cluster {
     children: Vec<Child>,
     client_urls: Vec<String>,
     dir: PathBuf,
+    /// The servers' ports, held while they run so that no other process takes one first.
+    _ports: Vec<ReservedPort>,
 }
 
 impl Cluster {
     fn start(bin: &Path, dir: &Path, sync: Sync) -> Result<Cluster, String> {
         let _ = fs::remove_dir_all(dir);
         fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-        let client: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let route: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let reserved = reserve_ports(6).map_err(|e| e.to_string())?;
+        let ports = numbers(&reserved);
+        let (client, route) = ports.split_at(3);
         let routes = route.iter().map(|p| format!("nats-route://127.0.0.1:{p}")).collect::<Vec<_>>().join(", ");
         let sync_line = match sync {
             Sync::Default => "",
             Sync::Always => "  sync_interval: always\n",
         };
-        let mut cluster = Cluster { children: Vec::new(), client_urls: Vec::new(), dir: dir.to_owned() };
+        let mut cluster =
+            Cluster { children: Vec::new(), client_urls: Vec::new(), dir: dir.to_owned(), _ports: reserved };
         for i in 0..3 {
             let node = dir.join(format!("n{i}"));
             fs::create_dir_all(&node).map_err(|e| e.to_string())?;

@@ -2,15 +2,64 @@
 //! minimal blocking HTTP/1.1 client to talk to them.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::live::Result;
 
-pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// A loopback port held for as long as this lives: a socket bound to it with
+/// `SO_REUSEADDR` that never listens. Unlike a port found free and released,
+/// no other process's bind of port 0 gets it meanwhile (Linux skips bound
+/// ports), while a server told to listen there still can (Go listeners, so
+/// nats-server's, set `SO_REUSEADDR`, and nothing listens on it yet).
+pub struct ReservedPort {
+    _socket: OwnedFd,
+    pub port: u16,
+}
+
+impl ReservedPort {
+    pub fn new() -> Result<ReservedPort> {
+        let failed = |call: &str| format!("{call}: {}", std::io::Error::last_os_error());
+        // SAFETY: plain socket calls on a descriptor this function owns; the
+        // address structures live on this stack for the duration of each call.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            if fd < 0 {
+                return Err(failed("socket").into());
+            }
+            let socket = OwnedFd::from_raw_fd(fd);
+            let on: libc::c_int = 1;
+            let size = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            if libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, (&on as *const libc::c_int).cast(), size) != 0
+            {
+                return Err(failed("SO_REUSEADDR").into());
+            }
+            let mut address: libc::sockaddr_in = std::mem::zeroed();
+            address.sin_family = libc::AF_INET as libc::sa_family_t;
+            address.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+            let mut length = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            if libc::bind(fd, (&address as *const libc::sockaddr_in).cast(), length) != 0 {
+                return Err(failed("binding 127.0.0.1:0").into());
+            }
+            if libc::getsockname(fd, (&mut address as *mut libc::sockaddr_in).cast(), &mut length) != 0 {
+                return Err(failed("getsockname").into());
+            }
+            Ok(ReservedPort { _socket: socket, port: u16::from_be(address.sin_port) })
+        }
+    }
+}
+
+/// `n` reserved ports.
+pub fn reserve_ports(n: usize) -> Result<Vec<ReservedPort>> {
+    (0..n).map(|_| ReservedPort::new()).collect()
+}
+
+/// The numbers of `ports`.
+pub fn numbers(ports: &[ReservedPort]) -> Vec<u16> {
+    ports.iter().map(|reserved| reserved.port).collect()
 }
 
 pub fn temp_dir(what: &str) -> PathBuf {
@@ -51,6 +100,8 @@ pub struct Nats {
     /// Held so that they stop (and their directories go) when the cluster is dropped.
     servers: Vec<Process>,
     pub urls: Vec<String>,
+    /// The servers' ports, held until they are dead (declared after `servers`, so dropped after them).
+    _ports: Vec<ReservedPort>,
 }
 
 /// When a nats-server fsyncs its stream and Raft files (`jetstream { sync_interval }`).
@@ -73,9 +124,10 @@ impl Sync {
 
 impl Nats {
     pub fn start(binary: &Path, n: usize, sync: Sync) -> Result<Nats> {
-        let client_ports: Vec<u16> = (0..n).map(|_| free_port()).collect::<Result<_>>()?;
-        let route_ports: Vec<u16> = (0..n).map(|_| free_port()).collect::<Result<_>>()?;
-        let monitor_ports: Vec<u16> = (0..n).map(|_| free_port()).collect::<Result<_>>()?;
+        let reserved = reserve_ports(3 * n)?;
+        let ports = numbers(&reserved);
+        let (client_ports, rest) = ports.split_at(n);
+        let (route_ports, monitor_ports) = rest.split_at(n);
         let mut servers = Vec::new();
         for i in 0..n {
             let dir = temp_dir(&format!("nats{i}"));
@@ -110,10 +162,16 @@ impl Nats {
         }
         // JetStream is ready (a meta leader elected) when every /healthz says so.
         let deadline = Instant::now() + Duration::from_secs(30);
-        for &port in &monitor_ports {
+        for (server, &port) in servers.iter_mut().zip(monitor_ports) {
             loop {
                 if let Ok((200, _)) = http_once(port, "GET", "/healthz", "") {
                     break;
+                }
+                // One that exited (a port it could not bind) will not get healthy: say so now.
+                if let Some(status) = server.child.try_wait()? {
+                    return Err(
+                        format!("nats-server on monitor port {port} exited ({status}) before it was healthy").into()
+                    );
                 }
                 if Instant::now() > deadline {
                     return Err(format!("nats-server on monitor port {port} not healthy within 30 s").into());
@@ -122,7 +180,7 @@ impl Nats {
             }
         }
         let urls = client_ports.iter().map(|port| format!("nats://127.0.0.1:{port}")).collect();
-        Ok(Nats { servers, urls })
+        Ok(Nats { servers, urls, _ports: reserved })
     }
 
     /// The servers' pids, for their CPU time.

@@ -126,6 +126,14 @@ impl OrdoCluster {
     }
 }
 
+impl Drop for OrdoCluster {
+    fn drop(&mut self) {
+        // The Ordo nodes die before the NATS servers, whose slot (`ports.rs`)
+        // lets the next test start its cluster: by then this one is all gone.
+        self.nodes.clear();
+    }
+}
+
 /// One HTTP/1.1 request to `127.0.0.1:port` with `timeout` on connect, each
 /// read and write: the status and the JSON body, or the I/O error (a node that
 /// is down, frozen or dies meanwhile).

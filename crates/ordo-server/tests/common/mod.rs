@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod nats;
+pub mod ports;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

@@ -1,16 +1,22 @@
 //! Real `nats-server` processes on loopback for the cluster tests: each with
-//! JetStream on, its own temporary store directory and free ports, clustered
-//! through routes when there are several. The binary comes from
-//! `$ORDO_NATS_SERVER`, else `<repo>/.tools/bin/nats-server` (`make nats-server`
-//! installs it); without either the tests fail, never skip.
+//! JetStream on, its own temporary store directory and ports reserved for the
+//! cluster's life (`ports.rs`), clustered through routes when there are
+//! several. The binary comes from `$ORDO_NATS_SERVER`, else
+//! `<repo>/.tools/bin/nats-server` (`make nats-server` installs it); without
+//! either the tests fail, never skip.
 
 #![allow(dead_code)]
 
+use std::fs::File;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use super::ports::{ClusterSlot, ReservedPort};
 
 /// How long a node (or the whole cluster) has to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -32,43 +38,104 @@ pub fn nats_server_binary() -> PathBuf {
     path
 }
 
-/// A free loopback port (bound, then released: the server binds it right after).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+/// A cluster name no other test's cluster has: should ports ever get crossed,
+/// routes between two tests' clusters are refused instead of merging them.
+fn unique_cluster_name() -> String {
+    static CLUSTERS: AtomicUsize = AtomicUsize::new(0);
+    format!("ordo-test-{}-{}", std::process::id(), CLUSTERS.fetch_add(1, Ordering::Relaxed))
 }
 
 struct Node {
     name: String,
-    client_port: u16,
-    cluster_port: u16,
-    monitor_port: u16,
+    client_port: ReservedPort,
+    cluster_port: ReservedPort,
+    monitor_port: ReservedPort,
     store: tempfile::TempDir,
-    child: Option<Child>,
+    /// The server's log (every run of it, appended) and the ports file each
+    /// run writes once all its listeners are bound.
+    files: tempfile::TempDir,
+    /// None while the node is down; behind a lock so that a wait can notice,
+    /// through `&self`, that the process exited.
+    child: Mutex<Option<Child>>,
+}
+
+impl Node {
+    fn log_path(&self) -> PathBuf {
+        self.files.path().join("nats-server.log")
+    }
+
+    fn is_running(&self) -> bool {
+        self.child.lock().unwrap().is_some()
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.lock().unwrap().as_ref().expect("the node runs").id()
+    }
+
+    /// The exit status if the process has ended (a failed bind, a crash).
+    fn exited(&self) -> Option<ExitStatus> {
+        self.child.lock().unwrap().as_mut()?.try_wait().expect("waiting for nats-server")
+    }
+
+    /// The ports the running process says it bound, from its ports file
+    /// (written when its listeners are up): `(client, cluster, monitor)` URLs.
+    fn bound_ports(&self) -> Option<serde_json::Value> {
+        let file = self.files.path().join(format!("nats-server_{}.ports", self.pid()));
+        serde_json::from_str(&std::fs::read_to_string(file).ok()?).ok()
+    }
+
+    /// Panics unless the ports file names the reserved ports.
+    fn check_bound_ports(&self, ports: &serde_json::Value) {
+        let expected = [
+            ("nats", format!("nats://127.0.0.1:{}", self.client_port.port())),
+            ("monitoring", format!("http://127.0.0.1:{}", self.monitor_port.port())),
+        ];
+        for (kind, url) in expected {
+            assert!(
+                ports[kind].as_array().is_some_and(|urls| urls.iter().any(|bound| bound == url.as_str())),
+                "nats-server {} bound {ports} instead of {kind} {url}",
+                self.name
+            );
+        }
+    }
+
+    /// The last lines of the server's log, for a failure message.
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
 }
 
 /// `n` nats-server processes; dropping it kills them all.
 pub struct NatsCluster {
     nodes: Vec<Node>,
     binary: PathBuf,
+    cluster_name: String,
+    /// Released last, once the servers are dead, for the next test's cluster.
+    _slot: ClusterSlot,
 }
 
 impl NatsCluster {
     /// Starts `n` nodes and waits until JetStream is ready on each (for `n > 1`,
-    /// until the meta group has a leader, so a stream can be created).
+    /// until the meta group has a leader, so a stream can be created). Waits
+    /// first while other tests of this binary run too many servers.
     pub fn start(n: usize) -> NatsCluster {
         assert!(n >= 1);
+        let slot = ClusterSlot::acquire(n);
         let binary = nats_server_binary();
         let nodes = (0..n)
             .map(|index| Node {
                 name: format!("nats-{index}"),
-                client_port: free_port(),
-                cluster_port: free_port(),
-                monitor_port: free_port(),
+                client_port: ReservedPort::new(),
+                cluster_port: ReservedPort::new(),
+                monitor_port: ReservedPort::new(),
                 store: tempfile::tempdir().unwrap(),
-                child: None,
+                files: tempfile::tempdir().unwrap(),
+                child: Mutex::new(None),
             })
             .collect();
-        let mut cluster = NatsCluster { nodes, binary };
+        let mut cluster = NatsCluster { nodes, binary, cluster_name: unique_cluster_name(), _slot: slot };
         for index in 0..n {
             cluster.spawn(index);
         }
@@ -80,49 +147,75 @@ impl NatsCluster {
 
     fn spawn(&mut self, index: usize) {
         let routes: Vec<String> =
-            self.nodes.iter().map(|node| format!("nats://127.0.0.1:{}", node.cluster_port)).collect();
+            self.nodes.iter().map(|node| format!("nats://127.0.0.1:{}", node.cluster_port.port())).collect();
         let node = &mut self.nodes[index];
         let mut command = Command::new(&self.binary);
         command
-            .args(["-a", "127.0.0.1", "-p", &node.client_port.to_string()])
-            .args(["-m", &node.monitor_port.to_string()])
+            .args(["-a", "127.0.0.1", "-p", &node.client_port.port().to_string()])
+            .args(["-m", &node.monitor_port.port().to_string()])
             .args(["-n", &node.name, "-js", "-sd"])
             .arg(node.store.path())
+            .arg("--ports_file_dir")
+            .arg(node.files.path())
             .stdout(Stdio::null())
-            .stderr(if std::env::var_os("ORDO_NATS_LOG").is_some() { Stdio::inherit() } else { Stdio::null() });
+            .stderr(log_destination(&node.log_path()));
         if routes.len() > 1 {
             command
-                .args(["--cluster_name", "ordo-test"])
-                .args(["--cluster", &format!("nats://127.0.0.1:{}", node.cluster_port)])
+                .args(["--cluster_name", &self.cluster_name])
+                .args(["--cluster", &routes[index]])
                 .args(["--routes", &routes.join(",")]);
         }
-        node.child = Some(command.spawn().expect("starting nats-server"));
+        *node.child.get_mut().unwrap() = Some(command.spawn().expect("starting nats-server"));
     }
 
-    /// Waits until `/healthz` says the node is healthy (JetStream included) and,
-    /// in a cluster, until `/jsz` names a meta leader.
+    /// Waits until the node's listeners are bound (its ports file), `/healthz`
+    /// says it is healthy (JetStream included) and, in a cluster, `/jsz` names
+    /// a meta leader. A process that exits meanwhile (a port it could not bind)
+    /// fails at once, with its log.
     fn wait_ready(&self, index: usize) {
         let node = &self.nodes[index];
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            let healthy = monitor_get(node.monitor_port, "/healthz").is_some_and(|(status, _)| status == 200);
-            let has_leader = self.nodes.len() == 1
-                || monitor_get(node.monitor_port, "/jsz").is_some_and(|(_, body)| {
-                    let body: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-                    body["meta_cluster"]["leader"].as_str().is_some_and(|leader| !leader.is_empty())
-                });
-            if healthy && has_leader {
+            if let Some(status) = node.exited() {
+                panic!(
+                    "nats-server {} exited ({status}) before it was ready; its log:\n{}",
+                    node.name,
+                    node.log_tail()
+                );
+            }
+            let bound = node.bound_ports();
+            if let Some(ports) = &bound {
+                node.check_bound_ports(ports);
+            }
+            if bound.is_some() && self.serves(index) {
                 return;
             }
-            assert!(Instant::now() < deadline, "nats-server {} not ready within {READY_TIMEOUT:?}", node.name);
+            assert!(
+                Instant::now() < deadline,
+                "nats-server {} not ready within {READY_TIMEOUT:?}; its log:\n{}",
+                node.name,
+                node.log_tail()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Whether node `index` is healthy and, in a cluster, knows a meta leader.
+    fn serves(&self, index: usize) -> bool {
+        let port = self.nodes[index].monitor_port.port();
+        let healthy = monitor_get(port, "/healthz").is_some_and(|(status, _)| status == 200);
+        healthy
+            && (self.nodes.len() == 1
+                || monitor_get(port, "/jsz").is_some_and(|(_, body)| {
+                    let body: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+                    body["meta_cluster"]["leader"].as_str().is_some_and(|leader| !leader.is_empty())
+                }))
     }
 
     /// Waits until every live node is ready (after a restart or a `cont`).
     pub fn wait_all_ready(&self) {
         for (index, node) in self.nodes.iter().enumerate() {
-            if node.child.is_some() {
+            if node.is_running() {
                 self.wait_ready(index);
             }
         }
@@ -134,7 +227,7 @@ impl NatsCluster {
 
     /// The client URL of node `index`.
     pub fn url(&self, index: usize) -> String {
-        format!("nats://127.0.0.1:{}", self.nodes[index].client_port)
+        format!("nats://127.0.0.1:{}", self.nodes[index].client_port.port())
     }
 
     /// Every node's client URL, comma-separated (what `--cluster` takes).
@@ -143,14 +236,14 @@ impl NatsCluster {
     }
 
     fn signal(&self, index: usize, signal: i32) {
-        let child = self.nodes[index].child.as_ref().expect("the node runs");
+        let pid = self.nodes[index].pid();
         // SAFETY: `kill` with a pid this harness spawned and a valid signal number.
-        unsafe { libc::kill(child.id() as i32, signal) };
+        unsafe { libc::kill(pid as i32, signal) };
     }
 
-    /// SIGKILL: the node dies without a word (its store stays for `restart`).
+    /// SIGKILL: the node dies without a word (its store and ports stay for `restart`).
     pub fn kill(&mut self, index: usize) {
-        if let Some(mut child) = self.nodes[index].child.take() {
+        if let Some(mut child) = self.nodes[index].child.get_mut().unwrap().take() {
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -166,8 +259,9 @@ impl NatsCluster {
         self.signal(index, libc::SIGCONT);
     }
 
-    /// Kills the node if it runs, then starts it again on the same ports and
-    /// store directory, and waits until it is ready.
+    /// Kills the node if it runs, then starts it again on the same ports (still
+    /// reserved, so no other process took them meanwhile) and store directory,
+    /// and waits until it is ready.
     pub fn restart(&mut self, index: usize) {
         self.kill(index);
         self.spawn(index);
@@ -175,13 +269,25 @@ impl NatsCluster {
     }
 }
 
+/// Where a server's stderr goes: the terminal with `ORDO_NATS_LOG` set, else
+/// its log file (appended, so it keeps every run), shown when it fails.
+fn log_destination(log: &Path) -> Stdio {
+    if std::env::var_os("ORDO_NATS_LOG").is_some() {
+        return Stdio::inherit();
+    }
+    let file = File::options().create(true).append(true).open(log).expect("opening the nats-server log");
+    Stdio::from(file)
+}
+
 /// The JetStream API as the monitoring port shows it: which node leads what.
 impl NatsCluster {
     /// `GET path` on node `index`'s monitoring port, the body as JSON; None when
     /// the node is down or does not answer.
     pub fn monitor(&self, index: usize, path: &str) -> Option<(u16, serde_json::Value)> {
-        self.nodes[index].child.as_ref()?;
-        let (status, body) = monitor_get(self.nodes[index].monitor_port, path)?;
+        if !self.nodes[index].is_running() {
+            return None;
+        }
+        let (status, body) = monitor_get(self.nodes[index].monitor_port.port(), path)?;
         Some((status, serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body))))
     }
 
@@ -243,7 +349,7 @@ fn stream_details(jsz: &serde_json::Value) -> impl Iterator<Item = &serde_json::
 impl Drop for NatsCluster {
     fn drop(&mut self) {
         for index in 0..self.nodes.len() {
-            if self.nodes[index].child.is_some() {
+            if self.nodes[index].is_running() {
                 // A stopped process dies of SIGKILL too; SIGCONT is not needed.
                 self.kill(index);
             }
