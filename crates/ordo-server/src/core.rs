@@ -221,6 +221,9 @@ pub enum Command {
     /// exactly its seq (see `cluster::apply`). Mutating requests never come as
     /// commands then: they are published, and come back as entries.
     ApplyEntries(Vec<crate::cluster::apply::Delivered>),
+    /// Cluster mode: a snapshot's copy ended (from its thread); the next one
+    /// starts if it came due meanwhile.
+    SnapshotFinished,
     /// Replaces the access rules: `doc` is written to the reserved collection
     /// `_ordo/rules` (durable like any batch); the answer is its `seq`.
     SetRules {
@@ -582,6 +585,13 @@ impl Core {
     }
 
     /// Cluster mode: this writer applies the stream's entries.
+    /// Cluster mode: the writer's own queue, for its snapshot thread to wake it.
+    pub fn wake_with(&mut self, commands: &mpsc::Sender<Command>) {
+        if let Some(applier) = &mut self.cluster {
+            applier.wake_writer_with(commands.downgrade());
+        }
+    }
+
     pub fn with_cluster(mut self, applier: crate::cluster::apply::Applier) -> Core {
         self.cluster = Some(Box::new(applier));
         self
@@ -863,6 +873,12 @@ impl Core {
                 };
                 crate::cluster::apply::apply_run(self, &mut applier, run);
                 self.cluster = Some(applier);
+            }
+            Command::SnapshotFinished => {
+                if let Some(mut applier) = self.cluster.take() {
+                    applier.after_snapshot(self);
+                    self.cluster = Some(applier);
+                }
             }
             Command::SetRules { doc, reply } => {
                 let _ = reply.send(self.set_rules(&doc));

@@ -210,6 +210,7 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
     core.publish_routes();
     let seq = core.seq_watch();
     let (core_tx, core_rx) = mpsc::channel(limits::CORE_QUEUE_CAPACITY);
+    core.wake_with(&core_tx);
     let writer = std::thread::Builder::new()
         .name("ordo-writer".to_owned())
         .spawn(move || core.run(core_rx))

@@ -57,6 +57,20 @@ impl Applier {
         self
     }
 
+    /// Lets the snapshot thread tell the writer when a copy ends.
+    pub fn wake_writer_with(&mut self, writer: tokio::sync::mpsc::WeakSender<crate::core::Command>) {
+        if let Some(snapshots) = &mut self.snapshots {
+            snapshots.wake_writer_with(writer);
+        }
+    }
+
+    /// A snapshot's copy ended: start the next one if it came due meanwhile.
+    pub fn after_snapshot(&mut self, core: &Core) {
+        if let Some(snapshots) = &mut self.snapshots {
+            snapshots.after_apply(core.database());
+        }
+    }
+
     /// An empty batch, with the buffers of an earlier entry's if one is spare.
     fn take_batch(&mut self) -> ordo_core::Batch {
         self.spare_batches.pop().unwrap_or_default()

@@ -486,6 +486,11 @@ pub struct SnapshotScheduler {
     last_started_seq: u64,
     running: Arc<AtomicBool>,
     stats: Arc<SnapshotStats>,
+    /// The writer's queue, told when a copy ends: a snapshot that came due
+    /// while another was running is started then, not only after the next
+    /// entry (which may never come). Weak, so that it never keeps the writer's
+    /// queue open at shutdown.
+    wake_writer: Option<tokio::sync::mpsc::WeakSender<crate::core::Command>>,
 }
 
 impl SnapshotScheduler {
@@ -497,7 +502,13 @@ impl SnapshotScheduler {
             config,
             running: Arc::new(AtomicBool::new(false)),
             stats: Arc::new(SnapshotStats::default()),
+            wake_writer: None,
         }
+    }
+
+    /// Where to send `Command::SnapshotFinished` when a copy ends.
+    pub fn wake_writer_with(&mut self, writer: tokio::sync::mpsc::WeakSender<crate::core::Command>) {
+        self.wake_writer = Some(writer);
     }
 
     pub fn stats(&self) -> Arc<SnapshotStats> {
@@ -533,6 +544,7 @@ impl SnapshotScheduler {
         let running = Arc::clone(&self.running);
         let stats = Arc::clone(&self.stats);
         let config = self.config.clone();
+        let wake_writer = self.wake_writer.clone();
         let spawned = std::thread::Builder::new().name("ordo-snapshot".into()).spawn(move || {
             let started = Instant::now();
             match write_snapshot(backup, &config.dir, &config.node, config.keep) {
@@ -551,6 +563,10 @@ impl SnapshotScheduler {
                 }
             }
             running.store(false, Ordering::Release);
+            if let Some(writer) = wake_writer.and_then(|writer| writer.upgrade()) {
+                // Not on a runtime thread: blocking until the queue has room is fine.
+                let _ = writer.blocking_send(crate::core::Command::SnapshotFinished);
+            }
         });
         if let Err(error) = spawned {
             // The closure (and the backup's pin) was dropped with the failed spawn.
