@@ -16,7 +16,6 @@ use ordo_core::Batch;
 
 use crate::auth::{self, Identity, Role};
 use crate::cluster;
-use crate::core::{is_reserved_name, CollectionEntry, Command, FieldChange};
 use crate::error::{ApiError, ErrorCode};
 use crate::frame::write_u64;
 use crate::http::{Body, ConnectionSlot, HttpState};
@@ -27,6 +26,7 @@ use crate::rules::{self, Action, Grant, RuleSet, RulesDoc};
 use crate::wire::{self, BatchRequest, MultiBatchRequest, QueryRequest, SchemaRequest};
 use crate::write_buffers;
 use crate::write_guard::WriteGuard;
+use crate::writer::{is_reserved_name, CollectionEntry, Command, FieldChange};
 use crate::ws::{self, ConnectionContext};
 
 fn json_response(status: u16, body: Vec<u8>) -> Response<Body> {
@@ -330,7 +330,7 @@ async fn route(
                 require_admin(&*caller(state, token, &path)?, "/metrics (or `--metrics-public`)")?;
             }
             let gauges = gauges(state).await?;
-            let depth = state.core.max_capacity() - state.core.capacity();
+            let depth = state.writer.max_capacity() - state.writer.capacity();
             let mut text = metrics::render(&gauges, depth);
             if let Some(cluster) = &state.cluster {
                 cluster.shared.status.render_metrics(&mut text);
@@ -799,10 +799,10 @@ fn check_op_count(n_ops: usize) -> Result<(), ApiError> {
 }
 
 async fn send(state: &HttpState, command: Command) -> Result<(), ApiError> {
-    state.core.send(command).await.map_err(|_| ApiError::shutting_down())
+    state.writer.send(command).await.map_err(|_| ApiError::shutting_down())
 }
 
-async fn gauges(state: &HttpState) -> Result<crate::metrics::CoreGauges, ApiError> {
+async fn gauges(state: &HttpState) -> Result<crate::metrics::WriterGauges, ApiError> {
     let (reply, answer) = oneshot::channel();
     send(state, Command::Gauges { reply }).await?;
     answer.await.map_err(|_| ApiError::shutting_down())
@@ -816,7 +816,7 @@ async fn write(
     parts: Vec<(ordo_core::CollectionId, Batch)>,
     guards: Vec<(usize, Arc<WriteGuard>)>,
     entries: Option<Vec<Vec<u8>>>,
-) -> Result<crate::core::WriteResults, ApiError> {
+) -> Result<crate::writer::WriteResults, ApiError> {
     if let Some(cluster) = &state.cluster {
         write_buffers::give_list(parts);
         let entries = entries.expect("cluster mode encodes its entries");
@@ -911,7 +911,7 @@ fn upgrade(
     let (response, upgrade) = fastwebsockets::upgrade::upgrade(&mut request)
         .map_err(|error| ApiError::bad_request(format!("WebSocket upgrade refused: {error}")))?;
     let context = ConnectionContext {
-        core: state.core.clone(),
+        writer: state.writer.clone(),
         routes: state.routes.clone(),
         registry: state.registry.clone(),
         config: state.connection.clone(),

@@ -20,16 +20,16 @@ use tokio::sync::watch;
 
 use crate::access::Gate;
 use crate::api::handle;
-use crate::core::{CoreSender, Routes};
 use crate::error::{ApiError, ErrorCode};
 use crate::limits;
 use crate::metrics::{self, METRICS};
 use crate::rate_limit::TokenBucket;
 use crate::silent_sockets::SilentSockets;
+use crate::writer::{Routes, WriterSender};
 use crate::ws::{self, Registry};
 
 pub struct HttpState {
-    pub core: CoreSender,
+    pub writer: WriterSender,
     pub routes: Routes,
     pub registry: Arc<Registry>,
     pub connection: ws::ConnectionConfig,

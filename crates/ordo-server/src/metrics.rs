@@ -149,7 +149,7 @@ pub fn record_stage(stage: Stage, elapsed: Duration) {
 
 /// Gauges only the writer thread knows, fetched when `/metrics` is scraped.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CoreGauges {
+pub struct WriterGauges {
     pub n_collections: usize,
     pub n_items: usize,
     pub n_views: usize,
@@ -164,7 +164,7 @@ pub struct CoreGauges {
     pub checkpointed_seq: u64,
 }
 
-pub fn render(gauges: &CoreGauges, core_queue_depth: usize) -> String {
+pub fn render(gauges: &WriterGauges, writer_queue_depth: usize) -> String {
     let mut out = String::with_capacity(4096);
     let mut line = |name: &str, kind: &str, help: &str, value: u64| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
@@ -228,7 +228,7 @@ pub fn render(gauges: &CoreGauges, core_queue_depth: usize) -> String {
         m.connections_refused.load(Relaxed),
     );
     line("ordo_http_requests_total", "counter", "HTTP requests answered.", m.http_requests.load(Relaxed));
-    line("ordo_core_queue_depth", "gauge", "Requests waiting for the writer thread.", core_queue_depth as u64);
+    line("ordo_core_queue_depth", "gauge", "Requests waiting for the writer thread.", writer_queue_depth as u64);
     line(
         "ordo_outbound_queued_bytes",
         "gauge",

@@ -29,10 +29,10 @@ use ordo_core::{CollectionId, Engine, FieldType, Schema};
 
 use crate::access::Gate;
 use crate::auth::Identity;
-use crate::core::{CollectionEntry, Routes};
 use crate::error::{ApiError, ErrorCode};
 use crate::rules::{Action, Grant};
 use crate::wire::SortRequest;
+use crate::writer::{CollectionEntry, Routes};
 
 impl CollectionEntry {
     /// The entry network tasks see for a collection of the engine: its schema

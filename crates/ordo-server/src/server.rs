@@ -13,13 +13,13 @@ use ordo_store::{print_load_progress, Database, Durability, StoreOptions};
 
 use crate::access::Gate;
 use crate::auth::{AuthOptions, Verifier};
-use crate::core::{Command, Core, RULES_COLLECTION, RULES_ITEM};
 use crate::demo;
 use crate::http::{self, HttpState};
 use crate::limits;
 use crate::metrics::{self, ThreadKind};
 use crate::name_routes::NameRoutes;
 use crate::rules::{RuleSet, RulesDoc};
+use crate::writer::{Command, Writer, RULES_COLLECTION, RULES_ITEM};
 use crate::ws::{ConnectionConfig, Registry};
 
 #[derive(Clone, Debug)]
@@ -192,7 +192,7 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
         .cluster
         .as_ref()
         .map(|cluster| crate::cluster::Shared::new(&cluster.node_name, cluster.max_lag, database.last_seq()));
-    let mut core = Core::new(database, routes.clone(), options.outbound_budget);
+    let mut writer = Writer::new(database, routes.clone(), options.outbound_budget);
     if let (Some(shared), Some(cluster)) = (&cluster_shared, &options.cluster) {
         let mut applier = crate::cluster::apply::Applier::new(shared.clone(), gate.clone());
         if let (Some(dir), every @ 1..) = (&cluster.snapshot_dir, cluster.snapshot_every) {
@@ -203,16 +203,16 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
                 node: cluster.node_name.clone(),
             };
             applier = applier
-                .with_snapshots(crate::cluster::snapshot::SnapshotScheduler::new(config, core.database().last_seq()));
+                .with_snapshots(crate::cluster::snapshot::SnapshotScheduler::new(config, writer.database().last_seq()));
         }
-        core = core.with_cluster(applier);
+        writer = writer.with_cluster(applier);
     }
-    core.publish_routes();
-    let seq = core.seq_watch();
-    let (core_tx, core_rx) = mpsc::channel(limits::CORE_QUEUE_CAPACITY);
-    let writer = std::thread::Builder::new()
+    writer.publish_routes();
+    let seq = writer.seq_watch();
+    let (writer_tx, writer_rx) = mpsc::channel(limits::CORE_QUEUE_CAPACITY);
+    let writer_thread = std::thread::Builder::new()
         .name("ordo-writer".to_owned())
-        .spawn(move || core.run(core_rx))
+        .spawn(move || writer.run(writer_rx))
         .map_err(|error| format!("cannot start the writer thread: {error}"))?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -233,7 +233,7 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
         let cluster = match (&options.cluster, cluster_shared) {
             (Some(cluster_options), Some(shared)) => {
                 let cluster = start_cluster(cluster_options.clone(), shared).await?;
-                cluster.spawn(core_tx.clone(), shutdown_rx.clone());
+                cluster.spawn(writer_tx.clone(), shutdown_rx.clone());
                 Some(cluster)
             }
             _ => None,
@@ -242,7 +242,7 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
         // waits for that line finds them there.
         let demo = if options.demo {
             let started =
-                demo::start(&core_tx, &routes, &gate, options.demo_rate, shutdown_rx.clone(), cluster.clone()).await?;
+                demo::start(&writer_tx, &routes, &gate, options.demo_rate, shutdown_rx.clone(), cluster.clone()).await?;
             if started.n_rooms_written > 0 {
                 println!("ordo: demo: wrote {} rooms into `rooms`", started.n_rooms_written);
             } else {
@@ -287,7 +287,7 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
         let limits_json = Arc::new(limits_json(&options, max_connections));
         let registry = Arc::new(Registry::default());
         let state = Arc::new(HttpState {
-            core: core_tx.clone(),
+            writer: writer_tx.clone(),
             routes,
             registry: registry.clone(),
             connection: ConnectionConfig {
@@ -311,7 +311,7 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
             seq,
             cluster,
         });
-        tokio::spawn(expire_sessions(registry, core_tx.clone(), shutdown_rx.clone()));
+        tokio::spawn(expire_sessions(registry, writer_tx.clone(), shutdown_rx.clone()));
         let fatal = state.cluster.as_ref().map(|cluster| cluster.shared.clone());
         tokio::spawn(async move {
             // A cluster node that cannot go on without a gap stops too (cluster::gap).
@@ -342,7 +342,7 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
     });
     // Every sender is gone once the runtime is: the writer finishes what is queued and returns.
     runtime.shutdown_timeout(Duration::from_secs(5));
-    let database = writer.join().map_err(|_| "the writer thread panicked".to_owned())?;
+    let database = writer_thread.join().map_err(|_| "the writer thread panicked".to_owned())?;
     let last_seq = database.last_seq();
     drop(database);
     println!("ordo: stopped; last seq {last_seq}");
@@ -441,14 +441,14 @@ fn limits_json(options: &ServeOptions, max_connections: usize) -> serde_json::Va
     json
 }
 
-async fn expire_sessions(registry: Arc<Registry>, core: mpsc::Sender<Command>, mut shutdown: watch::Receiver<bool>) {
+async fn expire_sessions(registry: Arc<Registry>, writer: mpsc::Sender<Command>, mut shutdown: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = shutdown.wait_for(|stopping| *stopping) => return,
         }
         for session in registry.expire(Instant::now()) {
-            if core.send(Command::DropSession { session }).await.is_err() {
+            if writer.send(Command::DropSession { session }).await.is_err() {
                 return;
             }
         }

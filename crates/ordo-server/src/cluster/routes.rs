@@ -14,8 +14,8 @@ use serde_json::value::RawValue;
 use super::entry::{Caller, Entry, Kind};
 use super::{Cluster, Outcome};
 use crate::auth::Identity;
-use crate::core::{CollectionEntry, WriteResults};
 use crate::error::{ApiError, ErrorCode};
+use crate::writer::{CollectionEntry, WriteResults};
 
 fn unexpected(outcome: Outcome) -> ApiError {
     match outcome {

@@ -7,9 +7,9 @@
 use std::sync::Arc;
 
 use super::Connection;
-use crate::core::CollectionEntry;
 use crate::min_seq;
 use crate::wire::{self, WindowSpec};
+use crate::writer::CollectionEntry;
 
 /// A request held until the store reaches `min_seq`, already checked otherwise
 /// (except `Parked::Unchecked`, checked when the wait is over).

@@ -23,7 +23,7 @@ use ordo_store::{Ack, Database, PendingWrite, MAX_BATCHES_PER_COMMIT, MAX_BYTES_
 use crate::encode::{write_diff, write_versioned_item, write_versioned_items};
 use crate::error::{ApiError, ErrorCode};
 use crate::frame::DiffsExtra;
-use crate::metrics::{self, CoreGauges, Stage, METRICS};
+use crate::metrics::{self, Stage, WriterGauges, METRICS};
 use crate::min_seq::SeqWatch;
 use crate::name_routes::NameRoutes;
 use crate::wire::{Position, Projection, Seek, WindowSpec};
@@ -61,7 +61,7 @@ pub fn is_reserved_name(name: &str) -> bool {
 pub const FRAME_OVERHEAD_BYTES: usize = 96;
 
 /// A collection as network tasks see it. Immutable: a schema change publishes a
-/// new entry in its place (see `core/schema_change.rs`).
+/// new entry in its place (see `writer/schema_change.rs`).
 #[derive(Debug)]
 pub struct CollectionEntry {
     pub id: CollectionId,
@@ -246,7 +246,7 @@ pub enum Command {
         reply: oneshot::Sender<usize>,
     },
     Gauges {
-        reply: oneshot::Sender<CoreGauges>,
+        reply: oneshot::Sender<WriterGauges>,
     },
     /// Starts a hot backup: the writer only pins the log and hands the backup
     /// back; the copy runs on a blocking thread (`backup.rs`).
@@ -269,7 +269,7 @@ pub enum Command {
         schema: Arc<Schema>,
         spec: WindowSpec,
         /// The identity whose view budget the subscription's view is charged to
-        /// (`None`: not budgeted; see `core::view_budget`).
+        /// (`None`: not budgeted; see `writer::view_budget`).
         owner: Option<Arc<str>>,
     },
     SetRange {
@@ -302,7 +302,7 @@ pub enum Command {
     },
 }
 
-pub type CoreSender = mpsc::Sender<Command>;
+pub type WriterSender = mpsc::Sender<Command>;
 
 struct SessionState {
     shared: Arc<ConnShared>,
@@ -518,7 +518,7 @@ impl Fanout {
     }
 }
 
-pub struct Core {
+pub struct Writer {
     database: Database,
     fanout: Fanout,
     routes: Routes,
@@ -551,8 +551,8 @@ pub fn share_key(collection: CollectionId, spec: &WindowSpec) -> String {
     )
 }
 
-impl Core {
-    pub fn new(database: Database, routes: Routes, outbound_budget: usize) -> Core {
+impl Writer {
+    pub fn new(database: Database, routes: Routes, outbound_budget: usize) -> Writer {
         let fanout = Fanout {
             sessions: HashMap::new(),
             windows: HashMap::new(),
@@ -570,7 +570,7 @@ impl Core {
             answer: None,
         };
         let (last_seq, _) = watch::channel(database.last_seq());
-        Core {
+        Writer {
             database,
             fanout,
             routes,
@@ -582,7 +582,7 @@ impl Core {
     }
 
     /// Cluster mode: this writer applies the stream's entries.
-    pub fn with_cluster(mut self, applier: crate::cluster::apply::Applier) -> Core {
+    pub fn with_cluster(mut self, applier: crate::cluster::apply::Applier) -> Writer {
         self.cluster = Some(Box::new(applier));
         self
     }
@@ -892,7 +892,7 @@ impl Core {
             }
             Command::Gauges { reply } => {
                 let stats = self.database.engine().stats();
-                let _ = reply.send(CoreGauges {
+                let _ = reply.send(WriterGauges {
                     n_collections: stats.n_collections,
                     n_items: stats.n_items,
                     n_views: stats.n_views,

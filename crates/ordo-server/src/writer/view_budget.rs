@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use ordo_core::{CollectionId, ViewDef, WindowAnchor, WindowId};
 
-use super::{Core, Route, SessionId, SubHandle, WindowChange};
+use super::{Route, SessionId, SubHandle, WindowChange, Writer};
 use crate::error::{ApiError, ErrorCode};
 use crate::limits;
 use crate::metrics::{self, METRICS};
@@ -151,7 +151,7 @@ fn within(n_views: usize, bytes: usize) -> Result<(), ApiError> {
     Err(ApiError::new(ErrorCode::LimitExceeded, message))
 }
 
-impl Core {
+impl Writer {
     /// Charges a new subscription's view to `owner`. Refused past the budget;
     /// `window` is then closed if it was opened for this subscription alone
     /// (it has no subscriber yet).
