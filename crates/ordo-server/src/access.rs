@@ -17,8 +17,8 @@ use crate::error::{ApiError, ErrorCode};
 use crate::limits;
 use crate::metrics::{self, METRICS};
 use crate::rate_limit::TokenBucket;
+use crate::routing::{is_reserved_name, CollectionEntry, Routes};
 use crate::rules::{Action, Grant, RuleSet, SharedRules};
-use crate::writer::{is_reserved_name, CollectionEntry, Routes};
 
 /// Who may reach the server and from where; built at start.
 pub struct Gate {

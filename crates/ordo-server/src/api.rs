@@ -22,11 +22,12 @@ use crate::http::{Body, ConnectionSlot, HttpState};
 use crate::limits;
 use crate::metrics::{self, METRICS};
 use crate::rate_limit::TokenBucket;
+use crate::routing::{is_reserved_name, CollectionEntry};
 use crate::rules::{self, Action, Grant, RuleSet, RulesDoc};
 use crate::wire::{self, BatchRequest, MultiBatchRequest, QueryRequest, SchemaRequest};
 use crate::write_buffers;
 use crate::write_guard::WriteGuard;
-use crate::writer::{is_reserved_name, CollectionEntry, Command, FieldChange};
+use crate::writer::{Command, FieldChange};
 use crate::ws::{self, ConnectionContext};
 
 fn json_response(status: u16, body: Vec<u8>) -> Response<Body> {

@@ -25,9 +25,10 @@ use crate::demo_data::{self, ROOMS_COLLECTION, ROOMS_PER_BATCH, ROOM_FIELDS};
 use crate::error::ApiError;
 use crate::limits;
 use crate::rng::Rng;
+use crate::routing::{CollectionEntry, Routes};
 use crate::rules::{AccessDoc, RuleDoc, RuleSet};
 use crate::wire;
-use crate::writer::{CollectionEntry, Command, Routes, WriterSender};
+use crate::writer::{Command, WriterSender};
 
 const INDEX_HTML: &str = include_str!("../demo/index.html");
 const APP_JS: &str = include_str!("../demo/app.js");

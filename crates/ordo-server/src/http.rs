@@ -24,8 +24,9 @@ use crate::error::{ApiError, ErrorCode};
 use crate::limits;
 use crate::metrics::{self, METRICS};
 use crate::rate_limit::TokenBucket;
+use crate::routing::Routes;
 use crate::silent_sockets::SilentSockets;
-use crate::writer::{Routes, WriterSender};
+use crate::writer::WriterSender;
 use crate::ws::{self, Registry};
 
 pub struct HttpState {

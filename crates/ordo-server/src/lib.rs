@@ -26,6 +26,7 @@ pub mod refs;
 #[cfg(test)]
 mod repeated_keys_tests;
 pub mod rng;
+pub mod routing;
 pub mod rules;
 pub mod server;
 pub mod silent_sockets;

@@ -25,11 +25,10 @@ use crate::limits;
 use crate::metrics::{self, Stage, METRICS};
 use crate::min_seq::{self, SeqCheck, SeqWatch};
 use crate::rate_limit::TokenBucket;
+use crate::routing::Routes;
 use crate::sub_table::SubTable;
 use crate::wire::{self, ClientMessage, WindowSpec};
-use crate::writer::{
-    Answer, Command, ConnShared, Outgoing, Routes, SessionId, SubHandle, WriterSender, FRAME_OVERHEAD_BYTES,
-};
+use crate::writer::{Answer, Command, ConnShared, Outgoing, SessionId, SubHandle, WriterSender, FRAME_OVERHEAD_BYTES};
 
 mod identity;
 mod park;
@@ -750,7 +749,7 @@ impl Connection {
         limit: usize,
         fields: Option<&[String]>,
         payload: bool,
-    ) -> Result<(Arc<crate::writer::CollectionEntry>, WindowSpec), ApiError> {
+    ) -> Result<(Arc<crate::routing::CollectionEntry>, WindowSpec), ApiError> {
         wire::check_sub_id(sub)?;
         if let Some(cluster) = &self.context.cluster {
             cluster.status.check_not_lagging()?;
@@ -780,7 +779,7 @@ impl Connection {
     async fn start_subscription(
         &mut self,
         client_id: String,
-        collection: Arc<crate::writer::CollectionEntry>,
+        collection: Arc<crate::routing::CollectionEntry>,
         spec: WindowSpec,
         first_seq: u64,
         req: Option<Box<str>>,

@@ -22,10 +22,11 @@ use super::{Outcome, Shared};
 use crate::access::Gate;
 use crate::auth::{Identity, Role};
 use crate::error::{ApiError, ErrorCode};
+use crate::routing::is_reserved_name;
 use crate::rules::{self, Action, RuleSet, RulesDoc};
 use crate::wire::{self, AddFieldRequest, SchemaRequest};
 use crate::write_guard::WriteGuard;
-use crate::writer::{is_reserved_name, FieldChange, Writer};
+use crate::writer::{FieldChange, Writer};
 use ordo_core::CollectionId;
 use ordo_store::PendingWrite;
 
@@ -327,7 +328,7 @@ fn create_collection(
     applier: &Applier,
     entry: &Decoded<'_>,
     identity: &Identity,
-) -> Result<(bool, Arc<crate::writer::CollectionEntry>), ApiError> {
+) -> Result<(bool, Arc<crate::routing::CollectionEntry>), ApiError> {
     let name = required(entry.collection.as_deref(), "collection")?;
     if is_reserved_name(name) {
         return Err(ApiError::new(ErrorCode::Forbidden, format!("`{name}` is reserved for the server")));
@@ -348,7 +349,7 @@ fn route_id(writer: &Writer, name: &str) -> Option<ordo_core::CollectionId> {
 }
 
 /// The collection a schema change or drop names, as the routing table has it now.
-fn schema_target(writer: &Writer, entry: &Decoded<'_>) -> Result<Arc<crate::writer::CollectionEntry>, ApiError> {
+fn schema_target(writer: &Writer, entry: &Decoded<'_>) -> Result<Arc<crate::routing::CollectionEntry>, ApiError> {
     let name = required(entry.collection.as_deref(), "collection")?;
     if is_reserved_name(name) {
         return Err(ApiError::new(ErrorCode::Forbidden, format!("`{name}` is reserved for the server")));
@@ -360,7 +361,7 @@ fn add_field(
     writer: &mut Writer,
     entry: &Decoded<'_>,
     identity: &Identity,
-) -> Result<(u64, Arc<crate::writer::CollectionEntry>), ApiError> {
+) -> Result<(u64, Arc<crate::routing::CollectionEntry>), ApiError> {
     require_admin(identity, "adding a field")?;
     let target = schema_target(writer, entry)?;
     let add: AddFieldRequest = parse(required(entry.field, "field")?)?;
@@ -372,7 +373,7 @@ fn remove_field(
     writer: &mut Writer,
     entry: &Decoded<'_>,
     identity: &Identity,
-) -> Result<(u64, Arc<crate::writer::CollectionEntry>), ApiError> {
+) -> Result<(u64, Arc<crate::routing::CollectionEntry>), ApiError> {
     require_admin(identity, "removing a field")?;
     let target = schema_target(writer, entry)?;
     let name: String = parse(required(entry.field, "field")?)?;

@@ -36,7 +36,7 @@ use tokio::sync::{oneshot, Notify};
 use ordo_store::Ack;
 
 use crate::error::{ApiError, ErrorCode};
-use crate::writer::CollectionEntry;
+use crate::routing::CollectionEntry;
 
 pub use lag::Status;
 

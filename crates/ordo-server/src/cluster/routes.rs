@@ -15,7 +15,8 @@ use super::entry::{Caller, Entry, Kind};
 use super::{Cluster, Outcome};
 use crate::auth::Identity;
 use crate::error::{ApiError, ErrorCode};
-use crate::writer::{CollectionEntry, WriteResults};
+use crate::routing::CollectionEntry;
+use crate::writer::WriteResults;
 
 fn unexpected(outcome: Outcome) -> ApiError {
     match outcome {

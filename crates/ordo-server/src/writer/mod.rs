@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot, watch};
@@ -25,7 +25,7 @@ use crate::error::{ApiError, ErrorCode};
 use crate::frame::DiffsExtra;
 use crate::metrics::{self, Stage, WriterGauges, METRICS};
 use crate::min_seq::SeqWatch;
-use crate::name_routes::NameRoutes;
+use crate::routing::{is_reserved_name, CollectionEntry, Routes};
 use crate::wire::{Position, Projection, Seek, WindowSpec};
 use crate::write_guard::WriteGuard;
 
@@ -52,29 +52,8 @@ const EAGER_PREPARE_MAX_ITEMS: usize = 16 * 1024;
 pub const RULES_COLLECTION: &str = "_ordo/rules";
 pub const RULES_ITEM: &str = "rules";
 
-/// Whether a collection name is reserved for the server (`_ordo...`, any case).
-pub fn is_reserved_name(name: &str) -> bool {
-    name.len() >= 5 && name.as_bytes()[..5].eq_ignore_ascii_case(b"_ordo")
-}
-
 /// Bytes counted for a queued frame beyond its body: the envelope and the queue node.
 pub const FRAME_OVERHEAD_BYTES: usize = 96;
-
-/// A collection as network tasks see it. Immutable: a schema change publishes a
-/// new entry in its place (see `writer/schema_change.rs`).
-#[derive(Debug)]
-pub struct CollectionEntry {
-    pub id: CollectionId,
-    pub name: String,
-    /// The collection's own fields (never the engine's derived ones).
-    pub schema: Arc<Schema>,
-    /// Each `ref` field's name and its target collection's name (see `refs`).
-    pub ref_targets: Vec<(String, String)>,
-}
-
-/// Collection routing, shared with network tasks. Only the writer thread writes it
-/// (when a collection is created); readers hold the lock for one lookup.
-pub type Routes = Arc<RwLock<NameRoutes<Arc<CollectionEntry>>>>;
 
 /// State a connection shares with the writer thread.
 #[derive(Default, Debug)]

@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use ordo_core::{CollectionId, FieldType, OwnedValue, Schema, WindowId};
 
-use super::{share_key, CollectionEntry, Outgoing, Route, Writer};
+use super::{share_key, Outgoing, Route, Writer};
 use crate::error::ApiError;
+use crate::routing::CollectionEntry;
 use crate::wire::Projection;
 
 /// A change of fields, as checked by the HTTP handler.

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use super::Connection;
 use crate::min_seq;
+use crate::routing::CollectionEntry;
 use crate::wire::{self, WindowSpec};
-use crate::writer::CollectionEntry;
 
 /// A request held until the store reaches `min_seq`, already checked otherwise
 /// (except `Parked::Unchecked`, checked when the wait is over).

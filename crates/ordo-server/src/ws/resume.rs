@@ -173,7 +173,7 @@ impl Connection {
     pub(super) fn check_resume_entry(
         &self,
         entry: &wire::ResumeEntry,
-    ) -> Result<(Arc<crate::writer::CollectionEntry>, WindowSpec), ApiError> {
+    ) -> Result<(Arc<crate::routing::CollectionEntry>, WindowSpec), ApiError> {
         wire::check_sub_id(&entry.sub)?;
         if let Some(cluster) = &self.context.cluster {
             cluster.status.check_not_lagging()?;

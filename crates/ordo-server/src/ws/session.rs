@@ -19,7 +19,7 @@ use crate::writer::{ConnShared, FrameBody, Outgoing, SessionId, SubHandle, FRAME
 /// A subscription as its connection knows it.
 pub(super) struct SubEntry {
     pub(super) client_id: String,
-    pub(super) collection: Arc<crate::writer::CollectionEntry>,
+    pub(super) collection: Arc<crate::routing::CollectionEntry>,
     pub(super) spec: WindowSpec,
     /// The `seq` of the last frame sent.
     pub(super) seq: u64,
