@@ -17,27 +17,30 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot, watch};
 
-use ordo_core::{Batch, CollectionId, DiffRef, DiffSink, Schema, WindowId};
+use ordo_core::{Batch, CollectionId, Schema, WindowId};
 use ordo_store::{Database, PendingWrite, MAX_BATCHES_PER_COMMIT, MAX_BYTES_PER_COMMIT};
 
-use crate::encode::{write_diff, write_versioned_item, write_versioned_items};
+use crate::encode::write_versioned_item;
 use crate::error::{ApiError, ErrorCode};
-use crate::frame::DiffsExtra;
 use crate::metrics::{self, Stage, WriterGauges, METRICS};
 use crate::min_seq::SeqWatch;
 use crate::routing::{is_reserved_name, CollectionEntry, Routes};
 use crate::wire::{Position, Projection, Seek, WindowSpec};
 use crate::write_guard::WriteGuard;
 
+mod fanout;
 mod messages;
 mod schema_change;
 mod view_budget;
 
+pub use fanout::share_key;
 pub use messages::{
     Answer, Command, ConnShared, FrameBody, Outbox, Outgoing, SessionId, SubHandle, WriteReply, WriteResults,
     WriterSender, FRAME_OVERHEAD_BYTES,
 };
 pub use schema_change::{EndReason, FieldChange};
+
+use fanout::{Fanout, FanoutTarget, SessionState, SharedWindow, SubState};
 
 /// Most windows waiting for the writer's idle time to finish their views' indexes.
 const MAX_UNPREPARED_WINDOWS: usize = 4096;
@@ -76,220 +79,6 @@ fn add_to_group(
     n_bytes
 }
 
-struct SessionState {
-    shared: Arc<ConnShared>,
-    outbox: Outbox,
-    subs: HashMap<SubHandle, SubState>,
-}
-
-struct SubState {
-    window: WindowId,
-    /// A reset is due (the connection fell behind): diffs are not queued meanwhile.
-    needs_reset: bool,
-    /// The last `total` queued for this subscription. Kept per subscription, not
-    /// per window: subscribers of one window joined at different times, and each
-    /// is told the total on its own first frame. Every frame after it is queued
-    /// (or dropped only together with a reset that carries a total again), and a
-    /// resume replays the frames as sent, so the client saw exactly this value.
-    last_total: Option<usize>,
-    /// Where a key-positioned request placed the window, told to the client on the
-    /// next frame queued for this subscription (the answer, or a later reset when
-    /// the answer could not be queued).
-    range_due: Option<(usize, usize)>,
-}
-
-/// An engine window and the subscriptions that share it (identical collection,
-/// view, range and projection: the leaderboard case).
-struct SharedWindow {
-    collection: CollectionId,
-    spec: WindowSpec,
-    share_key: Option<String>,
-    subscribers: Vec<(SessionId, SubHandle)>,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Route {
-    /// Every subscriber of the window.
-    Subscribers,
-    /// One subscription only (its first frame, a reset, a private change).
-    Only(SessionId, SubHandle),
-    /// Items of a Reset go into `captured` (one-shot queries).
-    Capture,
-    Discard,
-}
-
-/// The writer thread's diff sink: encodes each window's diffs once and fans the
-/// bytes out.
-struct Fanout {
-    sessions: HashMap<SessionId, SessionState>,
-    windows: HashMap<WindowId, SharedWindow>,
-    windows_by_key: HashMap<String, WindowId>,
-    route: Route,
-    /// The window whose diffs are being encoded into `body`.
-    current: Option<WindowId>,
-    body: Vec<u8>,
-    n_diffs: u32,
-    is_reset: bool,
-    /// The view length of the window being encoded (see `DiffSink::view_len`).
-    view_len: usize,
-    captured: Vec<u8>,
-    capture_projection: Option<Projection>,
-    outbound_budget: usize,
-    /// The `seq` of the batch being applied, or of the last one applied: what
-    /// every frame encoded now reflects.
-    write_seq: u64,
-    /// The request being handled and its subscription, until a frame of that
-    /// subscription is queued (its diffs, or the empty frame of a key-positioned
-    /// request that changed nothing): that frame answers it.
-    answer: Option<((SessionId, SubHandle), Answer)>,
-}
-
-impl DiffSink for Fanout {
-    fn begin_batch(&mut self, seq: u64) {
-        self.write_seq = seq;
-    }
-
-    fn diff(&mut self, window: WindowId, diff: DiffRef<'_>) {
-        match self.route {
-            Route::Discard => return,
-            Route::Capture => {
-                if let (DiffRef::Reset { values }, Some(projection)) = (diff, &self.capture_projection) {
-                    write_versioned_items(&mut self.captured, values, projection);
-                }
-                return;
-            }
-            Route::Subscribers | Route::Only(..) => {}
-        }
-        let Some(shared) = self.windows.get(&window) else { return };
-        if self.current != Some(window) {
-            self.current = Some(window);
-            self.body.clear();
-            self.body.push(b'[');
-            self.n_diffs = 0;
-            self.is_reset = false;
-        }
-        if self.n_diffs > 0 {
-            self.body.push(b',');
-        }
-        write_diff(&mut self.body, diff, &shared.spec.projection);
-        self.n_diffs += 1;
-        self.is_reset |= matches!(diff, DiffRef::Reset { .. });
-    }
-
-    fn view_len(&mut self, window: WindowId, view_len: usize) {
-        if self.current == Some(window) {
-            self.view_len = view_len;
-        }
-    }
-
-    fn window_done(&mut self, window: WindowId) {
-        if self.current != Some(window) {
-            return;
-        }
-        self.current = None;
-        self.body.push(b']');
-        // The one copy per window change: every subscriber shares these bytes.
-        let body: FrameBody = Arc::from(&self.body[..]);
-        metrics::add(&METRICS.frames_encoded, 1);
-        let frame = FrameMeta {
-            n_diffs: self.n_diffs,
-            is_reset: self.is_reset,
-            write_seq: self.write_seq,
-            view_len: self.view_len,
-            queued_at: Instant::now(),
-        };
-        match self.route {
-            Route::Subscribers => {
-                let Some(shared) = self.windows.get(&window) else { return };
-                // Indexing by position keeps the borrow of `windows` short.
-                for index in 0..shared.subscribers.len() {
-                    let (session, handle) = self.windows[&window].subscribers[index];
-                    self.push(session, handle, body.clone(), frame);
-                }
-            }
-            Route::Only(session, handle) => self.push(session, handle, body, frame),
-            Route::Capture | Route::Discard => {}
-        }
-    }
-}
-
-/// What every copy of one encoded frame shares besides its body.
-#[derive(Clone, Copy)]
-struct FrameMeta {
-    n_diffs: u32,
-    is_reset: bool,
-    write_seq: u64,
-    view_len: usize,
-    queued_at: Instant,
-}
-
-impl Fanout {
-    fn push(&mut self, session_id: SessionId, handle: SubHandle, body: FrameBody, frame: FrameMeta) {
-        let Some(session) = self.sessions.get_mut(&session_id) else { return };
-        let Some(sub) = session.subs.get_mut(&handle) else { return };
-        if sub.needs_reset {
-            // Superseded by the reset that is due.
-            return;
-        }
-        let cost = body.len() + FRAME_OVERHEAD_BYTES;
-        let queued = session.shared.queued_bytes.load(Ordering::Acquire);
-        // A frame larger than the whole budget still goes out when the queue is
-        // empty; otherwise a big window could never be sent at all.
-        if queued > 0 && queued + cost > self.outbound_budget {
-            session.shared.epoch.fetch_add(1, Ordering::AcqRel);
-            for sub in session.subs.values_mut() {
-                sub.needs_reset = true;
-            }
-            session.shared.want_drain_notice.store(true, Ordering::Release);
-            let _ = session.outbox.send(Outgoing::Wake);
-            return;
-        }
-        session.shared.queued_bytes.fetch_add(cost, Ordering::AcqRel);
-        metrics::add(&METRICS.outbound_queued_bytes, cost as u64);
-        let epoch = session.shared.epoch.load(Ordering::Acquire);
-        let FrameMeta { n_diffs, is_reset, write_seq, view_len, queued_at } = frame;
-        let mut extra = DiffsExtra::default();
-        if is_reset || sub.last_total != Some(view_len) {
-            sub.last_total = Some(view_len);
-            extra.total = Some(view_len as u64);
-        }
-        if let Some((offset, limit)) = sub.range_due.take() {
-            extra.range = Some((offset as u64, limit as u64));
-        }
-        // Only a frame of the subscription whose request is being handled answers
-        // it (frames that did not go out above leave it for an `Ack`).
-        let answers = match &self.answer {
-            Some((answered, _)) if *answered == (session_id, handle) => self.answer.take().map(|(_, answer)| answer),
-            _ => None,
-        };
-        let diffs = Outgoing::Diffs { handle, epoch, body, n_diffs, is_reset, write_seq, answers, extra, queued_at };
-        if session.outbox.send(diffs).is_err() {
-            // The session's receiver is gone (the session is being dropped).
-            session.shared.queued_bytes.fetch_sub(cost, Ordering::AcqRel);
-            metrics::sub_queued(cost);
-        }
-    }
-
-    fn sub_mut(&mut self, session: SessionId, handle: SubHandle) -> Option<&mut SubState> {
-        self.sessions.get_mut(&session)?.subs.get_mut(&handle)
-    }
-
-    /// Queues a frame with no diffs for one subscription (the answer to a request
-    /// that changed nothing but must say where the window is).
-    fn push_empty(&mut self, session: SessionId, handle: SubHandle, view_len: usize) {
-        let body: FrameBody = Arc::from(&b"[]"[..]);
-        let frame =
-            FrameMeta { n_diffs: 0, is_reset: false, write_seq: self.write_seq, view_len, queued_at: Instant::now() };
-        self.push(session, handle, body, frame);
-    }
-
-    fn send(&self, session: SessionId, message: Outgoing) {
-        if let Some(state) = self.sessions.get(&session) {
-            let _ = state.outbox.send(message);
-        }
-    }
-}
-
 pub struct Writer {
     database: Database,
     fanout: Fanout,
@@ -307,40 +96,9 @@ pub struct Writer {
     view_budgets: view_budget::ViewBudgets,
 }
 
-/// The identity under which subscriptions share an engine window (the
-/// collection's generation too: a collection created in a dropped one's slot is another).
-pub fn share_key(collection: CollectionId, spec: &WindowSpec) -> String {
-    // A tail window's offset moves with its view: it is identified by being a tail.
-    let offset = if spec.is_tail { "tail".to_owned() } else { spec.offset.to_string() };
-    format!(
-        "{}.{}|{:?}|{}|{}|{:?}",
-        collection.index(),
-        collection.generation(),
-        spec.def,
-        offset,
-        spec.limit,
-        spec.projection
-    )
-}
-
 impl Writer {
     pub fn new(database: Database, routes: Routes, outbound_budget: usize) -> Writer {
-        let fanout = Fanout {
-            sessions: HashMap::new(),
-            windows: HashMap::new(),
-            windows_by_key: HashMap::new(),
-            route: Route::Subscribers,
-            current: None,
-            body: Vec::with_capacity(64 * 1024),
-            n_diffs: 0,
-            is_reset: false,
-            view_len: 0,
-            captured: Vec::new(),
-            capture_projection: None,
-            outbound_budget,
-            write_seq: database.last_seq(),
-            answer: None,
-        };
+        let fanout = Fanout::new(outbound_budget, database.last_seq());
         let (last_seq, _) = watch::channel(database.last_seq());
         Writer {
             database,
@@ -449,7 +207,7 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            self.fanout.route = Route::Subscribers;
+            self.fanout.target = FanoutTarget::Subscribers;
             let group_started = Instant::now();
             self.database.write_group(&mut group, &mut self.fanout);
             let log_append = self.database.last_log_append();
@@ -500,7 +258,7 @@ impl Writer {
                 Some(_) => returned.push((collection, batch)),
             }
         }
-        self.fanout.route = Route::Subscribers;
+        self.fanout.target = FanoutTarget::Subscribers;
         self.database.write_group(&mut group, &mut self.fanout);
         self.publish_seq();
         let mut written = group.into_iter();
@@ -550,7 +308,7 @@ impl Writer {
     /// Cluster mode: a run of write entries, each at its own seq (refused ones
     /// with a seq marker), in one group commit (see `cluster::apply`).
     pub(crate) fn write_run(&mut self, run: &mut [PendingWrite]) {
-        self.fanout.route = Route::Subscribers;
+        self.fanout.target = FanoutTarget::Subscribers;
         self.database.write_run(run, &mut self.fanout);
         let n_written = run.iter().filter(|write| matches!(write.result, Some(Ok(_)))).count();
         metrics::add(&METRICS.batches, n_written as u64);
@@ -564,7 +322,7 @@ impl Writer {
         };
         let mut batch = Batch::new();
         batch.upsert(RULES_ITEM).payload(doc.as_bytes());
-        self.fanout.route = Route::Subscribers;
+        self.fanout.target = FanoutTarget::Subscribers;
         let mut group = [PendingWrite::new(collection, batch)];
         self.database.write_group(&mut group, &mut self.fanout);
         self.publish_seq();
@@ -778,7 +536,7 @@ impl Writer {
 
     fn query(&mut self, collection: CollectionId, spec: WindowSpec) -> Result<Vec<u8>, ApiError> {
         let fanout = &mut self.fanout;
-        fanout.route = Route::Capture;
+        fanout.target = FanoutTarget::Capture;
         fanout.captured.clear();
         fanout.capture_projection = Some(spec.projection.clone());
         let opened = match check_seek_visible(&self.database, collection, spec.seek.as_ref()) {
@@ -789,7 +547,7 @@ impl Writer {
             Err(error) => Err(error),
         };
         let fanout = &mut self.fanout;
-        fanout.route = Route::Subscribers;
+        fanout.target = FanoutTarget::Subscribers;
         fanout.capture_projection = None;
         let (window, range) = opened?;
         let total = self.database.view_len(window)?;
@@ -834,10 +592,10 @@ impl Writer {
                 opened_now = true;
                 let mut spec = spec;
                 check_seek_visible(&self.database, collection, spec.seek.as_ref())?;
-                self.fanout.route = Route::Discard;
+                self.fanout.target = FanoutTarget::Discard;
                 let opened =
                     self.database.open_window_at(collection, &spec.def, spec.anchor(), spec.limit, &mut self.fanout);
-                self.fanout.route = Route::Subscribers;
+                self.fanout.target = FanoutTarget::Subscribers;
                 let (window, range) = opened?;
                 spec.resolve(range);
                 let key = share_key(collection, &spec);
@@ -883,9 +641,9 @@ impl Writer {
             // slow connection): the Reset that starts it again says where it is.
             sub.range_due = self.database.engine().window_range(window).ok();
         }
-        self.fanout.route = Route::Only(session, handle);
+        self.fanout.target = FanoutTarget::Only(session, handle);
         let result = self.database.emit_window_reset(window, &mut self.fanout);
-        self.fanout.route = Route::Subscribers;
+        self.fanout.target = FanoutTarget::Subscribers;
         debug_assert!(result.is_ok(), "a subscription's window is live");
     }
 
@@ -951,7 +709,7 @@ impl Writer {
         } else {
             // The window is shared: this subscription moves to a private copy first,
             // so the change reaches it alone.
-            self.fanout.route = Route::Discard;
+            self.fanout.target = FanoutTarget::Discard;
             let old_spec = self.fanout.windows[&old_window].spec.clone();
             let opened = self.database.open_window_at(
                 collection,
@@ -960,7 +718,7 @@ impl Writer {
                 old_spec.limit,
                 &mut self.fanout,
             );
-            self.fanout.route = Route::Subscribers;
+            self.fanout.target = FanoutTarget::Subscribers;
             let (window, _) = opened?;
             self.fanout.windows.insert(
                 window,
@@ -975,14 +733,14 @@ impl Writer {
         if let Some(sub) = self.fanout.sub_mut(session, handle) {
             sub.range_due = answer;
         }
-        self.fanout.route = Route::Only(session, handle);
+        self.fanout.target = FanoutTarget::Only(session, handle);
         let result = match &change {
             WindowChange::Range(..) => {
                 self.database.move_window(window, spec.anchor(), spec.limit, &mut self.fanout).map(|_| ())
             }
             WindowChange::View(def) => self.database.set_window_view(window, def, &mut self.fanout),
         };
-        self.fanout.route = Route::Subscribers;
+        self.fanout.target = FanoutTarget::Subscribers;
         let answer_pending = self.fanout.sub_mut(session, handle).is_some_and(|sub| sub.range_due.is_some());
         match &result {
             Err(_) => {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use ordo_core::{CollectionId, FieldType, OwnedValue, Schema, WindowId};
 
-use super::{share_key, Outgoing, Route, Writer};
+use super::{share_key, FanoutTarget, Outgoing, Writer};
 use crate::error::ApiError;
 use crate::routing::CollectionEntry;
 use crate::wire::Projection;
@@ -52,7 +52,7 @@ impl Writer {
             .schema()
             .clone();
         // The engine's resets are encoded below, once projections follow the new schema.
-        self.fanout.route = Route::Discard;
+        self.fanout.target = FanoutTarget::Discard;
         let result = match &change {
             FieldChange::Add { name, field_type, default } => self
                 .database
@@ -60,7 +60,7 @@ impl Writer {
                 .map(|seq| (seq, Vec::new())),
             FieldChange::Remove { name } => self.database.remove_field(collection, name, &mut self.fanout),
         };
-        self.fanout.route = Route::Subscribers;
+        self.fanout.target = FanoutTarget::Subscribers;
         let (seq, ended) = result?;
         let message = match &change {
             FieldChange::Remove { name } => {
@@ -155,7 +155,7 @@ impl Writer {
                 shared.share_key = Some(vacant.key().clone());
                 vacant.insert(window);
             }
-            self.fanout.route = Route::Subscribers;
+            self.fanout.target = FanoutTarget::Subscribers;
             let reset = self.database.emit_window_reset(window, &mut self.fanout);
             debug_assert!(reset.is_ok(), "a window kept across a change is live");
         }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use ordo_core::{CollectionId, ViewDef, WindowAnchor, WindowId};
 
-use super::{Route, SessionId, SubHandle, WindowChange, Writer};
+use super::{FanoutTarget, SessionId, SubHandle, WindowChange, Writer};
 use crate::error::{ApiError, ErrorCode};
 use crate::limits;
 use crate::metrics::{self, METRICS};
@@ -198,9 +198,9 @@ impl Writer {
             .map(|sub| sub.window)
             .ok_or_else(|| ApiError::new(ErrorCode::UnknownSubscription, "no such subscription"))?;
         let collection = self.fanout.windows[&window].collection;
-        self.fanout.route = Route::Discard;
+        self.fanout.target = FanoutTarget::Discard;
         let probe = self.database.open_window_at(collection, &def, WindowAnchor::Offset(0), 1, &mut self.fanout);
-        self.fanout.route = Route::Subscribers;
+        self.fanout.target = FanoutTarget::Subscribers;
         let (probe, _) = probe?;
         let result = self.change_view_charged(session, handle, def, owner, probe, collection);
         let _ = self.database.close_window(probe);
