@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use ordo_core::{CollectionId, FieldType, OwnedValue, Schema, WindowId};
 
-use super::{share_key, FanoutTarget, Outgoing, Writer};
-use crate::error::ApiError;
+use super::fanout::FanoutTarget;
+use super::{share_key, Outgoing, Writer};
+use crate::error::{ApiError, ErrorCode};
 use crate::routing::CollectionEntry;
 use crate::wire::Projection;
 
@@ -171,6 +172,35 @@ impl Writer {
         routes.remove(&name);
         routes.insert(&name, entry.clone()).expect("the name was just freed");
         entry
+    }
+}
+
+impl Writer {
+    pub(crate) fn create_collection(
+        &mut self,
+        name: &str,
+        schema: Schema,
+    ) -> Result<(bool, Arc<CollectionEntry>), ApiError> {
+        if let Some(existing) = self.routes.read().expect("routes lock").get(name) {
+            if *existing.schema == schema && existing.name == name {
+                return Ok((false, existing.clone()));
+            }
+            return Err(ApiError::new(
+                ErrorCode::CollectionExists,
+                format!("a collection named `{}` exists already with another schema or spelling", existing.name),
+            ));
+        }
+        let id = self.database.create_collection(name, schema.clone())?;
+        let mut entry = CollectionEntry::from_engine(self.database.engine(), id).expect("just created");
+        // The name as the caller spelled it (the engine's may differ only by case).
+        entry.name = name.to_owned();
+        let entry = Arc::new(entry);
+        self.routes
+            .write()
+            .expect("routes lock")
+            .insert(name, entry.clone())
+            .map_err(|_| ApiError::new(ErrorCode::Internal, "routing refused a name it had not found"))?;
+        Ok((true, entry))
     }
 }
 

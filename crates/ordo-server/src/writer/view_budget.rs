@@ -20,7 +20,9 @@ use std::sync::Arc;
 
 use ordo_core::{CollectionId, ViewDef, WindowAnchor, WindowId};
 
-use super::{FanoutTarget, SessionId, SubHandle, WindowChange, Writer};
+use super::fanout::FanoutTarget;
+use super::subscriptions::WindowChange;
+use super::{SessionId, SubHandle, Writer};
 use crate::error::{ApiError, ErrorCode};
 use crate::limits;
 use crate::metrics::{self, METRICS};
