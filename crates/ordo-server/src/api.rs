@@ -18,7 +18,7 @@ use crate::auth::{self, Identity, Role};
 use crate::cluster;
 use crate::error::{ApiError, ErrorCode};
 use crate::frame::write_u64;
-use crate::http::{Body, ConnectionSlot, HttpState};
+use crate::http_state::{ConnectionSlot, HttpState};
 use crate::limits;
 use crate::metrics::{self, METRICS};
 use crate::rate_limit::TokenBucket;
@@ -29,6 +29,9 @@ use crate::write_buffers;
 use crate::write_guard::WriteGuard;
 use crate::writer::{Command, FieldChange};
 use crate::ws::{self, ConnectionContext};
+
+/// Every answer's body: whole, in one buffer.
+pub(crate) type Body = Full<Bytes>;
 
 fn json_response(status: u16, body: Vec<u8>) -> Response<Body> {
     Response::builder()

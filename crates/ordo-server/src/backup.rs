@@ -10,7 +10,7 @@ use serde::Deserialize;
 use tokio::sync::oneshot;
 
 use crate::error::ApiError;
-use crate::http::HttpState;
+use crate::http_state::HttpState;
 use crate::limits;
 use crate::writer::Command;
 

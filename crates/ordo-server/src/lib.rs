@@ -16,6 +16,7 @@ pub mod encode;
 pub mod error;
 pub mod frame;
 pub mod http;
+pub mod http_state;
 pub mod limits;
 pub mod logging;
 pub mod metrics;
