@@ -4,7 +4,6 @@
 //! The WebSocket upgrade ends here and continues in `ws`.
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -15,7 +14,6 @@ use tokio::sync::oneshot;
 use ordo_core::Batch;
 
 use crate::auth::{self, Identity, Role};
-use crate::cluster;
 use crate::error::{ApiError, ErrorCode};
 use crate::frame::write_u64;
 use crate::http_state::{ConnectionSlot, HttpState};
@@ -24,11 +22,12 @@ use crate::metrics::{self, METRICS};
 use crate::rate_limit::TokenBucket;
 use crate::routing::{is_reserved_name, CollectionEntry};
 use crate::rules::{self, Action, Grant, RuleSet, RulesDoc};
+use crate::submit::{AddedField, WriteParts, WriteSource};
 use crate::wire::{self, BatchRequest, MultiBatchRequest, QueryRequest, SchemaRequest};
 use crate::write_buffers;
 use crate::write_guard::WriteGuard;
-use crate::writer::{Command, FieldChange};
-use crate::ws::{self, ConnectionContext};
+use crate::writer::Command;
+use crate::ws;
 
 /// Every answer's body: whole, in one buffer.
 pub(crate) type Body = Full<Bytes>;
@@ -322,9 +321,9 @@ async fn route(
                 serde_json::json!({"status": "ok", "protocol": 1})
             };
             let mut body = body;
-            if let Some(cluster) = &state.cluster {
+            if let Some(cluster) = state.cluster_health() {
                 // Everyone: a load balancer reads `lagging` without a token.
-                body["cluster"] = cluster.shared.status.health_json();
+                body["cluster"] = cluster;
             }
             Ok(json_response(200, body.to_string().into_bytes()))
         }
@@ -336,9 +335,7 @@ async fn route(
             let gauges = gauges(state).await?;
             let depth = state.writer.max_capacity() - state.writer.capacity();
             let mut text = metrics::render(&gauges, depth);
-            if let Some(cluster) = &state.cluster {
-                cluster.shared.status.render_metrics(&mut text);
-            }
+            state.render_cluster_metrics(&mut text);
             Ok(Response::builder()
                 .status(200)
                 .header("content-type", "text/plain; version=0.0.4")
@@ -358,16 +355,7 @@ async fn route(
             let doc: RulesDoc = parse(&body)?;
             let rules = RuleSet::compile(doc.clone())?;
             let text = serde_json::to_string(&doc).expect("rules serialise");
-            let seq = if let Some(cluster) = &state.cluster {
-                // The apply installs them, on every node, in stream order.
-                cluster::routes::set_rules(cluster, &identity, &text).await?
-            } else {
-                let (reply, answer) = oneshot::channel();
-                send(state, Command::SetRules { doc: text, reply }).await?;
-                let seq = answer.await.map_err(|_| ApiError::shutting_down())??;
-                state.gate.set_rules(rules);
-                seq
-            };
+            let seq = state.submit.set_rules(&identity, text, rules, &state.gate).await?;
             let mut body = serde_json::to_value(&doc).expect("rules serialise");
             body["seq"] = seq.into();
             Ok(json_response(200, body.to_string().into_bytes()))
@@ -427,20 +415,13 @@ async fn route(
             if !state.gate.rules().may_create(&identity, name) {
                 return Err(rules::forbidden(name, "create"));
             }
-            let name = name.to_string();
             let body = read_body(request).await?;
             // Every attempt counts against the quota, refused ones too.
             state.gate.take_creation(&identity)?;
             let schema_request: SchemaRequest = parse(&body)?;
             state.gate.rules().check_ref_targets(&identity, schema_request.ref_targets())?;
             let schema = schema_request.to_schema(|target| collection_id(state, target))?;
-            let (created, entry) = if let Some(cluster) = &state.cluster {
-                cluster::routes::create_collection(cluster, &identity, &name, &body).await?
-            } else {
-                let (reply, answer) = oneshot::channel();
-                send(state, Command::CreateCollection { name, schema, reply }).await?;
-                answer.await.map_err(|_| ApiError::shutting_down())??
-            };
+            let (created, entry) = state.submit.create_collection(&identity, name, schema, &body).await?;
             let body = collection_json(state, &entry, None);
             Ok(json_response(if created { 201 } else { 200 }, body.to_string().into_bytes()))
         }
@@ -451,36 +432,20 @@ async fn route(
             let body = read_body(request).await?;
             let add: wire::AddFieldRequest = parse(&body)?;
             let (field_type, default) = add.typed(|target| collection_id(state, target))?;
-            if let Some(cluster) = &state.cluster {
-                let changed = cluster::routes::add_field(cluster, &identity, name, &body).await;
-                return Ok(fields_changed(state, changed?));
-            }
-            let change = FieldChange::Add { name: add.name, field_type, default };
-            change_fields(state, entry.id, change).await
+            let field = AddedField { name: add.name, field_type, default, body: &body };
+            Ok(fields_changed(state, state.submit.add_field(&identity, &entry, name, field).await?))
         }
         (&Method::DELETE, ["v1", "collections", name, "fields", field]) => {
             let identity = caller(state, token, &path)?;
             require_admin(&identity, "removing a field")?;
             let entry = schema_target(state, name)?;
-            if let Some(cluster) = &state.cluster {
-                return Ok(fields_changed(
-                    state,
-                    cluster::routes::remove_field(cluster, &identity, name, field).await?,
-                ));
-            }
-            change_fields(state, entry.id, FieldChange::Remove { name: field.to_string() }).await
+            Ok(fields_changed(state, state.submit.remove_field(&identity, &entry, name, field).await?))
         }
         (&Method::DELETE, ["v1", "collections", name]) => {
             let identity = caller(state, token, &path)?;
             require_admin(&identity, "dropping a collection")?;
             let entry = schema_target(state, name)?;
-            let seq = if let Some(cluster) = &state.cluster {
-                cluster::routes::drop_collection(cluster, &identity, name).await?
-            } else {
-                let (reply, answer) = oneshot::channel();
-                send(state, Command::DropCollection { collection: entry.id, reply }).await?;
-                answer.await.map_err(|_| ApiError::shutting_down())??
-            };
+            let seq = state.submit.drop_collection(&identity, &entry, name).await?;
             let body = serde_json::json!({"seq": seq, "dropped": entry.name});
             Ok(json_response(200, body.to_string().into_bytes()))
         }
@@ -502,11 +467,12 @@ async fn route(
         (&Method::POST, ["v1", "collections", name, "batch"]) => {
             let identity = caller(state, token, &path)?;
             let granted = granted_collection(state, &identity, name, Action::Write);
-            if let Some(error) = granted.as_ref().err().filter(|error| is_not_here_yet(state, error)) {
+            if let Some(error) = granted.as_ref().err().filter(|error| state.submit.submits_despite(error)) {
                 let body = read_body(request).await?;
                 check_op_count(parse_write::<BatchRequest>(&body)?.ops.len())?;
-                let entry = cluster::routes::batch_entry(&identity, name, &body).map_err(|_| error.clone())?;
-                let ack = write(state, Vec::new(), Vec::new(), Some(vec![entry])).await?.pop().expect("one result");
+                let source = WriteSource::Batch { collection: name, body: &body };
+                let results = state.submit.write(&identity, WriteParts::default(), source).await;
+                let ack = results.map_err(|_| error.clone())?.pop().expect("one result");
                 let ack = ack.map_err(|error| shown_to(state, &identity, name, error))?;
                 let mut body = Vec::with_capacity(64);
                 write_ack(&mut body, &ack);
@@ -522,12 +488,9 @@ async fn route(
             wire::fill_batch(&mut batch, &entry.schema, &batch_request.ops, 0)?;
             let mut parts = write_buffers::take_list();
             parts.push((entry.id, batch));
-            // Cluster mode only: the part as an entry (single-node mode does no more work).
-            let entries = match &state.cluster {
-                Some(_) => Some(vec![cluster::routes::batch_entry(&identity, name, &body)?]),
-                None => None,
-            };
-            let mut results = write(state, parts, guards, entries).await?;
+            let parts = WriteParts { batches: parts, guards };
+            let mut results =
+                state.submit.write(&identity, parts, WriteSource::Batch { collection: name, body: &body }).await?;
             let ack =
                 results.pop().expect("one result per part").map_err(|error| shown_to(state, &identity, name, error))?;
             let mut body = Vec::with_capacity(64);
@@ -539,12 +502,6 @@ async fn route(
             let body = read_body(request).await?;
             let multi: MultiBatchRequest = parse_write(&body)?;
             check_op_count(multi.writes.iter().map(|write| write.ops.len()).sum())?;
-            // Cluster mode only: each part written is an entry of its own.
-            let raw: Option<cluster::routes::RawMulti<'_>> = match &state.cluster {
-                Some(_) => Some(parse_write(&body)?),
-                None => None,
-            };
-            let mut entries = raw.as_ref().map(|_| Vec::new());
             // A part refused here (unknown collection, a value of the wrong type) fails
             // alone, as a part refused by the engine would; the others are written.
             let mut refused: Vec<(usize, ApiError)> = Vec::new();
@@ -576,25 +533,16 @@ async fn route(
                         }
                     });
                 match prepared {
-                    Err(error) if is_not_here_yet(state, &error) => {
-                        // No local batch: in cluster mode the results follow the entries.
-                        if let (Some(entries), Some(raw)) = (&mut entries, &raw) {
-                            let raw_part = &raw.writes[index];
-                            entries.push(cluster::routes::write_entry(&identity, &raw_part.collection, raw_part.ops));
-                        }
-                    }
-                    Ok(prepared) => {
-                        parts.push(prepared);
-                        if let (Some(entries), Some(raw)) = (&mut entries, &raw) {
-                            let raw_part = &raw.writes[index];
-                            entries.push(cluster::routes::write_entry(&identity, &raw_part.collection, raw_part.ops));
-                        }
-                    }
+                    // Submitted without a local batch: its result follows those of the parts before it.
+                    Err(error) if state.submit.submits_despite(&error) => {}
+                    Ok(prepared) => parts.push(prepared),
                     Err(error) => refused
                         .push((index, ApiError { message: format!("write {index}: {}", error.message), ..error })),
                 }
             }
-            let mut written = write(state, parts, guards, entries).await?.into_iter();
+            let source = WriteSource::Multi { body: &body, refused: &refused };
+            let parts = WriteParts { batches: parts, guards };
+            let mut written = state.submit.write(&identity, parts, source).await?.into_iter();
             let mut refused = refused.into_iter().peekable();
             let mut status = 200;
             // `{"results":[...]}`, written directly: one allocation for the whole answer.
@@ -641,9 +589,10 @@ async fn route(
         (&Method::DELETE, ["v1", "collections", name, "items", id]) => {
             let identity = caller(state, token, &path)?;
             let granted = granted_collection(state, &identity, name, Action::Write);
-            if let Some(error) = granted.as_ref().err().filter(|error| is_not_here_yet(state, error)) {
-                let entries = Some(vec![cluster::routes::remove_entry(&identity, name, id)]);
-                let ack = write(state, Vec::new(), Vec::new(), entries).await?.pop().expect("one result");
+            if let Some(error) = granted.as_ref().err().filter(|error| state.submit.submits_despite(error)) {
+                let source = WriteSource::Remove { collection: name, id };
+                let ack =
+                    state.submit.write(&identity, WriteParts::default(), source).await?.pop().expect("one result");
                 let ack = ack.map_err(|_| error.clone())?;
                 let body = serde_json::json!({"seq": ack.seq, "removed": ack.summary.n_removed == 1});
                 return Ok(json_response(200, body.to_string().into_bytes()));
@@ -653,8 +602,9 @@ async fn route(
             write_guard(0, &entry, &grant, &mut guards)?;
             let mut batch = Batch::new();
             batch.remove(id);
-            let entries = state.cluster.as_ref().map(|_| vec![cluster::routes::remove_entry(&identity, name, id)]);
-            let mut results = write(state, vec![(entry.id, batch)], guards, entries).await?;
+            let parts = WriteParts { batches: vec![(entry.id, batch)], guards };
+            let mut results =
+                state.submit.write(&identity, parts, WriteSource::Remove { collection: name, id }).await?;
             let ack =
                 results.pop().expect("one result per part").map_err(|error| shown_to(state, &identity, name, error))?;
             let body = serde_json::json!({"seq": ack.seq, "removed": ack.summary.n_removed == 1});
@@ -756,24 +706,6 @@ fn schema_target(state: &HttpState, name: &str) -> Result<Arc<CollectionEntry>, 
     state.routes.read().expect("routes lock").get(name).cloned().ok_or_else(|| ApiError::unknown_collection(name))
 }
 
-/// Sends a change of fields to the writer; answers the collection JSON plus `seq`.
-async fn change_fields(
-    state: &HttpState,
-    collection: ordo_core::CollectionId,
-    change: FieldChange,
-) -> Result<Response<Body>, ApiError> {
-    let (reply, answer) = oneshot::channel();
-    send(state, Command::ChangeFields { collection, change, reply }).await?;
-    Ok(fields_changed(state, answer.await.map_err(|_| ApiError::shutting_down())??))
-}
-
-/// Cluster mode: a write to a collection this node does not know *yet* (created
-/// through another node, not applied here so far) is published all the same;
-/// the apply, at the entry's place in the stream, decides. Single-node mode: never.
-fn is_not_here_yet(state: &HttpState, error: &ApiError) -> bool {
-    state.cluster.is_some() && error.code == ErrorCode::UnknownCollection
-}
-
 /// The collection JSON plus `seq` of a change of fields.
 fn fields_changed(state: &HttpState, (seq, entry): (u64, Arc<CollectionEntry>)) -> Response<Body> {
     let mut body = collection_json(state, &entry, None);
@@ -810,27 +742,6 @@ async fn gauges(state: &HttpState) -> Result<crate::metrics::WriterGauges, ApiEr
     let (reply, answer) = oneshot::channel();
     send(state, Command::Gauges { reply }).await?;
     answer.await.map_err(|_| ApiError::shutting_down())
-}
-
-/// Hands the parts to the writer thread; their buffers come back to this thread's pool.
-/// In cluster mode, publishes `entries` (one per part) instead and answers
-/// their outcomes; the parts were only built to check the request.
-async fn write(
-    state: &HttpState,
-    parts: Vec<(ordo_core::CollectionId, Batch)>,
-    guards: Vec<(usize, Arc<WriteGuard>)>,
-    entries: Option<Vec<Vec<u8>>>,
-) -> Result<crate::writer::WriteResults, ApiError> {
-    if let Some(cluster) = &state.cluster {
-        write_buffers::give_list(parts);
-        let entries = entries.expect("cluster mode encodes its entries");
-        return Ok(cluster::routes::write(cluster, entries).await);
-    }
-    let (reply, answer) = oneshot::channel();
-    send(state, Command::Write { batches: parts, reply, queued_at: Instant::now(), guards }).await?;
-    let reply = answer.await.map_err(|_| ApiError::shutting_down())?;
-    write_buffers::give_list(reply.batches);
-    Ok(reply.results)
 }
 
 /// A body read as a whole: checked for one meaning first (`strict_json`).
@@ -914,18 +825,7 @@ fn upgrade(
     let identity_slot = state.gate.open_connection(identity.as_deref())?;
     let (response, upgrade) = fastwebsockets::upgrade::upgrade(&mut request)
         .map_err(|error| ApiError::bad_request(format!("WebSocket upgrade refused: {error}")))?;
-    let context = ConnectionContext {
-        writer: state.writer.clone(),
-        routes: state.routes.clone(),
-        registry: state.registry.clone(),
-        config: state.connection.clone(),
-        shutdown: state.shutdown.clone(),
-        limits_json: state.limits_json.clone(),
-        gate: state.gate.clone(),
-        identity,
-        seq: state.seq.clone(),
-        cluster: state.cluster.as_ref().map(|cluster| cluster.shared.clone()),
-    };
+    let context = state.connection_context(identity);
     tokio::spawn(async move {
         let _slot = slot;
         if let Ok(ws) = upgrade.await {

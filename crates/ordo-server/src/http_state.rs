@@ -10,10 +10,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::access::Gate;
+use crate::auth::Identity;
 use crate::metrics::{self, METRICS};
 use crate::routing::Routes;
+use crate::submit::Submitter;
 use crate::writer::WriterSender;
-use crate::ws::{self, Registry};
+use crate::ws::{self, ConnectionContext, Registry};
 
 pub struct HttpState {
     pub writer: WriterSender,
@@ -38,8 +40,40 @@ pub struct HttpState {
     pub metrics_public: bool,
     /// The `seq` of the last batch applied, for `min_seq`.
     pub seq: crate::min_seq::SeqWatch,
+    /// Where changes of state go: the writer, or cluster mode's stream.
+    pub submit: Submitter,
     /// Cluster mode: the stream's connection (`None`: single-node mode).
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
+}
+
+impl HttpState {
+    /// Cluster mode: this node's part of `/v1/health` (`None`: single-node mode).
+    pub(crate) fn cluster_health(&self) -> Option<serde_json::Value> {
+        self.cluster.as_ref().map(|cluster| cluster.shared.status.health_json())
+    }
+
+    /// Cluster mode: appends this node's cluster metrics to `/metrics`' text.
+    pub(crate) fn render_cluster_metrics(&self, text: &mut String) {
+        if let Some(cluster) = &self.cluster {
+            cluster.shared.status.render_metrics(text);
+        }
+    }
+
+    /// What a WebSocket connection of `identity` (if it sent a token) runs with.
+    pub(crate) fn connection_context(&self, identity: Option<Arc<Identity>>) -> ConnectionContext {
+        ConnectionContext {
+            writer: self.writer.clone(),
+            routes: self.routes.clone(),
+            registry: self.registry.clone(),
+            config: self.connection.clone(),
+            shutdown: self.shutdown.clone(),
+            limits_json: self.limits_json.clone(),
+            gate: self.gate.clone(),
+            identity,
+            seq: self.seq.clone(),
+            cluster: self.cluster.as_ref().map(|cluster| cluster.shared.clone()),
+        }
+    }
 }
 
 /// One accepted TCP connection's place under the connection cap. The HTTP

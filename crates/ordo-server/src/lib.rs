@@ -33,6 +33,7 @@ pub mod server;
 pub mod silent_sockets;
 pub mod strict_json;
 pub mod sub_table;
+pub mod submit;
 pub mod wire;
 pub mod write_buffers;
 pub mod write_guard;

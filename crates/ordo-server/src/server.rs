@@ -20,6 +20,7 @@ use crate::limits;
 use crate::metrics::{self, ThreadKind};
 use crate::name_routes::NameRoutes;
 use crate::rules::{RuleSet, RulesDoc};
+use crate::submit::Submitter;
 use crate::writer::{Command, Writer, RULES_COLLECTION, RULES_ITEM};
 use crate::ws::{ConnectionConfig, Registry};
 
@@ -310,6 +311,10 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
             gate,
             metrics_public: options.metrics_public,
             seq,
+            submit: match &cluster {
+                Some(cluster) => Submitter::Stream(cluster.clone()),
+                None => Submitter::Writer(writer_tx.clone()),
+            },
             cluster,
         });
         tokio::spawn(expire_sessions(registry, writer_tx.clone(), shutdown_rx.clone()));
