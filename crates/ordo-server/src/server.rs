@@ -119,7 +119,7 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
         .map(|cluster| crate::cluster::Shared::new(&cluster.node_name, cluster.max_lag, database.last_seq()));
     let writer = writer(database, &options, &routes, &gate, cluster_shared.as_ref());
     let seq = writer.seq_watch();
-    let (writer_tx, writer_rx) = mpsc::channel(limits::CORE_QUEUE_CAPACITY);
+    let (writer_tx, writer_rx) = mpsc::channel(limits::WRITER_QUEUE_CAPACITY);
     let writer_thread = std::thread::Builder::new()
         .name("ordo-writer".to_owned())
         .spawn(move || writer.run(writer_rx))
