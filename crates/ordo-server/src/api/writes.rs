@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use hyper::Response;
 
-use ordo_core::Batch;
+use ordo_core::{Batch, CollectionId};
 
 use super::request::read_body;
 use super::{caller, granted_collection, json_response, parse_write, Body, Call};
@@ -19,9 +19,10 @@ use crate::metrics::{self, METRICS};
 use crate::routing::CollectionEntry;
 use crate::rules::{Action, Grant};
 use crate::submit::{WriteParts, WriteSource};
-use crate::wire::{self, BatchRequest, MultiBatchRequest};
+use crate::wire::{self, BatchRequest, CollectionWrite, MultiBatchRequest};
 use crate::write_buffers;
 use crate::write_guard::WriteGuard;
+use crate::writer::WriteResults;
 
 /// POST /v1/collections/{name}/batch: one atomic batch.
 pub(super) async fn batch(call: Call<'_>, name: &str) -> Result<Response<Body>, ApiError> {
@@ -72,29 +73,7 @@ pub(super) async fn multi_batch(call: Call<'_>) -> Result<Response<Body>, ApiErr
     let mut guards = Vec::new();
     let mut guarded_items = GuardedItems::default();
     for (index, part) in multi.writes.iter().enumerate() {
-        let prepared =
-            granted_collection(state, &identity, &part.collection, Action::Write).and_then(|(entry, grant)| {
-                write_guard(parts.len(), &entry, &grant, &mut guards)?;
-                let guarded = guards.last().is_some_and(|(guarded, _)| *guarded == parts.len());
-                let mut batch = write_buffers::take_batch();
-                let filled = wire::fill_batch(&mut batch, &entry.schema, &part.ops, 0).and_then(|()| {
-                    if guarded {
-                        guarded_items.claim(entry.id, &batch)
-                    } else {
-                        Ok(())
-                    }
-                });
-                match filled {
-                    Ok(()) => Ok((entry.id, batch)),
-                    Err(error) => {
-                        if guarded {
-                            guards.pop();
-                        }
-                        write_buffers::give_batch(batch);
-                        Err(error)
-                    }
-                }
-            });
+        let prepared = prepare_part(state, &identity, part, parts.len(), &mut guards, &mut guarded_items);
         match prepared {
             // Submitted without a local batch: its result follows those of the parts before it.
             Err(error) if state.submit.submits_despite(&error) => {}
@@ -106,7 +85,54 @@ pub(super) async fn multi_batch(call: Call<'_>) -> Result<Response<Body>, ApiErr
     }
     let source = WriteSource::Multi { body: &body, refused: &refused };
     let parts = WriteParts { batches: parts, guards };
-    let mut written = state.submit.write(&identity, parts, source).await?.into_iter();
+    let written = state.submit.write(&identity, parts, source).await?;
+    Ok(multi_answer(state, &identity, &multi, refused, written))
+}
+
+/// One part of a `POST /v1/batch`, checked and built: its collection's batch,
+/// and its guard (in `guards`, at `part_index`: its index among the batches
+/// submitted) under a filtered write rule.
+fn prepare_part(
+    state: &HttpState,
+    identity: &Identity,
+    part: &CollectionWrite<'_>,
+    part_index: usize,
+    guards: &mut Vec<(usize, Arc<WriteGuard>)>,
+    guarded_items: &mut GuardedItems,
+) -> Result<(CollectionId, Batch), ApiError> {
+    let (entry, grant) = granted_collection(state, identity, &part.collection, Action::Write)?;
+    write_guard(part_index, &entry, &grant, guards)?;
+    let guarded = guards.last().is_some_and(|(guarded, _)| *guarded == part_index);
+    let mut batch = write_buffers::take_batch();
+    let filled = wire::fill_batch(&mut batch, &entry.schema, &part.ops, 0).and_then(|()| {
+        if guarded {
+            guarded_items.claim(entry.id, &batch)
+        } else {
+            Ok(())
+        }
+    });
+    match filled {
+        Ok(()) => Ok((entry.id, batch)),
+        Err(error) => {
+            if guarded {
+                guards.pop();
+            }
+            write_buffers::give_batch(batch);
+            Err(error)
+        }
+    }
+}
+
+/// `POST /v1/batch`'s answer: a result per part, in order, each refused here
+/// (`refused`, by index) or as submitted (`written`).
+fn multi_answer(
+    state: &HttpState,
+    identity: &Identity,
+    multi: &MultiBatchRequest<'_>,
+    refused: Vec<(usize, ApiError)>,
+    written: WriteResults,
+) -> Response<Body> {
+    let mut written = written.into_iter();
     let mut refused = refused.into_iter().peekable();
     let mut status = 200;
     // `{"results":[...]}`, written directly: one allocation for the whole answer.
@@ -121,7 +147,7 @@ pub(super) async fn multi_batch(call: Call<'_>) -> Result<Response<Body>, ApiErr
             None => written
                 .next()
                 .expect("one result per part written")
-                .map_err(|error| shown_to(state, &identity, &multi.writes[index].collection, error)),
+                .map_err(|error| shown_to(state, identity, &multi.writes[index].collection, error)),
         };
         match result {
             Ok(ack) => write_ack(&mut body, &ack),
@@ -137,7 +163,7 @@ pub(super) async fn multi_batch(call: Call<'_>) -> Result<Response<Body>, ApiErr
         }
     }
     body.extend_from_slice(b"]}");
-    Ok(json_response(status, body))
+    json_response(status, body)
 }
 
 /// DELETE /v1/collections/{name}/items/{id}.
