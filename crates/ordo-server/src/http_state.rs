@@ -17,6 +17,7 @@ use crate::submit::Submitter;
 use crate::writer::WriterSender;
 use crate::ws::{self, ConnectionContext, Registry};
 
+/// The server-wide state every HTTP handler reads, built once at start.
 pub struct HttpState {
     pub writer: WriterSender,
     pub routes: Routes,

@@ -216,52 +216,9 @@ impl Writer {
             .and_then(|state| state.subs.get(&handle))
             .ok_or_else(|| ApiError::new(ErrorCode::UnknownSubscription, "no such subscription"))?;
         let old_window = sub.window;
-        let shared = &self.fanout.windows[&old_window];
-        let collection = shared.collection;
-        let mut spec = shared.spec.clone();
-        let mut answer = None;
-        match &change {
-            WindowChange::Range(position, limit) => {
-                spec.set_position(position.clone());
-                spec.limit = *limit;
-                check_seek_visible(&self.database, collection, spec.seek.as_ref())?;
-                // Found first (on the window as it is, before any private copy), so
-                // that a refusal changes nothing and the frame can say where it landed.
-                let range = self.database.resolve_window_anchor(old_window, spec.anchor(), *limit)?;
-                spec.resolve(range);
-                if matches!(position, Position::Seek(_) | Position::Tail) {
-                    answer = Some((range.offset, range.limit));
-                }
-            }
-            WindowChange::View(def) => spec.def = def.clone(),
-        }
-        let shared = &self.fanout.windows[&old_window];
-        let window = if shared.subscribers.len() == 1 {
-            old_window
-        } else {
-            // The window is shared: this subscription moves to a private copy first,
-            // so the change reaches it alone.
-            self.fanout.target = FanoutTarget::Discard;
-            let old_spec = self.fanout.windows[&old_window].spec.clone();
-            let opened = self.database.open_window_at(
-                collection,
-                &old_spec.def,
-                old_spec.anchor(),
-                old_spec.limit,
-                &mut self.fanout,
-            );
-            self.fanout.target = FanoutTarget::Subscribers;
-            let (window, _) = opened?;
-            self.fanout.windows.insert(
-                window,
-                SharedWindow { collection, spec: old_spec, share_key: None, subscribers: vec![(session, handle)] },
-            );
-            let shared = self.fanout.windows.get_mut(&old_window).expect("live");
-            shared.subscribers.retain(|&subscriber| subscriber != (session, handle));
-            self.fanout.sessions.get_mut(&session).expect("checked").subs.get_mut(&handle).expect("checked").window =
-                window;
-            window
-        };
+        let collection = self.fanout.windows[&old_window].collection;
+        let (spec, answer) = self.changed_spec(old_window, &change)?;
+        let window = self.private_window(session, handle, old_window)?;
         if let Some(sub) = self.fanout.sub_mut(session, handle) {
             sub.range_due = answer;
         }
@@ -298,7 +255,78 @@ impl Writer {
             let collection = self.fanout.windows[&window].collection;
             self.note_unprepared(window, collection);
         }
-        // The window now has a new identity: re-key it for sharing when that is free.
+        self.rekey(window, collection, spec);
+        Ok(())
+    }
+
+    /// The window's definition once `change` applies to it, and, for a
+    /// key-positioned request, where it lands (told to the client). Nothing
+    /// changes yet, so a refusal here leaves the subscription as it was.
+    fn changed_spec(
+        &mut self,
+        window: WindowId,
+        change: &WindowChange,
+    ) -> Result<(WindowSpec, Option<(usize, usize)>), ApiError> {
+        let shared = &self.fanout.windows[&window];
+        let collection = shared.collection;
+        let mut spec = shared.spec.clone();
+        let mut answer = None;
+        match change {
+            WindowChange::Range(position, limit) => {
+                spec.set_position(position.clone());
+                spec.limit = *limit;
+                check_seek_visible(&self.database, collection, spec.seek.as_ref())?;
+                // Found first (on the window as it is, before any private copy), so
+                // that a refusal changes nothing and the frame can say where it landed.
+                let range = self.database.resolve_window_anchor(window, spec.anchor(), *limit)?;
+                spec.resolve(range);
+                if matches!(position, Position::Seek(_) | Position::Tail) {
+                    answer = Some((range.offset, range.limit));
+                }
+            }
+            WindowChange::View(def) => spec.def = def.clone(),
+        }
+        Ok((spec, answer))
+    }
+
+    /// The window a subscription may change alone: its own, or, when it shares
+    /// it, a private copy it moves to first (so the change reaches it alone).
+    fn private_window(
+        &mut self,
+        session: SessionId,
+        handle: SubHandle,
+        old_window: WindowId,
+    ) -> Result<WindowId, ApiError> {
+        let shared = &self.fanout.windows[&old_window];
+        if shared.subscribers.len() == 1 {
+            return Ok(old_window);
+        }
+        let collection = shared.collection;
+        self.fanout.target = FanoutTarget::Discard;
+        let old_spec = self.fanout.windows[&old_window].spec.clone();
+        let opened = self.database.open_window_at(
+            collection,
+            &old_spec.def,
+            old_spec.anchor(),
+            old_spec.limit,
+            &mut self.fanout,
+        );
+        self.fanout.target = FanoutTarget::Subscribers;
+        let (window, _) = opened?;
+        self.fanout.windows.insert(
+            window,
+            SharedWindow { collection, spec: old_spec, share_key: None, subscribers: vec![(session, handle)] },
+        );
+        let shared = self.fanout.windows.get_mut(&old_window).expect("live");
+        shared.subscribers.retain(|&subscriber| subscriber != (session, handle));
+        self.fanout.sessions.get_mut(&session).expect("checked").subs.get_mut(&handle).expect("checked").window =
+            window;
+        Ok(window)
+    }
+
+    /// The window now has a new identity (`spec`): re-keys it for sharing when
+    /// that key is free.
+    fn rekey(&mut self, window: WindowId, collection: CollectionId, spec: WindowSpec) {
         let shared = self.fanout.windows.get_mut(&window).expect("live");
         if let Some(old_key) = shared.share_key.take() {
             self.fanout.windows_by_key.remove(&old_key);
@@ -309,7 +337,6 @@ impl Writer {
             shared.share_key = Some(vacant.key().clone());
             vacant.insert(window);
         }
-        Ok(())
     }
 
     /// A `set_view` that left the window's rows as they were but changed how many
