@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::auth::{AuthFailure, Identity, Role, Verifier};
-use crate::core::{is_reserved_name, CollectionEntry, Routes};
 use crate::error::{ApiError, ErrorCode};
 use crate::limits;
 use crate::metrics::{self, METRICS};
 use crate::rate_limit::TokenBucket;
+use crate::routing::{is_reserved_name, CollectionEntry, Routes};
 use crate::rules::{Action, Grant, RuleSet, SharedRules};
 
 /// Who may reach the server and from where; built at start.

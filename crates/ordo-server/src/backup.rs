@@ -9,10 +9,10 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use tokio::sync::oneshot;
 
-use crate::core::Command;
 use crate::error::ApiError;
-use crate::http::HttpState;
+use crate::http_state::HttpState;
 use crate::limits;
+use crate::writer::Command;
 
 /// `{"to":"/absolute/path"}`
 #[derive(Deserialize)]
@@ -41,7 +41,7 @@ pub(crate) async fn backup(state: &HttpState, body: &[u8]) -> Result<Vec<u8>, Ap
         )));
     }
     let (reply, answer) = oneshot::channel();
-    state.core.send(Command::StartBackup { reply }).await.map_err(|_| ApiError::shutting_down())?;
+    state.writer.send(Command::StartBackup { reply }).await.map_err(|_| ApiError::shutting_down())?;
     let backup = answer.await.map_err(|_| ApiError::shutting_down())??;
     let destination = to.clone();
     let report = tokio::task::spawn_blocking(move || backup.write_to(&destination))

@@ -21,13 +21,14 @@ use ordo_core::{Batch, FieldType, Value};
 use crate::access::Gate;
 use crate::auth::Identity;
 use crate::cluster::{self, Cluster};
-use crate::core::{CollectionEntry, Command, CoreSender, Routes};
 use crate::demo_data::{self, ROOMS_COLLECTION, ROOMS_PER_BATCH, ROOM_FIELDS};
 use crate::error::ApiError;
 use crate::limits;
 use crate::rng::Rng;
+use crate::routing::{CollectionEntry, Routes};
 use crate::rules::{AccessDoc, RuleDoc, RuleSet};
 use crate::wire;
+use crate::writer::{Command, WriterSender};
 
 const INDEX_HTML: &str = include_str!("../demo/index.html");
 const APP_JS: &str = include_str!("../demo/app.js");
@@ -163,7 +164,7 @@ pub struct DemoStart {
 /// but versions). Every node runs its own simulator (`--demo-rate` each; `make
 /// cluster` runs one, on the first node); their writes add up (`cluster_op`).
 pub async fn start(
-    core: &CoreSender,
+    writer: &WriterSender,
     routes: &Routes,
     gate: &Gate,
     rate: u32,
@@ -197,23 +198,23 @@ pub async fn start(
                 schema: demo_data::rooms_schema(),
                 reply,
             };
-            let (_, entry) = ask(core, command, answer).await?.map_err(|error| error.to_string())?;
+            let (_, entry) = ask(writer, command, answer).await?.map_err(|error| error.to_string())?;
             entry
         }
     };
     check_schema(&entry)?;
     let (reply, answer) = oneshot::channel();
-    let mut n_rooms = ask(core, Command::CollectionLen { collection: entry.id, reply }, answer).await?;
+    let mut n_rooms = ask(writer, Command::CollectionLen { collection: entry.id, reply }, answer).await?;
     let mut n_rooms_written = 0;
     if n_rooms == 0 {
-        write_rooms(core, &entry, limits::DEMO_ROOMS, cluster.as_deref()).await?;
+        write_rooms(writer, &entry, limits::DEMO_ROOMS, cluster.as_deref()).await?;
         n_rooms_written = limits::DEMO_ROOMS;
         n_rooms = limits::DEMO_ROOMS;
     }
-    install_rule(core, gate, cluster.as_deref()).await?;
-    let room_ids = room_ids(core, &entry).await?;
+    install_rule(writer, gate, cluster.as_deref()).await?;
+    let room_ids = room_ids(writer, &entry).await?;
     if !room_ids.is_empty() {
-        tokio::spawn(run_simulator(simulator.clone(), core.clone(), entry, room_ids, shutdown, cluster));
+        tokio::spawn(run_simulator(simulator.clone(), writer.clone(), entry, room_ids, shutdown, cluster));
     }
     Ok(DemoStart { simulator, n_rooms_written, n_rooms })
 }
@@ -221,7 +222,7 @@ pub async fn start(
 /// The demo's access rule: a reader reads the rooms it owns (`owner == $sub`).
 /// Added to the stored rules when they have none for `rooms`, so an operator's
 /// own rules are kept.
-async fn install_rule(core: &CoreSender, gate: &Gate, cluster: Option<&Cluster>) -> Result<(), String> {
+async fn install_rule(writer: &WriterSender, gate: &Gate, cluster: Option<&Cluster>) -> Result<(), String> {
     let rules = gate.rules();
     if rules.doc().rules.iter().any(|rule| rule.collection == ROOMS_COLLECTION) {
         return Ok(());
@@ -245,7 +246,7 @@ async fn install_rule(core: &CoreSender, gate: &Gate, cluster: Option<&Cluster>)
         return Ok(());
     }
     let (reply, answer) = oneshot::channel();
-    ask(core, Command::SetRules { doc: text, reply }, answer).await?.map_err(|error| error.to_string())?;
+    ask(writer, Command::SetRules { doc: text, reply }, answer).await?.map_err(|error| error.to_string())?;
     gate.set_rules(compiled);
     Ok(())
 }
@@ -288,9 +289,9 @@ pub fn parse_token_request(body: &[u8]) -> Result<&'static str, ApiError> {
 }
 
 /// Sends a command to the writer thread and waits for its answer.
-async fn ask<T>(core: &CoreSender, command: Command, answer: oneshot::Receiver<T>) -> Result<T, String> {
+async fn ask<T>(writer: &WriterSender, command: Command, answer: oneshot::Receiver<T>) -> Result<T, String> {
     const STOPPED: &str = "the writer thread stopped";
-    core.send(command).await.map_err(|_| STOPPED.to_owned())?;
+    writer.send(command).await.map_err(|_| STOPPED.to_owned())?;
     answer.await.map_err(|_| STOPPED.to_owned())
 }
 
@@ -312,7 +313,7 @@ fn check_schema(entry: &CollectionEntry) -> Result<(), String> {
 }
 
 async fn write_rooms(
-    core: &CoreSender,
+    writer: &WriterSender,
     entry: &CollectionEntry,
     n_rooms: usize,
     cluster: Option<&Cluster>,
@@ -356,7 +357,7 @@ async fn write_rooms(
             queued_at: std::time::Instant::now(),
             guards: Vec::new(),
         };
-        let mut results = ask(core, command, answer).await?.results;
+        let mut results = ask(writer, command, answer).await?.results;
         results.pop().expect("one result per batch").map_err(|error| format!("writing the demo rooms: {error}"))?;
         written += n;
     }
@@ -365,7 +366,7 @@ async fn write_rooms(
 
 /// The ids of the rooms the simulator writes to: the first `MAX_SIMULATED_ROOMS`
 /// by id, read with one-shot queries like a client would.
-async fn room_ids(core: &CoreSender, entry: &CollectionEntry) -> Result<Vec<String>, String> {
+async fn room_ids(writer: &WriterSender, entry: &CollectionEntry) -> Result<Vec<String>, String> {
     let mut ids = Vec::new();
     while ids.len() < limits::MAX_SIMULATED_ROOMS {
         let limit = limits::MAX_WINDOW_LIMIT.min(limits::MAX_SIMULATED_ROOMS - ids.len());
@@ -381,7 +382,7 @@ async fn room_ids(core: &CoreSender, entry: &CollectionEntry) -> Result<Vec<Stri
         .map_err(|error| error.to_string())?;
         let (reply, answer) = oneshot::channel();
         let body =
-            ask(core, Command::Query { collection: entry.id, schema: entry.schema.clone(), spec, reply }, answer)
+            ask(writer, Command::Query { collection: entry.id, schema: entry.schema.clone(), spec, reply }, answer)
                 .await?
                 .map_err(|error| error.to_string())?;
         let page: serde_json::Value = serde_json::from_slice(&body).map_err(|error| error.to_string())?;
@@ -446,7 +447,7 @@ struct PlannedRoom {
 
 async fn run_simulator(
     simulator: Arc<Simulator>,
-    core: CoreSender,
+    writer: WriterSender,
     entry: Arc<CollectionEntry>,
     room_ids: Vec<String>,
     mut shutdown: watch::Receiver<bool>,
@@ -519,7 +520,7 @@ async fn run_simulator(
             // Read the room's count as it is now: someone may have marked it read.
             let (reply, answer) = oneshot::channel();
             let Ok(item) =
-                ask(&core, Command::GetItem { collection: entry.id, id: id.clone(), predicate: None, reply }, answer)
+                ask(&writer, Command::GetItem { collection: entry.id, id: id.clone(), predicate: None, reply }, answer)
                     .await
             else {
                 return;
@@ -569,7 +570,7 @@ async fn run_simulator(
             queued_at: std::time::Instant::now(),
             guards: Vec::new(),
         };
-        let Ok(reply) = ask(&core, command, answer).await else {
+        let Ok(reply) = ask(&writer, command, answer).await else {
             return;
         };
         let mut results = reply.results;

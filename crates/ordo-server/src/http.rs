@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::Full;
 use hyper::Method;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -18,44 +17,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::access::Gate;
 use crate::api::handle;
-use crate::core::{CoreSender, Routes};
 use crate::error::{ApiError, ErrorCode};
+use crate::http_state::{ConnectionSlot, HttpState};
 use crate::limits;
 use crate::metrics::{self, METRICS};
 use crate::rate_limit::TokenBucket;
 use crate::silent_sockets::SilentSockets;
-use crate::ws::{self, Registry};
-
-pub struct HttpState {
-    pub core: CoreSender,
-    pub routes: Routes,
-    pub registry: Arc<Registry>,
-    pub connection: ws::ConnectionConfig,
-    pub http_requests_per_second: u32,
-    pub shutdown: watch::Receiver<bool>,
-    pub limits_json: Arc<serde_json::Value>,
-    /// Most TCP connections at once (`limits::connection_cap`).
-    pub max_connections: usize,
-    /// `--header-timeout`: the most a connection may take to send a request head.
-    pub header_timeout: Duration,
-    /// The traffic simulator's controls, with `ordo serve --demo` only.
-    pub demo: Option<Arc<crate::demo::Simulator>>,
-    /// `--demo`: `/demo` and `/demo/*` exist (otherwise they are 404).
-    pub demo_enabled: bool,
-    /// `--demo`: the generated secret that signs the demo users' tokens.
-    pub demo_secret: Option<Arc<Vec<u8>>>,
-    pub gate: Arc<Gate>,
-    /// `--metrics-public`: `/metrics` without an admin token.
-    pub metrics_public: bool,
-    /// The `seq` of the last batch applied, for `min_seq`.
-    pub seq: crate::min_seq::SeqWatch,
-    /// Cluster mode: the stream's connection (`None`: single-node mode).
-    pub cluster: Option<Arc<crate::cluster::Cluster>>,
-}
-
-pub(crate) type Body = Full<Bytes>;
 
 /// Accepts connections until `shutdown` turns true, then waits (at most
 /// `grace`) for the requests in flight.
@@ -172,24 +140,6 @@ fn cors_layer(origins: &[String]) -> tower_http::cors::CorsLayer {
         // Without this a page on another origin could not read the echoed id.
         .expose_headers([HeaderName::from_static(crate::api::X_REQUEST_ID)])
         .max_age(Duration::from_secs(600))
-}
-
-/// One accepted TCP connection's place under the connection cap. The HTTP
-/// connection's service holds it, and so does the WebSocket task it upgrades
-/// to; the place is free again when the last holder drops it.
-pub struct ConnectionSlot(());
-
-impl ConnectionSlot {
-    fn take() -> Arc<ConnectionSlot> {
-        metrics::add(&METRICS.tcp_connections, 1);
-        Arc::new(ConnectionSlot(()))
-    }
-}
-
-impl Drop for ConnectionSlot {
-    fn drop(&mut self) {
-        METRICS.tcp_connections.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// Waits until the client has sent enough to tell an HTTP/1.1 request from the

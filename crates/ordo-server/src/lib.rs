@@ -1,7 +1,7 @@
 //! Ordo's server: `ordo serve`. An HTTP API for schemas, writes and one-shot
 //! queries, and WebSocket subscriptions that keep a client's copy of a window
 //! equal to the server's (docs/PROTOCOL.md). One writer thread owns the engine
-//! and the store ([`core`]); network tasks talk to it through a bounded queue.
+//! and the store ([`writer`]); network tasks talk to it through a bounded queue.
 
 pub mod access;
 pub mod api;
@@ -10,13 +10,13 @@ pub mod backup;
 pub mod backup_cmd;
 pub mod cli;
 pub mod cluster;
-pub mod core;
 pub mod demo;
 pub mod demo_data;
 pub mod encode;
 pub mod error;
 pub mod frame;
 pub mod http;
+pub mod http_state;
 pub mod limits;
 pub mod logging;
 pub mod metrics;
@@ -27,12 +27,15 @@ pub mod refs;
 #[cfg(test)]
 mod repeated_keys_tests;
 pub mod rng;
+pub mod routing;
 pub mod rules;
 pub mod server;
 pub mod silent_sockets;
 pub mod strict_json;
 pub mod sub_table;
+pub mod submit;
 pub mod wire;
 pub mod write_buffers;
 pub mod write_guard;
+pub mod writer;
 pub mod ws;

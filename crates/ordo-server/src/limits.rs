@@ -81,7 +81,7 @@ pub const DEFAULT_MAX_NETWORK_THREADS: usize = 4;
 /// Most network threads `--network-threads` accepts.
 pub const MAX_NETWORK_THREADS: usize = 64;
 /// Requests waiting for the writer thread; network tasks wait when it is full.
-pub const CORE_QUEUE_CAPACITY: usize = 4_096;
+pub const WRITER_QUEUE_CAPACITY: usize = 4_096;
 /// Per network thread: write batches kept for reuse, the largest one kept (in
 /// bytes held), lists of parts kept, and the longest list kept (in parts).
 /// Beyond these, buffers are freed.

@@ -1,5 +1,8 @@
 //! Counters for `/metrics`. Plain relaxed atomics: each is bumped by one kind of
-//! thread, read rarely, and nothing is ordered by them.
+//! thread, read rarely, and nothing is ordered by them. Each single-valued
+//! metric is declared once, in `metrics!` below, in the order `/metrics` shows
+//! it; the labelled families (errors by code, refused tokens by reason, stage
+//! histograms, allocations by thread kind) follow them.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -10,56 +13,102 @@ use std::time::Duration;
 use crate::auth::AuthFailure;
 use crate::error::ErrorCode;
 
-#[derive(Default)]
-pub struct Metrics {
-    pub batches: AtomicU64,
-    pub batches_refused: AtomicU64,
-    pub http_requests: AtomicU64,
-    pub connections: AtomicU64,
-    pub tcp_connections: AtomicU64,
-    pub connections_refused: AtomicU64,
-    pub outbound_queued_bytes: AtomicU64,
-    pub frames_sent: AtomicU64,
-    pub bytes_sent: AtomicU64,
-    pub diffs_sent: AtomicU64,
-    pub frames_encoded: AtomicU64,
-    pub resets_slow: AtomicU64,
-    pub resume_replayed: AtomicU64,
-    pub resume_reset: AtomicU64,
-    pub closed_slow: AtomicU64,
-    pub claims_outside_alphabet: AtomicU64,
-    pub view_budget_refusals: AtomicU64,
-    pub unauthenticated_evicted: AtomicU64,
-    pub silent_sockets_closed: AtomicU64,
-    errors: [AtomicU64; ErrorCode::ALL.len()],
-    auth_failures: [AtomicU64; AuthFailure::ALL.len()],
-    stages: [StageHistogram; Stage::ALL.len()],
+/// Declares the single-valued metrics, each once, in the order `/metrics`
+/// shows them. An entry is either kept here, `field: kind "name" "help";` (an
+/// `AtomicU64` field of `Metrics`, bumped with `add`), or read when `/metrics`
+/// is scraped, `kind "name" "help" = |gauges, writer_queue_depth| value;`.
+/// Generates `Metrics` (with the labelled families' fields), its initialiser
+/// `METRICS`, and `render_single_valued`, which writes each entry's `HELP`,
+/// `TYPE` and value lines.
+macro_rules! metrics {
+    (@munch $names:tt [$($fields:tt)*] [$($lines:tt)*]
+        $(#[$attr:meta])* $field:ident: $kind:ident $name:literal $help:literal; $($rest:tt)*) => {
+        metrics!(@munch $names [$($fields)* $(#[$attr])* $field] [$($lines)* ($kind $name $help (METRICS.$field.load(Relaxed)))] $($rest)*);
+    };
+    (@munch ($out:ident, $gauges:ident, $depth:ident) $fields:tt [$($lines:tt)*]
+        $kind:ident $name:literal $help:literal = $value:expr; $($rest:tt)*) => {
+        metrics!(@munch ($out, $gauges, $depth) $fields [$($lines)* ($kind $name $help (read($gauges, $depth, $value)))] $($rest)*);
+    };
+    (@munch ($out:ident, $gauges:ident, $depth:ident) [$($(#[$attr:meta])* $field:ident)*] [$(($kind:ident $name:literal $help:literal $value:tt))*]) => {
+        pub struct Metrics {
+            $($(#[$attr])* pub $field: AtomicU64,)*
+            errors: [AtomicU64; ErrorCode::ALL.len()],
+            auth_failures: [AtomicU64; AuthFailure::ALL.len()],
+            stages: [StageHistogram; Stage::ALL.len()],
+        }
+
+        pub static METRICS: Metrics = Metrics {
+            $($field: AtomicU64::new(0),)*
+            errors: [const { AtomicU64::new(0) }; ErrorCode::ALL.len()],
+            auth_failures: [const { AtomicU64::new(0) }; AuthFailure::ALL.len()],
+            stages: [const { StageHistogram::new() }; Stage::ALL.len()],
+        };
+
+        fn render_single_valued($out: &mut String, $gauges: &WriterGauges, $depth: usize) {
+            $(write_metric($out, $name, stringify!($kind), $help, $value);)*
+        }
+    };
+    // The entry point (last: every `@munch` call would match it too).
+    ($($entries:tt)*) => {
+        metrics!(@munch (out, gauges, writer_queue_depth) [] [] $($entries)*);
+    };
 }
 
-pub static METRICS: Metrics = Metrics {
-    batches: AtomicU64::new(0),
-    batches_refused: AtomicU64::new(0),
-    http_requests: AtomicU64::new(0),
-    connections: AtomicU64::new(0),
-    tcp_connections: AtomicU64::new(0),
-    connections_refused: AtomicU64::new(0),
-    outbound_queued_bytes: AtomicU64::new(0),
-    frames_sent: AtomicU64::new(0),
-    bytes_sent: AtomicU64::new(0),
-    diffs_sent: AtomicU64::new(0),
-    frames_encoded: AtomicU64::new(0),
-    resets_slow: AtomicU64::new(0),
-    resume_replayed: AtomicU64::new(0),
-    resume_reset: AtomicU64::new(0),
-    closed_slow: AtomicU64::new(0),
-    claims_outside_alphabet: AtomicU64::new(0),
-    view_budget_refusals: AtomicU64::new(0),
-    unauthenticated_evicted: AtomicU64::new(0),
-    silent_sockets_closed: AtomicU64::new(0),
-    errors: [const { AtomicU64::new(0) }; ErrorCode::ALL.len()],
-    auth_failures: [const { AtomicU64::new(0) }; AuthFailure::ALL.len()],
-    stages: [const { StageHistogram::new() }; Stage::ALL.len()],
-};
+metrics! {
+    batches: counter "ordo_batches_total" "Batches acknowledged.";
+    batches_refused: counter "ordo_batches_refused_total" "Batches refused.";
+    gauge "ordo_last_seq" "Sequence number of the last committed batch." = |gauges, _| gauges.last_seq;
+    gauge "ordo_checkpoint_lag_batches"
+        "Committed batches not yet checkpointed into LMDB (replayed from the log at the next start)."
+        = |gauges, _| gauges.last_seq.saturating_sub(gauges.checkpointed_seq);
+    gauge "ordo_items" "Items in all collections." = |gauges, _| gauges.n_items as u64;
+    gauge "ordo_collections" "Collections." = |gauges, _| gauges.n_collections as u64;
+    gauge "ordo_views" "Live views (shared sorted indexes)." = |gauges, _| gauges.n_views as u64;
+    gauge "ordo_windows" "Engine windows." = |gauges, _| gauges.n_windows as u64;
+    gauge "ordo_subscriptions" "Live subscriptions, attached or held for resume."
+        = |gauges, _| gauges.n_subscriptions as u64;
+    gauge "ordo_sessions" "Sessions, attached or held for resume." = |gauges, _| gauges.n_sessions as u64;
+    gauge "ordo_identity_view_bytes_max"
+        "Estimated bytes of the views held by the identity holding the most (budgeted identities only)."
+        = |gauges, _| gauges.largest_identity_view_bytes as u64;
+    gauge "ordo_identities_holding_views" "Budgeted identities holding views (live or parked)."
+        = |gauges, _| gauges.n_budgeted_identities as u64;
+    view_budget_refusals: counter "ordo_identity_view_budget_refusals_total"
+        "Subscriptions and view changes refused for an identity's view budget.";
+    connections: gauge "ordo_connections" "Open WebSocket connections.";
+    unauthenticated_evicted: counter "ordo_unauthenticated_connections_closed_total"
+        "WebSockets without a token closed to make room within the unauthenticated share of the cap.";
+    tcp_connections: gauge "ordo_tcp_connections"
+        "Open TCP connections (HTTP and WebSocket), counted against max_connections.";
+    connections_refused: counter "ordo_connections_refused_total"
+        "TCP connections refused (503) because max_connections were open.";
+    http_requests: counter "ordo_http_requests_total" "HTTP requests answered.";
+    gauge "ordo_core_queue_depth" "Requests waiting for the writer thread."
+        = |_, writer_queue_depth| writer_queue_depth as u64;
+    outbound_queued_bytes: gauge "ordo_outbound_queued_bytes" "Bytes of frames waiting in outbound queues.";
+    frames_sent: counter "ordo_frames_sent_total" "WebSocket frames written.";
+    bytes_sent: counter "ordo_bytes_sent_total" "WebSocket bytes written.";
+    diffs_sent: counter "ordo_diffs_sent_total" "Diffs in the frames written.";
+    frames_encoded: counter "ordo_frames_encoded_total" "Frame bodies encoded (once per window change).";
+    resets_slow: counter "ordo_resets_slow_total" "Resets sent because a connection fell behind.";
+    resume_replayed: counter "ordo_resume_replayed_total" "Subscriptions resumed by replay.";
+    resume_reset: counter "ordo_resume_reset_total" "Subscriptions resumed by a reset.";
+    closed_slow: counter "ordo_closed_slow_total" "Connections closed for being slow (4001).";
+    silent_sockets_closed: counter "ordo_silent_sockets_closed_total"
+        "TCP connections closed before their first request to keep the sockets that sent nothing within their share of the cap.";
+    claims_outside_alphabet: counter "ordo_claims_outside_alphabet_total"
+        "Claims a collection pattern did not bind because they hold characters outside the claim alphabet.";
+}
+
+/// One single-valued metric's lines.
+fn write_metric(out: &mut String, name: &str, kind: &str, help: &str, value: u64) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+}
+
+/// A value read at scrape time (gives the entry's closure its parameter types).
+fn read(gauges: &WriterGauges, writer_queue_depth: usize, value: impl Fn(&WriterGauges, usize) -> u64) -> u64 {
+    value(gauges, writer_queue_depth)
+}
 
 pub fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Relaxed);
@@ -149,7 +198,7 @@ pub fn record_stage(stage: Stage, elapsed: Duration) {
 
 /// Gauges only the writer thread knows, fetched when `/metrics` is scraped.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CoreGauges {
+pub struct WriterGauges {
     pub n_collections: usize,
     pub n_items: usize,
     pub n_views: usize,
@@ -164,107 +213,10 @@ pub struct CoreGauges {
     pub checkpointed_seq: u64,
 }
 
-pub fn render(gauges: &CoreGauges, core_queue_depth: usize) -> String {
+pub fn render(gauges: &WriterGauges, writer_queue_depth: usize) -> String {
     let mut out = String::with_capacity(4096);
-    let mut line = |name: &str, kind: &str, help: &str, value: u64| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
-    };
+    render_single_valued(&mut out, gauges, writer_queue_depth);
     let m = &METRICS;
-    line("ordo_batches_total", "counter", "Batches acknowledged.", m.batches.load(Relaxed));
-    line("ordo_batches_refused_total", "counter", "Batches refused.", m.batches_refused.load(Relaxed));
-    line("ordo_last_seq", "gauge", "Sequence number of the last committed batch.", gauges.last_seq);
-    line(
-        "ordo_checkpoint_lag_batches",
-        "gauge",
-        "Committed batches not yet checkpointed into LMDB (replayed from the log at the next start).",
-        gauges.last_seq.saturating_sub(gauges.checkpointed_seq),
-    );
-    line("ordo_items", "gauge", "Items in all collections.", gauges.n_items as u64);
-    line("ordo_collections", "gauge", "Collections.", gauges.n_collections as u64);
-    line("ordo_views", "gauge", "Live views (shared sorted indexes).", gauges.n_views as u64);
-    line("ordo_windows", "gauge", "Engine windows.", gauges.n_windows as u64);
-    line(
-        "ordo_subscriptions",
-        "gauge",
-        "Live subscriptions, attached or held for resume.",
-        gauges.n_subscriptions as u64,
-    );
-    line("ordo_sessions", "gauge", "Sessions, attached or held for resume.", gauges.n_sessions as u64);
-    line(
-        "ordo_identity_view_bytes_max",
-        "gauge",
-        "Estimated bytes of the views held by the identity holding the most (budgeted identities only).",
-        gauges.largest_identity_view_bytes as u64,
-    );
-    line(
-        "ordo_identities_holding_views",
-        "gauge",
-        "Budgeted identities holding views (live or parked).",
-        gauges.n_budgeted_identities as u64,
-    );
-    line(
-        "ordo_identity_view_budget_refusals_total",
-        "counter",
-        "Subscriptions and view changes refused for an identity's view budget.",
-        m.view_budget_refusals.load(Relaxed),
-    );
-    line("ordo_connections", "gauge", "Open WebSocket connections.", m.connections.load(Relaxed));
-    line(
-        "ordo_unauthenticated_connections_closed_total",
-        "counter",
-        "WebSockets without a token closed to make room within the unauthenticated share of the cap.",
-        m.unauthenticated_evicted.load(Relaxed),
-    );
-    line(
-        "ordo_tcp_connections",
-        "gauge",
-        "Open TCP connections (HTTP and WebSocket), counted against max_connections.",
-        m.tcp_connections.load(Relaxed),
-    );
-    line(
-        "ordo_connections_refused_total",
-        "counter",
-        "TCP connections refused (503) because max_connections were open.",
-        m.connections_refused.load(Relaxed),
-    );
-    line("ordo_http_requests_total", "counter", "HTTP requests answered.", m.http_requests.load(Relaxed));
-    line("ordo_core_queue_depth", "gauge", "Requests waiting for the writer thread.", core_queue_depth as u64);
-    line(
-        "ordo_outbound_queued_bytes",
-        "gauge",
-        "Bytes of frames waiting in outbound queues.",
-        m.outbound_queued_bytes.load(Relaxed),
-    );
-    line("ordo_frames_sent_total", "counter", "WebSocket frames written.", m.frames_sent.load(Relaxed));
-    line("ordo_bytes_sent_total", "counter", "WebSocket bytes written.", m.bytes_sent.load(Relaxed));
-    line("ordo_diffs_sent_total", "counter", "Diffs in the frames written.", m.diffs_sent.load(Relaxed));
-    line(
-        "ordo_frames_encoded_total",
-        "counter",
-        "Frame bodies encoded (once per window change).",
-        m.frames_encoded.load(Relaxed),
-    );
-    line(
-        "ordo_resets_slow_total",
-        "counter",
-        "Resets sent because a connection fell behind.",
-        m.resets_slow.load(Relaxed),
-    );
-    line("ordo_resume_replayed_total", "counter", "Subscriptions resumed by replay.", m.resume_replayed.load(Relaxed));
-    line("ordo_resume_reset_total", "counter", "Subscriptions resumed by a reset.", m.resume_reset.load(Relaxed));
-    line("ordo_closed_slow_total", "counter", "Connections closed for being slow (4001).", m.closed_slow.load(Relaxed));
-    line(
-        "ordo_silent_sockets_closed_total",
-        "counter",
-        "TCP connections closed before their first request to keep the sockets that sent nothing within their share of the cap.",
-        m.silent_sockets_closed.load(Relaxed),
-    );
-    line(
-        "ordo_claims_outside_alphabet_total",
-        "counter",
-        "Claims a collection pattern did not bind because they hold characters outside the claim alphabet.",
-        m.claims_outside_alphabet.load(Relaxed),
-    );
     let _ = writeln!(out, "# HELP ordo_errors_total Errors answered, by code.\n# TYPE ordo_errors_total counter");
     for (code, counter) in ErrorCode::ALL.iter().zip(&m.errors) {
         let _ = writeln!(out, "ordo_errors_total{{code=\"{}\"}} {}", code.as_str(), counter.load(Relaxed));

@@ -21,38 +21,18 @@
 //! projection then compile like any other; the engine adds its own derived
 //! fields when the window opens (`ViewDef::shown` carries the projected ones).
 
-use std::sync::Arc;
-
 use serde_json::Value as Json;
 
-use ordo_core::{CollectionId, Engine, FieldType, Schema};
+use ordo_core::{FieldType, Schema};
 
 use crate::access::Gate;
 use crate::auth::Identity;
-use crate::core::{CollectionEntry, Routes};
 use crate::error::{ApiError, ErrorCode};
+use crate::routing::{CollectionEntry, Routes};
 use crate::rules::{Action, Grant};
 use crate::wire::SortRequest;
 
 impl CollectionEntry {
-    /// The entry network tasks see for a collection of the engine: its schema
-    /// without the engine's derived fields (those come and go with views, and
-    /// must never stand in for the checks here), and each `ref` field's target
-    /// by name (a target cannot be dropped or renamed while referenced).
-    pub(crate) fn from_engine(engine: &Engine, id: CollectionId) -> Option<CollectionEntry> {
-        let collection = engine.collection(id)?;
-        let schema = collection.schema().without_derived();
-        let ref_targets = schema
-            .fields()
-            .iter()
-            .filter_map(|field| {
-                let target = field.field_type.ref_target()?;
-                Some((field.name.clone(), engine.collection(target)?.name().to_owned()))
-            })
-            .collect();
-        Some(CollectionEntry { id, name: collection.name().to_owned(), schema: Arc::new(schema), ref_targets })
-    }
-
     /// The name of the collection a `ref` field targets.
     fn target_of(&self, ref_field: &str) -> Option<&str> {
         self.ref_targets.iter().find(|(field, _)| field == ref_field).map(|(_, target)| target.as_str())

@@ -13,13 +13,17 @@ use ordo_store::{print_load_progress, Database, Durability, StoreOptions};
 
 use crate::access::Gate;
 use crate::auth::{AuthOptions, Verifier};
-use crate::core::{Command, Core, RULES_COLLECTION, RULES_ITEM};
 use crate::demo;
-use crate::http::{self, HttpState};
+use crate::http;
+use crate::http_state::HttpState;
 use crate::limits;
 use crate::metrics::{self, ThreadKind};
+use crate::min_seq::SeqWatch;
 use crate::name_routes::NameRoutes;
+use crate::routing::Routes;
 use crate::rules::{RuleSet, RulesDoc};
+use crate::submit::Submitter;
+use crate::writer::{Command, Writer, WriterSender, RULES_COLLECTION, RULES_ITEM};
 use crate::ws::{ConnectionConfig, Registry};
 
 #[derive(Clone, Debug)]
@@ -101,10 +105,63 @@ pub fn default_network_threads() -> usize {
 pub fn serve(mut options: ServeOptions) -> Result<(), String> {
     let nofile = raise_open_file_limit();
     let max_connections = limits::connection_cap(nofile);
-    // The demo signs its users' tokens with a secret of its own, kept with the
-    // data so that `ordo token --secret-file DATA_DIR/demo-secret` can mint an admin's.
-    // Whether the demo made the secret: the admin-token hint printed at start
-    // must name the secret the server really uses.
+    let demo = configure_auth(&mut options)?;
+    prepare_cluster(&mut options)?;
+    let verifier = if options.auth.is_configured() { Some(Verifier::new(&options.auth)?) } else { None };
+    let (database, data_dir) = open_database(&options)?;
+    let rules = load_rules(&database)?;
+    let gate = Arc::new(Gate::new(verifier, rules, options.allow_hosts.clone(), options.allow_origins.clone()));
+    gate.set_max_unauthenticated(limits::unauthenticated_cap(max_connections));
+    let routes = Arc::new(RwLock::new(NameRoutes::new()));
+    let cluster_shared = options
+        .cluster
+        .as_ref()
+        .map(|cluster| crate::cluster::Shared::new(&cluster.node_name, cluster.max_lag, database.last_seq()));
+    let mut writer = writer(database, &options, &routes, &gate, cluster_shared.as_ref());
+    let seq = writer.seq_watch();
+    let (writer_tx, writer_rx) = mpsc::channel(limits::WRITER_QUEUE_CAPACITY);
+    writer.wake_with(&writer_tx);
+    let writer_thread = std::thread::Builder::new()
+        .name("ordo-writer".to_owned())
+        .spawn(move || writer.run(writer_rx))
+        .map_err(|error| format!("cannot start the writer thread: {error}"))?;
+    let runtime = network_runtime(options.network_threads)?;
+    let network = Network {
+        options,
+        data_dir,
+        max_connections,
+        nofile,
+        demo,
+        gate,
+        routes,
+        writer: writer_tx,
+        seq,
+        cluster_shared,
+    };
+    let result = runtime.block_on(network.run());
+    // Every sender is gone once the runtime is: the writer finishes what is queued and returns.
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    let database = writer_thread.join().map_err(|_| "the writer thread panicked".to_owned())?;
+    let last_seq = database.last_seq();
+    drop(database);
+    println!("ordo: stopped; last seq {last_seq}");
+    tracing::info!(last_seq, "stopped");
+    result
+}
+
+/// `--demo`'s token secret: the one the demo's users' tokens are signed with.
+struct DemoAuth {
+    secret: Arc<Vec<u8>>,
+    /// Whether the demo made the secret: the admin-token hint printed at start
+    /// must name the secret the server really uses.
+    made_secret: bool,
+}
+
+/// Checks how callers are authenticated, refusing to start open to the network
+/// (docs/SECURITY.md). With `--demo` and no secret, the demo signs its users'
+/// tokens with a secret of its own, kept with the data so that
+/// `ordo token --secret-file DATA_DIR/demo-secret` can mint an admin's.
+fn configure_auth(options: &mut ServeOptions) -> Result<Option<DemoAuth>, String> {
     let mut demo_made_secret = false;
     let demo_secret = if options.demo {
         if options.auth.secret.is_none() {
@@ -128,18 +185,25 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
             if options.insecure { " (--insecure), on a non-loopback address" } else { " (loopback only)" }
         );
     }
-    if options.cluster.is_some() {
-        // The stream is the durable copy of every entry: a node that loses the
-        // tail of its own log (a power loss) replays it from the stream, so its
-        // log is written but not synced (docs/STORAGE.md, "Cluster mode").
-        options.durability = Durability::Relaxed;
-    }
-    if let Some(cluster) = &options.cluster {
-        // A new node (empty data directory) starts from the newest snapshot when
-        // the stream no longer holds seq 1, or refuses to start (never a gap).
-        crate::cluster::snapshot::bootstrap(cluster, &options.data_dir)?;
-    }
-    let verifier = if options.auth.is_configured() { Some(Verifier::new(&options.auth)?) } else { None };
+    Ok(demo_secret.map(|secret| DemoAuth { secret, made_secret: demo_made_secret }))
+}
+
+/// Cluster mode's store settings, and a new node's data from the newest snapshot.
+fn prepare_cluster(options: &mut ServeOptions) -> Result<(), String> {
+    let Some(cluster) = &options.cluster else { return Ok(()) };
+    // The stream is the durable copy of every entry: a node that loses the
+    // tail of its own log (a power loss) replays it from the stream, so its
+    // log is written but not synced (docs/STORAGE.md, "Cluster mode").
+    options.durability = Durability::Relaxed;
+    // A new node (empty data directory) starts from the newest snapshot when
+    // the stream no longer holds seq 1, or refuses to start (never a gap).
+    crate::cluster::snapshot::bootstrap(cluster, &options.data_dir)?;
+    Ok(())
+}
+
+/// Opens the data directory and says what it loaded; returns the database and
+/// the directory's canonical path.
+fn open_database(options: &ServeOptions) -> Result<(Database, PathBuf), String> {
     let started = Instant::now();
     let store_options = StoreOptions {
         durability: options.durability,
@@ -183,17 +247,20 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
             }
         );
     }
+    Ok((database, data_dir))
+}
 
-    let rules = load_rules(&database)?;
-    let gate = Arc::new(Gate::new(verifier, rules, options.allow_hosts.clone(), options.allow_origins.clone()));
-    gate.set_max_unauthenticated(limits::unauthenticated_cap(max_connections));
-    let routes = Arc::new(RwLock::new(NameRoutes::new()));
-    let cluster_shared = options
-        .cluster
-        .as_ref()
-        .map(|cluster| crate::cluster::Shared::new(&cluster.node_name, cluster.max_lag, database.last_seq()));
-    let mut core = Core::new(database, routes.clone(), options.outbound_budget);
-    if let (Some(shared), Some(cluster)) = (&cluster_shared, &options.cluster) {
+/// The writer, with cluster mode's applier (and its snapshots) when clustered,
+/// and the routing table filled from the collections loaded.
+fn writer(
+    database: Database,
+    options: &ServeOptions,
+    routes: &Routes,
+    gate: &Arc<Gate>,
+    cluster_shared: Option<&Arc<crate::cluster::Shared>>,
+) -> Writer {
+    let mut writer = Writer::new(database, routes.clone(), options.outbound_budget);
+    if let (Some(shared), Some(cluster)) = (cluster_shared, &options.cluster) {
         let mut applier = crate::cluster::apply::Applier::new(shared.clone(), gate.clone());
         if let (Some(dir), every @ 1..) = (&cluster.snapshot_dir, cluster.snapshot_every) {
             let config = crate::cluster::snapshot::SnapshotConfig {
@@ -203,73 +270,116 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
                 node: cluster.node_name.clone(),
             };
             applier = applier
-                .with_snapshots(crate::cluster::snapshot::SnapshotScheduler::new(config, core.database().last_seq()));
+                .with_snapshots(crate::cluster::snapshot::SnapshotScheduler::new(config, writer.database().last_seq()));
         }
-        core = core.with_cluster(applier);
+        writer = writer.with_cluster(applier);
     }
-    core.publish_routes();
-    let seq = core.seq_watch();
-    let (core_tx, core_rx) = mpsc::channel(limits::CORE_QUEUE_CAPACITY);
-    core.wake_with(&core_tx);
-    let writer = std::thread::Builder::new()
-        .name("ordo-writer".to_owned())
-        .spawn(move || core.run(core_rx))
-        .map_err(|error| format!("cannot start the writer thread: {error}"))?;
+    writer.publish_routes();
+    writer
+}
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(options.network_threads.max(1))
+fn network_runtime(network_threads: usize) -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(network_threads.max(1))
         .thread_name("ordo-network")
         .on_thread_start(|| metrics::set_thread_kind(ThreadKind::Network))
         .enable_all()
         .build()
-        .map_err(|error| format!("cannot start the network runtime: {error}"))?;
+        .map_err(|error| format!("cannot start the network runtime: {error}"))
+}
 
-    let result = runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(options.listen)
+/// Everything the network side starts with, once the writer runs.
+struct Network {
+    options: ServeOptions,
+    data_dir: PathBuf,
+    max_connections: usize,
+    /// The descriptor limit in force (told when it caps the connections).
+    nofile: u64,
+    demo: Option<DemoAuth>,
+    gate: Arc<Gate>,
+    routes: Routes,
+    writer: WriterSender,
+    seq: SeqWatch,
+    cluster_shared: Option<Arc<crate::cluster::Shared>>,
+}
+
+impl Network {
+    /// Listens, serves until a signal (or, in cluster mode, a gap this node
+    /// cannot apply past) stops it, and waits for the requests in flight.
+    async fn run(self) -> Result<(), String> {
+        let listener = tokio::net::TcpListener::bind(self.options.listen)
             .await
-            .map_err(|error| format!("cannot listen on {}: {error}", options.listen))?;
+            .map_err(|error| format!("cannot listen on {}: {error}", self.options.listen))?;
         let address = listener.local_addr().map_err(|error| error.to_string())?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let stop_signal = signal_listener()?;
-        let cluster = match (&options.cluster, cluster_shared) {
-            (Some(cluster_options), Some(shared)) => {
-                let cluster = start_cluster(cluster_options.clone(), shared).await?;
-                cluster.spawn(core_tx.clone(), shutdown_rx.clone());
-                Some(cluster)
-            }
-            _ => None,
-        };
+        let cluster = self.start_cluster(shutdown_rx.clone()).await?;
         // The demo's rooms are written before the address is printed, so whoever
         // waits for that line finds them there.
-        let demo = if options.demo {
-            let started =
-                demo::start(&core_tx, &routes, &gate, options.demo_rate, shutdown_rx.clone(), cluster.clone()).await?;
-            if started.n_rooms_written > 0 {
-                println!("ordo: demo: wrote {} rooms into `rooms`", started.n_rooms_written);
-            } else {
-                println!("ordo: demo: `rooms` holds {} rooms already", started.n_rooms);
-            }
-            Some(started.simulator)
+        let simulator = self.start_demo(cluster.as_ref(), shutdown_rx.clone()).await?;
+        self.announce(address, simulator.as_deref());
+        let state = Arc::new(self.http_state(shutdown_rx.clone(), simulator, cluster));
+        tokio::spawn(expire_sessions(state.registry.clone(), state.writer.clone(), shutdown_rx.clone()));
+        let fatal = state.cluster.as_ref().map(|cluster| cluster.shared.clone());
+        tokio::spawn(stop_on_signal(stop_signal, fatal.clone(), shutdown_tx));
+        http::serve(listener, state, shutdown_rx, Duration::from_secs(10)).await;
+        // Exit status 1 with the reason, like a refusal at start.
+        match fatal.and_then(|shared| shared.status.fatal()) {
+            Some(message) => Err(message),
+            None => Ok(()),
+        }
+    }
+
+    /// Cluster mode: connects to the stream and starts applying it.
+    async fn start_cluster(
+        &self,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<Option<Arc<crate::cluster::Cluster>>, String> {
+        let (Some(options), Some(shared)) = (&self.options.cluster, &self.cluster_shared) else { return Ok(None) };
+        let cluster = start_cluster(options.clone(), shared.clone()).await?;
+        cluster.spawn(self.writer.clone(), shutdown);
+        Ok(Some(cluster))
+    }
+
+    /// `--demo`: fills `rooms` and starts the traffic simulator.
+    async fn start_demo(
+        &self,
+        cluster: Option<&Arc<crate::cluster::Cluster>>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<Option<Arc<demo::Simulator>>, String> {
+        if !self.options.demo {
+            return Ok(None);
+        }
+        let rate = self.options.demo_rate;
+        let started = demo::start(&self.writer, &self.routes, &self.gate, rate, shutdown, cluster.cloned()).await?;
+        if started.n_rooms_written > 0 {
+            println!("ordo: demo: wrote {} rooms into `rooms`", started.n_rooms_written);
         } else {
-            None
-        };
+            println!("ordo: demo: `rooms` holds {} rooms already", started.n_rooms);
+        }
+        Ok(Some(started.simulator))
+    }
+
+    /// The lines that say the server is up, where, and how.
+    fn announce(&self, address: SocketAddr, simulator: Option<&demo::Simulator>) {
+        let options = &self.options;
         println!("ordo: listening on http://{address} (WebSocket: ws://{address}/v1/ws); Ctrl-C stops");
         tracing::info!(
             %address,
-            data_dir = %data_dir.display(),
-            auth = auth_mode(&options),
+            data_dir = %self.data_dir.display(),
+            auth = auth_mode(options),
             durability = ?options.durability,
             network_threads = options.network_threads,
-            max_connections,
+            max_connections = self.max_connections,
             version = env!("CARGO_PKG_VERSION"),
             "started"
         );
-        if let Some(simulator) = &demo {
+        if let Some(simulator) = simulator {
             println!(
                 "ordo: demo on http://{address}/demo (simulator: {} messages/s); demo users sign in there",
                 simulator.rate()
             );
-            let secret_file = if demo_made_secret {
+            let secret_file = if self.demo.as_ref().is_some_and(|demo| demo.made_secret) {
                 options.data_dir.join(DEMO_SECRET_FILE).display().to_string()
             } else {
                 "<the secret given with --auth-secret-file>".to_owned()
@@ -279,18 +389,29 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
                  ordo token --secret-file {secret_file} --role admin --sub ops"
             );
         }
-        if max_connections < limits::MAX_CONNECTIONS {
+        if self.max_connections < limits::MAX_CONNECTIONS {
             println!(
-                "ordo: at most {max_connections} connections at once (the descriptor limit is {nofile}; \
-                 raise `ulimit -n` for more)"
+                "ordo: at most {} connections at once (the descriptor limit is {}; raise `ulimit -n` for more)",
+                self.max_connections, self.nofile
             );
         }
-        let limits_json = Arc::new(limits_json(&options, max_connections));
-        let registry = Arc::new(Registry::default());
-        let state = Arc::new(HttpState {
-            core: core_tx.clone(),
-            routes,
-            registry: registry.clone(),
+    }
+
+    fn http_state(
+        self,
+        shutdown: watch::Receiver<bool>,
+        simulator: Option<Arc<demo::Simulator>>,
+        cluster: Option<Arc<crate::cluster::Cluster>>,
+    ) -> HttpState {
+        let options = self.options;
+        HttpState {
+            submit: match &cluster {
+                Some(cluster) => Submitter::Stream(cluster.clone()),
+                None => Submitter::Writer(self.writer.clone()),
+            },
+            writer: self.writer,
+            routes: self.routes,
+            registry: Arc::new(Registry::default()),
             connection: ConnectionConfig {
                 outbound_budget: options.outbound_budget,
                 slow_close_after: options.slow_close_after,
@@ -300,55 +421,44 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
                 auth_grace: options.auth_grace,
             },
             http_requests_per_second: options.http_requests_per_second,
-            max_connections,
+            max_connections: self.max_connections,
             header_timeout: options.header_timeout,
-            shutdown: shutdown_rx.clone(),
-            limits_json,
-            demo,
+            shutdown,
+            limits_json: Arc::new(limits_json(&options, self.max_connections)),
+            demo: simulator,
             demo_enabled: options.demo,
-            demo_secret,
-            gate,
+            demo_secret: self.demo.map(|demo| demo.secret),
+            gate: self.gate,
             metrics_public: options.metrics_public,
-            seq,
+            seq: self.seq,
             cluster,
-        });
-        tokio::spawn(expire_sessions(registry, core_tx.clone(), shutdown_rx.clone()));
-        let fatal = state.cluster.as_ref().map(|cluster| cluster.shared.clone());
-        tokio::spawn(async move {
-            // A cluster node that cannot go on without a gap stops too (cluster::gap).
-            let fatal = async {
-                match &fatal {
-                    Some(shared) => shared.fatal.notified().await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                _ = stop_signal => {
-                    println!("ordo: stopping (finishing the requests in flight)");
-                    tracing::info!("stopping: a signal came; finishing the requests in flight");
-                }
-                _ = fatal => {
-                    println!("ordo: stopping: this node cannot apply the stream without a gap (finishing the requests in flight)");
-                }
-            }
-            let _ = shutdown_tx.send(true);
-        });
-        let fatal = state.cluster.as_ref().map(|cluster| cluster.shared.clone());
-        http::serve(listener, state, shutdown_rx, Duration::from_secs(10)).await;
-        // Exit status 1 with the reason, like a refusal at start.
-        match fatal.and_then(|shared| shared.status.fatal()) {
-            Some(message) => Err(message),
-            None => Ok::<(), String>(()),
         }
-    });
-    // Every sender is gone once the runtime is: the writer finishes what is queued and returns.
-    runtime.shutdown_timeout(Duration::from_secs(5));
-    let database = writer.join().map_err(|_| "the writer thread panicked".to_owned())?;
-    let last_seq = database.last_seq();
-    drop(database);
-    println!("ordo: stopped; last seq {last_seq}");
-    tracing::info!(last_seq, "stopped");
-    result
+    }
+}
+
+/// Turns `shutdown` true on SIGINT or SIGTERM, or when a cluster node cannot
+/// go on without a gap (`cluster::gap`).
+async fn stop_on_signal(
+    stop_signal: impl std::future::Future<Output = ()>,
+    fatal: Option<Arc<crate::cluster::Shared>>,
+    shutdown: watch::Sender<bool>,
+) {
+    let fatal = async {
+        match &fatal {
+            Some(shared) => shared.fatal.notified().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = stop_signal => {
+            println!("ordo: stopping (finishing the requests in flight)");
+            tracing::info!("stopping: a signal came; finishing the requests in flight");
+        }
+        _ = fatal => {
+            println!("ordo: stopping: this node cannot apply the stream without a gap (finishing the requests in flight)");
+        }
+    }
+    let _ = shutdown.send(true);
 }
 
 /// Connects to the stream and checks that this data directory belongs to it:
@@ -442,14 +552,14 @@ fn limits_json(options: &ServeOptions, max_connections: usize) -> serde_json::Va
     json
 }
 
-async fn expire_sessions(registry: Arc<Registry>, core: mpsc::Sender<Command>, mut shutdown: watch::Receiver<bool>) {
+async fn expire_sessions(registry: Arc<Registry>, writer: WriterSender, mut shutdown: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = shutdown.wait_for(|stopping| *stopping) => return,
         }
         for session in registry.expire(Instant::now()) {
-            if core.send(Command::DropSession { session }).await.is_err() {
+            if writer.send(Command::DropSession { session }).await.is_err() {
                 return;
             }
         }

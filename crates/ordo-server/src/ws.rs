@@ -19,17 +19,16 @@ use tokio::sync::{mpsc, watch};
 
 use crate::access::{ConnectionSlot, Gate};
 use crate::auth::{self, Identity, Role as AuthRole};
-use crate::core::{
-    Answer, Command, ConnShared, CoreSender, Outgoing, Routes, SessionId, SubHandle, FRAME_OVERHEAD_BYTES,
-};
 use crate::error::{ApiError, ErrorCode};
 use crate::frame::{write_diffs_frame, write_json_str, DiffsHeader};
 use crate::limits;
 use crate::metrics::{self, Stage, METRICS};
 use crate::min_seq::{self, SeqCheck, SeqWatch};
 use crate::rate_limit::TokenBucket;
+use crate::routing::Routes;
 use crate::sub_table::SubTable;
 use crate::wire::{self, ClientMessage, WindowSpec};
+use crate::writer::{Answer, Command, ConnShared, Outgoing, SessionId, SubHandle, WriterSender, FRAME_OVERHEAD_BYTES};
 
 mod identity;
 mod park;
@@ -78,7 +77,7 @@ pub struct ConnectionConfig {
 /// Everything a connection needs from the server.
 #[derive(Clone)]
 pub struct ConnectionContext {
-    pub core: CoreSender,
+    pub writer: WriterSender,
     pub routes: Routes,
     pub registry: Arc<Registry>,
     pub config: ConnectionConfig,
@@ -181,7 +180,7 @@ impl Connection {
         let shared = Arc::new(ConnShared::default());
         let (outbox_tx, outbox) = mpsc::unbounded_channel();
         let command = Command::OpenSession { session: id, shared: shared.clone(), outbox: outbox_tx };
-        context.core.send(command).await.ok()?;
+        context.writer.send(command).await.ok()?;
         let identity = context.identity.clone();
         let session = Session {
             id,
@@ -312,12 +311,12 @@ impl Connection {
     async fn finish(self) {
         let stopping = *self.context.shutdown.borrow();
         if self.session.table.is_empty() || stopping {
-            let _ = self.context.core.try_send(Command::DropSession { session: self.session.id });
+            let _ = self.context.writer.try_send(Command::DropSession { session: self.session.id });
         } else {
             let evicted = self.context.registry.park(self.session, self.context.config.session_retention);
             for session in evicted {
                 // The writer frees the session's windows and queued frames.
-                if self.context.core.send(Command::DropSession { session }).await.is_err() {
+                if self.context.writer.send(Command::DropSession { session }).await.is_err() {
                     return;
                 }
             }
@@ -326,7 +325,7 @@ impl Connection {
 
     async fn maybe_report_drained(&mut self) {
         if self.session.outbox.is_empty() && self.session.shared.want_drain_notice.swap(false, Ordering::AcqRel) {
-            let _ = self.context.core.send(Command::Drained { session: self.session.id }).await;
+            let _ = self.context.writer.send(Command::Drained { session: self.session.id }).await;
         }
     }
 
@@ -455,7 +454,7 @@ impl Connection {
     }
 
     /// `{"type":"ended","sub":..,"reason":..,"message":..}`
-    async fn send_ended(&mut self, client_id: &str, reason: crate::core::EndReason, message: &str) {
+    async fn send_ended(&mut self, client_id: &str, reason: crate::writer::EndReason, message: &str) {
         self.frame.clear();
         self.frame.extend_from_slice(b"{\"type\":\"ended\",\"sub\":");
         write_json_str(&mut self.frame, client_id);
@@ -545,7 +544,7 @@ impl Connection {
                 }
             }
             Outgoing::Ended { handle, reason, message } => {
-                // The core has detached it: no frame of it follows, and its id is free.
+                // The writer has detached it: no frame of it follows, and its id is free.
                 if let Some(entry) = self.session.table.remove(handle) {
                     self.session.by_client_id.remove(&entry.client_id);
                     self.send_ended(&entry.client_id, reason, &message).await;
@@ -705,7 +704,7 @@ impl Connection {
                         entry.unsubscribe_req = req.clone();
                     }
                     let command = Command::Unsubscribe { session: self.session.id, handle };
-                    let _ = self.context.core.send(command).await;
+                    let _ = self.context.writer.send(command).await;
                     Ok(())
                 }
                 None => Err((unknown_subscription(&sub), Some(sub))),
@@ -750,7 +749,7 @@ impl Connection {
         limit: usize,
         fields: Option<&[String]>,
         payload: bool,
-    ) -> Result<(Arc<crate::core::CollectionEntry>, WindowSpec), ApiError> {
+    ) -> Result<(Arc<crate::routing::CollectionEntry>, WindowSpec), ApiError> {
         wire::check_sub_id(sub)?;
         if let Some(cluster) = &self.context.cluster {
             cluster.status.check_not_lagging()?;
@@ -780,7 +779,7 @@ impl Connection {
     async fn start_subscription(
         &mut self,
         client_id: String,
-        collection: Arc<crate::core::CollectionEntry>,
+        collection: Arc<crate::routing::CollectionEntry>,
         spec: WindowSpec,
         first_seq: u64,
         req: Option<Box<str>>,
@@ -805,7 +804,7 @@ impl Connection {
         let owner = self.view_budget_owner();
         let command =
             Command::Subscribe { session: self.session.id, handle, collection: collection.id, schema, spec, owner };
-        let _ = self.context.core.send(command).await;
+        let _ = self.context.writer.send(command).await;
     }
 
     fn handle_of(&self, sub: &str) -> Result<SubHandle, ApiError> {
@@ -834,7 +833,7 @@ impl Connection {
         entry.spec.set_position(position.clone());
         entry.spec.limit = limit;
         let command = Command::SetRange { session: self.session.id, handle, position, limit, req };
-        let _ = self.context.core.send(command).await;
+        let _ = self.context.writer.send(command).await;
         Ok(())
     }
 
@@ -869,7 +868,7 @@ impl Connection {
         entry.spec.def = def.clone();
         let owner = self.view_budget_owner();
         let command = Command::SetView { session: self.session.id, handle, def, req, owner };
-        let _ = self.context.core.send(command).await;
+        let _ = self.context.writer.send(command).await;
         Ok(())
     }
 }

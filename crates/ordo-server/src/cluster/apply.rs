@@ -21,15 +21,16 @@ use super::entry::{Decoded, Kind};
 use super::{Outcome, Shared};
 use crate::access::Gate;
 use crate::auth::{Identity, Role};
-use crate::core::{is_reserved_name, Core, FieldChange};
 use crate::error::{ApiError, ErrorCode};
+use crate::routing::is_reserved_name;
 use crate::rules::{self, Action, RuleSet, RulesDoc};
 use crate::wire::{self, AddFieldRequest, SchemaRequest};
 use crate::write_guard::WriteGuard;
+use crate::writer::{FieldChange, Writer};
 use ordo_core::CollectionId;
 use ordo_store::PendingWrite;
 
-/// The writer thread's cluster state (owned by `Core`).
+/// The writer thread's cluster state (owned by `Writer`).
 pub struct Applier {
     pub shared: Arc<Shared>,
     pub gate: Arc<Gate>,
@@ -58,16 +59,16 @@ impl Applier {
     }
 
     /// Lets the snapshot thread tell the writer when a copy ends.
-    pub fn wake_writer_with(&mut self, writer: tokio::sync::mpsc::WeakSender<crate::core::Command>) {
+    pub fn wake_writer_with(&mut self, writer: tokio::sync::mpsc::WeakSender<crate::writer::Command>) {
         if let Some(snapshots) = &mut self.snapshots {
             snapshots.wake_writer_with(writer);
         }
     }
 
     /// A snapshot's copy ended: start the next one if it came due meanwhile.
-    pub fn after_snapshot(&mut self, core: &Core) {
+    pub fn after_snapshot(&mut self, writer: &Writer) {
         if let Some(snapshots) = &mut self.snapshots {
-            snapshots.after_apply(core.database());
+            snapshots.after_apply(writer.database());
         }
     }
 
@@ -137,23 +138,23 @@ struct Waiting {
 /// write under a filtered write rule (its guard checks the committed items),
 /// a gap in the stream's seqs. So every entry gets the seq and the outcome it
 /// gets applied one by one.
-pub fn apply_run(core: &mut Core, applier: &mut Applier, run: Vec<Delivered>) {
+pub fn apply_run(writer: &mut Writer, applier: &mut Applier, run: Vec<Delivered>) {
     let mut group = Group::default();
     for delivered in run {
-        if !apply_next(core, applier, &mut group, delivered) {
+        if !apply_next(writer, applier, &mut group, delivered) {
             break;
         }
     }
-    flush(core, applier, &mut group);
+    flush(writer, applier, &mut group);
 }
 
 /// Applies one entry, or adds it to `group`; false when this node halted.
-fn apply_next(core: &mut Core, applier: &mut Applier, group: &mut Group, delivered: Delivered) -> bool {
+fn apply_next(writer: &mut Writer, applier: &mut Applier, group: &mut Group, delivered: Delivered) -> bool {
     let Delivered { seq, generation, msg_id, published_ns, payload } = delivered;
     if generation <= applier.halted_generation {
         return false;
     }
-    let next_seq = core.database().last_seq() + 1 + group.writes.len() as u64;
+    let next_seq = writer.database().last_seq() + 1 + group.writes.len() as u64;
     if seq < next_seq {
         // Applied already: a new consumer generation delivers again what an
         // older one had queued.
@@ -161,15 +162,15 @@ fn apply_next(core: &mut Core, applier: &mut Applier, group: &mut Group, deliver
     }
     let waiting = Waiting { seq, generation, msg_id, published_ns };
     if seq > next_seq {
-        if !flush(core, applier, group) {
+        if !flush(writer, applier, group) {
             return false;
         }
         // The stream holds no message between (deleted from it): their seqs are
         // used by markers, so every node's seqs stay the stream's.
         for missing in next_seq..seq {
             tracing::warn!(seq = missing, "the stream has no entry at this seq; recording it as empty");
-            if let Err(error) = core.database_mut().advance_seq(missing) {
-                halt(core, applier, generation, seq, &ApiError::from(error));
+            if let Err(error) = writer.database_mut().advance_seq(missing) {
+                halt(writer, applier, generation, seq, &ApiError::from(error));
                 return false;
             }
         }
@@ -179,36 +180,36 @@ fn apply_next(core: &mut Core, applier: &mut Applier, group: &mut Group, deliver
         Err(error) => {
             let outcome =
                 Outcome::Malformed(ApiError::bad_request(format!("entry at seq {seq} does not decode: {error}")));
-            return flush(core, applier, group) && finish(core, applier, waiting, outcome);
+            return flush(writer, applier, group) && finish(writer, applier, waiting, outcome);
         }
     };
     if entry.kind != Kind::Write {
-        if !flush(core, applier, group) {
+        if !flush(writer, applier, group) {
             return false;
         }
-        let outcome = apply_decoded(core, applier, &entry);
-        return finish(core, applier, waiting, outcome);
+        let outcome = apply_decoded(writer, applier, &entry);
+        return finish(writer, applier, waiting, outcome);
     }
     if !applier.last_identity.as_ref().is_some_and(|identity| entry.caller.is(identity)) {
         applier.last_identity = Some(entry.caller.identity());
     }
     let mut batch = applier.take_batch();
     let identity = applier.last_identity.as_ref().expect("set just above");
-    let (collection, guard) = match prepare_write(core, &applier.gate, &entry, identity, &mut batch) {
+    let (collection, guard) = match prepare_write(writer, &applier.gate, &entry, identity, &mut batch) {
         Ok(prepared) => prepared,
         Err(error) => {
             applier.recycle(batch);
-            return flush(core, applier, group) && finish(core, applier, waiting, Outcome::Write(Err(error)));
+            return flush(writer, applier, group) && finish(writer, applier, waiting, Outcome::Write(Err(error)));
         }
     };
     if let Some(guard) = guard {
         // Checked against the items as committed, so after the group before it.
-        if !flush(core, applier, group) {
+        if !flush(writer, applier, group) {
             return false;
         }
-        if let Some(refusal) = core.guard_refusal(collection, &batch, &guard) {
+        if let Some(refusal) = writer.guard_refusal(collection, &batch, &guard) {
             applier.recycle(batch);
-            return finish(core, applier, waiting, Outcome::Write(Err(refusal)));
+            return finish(writer, applier, waiting, Outcome::Write(Err(refusal)));
         }
     }
     group.writes.push(PendingWrite::new(collection, batch));
@@ -218,13 +219,13 @@ fn apply_next(core: &mut Core, applier: &mut Applier, group: &mut Group, deliver
 
 /// Commits `group` (one log append), then answers each entry; false when this
 /// node halted (the append failed: nothing of the group was written).
-fn flush(core: &mut Core, applier: &mut Applier, group: &mut Group) -> bool {
+fn flush(writer: &mut Writer, applier: &mut Applier, group: &mut Group) -> bool {
     let Some(first) = group.entries.first() else { return true };
     let (first_seq, generation) = (first.seq, first.generation);
-    assert_eq!(core.database().last_seq() + 1, first_seq, "a group starts at the next seq");
-    core.write_run(&mut group.writes);
+    assert_eq!(writer.database().last_seq() + 1, first_seq, "a group starts at the next seq");
+    writer.write_run(&mut group.writes);
     let last_seq = first_seq + group.writes.len() as u64 - 1;
-    if core.database().last_seq() != last_seq {
+    if writer.database().last_seq() != last_seq {
         // The append's error (the refusals of single writes are outcomes).
         let error = group
             .writes
@@ -234,11 +235,11 @@ fn flush(core: &mut Core, applier: &mut Applier, group: &mut Group) -> bool {
             .unwrap_or_else(|| ApiError::new(ErrorCode::Internal, "a group of entries was not written"));
         group.writes.clear();
         group.entries.clear();
-        halt(core, applier, generation, first_seq, &error);
+        halt(writer, applier, generation, first_seq, &error);
         return false;
     }
     // Before the answers: a client that got one of these seqs never waits for it here.
-    core.publish_seq();
+    writer.publish_seq();
     for (write, waiting) in group.writes.drain(..).zip(group.entries.drain(..)) {
         let PendingWrite { batch, result, .. } = write;
         let result = result.expect("every write of a run gets a result").map_err(ApiError::from);
@@ -248,53 +249,53 @@ fn flush(core: &mut Core, applier: &mut Applier, group: &mut Group) -> bool {
         applier.shared.deliver(waiting.msg_id.as_deref(), Outcome::Write(result));
     }
     if let Some(snapshots) = &mut applier.snapshots {
-        snapshots.after_apply(core.database());
+        snapshots.after_apply(writer.database());
     }
     true
 }
 
 /// Ends one entry applied alone at `waiting.seq`; false when this node halted.
-fn finish(core: &mut Core, applier: &mut Applier, waiting: Waiting, outcome: Outcome) -> bool {
+fn finish(writer: &mut Writer, applier: &mut Applier, waiting: Waiting, outcome: Outcome) -> bool {
     let Waiting { seq, generation, msg_id, published_ns } = waiting;
     if let Some(error) = outcome.error().filter(|error| is_local_failure(error)) {
-        halt(core, applier, generation, seq, error);
+        halt(writer, applier, generation, seq, error);
         return false;
     }
-    if core.database().last_seq() < seq {
+    if writer.database().last_seq() < seq {
         // Nothing written (refused, or a collection created): a marker uses the seq.
-        if let Err(error) = core.database_mut().advance_seq(seq) {
-            halt(core, applier, generation, seq, &ApiError::from(error));
+        if let Err(error) = writer.database_mut().advance_seq(seq) {
+            halt(writer, applier, generation, seq, &ApiError::from(error));
             return false;
         }
     }
-    assert_eq!(core.database().last_seq(), seq, "an entry uses exactly its seq");
+    assert_eq!(writer.database().last_seq(), seq, "an entry uses exactly its seq");
     applier.shared.status.set_applied(seq, published_ns);
     // Before the answer: a client that got this seq never waits for it here.
-    core.publish_seq();
+    writer.publish_seq();
     applier.shared.deliver(msg_id.as_deref(), outcome);
     if let Some(snapshots) = &mut applier.snapshots {
         // One comparison unless a snapshot is due; the copy runs on its own thread.
-        snapshots.after_apply(core.database());
+        snapshots.after_apply(writer.database());
     }
     true
 }
 
-fn halt(core: &mut Core, applier: &mut Applier, generation: u64, seq: u64, error: &ApiError) {
+fn halt(writer: &mut Writer, applier: &mut Applier, generation: u64, seq: u64, error: &ApiError) {
     tracing::error!(seq, code = error.code.as_str(), "cannot apply the stream's entry here: {}", error.message);
     applier.halted_generation = generation;
-    core.publish_seq();
+    writer.publish_seq();
     applier.shared.restart.notify_one();
 }
 
-fn apply_decoded(core: &mut Core, applier: &Applier, entry: &Decoded<'_>) -> Outcome {
+fn apply_decoded(writer: &mut Writer, applier: &Applier, entry: &Decoded<'_>) -> Outcome {
     let identity = entry.caller.identity();
     match entry.kind {
         Kind::Write => unreachable!("write entries are applied by `apply_next`"),
-        Kind::CreateCollection => Outcome::Create(create_collection(core, applier, entry, &identity)),
-        Kind::AddField => Outcome::Fields(add_field(core, entry, &identity)),
-        Kind::RemoveField => Outcome::Fields(remove_field(core, entry, &identity)),
-        Kind::DropCollection => Outcome::Drop(drop_collection(core, entry, &identity)),
-        Kind::SetRules => Outcome::Rules(set_rules(core, applier, entry, &identity)),
+        Kind::CreateCollection => Outcome::Create(create_collection(writer, applier, entry, &identity)),
+        Kind::AddField => Outcome::Fields(add_field(writer, entry, &identity)),
+        Kind::RemoveField => Outcome::Fields(remove_field(writer, entry, &identity)),
+        Kind::DropCollection => Outcome::Drop(drop_collection(writer, entry, &identity)),
+        Kind::SetRules => Outcome::Rules(set_rules(writer, applier, entry, &identity)),
     }
 }
 
@@ -321,7 +322,7 @@ fn require_admin(identity: &Identity, what: &str) -> Result<(), ApiError> {
 /// of a filtered write rule, if any.
 /// `batch` comes empty (`Applier::take_batch`) and is filled with the ops.
 fn prepare_write(
-    core: &Core,
+    writer: &Writer,
     gate: &Gate,
     entry: &Decoded<'_>,
     identity: &Identity,
@@ -330,18 +331,18 @@ fn prepare_write(
     debug_assert!(batch.is_empty(), "a write entry's batch starts empty");
     let name = required(entry.collection.as_deref(), "collection")?;
     let ops = required(entry.ops.as_deref(), "ops")?;
-    let (target, grant) = gate.granted_collection(core.routes(), identity, name, Action::Write)?;
+    let (target, grant) = gate.granted_collection(writer.routes(), identity, name, Action::Write)?;
     let guard = WriteGuard::new(&grant, &target.schema)?;
     wire::fill_batch(batch, &target.schema, ops, 0)?;
     Ok((target.id, guard))
 }
 
 fn create_collection(
-    core: &mut Core,
+    writer: &mut Writer,
     applier: &Applier,
     entry: &Decoded<'_>,
     identity: &Identity,
-) -> Result<(bool, Arc<crate::core::CollectionEntry>), ApiError> {
+) -> Result<(bool, Arc<crate::routing::CollectionEntry>), ApiError> {
     let name = required(entry.collection.as_deref(), "collection")?;
     if is_reserved_name(name) {
         return Err(ApiError::new(ErrorCode::Forbidden, format!("`{name}` is reserved for the server")));
@@ -351,60 +352,65 @@ fn create_collection(
     }
     let request: SchemaRequest = parse(required(entry.schema, "schema")?)?;
     applier.gate.rules().check_ref_targets(identity, request.ref_targets())?;
-    let schema = request.to_schema(|target| route_id(core, target))?;
-    core.create_collection(name, schema)
+    let schema = request.to_schema(|target| route_id(writer, target))?;
+    writer.create_collection(name, schema)
 }
 
 /// A `ref` field's target, by name, as the routing table has it when the entry applies.
-fn route_id(core: &Core, name: &str) -> Option<ordo_core::CollectionId> {
-    let routes = core.routes().read().expect("routes lock");
+fn route_id(writer: &Writer, name: &str) -> Option<ordo_core::CollectionId> {
+    let routes = writer.routes().read().expect("routes lock");
     routes.get(name).filter(|entry| entry.name == name).map(|entry| entry.id)
 }
 
 /// The collection a schema change or drop names, as the routing table has it now.
-fn schema_target(core: &Core, entry: &Decoded<'_>) -> Result<Arc<crate::core::CollectionEntry>, ApiError> {
+fn schema_target(writer: &Writer, entry: &Decoded<'_>) -> Result<Arc<crate::routing::CollectionEntry>, ApiError> {
     let name = required(entry.collection.as_deref(), "collection")?;
     if is_reserved_name(name) {
         return Err(ApiError::new(ErrorCode::Forbidden, format!("`{name}` is reserved for the server")));
     }
-    core.routes().read().expect("routes lock").get(name).cloned().ok_or_else(|| ApiError::unknown_collection(name))
+    writer.routes().read().expect("routes lock").get(name).cloned().ok_or_else(|| ApiError::unknown_collection(name))
 }
 
 fn add_field(
-    core: &mut Core,
+    writer: &mut Writer,
     entry: &Decoded<'_>,
     identity: &Identity,
-) -> Result<(u64, Arc<crate::core::CollectionEntry>), ApiError> {
+) -> Result<(u64, Arc<crate::routing::CollectionEntry>), ApiError> {
     require_admin(identity, "adding a field")?;
-    let target = schema_target(core, entry)?;
+    let target = schema_target(writer, entry)?;
     let add: AddFieldRequest = parse(required(entry.field, "field")?)?;
-    let (field_type, default) = add.typed(|target| route_id(core, target))?;
-    core.change_fields(target.id, FieldChange::Add { name: add.name, field_type, default })
+    let (field_type, default) = add.typed(|target| route_id(writer, target))?;
+    writer.change_fields(target.id, FieldChange::Add { name: add.name, field_type, default })
 }
 
 fn remove_field(
-    core: &mut Core,
+    writer: &mut Writer,
     entry: &Decoded<'_>,
     identity: &Identity,
-) -> Result<(u64, Arc<crate::core::CollectionEntry>), ApiError> {
+) -> Result<(u64, Arc<crate::routing::CollectionEntry>), ApiError> {
     require_admin(identity, "removing a field")?;
-    let target = schema_target(core, entry)?;
+    let target = schema_target(writer, entry)?;
     let name: String = parse(required(entry.field, "field")?)?;
-    core.change_fields(target.id, FieldChange::Remove { name })
+    writer.change_fields(target.id, FieldChange::Remove { name })
 }
 
-fn drop_collection(core: &mut Core, entry: &Decoded<'_>, identity: &Identity) -> Result<u64, ApiError> {
+fn drop_collection(writer: &mut Writer, entry: &Decoded<'_>, identity: &Identity) -> Result<u64, ApiError> {
     require_admin(identity, "dropping a collection")?;
-    let target = schema_target(core, entry)?;
-    core.drop_collection(target.id)
+    let target = schema_target(writer, entry)?;
+    writer.drop_collection(target.id)
 }
 
-fn set_rules(core: &mut Core, applier: &Applier, entry: &Decoded<'_>, identity: &Identity) -> Result<u64, ApiError> {
+fn set_rules(
+    writer: &mut Writer,
+    applier: &Applier,
+    entry: &Decoded<'_>,
+    identity: &Identity,
+) -> Result<u64, ApiError> {
     require_admin(identity, "changing the rules")?;
     let doc: RulesDoc = parse(required(entry.rules, "rules")?)?;
     let rules = RuleSet::compile(doc.clone())?;
     let text = serde_json::to_string(&doc).expect("rules serialise");
-    let seq = core.set_rules(&text)?;
+    let seq = writer.set_rules(&text)?;
     // Every later entry is checked against these, on every node.
     applier.gate.set_rules(rules);
     Ok(seq)

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 
 use super::apply::{Delivered, MAX_RUN_BYTES, MAX_RUN_ENTRIES};
 use super::{Cluster, SUBJECT};
-use crate::core::{Command, CoreSender};
+use crate::writer::{Command, WriterSender};
 
 /// A consumer that delivers nothing this long while the stream (polled every
 /// second) holds entries this node has not applied is replaced.
@@ -36,13 +36,13 @@ const CONSUMER_SETUP_SLOW: Duration = Duration::from_secs(1);
 /// Each start is a new *generation*: the writer ignores entries of a generation
 /// it gave up on, and skips those at or below its last applied seq (a new
 /// generation re-delivers what an older one had queued).
-pub async fn consume(cluster: Arc<Cluster>, core: CoreSender, mut shutdown: watch::Receiver<bool>) {
+pub async fn consume(cluster: Arc<Cluster>, writer: WriterSender, mut shutdown: watch::Receiver<bool>) {
     let mut generation = 0u64;
     loop {
         generation += 1;
         let start_seq = cluster.shared.status.applied_seq() + 1;
         let stopped = tokio::select! {
-            result = consume_from(&cluster, &core, start_seq, generation) => {
+            result = consume_from(&cluster, &writer, start_seq, generation) => {
                 if let Err(error) = result {
                     tracing::warn!(start_seq, %error, "the stream's consumer stopped; starting again");
                 }
@@ -65,7 +65,7 @@ pub async fn consume(cluster: Arc<Cluster>, core: CoreSender, mut shutdown: watc
     }
 }
 
-async fn consume_from(cluster: &Cluster, core: &CoreSender, start_seq: u64, generation: u64) -> Result<(), String> {
+async fn consume_from(cluster: &Cluster, writer: &WriterSender, start_seq: u64, generation: u64) -> Result<(), String> {
     let setup_started = std::time::Instant::now();
     let state = cluster.stream_state().await?;
     cluster.shared.status.saw_stream_seq(state.last_seq);
@@ -142,7 +142,7 @@ async fn consume_from(cluster: &Cluster, core: &CoreSender, start_seq: u64, gene
                 None => break,
             }
         }
-        if core.send(Command::ApplyEntries(run)).await.is_err() {
+        if writer.send(Command::ApplyEntries(run)).await.is_err() {
             return Ok(());
         }
     }

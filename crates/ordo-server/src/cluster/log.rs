@@ -11,8 +11,8 @@ use tokio::sync::{oneshot, watch};
 
 use super::{unavailable, ClusterOptions, Outcome, Shared};
 use super::{APPLY_TIMEOUT, DUPLICATE_WINDOW, NO_LEADER_WAIT, PUBLISH_ATTEMPTS, PUBLISH_TIMEOUT, SUBJECT};
-use crate::core::CoreSender;
 use crate::error::ApiError;
+use crate::writer::WriterSender;
 
 /// A running cluster connection.
 pub struct Cluster {
@@ -285,8 +285,8 @@ impl Cluster {
     }
 
     /// Runs the consumer and the stream poller until shutdown (`consume`).
-    pub fn spawn(self: &Arc<Cluster>, core: CoreSender, shutdown: watch::Receiver<bool>) {
-        tokio::spawn(super::consume::consume(self.clone(), core, shutdown.clone()));
+    pub fn spawn(self: &Arc<Cluster>, writer: WriterSender, shutdown: watch::Receiver<bool>) {
+        tokio::spawn(super::consume::consume(self.clone(), writer, shutdown.clone()));
         tokio::spawn(super::consume::poll_stream(self.clone(), shutdown));
     }
 }

@@ -35,8 +35,8 @@ use tokio::sync::{oneshot, Notify};
 
 use ordo_store::Ack;
 
-use crate::core::CollectionEntry;
 use crate::error::{ApiError, ErrorCode};
+use crate::routing::CollectionEntry;
 
 pub use lag::Status;
 

@@ -1,9 +1,10 @@
 //! The HTTP API's mutating requests in cluster mode: each becomes an entry,
 //! published and then answered with the outcome of its apply on this node,
 //! as the same typed values the writer's commands answer in single-node mode
-//! (so `api.rs` writes the same JSON and status). The handlers check what they
-//! can first (the caller, JSON, types against this node's schema), so that a
-//! request refused outright never takes a seq; the apply checks it all again.
+//! (so the `api` handlers, through `submit`, write the same JSON and status).
+//! The handlers check what they can first (the caller, JSON, types against this
+//! node's schema), so that a request refused outright never takes a seq; the
+//! apply checks it all again.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -14,8 +15,9 @@ use serde_json::value::RawValue;
 use super::entry::{Caller, Entry, Kind};
 use super::{Cluster, Outcome};
 use crate::auth::Identity;
-use crate::core::{CollectionEntry, WriteResults};
 use crate::error::{ApiError, ErrorCode};
+use crate::routing::CollectionEntry;
+use crate::writer::WriteResults;
 
 fn unexpected(outcome: Outcome) -> ApiError {
     match outcome {

@@ -490,7 +490,7 @@ pub struct SnapshotScheduler {
     /// while another was running is started then, not only after the next
     /// entry (which may never come). Weak, so that it never keeps the writer's
     /// queue open at shutdown.
-    wake_writer: Option<tokio::sync::mpsc::WeakSender<crate::core::Command>>,
+    wake_writer: Option<tokio::sync::mpsc::WeakSender<crate::writer::Command>>,
 }
 
 impl SnapshotScheduler {
@@ -507,7 +507,7 @@ impl SnapshotScheduler {
     }
 
     /// Where to send `Command::SnapshotFinished` when a copy ends.
-    pub fn wake_writer_with(&mut self, writer: tokio::sync::mpsc::WeakSender<crate::core::Command>) {
+    pub fn wake_writer_with(&mut self, writer: tokio::sync::mpsc::WeakSender<crate::writer::Command>) {
         self.wake_writer = Some(writer);
     }
 
@@ -565,7 +565,7 @@ impl SnapshotScheduler {
             running.store(false, Ordering::Release);
             if let Some(writer) = wake_writer.and_then(|writer| writer.upgrade()) {
                 // Not on a runtime thread: blocking until the queue has room is fine.
-                let _ = writer.blocking_send(crate::core::Command::SnapshotFinished);
+                let _ = writer.blocking_send(crate::writer::Command::SnapshotFinished);
             }
         });
         if let Err(error) = spawned {

@@ -88,7 +88,7 @@ impl Connection {
     pub(super) fn readable(
         &self,
         name: &str,
-    ) -> Result<(Arc<crate::core::CollectionEntry>, Option<ordo_core::Filter>), ApiError> {
+    ) -> Result<(Arc<crate::routing::CollectionEntry>, Option<ordo_core::Filter>), ApiError> {
         let identity =
             self.identity.as_ref().ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "send `auth` first"))?;
         let (entry, grant) =
@@ -102,7 +102,7 @@ impl Connection {
     /// its checks); `None`: it reads none, use the entry's.
     pub(super) fn read_schema(
         &self,
-        entry: &crate::core::CollectionEntry,
+        entry: &crate::routing::CollectionEntry,
         filter: &serde_json::Value,
         sort: &[crate::wire::SortRequest],
         fields: Option<&[String]>,

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use super::Connection;
-use crate::core::CollectionEntry;
 use crate::min_seq;
+use crate::routing::CollectionEntry;
 use crate::wire::{self, WindowSpec};
 
 /// A request held until the store reaches `min_seq`, already checked otherwise

@@ -9,13 +9,13 @@ use fastwebsockets::OpCode;
 
 use super::{Connection, RetainedFrame};
 use crate::auth;
-use crate::core::{share_key, Command, Outgoing, SubHandle};
 use crate::error::{ApiError, ErrorCode};
 use crate::frame::{write_diffs_frame, DiffsHeader};
 use crate::limits;
 use crate::metrics::{self, METRICS};
 use crate::min_seq::{self, SeqCheck};
 use crate::wire::{self, WindowSpec};
+use crate::writer::{share_key, Command, Outgoing, SubHandle};
 
 impl Connection {
     /// `req` is echoed on `resumed`. Each entry's `min_seq` has been waited for
@@ -25,12 +25,12 @@ impl Connection {
         let last_seq = min_seq::last(&self.seq);
         let mut outcomes: Vec<serde_json::Value> = Vec::with_capacity(entries.len());
         let mut replays: Vec<SubHandle> = Vec::new();
-        // What the core queued for an adopted session, handled after the answer.
+        // What the writer queued for an adopted session, handled after the answer.
         let mut queued: Vec<Outgoing> = Vec::new();
         if let Some(old) = self.context.registry.take(token, &self.session.owner) {
             // Adopt the old session: its queue, table and retained frames.
             let fresh = std::mem::replace(&mut self.session, old);
-            let _ = self.context.core.send(Command::DropSession { session: fresh.id }).await;
+            let _ = self.context.writer.send(Command::DropSession { session: fresh.id }).await;
             // A resume token is good for one resume: whoever saw this one cannot reuse it.
             self.session.token = auth::new_session_token();
             queued = self.end_subscriptions_ended_while_parked().await;
@@ -98,7 +98,7 @@ impl Connection {
                         outcomes.push(serde_json::json!({"sub": entry.sub, "reset": true}));
                         sub.awaiting_reset = true;
                         sub.seq = entry.last_seq;
-                        let _ = self.context.core.send(Command::Resync { session: self.session.id, handle }).await;
+                        let _ = self.context.writer.send(Command::Resync { session: self.session.id, handle }).await;
                     }
                 }
                 None => {
@@ -145,7 +145,7 @@ impl Connection {
     }
 
     /// Subscriptions of an adopted session that a drop or a field removal ended
-    /// while it was parked: the core detached them and queued their
+    /// while it was parked: the writer detached them and queued their
     /// `Outgoing::Ended` in the session's outbox, which is the only word on what
     /// ended (guessing from schemas cannot tell which view a window had when a
     /// field went). Their `ended` frames go out first, so the resume treats their
@@ -167,13 +167,13 @@ impl Connection {
         if let Some(entry) = self.session.table.remove(handle) {
             self.session.by_client_id.remove(&entry.client_id);
         }
-        let _ = self.context.core.send(Command::Unsubscribe { session: self.session.id, handle }).await;
+        let _ = self.context.writer.send(Command::Unsubscribe { session: self.session.id, handle }).await;
     }
 
     pub(super) fn check_resume_entry(
         &self,
         entry: &wire::ResumeEntry,
-    ) -> Result<(Arc<crate::core::CollectionEntry>, WindowSpec), ApiError> {
+    ) -> Result<(Arc<crate::routing::CollectionEntry>, WindowSpec), ApiError> {
         wire::check_sub_id(&entry.sub)?;
         if let Some(cluster) = &self.context.cluster {
             cluster.status.check_not_lagging()?;

@@ -10,16 +10,16 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use crate::core::{ConnShared, FrameBody, Outgoing, SessionId, SubHandle, FRAME_OVERHEAD_BYTES};
 use crate::frame::DiffsExtra;
 use crate::limits;
 use crate::sub_table::SubTable;
 use crate::wire::WindowSpec;
+use crate::writer::{ConnShared, FrameBody, Outgoing, SessionId, SubHandle, FRAME_OVERHEAD_BYTES};
 
 /// A subscription as its connection knows it.
 pub(super) struct SubEntry {
     pub(super) client_id: String,
-    pub(super) collection: Arc<crate::core::CollectionEntry>,
+    pub(super) collection: Arc<crate::routing::CollectionEntry>,
     pub(super) spec: WindowSpec,
     /// The `seq` of the last frame sent.
     pub(super) seq: u64,

@@ -10,8 +10,10 @@ use std::sync::Arc;
 
 use ordo_core::{CollectionId, FieldType, OwnedValue, Schema, WindowId};
 
-use super::{share_key, CollectionEntry, Core, Outgoing, Route};
-use crate::error::ApiError;
+use super::fanout::FanoutTarget;
+use super::{share_key, Outgoing, Writer};
+use crate::error::{ApiError, ErrorCode};
+use crate::routing::CollectionEntry;
 use crate::wire::Projection;
 
 /// A change of fields, as checked by the HTTP handler.
@@ -37,7 +39,7 @@ impl EndReason {
     }
 }
 
-impl Core {
+impl Writer {
     pub(crate) fn change_fields(
         &mut self,
         collection: CollectionId,
@@ -51,7 +53,7 @@ impl Core {
             .schema()
             .clone();
         // The engine's resets are encoded below, once projections follow the new schema.
-        self.fanout.route = Route::Discard;
+        self.fanout.target = FanoutTarget::Discard;
         let result = match &change {
             FieldChange::Add { name, field_type, default } => self
                 .database
@@ -59,7 +61,7 @@ impl Core {
                 .map(|seq| (seq, Vec::new())),
             FieldChange::Remove { name } => self.database.remove_field(collection, name, &mut self.fanout),
         };
-        self.fanout.route = Route::Subscribers;
+        self.fanout.target = FanoutTarget::Subscribers;
         let (seq, ended) = result?;
         let message = match &change {
             FieldChange::Remove { name } => {
@@ -154,7 +156,7 @@ impl Core {
                 shared.share_key = Some(vacant.key().clone());
                 vacant.insert(window);
             }
-            self.fanout.route = Route::Subscribers;
+            self.fanout.target = FanoutTarget::Subscribers;
             let reset = self.database.emit_window_reset(window, &mut self.fanout);
             debug_assert!(reset.is_ok(), "a window kept across a change is live");
         }
@@ -173,11 +175,40 @@ impl Core {
     }
 }
 
+impl Writer {
+    pub(crate) fn create_collection(
+        &mut self,
+        name: &str,
+        schema: Schema,
+    ) -> Result<(bool, Arc<CollectionEntry>), ApiError> {
+        if let Some(existing) = self.routes.read().expect("routes lock").get(name) {
+            if *existing.schema == schema && existing.name == name {
+                return Ok((false, existing.clone()));
+            }
+            return Err(ApiError::new(
+                ErrorCode::CollectionExists,
+                format!("a collection named `{}` exists already with another schema or spelling", existing.name),
+            ));
+        }
+        let id = self.database.create_collection(name, schema.clone())?;
+        let mut entry = CollectionEntry::from_engine(self.database.engine(), id).expect("just created");
+        // The name as the caller spelled it (the engine's may differ only by case).
+        entry.name = name.to_owned();
+        let entry = Arc::new(entry);
+        self.routes
+            .write()
+            .expect("routes lock")
+            .insert(name, entry.clone())
+            .map_err(|_| ApiError::new(ErrorCode::Internal, "routing refused a name it had not found"))?;
+        Ok((true, entry))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::Command;
     use crate::error::ErrorCode;
+    use crate::writer::Command;
     use tokio::sync::oneshot;
 
     /// A query checked by a network task against the schema before a removal,
@@ -188,25 +219,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let options = ordo_store::StoreOptions { preallocate_log: false, ..Default::default() };
         let (database, _) = ordo_store::Database::open(dir.path(), options, &mut |_| {}).unwrap();
-        let mut core = Core::new(database, Default::default(), 1 << 20);
+        let mut writer = Writer::new(database, Default::default(), 1 << 20);
         let schema = Schema::new().with_field("a", FieldType::U64).with_field("b", FieldType::String);
-        let (_, entry) = core.create_collection("rooms", schema).unwrap();
+        let (_, entry) = writer.create_collection("rooms", schema).unwrap();
         let mut batch = ordo_core::Batch::new();
         batch.upsert("x").set("a", ordo_core::Value::U64(1)).set("b", ordo_core::Value::Str("text"));
         let mut group = [ordo_store::PendingWrite::new(entry.id, batch)];
-        core.database.write_group(&mut group, &mut core.fanout);
+        writer.database.write_group(&mut group, &mut writer.fanout);
         let spec =
             crate::wire::window_spec(&entry.schema, &serde_json::Value::Null, &[], Default::default(), 10, None, true)
                 .unwrap();
-        core.change_fields(entry.id, FieldChange::Remove { name: "a".into() }).unwrap();
+        writer.change_fields(entry.id, FieldChange::Remove { name: "a".into() }).unwrap();
 
         let (reply, mut answer) = oneshot::channel();
-        core.handle(Command::Query { collection: entry.id, schema: entry.schema.clone(), spec: spec.clone(), reply });
+        writer.handle(Command::Query { collection: entry.id, schema: entry.schema.clone(), spec: spec.clone(), reply });
         let refused = answer.try_recv().expect("answered at once").expect_err("a stale projection");
         assert_eq!(refused.code, ErrorCode::InvalidView, "{refused}");
 
         // Checked against the current schema, the same request is answered.
-        let current = core.routes.read().unwrap().get("rooms").unwrap().clone();
+        let current = writer.routes.read().unwrap().get("rooms").unwrap().clone();
         let spec = crate::wire::window_spec(
             &current.schema,
             &serde_json::Value::Null,
@@ -218,7 +249,7 @@ mod tests {
         )
         .unwrap();
         let (reply, mut answer) = oneshot::channel();
-        core.handle(Command::Query { collection: entry.id, schema: current.schema.clone(), spec, reply });
+        writer.handle(Command::Query { collection: entry.id, schema: current.schema.clone(), spec, reply });
         let body = answer.try_recv().unwrap().unwrap();
         assert!(String::from_utf8(body).unwrap().contains(r#""fields":{"b":"text"}"#));
     }
@@ -231,13 +262,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let options = ordo_store::StoreOptions { preallocate_log: false, ..Default::default() };
         let (database, _) = ordo_store::Database::open(dir.path(), options, &mut |_| {}).unwrap();
-        let mut core = Core::new(database, Default::default(), 1 << 20);
+        let mut writer = Writer::new(database, Default::default(), 1 << 20);
         let schema = Schema::new().with_field("a", FieldType::U64).with_field("owner", FieldType::String);
-        let (_, entry) = core.create_collection("notes", schema).unwrap();
+        let (_, entry) = writer.create_collection("notes", schema).unwrap();
         let grant = crate::rules::Grant::Where(vec![serde_json::json!({"field": "owner", "op": "eq", "value": "u1"})]);
         let guard =
             Arc::new(crate::write_guard::WriteGuard::new(&grant, &entry.schema).unwrap().expect("a filtered grant"));
-        core.change_fields(entry.id, FieldChange::Remove { name: "a".into() }).unwrap();
+        writer.change_fields(entry.id, FieldChange::Remove { name: "a".into() }).unwrap();
 
         // Owner `u2`: outside the grant. With the stale id 1 (no field now) the check
         // would read past the schema; it must be refused before it is checked.
@@ -251,10 +282,10 @@ mod tests {
             guards: vec![(0, guard)],
         };
         let Command::Write { batches, reply, queued_at, guards } = command else { unreachable!() };
-        core.guarded_write(batches, guards, reply, queued_at);
+        writer.guarded_write(batches, guards, reply, queued_at);
         let results = answer.try_recv().expect("answered at once").results;
         let refused = results[0].as_ref().expect_err("a stale guard");
         assert_eq!(refused.code, ErrorCode::InvalidBatch, "{refused}");
-        assert!(core.database.engine().collection(entry.id).unwrap().is_empty(), "nothing was written");
+        assert!(writer.database.engine().collection(entry.id).unwrap().is_empty(), "nothing was written");
     }
 }

@@ -20,7 +20,9 @@ use std::sync::Arc;
 
 use ordo_core::{CollectionId, ViewDef, WindowAnchor, WindowId};
 
-use super::{Core, Route, SessionId, SubHandle, WindowChange};
+use super::fanout::FanoutTarget;
+use super::subscriptions::WindowChange;
+use super::{SessionId, SubHandle, Writer};
 use crate::error::{ApiError, ErrorCode};
 use crate::limits;
 use crate::metrics::{self, METRICS};
@@ -151,7 +153,7 @@ fn within(n_views: usize, bytes: usize) -> Result<(), ApiError> {
     Err(ApiError::new(ErrorCode::LimitExceeded, message))
 }
 
-impl Core {
+impl Writer {
     /// Charges a new subscription's view to `owner`. Refused past the budget;
     /// `window` is then closed if it was opened for this subscription alone
     /// (it has no subscriber yet).
@@ -198,9 +200,9 @@ impl Core {
             .map(|sub| sub.window)
             .ok_or_else(|| ApiError::new(ErrorCode::UnknownSubscription, "no such subscription"))?;
         let collection = self.fanout.windows[&window].collection;
-        self.fanout.route = Route::Discard;
+        self.fanout.target = FanoutTarget::Discard;
         let probe = self.database.open_window_at(collection, &def, WindowAnchor::Offset(0), 1, &mut self.fanout);
-        self.fanout.route = Route::Subscribers;
+        self.fanout.target = FanoutTarget::Subscribers;
         let (probe, _) = probe?;
         let result = self.change_view_charged(session, handle, def, owner, probe, collection);
         let _ = self.database.close_window(probe);
