@@ -94,6 +94,8 @@ metrics! {
     resume_replayed: counter "ordo_resume_replayed_total" "Subscriptions resumed by replay.";
     resume_reset: counter "ordo_resume_reset_total" "Subscriptions resumed by a reset.";
     closed_slow: counter "ordo_closed_slow_total" "Connections closed for being slow (4001).";
+    parked_for_min_seq: counter "ordo_parked_for_min_seq_total"
+        "WebSocket requests (subscribe, set_view, set_range, resume) held until the store reached their min_seq.";
     silent_sockets_closed: counter "ordo_silent_sockets_closed_total"
         "TCP connections closed before their first request to keep the sockets that sent nothing within their share of the cap.";
     claims_outside_alphabet: counter "ordo_claims_outside_alphabet_total"

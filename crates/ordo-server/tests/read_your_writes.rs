@@ -271,8 +271,9 @@ async fn min_seq_waits_for_its_write_while_other_frames_keep_flowing() {
     entry["last_seq"] = json!(held["live"].seq);
     entry["min_seq"] = json!(second + 1);
     again.lists.insert("live".into(), held["live"].clone());
+    let parked = parked_so_far(&server);
     again.send(json!({"op": "resume", "session": session, "subs": [entry], "req": "r1"})).await;
-    assert!(!again.read_until(Duration::from_millis(300), |client| client.frames.len() > 1).await);
+    wait_for_parked(&server, parked + 1).await;
     let third = write(&server, json!([{"op": "upsert", "id": "d", "fields": {"recency": 4}}]));
     wait_for(&mut again, "resumed", |client| client.frames.iter().any(|frame| frame["type"] == "resumed")).await;
     let resumed = again.frames.iter().find(|frame| frame["type"] == "resumed").unwrap().clone();
@@ -421,8 +422,9 @@ async fn a_subscribe_waits_for_min_seq_before_it_looks_up_its_collection() {
         }
         message
     };
+    let parked = parked_so_far(&server);
     client.send(later("waits", Some(next))).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_for_parked(&server, parked + 1).await;
     server.ok("PUT", "/v1/collections/later", json!({"fields": [{"name": "n", "type": "u64"}]}));
     let second = server.ok(
         "POST",
@@ -452,4 +454,19 @@ async fn a_subscribe_waits_for_min_seq_before_it_looks_up_its_collection() {
         assert_eq!((&refusal["type"], &refusal["code"]), (&json!("error"), &json!("unknown_collection")), "{refusal}");
     }
     server.stop();
+}
+
+/// How many WebSocket requests the server has held for their `min_seq` so far.
+fn parked_so_far(server: &Server) -> u64 {
+    server.metric("ordo_parked_for_min_seq_total") as u64
+}
+
+/// Waits until the server has held `n` WebSocket requests for their `min_seq`
+/// in all: the last one sent is then parked, so what comes next happens after it.
+async fn wait_for_parked(server: &Server, n: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while parked_so_far(server) < n {
+        assert!(std::time::Instant::now() < deadline, "no request was held for its min_seq");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use super::Connection;
+use crate::metrics::{self, METRICS};
 use crate::min_seq;
 use crate::routing::CollectionEntry;
 use crate::wire::{self, WindowSpec};
@@ -43,6 +44,7 @@ impl Connection {
     /// Holds a checked request until the store reaches `min_seq` or the wait
     /// ends (see `unpark`); no later message is read meanwhile.
     pub(super) fn park(&mut self, min_seq: u64, request: Parked) {
+        metrics::add(&METRICS.parked_for_min_seq, 1);
         self.parked = Some(ParkedRequest { min_seq, request });
         self.park_timer.as_mut().reset(tokio::time::Instant::now() + min_seq::wait_bound());
     }
