@@ -1,319 +1,17 @@
-//! The language-neutral protocol corpus (`protocol/vectors/*.json`, format in
-//! `protocol/README.md`): frames recorded from a real server on loopback, each
-//! with the lists a client must hold after it, checked here against one-shot
-//! queries; plus a few hand-built cases (diff kinds the server does not emit
-//! today, broken sequences). Every client library runs the corpus.
-//!
-//! `ORDO_WRITE_VECTORS=1` writes the files; without it the corpus is
-//! regenerated in memory and compared with the files, so it cannot drift from
-//! what the server sends.
-
-mod common;
+//! The cases recorded from the live server: each drives a client through one
+//! part of the protocol (live diffs, window changes, key windows, random
+//! sessions, errors, request ids, resume, ended subscriptions, reference views).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::time::Duration;
 
-use common::{apply_frame, Client, LocalList, Rng, Server};
 use serde_json::{json, Value};
 
-const SETTLE: Duration = Duration::from_secs(5);
-/// After the last action of a case: how long no frame may arrive before it ends.
-const QUIET: Duration = Duration::from_millis(300);
+use crate::case::Case;
+use crate::common::{self, Rng, Server};
+use crate::recorder::{fresh, Recorder, SETTLE};
+use crate::rooms::{random_filter, random_op, random_sort, reset_rooms, room, subscribe, write};
 
-fn schema() -> Value {
-    json!({"fields": [
-        {"name": "name", "type": "string"},
-        {"name": "recency", "type": "u64"},
-        {"name": "unread", "type": "u64"},
-        {"name": "dm", "type": "bool"},
-    ]})
-}
-
-struct Case {
-    name: &'static str,
-    description: &'static str,
-    synthetic: bool,
-    subscriptions: BTreeMap<String, LocalList>,
-    steps: Vec<Value>,
-}
-
-impl Case {
-    fn to_json(&self) -> Value {
-        let subscriptions: serde_json::Map<String, Value> = self
-            .subscriptions
-            .iter()
-            .map(|(sub, list)| (sub.clone(), json!({"items": list.items, "seq": list.seq})))
-            .collect();
-        json!({
-            "protocol": 1,
-            "name": self.name,
-            "description": self.description,
-            "synthetic": self.synthetic,
-            "subscriptions": subscriptions,
-            "steps": self.steps,
-        })
-    }
-}
-
-/// `totals`: the last `total` each subscription got in a frame it applied
-/// (absent: none yet, written as `null`).
-fn expectation(lists: &BTreeMap<String, LocalList>, totals: &BTreeMap<String, u64>, event: Option<Value>) -> Value {
-    let items: serde_json::Map<String, Value> =
-        lists.iter().map(|(sub, list)| (sub.clone(), Value::Array(list.items.clone()))).collect();
-    let seqs: serde_json::Map<String, Value> = lists.iter().map(|(sub, list)| (sub.clone(), json!(list.seq))).collect();
-    let totals: serde_json::Map<String, Value> =
-        lists.keys().map(|sub| (sub.clone(), totals.get(sub).map_or(Value::Null, |total| json!(total)))).collect();
-    let mut expect = json!({"lists": items, "seqs": seqs, "totals": totals});
-    if let Some(event) = event {
-        expect["event"] = event;
-    }
-    expect
-}
-
-/// A WebSocket client that records every frame it gets, with what it holds after it.
-struct Recorder {
-    client: Client,
-    steps: Vec<Value>,
-    /// Session ids are random: the corpus names them `session-1`, `session-2`, ...
-    sessions: BTreeMap<String, String>,
-    /// Requests sent, for their ids (`req`).
-    n_requests: u64,
-    /// The last `total` each subscription got (frames without one leave it as it was).
-    totals: BTreeMap<String, u64>,
-}
-
-impl Recorder {
-    /// Connects holding `lists` (what the client had before: nothing, fresh
-    /// subscriptions it is about to make, or the lists of a dropped connection).
-    async fn connect(
-        server: &Server,
-        sessions: BTreeMap<String, String>,
-        lists: BTreeMap<String, LocalList>,
-    ) -> Recorder {
-        let mut client = server.connect().await;
-        client.lists = lists;
-        let mut recorder = Recorder { client, steps: Vec::new(), sessions, n_requests: 0, totals: BTreeMap::new() };
-        // `connect` read the welcome already; record it as the first step.
-        let welcome = recorder.client.frames.pop().expect("the welcome frame");
-        recorder.record(welcome);
-        recorder
-    }
-
-    fn session_name(&mut self, session: &str) -> String {
-        let n = self.sessions.len() + 1;
-        self.sessions.entry(session.to_owned()).or_insert_with(|| format!("session-{n}")).clone()
-    }
-
-    /// Records a frame the client has already handled (`next_json` applies diffs).
-    fn record(&mut self, mut frame: Value) {
-        let event = match frame["type"].as_str() {
-            Some("welcome") => {
-                let name = self.session_name(frame["session"].as_str().unwrap());
-                frame["session"] = json!(name);
-                Some(json!({"kind": "welcome", "session": name}))
-            }
-            Some("error") => {
-                let mut event = json!({"kind": "error", "code": frame["code"]});
-                if let Some(sub) = frame.get("sub") {
-                    event["sub"] = sub.clone();
-                }
-                Some(event)
-            }
-            Some("unsubscribed") => {
-                self.client.lists.remove(frame["sub"].as_str().unwrap());
-                self.totals.remove(frame["sub"].as_str().unwrap());
-                Some(json!({"kind": "unsubscribed", "sub": frame["sub"]}))
-            }
-            // The server ended the subscription: gone as after `unsubscribed`, its id free.
-            Some("ended") => {
-                self.client.lists.remove(frame["sub"].as_str().unwrap());
-                self.totals.remove(frame["sub"].as_str().unwrap());
-                Some(json!({"kind": "ended", "sub": frame["sub"], "reason": frame["reason"]}))
-            }
-            Some("resumed") => {
-                let name = self.session_name(frame["session"].as_str().unwrap());
-                frame["session"] = json!(name);
-                let subs = frame["subs"].as_array().unwrap();
-                let pick = |key: &str| -> Vec<Value> {
-                    subs.iter().filter(|entry| entry.get(key).is_some()).map(|entry| entry["sub"].clone()).collect()
-                };
-                Some(json!({"kind": "resumed", "replayed": pick("replayed"), "reset": pick("reset")}))
-            }
-            // Changes no list and reports nothing: the request took effect without a frame.
-            Some("ack") => None,
-            Some("diffs") => {
-                if let Some(total) = frame.get("total") {
-                    self.totals.insert(frame["sub"].as_str().unwrap().to_owned(), total.as_u64().unwrap());
-                }
-                let has_reset = frame["diffs"].as_array().unwrap().iter().any(|diff| diff.get("Reset").is_some());
-                has_reset.then(|| json!({"kind": "reset", "sub": frame["sub"]}))
-            }
-            other => panic!("unexpected frame type {other:?}: {frame}"),
-        };
-        let expect = expectation(&self.client.lists, &self.totals, event);
-        self.steps.push(json!({"frame": frame, "expect": expect}));
-    }
-
-    async fn next(&mut self, timeout: Duration) -> Option<Value> {
-        let frame = self.client.next_json(timeout).await?;
-        if frame["type"] != "diffs" {
-            self.client.frames.pop();
-        }
-        self.record(frame.clone());
-        Some(frame)
-    }
-
-    /// Sends `message` with the next request id and records frames until the one
-    /// that answers it (every request has exactly one answer): so the corpus does
-    /// not depend on whether a write's HTTP request overtakes a WebSocket request.
-    async fn request(&mut self, mut message: Value) -> Value {
-        self.n_requests += 1;
-        let req = format!("{}-{}", message["op"].as_str().unwrap_or("message"), self.n_requests);
-        message["req"] = json!(req);
-        self.client.send(message).await;
-        loop {
-            let frame = self.next(SETTLE).await.unwrap_or_else(|| panic!("no answer to request {req}"));
-            if frame["req"] == req {
-                return frame;
-            }
-        }
-    }
-
-    /// Sends `message` as it is (without a request id).
-    async fn send(&mut self, message: Value) {
-        self.client.send(message).await;
-    }
-
-    /// Reads frames until every subscription in `views` equals a one-shot query.
-    async fn settle(&mut self, server: &Server, views: &[Value], context: &str) {
-        for view in views {
-            let sub = view["sub"].as_str().unwrap().to_owned();
-            let expected = query(server, view);
-            let deadline = tokio::time::Instant::now() + SETTLE;
-            while self.client.lists.get(&sub).is_none_or(|list| list.items != expected) {
-                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                if left.is_zero() || self.next(left).await.is_none() {
-                    let got = self.client.lists.get(&sub).map(|list| list.items.clone());
-                    panic!("{context}: {sub} {view}\n got      {got:?}\n expected {expected:?}");
-                }
-            }
-        }
-    }
-
-    /// Reads frames until one of type `kind` arrives.
-    async fn until_frame(&mut self, kind: &str) -> Value {
-        loop {
-            let frame = self.next(SETTLE).await.unwrap_or_else(|| panic!("no `{kind}` frame came"));
-            if frame["type"] == kind {
-                return frame;
-            }
-        }
-    }
-
-    /// Records what still arrives until the connection has been quiet for `QUIET`.
-    async fn drain(&mut self) {
-        while self.next(QUIET).await.is_some() {}
-    }
-}
-
-/// Lists of subscriptions about to be made: empty, nothing applied yet.
-fn fresh(subs: &[&str]) -> BTreeMap<String, LocalList> {
-    subs.iter().map(|sub| (sub.to_string(), LocalList::default())).collect()
-}
-
-fn query(server: &Server, view: &Value) -> Vec<Value> {
-    let mut body = json!({"filter": view["filter"], "sort": view["sort"], "limit": view["limit"]});
-    if view.get("tail").is_some_and(|tail| tail == true) {
-        body["tail"] = json!(true);
-    } else {
-        body["offset"] = view["offset"].clone();
-    }
-    if let Some(fields) = view.get("fields") {
-        body["fields"] = fields.clone();
-    }
-    if let Some(payload) = view.get("payload") {
-        body["payload"] = payload.clone();
-    }
-    let answer = server.ok("POST", "/v1/collections/rooms/query", body);
-    common::without_versions(&answer["items"])
-}
-
-fn write(server: &Server, ops: Value) {
-    server.ok("POST", "/v1/collections/rooms/batch", json!({"ops": ops}));
-}
-
-fn room(n: u64, name: &str, recency: u64, unread: u64, dm: bool) -> Value {
-    json!({"op": "upsert", "id": format!("!r{n:02}:example.org"), "fields": {
-        "name": name, "recency": recency, "unread": unread, "dm": dm,
-    }, "payload": {"last": format!("message {recency}")}})
-}
-
-fn random_op(rng: &mut Rng, n_ids: u64) -> Value {
-    let id = format!("!r{:02}:example.org", rng.below(n_ids));
-    if rng.chance(12) {
-        return json!({"op": "remove", "id": id});
-    }
-    let mut fields = serde_json::Map::new();
-    if rng.chance(70) {
-        fields.insert("recency".into(), json!(rng.below(1_000)));
-    }
-    if rng.chance(40) {
-        fields.insert("unread".into(), json!(rng.below(4)));
-    }
-    if rng.chance(25) {
-        fields.insert("dm".into(), json!(rng.chance(50)));
-    }
-    if rng.chance(30) {
-        let names = ["alice", "Bob", "Chloé", "Émile", "émile", "zoë", "Łucja", "東京", "ab", "Abby"];
-        fields.insert("name".into(), json!(names[rng.below(names.len() as u64) as usize]));
-    }
-    let mut op = json!({"op": "upsert", "id": id, "fields": fields});
-    if rng.chance(25) {
-        op["payload"] = json!({"last": format!("message {}", rng.below(100))});
-    }
-    op
-}
-
-fn random_filter(rng: &mut Rng) -> Value {
-    match rng.below(5) {
-        0 => Value::Null,
-        1 => json!({"field": "unread", "op": "gt", "value": 0}),
-        2 => json!({"field": "dm", "op": "eq", "value": true}),
-        3 => json!({"field": "name", "contains": "É"}),
-        _ => json!({"any": [{"field": "dm", "op": "eq", "value": true}, {"field": "unread", "op": "ge", "value": 2}]}),
-    }
-}
-
-fn random_sort(rng: &mut Rng) -> Value {
-    match rng.below(3) {
-        0 => json!([{"field": "recency", "dir": "desc"}]),
-        1 => json!([{"field": "name", "dir": "asc", "case_insensitive": true}]),
-        _ => json!([{"field": "unread", "dir": "desc"}, {"field": "recency", "dir": "desc"}]),
-    }
-}
-
-/// A fresh collection with `n` rooms.
-fn reset_rooms(server: &Server, n: u64) {
-    let existing = query(server, &json!({"filter": null, "sort": [], "offset": 0, "limit": 1000}));
-    let removes: Vec<Value> = existing.iter().map(|item| json!({"op": "remove", "id": item["id"]})).collect();
-    if !removes.is_empty() {
-        write(server, Value::Array(removes));
-    }
-    let names = ["alice", "Bob", "Chloé", "Dmitri", "Émile", "zoë", "Łucja", "東京"];
-    let ops: Vec<Value> =
-        (0..n).map(|i| room(i, names[(i % 8) as usize], 100 + i * 7 % 50, i % 3, i % 4 == 0)).collect();
-    if !ops.is_empty() {
-        write(server, Value::Array(ops));
-    }
-}
-
-fn subscribe(sub: &str, filter: Value, sort: Value, offset: u64, limit: u64) -> Value {
-    json!({"op": "subscribe", "sub": sub, "collection": "rooms", "filter": filter, "sort": sort,
-           "offset": offset, "limit": limit})
-}
-
-async fn live_diffs(server: &Server) -> Case {
+pub(crate) async fn live_diffs(server: &Server) -> Case {
     reset_rooms(server, 8);
     let mut recorder = Recorder::connect(server, BTreeMap::new(), fresh(&["top"])).await;
     let view = subscribe("top", Value::Null, json!([{"field": "recency", "dir": "desc"}]), 0, 5);
@@ -357,7 +55,7 @@ async fn live_diffs(server: &Server) -> Case {
     }
 }
 
-async fn window_changes(server: &Server) -> Case {
+pub(crate) async fn window_changes(server: &Server) -> Case {
     reset_rooms(server, 12);
     let mut recorder = Recorder::connect(server, BTreeMap::new(), fresh(&["list"])).await;
     let initial = recorder.client.lists.clone();
@@ -404,7 +102,7 @@ async fn window_changes(server: &Server) -> Case {
 
 /// Windows placed by key: each request's answer says where the window landed;
 /// from then on the window is checked at that offset (a tail one at the end).
-async fn key_windows(server: &Server) -> Case {
+pub(crate) async fn key_windows(server: &Server) -> Case {
     reset_rooms(server, 12);
     let mut recorder = Recorder::connect(server, BTreeMap::new(), fresh(&["list", "end"])).await;
     let initial = recorder.client.lists.clone();
@@ -471,7 +169,7 @@ async fn key_windows(server: &Server) -> Case {
     }
 }
 
-async fn random_session(server: &Server, name: &'static str, seed: u64) -> Case {
+pub(crate) async fn random_session(server: &Server, name: &'static str, seed: u64) -> Case {
     reset_rooms(server, 10);
     let mut rng = Rng::new(seed);
     let mut recorder = Recorder::connect(server, BTreeMap::new(), fresh(&["a", "b", "c"])).await;
@@ -519,7 +217,7 @@ async fn random_session(server: &Server, name: &'static str, seed: u64) -> Case 
     }
 }
 
-async fn errors_and_unsubscribe(server: &Server) -> Case {
+pub(crate) async fn errors_and_unsubscribe(server: &Server) -> Case {
     reset_rooms(server, 5);
     let mut recorder = Recorder::connect(server, BTreeMap::new(), fresh(&["ok"])).await;
     let initial = recorder.client.lists.clone();
@@ -557,7 +255,7 @@ async fn errors_and_unsubscribe(server: &Server) -> Case {
     }
 }
 
-async fn requests_and_acks(server: &Server) -> Case {
+pub(crate) async fn requests_and_acks(server: &Server) -> Case {
     reset_rooms(server, 6);
     let mut recorder = Recorder::connect(server, BTreeMap::new(), fresh(&["list", "mine"])).await;
     let initial = recorder.client.lists.clone();
@@ -603,7 +301,7 @@ async fn requests_and_acks(server: &Server) -> Case {
     }
 }
 
-async fn resume(server: &Server, replay: bool) -> Case {
+pub(crate) async fn resume(server: &Server, replay: bool) -> Case {
     reset_rooms(server, 10);
     let mut first = Recorder::connect(server, BTreeMap::new(), fresh(&["top"])).await;
     let view = subscribe("top", Value::Null, json!([{"field": "recency", "dir": "desc"}]), 0, 4);
@@ -652,7 +350,7 @@ async fn resume(server: &Server, replay: bool) -> Case {
 
 /// Schema changes under live subscriptions. Runs last: it changes `rooms`'
 /// fields and drops it.
-async fn ended(server: &Server) -> Case {
+pub(crate) async fn ended(server: &Server) -> Case {
     reset_rooms(server, 6);
     let mut recorder = Recorder::connect(server, BTreeMap::new(), fresh(&["all", "pins", "names"])).await;
     let initial = recorder.client.lists.clone();
@@ -700,7 +398,7 @@ async fn ended(server: &Server) -> Case {
 }
 
 /// Views through a `ref` field: `seats` reference `spaces`.
-async fn reference_views(server: &Server) -> Case {
+pub(crate) async fn reference_views(server: &Server) -> Case {
     server.ok(
         "PUT",
         "/v1/collections/spaces",
@@ -800,133 +498,5 @@ async fn reference_views(server: &Server) -> Case {
         synthetic: false,
         subscriptions: initial,
         steps: recorder.steps,
-    }
-}
-
-fn item(id: &str, name: &str, recency: u64) -> Value {
-    json!({"id": id, "fields": {"name": name, "recency": recency}, "payload": null})
-}
-
-/// Applies hand-built frames with the same reference code as the recorded ones.
-fn synthetic(name: &'static str, description: &'static str, start: LocalList, frames: Vec<Value>) -> Case {
-    let mut lists = BTreeMap::from([("list".to_owned(), start.clone())]);
-    let mut steps = Vec::new();
-    for frame in frames {
-        let list = lists.get_mut("list").unwrap();
-        let seq = frame["seq"].as_u64().unwrap();
-        let event = if seq != list.seq + 1 {
-            Some(json!({"kind": "gap", "sub": "list", "expected_seq": list.seq + 1, "got_seq": seq}))
-        } else {
-            apply_frame(list, &frame);
-            let has_reset = frame["diffs"].as_array().unwrap().iter().any(|diff| diff.get("Reset").is_some());
-            has_reset.then(|| json!({"kind": "reset", "sub": "list"}))
-        };
-        steps.push(json!({"frame": frame, "expect": expectation(&lists, &BTreeMap::new(), event)}));
-    }
-    Case { name, description, synthetic: true, subscriptions: BTreeMap::from([("list".to_owned(), start)]), steps }
-}
-
-fn synthetic_cases() -> Vec<Case> {
-    let (a, b, c) = (item("a", "Alice", 3), item("b", "Bob", 2), item("c", "Chloé", 1));
-    let (d, e, f, g) = (item("d", "Dmitri", 9), item("e", "Émile", 8), item("f", "Fatima", 7), item("g", "Günther", 6));
-    let (h, i) = (item("h", "Hana", 5), item("i", "Ivan", 4));
-    let start = LocalList { items: vec![a.clone(), b.clone(), c.clone()], seq: 4, n_resets: 0 };
-    let frame = |seq: u64, diffs: Value| json!({"type": "diffs", "sub": "list", "seq": seq, "diffs": diffs});
-    let every_kind = synthetic(
-        "all_diff_kinds",
-        "Every eyeball-im VectorDiff kind, several in one frame and one after another, built by hand: a client \
-         must apply them all in order, from the first diff of a frame to the last.",
-        start.clone(),
-        vec![
-            frame(
-                5,
-                json!([{"PushBack": {"value": d}}, {"PushFront": {"value": e}}, {"Insert": {"index": 2, "value": f}},
-                            {"Set": {"index": 0, "value": g}}, {"Remove": {"index": 1}}, {"PopFront": {}}, {"PopBack": {}},
-                            {"Append": {"values": [h, i]}}, {"Truncate": {"length": 3}}]),
-            ),
-            frame(6, json!([{"Clear": {}}])),
-            frame(7, json!([{"Append": {"values": [a.clone()]}}, {"Insert": {"index": 1, "value": b.clone()}}])),
-            frame(8, json!([{"Reset": {"values": [c.clone(), b.clone()]}}])),
-            frame(9, json!([{"Truncate": {"length": 0}}, {"PushBack": {"value": a}}])),
-        ],
-    );
-    let gaps = synthetic(
-        "seq_gaps",
-        "Frames whose seq is not the next one (skipped, repeated): the client must not apply them and must \
-         report the gap; it keeps its list and seq until it subscribes again.",
-        start,
-        vec![
-            frame(5, json!([{"Remove": {"index": 0}}])),
-            frame(7, json!([{"Remove": {"index": 0}}])),
-            frame(5, json!([{"Remove": {"index": 0}}])),
-            frame(6, json!([{"PushFront": {"value": c}}])),
-        ],
-    );
-    vec![every_kind, gaps]
-}
-
-fn vectors_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../protocol/vectors")
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_protocol_corpus_matches_what_the_server_sends() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), &[]);
-    server.ok("PUT", "/v1/collections/rooms", schema());
-    let mut cases = vec![
-        live_diffs(&server).await,
-        window_changes(&server).await,
-        key_windows(&server).await,
-        random_session(&server, "random_session_1", 1).await,
-        random_session(&server, "random_session_2", 2).await,
-        errors_and_unsubscribe(&server).await,
-        requests_and_acks(&server).await,
-        resume(&server, true).await,
-        resume(&server, false).await,
-        // Last: it changes the collection's fields and drops it.
-        ended(&server).await,
-        reference_views(&server).await,
-    ];
-    cases.extend(synthetic_cases());
-
-    let dir = vectors_dir();
-    if std::env::var_os("ORDO_WRITE_VECTORS").is_some() {
-        std::fs::create_dir_all(&dir).unwrap();
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.extension().is_some_and(|ext| ext == "json") {
-                std::fs::remove_file(path).unwrap();
-            }
-        }
-        for case in &cases {
-            let text = serde_json::to_string_pretty(&case.to_json()).unwrap() + "\n";
-            std::fs::write(dir.join(format!("{}.json", case.name)), text).unwrap();
-        }
-        eprintln!("wrote {} vectors to {}", cases.len(), dir.display());
-        return;
-    }
-    let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|error| panic!("{}: {error}; write it with ORDO_WRITE_VECTORS=1", dir.display()))
-        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|name| name.ends_with(".json"))
-        .collect();
-    on_disk.sort();
-    let mut expected: Vec<String> = cases.iter().map(|case| format!("{}.json", case.name)).collect();
-    expected.sort();
-    assert_eq!(
-        on_disk,
-        expected,
-        "the files in {} are not the corpus; regenerate with ORDO_WRITE_VECTORS=1",
-        dir.display()
-    );
-    for case in &cases {
-        let path = dir.join(format!("{}.json", case.name));
-        let stored: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        assert!(
-            stored == case.to_json(),
-            "{} differs from what the server sends now; regenerate with ORDO_WRITE_VECTORS=1 and review the diff",
-            path.display()
-        );
     }
 }
