@@ -8,18 +8,23 @@ mod common;
 use common::{mint, write_secret, Server};
 use serde_json::{json, Value};
 
-/// Readers may write every note but read only their own.
-fn start_with_hidden_notes(dir: &std::path::Path) -> (Server, std::path::PathBuf) {
+/// A server with HS256 auth, signed in as an admin, under these rules.
+fn start_with_rules(dir: &std::path::Path, rules: Value) -> (Server, std::path::PathBuf) {
     let secret_file = write_secret(dir);
     let mut server = Server::start(&dir.join("data"), &["--auth-secret-file", secret_file.to_str().unwrap()]);
     server.token = Some(mint(&secret_file, "ops", "admin", &[]));
-    server.ok("PUT", "/v1/collections/notes", json!({"fields": [{"name": "owner", "type": "string"}]}));
-    server.ok(
-        "PUT",
-        "/v1/rules",
+    server.ok("PUT", "/v1/rules", rules);
+    (server, secret_file)
+}
+
+/// Readers may write every note but read only their own.
+fn start_with_hidden_notes(dir: &std::path::Path) -> (Server, std::path::PathBuf) {
+    let (server, secret_file) = start_with_rules(
+        dir,
         json!({"rules": [{"collection": "notes", "roles": ["reader"], "write": true,
             "read": {"filter": {"field": "owner", "op": "eq", "value": "$sub"}}}]}),
     );
+    server.ok("PUT", "/v1/collections/notes", json!({"fields": [{"name": "owner", "type": "string"}]}));
     for _ in 0..3 {
         server.ok(
             "POST",
@@ -80,12 +85,8 @@ fn a_conflict_on_a_hidden_item_says_no_more_than_one_on_a_missing_item() {
 #[test]
 fn a_readers_schema_neither_probes_nor_pins_collections_it_may_not_read() {
     let dir = tempfile::tempdir().unwrap();
-    let secret_file = write_secret(dir.path());
-    let mut server = Server::start(&dir.path().join("data"), &["--auth-secret-file", secret_file.to_str().unwrap()]);
-    server.token = Some(mint(&secret_file, "ops", "admin", &[]));
-    server.ok(
-        "PUT",
-        "/v1/rules",
+    let (server, secret_file) = start_with_rules(
+        dir.path(),
         json!({"rules": [{"collection": "lists/{sub}", "roles": ["reader"], "read": true, "create": true},
             {"collection": "rooms", "roles": ["reader"], "read": true}]}),
     );
@@ -124,12 +125,8 @@ fn hs256(secret_file: &std::path::Path, claims: Value) -> String {
 #[test]
 fn a_claim_is_a_value_never_pattern_syntax() {
     let dir = tempfile::tempdir().unwrap();
-    let secret_file = write_secret(dir.path());
-    let mut server = Server::start(&dir.path().join("data"), &["--auth-secret-file", secret_file.to_str().unwrap()]);
-    server.token = Some(mint(&secret_file, "ops", "admin", &[]));
-    server.ok(
-        "PUT",
-        "/v1/rules",
+    let (server, secret_file) = start_with_rules(
+        dir.path(),
         json!({"rules": [{"collection": "lists/{sub}", "roles": ["reader"], "read": true},
             {"collection": "lists/{sub}/archive", "roles": ["reader"], "read": true},
             {"collection": "teams/{team}", "roles": ["reader"], "read": true}]}),
