@@ -98,6 +98,12 @@ fn notes_schema() -> Value {
     json!({"fields": [{"name": "owner", "type": "string"}, {"name": "score", "type": "i64"}]})
 }
 
+/// Rules letting `role` read and write only the notes it owns (`owner == $sub`).
+fn own_notes_rules(role: &str) -> Value {
+    let own = json!({"filter": {"field": "owner", "op": "eq", "value": "$sub"}});
+    json!({"rules": [{"collection": "notes", "roles": [role], "read": own, "write": own}]})
+}
+
 fn write_one(server: &Server, token: Option<&str>, id: &str) -> (u16, Value) {
     let body = json!({"ops": [{"op": "upsert", "id": id, "fields": {"owner": "ops", "score": 1}}]});
     server.http_as(token, "POST", "/v1/collections/notes/batch", Some(&body))
@@ -531,13 +537,7 @@ fn a_write_rule_with_a_filter_keeps_writers_to_their_own_items() {
         "/v1/collections/notes/batch",
         json!({"ops": [{"op": "upsert", "id": "bobs", "fields": {"owner": "bob", "score": 1}}]}),
     );
-    server.ok(
-        "PUT",
-        "/v1/rules",
-        json!({"rules": [{"collection": "notes", "roles": ["writer"],
-            "read": {"filter": {"field": "owner", "op": "eq", "value": "$sub"}},
-            "write": {"filter": {"field": "owner", "op": "eq", "value": "$sub"}}}]}),
-    );
+    server.ok("PUT", "/v1/rules", own_notes_rules("writer"));
     let alice = mint(&secret_file, "alice", "writer", &[]);
     let write =
         |ops: Value| server.http_as(Some(&alice), "POST", "/v1/collections/notes/batch", Some(&json!({"ops": ops})));
@@ -711,13 +711,7 @@ fn a_token_verified_once_is_not_accepted_past_its_expiry() {
 fn a_repeated_key_cannot_take_a_write_past_its_rule() {
     let dir = tempfile::tempdir().unwrap();
     let (server, secret_file) = start_with_notes(dir.path());
-    server.ok(
-        "PUT",
-        "/v1/rules",
-        json!({"rules": [{"collection": "notes", "roles": ["reader"],
-            "read": {"filter": {"field": "owner", "op": "eq", "value": "$sub"}},
-            "write": {"filter": {"field": "owner", "op": "eq", "value": "$sub"}}}]}),
-    );
+    server.ok("PUT", "/v1/rules", own_notes_rules("reader"));
     let alice = mint(&secret_file, "alice", "reader", &[]);
     let auth = format!("Authorization: Bearer {alice}\r\n");
     let planted = r#"{"op":"upsert","id":"planted-1","fields":{"owner":"alice","owner":"bob","score":1}}"#;
