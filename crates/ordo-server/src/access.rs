@@ -254,7 +254,9 @@ impl Gate {
             Action::Read => "read",
             Action::Write => "write to",
         };
-        let grant = self.rules().grant(identity, name, action).ok_or_else(|| crate::rules::forbidden(name, verb))?;
+        // A `through` grant grants nothing here: refused as a collection no rule names.
+        let grant =
+            self.rules().direct_grant(identity, name, action).ok_or_else(|| crate::rules::forbidden(name, verb))?;
         let entry = routes.read().expect("routes lock").get(name).cloned();
         let entry = entry.ok_or_else(|| ApiError::unknown_collection(name))?;
         if identity.role != Role::Admin && entry.name != name {

@@ -5,16 +5,23 @@
 //! A network task checks every dotted name a request reads before the request
 //! reaches the writer thread: one hop only, through a `ref` field, to a field the
 //! target has; and the **access rule**: the caller must be allowed to read the
-//! target collection *whole* (a read rule without a row predicate, or admin).
-//! Why whole: the engine keeps one derived column per (referencing collection,
-//! target field), shared by every view of every caller, and a referencing item
-//! shows its target's fields whatever item that is. Limiting reads to the target
-//! rows a caller may see would need a per-caller predicate evaluated on each
-//! target row for each referencing item, on every target update and in every
-//! view: no longer one shared column, nor O(log n) per update. So a row-limited
-//! (or absent) read rule on the target refuses the view with `forbidden`, naming
-//! the target collection. The check runs wherever a view is built for a caller:
-//! `subscribe`, `set_view`, `resume` and a one-shot query.
+//! target collection *whole* (a read rule without a row predicate, or admin), or
+//! a `through` rule must grant it the target through exactly this reference
+//! (`{"through":"members.room"}` for `room.*` in a view of `members`).
+//! Why not a row predicate on the target: the engine keeps one derived column
+//! per (referencing collection, target field), shared by every view of every
+//! caller, and a referencing item shows its target's fields whatever item that
+//! is. Limiting reads to the target rows a caller may see would need a
+//! per-caller predicate evaluated on each target row for each referencing item,
+//! on every target update and in every view: no longer one shared column, nor
+//! O(log n) per update. A `through` grant needs none: the view's own rule on the
+//! referencing collection is conjoined as for any view, so the caller sees a
+//! target's fields only in referencing items it may read, and the rule set
+//! guarantees it cannot point those references itself (`rules::through`).
+//! Anything else (a row-limited or absent read rule on the target) refuses the
+//! view with `forbidden`, naming the target collection. The check runs wherever a
+//! view is built for a caller: `subscribe`, `set_view`, `resume` and a one-shot
+//! query.
 //!
 //! The checked names extend a copy of the collection's schema
 //! ([`Schema::with_read_through`]), against which the filter, sort and
@@ -29,7 +36,6 @@ use crate::access::Gate;
 use crate::auth::Identity;
 use crate::error::{ApiError, ErrorCode};
 use crate::routing::{CollectionEntry, Routes};
-use crate::rules::{Action, Grant};
 use crate::wire::SortRequest;
 
 impl CollectionEntry {
@@ -98,12 +104,12 @@ fn check_read(reader: &Reader<'_>, entry: &CollectionEntry, name: &str) -> Resul
         )));
     };
     // The access rule first: a caller who may not read the target learns nothing of its fields.
-    let grant = reader.gate.rules().grant(reader.identity, target_name, Action::Read);
-    if !matches!(grant, Some(Grant::All)) {
+    if !reader.gate.rules().may_read_through(reader.identity, target_name, &entry.name, ref_name) {
         return Err(ApiError::new(
             ErrorCode::Forbidden,
             format!(
-                "`{name}` reads through `{ref_name}` into `{target_name}`; a view may read through a reference only when this identity may read every item of `{target_name}`"
+                "`{name}` reads through `{ref_name}` into `{target_name}`; a view may read through a reference only when this identity may read every item of `{target_name}`, or a rule lets it read `{target_name}` through `{}.{ref_name}`",
+                entry.name
             ),
         ));
     }

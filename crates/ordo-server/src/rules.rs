@@ -7,6 +7,12 @@
 //! A rule names a collection pattern (`rooms`, `lists/{sub}`), the roles it is
 //! for, and what it grants. `admin` needs no rule. Everything not granted is
 //! refused with `forbidden`, whether the collection exists or not.
+//!
+//! A read rule may also grant a collection only *through* a reference
+//! (`{"through":"members.room"}`): nothing directly, its fields only as
+//! `room.*` of `members` items the caller may read (see `through`).
+
+mod through;
 
 use std::sync::Arc;
 
@@ -18,6 +24,8 @@ use ordo_core::{Filter, Schema};
 use crate::auth::{Identity, Role};
 use crate::error::{ApiError, ErrorCode};
 use crate::limits;
+
+pub use through::ThroughRef;
 
 /// `PUT /v1/rules`: the whole rule set at once.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
@@ -42,9 +50,11 @@ pub struct RuleDoc {
     pub create: bool,
 }
 
-/// `false` (the default), `true`, or `{"filter": ...}` with `$claim` values.
+/// `false` (the default), `true`, `{"filter": ...}` with `$claim` values, or
+/// (read only) `{"through": "collection.ref_field"}`. Unknown keys are refused:
+/// a misspelt or extra key must not turn one form into another.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-#[serde(untagged)]
+#[serde(untagged, deny_unknown_fields)]
 pub enum AccessDoc {
     #[default]
     #[serde(skip)]
@@ -52,6 +62,9 @@ pub enum AccessDoc {
     Flag(bool),
     Where {
         filter: Json,
+    },
+    Through {
+        through: String,
     },
 }
 
@@ -67,6 +80,8 @@ enum Access {
     All,
     /// The filter as written, claims unbound.
     Where(Json),
+    /// Nothing directly; the fields through this reference only (read rules only).
+    Through(ThroughRef),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,6 +115,11 @@ pub enum Grant {
     All,
     /// The items some of these filters (claims bound) match.
     Where(Vec<Json>),
+    /// Nothing directly: the collection's fields only as read through these
+    /// references, from items of their collections the caller may read. Given
+    /// only when no rule grants the collection directly; see
+    /// [`RuleSet::direct_grant`] and [`RuleSet::may_read_through`].
+    Through(Vec<ThroughRef>),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,13 +153,16 @@ impl RuleSet {
                     None => return Err(invalid(index, format!("unknown role `{name}` (reader, writer)"))),
                 }
             }
-            let read = access(&rule.read).map_err(|message| invalid(index, format!("`read`: {message}")))?;
-            let write = access(&rule.write).map_err(|message| invalid(index, format!("`write`: {message}")))?;
+            let read =
+                access(&rule.read, Action::Read).map_err(|message| invalid(index, format!("`read`: {message}")))?;
+            let write =
+                access(&rule.write, Action::Write).map_err(|message| invalid(index, format!("`write`: {message}")))?;
             if let Access::Where(filter) = &write {
                 check_write_filter(filter).map_err(|message| invalid(index, format!("`write`: {message}")))?;
             }
             rules.push(Rule { pattern, roles, read, write, create: rule.create });
         }
+        through::check_unpointable(&rules)?;
         Ok(RuleSet { rules, doc })
     }
 
@@ -148,12 +171,14 @@ impl RuleSet {
     }
 
     /// What `identity` may do on the collection `name` (as the client spelled it).
-    /// `None`: nothing.
+    /// `None`: nothing. A [`Grant::Through`] gives nothing directly: every use
+    /// on the collection itself goes through [`RuleSet::direct_grant`].
     pub fn grant(&self, identity: &Identity, name: &str, action: Action) -> Option<Grant> {
         if identity.role == Role::Admin {
             return Some(Grant::All);
         }
         let mut filters = Vec::new();
+        let mut through = Vec::new();
         for rule in &self.rules {
             if !rule.roles.contains(&identity.role) || !pattern_matches(&rule.pattern, name, identity) {
                 continue;
@@ -171,9 +196,38 @@ impl RuleSet {
                         filters.push(bound);
                     }
                 }
+                Access::Through(via) => through.push(via.clone()),
             }
         }
-        (!filters.is_empty()).then_some(Grant::Where(filters))
+        if !filters.is_empty() {
+            return Some(Grant::Where(filters));
+        }
+        (!through.is_empty()).then_some(Grant::Through(through))
+    }
+
+    /// What `identity` may do on `name` itself: open a view, read an item, see
+    /// it listed, anchor a window on one of its ids, count its items. A
+    /// `through` grant grants none of these, and is refused as no grant at all,
+    /// with the same words as a collection that does not exist.
+    pub fn direct_grant(&self, identity: &Identity, name: &str, action: Action) -> Option<Grant> {
+        self.grant(identity, name, action).filter(|grant| !matches!(grant, Grant::Through(_)))
+    }
+
+    /// Whether a view of `referencing` (its exact name) may read the fields of
+    /// `target` through its ref field `ref_field`: when `identity` may read every
+    /// item of `target`, or a `through` rule grants it `target` through exactly
+    /// this reference. Either way the view's own rule on `referencing` is
+    /// conjoined as for any view, so the caller sees a target's fields only in
+    /// the referencing items it may read.
+    pub fn may_read_through(&self, identity: &Identity, target: &str, referencing: &str, ref_field: &str) -> bool {
+        if self.grant(identity, target, Action::Read) == Some(Grant::All) {
+            return true;
+        }
+        self.rules.iter().any(|rule| {
+            rule.roles.contains(&identity.role)
+                && pattern_matches(&rule.pattern, target, identity)
+                && matches!(&rule.read, Access::Through(via) if via.is(referencing, ref_field))
+        })
     }
 
     pub fn may_create(&self, identity: &Identity, name: &str) -> bool {
@@ -204,13 +258,34 @@ impl RuleSet {
         Ok(())
     }
 
-    /// Whether some rule lets `identity` read `name`: the collection list shows only those.
+    /// Whether some rule lets `identity` read `name` directly: the collection
+    /// list shows only those.
     pub fn may_read(&self, identity: &Identity, name: &str) -> bool {
-        self.grant(identity, name, Action::Read).is_some()
+        self.direct_grant(identity, name, Action::Read).is_some()
     }
 }
 
-fn access(doc: &AccessDoc) -> Result<Access, String> {
+impl Rule {
+    /// Whether this rule lets `role` set `ref_field` of an item of the
+    /// collection named `collection`, or create an item there (an upsert sets
+    /// every field it names): a `through` rule on that reference's target is
+    /// safe only while no rule does. Today a write grant admits every field
+    /// and creation, so any write grant (with or without a filter) on a
+    /// pattern that can match `collection` counts; field-level write rules
+    /// narrow it to those admitting `ref_field` or creation. A rule's `create`
+    /// (of collections) does not count: a collection a non-admin creates may
+    /// reference only collections it may read whole, which a `through` target
+    /// is not for that role.
+    fn may_point_reference(&self, role: Role, collection: &str, ref_field: &str) -> bool {
+        // Every write grant admits every field today, so `ref_field` does not narrow it yet.
+        let _ = ref_field;
+        self.roles.contains(&role)
+            && !matches!(self.write, Access::Denied)
+            && through::pattern_can_match(&self.pattern, collection)
+    }
+}
+
+fn access(doc: &AccessDoc, action: Action) -> Result<Access, String> {
     Ok(match doc {
         AccessDoc::None | AccessDoc::Flag(false) => Access::Denied,
         AccessDoc::Flag(true) => Access::All,
@@ -220,6 +295,7 @@ fn access(doc: &AccessDoc) -> Result<Access, String> {
             }
             Access::Where(filter.clone())
         }
+        AccessDoc::Through { through } => Access::Through(ThroughRef::parse(through, action)?),
     })
 }
 
@@ -340,7 +416,17 @@ impl Grant {
     /// The grant's predicate as an engine filter over `schema`: `None` for every
     /// item. A rule that does not fit the schema refuses (fails closed).
     pub fn predicate(&self, schema: &Schema) -> Result<Option<Filter>, ApiError> {
-        let Grant::Where(filters) = self else { return Ok(None) };
+        let filters = match self {
+            Grant::All => return Ok(None),
+            Grant::Where(filters) => filters,
+            // Never reaches a view or an item read (`RuleSet::direct_grant`); fails closed if it did.
+            Grant::Through(_) => {
+                return Err(ApiError::new(
+                    ErrorCode::Forbidden,
+                    "this identity may read this collection only through references",
+                ))
+            }
+        };
         let mut compiled = Vec::with_capacity(filters.len());
         for filter in filters {
             let filter = crate::wire::filter_from_rule(schema, filter).map_err(|error| {

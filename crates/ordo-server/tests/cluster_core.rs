@@ -664,3 +664,87 @@ fn a_node_that_cannot_read_the_stream_says_so_and_never_reads_caught_up() {
     assert_eq!(fresh["lag_seconds"], 0.0, "{fresh}");
     assert_eq!(increment(&a, "c"), seq + 1);
 }
+
+/// A `through` read rule travels as any rules document does (one `set_rules`
+/// entry) and every node compiles it with the same checks: put on one node, a
+/// member reads its rooms through its memberships on another, the rooms stay
+/// closed to it there, and an unsafe rules document is refused both by the node
+/// it is put on (nothing published) and by every node applying it from the
+/// stream (the rules in force stay).
+#[test]
+fn a_through_rule_travels_as_set_rules_and_every_node_checks_it() {
+    let nats = NatsCluster::start(1);
+    let secret_dir = tempfile::tempdir().unwrap();
+    let secret = common::write_secret(secret_dir.path());
+    let admin = common::mint(&secret, "ops", "admin", &[]);
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let start = |dir: &Path, name: &str| {
+        let args = ["--cluster", &nats.urls(), "--node-name", name, "--stream-replicas", "1", "--auth-secret-file"];
+        let mut args: Vec<&str> = args.to_vec();
+        args.push(secret.to_str().unwrap());
+        let mut server = Server::start(dir, &args);
+        server.token = Some(admin.clone());
+        server
+    };
+    let (a, b) = (start(dir_a.path(), "a"), start(dir_b.path(), "b"));
+    a.ok("PUT", "/v1/collections/rooms", json!({"fields": [{"name": "name", "type": "string"}]}));
+    let members =
+        json!({"fields": [{"name": "owner", "type": "string"}, {"name": "room", "type": "ref", "target": "rooms"}]});
+    a.ok("PUT", "/v1/collections/members", members);
+    let rooms = json!({"ops": [{"op": "upsert", "id": "r1", "fields": {"name": "Alpha"}},
+        {"op": "upsert", "id": "r2", "fields": {"name": "Secret"}}]});
+    a.ok("POST", "/v1/collections/rooms/batch", rooms);
+    let membership = json!({"ops": [{"op": "upsert", "id": "alice/r1", "fields": {"owner": "alice", "room": "r1"}}]});
+    a.ok("POST", "/v1/collections/members/batch", membership);
+    let safe = json!({"rules": [
+        {"collection": "members", "roles": ["reader"], "read": {"filter": {"field": "owner", "op": "eq", "value": "$sub"}}},
+        {"collection": "rooms", "roles": ["reader"], "read": {"through": "members.room"}}]});
+    let seq = a.ok("PUT", "/v1/rules", safe.clone())["seq"].as_u64().unwrap();
+    wait_applied(&[&a, &b], seq);
+
+    let alice = common::mint(&secret, "alice", "reader", &[]);
+    let query = json!({"fields": ["room.name"], "limit": 10});
+    let (status, answer) = b.http_as(Some(&alice), "POST", "/v1/collections/members/query", Some(&query));
+    assert_eq!(status, 200, "{answer}");
+    let names: Vec<&Value> =
+        answer["items"].as_array().unwrap().iter().map(|item| &item["fields"]["room.name"]).collect();
+    assert_eq!(names, [&json!("Alpha")], "{answer}");
+    let (status, answer) = b.http_as(Some(&alice), "GET", "/v1/collections/rooms/items/r2", None);
+    assert_eq!((status, answer["error"]["message"].as_str()), (403, Some("this identity may not read `rooms`")));
+
+    // Readers who may write their memberships could point them at any room.
+    let mut unsafe_rules = safe.clone();
+    unsafe_rules["rules"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"collection": "members", "roles": ["reader"], "write": true}));
+    let (status, answer) = a.http("PUT", "/v1/rules", Some(&unsafe_rules));
+    assert_eq!((status, answer["error"]["code"].as_str()), (400, Some("invalid_rules")), "{answer}");
+    assert_eq!(applied_seq(&a), seq, "a refused document is not published");
+
+    // The same document put on the stream directly: every node refuses it as it applies it.
+    let entries = [
+        json!({"kind": "set_rules", "rules": unsafe_rules, "caller": {"sub": "ops", "role": "admin"}}),
+        json!({"kind": "write", "collection": "rooms", "ops": [{"op": "upsert", "id": "r3", "fields": {"name": "Marker"}}],
+               "caller": {"sub": "ops", "role": "admin"}}),
+    ];
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let last = runtime.block_on(async {
+        let client = async_nats::connect(nats.url(0)).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let mut last = 0;
+        for (index, entry) in entries.iter().enumerate() {
+            let publish = async_nats::jetstream::context::Publish::build()
+                .message_id(format!("test/through/{index}"))
+                .payload(entry.to_string().into_bytes().into());
+            last = js.send_publish("ordo.log", publish).await.unwrap().await.unwrap().sequence;
+        }
+        last
+    });
+    wait_applied(&[&a, &b], last);
+    for node in [&a, &b] {
+        let mut in_force = node.ok("GET", "/v1/rules", Value::Null);
+        in_force.as_object_mut().unwrap().remove("seq");
+        assert_eq!(in_force, safe, "the rules in force stay");
+    }
+}

@@ -3,7 +3,7 @@
 //! `fields`; the minimal diffs a target update gives (a move, a `Set` for
 //! shown data, nothing for unshown data); null for a missing target; bad
 //! names; the access rule (a caller reads through a reference only when it may
-//! read the whole target); schema changes ending such subscriptions; and a
+//! read the whole target; the `through` rule form is in `read_through.rs`); schema changes ending such subscriptions; and a
 //! model test where every client list equals a one-shot query.
 
 mod common;
