@@ -121,6 +121,7 @@ fn filter_names(filter: &Filter, name: &str) -> bool {
         | Filter::IsNull { field }
         | Filter::Contains { field, .. }
         | Filter::Prefix { field, .. } => field == name,
+        Filter::CompareFields { field, other, .. } => field == name || other == name,
         Filter::All(filters) | Filter::Any(filters) => filters.iter().any(|filter| filter_names(filter, name)),
         Filter::Not(filter) => filter_names(filter, name),
     }
