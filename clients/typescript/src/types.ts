@@ -45,6 +45,8 @@ export type CompareOp = "eq" | "ne" | "lt" | "le" | "gt" | "ge";
 /** A filter (PROTOCOL.md "Views and windows"); `null` or absent matches every item. */
 export type Filter =
   | { field: string; op: CompareOp; value: FieldValue }
+  /** Two fields of the same item: `{ field: "room.last_seq", op: "gt", value: { field: "read_upto" } }`. */
+  | { field: string; op: CompareOp; value: { field: string } }
   | { field: string; in: FieldValue[] }
   | { field: string; is_null: boolean }
   | { field: string; contains: string; accent_insensitive?: boolean }

@@ -91,7 +91,16 @@ describe("protocol vectors", () => {
     expect(files.length, `no *.json vectors in ${VECTORS_DIR}`).toBeGreaterThan(0);
     // Cases the corpus must hold for this runner to mean something.
     const names = new Set(files.map((file) => file.replace(/\.json$/, "")));
-    for (const name of ["all_diff_kinds", "seq_gaps", "resume_replay", "resume_reset", "ended", "reference_views"]) {
+    const required = [
+      "all_diff_kinds",
+      "seq_gaps",
+      "resume_replay",
+      "resume_reset",
+      "ended",
+      "reference_views",
+      "unread_views",
+    ];
+    for (const name of required) {
       expect(names.has(name), `the corpus has no ${name}.json`).toBe(true);
     }
   });

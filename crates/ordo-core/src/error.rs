@@ -183,6 +183,14 @@ pub enum ViewError {
         operation: &'static str,
         field_type: &'static str,
     },
+    /// A field-to-field comparison between fields whose types do not compare
+    /// (a string with a number, a float with an integer, a bool with anything else).
+    IncomparableFields {
+        field: String,
+        field_type: &'static str,
+        other: String,
+        other_type: &'static str,
+    },
     /// A null literal in a comparison: use `IsNull`.
     NullLiteral {
         field: String,
@@ -254,6 +262,11 @@ impl fmt::Display for ViewError {
             ViewError::NotApplicable { field, operation, field_type } => {
                 write!(f, "`{operation}` does not apply to field `{field}` of type {field_type}")
             }
+            ViewError::IncomparableFields { field, field_type, other, other_type } => write!(
+                f,
+                "field `{field}` ({field_type}) cannot be compared with field `{other}` ({other_type}); \
+                 compare two integers, two f64s, two strings or two bools"
+            ),
             ViewError::NullLiteral { field } => {
                 write!(f, "field `{field}` is compared with null; use `is null` instead")
             }

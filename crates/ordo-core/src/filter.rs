@@ -61,6 +61,12 @@ enum Node {
         op: CompareOp,
         literal: Literal,
     },
+    /// Two fields of one item, of types the compiler checked comparable.
+    CompareFields {
+        field_id: FieldId,
+        op: CompareOp,
+        other_field_id: FieldId,
+    },
     In {
         field_id: FieldId,
         set: TableIndex,
@@ -257,6 +263,9 @@ impl CompiledFilter {
             Node::Compare { field_id, op, literal } => {
                 compare_with_literal(read_field(field_id), op, literal, &self.texts)
             }
+            Node::CompareFields { field_id, op, other_field_id } => {
+                compare_field_values(read_field(field_id), op, read_field(other_field_id))
+            }
             Node::In { field_id, set } => is_in_set(read_field(field_id), &self.in_sets[set as usize]),
             Node::IsNull { field_id } => read_field(field_id).is_null(),
             Node::Contains { field_id, needle } => match read_field(field_id) {
@@ -326,6 +335,29 @@ fn compare_with_literal(value: Value<'_>, op: CompareOp, literal: Literal, texts
         // `str` orders by bytes, which is what string comparisons promise.
         (Value::Str(value), Literal::Str(index)) => value.cmp(texts[index as usize].as_str()),
         // Null, or (on a collection with another schema) a value of the wrong type.
+        _ => return false,
+    };
+    satisfies(ordering, op)
+}
+
+/// `left <op> right` for two fields of one item; false when either is null, for
+/// every op including `Ne`. Integers of the two types compare exactly (through
+/// `i128`, which holds every `i64` and `u64`).
+fn compare_field_values(left: Value<'_>, op: CompareOp, right: Value<'_>) -> bool {
+    let ordering = match (left, right) {
+        (Value::Bool(left), Value::Bool(right)) => left.cmp(&right),
+        (Value::I64(left), Value::I64(right)) => left.cmp(&right),
+        (Value::U64(left), Value::U64(right)) => left.cmp(&right),
+        (Value::I64(left), Value::U64(right)) => i128::from(left).cmp(&i128::from(right)),
+        (Value::U64(left), Value::I64(right)) => i128::from(left).cmp(&i128::from(right)),
+        (Value::F64(left), Value::F64(right)) => match left.partial_cmp(&right) {
+            Some(ordering) => ordering,
+            // Unreachable: batches refuse NaN values.
+            None => return false,
+        },
+        (Value::Str(left), Value::Str(right)) => left.cmp(right),
+        // Null on either side, or (on a collection with another schema) types the
+        // compiler did not check.
         _ => return false,
     };
     satisfies(ordering, op)
@@ -529,6 +561,12 @@ mod tests {
         assert_eq!(key(Filter::compare("n", CompareOp::Ge, OwnedValue::I64(1))), None);
         assert_eq!(key(Filter::True), None);
         assert_eq!(key(Filter::All(vec![])), None);
+        // Two fields' equality pins no value: never a key, and skipped for the next conjunct.
+        assert_eq!(key(Filter::compare_fields("n", CompareOp::Eq, "u")), None);
+        assert_eq!(
+            key(Filter::All(vec![Filter::compare_fields("owner", CompareOp::Eq, "owner"), owner()])),
+            Some((FieldId(0), OwnedValue::Str("u42".into())))
+        );
     }
 
     /// Every pool text against every needle, through `matches` with one shared scratch

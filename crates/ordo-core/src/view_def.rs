@@ -28,6 +28,19 @@ pub enum Filter {
         op: CompareOp,
         value: OwnedValue,
     },
+    /// `field <op> other`: two fields of the same item, either possibly read
+    /// through a reference (`room.last_seq > read_upto`). Both must be of
+    /// comparable types: two integers (`i64` and `u64` compare exactly, without
+    /// conversion), two `f64`s, two strings (a `ref` compares as the id it
+    /// holds), or two bools (`eq` and `ne` only). A float is never compared with
+    /// an integer: no conversion between them is exact for every value, and the
+    /// compiler refuses the pair rather than round. A null on either side fails
+    /// the comparison, for every op including `Ne`.
+    CompareFields {
+        field: String,
+        op: CompareOp,
+        other: String,
+    },
     /// `field in [values]`.
     In {
         field: String,
@@ -69,6 +82,11 @@ impl Filter {
                 op.hash(state);
                 hash_value_shape(value, state);
             }
+            Filter::CompareFields { field, op, other } => {
+                field.hash(state);
+                op.hash(state);
+                other.hash(state);
+            }
             Filter::In { field, values } => {
                 field.hash(state);
                 values.iter().for_each(|value| hash_value_shape(value, state));
@@ -89,10 +107,12 @@ impl Filter {
     }
 
     /// Whether `test` holds for the name of any field the filter reads (each
-    /// leaf's, in order; stops at the first that does).
+    /// leaf's, in order, both sides of a field-to-field comparison; stops at the
+    /// first that does).
     pub fn any_field<'a>(&'a self, test: &mut impl FnMut(&'a str) -> bool) -> bool {
         match self {
             Filter::True => false,
+            Filter::CompareFields { field, other, .. } => test(field) || test(other),
             Filter::Compare { field, .. }
             | Filter::In { field, .. }
             | Filter::IsNull { field }
@@ -109,6 +129,11 @@ impl Filter {
 
     pub fn compare(field: &str, op: CompareOp, value: OwnedValue) -> Filter {
         Filter::Compare { field: field.to_owned(), op, value }
+    }
+
+    /// `field <op> other`, two fields of one item (see [`Filter::CompareFields`]).
+    pub fn compare_fields(field: &str, op: CompareOp, other: &str) -> Filter {
+        Filter::CompareFields { field: field.to_owned(), op, other: other.to_owned() }
     }
 
     pub fn contains(field: &str, needle: &str) -> Filter {
@@ -238,13 +263,14 @@ mod tests {
             ]),
             Filter::contains("d", "x"),
             Filter::prefix("e", "y"),
+            Filter::compare_fields("f", CompareOp::Gt, "g"),
         ]);
         let mut seen = Vec::new();
         assert!(!filter.any_field(&mut |name| {
             seen.push(name);
             false
         }));
-        assert_eq!(seen, ["a", "b", "c", "d", "e"]);
+        assert_eq!(seen, ["a", "b", "c", "d", "e", "f", "g"]);
         seen.clear();
         assert!(filter.any_field(&mut |name| {
             seen.push(name);

@@ -135,8 +135,9 @@ fn random_filter(prng: &mut Prng, schema: &Schema, depth_left: usize) -> Filter 
     let field_name = *prng.pick(&FIELD_NAMES);
     let field_type = schema.field(schema.field_id(field_name).expect("pool names exist")).field_type;
     let field = field_name.to_owned();
-    match prng.below(12) {
+    match prng.below(14) {
         0 => Filter::True,
+        12 | 13 => random_field_comparison(prng, schema, field_name, field_type),
         1 => Filter::IsNull { field },
         2 | 3 => Filter::In { field, values: (0..prng.below(5)).map(|_| random_literal(prng, field_type)).collect() },
         4..=7 if field_type == FieldType::String => {
@@ -150,6 +151,22 @@ fn random_filter(prng: &mut Prng, schema: &Schema, depth_left: usize) -> Filter 
         }
         _ => Filter::Compare { field, op: random_op(prng, field_type), value: random_literal(prng, field_type) },
     }
+}
+
+/// `field <op> other` with `other` of a type the compiler accepts against
+/// `field`'s: the same type, or the other integer type; often the field itself.
+fn random_field_comparison(prng: &mut Prng, schema: &Schema, field: &str, field_type: FieldType) -> Filter {
+    let is_integer = |field_type| matches!(field_type, FieldType::I64 | FieldType::U64);
+    let comparable: Vec<&str> = FIELD_NAMES
+        .iter()
+        .copied()
+        .filter(|other| {
+            let other_type = schema.field(schema.field_id(other).expect("pool names exist")).field_type;
+            other_type == field_type || (is_integer(field_type) && is_integer(other_type))
+        })
+        .collect();
+    let other: &str = prng.pick::<&str>(&comparable);
+    Filter::compare_fields(field, random_op(prng, field_type), other)
 }
 
 /// Numbers compared mathematically, whatever their representation.
@@ -211,6 +228,17 @@ fn reference_matches(filter: &Filter, schema: &Schema, row: &[OwnedValue]) -> bo
                 CompareOp::Ge => ordering.is_ge(),
             },
         },
+        Filter::CompareFields { field, op, other } => match (field_value(field), field_value(other)) {
+            (OwnedValue::Null, _) | (_, OwnedValue::Null) => false,
+            (left, right) => reference_ordering(left, right).is_some_and(|ordering| match op {
+                CompareOp::Eq => ordering.is_eq(),
+                CompareOp::Ne => ordering.is_ne(),
+                CompareOp::Lt => ordering.is_lt(),
+                CompareOp::Le => ordering.is_le(),
+                CompareOp::Gt => ordering.is_gt(),
+                CompareOp::Ge => ordering.is_ge(),
+            }),
+        },
         Filter::In { field, values } => {
             values.iter().any(|literal| reference_ordering(field_value(field), literal) == Some(Ordering::Equal))
         }
@@ -241,6 +269,7 @@ fn collect_field_names<'a>(filter: &'a Filter, names: &mut Vec<&'a str>) {
         | Filter::IsNull { field }
         | Filter::Contains { field, .. }
         | Filter::Prefix { field, .. } => names.push(field),
+        Filter::CompareFields { field, other, .. } => names.extend([field.as_str(), other.as_str()]),
         Filter::All(children) | Filter::Any(children) => {
             children.iter().for_each(|child| collect_field_names(child, names))
         }
@@ -415,6 +444,86 @@ fn filter_compile_error_not_applicable() {
     assert!(compiles(&Filter::compare("flag", CompareOp::Eq, OwnedValue::Bool(true))));
     assert!(compiles(&Filter::compare("flag", CompareOp::Ne, OwnedValue::Bool(false))));
     assert!(compiles(&Filter::In { field: "flag".to_owned(), values: vec![OwnedValue::Bool(false)] }));
+}
+
+#[test]
+fn filter_compile_error_incomparable_fields() {
+    let incomparable = |field: &str, field_type, other: &str, other_type| ViewError::IncomparableFields {
+        field: field.to_owned(),
+        field_type,
+        other: other.to_owned(),
+        other_type,
+    };
+    let compare = |field: &str, other: &str| Filter::compare_fields(field, CompareOp::Lt, other);
+    assert_eq!(compile_error(&compare("text", "signed")), incomparable("text", "string", "signed", "i64"));
+    assert_eq!(compile_error(&compare("flag", "unsigned")), incomparable("flag", "bool", "unsigned", "u64"));
+    // A float against an integer is refused rather than rounded, either way round.
+    assert_eq!(compile_error(&compare("float", "signed")), incomparable("float", "f64", "signed", "i64"));
+    assert_eq!(compile_error(&compare("unsigned", "float")), incomparable("unsigned", "u64", "float", "f64"));
+    // Found inside combinators, and unknown names on either side are named.
+    let nested = Filter::Not(Box::new(Filter::Any(vec![Filter::True, compare("text", "flag")])));
+    assert_eq!(compile_error(&nested), incomparable("text", "string", "flag", "bool"));
+    assert_eq!(compile_error(&compare("signed", "missing")), ViewError::UnknownField { field: "missing".to_owned() });
+    assert_eq!(compile_error(&compare("missing", "signed")), ViewError::UnknownField { field: "missing".to_owned() });
+    // Bools compare for equality only, as with a literal.
+    assert_eq!(
+        compile_error(&Filter::compare_fields("flag", CompareOp::Gt, "flag")),
+        ViewError::NotApplicable { field: "flag".to_owned(), operation: ">", field_type: "bool" }
+    );
+    assert!(compiles(&Filter::compare_fields("flag", CompareOp::Ne, "flag")));
+    assert!(compiles(&compare("signed", "unsigned")));
+    assert!(compiles(&compare("unsigned", "signed")));
+    assert!(compiles(&compare("float", "float")));
+    assert!(compiles(&compare("text", "other_text")));
+}
+
+/// `i64` against `u64` compares the numbers, not a rounding of them: through
+/// `f64`, `i64::MAX` and `2^63` would be equal, and `-1` against `u64::MAX`
+/// would wrap if cast.
+#[test]
+fn filter_field_comparison_of_integers_is_exact_across_types() {
+    let schema = Schema::new().with_field("signed", FieldType::I64).with_field("unsigned", FieldType::U64);
+    let cases: [(Option<i64>, Option<u64>, Option<Ordering>); 7] = [
+        (Some(i64::MAX), Some(1 << 63), Some(Ordering::Less)),
+        (Some(i64::MAX), Some(i64::MAX as u64), Some(Ordering::Equal)),
+        (Some(-1), Some(u64::MAX), Some(Ordering::Less)),
+        (Some(i64::MIN), Some(0), Some(Ordering::Less)),
+        (Some(0), Some(0), Some(Ordering::Equal)),
+        (Some(7), None, None),
+        (None, Some(7), None),
+    ];
+    let ops = [CompareOp::Eq, CompareOp::Ne, CompareOp::Lt, CompareOp::Le, CompareOp::Gt, CompareOp::Ge];
+    for (signed, unsigned, ordering) in cases {
+        let rows = vec![vec![
+            signed.map_or(OwnedValue::Null, OwnedValue::I64),
+            unsigned.map_or(OwnedValue::Null, OwnedValue::U64),
+        ]];
+        let (engine, collection_id) = engine_with_rows(&schema, &rows);
+        let item = engine.collection(collection_id).unwrap().get("item-0").unwrap();
+        for op in ops {
+            let expected = ordering.is_some_and(|ordering| match op {
+                CompareOp::Eq => ordering.is_eq(),
+                CompareOp::Ne => ordering.is_ne(),
+                CompareOp::Lt => ordering.is_lt(),
+                CompareOp::Le => ordering.is_le(),
+                CompareOp::Gt => ordering.is_gt(),
+                CompareOp::Ge => ordering.is_ge(),
+            });
+            let forward = CompiledFilter::compile(&Filter::compare_fields("signed", op, "unsigned"), &schema).unwrap();
+            assert_eq!(forward.matches_item(item), expected, "{signed:?} {op:?} {unsigned:?}");
+            // The same comparison written the other way round: the ordering reverses.
+            let backward_expected = ordering.is_some_and(|ordering| match op {
+                CompareOp::Eq => ordering.is_eq(),
+                CompareOp::Ne => ordering.is_ne(),
+                CompareOp::Lt => ordering.is_gt(),
+                CompareOp::Le => ordering.is_ge(),
+                CompareOp::Gt => ordering.is_lt(),
+                CompareOp::Ge => ordering.is_le(),
+            });
+            let backward = CompiledFilter::compile(&Filter::compare_fields("unsigned", op, "signed"), &schema).unwrap();
+            assert_eq!(backward.matches_item(item), backward_expected, "{unsigned:?} {op:?} {signed:?}");
+        }
+    }
 }
 
 #[test]

@@ -127,8 +127,11 @@ fn check_read(reader: &Reader<'_>, entry: &CollectionEntry, name: &str) -> Resul
     Ok(target.schema.field(field_id).field_type)
 }
 
-/// The `field` names of a filter's JSON. Walks no deeper, and no more nodes,
-/// than a filter may have (the parse refuses the rest anyway).
+/// The field names of a filter's JSON: each comparison's `field`, and its
+/// `value` when that names a field (`{"field": NAME}`), which reads the item as
+/// much as the `field` side does and so passes the same access check. Walks no
+/// deeper, and no more nodes, than a filter may have (the parse refuses the
+/// rest anyway).
 fn filter_names<'a>(json: &'a Json, depth: usize, out: &mut Vec<&'a str>) {
     if depth > ordo_core::limits::MAX_FILTER_DEPTH || out.len() > ordo_core::limits::MAX_FILTER_NODES {
         return;
@@ -136,6 +139,9 @@ fn filter_names<'a>(json: &'a Json, depth: usize, out: &mut Vec<&'a str>) {
     let Json::Object(object) = json else { return };
     if let Some(Json::String(field)) = object.get("field") {
         out.push(field);
+    }
+    if let Some(Json::String(other)) = object.get("value").and_then(|value| value.get("field")) {
+        out.push(other);
     }
     for key in ["all", "any"] {
         if let Some(Json::Array(children)) = object.get(key) {
@@ -157,11 +163,12 @@ mod tests {
     fn filter_names_are_found_at_every_level_and_the_walk_is_bounded() {
         let filter = serde_json::json!({"all": [
             {"field": "room.name", "prefix": "a"},
-            {"not": {"any": [{"field": "unread", "op": "gt", "value": 1}, {"field": "room.recency", "is_null": true}]}}
+            {"not": {"any": [{"field": "unread", "op": "gt", "value": 1}, {"field": "room.recency", "is_null": true}]}},
+            {"field": "read_upto", "op": "lt", "value": {"field": "room.last_seq"}}
         ]});
         let mut names = Vec::new();
         filter_names(&filter, 0, &mut names);
-        assert_eq!(names, ["room.name", "unread", "room.recency"]);
+        assert_eq!(names, ["room.name", "unread", "room.recency", "read_upto", "room.last_seq"]);
 
         let mut deep = serde_json::json!({"field": "room.name", "is_null": true});
         for _ in 0..ordo_core::limits::MAX_FILTER_DEPTH + 5 {

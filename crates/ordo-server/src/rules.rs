@@ -293,10 +293,35 @@ fn access(doc: &AccessDoc, action: Action) -> Result<Access, String> {
             if !filter.is_object() {
                 return Err("`filter` is a filter object".to_owned());
             }
+            check_no_field_operands(filter, 0)?;
             Access::Where(filter.clone())
         }
         AccessDoc::Through { through } => Access::Through(ThroughRef::parse(through, action)?),
     })
+}
+
+/// A rule's filter compares fields with values (literals, `$claim`s), never two
+/// fields (`{"value": {"field": ...}}`): a rule is a predicate on who the caller
+/// is, and an item's fields compared with each other say nothing about that;
+/// write rules are checked by the values an op sets, which only literal
+/// equalities allow. Walks no deeper than a filter may nest.
+fn check_no_field_operands(filter: &Json, depth: usize) -> Result<(), String> {
+    if depth > ordo_core::limits::MAX_FILTER_DEPTH {
+        return Err(format!("the filter is nested more than {} deep", ordo_core::limits::MAX_FILTER_DEPTH));
+    }
+    let Json::Object(object) = filter else { return Ok(()) };
+    if let (Some(Json::String(field)), Some(Json::Object(_))) = (object.get("field"), object.get("value")) {
+        return Err(format!("a rule's filter may not compare two fields (`{field}` with an object value)"));
+    }
+    for key in ["all", "any"] {
+        if let Some(Json::Array(children)) = object.get(key) {
+            children.iter().try_for_each(|child| check_no_field_operands(child, depth + 1))?;
+        }
+    }
+    match object.get("not") {
+        Some(child) => check_no_field_operands(child, depth + 1),
+        None => Ok(()),
+    }
 }
 
 /// A write filter must be `{"field":f,"op":"eq","value":v}` or `{"all":[...]}` of
@@ -516,5 +541,44 @@ mod tests {
             let error = RuleSet::compile(doc).unwrap_err();
             assert!(error.message.starts_with("rule 0"), "{bad}: {error}");
         }
+    }
+
+    /// A rule's filter never compares two fields: not at the top, not under
+    /// `all`, `any` or `not`, not in a write rule (whose `eq` check alone would
+    /// take any value).
+    #[test]
+    fn a_rule_comparing_two_fields_is_refused() {
+        let unread = serde_json::json!({"field":"room.last_seq","op":"gt","value":{"field":"read_upto"}});
+        let own = serde_json::json!({"field":"owner","op":"eq","value":"$sub"});
+        for (access, filter) in [
+            ("read", unread.clone()),
+            ("read", serde_json::json!({"all":[own.clone(), {"not":{"any":[unread.clone()]}}]})),
+            ("write", serde_json::json!({"field":"owner","op":"eq","value":{"field":"author"}})),
+            ("write", serde_json::json!({"all":[own.clone(), {"field":"owner","op":"eq","value":{"field":"author"}}]})),
+        ] {
+            let doc =
+                serde_json::json!({"rules":[{"collection":"members","roles":["reader"],access:{"filter":filter}}]});
+            let error = RuleSet::compile(serde_json::from_value(doc.clone()).unwrap()).unwrap_err();
+            assert_eq!(error.code, ErrorCode::InvalidRules, "{doc}");
+            assert!(error.message.contains("may not compare two fields"), "{doc}: {error}");
+        }
+        // The same filters with literal values are rules like any other.
+        let doc = serde_json::json!({"rules":[{"collection":"members","roles":["reader"],
+            "read":{"filter":{"all":[own, {"field":"room.last_seq","op":"gt","value":3}]}}}]});
+        assert!(RuleSet::compile(serde_json::from_value(doc).unwrap()).is_ok());
+    }
+
+    /// Should a rule comparing two fields be in force anyway (rules written before
+    /// the refusal existed), its predicate fails closed instead of comparing.
+    #[test]
+    fn a_grant_comparing_two_fields_fails_closed() {
+        let schema = Schema::new()
+            .with_field("last_seq", ordo_core::FieldType::U64)
+            .with_field("read_upto", ordo_core::FieldType::U64);
+        let grant = Grant::Where(vec![serde_json::json!({"field":"last_seq","op":"gt","value":{"field":"read_upto"}})]);
+        let error = grant.predicate(&schema).unwrap_err();
+        assert_eq!(error.code, ErrorCode::Forbidden, "{error}");
+        let literal = Grant::Where(vec![serde_json::json!({"field":"last_seq","op":"gt","value":3})]);
+        assert!(literal.predicate(&schema).unwrap().is_some());
     }
 }

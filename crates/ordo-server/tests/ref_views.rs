@@ -209,6 +209,104 @@ async fn bad_names_through_references_are_refused_clearly() {
     }
 }
 
+/// The "unread" list: members whose room's `recency` (standing for its last
+/// message number) is past their own `unread` (the number read up to). A
+/// target update flips rows in, a mark-as-read flips one out, in a keyed view
+/// (the owner's equality) and through `set_view`; every list equals a one-shot
+/// query of its view after each step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn field_to_field_filters_follow_targets_and_own_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    create_rooms_and_members(&server);
+    batch(
+        &server,
+        "rooms",
+        json!([
+            {"op": "upsert", "id": "r1", "fields": {"name": "Alpha", "recency": 10}},
+            {"op": "upsert", "id": "r2", "fields": {"name": "Beta", "recency": 20}},
+            {"op": "upsert", "id": "r3", "fields": {"name": "Gamma", "recency": 30}},
+        ]),
+    );
+    batch(
+        &server,
+        "members",
+        json!([
+            {"op": "upsert", "id": "a/r1", "fields": {"owner": "a", "room": "r1", "unread": 10}},
+            {"op": "upsert", "id": "a/r2", "fields": {"owner": "a", "room": "r2", "unread": 15}},
+            {"op": "upsert", "id": "a/r3", "fields": {"owner": "a", "room": "r3", "unread": 30}},
+            {"op": "upsert", "id": "b/r1", "fields": {"owner": "b", "room": "r1", "unread": 3}},
+            {"op": "upsert", "id": "a/r9", "fields": {"owner": "a", "room": "r9", "unread": 0}},
+        ]),
+    );
+    let unread = json!({"field": "room.recency", "op": "gt", "value": {"field": "unread"}});
+    let sub = json!({"op": "subscribe", "sub": "unread", "collection": "members",
+        "filter": {"all": [{"field": "owner", "op": "eq", "value": "a"}, unread]},
+        "sort": [{"field": "room.recency", "dir": "desc"}], "fields": ["unread", "room.recency"], "limit": 10});
+    let mut client = server.connect().await;
+    client.send(sub.clone()).await;
+    settle(&mut client, &server, &sub, "subscribed").await;
+    let ids = |client: &Client| -> Vec<String> {
+        client.lists["unread"].items.iter().map(|item| item["id"].as_str().unwrap().to_owned()).collect()
+    };
+    // r9 does not exist: its recency reads null, which fails the comparison.
+    assert_eq!(ids(&client), ["a/r2"]);
+
+    // New messages in r1 and r3: both flip in, in the same batch as they move.
+    batch(
+        &server,
+        "rooms",
+        json!([{"op": "upsert", "id": "r1", "fields": {"recency": 40}},
+               {"op": "upsert", "id": "r3", "fields": {"recency": 31}}]),
+    );
+    settle(&mut client, &server, &sub, "new messages").await;
+    assert_eq!(ids(&client), ["a/r1", "a/r3", "a/r2"]);
+
+    // Mark as read: an own-field write flips one out.
+    batch(&server, "members", json!([{"op": "upsert", "id": "a/r1", "fields": {"unread": 40}}]));
+    settle(&mut client, &server, &sub, "marked read").await;
+    assert_eq!(ids(&client), ["a/r3", "a/r2"]);
+
+    // The room appears: null no more, and unread.
+    batch(&server, "rooms", json!([{"op": "upsert", "id": "r9", "fields": {"name": "Nine", "recency": 1}}]));
+    settle(&mut client, &server, &sub, "the target appears").await;
+    assert_eq!(ids(&client), ["a/r3", "a/r2", "a/r9"]);
+
+    // set_view to the read ones, written the other way round.
+    let read = json!({"all": [{"field": "owner", "op": "eq", "value": "a"},
+        {"field": "unread", "op": "ge", "value": {"field": "room.recency"}}]});
+    client
+        .send(json!({"op": "set_view", "sub": "unread", "req": "v1", "filter": read.clone(),
+        "sort": [{"field": "room.recency", "dir": "desc"}]}))
+        .await;
+    let mut changed = sub.clone();
+    changed["filter"] = read;
+    settle(&mut client, &server, &changed, "set_view").await;
+    assert_eq!(ids(&client), ["a/r1"]);
+
+    // Refused: types that do not compare, a float against an integer, a value
+    // object of another shape, an unknown name on the value side.
+    let cases = [
+        (json!({"field": "room.name", "op": "gt", "value": {"field": "unread"}}), "cannot be compared"),
+        (json!({"field": "owner", "op": "eq", "value": {"field": "room.muted"}}), "cannot be compared"),
+        (json!({"field": "unread", "op": "eq", "value": {"field": "unread", "as": "u64"}}), "{\"field\": NAME}"),
+        (json!({"field": "unread", "op": "eq", "value": {"field": 3}}), "{\"field\": NAME}"),
+        (json!({"field": "unread", "op": "eq", "value": {"field": "nope"}}), "no field `nope`"),
+    ];
+    for (index, (filter, message)) in cases.into_iter().enumerate() {
+        let sub = json!({"op": "subscribe", "sub": format!("bad{index}"), "collection": "members",
+            "filter": filter, "limit": 5});
+        client.send(sub.clone()).await;
+        let error = client.expect_error().await;
+        assert_eq!(error["code"], "invalid_view", "{sub}: {error}");
+        assert!(error["message"].as_str().unwrap().contains(message), "{sub}: {error}");
+        let mut query = query_of(&sub);
+        query["limit"] = json!(5);
+        let (status, answer) = server.http_as(None, "POST", "/v1/collections/members/query", Some(&query));
+        assert_eq!((status, answer["error"]["code"].as_str()), (400, Some("invalid_view")), "{query}: {answer}");
+    }
+}
+
 /// A reader whose rules let it read its own memberships, and `rooms` as given.
 async fn reader_setup(rooms_rule: Option<Value>) -> (tempfile::TempDir, Server, String) {
     let dir = tempfile::tempdir().unwrap();
@@ -229,8 +327,8 @@ async fn reader_setup(rooms_rule: Option<Value>) -> (tempfile::TempDir, Server, 
         &server,
         "members",
         json!([
-            {"op": "upsert", "id": "alice/r1", "fields": {"owner": "alice", "room": "r1"}},
-            {"op": "upsert", "id": "alice/r2", "fields": {"owner": "alice", "room": "r2"}},
+            {"op": "upsert", "id": "alice/r1", "fields": {"owner": "alice", "room": "r1", "unread": 1}},
+            {"op": "upsert", "id": "alice/r2", "fields": {"owner": "alice", "room": "r2", "unread": 5}},
         ]),
     );
     let mut rules = vec![json!({"collection": "members", "roles": ["reader"],
@@ -243,11 +341,15 @@ async fn reader_setup(rooms_rule: Option<Value>) -> (tempfile::TempDir, Server, 
     (dir, server, alice)
 }
 
-/// Every way of reading `room.*` must be refused with `forbidden`, naming `rooms`.
+/// Every way of reading `room.*` must be refused with `forbidden`, naming `rooms`:
+/// a sort, a filter on either side of a comparison (the value side of a
+/// field-to-field comparison reads the target as much as the field side), a
+/// projection.
 async fn assert_reads_through_refused(server: &Server, alice: &str, why: &str) {
     let reads = [
         json!({"sort": [{"field": "room.recency", "dir": "desc"}]}),
         json!({"filter": {"field": "room.name", "prefix": "A"}}),
+        json!({"filter": {"field": "unread", "op": "le", "value": {"field": "room.recency"}}}),
         json!({"fields": ["room.preview"]}),
     ];
     let check = |what: &str, code: &Value, message: &Value| {
@@ -293,7 +395,7 @@ async fn assert_reads_through_refused(server: &Server, alice: &str, why: &str) {
         .await;
     client.read_until(SETTLE, |client| client.lists.contains_key("own")).await;
     assert_eq!(client.lists["own"].items.len(), 2, "{why}: her own memberships");
-    for keys in &reads[..2] {
+    for keys in &reads[..3] {
         let mut set_view = json!({"op": "set_view", "sub": "own"});
         set_view.as_object_mut().unwrap().extend(keys.as_object().unwrap().clone());
         client.send(set_view).await;
@@ -328,6 +430,18 @@ async fn reading_through_a_reference_needs_the_whole_target_readable() {
     let previews: Vec<&Value> =
         answer["items"].as_array().unwrap().iter().map(|i| &i["fields"]["room.preview"]).collect();
     assert_eq!(previews, [&json!("secret two"), &json!("secret one")]);
+    // A comparison with a target field on its value side is allowed too.
+    let query = json!({"filter": {"field": "unread", "op": "le", "value": {"field": "room.recency"}}, "limit": 5});
+    let (status, answer) = server.http_as(Some(&alice), "POST", "/v1/collections/members/query", Some(&query));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["items"].as_array().unwrap().len(), 1, "alice/r1 only (1 <= 1; 5 > 2): {answer}");
+    assert_eq!(answer["items"][0]["id"], "alice/r1");
+    // But a rule may not compare two fields: `PUT /v1/rules` refuses it, and the rules stay.
+    let unread_rule = json!({"rules": [{"collection": "members", "roles": ["reader"],
+        "read": {"filter": {"field": "room.recency", "op": "gt", "value": {"field": "unread"}}}}]});
+    let (status, answer) = server.http("PUT", "/v1/rules", Some(&unread_rule));
+    assert_eq!((status, answer["error"]["code"].as_str()), (400, Some("invalid_rules")), "{answer}");
+    assert_eq!(server.ok("GET", "/v1/rules", Value::Null)["rules"].as_array().unwrap().len(), 2);
     let mut client = server.connect_as(Some(&alice)).await;
     client
         .send(json!({"op": "subscribe", "sub": "s", "collection": "members", "filter": {"field": "room.name", "prefix": "B"},

@@ -74,6 +74,10 @@ impl Compiler<'_> {
                 };
                 self.compiled.nodes.push(Node::Compare { field_id, op: *op, literal });
             }
+            Filter::CompareFields { field, op, other } => {
+                let node = self.compile_compare_fields(field, *op, other)?;
+                self.compiled.nodes.push(node);
+            }
             Filter::In { field, values } => {
                 let (field_id, field_type) = self.resolve_field(field)?;
                 if values.len() > MAX_FILTER_IN_VALUES {
@@ -132,6 +136,32 @@ impl Compiler<'_> {
         self.compiled.fields_read.push(field_id);
         // A reference compares as the string it holds.
         Ok((field_id, self.schema.field(field_id).field_type.value_type()))
+    }
+
+    /// `field <op> other`: both names resolved (derived fields too), their types
+    /// checked comparable. A float and an integer are refused rather than
+    /// compared: no conversion between them is exact for every value.
+    fn compile_compare_fields(&mut self, field: &str, op: CompareOp, other: &str) -> Result<Node, ViewError> {
+        let (field_id, field_type) = self.resolve_field(field)?;
+        let (other_field_id, other_type) = self.resolve_field(other)?;
+        let is_integer = |field_type| matches!(field_type, FieldType::I64 | FieldType::U64);
+        let comparable = field_type == other_type || (is_integer(field_type) && is_integer(other_type));
+        if !comparable {
+            return Err(ViewError::IncomparableFields {
+                field: field.to_owned(),
+                field_type: field_type.name(),
+                other: other.to_owned(),
+                other_type: other_type.name(),
+            });
+        }
+        if field_type == FieldType::Bool && !matches!(op, CompareOp::Eq | CompareOp::Ne) {
+            return Err(ViewError::NotApplicable {
+                field: field.to_owned(),
+                operation: compare_op_symbol(op),
+                field_type: field_type.name(),
+            });
+        }
+        Ok(Node::CompareFields { field_id, op, other_field_id })
     }
 
     /// Checks that `field` is a string field and stores the folded needle.

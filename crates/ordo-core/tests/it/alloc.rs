@@ -1,7 +1,7 @@
 //! Zero heap allocations per update in steady state, counted by a global allocator.
 //! This is a property of the code, not a timing: it holds on any machine.
 
-use ordo_core::{Batch, DiffRef, DiffSink, Engine, Filter, OwnedValue, SortKey, Value, ViewDef, WindowId};
+use ordo_core::{Batch, CompareOp, DiffRef, DiffSink, Engine, Filter, OwnedValue, SortKey, Value, ViewDef, WindowId};
 
 use crate::reference::Rng;
 
@@ -245,8 +245,11 @@ fn collated_view_updates_allocate_nothing_in_steady_state() {
 
 /// Shared rooms and one membership collection keyed by owner (the `shared-rooms`
 /// layout): a new message is one update of a room, which moves that room in the
-/// list of every member (here up to 200 lists), and a reference changing room
-/// relinks it. Neither allocates once the engine's buffers have grown.
+/// list of every member (here up to 200 lists) and flips it into each member's
+/// "unread" list (`room.recency > unread`, the membership's `unread` standing for
+/// the position read up to); marking a room read flips it out again, and a
+/// reference changing room relinks it. None of these allocates once the
+/// engine's buffers have grown.
 #[test]
 fn reference_target_updates_allocate_nothing_in_steady_state() {
     const N_ROOMS: usize = 200;
@@ -279,7 +282,12 @@ fn reference_target_updates_allocate_nothing_in_steady_state() {
         }
         for (slot, &room) in rooms_of_user.iter().enumerate() {
             let id = format!("{owner}/{slot}");
-            batch.upsert(&id).set("owner", Value::Str(owner)).set("room", Value::Str(&room_ids[room]));
+            // Read up to 0: every room but room 0 (recency 0) starts unread.
+            batch
+                .upsert(&id)
+                .set("owner", Value::Str(owner))
+                .set("room", Value::Str(&room_ids[room]))
+                .set("unread", Value::U64(0));
             member_ids.push(id);
         }
     }
@@ -288,6 +296,14 @@ fn reference_target_updates_allocate_nothing_in_steady_state() {
         let def =
             ViewDef::new(Filter::eq("owner", OwnedValue::Str(owner.clone())), vec![SortKey::desc("room.recency")]);
         engine.open_window(members, &def, 0, 10, &mut sink).unwrap();
+        let unread = ViewDef::new(
+            Filter::All(vec![
+                Filter::eq("owner", OwnedValue::Str(owner.clone())),
+                Filter::compare_fields("room.recency", CompareOp::Gt, "unread"),
+            ]),
+            vec![SortKey::desc("room.recency")],
+        );
+        engine.open_window(members, &unread, 0, 10, &mut sink).unwrap();
     }
 
     let mut recency = 1_000u64;
@@ -310,6 +326,11 @@ fn reference_target_updates_allocate_nothing_in_steady_state() {
                 let (first_room, second_room) = (room_of(engine, first), room_of(engine, second));
                 batch.upsert(&member_ids[first]).set("room", Value::Str(&room_ids[second_room]));
                 batch.upsert(&member_ids[second]).set("room", Value::Str(&room_ids[first_room]));
+                engine.apply_batch(members, batch, sink).unwrap();
+            } else if rng.below(4) == 0 {
+                // Mark as read: the membership reads up to the latest message.
+                let member = &member_ids[rng.below(member_ids.len())];
+                batch.upsert(member).set("unread", Value::U64(recency));
                 engine.apply_batch(members, batch, sink).unwrap();
             } else {
                 let room = rng.below(N_ROOMS).min(rng.below(N_ROOMS));

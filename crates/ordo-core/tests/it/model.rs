@@ -105,8 +105,9 @@ pub(crate) fn random_value(rng: &mut Rng, field: &str) -> OwnedValue {
 
 fn random_leaf_filter(rng: &mut Rng) -> Filter {
     let op = *rng.pick(&[CompareOp::Eq, CompareOp::Ne, CompareOp::Lt, CompareOp::Le, CompareOp::Gt, CompareOp::Ge]);
-    match rng.below(9) {
+    match rng.below(10) {
         0 => Filter::eq("flag", OwnedValue::Bool(rng.chance(50))),
+        9 => random_field_comparison(rng, op),
         1 => Filter::compare("unread", op, OwnedValue::U64(rng.below(4) as u64)),
         2 => Filter::compare("score", op, OwnedValue::I64(rng.below(7) as i64 - 3)),
         3 => Filter::compare("ratio", op, OwnedValue::F64(*rng.pick(&[-1.0, 0.0, 0.25, 2.0]))),
@@ -124,6 +125,27 @@ fn random_leaf_filter(rng: &mut Rng) -> Filter {
         },
         _ => Filter::compare("name", op, OwnedValue::Str(rng.pick(&NAMES).to_string())),
     }
+}
+
+/// Two fields of the item compared with each other: integers of both types
+/// (`score`, from -4, against the u64 `unread` and `recency`, so the sign
+/// matters), floats, strings, bools, and a field with itself.
+fn random_field_comparison(rng: &mut Rng, op: CompareOp) -> Filter {
+    let (field, other) = *rng.pick(&[
+        ("score", "unread"),
+        ("unread", "score"),
+        ("recency", "unread"),
+        ("unread", "recency"),
+        ("score", "score"),
+        ("ratio", "ratio"),
+        ("name", "owner"),
+        ("owner", "name"),
+        ("name", "name"),
+    ]);
+    if rng.chance(10) {
+        return Filter::compare_fields("flag", *rng.pick(&[CompareOp::Eq, CompareOp::Ne]), "flag");
+    }
+    Filter::compare_fields(field, op, other)
 }
 
 trait MaybeAccentInsensitive {

@@ -71,6 +71,54 @@ fn defs() -> Vec<ViewDef> {
     ]
 }
 
+/// A field-to-field comparison between comparable fields, through the reference
+/// or not: `unread` (0..=3) against `room.recency` (0..20) flips as either side
+/// changes, as "unread" (`room.last_seq > read_upto`) does when a room gets a
+/// message or a member reads it.
+fn random_field_comparison(rng: &mut Rng) -> Filter {
+    let op = *rng.pick(&[CompareOp::Eq, CompareOp::Ne, CompareOp::Lt, CompareOp::Le, CompareOp::Gt, CompareOp::Ge]);
+    let (field, other) = *rng.pick(&[
+        ("room.recency", "unread"),
+        ("unread", "room.recency"),
+        ("room.recency", "room.recency"),
+        ("room.name", "owner"),
+        ("room", "owner"),
+        ("room.name", "room"),
+        ("unread", "unread"),
+    ]);
+    if rng.chance(10) {
+        return Filter::compare_fields("room.muted", *rng.pick(&[CompareOp::Eq, CompareOp::Ne]), "room.muted");
+    }
+    Filter::compare_fields(field, op, other)
+}
+
+/// Views filtering on field-to-field comparisons: keyed by owner or by room
+/// (the server's row predicate and a room's members), unkeyed, under `not` and
+/// `any`; sorted and shown through the reference so that the same target update
+/// moves an item and flips its filter.
+fn random_comparison_defs(rng: &mut Rng, n_defs: usize) -> Vec<ViewDef> {
+    (0..n_defs)
+        .map(|_| {
+            let comparison = random_field_comparison(rng);
+            let filter = match rng.below(5) {
+                0 | 1 => {
+                    Filter::All(vec![Filter::eq("owner", OwnedValue::Str(rng.pick(&OWNERS).to_string())), comparison])
+                }
+                2 => Filter::All(vec![Filter::eq("room", OwnedValue::Str(rng.pick(&ROOMS).to_string())), comparison]),
+                3 => Filter::Not(Box::new(comparison)),
+                _ => Filter::Any(vec![comparison, random_field_comparison(rng)]),
+            };
+            let sort = match rng.below(3) {
+                0 => vec![SortKey::desc("room.recency")],
+                1 => vec![SortKey::asc("unread"), SortKey::asc("room.name")],
+                _ => Vec::new(),
+            };
+            let shown = if rng.chance(50) { vec!["room.name".to_owned()] } else { Vec::new() };
+            ViewDef::new(filter, sort).showing(shown)
+        })
+        .collect()
+}
+
 /// The room fields a view reads or shows, by their dotted names.
 fn room_fields_read(def: &ViewDef) -> Vec<String> {
     fn walk(filter: &Filter, out: &mut Vec<String>) {
@@ -81,6 +129,7 @@ fn room_fields_read(def: &ViewDef) -> Vec<String> {
             | Filter::IsNull { field }
             | Filter::Contains { field, .. }
             | Filter::Prefix { field, .. } => out.push(field.clone()),
+            Filter::CompareFields { field, other, .. } => out.extend([field.clone(), other.clone()]),
             Filter::All(children) | Filter::Any(children) => children.iter().for_each(|child| walk(child, out)),
             Filter::Not(child) => walk(child, out),
         }
@@ -249,13 +298,20 @@ fn open(
     OpenWindow { id, def, offset, limit, local: Vec::new() }
 }
 
-fn run(seed: u64, n_steps: usize) {
+/// Returns how many times a room batch flipped an item into or out of the
+/// filter of a field-to-field view some window looked at (so that a run that
+/// stops exercising those flips is noticed).
+fn run(seed: u64, n_steps: usize) -> usize {
     let mut rng = Rng(seed);
     let mut engine = Engine::new();
     let rooms = engine.create_collection("rooms", rooms_schema()).unwrap();
     let members = engine.create_collection("members", members_schema(rooms)).unwrap();
     let mut model = Model { rooms: BTreeMap::new(), members: BTreeMap::new() };
-    let (defs, joined_schema) = (defs(), joined_schema());
+    let mut defs = defs();
+    let n_fixed_defs = defs.len();
+    defs.extend(random_comparison_defs(&mut rng, 6));
+    let mut n_flips_by_target = 0;
+    let joined_schema = joined_schema();
     let mut sink = CollectingSink::new();
     let mut batch = Batch::new();
     let mut windows: Vec<OpenWindow> = Vec::new();
@@ -286,6 +342,20 @@ fn run(seed: u64, n_steps: usize) {
             _ => windows.push(open(&mut engine, members, &defs, &mut rng, &mut sink)),
         }
         let joined = model.joined();
+        if !touched_rooms.is_empty() {
+            let member_ids = |joined: &ReferenceCollection, def: &ViewDef| -> Vec<String> {
+                joined.view(&joined_schema, def).into_iter().map(|item| item.id).collect::<Vec<_>>()
+            };
+            let mut looked_at: Vec<usize> = windows.iter().map(|window| window.def).collect();
+            looked_at.sort_unstable();
+            looked_at.dedup();
+            for def in looked_at.into_iter().filter(|&def| def >= n_fixed_defs) {
+                let (mut old, mut new) = (member_ids(&before, &defs[def]), member_ids(&joined, &defs[def]));
+                old.sort_unstable();
+                new.sort_unstable();
+                n_flips_by_target += usize::from(old != new);
+            }
+        }
         for window in &mut windows {
             let diffs = sink.take_for(window.id);
             let n_diffs = diffs.len();
@@ -352,6 +422,7 @@ fn run(seed: u64, n_steps: usize) {
             assert_eq!(got, expected, "seed {seed}, step {step}, view {}: {:?}", window.def, defs[window.def]);
         }
     }
+    n_flips_by_target
 }
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -364,9 +435,10 @@ fn reference_windows_match_the_naive_join() {
         run(seed.parse().unwrap(), env_usize("ORDO_MODEL_STEPS", 400));
         return;
     }
-    for seed in 0..env_usize("ORDO_MODEL_SEEDS", 24) as u64 {
-        run(seed, env_usize("ORDO_MODEL_STEPS", 400));
-    }
+    let n_seeds = env_usize("ORDO_MODEL_SEEDS", 24);
+    let n_flips_by_target: usize = (0..n_seeds as u64).map(|seed| run(seed, env_usize("ORDO_MODEL_STEPS", 400))).sum();
+    println!("room batches flipping a field-to-field filter: {n_flips_by_target}");
+    assert!(n_flips_by_target >= n_seeds, "target updates rarely flipped a field-to-field filter: {n_flips_by_target}");
 }
 
 /// The engine's own reads agree with the join too (a value read through a

@@ -112,6 +112,17 @@ fn compare_values(left: &OwnedValue, right: &OwnedValue) -> Option<Ordering> {
     }
 }
 
+fn satisfies(ordering: Ordering, op: CompareOp) -> bool {
+    match op {
+        CompareOp::Eq => ordering == Ordering::Equal,
+        CompareOp::Ne => ordering != Ordering::Equal,
+        CompareOp::Lt => ordering == Ordering::Less,
+        CompareOp::Le => ordering != Ordering::Greater,
+        CompareOp::Gt => ordering == Ordering::Greater,
+        CompareOp::Ge => ordering != Ordering::Less,
+    }
+}
+
 pub fn matches(filter: &Filter, schema: &Schema, item: &OwnedItem) -> bool {
     match filter {
         Filter::True => true,
@@ -120,17 +131,12 @@ pub fn matches(filter: &Filter, schema: &Schema, item: &OwnedItem) -> bool {
             if matches!(field_value, OwnedValue::Null) {
                 return false;
             }
-            let Some(ordering) = compare_values(field_value, value) else {
-                return false;
-            };
-            match op {
-                CompareOp::Eq => ordering == Ordering::Equal,
-                CompareOp::Ne => ordering != Ordering::Equal,
-                CompareOp::Lt => ordering == Ordering::Less,
-                CompareOp::Le => ordering != Ordering::Greater,
-                CompareOp::Gt => ordering == Ordering::Greater,
-                CompareOp::Ge => ordering != Ordering::Less,
-            }
+            compare_values(field_value, value).is_some_and(|ordering| satisfies(ordering, *op))
+        }
+        Filter::CompareFields { field, op, other } => {
+            let (left, right) = (&item.fields[field_index(schema, field)], &item.fields[field_index(schema, other)]);
+            // `compare_values` is None for a null on either side and for types that do not compare.
+            compare_values(left, right).is_some_and(|ordering| satisfies(ordering, *op))
         }
         Filter::In { field, values } => {
             let field_value = &item.fields[field_index(schema, field)];

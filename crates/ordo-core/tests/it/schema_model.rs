@@ -51,9 +51,18 @@ fn random_value(rng: &mut Rng, field_type: FieldType) -> OwnedValue {
 fn random_leaf(rng: &mut Rng, schema: &Schema) -> Filter {
     let field = rng.pick(schema.fields()).clone();
     let op = *rng.pick(&[CompareOp::Eq, CompareOp::Ne, CompareOp::Lt, CompareOp::Ge]);
-    match rng.below(4) {
+    match rng.below(5) {
         0 => Filter::is_null(&field.name),
         1 if field.field_type == FieldType::String => Filter::prefix(&field.name, rng.pick::<&str>(&["a", "s", ""])),
+        // Against another field of the same type (often itself): the window ends
+        // when either is removed, and both ids shift when a field before them goes.
+        2 => {
+            let same_type: Vec<_> =
+                schema.fields().iter().filter(|other| other.field_type == field.field_type).cloned().collect();
+            let other = rng.pick(&same_type).clone();
+            let op = if field.field_type == FieldType::Bool { *rng.pick(&[CompareOp::Eq, CompareOp::Ne]) } else { op };
+            Filter::compare_fields(&field.name, op, &other.name)
+        }
         _ => match random_value(rng, field.field_type) {
             OwnedValue::Null => Filter::is_null(&field.name),
             value if field.field_type == FieldType::Bool => Filter::eq(&field.name, value),
@@ -121,6 +130,7 @@ fn filter_names(filter: &Filter, name: &str) -> bool {
         | Filter::IsNull { field }
         | Filter::Contains { field, .. }
         | Filter::Prefix { field, .. } => field == name,
+        Filter::CompareFields { field, other, .. } => field == name || other == name,
         Filter::All(filters) | Filter::Any(filters) => filters.iter().any(|filter| filter_names(filter, name)),
         Filter::Not(filter) => filter_names(filter, name),
     }

@@ -196,6 +196,30 @@ mod tests {
         assert_eq!((ops.len(), &*ops[0].op, &*ops[0].id), (1, "upsert", "a"));
     }
 
+    /// A rules document is carried as the admin sent it and decoded by every node
+    /// with the same parser: a rule filter comparing two fields (refused by
+    /// `PUT /v1/rules` before it is published) is refused alike by each node that
+    /// applies such an entry, and a field-comparing filter's JSON is kept as sent.
+    #[test]
+    fn a_rules_entry_decodes_to_the_same_refusal_on_every_node() {
+        let doc = r#"{"rules":[{"collection":"members","roles":["reader"],"read":{"filter":{"all":[{"field":"owner","op":"eq","value":"$sub"},{"field":"room.last_seq","op":"gt","value":{"field":"read_upto"}}]}}}]}"#;
+        let rules = RawValue::from_string(doc.to_owned()).unwrap();
+        let identity = Identity::anonymous_admin();
+        let mut entry = Entry::new(Kind::SetRules, None, Caller::of(&identity));
+        entry.rules = Some(&rules);
+        let bytes = entry.encode();
+        let decoded = Decoded::decode(&bytes).unwrap();
+        let carried = decoded.rules.unwrap().get();
+        assert_eq!(carried, doc);
+        let compile = |text: &str| {
+            let doc: crate::rules::RulesDoc = serde_json::from_str(text).unwrap();
+            crate::rules::RuleSet::compile(doc).unwrap_err()
+        };
+        let (sent, applied) = (compile(doc), compile(carried));
+        assert_eq!((sent.code, &sent.message), (applied.code, &applied.message));
+        assert_eq!(applied.code, crate::error::ErrorCode::InvalidRules);
+    }
+
     #[test]
     fn an_unknown_role_applies_as_a_reader() {
         let entry = Entry::decode(br#"{"kind":"drop_collection","collection":"x","caller":{"sub":"s","role":"root"}}"#)

@@ -220,7 +220,7 @@ pub fn window_spec(
 
 pub fn view_def(schema: &Schema, filter: &Json, sort: &[SortRequest]) -> Result<ViewDef, ApiError> {
     let mut n_nodes = 0;
-    let filter = filter_from_json(schema, filter, 1, &mut n_nodes)?;
+    let filter = filter_from_json(schema, filter, Operands::LiteralsOrFields, 1, &mut n_nodes)?;
     if sort.len() > ordo_core::limits::MAX_SORT_KEYS {
         return Err(ApiError::limit(format!(
             "the sort has {} keys; at most {} are allowed",
@@ -248,7 +248,7 @@ pub fn view_def(schema: &Schema, filter: &Json, sort: &[SortRequest]) -> Result<
 /// under the same limits and checks as a client's.
 pub fn filter_from_rule(schema: &Schema, filter: &Json) -> Result<Filter, ApiError> {
     let mut n_nodes = 0;
-    let filter = filter_from_json(schema, filter, 1, &mut n_nodes)?;
+    let filter = filter_from_json(schema, filter, Operands::LiteralsOnly, 1, &mut n_nodes)?;
     ordo_core::CompiledFilter::compile(&filter, schema)?;
     Ok(filter)
 }
@@ -309,7 +309,37 @@ fn sort_key(request: &SortRequest) -> Result<SortKey, ApiError> {
     Ok(key)
 }
 
-fn filter_from_json(schema: &Schema, json: &Json, depth: usize, n_nodes: &mut usize) -> Result<Filter, ApiError> {
+/// What a comparison's `value` may be.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Operands {
+    /// A literal, or `{"field": NAME}`: another field of the same item.
+    LiteralsOrFields,
+    /// A literal only: an access rule's filter. `PUT /v1/rules` refuses a rule
+    /// comparing two fields; this refuses one that got past it anyway, so a
+    /// rule's predicate is always a test of fields against bound values.
+    LiteralsOnly,
+}
+
+/// `{"field": NAME}` as a comparison's `value`: the name it holds, or `None` for any
+/// other value (a literal). An object of any other shape is refused.
+fn field_operand(value: &Json) -> Result<Option<&str>, ApiError> {
+    let Json::Object(object) = value else { return Ok(None) };
+    match (object.get("field"), object.len()) {
+        (Some(Json::String(name)), 1) => Ok(Some(name)),
+        _ => Err(ApiError::new(
+            ErrorCode::InvalidView,
+            "a comparison's `value` is a literal or `{\"field\": NAME}` (another field of the same item)".to_owned(),
+        )),
+    }
+}
+
+fn filter_from_json(
+    schema: &Schema,
+    json: &Json,
+    operands: Operands,
+    depth: usize,
+    n_nodes: &mut usize,
+) -> Result<Filter, ApiError> {
     let invalid = |message: String| ApiError::new(ErrorCode::InvalidView, message);
     if depth > ordo_core::limits::MAX_FILTER_DEPTH {
         return Err(ApiError::limit(format!(
@@ -336,7 +366,7 @@ fn filter_from_json(schema: &Schema, json: &Json, depth: usize, n_nodes: &mut us
         let Json::Array(list) = list else {
             return Err(invalid("`all` and `any` take a list of filters".to_owned()));
         };
-        list.iter().map(|child| filter_from_json(schema, child, depth + 1, n_nodes)).collect()
+        list.iter().map(|child| filter_from_json(schema, child, operands, depth + 1, n_nodes)).collect()
     };
     if let Some(list) = object.get("all") {
         only(&["all"])?;
@@ -348,7 +378,7 @@ fn filter_from_json(schema: &Schema, json: &Json, depth: usize, n_nodes: &mut us
     }
     if let Some(inner) = object.get("not") {
         only(&["not"])?;
-        return Ok(Filter::Not(Box::new(filter_from_json(schema, inner, depth + 1, n_nodes)?)));
+        return Ok(Filter::Not(Box::new(filter_from_json(schema, inner, operands, depth + 1, n_nodes)?)));
     }
     let field = match object.get("field") {
         Some(Json::String(field)) => field.clone(),
@@ -394,6 +424,16 @@ fn filter_from_json(schema: &Schema, json: &Json, depth: usize, n_nodes: &mut us
             _ => return Err(invalid(format!("`op` is one of eq, ne, lt, le, gt, ge; got {op}"))),
         };
         let value = object.get("value").ok_or_else(|| invalid("a comparison needs a `value`".to_owned()))?;
+        if let Some(other) = field_operand(value)? {
+            if operands == Operands::LiteralsOnly {
+                return Err(ApiError::new(
+                    ErrorCode::InvalidRules,
+                    format!("a rule's filter compares fields with values, not two fields (`{field}` with `{other}`)"),
+                ));
+            }
+            // Types are checked when the filter compiles (`ViewError::IncomparableFields`).
+            return Ok(Filter::CompareFields { field, op, other: other.to_owned() });
+        }
         if let Json::String(text) = value {
             if text.len() > ordo_core::limits::MAX_STRING_FIELD_BYTES {
                 return Err(ApiError::limit("a comparison's string is longer than a field can be"));

@@ -10,7 +10,7 @@
 //!
 //! This file runs the cases and compares (or writes) the files; `case` is a
 //! vector's shape, `recorder` the client that records one, `rooms` the
-//! collection the cases write to, `recorded` and `synthetic` the cases.
+//! collection the cases write to, `recorded`, `unread` and `synthetic` the cases.
 
 mod case;
 #[path = "../common/mod.rs"]
@@ -19,6 +19,7 @@ mod recorded;
 mod recorder;
 mod rooms;
 mod synthetic;
+mod unread;
 
 use std::path::PathBuf;
 
@@ -30,6 +31,7 @@ use recorded::{
 use rooms::schema;
 use serde_json::Value;
 use synthetic::synthetic_cases;
+use unread::unread_views;
 
 fn vectors_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../protocol/vectors")
@@ -53,6 +55,7 @@ async fn the_protocol_corpus_matches_what_the_server_sends() {
         // Last: it changes the collection's fields and drops it.
         ended(&server).await,
         reference_views(&server).await,
+        unread_views(&server).await,
     ];
     cases.extend(synthetic_cases());
 

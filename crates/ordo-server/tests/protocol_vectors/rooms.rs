@@ -15,6 +15,7 @@ pub(crate) fn schema() -> Value {
     ]})
 }
 
+/// The one-shot query of a subscription's view, on its collection.
 pub(crate) fn query(server: &Server, view: &Value) -> Vec<Value> {
     let mut body = json!({"filter": view["filter"], "sort": view["sort"], "limit": view["limit"]});
     if view.get("tail").is_some_and(|tail| tail == true) {
@@ -28,7 +29,8 @@ pub(crate) fn query(server: &Server, view: &Value) -> Vec<Value> {
     if let Some(payload) = view.get("payload") {
         body["payload"] = payload.clone();
     }
-    let answer = server.ok("POST", "/v1/collections/rooms/query", body);
+    let collection = view["collection"].as_str().unwrap_or("rooms");
+    let answer = server.ok("POST", &format!("/v1/collections/{collection}/query"), body);
     common::without_versions(&answer["items"])
 }
 
