@@ -42,7 +42,8 @@ pub struct RuleDoc {
     pub create: bool,
 }
 
-/// `false` (the default), `true`, or `{"filter": ...}` with `$claim` values.
+/// `false` (the default), `true`, `{"filter": ...}` with `$claim` values, or
+/// (reads only) `{"related": {"field": F, "to": "COLLECTION.FIELD"}}`.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(untagged)]
 pub enum AccessDoc {
@@ -50,6 +51,14 @@ pub enum AccessDoc {
     #[serde(skip)]
     None,
     Flag(bool),
+    /// Checked by `Relation::compile`, so that a malformed form is
+    /// `invalid_rules`; before `Where`, and keeping any other key, so that
+    /// `related` beside a `filter` is refused rather than one of them ignored.
+    Related {
+        related: Json,
+        #[serde(flatten, skip_serializing_if = "serde_json::Map::is_empty")]
+        other: serde_json::Map<String, Json>,
+    },
     Where {
         filter: Json,
     },
@@ -67,6 +76,20 @@ enum Access {
     All,
     /// The filter as written, claims unbound.
     Where(Json),
+    /// Items related to an item the caller may read in another collection.
+    Related(Relation),
+}
+
+/// A read by relationship (`"read":{"related":{"field":"room","to":"members.room"}}`):
+/// an item is readable when the caller may read (under its own read rule there)
+/// an item of `to_collection` whose `to_field` equals the item's `field`. A view
+/// must pin `field` to one value; the writer thread checks and then watches the
+/// relationship (`related`, `writer/relations`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Relation {
+    pub field: String,
+    pub to_collection: String,
+    pub to_field: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,6 +123,8 @@ pub enum Grant {
     All,
     /// The items some of these filters (claims bound) match.
     Where(Vec<Json>),
+    /// Only views pinning the relation's field to a value the caller relates to.
+    Related(Relation),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,6 +160,7 @@ impl RuleSet {
             }
             let read = access(&rule.read).map_err(|message| invalid(index, format!("`read`: {message}")))?;
             let write = access(&rule.write).map_err(|message| invalid(index, format!("`write`: {message}")))?;
+            check_relation_use(&rule.collection, &read, &write).map_err(|message| invalid(index, message))?;
             if let Access::Where(filter) = &write {
                 check_write_filter(filter).map_err(|message| invalid(index, format!("`write`: {message}")))?;
             }
@@ -154,6 +180,7 @@ impl RuleSet {
             return Some(Grant::All);
         }
         let mut filters = Vec::new();
+        let mut related = None;
         for rule in &self.rules {
             if !rule.roles.contains(&identity.role) || !pattern_matches(&rule.pattern, name, identity) {
                 continue;
@@ -171,9 +198,12 @@ impl RuleSet {
                         filters.push(bound);
                     }
                 }
+                Access::Related(relation) => {
+                    related.get_or_insert_with(|| relation.clone());
+                }
             }
         }
-        (!filters.is_empty()).then_some(Grant::Where(filters))
+        combine_grants(filters, related)
     }
 
     pub fn may_create(&self, identity: &Identity, name: &str) -> bool {
@@ -220,7 +250,67 @@ fn access(doc: &AccessDoc) -> Result<Access, String> {
             }
             Access::Where(filter.clone())
         }
+        AccessDoc::Related { related, other } => {
+            if let Some(key) = other.keys().next() {
+                return Err(format!("`related` stands alone; `{key}` beside it is refused"));
+            }
+            Access::Related(Relation::compile(related)?)
+        }
     })
+}
+
+/// What the matching rules of one collection grant together. A filter rule
+/// wins over a relationship (its rows are readable without a pin), and the
+/// first relationship stands for the others: one view pins one field, so
+/// several relationships of one collection would need several pins.
+fn combine_grants(filters: Vec<Json>, related: Option<Relation>) -> Option<Grant> {
+    if !filters.is_empty() {
+        return Some(Grant::Where(filters));
+    }
+    related.map(Grant::Related)
+}
+
+/// A relationship grants reads only, and never to the collection it relates
+/// to: the related collection is read under its own read rule, which must not
+/// lead back (a chain of relationships is not followed).
+fn check_relation_use(collection: &str, read: &Access, write: &Access) -> Result<(), String> {
+    if matches!(write, Access::Related(_)) {
+        return Err("`write`: `related` grants reads only".to_owned());
+    }
+    match read {
+        Access::Related(relation) if relation.to_collection == collection => {
+            Err(format!("`read`: `related` relates `{collection}` to itself"))
+        }
+        _ => Ok(()),
+    }
+}
+
+impl Relation {
+    /// `{"field": F, "to": "COLLECTION.FIELD"}`, every key required, no other.
+    fn compile(doc: &Json) -> Result<Relation, String> {
+        let form = "`related` is {\"field\": F, \"to\": \"COLLECTION.FIELD\"}";
+        let object = doc.as_object().ok_or_else(|| form.to_owned())?;
+        if let Some(key) = object.keys().find(|key| !matches!(key.as_str(), "field" | "to")) {
+            return Err(format!("`related` has an unknown key `{key}` ({form})"));
+        }
+        let text = |key: &str| match object.get(key) {
+            Some(Json::String(text)) if !text.is_empty() => Ok(text.clone()),
+            _ => Err(format!("`related.{key}` is missing or not a non-empty string ({form})")),
+        };
+        let field = text("field")?;
+        let to = text("to")?;
+        let Some((to_collection, to_field)) = to.rsplit_once('.').filter(|(c, f)| !c.is_empty() && !f.is_empty())
+        else {
+            return Err(format!("`related.to` is `{to}`; it names a collection and its field: `COLLECTION.FIELD`"));
+        };
+        if field.contains('.') {
+            return Err(format!("`related.field` is `{field}`; it names a field of this collection, not one read through a reference"));
+        }
+        if to_collection.contains(['{', '}', '*']) || crate::routing::is_reserved_name(to_collection) {
+            return Err(format!("`related.to` names `{to_collection}`, which is not a collection name (no pattern, nothing reserved)"));
+        }
+        Ok(Relation { field, to_collection: to_collection.to_owned(), to_field: to_field.to_owned() })
+    }
 }
 
 /// A write filter must be `{"field":f,"op":"eq","value":v}` or `{"all":[...]}` of
@@ -340,7 +430,13 @@ impl Grant {
     /// The grant's predicate as an engine filter over `schema`: `None` for every
     /// item. A rule that does not fit the schema refuses (fails closed).
     pub fn predicate(&self, schema: &Schema) -> Result<Option<Filter>, ApiError> {
-        let Grant::Where(filters) = self else { return Ok(None) };
+        let filters = match self {
+            Grant::All => return Ok(None),
+            Grant::Where(filters) => filters,
+            // No row predicate stands for a relationship: a path that reads one must
+            // go through `related::view_access`; any other is refused (fails closed).
+            Grant::Related(relation) => return Err(relation.unpinned_refusal()),
+        };
         let mut compiled = Vec::with_capacity(filters.len());
         for filter in filters {
             let filter = crate::wire::filter_from_rule(schema, filter).map_err(|error| {
@@ -415,6 +511,54 @@ mod tests {
         assert_eq!(filters[0]["all"][2]["value"], "$literal");
         let without = identity("u1", Role::Reader, Json::Null);
         assert_eq!(set.grant(&without, "rooms", Action::Read), None);
+    }
+
+    #[test]
+    fn a_relationship_grants_reads_only_where_no_filter_rule_grants_rows() {
+        let set = rules(serde_json::json!({"rules":[
+            {"collection":"messages","roles":["reader"],"read":{"related":{"field":"room","to":"members.room"}}},
+            {"collection":"messages","roles":["writer"],"read":true},
+            {"collection":"notes","roles":["reader"],"read":{"related":{"field":"doc","to":"docs/v1.id"}}},
+            {"collection":"notes","roles":["reader"],"read":{"filter":{"field":"owner","op":"eq","value":"$sub"}}}]}));
+        let reader = identity("u1", Role::Reader, Json::Null);
+        let relation = Relation { field: "room".into(), to_collection: "members".into(), to_field: "room".into() };
+        assert_eq!(set.grant(&reader, "messages", Action::Read), Some(Grant::Related(relation)));
+        assert_eq!(set.grant(&reader, "messages", Action::Write), None);
+        let writer = identity("svc", Role::Writer, Json::Null);
+        assert_eq!(set.grant(&writer, "messages", Action::Read), Some(Grant::All));
+        assert!(matches!(set.grant(&reader, "notes", Action::Read), Some(Grant::Where(_))));
+        let doc = serde_json::to_value(set.doc()).unwrap();
+        assert_eq!(doc["rules"][0]["read"], serde_json::json!({"related":{"field":"room","to":"members.room"}}));
+    }
+
+    #[test]
+    fn malformed_relationships_are_refused() {
+        for read in [
+            serde_json::json!({"related": "members.room"}),
+            serde_json::json!({"related": {"field": "room"}}),
+            serde_json::json!({"related": {"to": "members.room"}}),
+            serde_json::json!({"related": {"field": "room", "to": "members"}}),
+            serde_json::json!({"related": {"field": "room", "to": ".room"}}),
+            serde_json::json!({"related": {"field": "room", "to": "members."}}),
+            serde_json::json!({"related": {"field": "", "to": "members.room"}}),
+            serde_json::json!({"related": {"field": "room.id", "to": "members.room"}}),
+            serde_json::json!({"related": {"field": "room", "to": "members.room", "via": 1}}),
+            serde_json::json!({"related": {"field": "room", "to": "m/{sub}.room"}}),
+            serde_json::json!({"related": {"field": "room", "to": "m/*.room"}}),
+            serde_json::json!({"related": {"field": "room", "to": "_ordo/rules.room"}}),
+            serde_json::json!({"related": {"field": "room", "to": "messages.room"}}),
+            serde_json::json!({"related": {"field": "room", "to": "members.room"}, "filter": {"field": "a", "op": "eq", "value": 1}}),
+        ] {
+            let doc = serde_json::json!({"rules":[{"collection":"messages","roles":["reader"],"read": read}]});
+            let doc: RulesDoc = serde_json::from_value(doc).unwrap();
+            let error = RuleSet::compile(doc).unwrap_err();
+            assert_eq!(error.code, ErrorCode::InvalidRules, "{read}: {error}");
+            assert!(error.message.starts_with("rule 0: `read`"), "{read}: {error}");
+        }
+        let write = serde_json::json!({"rules":[{"collection":"messages","roles":["writer"],
+            "write":{"related":{"field":"room","to":"members.room"}}}]});
+        let error = RuleSet::compile(serde_json::from_value(write).unwrap()).unwrap_err();
+        assert_eq!(error.code, ErrorCode::InvalidRules, "{error}");
     }
 
     #[test]
