@@ -1,0 +1,388 @@
+//! Reads by relationship (docs/SECURITY.md, "Reading by relationship"): the
+//! flagship's `messages`, readable by a reader only in views pinned to a room
+//! it holds a membership of (`"read":{"related":{"field":"room","to":"members.room"}}`).
+//! A room one is in reads (tail window, live frames, one-shot query); one is
+//! not in, or that does not exist, is `forbidden` in the same words; views
+//! without a pin, with `ne`, `any` or null, item reads by id, anchors outside
+//! the pinned room and a `set_view` to another room are refused; leaving the
+//! room (the membership removed or moved out of the reader's rule by a writer)
+//! ends the subscription with `ended` / `access_ended` and nothing after it,
+//! live or across a resume.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{mint, write_secret, Client, Server};
+use serde_json::{json, Value};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+struct Chat {
+    _dir: tempfile::TempDir,
+    server: Server,
+    alice: String,
+}
+
+/// The flagship's collections and rules; rooms r1..r3; alice is in r1 and r2,
+/// bob in r2 and r3; each room holds messages 1..=5.
+fn chat() -> Chat {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = write_secret(dir.path());
+    let mut server = Server::start(&dir.path().join("data"), &["--auth-secret-file", secret.to_str().unwrap()]);
+    server.token = Some(mint(&secret, "ops", "admin", &[]));
+    server.ok("PUT", "/v1/collections/rooms", json!({"fields": [{"name": "name", "type": "string"}]}));
+    server.ok(
+        "PUT",
+        "/v1/collections/members",
+        json!({"fields": [{"name": "owner", "type": "string"}, {"name": "room", "type": "ref", "target": "rooms"},
+                          {"name": "read_upto", "type": "u64"}]}),
+    );
+    server.ok(
+        "PUT",
+        "/v1/collections/messages",
+        json!({"fields": [{"name": "room", "type": "string"}, {"name": "seq", "type": "u64"},
+                          {"name": "author", "type": "string"}, {"name": "text", "type": "string"}]}),
+    );
+    server.ok(
+        "PUT",
+        "/v1/rules",
+        json!({"rules": [
+            {"collection": "members", "roles": ["reader"],
+             "read": {"filter": {"field": "owner", "op": "eq", "value": "$sub"}}},
+            {"collection": "messages", "roles": ["reader"], "read": {"related": {"field": "room", "to": "members.room"}}},
+            {"collection": "*", "roles": ["writer"], "read": true, "write": true},
+        ]}),
+    );
+    let rooms: Vec<Value> =
+        ["r1", "r2", "r3"].iter().map(|id| json!({"op": "upsert", "id": id, "fields": {"name": id}})).collect();
+    write(&server, "rooms", json!(rooms));
+    write(&server, "members", json!([join("alice", "r1"), join("alice", "r2"), join("bob", "r2"), join("bob", "r3")]));
+    for room in ["r1", "r2", "r3"] {
+        let messages: Vec<Value> = (1..=5).map(|seq| message(room, seq)).collect();
+        write(&server, "messages", json!(messages));
+    }
+    let alice = mint(&secret, "alice", "reader", &[]);
+    Chat { _dir: dir, server, alice }
+}
+
+fn join(owner: &str, room: &str) -> Value {
+    json!({"op": "upsert", "id": format!("{owner}/{room}"), "fields": {"owner": owner, "room": room, "read_upto": 0}})
+}
+
+fn message(room: &str, seq: u64) -> Value {
+    json!({"op": "upsert", "id": format!("{room}-{seq}"),
+           "fields": {"room": room, "seq": seq, "author": "bob", "text": format!("{room} says {seq}")}})
+}
+
+fn write(server: &Server, collection: &str, ops: Value) -> u64 {
+    server.ok("POST", &format!("/v1/collections/{collection}/batch"), json!({ "ops": ops }))["seq"].as_u64().unwrap()
+}
+
+fn pin(room: &str) -> Value {
+    json!({"field": "room", "op": "eq", "value": room})
+}
+
+/// The open room's last messages: a tail window sorted by `seq`.
+fn room_view(sub: &str, filter: Value) -> Value {
+    json!({"op": "subscribe", "sub": sub, "collection": "messages", "filter": filter,
+           "sort": [{"field": "seq"}], "tail": true, "limit": 3})
+}
+
+fn texts(client: &Client, sub: &str) -> Vec<String> {
+    let list = client.lists.get(sub).map(|list| list.items.as_slice()).unwrap_or_default();
+    list.iter().map(|item| item["fields"]["text"].as_str().unwrap().to_owned()).collect()
+}
+
+async fn wait_for_texts(client: &mut Client, sub: &str, expected: &[&str]) {
+    let held = client.read_until(WAIT, |client| texts(client, sub) == expected).await;
+    assert!(held, "{sub}: {:?}, expected {expected:?}; frames {:?}", texts(client, sub), client.frames);
+}
+
+/// A subscribe that must be refused: the error frame's `code` and `message`.
+async fn refused_subscribe(client: &mut Client, subscribe: Value) -> (String, String) {
+    let n_diffs_before = client.diffs_seen.len();
+    client.send(subscribe.clone()).await;
+    let error = client.expect_error().await;
+    assert_eq!(error["sub"], subscribe["sub"], "{error}");
+    let sub = &subscribe["sub"];
+    assert!(client.diffs_seen[n_diffs_before..].iter().all(|frame| &frame["sub"] != sub), "{subscribe}: no frame");
+    (error["code"].as_str().unwrap().to_owned(), error["message"].as_str().unwrap().to_owned())
+}
+
+/// The frames after the connection's `welcome` and `authed`.
+fn frames_after_auth(client: &Client) -> Vec<&Value> {
+    client.frames.iter().filter(|frame| frame["type"] != "welcome" && frame["type"] != "authed").collect()
+}
+
+fn query_as(server: &Server, token: &str, filter: Value) -> (u16, Value) {
+    let body = json!({"filter": filter, "sort": [{"field": "seq"}], "tail": true, "limit": 3});
+    server.http_as(Some(token), "POST", "/v1/collections/messages/query", Some(&body))
+}
+
+#[tokio::test]
+async fn messages_of_a_room_one_is_in_are_read_live() {
+    let Chat { server, alice, .. } = &chat();
+    let mut client = server.connect_as(Some(alice)).await;
+    client.send(room_view("r1", pin("r1"))).await;
+    wait_for_texts(&mut client, "r1", &["r1 says 3", "r1 says 4", "r1 says 5"]).await;
+    // The pin may also sit in a top-level `all`, beside the client's own filter.
+    let within_all = json!({"all": [{"field": "seq", "op": "gt", "value": 1}, pin("r2")]});
+    client.send(room_view("r2", within_all.clone())).await;
+    wait_for_texts(&mut client, "r2", &["r2 says 3", "r2 says 4", "r2 says 5"]).await;
+
+    write(server, "messages", json!([message("r1", 6), message("r3", 6)]));
+    wait_for_texts(&mut client, "r1", &["r1 says 4", "r1 says 5", "r1 says 6"]).await;
+    write(server, "messages", json!([message("r2", 6)]));
+    wait_for_texts(&mut client, "r2", &["r2 says 4", "r2 says 5", "r2 says 6"]).await;
+    assert!(client.frames.iter().all(|frame| frame["type"] != "error"), "{:?}", client.frames);
+
+    let (status, answer) = query_as(server, alice, within_all);
+    assert_eq!(status, 200, "{answer}");
+    let items = answer["items"].as_array().unwrap();
+    let seqs: Vec<u64> = items.iter().map(|item| item["fields"]["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, [4, 5, 6], "{answer}");
+    assert!(items.iter().all(|item| item["fields"]["room"] == "r2"), "{answer}");
+}
+
+#[tokio::test]
+async fn a_room_one_is_not_in_is_refused_in_the_same_words_whether_it_exists_or_not() {
+    let Chat { server, alice, .. } = &chat();
+    let mut client = server.connect_as(Some(alice)).await;
+    let (code, not_in) = refused_subscribe(&mut client, room_view("s", pin("r3"))).await;
+    assert_eq!(code, "forbidden", "{not_in}");
+    let (code, missing) = refused_subscribe(&mut client, room_view("s", pin("r9"))).await;
+    assert_eq!(code, "forbidden", "{missing}");
+    assert_eq!(not_in.replace("\"r3\"", "\"r9\""), missing, "only the value differs");
+
+    let (status, not_in) = query_as(server, alice, pin("r3"));
+    let (status_missing, missing) = query_as(server, alice, pin("r9"));
+    assert_eq!((status, status_missing), (403, 403), "{not_in} {missing}");
+    assert_eq!(not_in["error"]["code"], "forbidden");
+    assert_eq!(not_in["error"]["message"].as_str().unwrap().replace("\"r3\"", "\"r9\""), missing["error"]["message"]);
+
+    // A membership of someone else's relates nothing: bob's `bob/r3` is outside alice's rule.
+    let (code, _) = refused_subscribe(&mut client, room_view("s", json!({"all": [pin("r3"), pin("r1")]}))).await;
+    assert_eq!(code, "forbidden", "the first pin is the one checked, and every pin is in the view");
+}
+
+#[tokio::test]
+async fn views_that_do_not_pin_the_room_are_refused() {
+    let Chat { server, alice, .. } = &chat();
+    let mut client = server.connect_as(Some(alice)).await;
+    let unpinned = [
+        Value::Null,
+        json!({"field": "room", "op": "ne", "value": "r3"}),
+        json!({"field": "room", "op": "eq", "value": null}),
+        json!({"field": "room", "in": ["r1"]}),
+        json!({"any": [pin("r1"), pin("r3")]}),
+        json!({"not": pin("r3")}),
+        json!({"all": [{"any": [pin("r1")]}]}),
+        json!({"field": "author", "op": "eq", "value": "bob"}),
+    ];
+    let mut words = None;
+    for filter in unpinned {
+        let (code, message) = refused_subscribe(&mut client, room_view("s", filter.clone())).await;
+        assert_eq!(code, "forbidden", "{filter}: {message}");
+        assert!(message.contains("must pin `room`"), "{filter}: {message}");
+        assert_eq!(words.get_or_insert_with(|| message.clone()), &message, "one refusal for every unpinned view");
+        let (status, answer) = query_as(server, alice, filter.clone());
+        assert_eq!((status, &answer["error"]["code"]), (403, &json!("forbidden")), "{filter}: {answer}");
+    }
+
+    // By id: refused whatever the item, one of alice's rooms included.
+    for id in ["r1-1", "r3-1", "r9-1"] {
+        let (status, answer) = server.http_as(Some(alice), "GET", &format!("/v1/collections/messages/items/{id}"), None);
+        assert_eq!((status, &answer["error"]["code"]), (403, &json!("forbidden")), "{id}: {answer}");
+    }
+}
+
+#[tokio::test]
+async fn anchors_and_view_changes_stay_within_the_pinned_room() {
+    let Chat { server, alice, .. } = &chat();
+    let mut client = server.connect_as(Some(alice)).await;
+    client.send(room_view("s", pin("r1"))).await;
+    wait_for_texts(&mut client, "s", &["r1 says 3", "r1 says 4", "r1 says 5"]).await;
+
+    // An item of another room, as an anchor, reads as a missing one.
+    let mut missing = None;
+    for id in ["r3-2", "r9-2"] {
+        client.send(json!({"op": "set_range", "sub": "s", "around": {"id": id}, "limit": 2})).await;
+        let error = client.expect_error().await;
+        assert_eq!(error["code"], "not_found", "{id}: {error}");
+        let message = error["message"].as_str().unwrap().replace(id, "ID");
+        assert_eq!(missing.get_or_insert_with(|| message.clone()), &message, "{id}");
+        let anchored = json!({"op": "subscribe", "sub": "a", "collection": "messages", "filter": pin("r1"),
+                              "sort": [{"field": "seq"}], "around": {"id": id}, "limit": 2});
+        let (code, message) = refused_subscribe(&mut client, anchored).await;
+        assert_eq!((code.as_str(), message.replace(id, "ID")), ("not_found", missing.clone().unwrap()), "{id}");
+    }
+
+    // `set_view` to a room alice is not in: refused, and the subscription goes on as it was.
+    for filter in [pin("r3"), pin("r9"), json!({"field": "room", "op": "ne", "value": "r1"})] {
+        client.send(json!({"op": "set_view", "sub": "s", "filter": filter, "sort": [{"field": "seq"}]})).await;
+        let error = client.expect_error().await;
+        assert_eq!(error["code"], "forbidden", "{filter}: {error}");
+    }
+    write(server, "messages", json!([message("r3", 7), message("r1", 6)]));
+    wait_for_texts(&mut client, "s", &["r1 says 4", "r1 says 5", "r1 says 6"]).await;
+    // To a room alice is in: allowed.
+    client.send(json!({"op": "set_view", "sub": "s", "filter": pin("r2"), "sort": [{"field": "seq"}]})).await;
+    wait_for_texts(&mut client, "s", &["r2 says 3", "r2 says 4", "r2 says 5"]).await;
+}
+
+#[tokio::test]
+async fn the_collection_is_listed_without_an_item_count() {
+    let Chat { server, alice, .. } = &chat();
+    let (status, list) = server.http_as(Some(alice), "GET", "/v1/collections", None);
+    assert_eq!(status, 200, "{list}");
+    let names: Vec<&str> = list["collections"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["members", "messages"], "{list}");
+    let (status, messages) = server.http_as(Some(alice), "GET", "/v1/collections/messages", None);
+    assert_eq!(status, 200, "{messages}");
+    assert!(messages.get("items").is_none(), "no count for a reader by relationship: {messages}");
+    let (_, as_admin) = server.http("GET", "/v1/collections/messages", None);
+    assert_eq!(as_admin["items"], 15, "{as_admin}");
+}
+
+/// Reads frames until `marker` (a frame of another subscription written after
+/// everything under test) arrives: the connection's frames are in order, so
+/// whatever the server sent before it has arrived by then.
+async fn read_past_marker(client: &mut Client, marker_sub: &str, marker_text: &str) {
+    let text = marker_text.to_owned();
+    let came = client.read_until(WAIT, |client| texts(client, marker_sub).contains(&text)).await;
+    assert!(came, "the marker {marker_text} came on {marker_sub}: {:?}", client.frames);
+}
+
+fn ended_frames<'a>(client: &'a Client, sub: &str) -> Vec<&'a Value> {
+    client.frames.iter().filter(|frame| frame["type"] == "ended" && frame["sub"] == sub).collect()
+}
+
+#[tokio::test]
+async fn leaving_the_room_ends_the_subscription_and_nothing_follows() {
+    let Chat { server, alice, .. } = &chat();
+    let mut client = server.connect_as(Some(alice)).await;
+    client.send(room_view("r1", pin("r1"))).await;
+    client.send(room_view("r2", pin("r2"))).await;
+    wait_for_texts(&mut client, "r1", &["r1 says 3", "r1 says 4", "r1 says 5"]).await;
+    wait_for_texts(&mut client, "r2", &["r2 says 3", "r2 says 4", "r2 says 5"]).await;
+
+    // The membership removed, then a message in the same request (one command on
+    // the writer, two batches), then more messages.
+    let body = json!({"writes": [
+        {"collection": "members", "ops": [{"op": "remove", "id": "alice/r1"}]},
+        {"collection": "messages", "ops": [message("r1", 6)]},
+    ]});
+    server.ok("POST", "/v1/batch", body);
+    write(server, "messages", json!([message("r1", 7)]));
+    write(server, "messages", json!([message("r2", 6)]));
+    read_past_marker(&mut client, "r2", "r2 says 6").await;
+    let ended = ended_frames(&client, "r1");
+    assert_eq!(ended.len(), 1, "{:?}", client.frames);
+    assert_eq!(ended[0]["reason"], "access_ended", "{}", ended[0]);
+    assert_eq!(texts(&client, "r1"), ["r1 says 3", "r1 says 4", "r1 says 5"], "no message written after leaving");
+    assert!(client.diffs_seen.iter().all(|frame| frame["sub"] != "r1" || frame["diffs"][0].get("Reset").is_some()));
+
+    // Its id is free; subscribing again is refused now that alice left.
+    let (code, _) = refused_subscribe(&mut client, room_view("r1", pin("r1"))).await;
+    assert_eq!(code, "forbidden");
+
+    // A membership moved out of alice's rule (someone else's now) ends the same way.
+    write(server, "members", json!([{"op": "upsert", "id": "alice/r2", "fields": {"owner": "carol"}}]));
+    write(server, "messages", json!([message("r2", 7)]));
+    client.send(room_view("r3", pin("r1"))).await;
+    let refused = client.expect_error().await;
+    assert_eq!(refused["code"], "forbidden", "{refused}");
+    let came = client.read_until(WAIT, |client| !ended_frames(client, "r2").is_empty()).await;
+    assert!(came, "{:?}", client.frames);
+    assert_eq!(ended_frames(&client, "r2")[0]["reason"], "access_ended");
+    assert_eq!(texts(&client, "r2"), ["r2 says 4", "r2 says 5", "r2 says 6"], "{:?}", client.diffs_seen);
+
+    // Joining again opens the room again.
+    write(server, "members", json!([join("alice", "r1")]));
+    client.send(room_view("again", pin("r1"))).await;
+    wait_for_texts(&mut client, "again", &["r1 says 5", "r1 says 6", "r1 says 7"]).await;
+}
+
+#[tokio::test]
+async fn a_subscription_outlives_one_of_two_memberships_of_its_room() {
+    let Chat { server, alice, .. } = &chat();
+    // A second membership of alice's in r1 (the rule lets her read both).
+    write(server, "members", json!([{"op": "upsert", "id": "alice/r1-again",
+                                      "fields": {"owner": "alice", "room": "r1", "read_upto": 0}}]));
+    let mut client = server.connect_as(Some(alice)).await;
+    client.send(room_view("r1", pin("r1"))).await;
+    client.send(room_view("r2", pin("r2"))).await;
+    wait_for_texts(&mut client, "r1", &["r1 says 3", "r1 says 4", "r1 says 5"]).await;
+    write(server, "members", json!([{"op": "remove", "id": "alice/r1"}]));
+    write(server, "messages", json!([message("r1", 6)]));
+    wait_for_texts(&mut client, "r1", &["r1 says 4", "r1 says 5", "r1 says 6"]).await;
+    write(server, "members", json!([{"op": "remove", "id": "alice/r1-again"}]));
+    write(server, "messages", json!([message("r1", 7), message("r2", 6)]));
+    read_past_marker(&mut client, "r2", "r2 says 6").await;
+    assert_eq!(ended_frames(&client, "r1").len(), 1, "{:?}", client.frames);
+    assert_eq!(texts(&client, "r1"), ["r1 says 4", "r1 says 5", "r1 says 6"]);
+}
+
+/// Waits until the server counts `n` open WebSockets: a connection dropped by
+/// the client has then been closed and its session parked.
+async fn wait_for_connections(server: &Server, n: f64) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while server.metric("ordo_connections") != n {
+        assert!(std::time::Instant::now() < deadline, "{} connections", server.metric("ordo_connections"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_resume_after_leaving_gets_ended_and_nothing_of_the_room() {
+    let Chat { server, alice, .. } = &chat();
+    let mut client = server.connect_as(Some(alice)).await;
+    client.send(room_view("r1", pin("r1"))).await;
+    wait_for_texts(&mut client, "r1", &["r1 says 3", "r1 says 4", "r1 says 5"]).await;
+    let session = client.session.clone();
+    let last_seq = client.lists["r1"].seq;
+    drop(client);
+    wait_for_connections(server, 0.0).await;
+
+    write(server, "members", json!([{"op": "remove", "id": "alice/r1"}]));
+    write(server, "messages", json!([message("r1", 6)]));
+    let mut entry = room_view("r1", pin("r1"));
+    entry.as_object_mut().unwrap().remove("op");
+    entry["last_seq"] = json!(last_seq);
+
+    let mut client = server.connect_as(Some(alice)).await;
+    client.lists.entry("r1".to_owned()).or_default().seq = last_seq;
+    client.send(json!({"op": "resume", "session": session, "subs": [entry.clone()]})).await;
+    let resumed = client.read_until(WAIT, |client| client.frames.iter().any(|f| f["type"] == "resumed")).await;
+    assert!(resumed, "{:?}", client.frames);
+    // The parked subscription's end comes first; the entry, now a new
+    // subscribe, is then refused by the writer thread's check of the relationship.
+    client.expect_error().await;
+    let frames = frames_after_auth(&client);
+    let types: Vec<&str> = frames.iter().map(|frame| frame["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["ended", "resumed", "error"], "{frames:?}");
+    assert_eq!(frames[0]["reason"], "access_ended", "{frames:?}");
+    assert_eq!((&frames[2]["sub"], &frames[2]["code"]), (&json!("r1"), &json!("forbidden")), "{frames:?}");
+    // A fresh resume (an unknown session) refuses the entry the same way.
+    let mut fresh = server.connect_as(Some(alice)).await;
+    fresh.send(json!({"op": "resume", "session": "0000000000000000", "subs": [entry]})).await;
+    let error = fresh.expect_error().await;
+    assert_eq!((&error["sub"], &error["code"]), (&json!("r1"), &json!("forbidden")), "{error}");
+    // Nothing of r1 on either connection, the message written after leaving included.
+    write(server, "members", json!([join("alice", "r3")]));
+    fresh.send(room_view("r3", pin("r3"))).await;
+    wait_for_texts(&mut fresh, "r3", &["r3 says 3", "r3 says 4", "r3 says 5"]).await;
+    client.read_until(Duration::from_millis(200), |_| false).await;
+    assert!(client.diffs_seen.is_empty() && fresh.diffs_seen.iter().all(|f| f["sub"] == "r3"));
+}
+
+#[tokio::test]
+async fn malformed_relationships_are_invalid_rules() {
+    let Chat { server, .. } = &chat();
+    for related in [json!("members.room"), json!({"field": "room", "to": "members"}), json!({"field": "room"})] {
+        let rules = json!({"rules": [{"collection": "messages", "roles": ["reader"], "read": {"related": related}}]});
+        let (status, answer) = server.http("PUT", "/v1/rules", Some(&rules));
+        assert_eq!((status, &answer["error"]["code"]), (400, &json!("invalid_rules")), "{related}: {answer}");
+    }
+}
