@@ -105,8 +105,8 @@ fn related_view(
         return Err(rule_does_not_fit(&relation.to_collection));
     }
     // A value that no item of the related field can hold relates to nothing.
-    let equal = crate::wire::filter_from_rule(&target.schema, &equality(&relation.to_field, value))
-        .map_err(|_| refused())?;
+    let equal =
+        crate::wire::filter_from_rule(&target.schema, &equality(&relation.to_field, value)).map_err(|_| refused())?;
     let filter = match rule.predicate(&target.schema)? {
         None => equal,
         Some(predicate) => Filter::All(vec![predicate, equal]),

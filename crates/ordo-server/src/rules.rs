@@ -304,10 +304,14 @@ impl Relation {
             return Err(format!("`related.to` is `{to}`; it names a collection and its field: `COLLECTION.FIELD`"));
         };
         if field.contains('.') {
-            return Err(format!("`related.field` is `{field}`; it names a field of this collection, not one read through a reference"));
+            return Err(format!(
+                "`related.field` is `{field}`; it names a field of this collection, not one read through a reference"
+            ));
         }
         if to_collection.contains(['{', '}', '*']) || crate::routing::is_reserved_name(to_collection) {
-            return Err(format!("`related.to` names `{to_collection}`, which is not a collection name (no pattern, nothing reserved)"));
+            return Err(format!(
+                "`related.to` names `{to_collection}`, which is not a collection name (no pattern, nothing reserved)"
+            ));
         }
         Ok(Relation { field, to_collection: to_collection.to_owned(), to_field: to_field.to_owned() })
     }

@@ -192,7 +192,8 @@ async fn views_that_do_not_pin_the_room_are_refused() {
 
     // By id: refused whatever the item, one of alice's rooms included.
     for id in ["r1-1", "r3-1", "r9-1"] {
-        let (status, answer) = server.http_as(Some(alice), "GET", &format!("/v1/collections/messages/items/{id}"), None);
+        let (status, answer) =
+            server.http_as(Some(alice), "GET", &format!("/v1/collections/messages/items/{id}"), None);
         assert_eq!((status, &answer["error"]["code"]), (403, &json!("forbidden")), "{id}: {answer}");
     }
 }
@@ -236,7 +237,8 @@ async fn the_collection_is_listed_without_an_item_count() {
     let Chat { server, alice, .. } = &chat();
     let (status, list) = server.http_as(Some(alice), "GET", "/v1/collections", None);
     assert_eq!(status, 200, "{list}");
-    let names: Vec<&str> = list["collections"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> =
+        list["collections"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["members", "messages"], "{list}");
     let (status, messages) = server.http_as(Some(alice), "GET", "/v1/collections/messages", None);
     assert_eq!(status, 200, "{messages}");
@@ -308,8 +310,12 @@ async fn leaving_the_room_ends_the_subscription_and_nothing_follows() {
 async fn a_subscription_outlives_one_of_two_memberships_of_its_room() {
     let Chat { server, alice, .. } = &chat();
     // A second membership of alice's in r1 (the rule lets her read both).
-    write(server, "members", json!([{"op": "upsert", "id": "alice/r1-again",
-                                      "fields": {"owner": "alice", "room": "r1", "read_upto": 0}}]));
+    write(
+        server,
+        "members",
+        json!([{"op": "upsert", "id": "alice/r1-again",
+                                      "fields": {"owner": "alice", "room": "r1", "read_upto": 0}}]),
+    );
     let mut client = server.connect_as(Some(alice)).await;
     client.send(room_view("r1", pin("r1"))).await;
     client.send(room_view("r2", pin("r2"))).await;

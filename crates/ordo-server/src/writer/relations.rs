@@ -164,8 +164,13 @@ impl Writer {
             return Ok(window);
         }
         self.fanout.target = FanoutTarget::Discard;
-        let opened =
-            self.database.open_window_at(relation.collection, &relation.def, WindowAnchor::Offset(0), 1, &mut self.fanout);
+        let opened = self.database.open_window_at(
+            relation.collection,
+            &relation.def,
+            WindowAnchor::Offset(0),
+            1,
+            &mut self.fanout,
+        );
         self.fanout.target = FanoutTarget::Subscribers;
         let (window, _) = opened?;
         if self.database.view_len(window)? == 0 {

@@ -79,7 +79,7 @@ impl Connection {
                     // The writer watches the relationship the subscription opened
                     // with: only the very same one keeps it (the rule there may differ).
                     && sub.spec.relation == spec.relation)
-                .then_some(handle)
+                    .then_some(handle)
             });
             match same {
                 Some(handle) => {
