@@ -30,21 +30,35 @@ fn chat() -> Chat {
     let dir = tempfile::tempdir().unwrap();
     let secret = write_secret(dir.path());
     let mut server = Server::start(&dir.path().join("data"), &["--auth-secret-file", secret.to_str().unwrap()]);
-    server.token = Some(mint(&secret, "ops", "admin", &[]));
-    server.ok("PUT", "/v1/collections/rooms", json!({"fields": [{"name": "name", "type": "string"}]}));
-    server.ok(
+    let admin = mint(&secret, "ops", "admin", &[]);
+    let last_seq = fill_chat(&server, &admin);
+    assert!(last_seq > 0);
+    server.token = Some(admin);
+    let alice = mint(&secret, "alice", "reader", &[]);
+    Chat { _dir: dir, server, alice }
+}
+
+/// The collections, rules and items of `chat`, written as `admin`; the last `seq`.
+fn fill_chat(server: &Server, admin: &str) -> u64 {
+    let call = |method: &str, path: &str, body: Value| {
+        let (status, answer) = server.http_as(Some(admin), method, path, Some(&body));
+        assert!((200..300).contains(&status), "{method} {path} {body}: {status} {answer}");
+        answer["seq"].as_u64().unwrap_or(0)
+    };
+    call("PUT", "/v1/collections/rooms", json!({"fields": [{"name": "name", "type": "string"}]}));
+    call(
         "PUT",
         "/v1/collections/members",
         json!({"fields": [{"name": "owner", "type": "string"}, {"name": "room", "type": "ref", "target": "rooms"},
                           {"name": "read_upto", "type": "u64"}]}),
     );
-    server.ok(
+    call(
         "PUT",
         "/v1/collections/messages",
         json!({"fields": [{"name": "room", "type": "string"}, {"name": "seq", "type": "u64"},
                           {"name": "author", "type": "string"}, {"name": "text", "type": "string"}]}),
     );
-    server.ok(
+    call(
         "PUT",
         "/v1/rules",
         json!({"rules": [
@@ -54,16 +68,19 @@ fn chat() -> Chat {
             {"collection": "*", "roles": ["writer"], "read": true, "write": true},
         ]}),
     );
+    let batch = |collection: &str, ops: Value| {
+        call("POST", &format!("/v1/collections/{collection}/batch"), json!({ "ops": ops }))
+    };
     let rooms: Vec<Value> =
         ["r1", "r2", "r3"].iter().map(|id| json!({"op": "upsert", "id": id, "fields": {"name": id}})).collect();
-    write(&server, "rooms", json!(rooms));
-    write(&server, "members", json!([join("alice", "r1"), join("alice", "r2"), join("bob", "r2"), join("bob", "r3")]));
+    batch("rooms", json!(rooms));
+    batch("members", json!([join("alice", "r1"), join("alice", "r2"), join("bob", "r2"), join("bob", "r3")]));
+    let mut last_seq = 0;
     for room in ["r1", "r2", "r3"] {
         let messages: Vec<Value> = (1..=5).map(|seq| message(room, seq)).collect();
-        write(&server, "messages", json!(messages));
+        last_seq = batch("messages", json!(messages));
     }
-    let alice = mint(&secret, "alice", "reader", &[]);
-    Chat { _dir: dir, server, alice }
+    last_seq
 }
 
 fn join(owner: &str, room: &str) -> Value {
@@ -269,19 +286,23 @@ async fn leaving_the_room_ends_the_subscription_and_nothing_follows() {
     wait_for_texts(&mut client, "r1", &["r1 says 3", "r1 says 4", "r1 says 5"]).await;
     wait_for_texts(&mut client, "r2", &["r2 says 3", "r2 says 4", "r2 says 5"]).await;
 
-    // The membership removed, then a message in the same request (one command on
-    // the writer, two batches), then more messages.
+    // The membership removed, then a message, then a marker in the same request
+    // (one command on the writer, three batches): `ended` comes before the marker.
     let body = json!({"writes": [
         {"collection": "members", "ops": [{"op": "remove", "id": "alice/r1"}]},
         {"collection": "messages", "ops": [message("r1", 6)]},
+        {"collection": "messages", "ops": [message("r2", 6)]},
     ]});
     server.ok("POST", "/v1/batch", body);
-    write(server, "messages", json!([message("r1", 7)]));
-    write(server, "messages", json!([message("r2", 6)]));
     read_past_marker(&mut client, "r2", "r2 says 6").await;
     let ended = ended_frames(&client, "r1");
     assert_eq!(ended.len(), 1, "{:?}", client.frames);
     assert_eq!(ended[0]["reason"], "access_ended", "{}", ended[0]);
+    // And nothing after it, as messages keep coming.
+    write(server, "messages", json!([message("r1", 7)]));
+    write(server, "messages", json!([message("r2", 7)]));
+    read_past_marker(&mut client, "r2", "r2 says 7").await;
+    assert_eq!(ended_frames(&client, "r1").len(), 1, "{:?}", client.frames);
     assert_eq!(texts(&client, "r1"), ["r1 says 3", "r1 says 4", "r1 says 5"], "no message written after leaving");
     assert!(client.diffs_seen.iter().all(|frame| frame["sub"] != "r1" || frame["diffs"][0].get("Reset").is_some()));
 
@@ -291,14 +312,14 @@ async fn leaving_the_room_ends_the_subscription_and_nothing_follows() {
 
     // A membership moved out of alice's rule (someone else's now) ends the same way.
     write(server, "members", json!([{"op": "upsert", "id": "alice/r2", "fields": {"owner": "carol"}}]));
-    write(server, "messages", json!([message("r2", 7)]));
+    write(server, "messages", json!([message("r2", 8)]));
     client.send(room_view("r3", pin("r1"))).await;
     let refused = client.expect_error().await;
     assert_eq!(refused["code"], "forbidden", "{refused}");
     let came = client.read_until(WAIT, |client| !ended_frames(client, "r2").is_empty()).await;
     assert!(came, "{:?}", client.frames);
     assert_eq!(ended_frames(&client, "r2")[0]["reason"], "access_ended");
-    assert_eq!(texts(&client, "r2"), ["r2 says 4", "r2 says 5", "r2 says 6"], "{:?}", client.diffs_seen);
+    assert_eq!(texts(&client, "r2"), ["r2 says 5", "r2 says 6", "r2 says 7"], "{:?}", client.diffs_seen);
 
     // Joining again opens the room again.
     write(server, "members", json!([join("alice", "r1")]));
@@ -391,4 +412,66 @@ async fn malformed_relationships_are_invalid_rules() {
         let (status, answer) = server.http("PUT", "/v1/rules", Some(&rules));
         assert_eq!((status, &answer["error"]["code"]), (400, &json!("invalid_rules")), "{related}: {answer}");
     }
+}
+
+#[tokio::test]
+async fn a_drop_or_a_field_removal_of_the_related_collection_ends_the_subscriptions() {
+    let Chat { server, alice, .. } = &chat();
+    let mut client = server.connect_as(Some(alice)).await;
+    client.send(room_view("r1", pin("r1"))).await;
+    client.send(room_view("r2", pin("r2"))).await;
+    wait_for_texts(&mut client, "r2", &["r2 says 3", "r2 says 4", "r2 says 5"]).await;
+    // `read_upto` is read by no relationship: nothing ends.
+    server.ok("DELETE", "/v1/collections/members/fields/read_upto", json!(null));
+    // `owner` is read by alice's rule on `members`, so by both relationships.
+    server.ok("DELETE", "/v1/collections/members/fields/owner", json!(null));
+    let came =
+        client.read_until(WAIT, |client| ["r1", "r2"].iter().all(|sub| !ended_frames(client, sub).is_empty())).await;
+    assert!(came, "{:?}", client.frames);
+    assert!(["r1", "r2"].iter().all(|sub| ended_frames(&client, sub)[0]["reason"] == "access_ended"));
+    assert_eq!(ended_frames(&client, "r1").len() + ended_frames(&client, "r2").len(), 2, "{:?}", client.frames);
+    // The rule no longer fits `members`: refused, in words that name no room.
+    let (code, message) = refused_subscribe(&mut client, room_view("r1", pin("r1"))).await;
+    assert_eq!(code, "forbidden", "{message}");
+
+    server.ok("DELETE", "/v1/collections/members", json!(null));
+    let (code, message) = refused_subscribe(&mut client, room_view("r1", pin("r1"))).await;
+    assert_eq!(code, "forbidden", "{message}");
+}
+
+#[tokio::test]
+async fn in_a_cluster_each_node_checks_and_watches_the_relationship() {
+    let secret_dir = tempfile::tempdir().unwrap();
+    let secret = write_secret(secret_dir.path());
+    let cluster = common::cluster::OrdoCluster::start_with(1, 2, &["--auth-secret-file", secret.to_str().unwrap()]);
+    let admin = mint(&secret, "ops", "admin", &[]);
+    let alice = mint(&secret, "alice", "reader", &[]);
+    let (writer_node, reader_node) = (cluster.node(0), cluster.node(1));
+    let last_seq = fill_chat(writer_node, &admin);
+    // The rules too, before alice connects (a change of rules closes her socket).
+    assert!(cluster.wait_converged(WAIT) >= last_seq);
+
+    let mut client = reader_node.connect_as(Some(&alice)).await;
+    for (sub, room) in [("r1", "r1"), ("r2", "r2"), ("r3", "r3")] {
+        let mut subscribe = room_view(sub, pin(room));
+        subscribe["min_seq"] = json!(last_seq);
+        client.send(subscribe).await;
+    }
+    wait_for_texts(&mut client, "r1", &["r1 says 3", "r1 says 4", "r1 says 5"]).await;
+    wait_for_texts(&mut client, "r2", &["r2 says 3", "r2 says 4", "r2 says 5"]).await;
+    let error = client.expect_error().await;
+    assert_eq!((&error["sub"], &error["code"]), (&json!("r3"), &json!("forbidden")), "{error}");
+
+    let body = json!({"writes": [
+        {"collection": "members", "ops": [{"op": "remove", "id": "alice/r1"}]},
+        {"collection": "messages", "ops": [message("r1", 6)]},
+        {"collection": "messages", "ops": [message("r2", 6)]},
+    ]});
+    let (status, answer) = writer_node.http_as(Some(&admin), "POST", "/v1/batch", Some(&body));
+    assert_eq!(status, 200, "{answer}");
+    read_past_marker(&mut client, "r2", "r2 says 6").await;
+    let ended = ended_frames(&client, "r1");
+    assert_eq!(ended.len(), 1, "{:?} {:?}", frames_after_auth(&client), client.diffs_seen);
+    assert_eq!(ended[0]["reason"], "access_ended", "{}", ended[0]);
+    assert_eq!(texts(&client, "r1"), ["r1 says 3", "r1 says 4", "r1 says 5"], "no message written after leaving");
 }

@@ -8,9 +8,9 @@
 //! that depends on it, so no polling: the engine reports the watch's length
 //! like any window's. A view opens only while its watch holds an item
 //! (`watch_relation`); when the length drops to 0 during a batch, the sink
-//! (`Fanout::view_len`) detaches every dependent subscription at once, so that
-//! no frame of a later batch reaches it, and `end_lost_relations` ends them
-//! (`ended` / `access_ended`) once the command is done.
+//! (`Fanout::view_len`) detaches every dependent subscription and queues its
+//! `ended` / `access_ended` at once, so that no frame of a later batch reaches
+//! it; `end_lost_relations` frees what they held once the command is done.
 //!
 //! **Invariant:** a subscription listed as a dependent is attached to a live
 //! watch whose view holds an item; every watch has at least one dependent, or
@@ -86,6 +86,10 @@ impl Fanout {
         self.detach_lost(dependents);
     }
 
+    /// Detaches each subscription from its window and queues its `ended` at
+    /// once: right behind the last frame it was due, before any frame of a
+    /// later batch of the same command (a group commit, a cluster run) is queued
+    /// to its connection. What needs the engine waits for the command's end.
     fn detach_lost(&mut self, dependents: Vec<SubKey>) {
         for (session, handle) in dependents {
             let Some(sub) = self.sessions.get_mut(&session).and_then(|state| state.subs.remove(&handle)) else {
@@ -95,6 +99,8 @@ impl Fanout {
                 shared.subscribers.retain(|&subscriber| subscriber != (session, handle));
             }
             self.relations.lost.push((session, handle, sub.window));
+            let message = ACCESS_ENDED_MESSAGE.to_owned();
+            self.send(session, Outgoing::Ended { handle, reason: EndReason::AccessEnded, message });
         }
     }
 }
@@ -230,9 +236,9 @@ impl Writer {
         }
     }
 
-    /// Ends the subscriptions whose relationship ended during the command just
-    /// handled, after every frame queued for them (the outbox is in order), and
-    /// closes the emptied watches and the windows no one else holds.
+    /// After the command during which relationships ended (their subscriptions
+    /// were detached and told already): gives their view budgets back, closes
+    /// the emptied watches and the windows no one else holds.
     pub(super) fn end_lost_relations(&mut self) {
         let relations = &mut self.fanout.relations;
         if relations.lost.is_empty() && relations.emptied.is_empty() {
@@ -246,8 +252,6 @@ impl Writer {
         for (session, handle, window) in lost {
             self.view_budgets.release((session, handle));
             self.close_if_unsubscribed(window);
-            let message = ACCESS_ENDED_MESSAGE.to_owned();
-            self.fanout.send(session, Outgoing::Ended { handle, reason: EndReason::AccessEnded, message });
         }
     }
 
