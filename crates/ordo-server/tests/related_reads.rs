@@ -475,3 +475,43 @@ async fn in_a_cluster_each_node_checks_and_watches_the_relationship() {
     assert_eq!(ended[0]["reason"], "access_ended", "{}", ended[0]);
     assert_eq!(texts(&client, "r1"), ["r1 says 3", "r1 says 4", "r1 says 5"], "no message written after leaving");
 }
+
+#[tokio::test]
+async fn a_resume_after_the_rules_changed_checks_the_relationship_again() {
+    let Chat { server, alice, .. } = &chat();
+    let mut client = server.connect_as(Some(alice)).await;
+    client.send(room_view("r1", pin("r1"))).await;
+    wait_for_texts(&mut client, "r1", &["r1 says 3", "r1 says 4", "r1 says 5"]).await;
+    let (session, last_seq) = (client.session.clone(), client.lists["r1"].seq);
+
+    // Memberships now relate only once read (`read_upto` past 0): alice's r1 no longer does.
+    let (_, rules) = server.http("GET", "/v1/rules", None);
+    let mut rules = json!({"rules": rules["rules"]});
+    rules["rules"][0]["read"]["filter"] = json!({"all": [{"field": "owner", "op": "eq", "value": "$sub"},
+                                                         {"field": "read_upto", "op": "gt", "value": 0}]});
+    server.ok("PUT", "/v1/rules", rules);
+    // The socket closes at its next frame, before it is sent.
+    write(server, "messages", json!([message("r1", 6)]));
+    let closed = client.read_until(WAIT, |client| client.frames.iter().any(|frame| frame["type"] == "close")).await;
+    assert!(closed, "a change of rules closes the socket: {:?}", client.frames);
+    drop(client);
+    wait_for_connections(server, 0.0).await;
+
+    // The same view of the same room: the parked subscription is not kept, since
+    // the relationship it was opened with is not the one the rules give now.
+    let mut entry = room_view("r1", pin("r1"));
+    entry.as_object_mut().unwrap().remove("op");
+    entry["last_seq"] = json!(last_seq);
+    let mut client = server.connect_as(Some(alice)).await;
+    client.lists.entry("r1".to_owned()).or_default().seq = last_seq;
+    client.send(json!({"op": "resume", "session": session, "subs": [entry]})).await;
+    let error = client.expect_error().await;
+    assert_eq!((&error["sub"], &error["code"]), (&json!("r1"), &json!("forbidden")), "{error}");
+    let resumed = frames_after_auth(&client).into_iter().find(|frame| frame["type"] == "resumed").cloned();
+    assert_eq!(resumed.unwrap()["subs"][0]["reset"], true);
+    write(server, "messages", json!([message("r1", 7)]));
+    write(server, "members", json!([{"op": "upsert", "id": "alice/r2", "fields": {"read_upto": 1}}]));
+    client.send(room_view("r2", pin("r2"))).await;
+    wait_for_texts(&mut client, "r2", &["r2 says 3", "r2 says 4", "r2 says 5"]).await;
+    assert!(client.diffs_seen.iter().all(|frame| frame["sub"] == "r2"), "{:?}", client.diffs_seen);
+}
