@@ -107,8 +107,16 @@ fn related_view(
     // A value that no item of the related field can hold relates to nothing.
     let equal =
         crate::wire::filter_from_rule(&target.schema, &equality(&relation.to_field, value)).map_err(|_| refused())?;
+    // The rule's conjuncts first, flattened: the engine keys a view by its first
+    // top-level equality, and a watch keyed by the caller's own `owner == $sub`
+    // is visited only by that caller's memberships' updates, where one keyed by
+    // the room would be visited by every member's (`read_upto` at each read).
     let filter = match rule.predicate(&target.schema)? {
         None => equal,
+        Some(Filter::All(mut conjuncts)) => {
+            conjuncts.push(equal);
+            Filter::All(conjuncts)
+        }
         Some(predicate) => Filter::All(vec![predicate, equal]),
     };
     let def = ViewDef::new(filter, Vec::new());
