@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 const WAIT: Duration = Duration::from_secs(10);
 
 struct Chat {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     server: Server,
     alice: String,
 }
@@ -35,7 +35,7 @@ fn chat() -> Chat {
     assert!(last_seq > 0);
     server.token = Some(admin);
     let alice = mint(&secret, "alice", "reader", &[]);
-    Chat { _dir: dir, server, alice }
+    Chat { dir, server, alice }
 }
 
 /// The collections, rules and items of `chat`, written as `admin`; the last `seq`.
@@ -514,4 +514,158 @@ async fn a_resume_after_the_rules_changed_checks_the_relationship_again() {
     client.send(room_view("r2", pin("r2"))).await;
     wait_for_texts(&mut client, "r2", &["r2 says 3", "r2 says 4", "r2 says 5"]).await;
     assert!(client.diffs_seen.iter().all(|frame| frame["sub"] == "r2"), "{:?}", client.diffs_seen);
+}
+
+/// The naive model of `random_joins_leaves_and_messages_match_a_naive_model`.
+#[derive(Default)]
+struct Model {
+    /// Membership id → (owner, room).
+    members: std::collections::BTreeMap<String, (String, String)>,
+    /// Per room, its messages' texts in `seq` order.
+    messages: std::collections::BTreeMap<String, Vec<String>>,
+    /// Live subscriptions: (user, sub id) → room.
+    subs: std::collections::BTreeMap<(usize, String), String>,
+    /// Subscriptions whose relationship ended: (user, sub id) → the texts they showed then.
+    ended: std::collections::BTreeMap<(usize, String), Vec<String>>,
+}
+
+impl Model {
+    fn relates(&self, user: &str, room: &str) -> bool {
+        self.members.values().any(|(owner, at)| owner == user && at == room)
+    }
+
+    fn tail(&self, room: &str) -> Vec<String> {
+        let texts = &self.messages[room];
+        texts[texts.len().saturating_sub(3)..].to_vec()
+    }
+
+    /// After a change of memberships: the subscriptions it ends, with what they show.
+    fn end_lost(&mut self, users: &[&str]) {
+        let lost: Vec<(usize, String)> = (self.subs.iter())
+            .filter(|((user, _), room)| !self.relates(users[*user], room))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in lost {
+            let room = self.subs.remove(&key).unwrap();
+            self.ended.insert(key, self.tail(&room));
+        }
+    }
+}
+
+/// Every frame the writer queued for `client` before this call: a subscribe the
+/// writer thread refuses (a room nobody is in) is answered through the same
+/// ordered queue as the frames.
+async fn barrier(client: &mut Client, n: usize) {
+    let sub = format!("barrier-{n}");
+    client.send(room_view(&sub, pin("nowhere"))).await;
+    let came = client
+        .read_until(WAIT, |client| client.frames.iter().any(|frame| frame["type"] == "error" && frame["sub"] == sub))
+        .await;
+    assert!(came, "barrier {n}");
+}
+
+#[tokio::test]
+async fn random_joins_leaves_and_messages_match_a_naive_model() {
+    let seed = std::env::var("ORDO_TEST_SEED").ok().and_then(|seed| seed.parse().ok()).unwrap_or(7);
+    eprintln!("seed {seed} (ORDO_TEST_SEED)");
+    let mut rng = common::Rng::new(seed);
+    let Chat { dir, server, .. } = &chat();
+    let users = ["alice", "bob", "carol"];
+    let rooms = ["r1", "r2", "r3"];
+    let secret = dir.path().join("secret");
+    let mut clients = Vec::new();
+    for user in users {
+        clients.push(server.connect_as(Some(&mint(&secret, user, "reader", &[]))).await);
+    }
+    let mut model = Model::default();
+    for (id, owner, room) in
+        [("alice/r1", "alice", "r1"), ("alice/r2", "alice", "r2"), ("bob/r2", "bob", "r2"), ("bob/r3", "bob", "r3")]
+    {
+        model.members.insert(id.to_owned(), (owner.to_owned(), room.to_owned()));
+    }
+    for room in rooms {
+        model.messages.insert(room.to_owned(), (1..=5).map(|seq| format!("{room} says {seq}")).collect());
+    }
+    let mut n_subscriptions = 0;
+    for step in 0..120 {
+        let (user, room) = (rng.index(users.len()), *rng.pick(&rooms));
+        let what = rng.below(100);
+        if what < 20 {
+            // A writer adds a membership (its id names who it was made for).
+            let id = format!("{}/{room}", users[user]);
+            write(
+                server,
+                "members",
+                json!([{"op": "upsert", "id": id, "fields": {"owner": users[user], "room": room}}]),
+            );
+            // (An id handed to someone else earlier comes back: theirs ends.)
+            model.members.insert(id, (users[user].to_owned(), room.to_owned()));
+            model.end_lost(&users);
+        } else if what < 35 && !model.members.is_empty() {
+            // A writer removes one, or hands it to someone else (out of its owner's rule).
+            let ids: Vec<String> = model.members.keys().cloned().collect();
+            let id = rng.pick(&ids).clone();
+            if rng.chance(50) {
+                write(server, "members", json!([{"op": "remove", "id": id}]));
+                model.members.remove(&id);
+            } else {
+                write(server, "members", json!([{"op": "upsert", "id": id, "fields": {"owner": users[user]}}]));
+                model.members.get_mut(&id).unwrap().0 = users[user].to_owned();
+            }
+            model.end_lost(&users);
+        } else if what < 70 {
+            let texts = model.messages.get_mut(room).unwrap();
+            let seq = texts.len() as u64 + 1;
+            write(server, "messages", json!([message(room, seq)]));
+            texts.push(format!("{room} says {seq}"));
+        } else if what < 90 {
+            n_subscriptions += 1;
+            let sub = format!("{room}-{n_subscriptions}");
+            clients[user].send(room_view(&sub, pin(room))).await;
+            if model.relates(users[user], room) {
+                model.subs.insert((user, sub), room.to_owned());
+            }
+        } else if let Some(key) = model.subs.keys().find(|(owner, _)| *owner == user).cloned() {
+            clients[user].send(json!({"op": "unsubscribe", "sub": key.1})).await;
+            model.subs.remove(&key);
+        }
+        for (index, client) in clients.iter_mut().enumerate() {
+            barrier(client, step).await;
+            check_client(client, index, &model, step, seed);
+        }
+    }
+    assert!(!model.ended.is_empty() && n_subscriptions > 10, "the run ended some subscriptions ({seed})");
+}
+
+/// One client against the model after a step: every live subscription shows
+/// its room's tail; every ended one got one `ended` and shows what it showed
+/// then; a refused subscribe is `forbidden`; nothing else ended.
+fn check_client(client: &Client, user: usize, model: &Model, step: usize, seed: u64) {
+    let context = format!("seed {seed}, step {step}, user {user}");
+    for ((owner, sub), room) in &model.subs {
+        if *owner == user {
+            assert_eq!(texts(client, sub), model.tail(room), "{context}: {sub}");
+            assert!(ended_frames(client, sub).is_empty(), "{context}: {sub} ended");
+        }
+    }
+    for ((owner, sub), shown) in &model.ended {
+        if *owner == user {
+            assert_eq!(&texts(client, sub), shown, "{context}: {sub} after its end");
+            let ended = ended_frames(client, sub);
+            assert_eq!(ended.len(), 1, "{context}: {sub}: {:?}", client.frames);
+            assert_eq!(ended[0]["reason"], "access_ended", "{context}");
+        }
+    }
+    for frame in &client.frames {
+        let sub = frame["sub"].as_str().unwrap_or_default();
+        if frame["type"] == "ended" {
+            assert!(model.ended.contains_key(&(user, sub.to_owned())), "{context}: unexpected {frame}");
+        }
+        if frame["type"] == "error" && !sub.starts_with("barrier-") {
+            assert_eq!(frame["code"], "forbidden", "{context}: {frame}");
+            let known =
+                model.subs.contains_key(&(user, sub.to_owned())) || model.ended.contains_key(&(user, sub.to_owned()));
+            assert!(!known, "{context}: a subscription the model holds was refused: {frame}");
+        }
+    }
 }
