@@ -83,7 +83,7 @@ export type ListStatus = "subscribing" | "live" | "closed" | "ended";
 /** Why the server ended a list's subscription (an `ended` frame). */
 export interface ListEnded {
   sub: string;
-  /** `collection_dropped` or `field_removed` (newer servers may send others). */
+  /** `collection_dropped`, `field_removed` or `access_ended` (newer servers may send others). */
   reason: EndedReason;
   message: string;
 }

@@ -26,7 +26,7 @@ export interface SubscriptionSnapshot {
 }
 
 /** Why the server ended a subscription (`ended` frame); other strings may come from newer servers. */
-export type EndedReason = "collection_dropped" | "field_removed" | (string & {});
+export type EndedReason = "collection_dropped" | "field_removed" | "access_ended" | (string & {});
 
 /** What the core reports for a frame. `change` is the only kind that changes a list. */
 export type ProtocolEvent =

@@ -328,7 +328,7 @@ pub struct QueryResult<T> {
     pub write_seq: Option<u64>,
 }
 
-/// Why the server ended a subscription (`{"type":"ended",...}`): `collection_dropped`, `field_removed`, ...
+/// Why the server ended a subscription (`{"type":"ended",...}`): `collection_dropped`, `field_removed`, `access_ended`, ...
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ended {
     pub reason: String,

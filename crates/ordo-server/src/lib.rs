@@ -24,6 +24,7 @@ pub mod min_seq;
 pub mod name_routes;
 pub mod rate_limit;
 pub mod refs;
+pub mod related;
 #[cfg(test)]
 mod repeated_keys_tests;
 pub mod rng;

@@ -51,8 +51,9 @@ pub struct RuleDoc {
 }
 
 /// `false` (the default), `true`, `{"filter": ...}` with `$claim` values, or
-/// (read only) `{"through": "collection.ref_field"}`. Unknown keys are refused:
-/// a misspelt or extra key must not turn one form into another.
+/// (read only) `{"through": "collection.ref_field"}`, or (read only)
+/// `{"related": {"field": F, "to": "COLLECTION.FIELD"}}`. Unknown keys are
+/// refused: a misspelt or extra key must not turn one form into another.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(untagged, deny_unknown_fields)]
 pub enum AccessDoc {
@@ -60,6 +61,11 @@ pub enum AccessDoc {
     #[serde(skip)]
     None,
     Flag(bool),
+    /// Checked by `Relation::compile`, so that a malformed form is
+    /// `invalid_rules`; `related` beside a `filter` matches no form and is refused.
+    Related {
+        related: Json,
+    },
     Where {
         filter: Json,
     },
@@ -82,6 +88,20 @@ enum Access {
     Where(Json),
     /// Nothing directly; the fields through this reference only (read rules only).
     Through(ThroughRef),
+    /// Items related to an item the caller may read in another collection.
+    Related(Relation),
+}
+
+/// A read by relationship (`"read":{"related":{"field":"room","to":"members.room"}}`):
+/// an item is readable when the caller may read (under its own read rule there)
+/// an item of `to_collection` whose `to_field` equals the item's `field`. A view
+/// must pin `field` to one value; the writer thread checks and then watches the
+/// relationship (`related`, `writer/relations`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Relation {
+    pub field: String,
+    pub to_collection: String,
+    pub to_field: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -120,6 +140,8 @@ pub enum Grant {
     /// only when no rule grants the collection directly; see
     /// [`RuleSet::direct_grant`] and [`RuleSet::may_read_through`].
     Through(Vec<ThroughRef>),
+    /// Only views pinning the relation's field to a value the caller relates to.
+    Related(Relation),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,6 +179,7 @@ impl RuleSet {
                 access(&rule.read, Action::Read).map_err(|message| invalid(index, format!("`read`: {message}")))?;
             let write =
                 access(&rule.write, Action::Write).map_err(|message| invalid(index, format!("`write`: {message}")))?;
+            check_relation_use(&rule.collection, &read, &write).map_err(|message| invalid(index, message))?;
             if let Access::Where(filter) = &write {
                 check_write_filter(filter).map_err(|message| invalid(index, format!("`write`: {message}")))?;
             }
@@ -179,6 +202,7 @@ impl RuleSet {
         }
         let mut filters = Vec::new();
         let mut through = Vec::new();
+        let mut related = None;
         for rule in &self.rules {
             if !rule.roles.contains(&identity.role) || !pattern_matches(&rule.pattern, name, identity) {
                 continue;
@@ -197,12 +221,12 @@ impl RuleSet {
                     }
                 }
                 Access::Through(via) => through.push(via.clone()),
+                Access::Related(relation) => {
+                    related.get_or_insert_with(|| relation.clone());
+                }
             }
         }
-        if !filters.is_empty() {
-            return Some(Grant::Where(filters));
-        }
-        (!through.is_empty()).then_some(Grant::Through(through))
+        combine_grants(filters, related, through)
     }
 
     /// What `identity` may do on `name` itself: open a view, read an item, see
@@ -297,6 +321,7 @@ fn access(doc: &AccessDoc, action: Action) -> Result<Access, String> {
             Access::Where(filter.clone())
         }
         AccessDoc::Through { through } => Access::Through(ThroughRef::parse(through, action)?),
+        AccessDoc::Related { related } => Access::Related(Relation::compile(related)?),
     })
 }
 
@@ -321,6 +346,69 @@ fn check_no_field_operands(filter: &Json, depth: usize) -> Result<(), String> {
     match object.get("not") {
         Some(child) => check_no_field_operands(child, depth + 1),
         None => Ok(()),
+    }
+}
+
+
+/// What the matching rules of one collection grant together. A filter rule
+/// wins over a relationship (its rows are readable without a pin), and the
+/// first relationship stands for the others: one view pins one field, so
+/// several relationships of one collection would need several pins. A
+/// `through` grant, which grants nothing directly, comes last.
+fn combine_grants(filters: Vec<Json>, related: Option<Relation>, through: Vec<ThroughRef>) -> Option<Grant> {
+    if !filters.is_empty() {
+        return Some(Grant::Where(filters));
+    }
+    if let Some(relation) = related {
+        return Some(Grant::Related(relation));
+    }
+    (!through.is_empty()).then_some(Grant::Through(through))
+}
+
+/// A relationship grants reads only, and never to the collection it relates
+/// to: the related collection is read under its own read rule, which must not
+/// lead back (a chain of relationships is not followed).
+fn check_relation_use(collection: &str, read: &Access, write: &Access) -> Result<(), String> {
+    if matches!(write, Access::Related(_)) {
+        return Err("`write`: `related` grants reads only".to_owned());
+    }
+    match read {
+        Access::Related(relation) if relation.to_collection == collection => {
+            Err(format!("`read`: `related` relates `{collection}` to itself"))
+        }
+        _ => Ok(()),
+    }
+}
+
+impl Relation {
+    /// `{"field": F, "to": "COLLECTION.FIELD"}`, every key required, no other.
+    fn compile(doc: &Json) -> Result<Relation, String> {
+        let form = "`related` is {\"field\": F, \"to\": \"COLLECTION.FIELD\"}";
+        let object = doc.as_object().ok_or_else(|| form.to_owned())?;
+        if let Some(key) = object.keys().find(|key| !matches!(key.as_str(), "field" | "to")) {
+            return Err(format!("`related` has an unknown key `{key}` ({form})"));
+        }
+        let text = |key: &str| match object.get(key) {
+            Some(Json::String(text)) if !text.is_empty() => Ok(text.clone()),
+            _ => Err(format!("`related.{key}` is missing or not a non-empty string ({form})")),
+        };
+        let field = text("field")?;
+        let to = text("to")?;
+        let Some((to_collection, to_field)) = to.rsplit_once('.').filter(|(c, f)| !c.is_empty() && !f.is_empty())
+        else {
+            return Err(format!("`related.to` is `{to}`; it names a collection and its field: `COLLECTION.FIELD`"));
+        };
+        if field.contains('.') {
+            return Err(format!(
+                "`related.field` is `{field}`; it names a field of this collection, not one read through a reference"
+            ));
+        }
+        if to_collection.contains(['{', '}', '*']) || crate::routing::is_reserved_name(to_collection) {
+            return Err(format!(
+                "`related.to` names `{to_collection}`, which is not a collection name (no pattern, nothing reserved)"
+            ));
+        }
+        Ok(Relation { field, to_collection: to_collection.to_owned(), to_field: to_field.to_owned() })
     }
 }
 
@@ -451,6 +539,9 @@ impl Grant {
                     "this identity may read this collection only through references",
                 ))
             }
+            // No row predicate stands for a relationship: a path that reads one must
+            // go through `related::view_access`; any other is refused (fails closed).
+            Grant::Related(relation) => return Err(relation.unpinned_refusal()),
         };
         let mut compiled = Vec::with_capacity(filters.len());
         for filter in filters {
@@ -526,6 +617,54 @@ mod tests {
         assert_eq!(filters[0]["all"][2]["value"], "$literal");
         let without = identity("u1", Role::Reader, Json::Null);
         assert_eq!(set.grant(&without, "rooms", Action::Read), None);
+    }
+
+    #[test]
+    fn a_relationship_grants_reads_only_where_no_filter_rule_grants_rows() {
+        let set = rules(serde_json::json!({"rules":[
+            {"collection":"messages","roles":["reader"],"read":{"related":{"field":"room","to":"members.room"}}},
+            {"collection":"messages","roles":["writer"],"read":true},
+            {"collection":"notes","roles":["reader"],"read":{"related":{"field":"doc","to":"docs/v1.id"}}},
+            {"collection":"notes","roles":["reader"],"read":{"filter":{"field":"owner","op":"eq","value":"$sub"}}}]}));
+        let reader = identity("u1", Role::Reader, Json::Null);
+        let relation = Relation { field: "room".into(), to_collection: "members".into(), to_field: "room".into() };
+        assert_eq!(set.grant(&reader, "messages", Action::Read), Some(Grant::Related(relation)));
+        assert_eq!(set.grant(&reader, "messages", Action::Write), None);
+        let writer = identity("svc", Role::Writer, Json::Null);
+        assert_eq!(set.grant(&writer, "messages", Action::Read), Some(Grant::All));
+        assert!(matches!(set.grant(&reader, "notes", Action::Read), Some(Grant::Where(_))));
+        let doc = serde_json::to_value(set.doc()).unwrap();
+        assert_eq!(doc["rules"][0]["read"], serde_json::json!({"related":{"field":"room","to":"members.room"}}));
+    }
+
+    #[test]
+    fn malformed_relationships_are_refused() {
+        for read in [
+            serde_json::json!({"related": "members.room"}),
+            serde_json::json!({"related": {"field": "room"}}),
+            serde_json::json!({"related": {"to": "members.room"}}),
+            serde_json::json!({"related": {"field": "room", "to": "members"}}),
+            serde_json::json!({"related": {"field": "room", "to": ".room"}}),
+            serde_json::json!({"related": {"field": "room", "to": "members."}}),
+            serde_json::json!({"related": {"field": "", "to": "members.room"}}),
+            serde_json::json!({"related": {"field": "room.id", "to": "members.room"}}),
+            serde_json::json!({"related": {"field": "room", "to": "members.room", "via": 1}}),
+            serde_json::json!({"related": {"field": "room", "to": "m/{sub}.room"}}),
+            serde_json::json!({"related": {"field": "room", "to": "m/*.room"}}),
+            serde_json::json!({"related": {"field": "room", "to": "_ordo/rules.room"}}),
+            serde_json::json!({"related": {"field": "room", "to": "messages.room"}}),
+            serde_json::json!({"related": {"field": "room", "to": "members.room"}, "filter": {"field": "a", "op": "eq", "value": 1}}),
+        ] {
+            let doc = serde_json::json!({"rules":[{"collection":"messages","roles":["reader"],"read": read}]});
+            let doc: RulesDoc = serde_json::from_value(doc).unwrap();
+            let error = RuleSet::compile(doc).unwrap_err();
+            assert_eq!(error.code, ErrorCode::InvalidRules, "{read}: {error}");
+            assert!(error.message.starts_with("rule 0: `read`"), "{read}: {error}");
+        }
+        let write = serde_json::json!({"rules":[{"collection":"messages","roles":["writer"],
+            "write":{"related":{"field":"room","to":"members.room"}}}]});
+        let error = RuleSet::compile(serde_json::from_value(write).unwrap()).unwrap_err();
+        assert_eq!(error.code, ErrorCode::InvalidRules, "{error}");
     }
 
     #[test]

@@ -211,7 +211,7 @@ class LiveList:
     @property
     def ended(self) -> Ended | None:
         """Why the server ended the subscription (``reason``:
-        ``collection_dropped`` or ``field_removed``), or ``None``. An ended
+        ``collection_dropped``, ``field_removed`` or ``access_ended``), or ``None``. An ended
         list is closed and not re-subscribed; its id is free again."""
         return self._ended
 

@@ -106,8 +106,8 @@ class Unsubscribed:
 @dataclass(frozen=True)
 class Ended:
     """The server ended a subscription (``ended``): no frame of it follows, it
-    is gone, its id is free again. ``reason``: ``collection_dropped`` or
-    ``field_removed`` (newer servers may send others)."""
+    is gone, its id is free again. ``reason``: ``collection_dropped``,
+    ``field_removed`` or ``access_ended`` (newer servers may send others)."""
 
     sub: str
     reason: str

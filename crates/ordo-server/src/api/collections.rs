@@ -98,7 +98,7 @@ pub(super) async fn get(call: Call<'_>, name: &str) -> Result<Response<Body>, Ap
             send(state, Command::CollectionLen { collection: entry.id, reply }).await?;
             Some(answer.await.map_err(|_| ApiError::shutting_down())?)
         }
-        Grant::Where(_) | Grant::Through(_) => None,
+        Grant::Where(_) | Grant::Through(_) | Grant::Related(_) => None,
     };
     let body = collection_json(state, &entry, n_items);
     Ok(json_response(200, body.to_string().into_bytes()))

@@ -15,6 +15,8 @@ pub(super) async fn get_item(call: Call<'_>, name: &str, id: &str) -> Result<Res
     let Call { state, path, token, .. } = call;
     let identity = caller(state, token, path)?;
     let (entry, grant) = granted_collection(state, &identity, name, Action::Read)?;
+    // A collection read by relationship has no row predicate: its items are read
+    // only in views pinned to a related value, never by id (`Grant::predicate`).
     let predicate = grant.predicate(&entry.schema)?;
     let (reply, answer) = oneshot::channel();
     send(state, Command::GetItem { collection: entry.id, id: id.to_string(), predicate, reply }).await?;
@@ -49,6 +51,7 @@ pub(super) async fn query(call: Call<'_>, name: &str) -> Result<Response<Body>, 
         granted => granted?,
     };
     let query = parsed?;
+    let access = crate::related::view_access(&state.gate, &state.routes, &identity, &entry, &grant, &query.filter)?;
     let reader = crate::refs::Reader { gate: &state.gate, routes: &state.routes, identity: &identity };
     let read_schema = crate::refs::read_schema(&reader, &entry, &query.filter, &query.sort, query.fields.as_deref())?;
     let schema = read_schema.as_ref().unwrap_or(&entry.schema);
@@ -61,7 +64,8 @@ pub(super) async fn query(call: Call<'_>, name: &str) -> Result<Response<Body>, 
         query.fields.as_deref(),
         query.payload,
     )?;
-    wire::restrict_spec(&mut spec, grant.predicate(&entry.schema)?.as_ref(), schema)?;
+    wire::restrict_spec(&mut spec, access.predicate.as_ref(), schema)?;
+    spec.relation = access.relation;
     // Read-your-writes: the writer answers queries in order, after every
     // batch it applied before, so once it has published `min_seq` the
     // answer reflects it.

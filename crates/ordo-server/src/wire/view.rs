@@ -120,6 +120,11 @@ pub struct WindowSpec {
     /// resolves it to `offset` and `limit`, and clears it).
     pub seek: Option<Seek>,
     pub projection: Projection,
+    /// For a view of a collection read by relationship: the relationship the
+    /// writer thread checks when the view opens and watches while it lives
+    /// (`related`). Not part of a window's identity (`share_key`): callers who
+    /// hold the same relationship share the window as any equal views do.
+    pub relation: Option<std::sync::Arc<crate::related::RelationCheck>>,
 }
 
 impl WindowSpec {
@@ -213,7 +218,7 @@ pub fn window_spec(
     };
     // The engine keeps the projected target fields current, and sends a `Set` when one changes.
     let def = def.showing(projection.through.clone());
-    let mut spec = WindowSpec { def, offset: 0, limit, is_tail: false, seek: None, projection };
+    let mut spec = WindowSpec { def, offset: 0, limit, is_tail: false, seek: None, projection, relation: None };
     spec.set_position(position);
     Ok(spec)
 }

@@ -86,6 +86,8 @@ pub(super) struct Fanout {
     /// subscription is queued (its diffs, or the empty frame of a key-positioned
     /// request that changed nothing): that frame answers it.
     pub(super) answer: Option<((SessionId, SubHandle), Answer)>,
+    /// The relationships views of collections read by relationship depend on.
+    pub(super) relations: super::relations::RelationWatches,
 }
 
 impl DiffSink for Fanout {
@@ -121,6 +123,9 @@ impl DiffSink for Fanout {
     }
 
     fn view_len(&mut self, window: WindowId, view_len: usize) {
+        if view_len == 0 && self.relations.is_watch(window) {
+            self.relation_emptied(window);
+        }
         if self.current == Some(window) {
             self.view_len = view_len;
         }
@@ -184,6 +189,7 @@ impl Fanout {
             outbound_budget,
             write_seq,
             answer: None,
+            relations: Default::default(),
         }
     }
 

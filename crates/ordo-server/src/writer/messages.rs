@@ -95,8 +95,9 @@ pub enum Outgoing {
     Unsubscribed {
         handle: SubHandle,
     },
-    /// The server ended the subscription (its collection was dropped, or a field
-    /// its view reads was removed); the task forgets it and tells the client.
+    /// The server ended the subscription (its collection was dropped, a field
+    /// its view reads was removed, or the relationship it was read by ended);
+    /// the task forgets it and tells the client.
     Ended {
         handle: SubHandle,
         reason: EndReason,
@@ -218,6 +219,9 @@ pub enum Command {
         req: Option<Box<str>>,
         /// As `Subscribe::owner`.
         owner: Option<Arc<str>>,
+        /// On a collection read by relationship, the new view's relationship
+        /// (`WindowSpec::relation`).
+        relation: Option<Arc<crate::related::RelationCheck>>,
     },
     Unsubscribe {
         session: SessionId,

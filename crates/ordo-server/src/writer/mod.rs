@@ -32,6 +32,7 @@ use crate::routing::{is_reserved_name, CollectionEntry, Routes};
 mod fanout;
 mod messages;
 mod queries;
+mod relations;
 mod schema_change;
 mod subscriptions;
 mod view_budget;
@@ -175,6 +176,7 @@ impl Writer {
             };
             let Command::Write { batches, reply, queued_at, guards } = command else {
                 self.handle(command);
+                self.end_lost_relations();
                 continue;
             };
             if guards.is_empty() {
@@ -182,6 +184,7 @@ impl Writer {
             } else {
                 self.guarded_write(batches, guards, reply, queued_at);
             }
+            self.end_lost_relations();
         }
     }
 
@@ -237,7 +240,10 @@ impl Writer {
                 let _ = reply.send(self.drop_collection(collection));
             }
             Command::Query { collection, schema, spec, reply } => {
-                let result = self.check_schema(collection, &schema).and_then(|()| self.query(collection, spec));
+                let result = self
+                    .check_schema(collection, &schema)
+                    .and_then(|()| self.check_relation_now(&spec))
+                    .and_then(|()| self.query(collection, spec));
                 let _ = reply.send(result);
             }
             Command::ApplyEntries(run) => {
@@ -275,10 +281,10 @@ impl Writer {
                 self.subscribe_checked(session, handle, collection, &schema, spec, owner);
             }
             Command::SetRange { session, handle, position, limit, req } => {
-                self.answer_window_change(session, handle, WindowChange::Range(position, limit), None, req);
+                self.answer_window_change(session, handle, WindowChange::Range(position, limit), None, None, req);
             }
-            Command::SetView { session, handle, def, req, owner } => {
-                self.answer_window_change(session, handle, WindowChange::View(def), owner, req);
+            Command::SetView { session, handle, def, req, owner, relation } => {
+                self.answer_window_change(session, handle, WindowChange::View(def), relation, owner, req);
             }
             Command::Unsubscribe { session, handle } => self.unsubscribe(session, handle),
             Command::Resync { session, handle } => self.send_reset(session, handle),

@@ -28,6 +28,9 @@ pub enum FieldChange {
 pub enum EndReason {
     CollectionDropped,
     FieldRemoved,
+    /// The relationship a view of a collection read by relationship depends on
+    /// ended (`writer/relations`).
+    AccessEnded,
 }
 
 impl EndReason {
@@ -35,6 +38,7 @@ impl EndReason {
         match self {
             EndReason::CollectionDropped => "collection_dropped",
             EndReason::FieldRemoved => "field_removed",
+            EndReason::AccessEnded => "access_ended",
         }
     }
 }
@@ -105,6 +109,7 @@ impl Writer {
 
     /// Ends every subscription of the given (already closed) engine windows.
     fn end_windows(&mut self, ended: &[WindowId], reason: super::EndReason, message: &str) {
+        self.relations_closed_by_engine(ended);
         for window in ended {
             let Some(shared) = self.fanout.windows.remove(window) else { continue };
             if let Some(key) = shared.share_key {
@@ -112,6 +117,7 @@ impl Writer {
             }
             for (session, handle) in shared.subscribers {
                 self.view_budgets.release((session, handle));
+                self.release_relation((session, handle));
                 if let Some(state) = self.fanout.sessions.get_mut(&session) {
                     state.subs.remove(&handle);
                 }

@@ -46,7 +46,7 @@ impl Writer {
     ) {
         let subscribed = self
             .check_schema(collection, schema)
-            .and_then(|()| self.subscribe(session, handle, collection, spec, owner));
+            .and_then(|()| self.subscribe_related(session, handle, collection, spec, owner));
         if let Err(error) = subscribed {
             self.fanout.send(session, Outgoing::SubscribeFailed { handle, error });
         }
@@ -59,19 +59,21 @@ impl Writer {
 
     /// A `set_range` or `set_view`, answered exactly once: by the frame of its
     /// diffs (which takes the answer from `fanout.answer` when it is queued), by
-    /// an `Ack` when no frame went out, or by the error.
+    /// an `Ack` when no frame went out, or by the error. A new view on a
+    /// collection read by relationship comes with its `relation`.
     pub(super) fn answer_window_change(
         &mut self,
         session: SessionId,
         handle: SubHandle,
         change: WindowChange,
+        relation: Option<Arc<crate::related::RelationCheck>>,
         owner: Option<Arc<str>>,
         req: Option<Box<str>>,
     ) {
         self.fanout.answer = Some(((session, handle), Answer { req }));
-        let result = match (change, owner) {
-            (WindowChange::View(def), Some(owner)) => self.change_view_within_budget(session, handle, def, owner),
-            (change, _) => self.change_window(session, handle, change),
+        let result = match change {
+            WindowChange::View(def) => self.change_view_related(session, handle, def, owner, relation),
+            change => self.change_window(session, handle, change),
         };
         let answer = self.fanout.answer.take().map(|(_, answer)| answer);
         match result {
@@ -91,10 +93,12 @@ impl Writer {
     /// The definition of the window a subscription has now.
     fn current_spec(&self, session: SessionId, handle: SubHandle) -> Option<Box<WindowSpec>> {
         let sub = self.fanout.sessions.get(&session)?.subs.get(&handle)?;
-        Some(Box::new(self.fanout.windows.get(&sub.window)?.spec.clone()))
+        let mut spec = self.fanout.windows.get(&sub.window)?.spec.clone();
+        spec.relation = self.fanout.relations.check_of((session, handle));
+        Some(Box::new(spec))
     }
 
-    fn subscribe(
+    pub(super) fn subscribe(
         &mut self,
         session: SessionId,
         handle: SubHandle,
@@ -354,6 +358,7 @@ impl Writer {
     /// Removes a subscription from its window, closing the window with its last subscriber.
     pub(super) fn detach(&mut self, session: SessionId, handle: SubHandle) {
         self.view_budgets.release((session, handle));
+        self.release_relation((session, handle));
         let Some(sub) = self.fanout.sessions.get_mut(&session).and_then(|state| state.subs.remove(&handle)) else {
             return;
         };

@@ -82,19 +82,43 @@ impl Connection {
         self.identity.as_ref().filter(|identity| identity.role == Role::Reader).map(|identity| identity.key.clone())
     }
 
-    /// The collection as this connection's identity may read it, and the row
-    /// predicate its rules bind (conjoined into every view; `None`: every item).
-    /// Refused the same way whether the collection exists or not.
-    pub(super) fn readable(
+    /// The rule an item anchor of a `set_range` must pass (an item outside it
+    /// reads as missing), as the rules are now: the row predicate, or, on a
+    /// collection read by relationship, the subscription's own view filter
+    /// (`view_filter`, which holds its pin), so that an anchor never tells of an
+    /// item outside the pinned value. Refused the same way whether the
+    /// collection exists or not.
+    pub(super) fn seek_rule(
         &self,
         name: &str,
-    ) -> Result<(Arc<crate::routing::CollectionEntry>, Option<ordo_core::Filter>), ApiError> {
+        view_filter: ordo_core::Filter,
+    ) -> Result<Option<ordo_core::Filter>, ApiError> {
         let identity =
             self.identity.as_ref().ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "send `auth` first"))?;
         let (entry, grant) =
             self.context.gate.granted_collection(&self.context.routes, identity, name, Action::Read)?;
-        let predicate = grant.predicate(&entry.schema)?;
-        Ok((entry, predicate))
+        match grant {
+            crate::rules::Grant::Related(_) => Ok(Some(view_filter)),
+            grant => grant.predicate(&entry.schema),
+        }
+    }
+
+    /// The collection as this connection's identity may read it with a view of
+    /// `filter`: the row predicate to conjoin (`None`: every item) and, on a
+    /// collection read by relationship, the relationship the writer checks (the
+    /// filter must pin it; `related::view_access`). Refused the same way
+    /// whether the collection exists or not.
+    pub(super) fn readable_view(
+        &self,
+        name: &str,
+        filter: &serde_json::Value,
+    ) -> Result<(Arc<crate::routing::CollectionEntry>, crate::related::ViewAccess), ApiError> {
+        let identity =
+            self.identity.as_ref().ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "send `auth` first"))?;
+        let context = &self.context;
+        let (entry, grant) = context.gate.granted_collection(&context.routes, identity, name, Action::Read)?;
+        let access = crate::related::view_access(&context.gate, &context.routes, identity, &entry, &grant, filter)?;
+        Ok((entry, access))
     }
 
     /// The schema to check a view request on `entry` against, once every name it

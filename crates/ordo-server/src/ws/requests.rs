@@ -95,9 +95,9 @@ impl Connection {
     /// reached. In a cluster the collection may come with an entry this node has
     /// not applied; refusing it now would make the answer depend on the node.
     fn awaits_its_collection(&self, message: &ClientMessage) -> Option<u64> {
-        let ClientMessage::Subscribe { collection, min_seq, .. } = message else { return None };
+        let ClientMessage::Subscribe { collection, min_seq, filter, .. } = message else { return None };
         let SeqCheck::Wait(min_seq) = min_seq::check(*min_seq, min_seq::last(&self.seq)) else { return None };
-        match self.readable(collection) {
+        match self.readable_view(collection, filter) {
             Err(error) if error.code == ErrorCode::UnknownCollection => Some(min_seq),
             _ => None,
         }

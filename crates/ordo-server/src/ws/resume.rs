@@ -75,8 +75,11 @@ impl Connection {
                 // change renumbers (the window's own projection followed it by name).
                 (sub.collection.id == collection.id
                     && Arc::ptr_eq(&sub.collection.schema, &collection.schema)
-                    && share_key(collection.id, &sub.spec) == share_key(collection.id, &spec))
-                .then_some(handle)
+                    && share_key(collection.id, &sub.spec) == share_key(collection.id, &spec)
+                    // The writer watches the relationship the subscription opened
+                    // with: only the very same one keeps it (the rule there may differ).
+                    && sub.spec.relation == spec.relation)
+                    .then_some(handle)
             });
             match same {
                 Some(handle) => {
@@ -178,7 +181,7 @@ impl Connection {
         if let Some(cluster) = &self.context.cluster {
             cluster.status.check_not_lagging()?;
         }
-        let (collection, predicate) = self.readable(&entry.collection)?;
+        let (collection, access) = self.readable_view(&entry.collection, &entry.filter)?;
         let read_schema = self.read_schema(&collection, &entry.filter, &entry.sort, entry.fields.as_deref())?;
         let schema = read_schema.as_ref().unwrap_or(&collection.schema);
         let position = wire::PositionKeys { offset: entry.offset, tail: entry.tail, ..Default::default() };
@@ -191,7 +194,8 @@ impl Connection {
             entry.fields.as_deref(),
             entry.payload,
         )?;
-        wire::restrict_spec(&mut spec, predicate.as_ref(), schema)?;
+        wire::restrict_spec(&mut spec, access.predicate.as_ref(), schema)?;
+        spec.relation = access.relation;
         Ok((collection, spec))
     }
 }

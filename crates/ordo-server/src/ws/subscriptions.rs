@@ -41,11 +41,12 @@ impl Connection {
                 limits::MAX_SUBSCRIPTIONS_PER_CONNECTION
             )));
         }
-        let (entry, predicate) = self.readable(collection)?;
+        let (entry, access) = self.readable_view(collection, filter)?;
         let read_schema = self.read_schema(&entry, filter, sort, fields)?;
         let schema = read_schema.as_ref().unwrap_or(&entry.schema);
         let mut spec = wire::window_spec(schema, filter, sort, position, limit, fields, payload)?;
-        wire::restrict_spec(&mut spec, predicate.as_ref(), schema)?;
+        wire::restrict_spec(&mut spec, access.predicate.as_ref(), schema)?;
+        spec.relation = access.relation;
         Ok((entry, spec))
     }
 
@@ -98,9 +99,9 @@ impl Connection {
         let mut position = position.check(limit)?;
         if let wire::Position::Seek(seek) = &mut position {
             // The rules as they are now: an item outside them reads as missing.
-            let name = self.session.table.get(handle).expect("mapped handles are live").collection.name.clone();
-            let (_, predicate) = self.readable(&name)?;
-            seek.rule = predicate;
+            let entry = self.session.table.get(handle).expect("mapped handles are live");
+            let (name, filter) = (entry.collection.name.clone(), entry.spec.def.filter.clone());
+            seek.rule = self.seek_rule(&name, filter)?;
         }
         let entry = self.session.table.get_mut(handle).expect("mapped handles are live");
         // Recorded now for a later resume to compare with; a key position is
@@ -124,7 +125,7 @@ impl Connection {
         let (name, subscribed_id) = (entry.collection.name.clone(), entry.collection.id);
         // The rules and the schema as they are now: a view change never widens past
         // the rules, and may name fields added since the subscription opened.
-        let (current, predicate) = self.readable(&name)?;
+        let (current, access) = self.readable_view(&name, filter)?;
         if current.id != subscribed_id {
             // Dropped (and made again): the subscription's `ended` is on its way.
             return Err(ApiError::new(
@@ -138,11 +139,13 @@ impl Connection {
         let read_schema = self.read_schema(&current, filter, sort, Some(&shown))?;
         let schema = read_schema.as_ref().unwrap_or(&current.schema);
         let mut def = wire::view_def(schema, filter, sort)?.showing(shown);
-        wire::restrict(&mut def, predicate.as_ref(), schema)?;
+        wire::restrict(&mut def, access.predicate.as_ref(), schema)?;
         let entry = self.session.table.get_mut(handle).expect("mapped handles are live");
         entry.spec.def = def.clone();
+        entry.spec.relation = access.relation.clone();
         let owner = self.view_budget_owner();
-        let command = Command::SetView { session: self.session.id, handle, def, req, owner };
+        let relation = access.relation;
+        let command = Command::SetView { session: self.session.id, handle, def, req, owner, relation };
         let _ = self.context.writer.send(command).await;
         Ok(())
     }
