@@ -18,6 +18,7 @@ use ordo_core::{Filter, Schema};
 use crate::auth::{Identity, Role};
 use crate::error::{ApiError, ErrorCode};
 use crate::limits;
+use crate::write_rules::{parse_write, WriteDoc, WriteGrant, WriteLimits};
 
 /// `PUT /v1/rules`: the whole rule set at once.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
@@ -35,8 +36,9 @@ pub struct RuleDoc {
     pub roles: Vec<String>,
     #[serde(default, skip_serializing_if = "AccessDoc::is_none")]
     pub read: AccessDoc,
-    #[serde(default, skip_serializing_if = "AccessDoc::is_none")]
-    pub write: AccessDoc,
+    /// `true`, `{"filter": F}`, or with field-level limits (`crate::write_rules`).
+    #[serde(default, skip_serializing_if = "WriteDoc::is_none")]
+    pub write: WriteDoc,
     /// May create a collection of this name (`PUT /v1/collections/{name}`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub create: bool,
@@ -83,6 +85,8 @@ struct Rule {
     roles: Vec<Role>,
     read: Access,
     write: Access,
+    /// What the write grant lets an op do besides keeping inside `write`'s filter.
+    write_limits: WriteLimits,
     create: bool,
 }
 
@@ -134,11 +138,9 @@ impl RuleSet {
                 }
             }
             let read = access(&rule.read).map_err(|message| invalid(index, format!("`read`: {message}")))?;
-            let write = access(&rule.write).map_err(|message| invalid(index, format!("`write`: {message}")))?;
-            if let Access::Where(filter) = &write {
-                check_write_filter(filter).map_err(|message| invalid(index, format!("`write`: {message}")))?;
-            }
-            rules.push(Rule { pattern, roles, read, write, create: rule.create });
+            let (write, write_limits) =
+                write_access(&rule.write).map_err(|message| invalid(index, format!("`write`: {message}")))?;
+            rules.push(Rule { pattern, roles, read, write, write_limits, create: rule.create });
         }
         Ok(RuleSet { rules, doc })
     }
@@ -174,6 +176,55 @@ impl RuleSet {
             }
         }
         (!filters.is_empty()).then_some(Grant::Where(filters))
+    }
+
+    /// What `identity` may write in the collection `name`, rule by rule (see
+    /// [`WriteGrant`]). `None`: nothing.
+    pub fn write_grant(&self, identity: &Identity, name: &str) -> Option<WriteGrant> {
+        if identity.role == Role::Admin {
+            return Some(WriteGrant::everything());
+        }
+        let mut grant = WriteGrant::default();
+        for rule in &self.rules {
+            if !rule.roles.contains(&identity.role) || !pattern_matches(&rule.pattern, name, identity) {
+                continue;
+            }
+            match &rule.write {
+                Access::Denied => {}
+                Access::All => grant.add(&rule.write_limits, Grant::All),
+                Access::Where(filter) => {
+                    // A filter naming a claim the token lacks grants nothing.
+                    if let Some(bound) = bind_claims(filter, identity) {
+                        grant.add(&rule.write_limits, Grant::Where(vec![bound]));
+                    }
+                }
+            }
+        }
+        (!grant.is_empty()).then_some(grant)
+    }
+
+    /// Whether some identity of `role` may set (or apply an atomic to) `field`
+    /// of some item of `collection`: a rule of the role whose pattern can match
+    /// the name (for some claims) grants a write that does not leave the field
+    /// out. Whatever its filter: an identity that may set the field on its own
+    /// items may set it.
+    pub fn may_set_field(&self, role: Role, collection: &str, field: &str) -> bool {
+        role == Role::Admin || self.writes_that_can_match(role, collection).any(|rule| rule.write_limits.may_set(field))
+    }
+
+    /// Whether some identity of `role` may create items in `collection` (see
+    /// [`RuleSet::may_set_field`]).
+    pub fn may_create_items(&self, role: Role, collection: &str) -> bool {
+        role == Role::Admin || self.writes_that_can_match(role, collection).any(|rule| rule.write_limits.may_create())
+    }
+
+    /// The rules of `role` granting some write on a collection their pattern can match.
+    fn writes_that_can_match<'a>(&'a self, role: Role, collection: &'a str) -> impl Iterator<Item = &'a Rule> + 'a {
+        self.rules.iter().filter(move |rule| {
+            !matches!(rule.write, Access::Denied)
+                && rule.roles.contains(&role)
+                && pattern_can_match(&rule.pattern, collection)
+        })
     }
 
     pub fn may_create(&self, identity: &Identity, name: &str) -> bool {
@@ -219,6 +270,18 @@ fn access(doc: &AccessDoc) -> Result<Access, String> {
                 return Err("`filter` is a filter object".to_owned());
             }
             Access::Where(filter.clone())
+        }
+    })
+}
+
+/// A rule's `write`: what it grants, and its limits.
+fn write_access(doc: &WriteDoc) -> Result<(Access, WriteLimits), String> {
+    Ok(match parse_write(doc)? {
+        None => (Access::Denied, WriteLimits::EVERYTHING),
+        Some((None, limits)) => (Access::All, limits),
+        Some((Some(filter), limits)) => {
+            check_write_filter(&filter)?;
+            (Access::Where(filter), limits)
         }
     })
 }
@@ -308,6 +371,25 @@ fn pattern_matches(pattern: &[PatternPart], name: &str, identity: &Identity) -> 
     match name.strip_prefix(piece.as_ref()) {
         Some(after) => pattern_matches(later, after, identity),
         None => false,
+    }
+}
+
+/// Whether `name` is the pattern with *some* claims put in: each placeholder
+/// matches one or more characters a claim may hold (`auth::is_claim_text`).
+fn pattern_can_match(pattern: &[PatternPart], name: &str) -> bool {
+    let Some((part, later)) = pattern.split_first() else { return name.is_empty() };
+    let may_take = |byte: u8| match part {
+        PatternPart::Any => byte != b'/',
+        _ => crate::auth::is_claim_byte(byte),
+    };
+    match part {
+        PatternPart::Literal(text) => {
+            name.strip_prefix(text.as_str()).is_some_and(|after| pattern_can_match(later, after))
+        }
+        PatternPart::Claim(_) | PatternPart::Any => {
+            let run = name.bytes().take_while(|byte| may_take(*byte)).count();
+            (1..=run).filter(|&end| name.is_char_boundary(end)).any(|end| pattern_can_match(later, &name[end..]))
+        }
     }
 }
 
@@ -425,10 +507,76 @@ mod tests {
             serde_json::json!({"rules":[{"collection":"a","roles":[]}]}),
             serde_json::json!({"rules":[{"collection":"a/{sub}{x}","roles":["reader"]}]}),
             serde_json::json!({"rules":[{"collection":"a","roles":["writer"],"write":{"filter":{"field":"x","op":"ne","value":1}}}]}),
+            serde_json::json!({"rules":[{"collection":"a","roles":["writer"],"write":{"fields":["x"],"filter":{"field":"x","op":"ne","value":1}}}]}),
+            serde_json::json!({"rules":[{"collection":"a","roles":["writer"],"write":{"feilds":["x"]}}]}),
+            serde_json::json!({"rules":[{"collection":"a","roles":["writer"],"write":{"atomics":["multiply"]}}]}),
         ] {
             let doc: RulesDoc = serde_json::from_value(bad.clone()).unwrap();
             let error = RuleSet::compile(doc).unwrap_err();
             assert!(error.message.starts_with("rule 0"), "{bad}: {error}");
         }
+    }
+
+    /// The flagship's rules on memberships: a reader sets two fields of its own.
+    fn flagship() -> RuleSet {
+        rules(serde_json::json!({"rules":[
+            {"collection":"members","roles":["reader"],
+             "write":{"filter":{"field":"owner","op":"eq","value":"$sub"},
+                      "fields":["read_upto","favourite"],"atomics":["set_max"],"payload":false,
+                      "create":false,"remove":false}},
+            {"collection":"*","roles":["writer"],"read":true,"write":true}]}))
+    }
+
+    #[test]
+    fn field_limits_are_told_per_role_and_collection() {
+        let set = flagship();
+        assert!(set.may_set_field(Role::Reader, "members", "read_upto"));
+        assert!(set.may_set_field(Role::Reader, "members", "favourite"));
+        assert!(!set.may_set_field(Role::Reader, "members", "room"));
+        assert!(!set.may_set_field(Role::Reader, "members", "owner"));
+        assert!(!set.may_create_items(Role::Reader, "members"));
+        assert!(!set.may_set_field(Role::Reader, "rooms", "name"), "no write rule on rooms");
+        assert!(set.may_set_field(Role::Writer, "members", "room"));
+        assert!(set.may_create_items(Role::Writer, "members"));
+        assert!(set.may_set_field(Role::Admin, "members", "room") && set.may_create_items(Role::Admin, "members"));
+        // A filter does not make a field unsettable: the caller sets it on its own items.
+        let filtered = rules(serde_json::json!({"rules":[{"collection":"members","roles":["reader"],
+            "write":{"filter":{"field":"owner","op":"eq","value":"$sub"}}}]}));
+        assert!(filtered.may_set_field(Role::Reader, "members", "room"));
+        assert!(filtered.may_create_items(Role::Reader, "members"));
+    }
+
+    #[test]
+    fn a_pattern_counts_when_some_claims_make_it_match() {
+        let set = rules(serde_json::json!({"rules":[
+            {"collection":"lists/{sub}","roles":["reader"],"write":{"fields":["a"],"create":false}},
+            {"collection":"t/*-x","roles":["reader"],"write":{"fields":[]}}]}));
+        assert!(set.may_set_field(Role::Reader, "lists/u42", "a"));
+        assert!(!set.may_set_field(Role::Reader, "lists/u42", "b"));
+        for name in ["lists/", "lists/a/b", "list/u42", "lists/ü"] {
+            assert!(!set.may_set_field(Role::Reader, name, "a"), "{name}");
+        }
+        assert!(!set.may_create_items(Role::Reader, "lists/u42"));
+        assert!(set.may_create_items(Role::Reader, "t/a-b-x"));
+        assert!(!set.may_create_items(Role::Reader, "t/a/b-x"));
+        assert!(!set.may_create_items(Role::Writer, "t/a-x"), "another role's rule");
+        assert!(!set.may_set_field(Role::Reader, "t/a-x", "a"), "an empty `fields` sets none");
+    }
+
+    #[test]
+    fn a_write_grant_keeps_rules_of_other_limits_apart() {
+        let set = rules(serde_json::json!({"rules":[
+            {"collection":"members","roles":["reader"],"write":{"filter":{"field":"owner","op":"eq","value":"$sub"},"fields":["a"]}},
+            {"collection":"members","roles":["reader"],"write":{"filter":{"field":"team","op":"eq","value":"$team"}}},
+            {"collection":"members","roles":["reader"],"write":{"filter":{"field":"editor","op":"eq","value":"$sub"}}}]}));
+        let reader = identity("u1", Role::Reader, serde_json::json!({"team": 7}));
+        let grant = set.write_grant(&reader, "members").unwrap();
+        assert_eq!(grant.groups().len(), 2, "{grant:?}");
+        let Grant::Where(unlimited) = &grant.groups()[1].1 else { panic!("{grant:?}") };
+        assert_eq!(unlimited.len(), 2, "rules of equal limits act as one");
+        assert!(!grant.is_unrestricted());
+        assert_eq!(set.write_grant(&reader, "rooms"), None);
+        let admin = identity("ops", Role::Admin, Json::Null);
+        assert!(set.write_grant(&admin, "rooms").unwrap().is_unrestricted());
     }
 }
