@@ -117,8 +117,8 @@ fn refused_ops() -> Vec<(Value, String)> {
             upsert("alice/r1", "increment", json!({"read_upto": 1})),
             not_allowed("alice/r1", "atomic increment on `read_upto`"),
         ),
-        (upsert("alice/r1", "payload", json!({"note": "x"})), not_allowed("alice/r1", "the payload")),
         (upsert("alice/r1", "payload", Value::Null), not_allowed("alice/r1", "the payload")),
+        (upsert("alice/r1", "payload", json!({"note": "x"})), not_allowed("alice/r1", "the payload")),
         (upsert("alice/r3", "fields", json!({"read_upto": 1})), not_allowed("alice/r3", "creating items")),
         (
             upsert("alice/r3", "fields", json!({"owner": "alice", "room": "r1"})),
@@ -291,13 +291,17 @@ fn unknown_write_keys_and_atomic_kinds_are_refused_by_name() {
 /// Cluster mode: every node checks an entry's ops against the caller's rules
 /// where it applies, whatever the node that published it checked. Entries put
 /// on the stream directly (the network thread's check never ran) carrying
-/// alice's identity write only what her rule allows.
+/// alice's identity write only what her rule allows. Through the API, what an
+/// op sets is refused before it is published: it takes no seq.
 #[test]
 fn each_node_checks_the_fields_where_an_entry_applies() {
     let nats = NatsCluster::start(1);
     let dir = tempfile::tempdir().unwrap();
-    let server =
-        Server::start(dir.path(), &["--cluster", &nats.urls(), "--node-name", "solo", "--stream-replicas", "1"]);
+    let secret = write_secret(dir.path());
+    let urls = nats.urls();
+    let args = ["--cluster", &urls, "--node-name", "solo", "--stream-replicas", "1", "--auth-secret-file"];
+    let mut server = Server::start(&dir.path().join("data"), &[&args[..], &[secret.to_str().unwrap()]].concat());
+    server.token = Some(mint(&secret, "ops", "admin", &[]));
     create_collections(&server);
     let admin = json!({"sub": "ops", "role": "admin"});
     let alice = json!({"sub": "alice", "role": "reader"});
@@ -325,6 +329,16 @@ fn each_node_checks_the_fields_where_an_entry_applies() {
         {"id": "done/r1", "fields": {"owner": "done", "room": null, "read_upto": null, "favourite": null}, "payload": null},
     ]);
     assert_eq!(Value::Array(memberships(&server)), expected, "only alice's allowed write applied");
+
+    let alice_token = mint(&secret, "alice", "reader", &[]);
+    // Creation needs the items: decided where the entry applies, so published.
+    for (op, words) in refused_ops().into_iter().filter(|(_, words)| !words.ends_with("creating items")) {
+        let body = json!({"ops": [op]});
+        let answer = server.http_as(Some(&alice_token), "POST", "/v1/collections/members/batch", Some(&body));
+        assert_eq!(refusal(&op.to_string(), answer), format!("op 0: this identity may not write {words}"));
+    }
+    let (_, health) = server.http("GET", "/v1/health", None);
+    assert_eq!(health["cluster"]["applied_seq"], last, "a write refused by what it sets is never published");
     server.stop();
 }
 
