@@ -374,23 +374,39 @@ fn pattern_matches(pattern: &[PatternPart], name: &str, identity: &Identity) -> 
     }
 }
 
-/// Whether `name` is the pattern with *some* claims put in: each placeholder
-/// matches one or more characters a claim may hold (`auth::is_claim_text`).
+/// Whether `name` is the pattern with *some* claims put in: a placeholder
+/// matches one or more characters a claim may hold (`auth::is_claim_byte`),
+/// `*` one or more other than `/`. The positions of `name` each part can end
+/// at, part by part: O(parts × name²), both bounded by the pattern and name
+/// limits, whatever the placeholders (no backtracking).
 fn pattern_can_match(pattern: &[PatternPart], name: &str) -> bool {
-    let Some((part, later)) = pattern.split_first() else { return name.is_empty() };
-    let may_take = |byte: u8| match part {
-        PatternPart::Any => byte != b'/',
-        _ => crate::auth::is_claim_byte(byte),
-    };
-    match part {
-        PatternPart::Literal(text) => {
-            name.strip_prefix(text.as_str()).is_some_and(|after| pattern_can_match(later, after))
+    let mut reachable = vec![false; name.len() + 1];
+    reachable[0] = true;
+    for part in pattern {
+        let mut next = vec![false; name.len() + 1];
+        for start in (0..=name.len()).filter(|&start| reachable[start]) {
+            let rest = &name[start..];
+            match part {
+                PatternPart::Literal(text) => {
+                    if rest.starts_with(text.as_str()) {
+                        next[start + text.len()] = true;
+                    }
+                }
+                PatternPart::Claim(_) | PatternPart::Any => {
+                    let may_take = |byte: u8| match part {
+                        PatternPart::Any => byte != b'/',
+                        _ => crate::auth::is_claim_byte(byte),
+                    };
+                    let run = rest.bytes().take_while(|byte| may_take(*byte)).count();
+                    for end in (1..=run).filter(|&end| rest.is_char_boundary(end)) {
+                        next[start + end] = true;
+                    }
+                }
+            }
         }
-        PatternPart::Claim(_) | PatternPart::Any => {
-            let run = name.bytes().take_while(|byte| may_take(*byte)).count();
-            (1..=run).filter(|&end| name.is_char_boundary(end)).any(|end| pattern_can_match(later, &name[end..]))
-        }
+        reachable = next;
     }
+    reachable[name.len()]
 }
 
 /// The filter with every `"$claim"` string replaced by the claim's value
@@ -556,6 +572,10 @@ mod tests {
         for name in ["lists/", "lists/a/b", "list/u42", "lists/ü"] {
             assert!(!set.may_set_field(Role::Reader, name, "a"), "{name}");
         }
+        // Many placeholders against a long name: decided at once, without backtracking.
+        let pattern = parse_pattern(&"{a}-".repeat(30)).unwrap();
+        assert!(pattern_can_match(&pattern, &"x-".repeat(60)));
+        assert!(!pattern_can_match(&pattern, &format!("{}/", "x-".repeat(60))));
         assert!(!set.may_create_items(Role::Reader, "lists/u42"));
         assert!(set.may_create_items(Role::Reader, "t/a-b-x"));
         assert!(!set.may_create_items(Role::Reader, "t/a/b-x"));

@@ -135,7 +135,7 @@ impl WriteGuard {
         for rule in &self.rules {
             // A rule that admits the op ends the search: nothing is refused.
             let disallowed = refusal_of(rule)?;
-            if closest.as_ref().map_or(true, |held| disallowed.stage() > held.stage()) {
+            if closest.as_ref().is_none_or(|held| disallowed.stage() > held.stage()) {
                 closest = Some(disallowed);
             }
         }
@@ -295,6 +295,9 @@ mod tests {
         (AtomicOp::SetMin, "set_min"),
     ];
     const IDS: [&str; 5] = ["u1/a", "u1/b", "u2/a", "u2/b", "x"];
+    const OWNERS: [&str; 2] = ["u1", "u2"];
+    const ROOMS: [&str; 2] = ["a", "b"];
+    const ATOMIC_OPERANDS: [&str; 3] = ["u1", "a", "zz"];
 
     /// One rule as the model reads it.
     #[derive(Clone, Debug, PartialEq)]
@@ -365,8 +368,8 @@ mod tests {
         for field in FIELDS {
             if rng.chance(25) {
                 upsert = match field {
-                    "owner" => upsert.set(field, Value::Str(*rng.pick(&["u1", "u2"]))),
-                    "room" => upsert.set(field, Value::Str(*rng.pick(&["a", "b"]))),
+                    "owner" => upsert.set(field, Value::Str(rng.pick::<&str>(&OWNERS))),
+                    "room" => upsert.set(field, Value::Str(rng.pick::<&str>(&ROOMS))),
                     "read_upto" => upsert.set(field, Value::U64(rng.below(5))),
                     _ => upsert.set(field, Value::Bool(rng.chance(50))),
                 };
@@ -375,7 +378,7 @@ mod tests {
                 upsert = match field {
                     "read_upto" => upsert.atomic(op, field, Value::U64(1)),
                     "owner" | "room" if matches!(op, AtomicOp::SetMax | AtomicOp::SetMin) => {
-                        upsert.atomic(op, field, Value::Str(*rng.pick(&["u1", "a", "zz"])))
+                        upsert.atomic(op, field, Value::Str(rng.pick::<&str>(&ATOMIC_OPERANDS)))
                     }
                     _ => upsert,
                 };
@@ -417,7 +420,7 @@ mod tests {
                 match group_refusal(&group, &op, before.as_ref()) {
                     None => admitted = true,
                     Some(disallowed) => {
-                        if closest.as_ref().map_or(true, |held| disallowed.stage() > held.stage()) {
+                        if closest.as_ref().is_none_or(|held| disallowed.stage() > held.stage()) {
                             closest = Some(disallowed);
                         }
                     }
@@ -454,7 +457,7 @@ mod tests {
         let every_item = group.iter().any(|rule| rule.filter.is_none());
         let filters = || group.iter().filter_map(|rule| rule.filter.as_ref());
         let pins = |name: &str| !every_item && filters().flatten().any(|(field, _)| *field == name);
-        let may_set = |name: &str| limits.fields.as_ref().map_or(true, |fields| fields.contains(&name));
+        let may_set = |name: &str| limits.fields.as_ref().is_none_or(|fields| fields.contains(&name));
         if op.is_remove() && !limits.remove {
             return Some(Disallowed::Removing);
         }

@@ -100,7 +100,7 @@ impl WriteLimits {
     }
 
     pub fn may_set(&self, field: &str) -> bool {
-        self.fields.as_ref().map_or(true, |fields| fields.iter().any(|allowed| allowed == field))
+        self.fields.as_ref().is_none_or(|fields| fields.iter().any(|allowed| allowed == field))
     }
 
     /// An atomic needs both its kind and its field allowed.
