@@ -19,6 +19,7 @@ use crate::metrics::{self, METRICS};
 use crate::rate_limit::TokenBucket;
 use crate::routing::{is_reserved_name, CollectionEntry, Routes};
 use crate::rules::{Action, Grant, RuleSet, SharedRules};
+use crate::write_rules::WriteGrant;
 
 /// Who may reach the server and from where; built at start.
 pub struct Gate {
@@ -262,6 +263,21 @@ impl Gate {
         if identity.role != Role::Admin && entry.name != name {
             return Err(ApiError::unknown_collection(name));
         }
+        Ok((entry, grant))
+    }
+
+    /// `granted_collection` for a write, with what the caller may write there
+    /// rule by rule: its write guard is built from it.
+    pub fn granted_write(
+        &self,
+        routes: &Routes,
+        identity: &Identity,
+        name: &str,
+    ) -> Result<(Arc<CollectionEntry>, WriteGrant), ApiError> {
+        let (entry, _) = self.granted_collection(routes, identity, name, Action::Write)?;
+        // The rules may have changed since: the newer ones decide, refusing with the same words.
+        let grant =
+            self.rules().write_grant(identity, name).ok_or_else(|| crate::rules::forbidden(name, "write to"))?;
         Ok((entry, grant))
     }
 

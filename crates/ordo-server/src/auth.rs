@@ -184,7 +184,11 @@ impl AuthFailure {
 /// `@user:server`), and none of them is pattern syntax (`/`, `*`, `{`, `}`)
 /// or changes meaning in a URL path (`%`, `?`, `#`).
 pub fn is_claim_text(text: &str) -> bool {
-    text.bytes().all(|byte| byte.is_ascii_alphanumeric() || b"-_.@:+=|~".contains(&byte))
+    text.bytes().all(is_claim_byte)
+}
+
+pub fn is_claim_byte(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || b"-_.@:+=|~".contains(&byte)
 }
 
 /// A public key of the JWKS file, with the one algorithm it verifies.

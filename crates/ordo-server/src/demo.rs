@@ -28,6 +28,7 @@ use crate::rng::Rng;
 use crate::routing::{CollectionEntry, Routes};
 use crate::rules::{AccessDoc, RuleDoc, RuleSet};
 use crate::wire;
+use crate::write_rules::WriteDoc;
 use crate::writer::{Command, WriterSender};
 
 const INDEX_HTML: &str = include_str!("../demo/index.html");
@@ -233,7 +234,7 @@ async fn install_rule(writer: &WriterSender, gate: &Gate, cluster: Option<&Clust
         collection: ROOMS_COLLECTION.to_owned(),
         roles: vec!["reader".to_owned()],
         read: AccessDoc::Where { filter },
-        write: AccessDoc::None,
+        write: WriteDoc::None,
         create: false,
     });
     let compiled = RuleSet::compile(doc.clone()).map_err(|error| format!("the demo's access rule: {error}"))?;

@@ -38,5 +38,6 @@ pub mod submit;
 pub mod wire;
 pub mod write_buffers;
 pub mod write_guard;
+pub mod write_rules;
 pub mod writer;
 pub mod ws;

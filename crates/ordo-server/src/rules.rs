@@ -24,6 +24,7 @@ use ordo_core::{Filter, Schema};
 use crate::auth::{Identity, Role};
 use crate::error::{ApiError, ErrorCode};
 use crate::limits;
+use crate::write_rules::{parse_write, WriteDoc, WriteGrant, WriteLimits};
 
 pub use through::ThroughRef;
 
@@ -43,8 +44,9 @@ pub struct RuleDoc {
     pub roles: Vec<String>,
     #[serde(default, skip_serializing_if = "AccessDoc::is_none")]
     pub read: AccessDoc,
-    #[serde(default, skip_serializing_if = "AccessDoc::is_none")]
-    pub write: AccessDoc,
+    /// `true`, `{"filter": F}`, or with field-level limits (`crate::write_rules`).
+    #[serde(default, skip_serializing_if = "WriteDoc::is_none")]
+    pub write: WriteDoc,
     /// May create a collection of this name (`PUT /v1/collections/{name}`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub create: bool,
@@ -118,6 +120,8 @@ struct Rule {
     roles: Vec<Role>,
     read: Access,
     write: Access,
+    /// What the write grant lets an op do besides keeping inside `write`'s filter.
+    write_limits: WriteLimits,
     create: bool,
 }
 
@@ -177,13 +181,10 @@ impl RuleSet {
             }
             let read =
                 access(&rule.read, Action::Read).map_err(|message| invalid(index, format!("`read`: {message}")))?;
-            let write =
-                access(&rule.write, Action::Write).map_err(|message| invalid(index, format!("`write`: {message}")))?;
+            let (write, write_limits) =
+                write_access(&rule.write).map_err(|message| invalid(index, format!("`write`: {message}")))?;
             check_relation_use(&rule.collection, &read, &write).map_err(|message| invalid(index, message))?;
-            if let Access::Where(filter) = &write {
-                check_write_filter(filter).map_err(|message| invalid(index, format!("`write`: {message}")))?;
-            }
-            rules.push(Rule { pattern, roles, read, write, create: rule.create });
+            rules.push(Rule { pattern, roles, read, write, write_limits, create: rule.create });
         }
         through::check_unpointable(&rules)?;
         Ok(RuleSet { rules, doc })
@@ -254,6 +255,57 @@ impl RuleSet {
         })
     }
 
+    /// What `identity` may write in the collection `name`, rule by rule (see
+    /// [`WriteGrant`]). `None`: nothing.
+    pub fn write_grant(&self, identity: &Identity, name: &str) -> Option<WriteGrant> {
+        if identity.role == Role::Admin {
+            return Some(WriteGrant::everything());
+        }
+        let mut grant = WriteGrant::default();
+        for rule in &self.rules {
+            if !rule.roles.contains(&identity.role) || !pattern_matches(&rule.pattern, name, identity) {
+                continue;
+            }
+            match &rule.write {
+                Access::Denied => {}
+                Access::All => grant.add(&rule.write_limits, Grant::All),
+                Access::Where(filter) => {
+                    // A filter naming a claim the token lacks grants nothing.
+                    if let Some(bound) = bind_claims(filter, identity) {
+                        grant.add(&rule.write_limits, Grant::Where(vec![bound]));
+                    }
+                }
+                // Read-only forms: `write_access` never makes one (refused at compile time).
+                Access::Through(_) | Access::Related(_) => {}
+            }
+        }
+        (!grant.is_empty()).then_some(grant)
+    }
+
+    /// Whether some identity of `role` may set (or apply an atomic to) `field`
+    /// of some item of `collection`: a rule of the role whose pattern can match
+    /// the name (for some claims) grants a write that does not leave the field
+    /// out. Whatever its filter: an identity that may set the field on its own
+    /// items may set it.
+    pub fn may_set_field(&self, role: Role, collection: &str, field: &str) -> bool {
+        role == Role::Admin || self.writes_that_can_match(role, collection).any(|rule| rule.write_limits.may_set(field))
+    }
+
+    /// Whether some identity of `role` may create items in `collection` (see
+    /// [`RuleSet::may_set_field`]).
+    pub fn may_create_items(&self, role: Role, collection: &str) -> bool {
+        role == Role::Admin || self.writes_that_can_match(role, collection).any(|rule| rule.write_limits.may_create())
+    }
+
+    /// The rules of `role` granting some write on a collection their pattern can match.
+    fn writes_that_can_match<'a>(&'a self, role: Role, collection: &'a str) -> impl Iterator<Item = &'a Rule> + 'a {
+        self.rules.iter().filter(move |rule| {
+            !matches!(rule.write, Access::Denied)
+                && rule.roles.contains(&role)
+                && pattern_can_match(&rule.pattern, collection)
+        })
+    }
+
     pub fn may_create(&self, identity: &Identity, name: &str) -> bool {
         identity.role == Role::Admin
             || self.rules.iter().any(|rule| {
@@ -293,19 +345,17 @@ impl Rule {
     /// Whether this rule lets `role` set `ref_field` of an item of the
     /// collection named `collection`, or create an item there (an upsert sets
     /// every field it names): a `through` rule on that reference's target is
-    /// safe only while no rule does. Today a write grant admits every field
-    /// and creation, so any write grant (with or without a filter) on a
-    /// pattern that can match `collection` counts; field-level write rules
-    /// narrow it to those admitting `ref_field` or creation. A rule's `create`
+    /// safe only while no rule does. A write grant (with or without a filter)
+    /// on a pattern that can match `collection` counts when its field limits
+    /// admit `ref_field` or creating items. A rule's `create`
     /// (of collections) does not count: a collection a non-admin creates may
     /// reference only collections it may read whole, which a `through` target
     /// is not for that role.
     fn may_point_reference(&self, role: Role, collection: &str, ref_field: &str) -> bool {
-        // Every write grant admits every field today, so `ref_field` does not narrow it yet.
-        let _ = ref_field;
         self.roles.contains(&role)
             && !matches!(self.write, Access::Denied)
-            && through::pattern_can_match(&self.pattern, collection)
+            && pattern_can_match(&self.pattern, collection)
+            && (self.write_limits.may_set(ref_field) || self.write_limits.may_create())
     }
 }
 
@@ -412,6 +462,19 @@ impl Relation {
     }
 }
 
+/// A rule's `write`: what it grants, and its limits.
+fn write_access(doc: &WriteDoc) -> Result<(Access, WriteLimits), String> {
+    Ok(match parse_write(doc)? {
+        None => (Access::Denied, WriteLimits::EVERYTHING),
+        Some((None, limits)) => (Access::All, limits),
+        Some((Some(filter), limits)) => {
+            check_no_field_operands(&filter, 0)?;
+            check_write_filter(&filter)?;
+            (Access::Where(filter), limits)
+        }
+    })
+}
+
 /// A write filter must be `{"field":f,"op":"eq","value":v}` or `{"all":[...]}` of
 /// those: the server checks an upsert by the values it sets and an existing
 /// item by its fields, which is exact only for equalities.
@@ -498,6 +561,41 @@ fn pattern_matches(pattern: &[PatternPart], name: &str, identity: &Identity) -> 
         Some(after) => pattern_matches(later, after, identity),
         None => false,
     }
+}
+
+/// Whether `name` is the pattern with *some* claims put in: a placeholder
+/// matches one or more characters a claim may hold (`auth::is_claim_byte`),
+/// `*` one or more other than `/`. The positions of `name` each part can end
+/// at, part by part: O(parts × name²), both bounded by the pattern and name
+/// limits, whatever the placeholders (no backtracking).
+fn pattern_can_match(pattern: &[PatternPart], name: &str) -> bool {
+    let mut reachable = vec![false; name.len() + 1];
+    reachable[0] = true;
+    for part in pattern {
+        let mut next = vec![false; name.len() + 1];
+        for start in (0..=name.len()).filter(|&start| reachable[start]) {
+            let rest = &name[start..];
+            match part {
+                PatternPart::Literal(text) => {
+                    if rest.starts_with(text.as_str()) {
+                        next[start + text.len()] = true;
+                    }
+                }
+                PatternPart::Claim(_) | PatternPart::Any => {
+                    let may_take = |byte: u8| match part {
+                        PatternPart::Any => byte != b'/',
+                        _ => crate::auth::is_claim_byte(byte),
+                    };
+                    let run = rest.bytes().take_while(|byte| may_take(*byte)).count();
+                    for end in (1..=run).filter(|&end| rest.is_char_boundary(end)) {
+                        next[start + end] = true;
+                    }
+                }
+            }
+        }
+        reachable = next;
+    }
+    reachable[name.len()]
 }
 
 /// The filter with every `"$claim"` string replaced by the claim's value
@@ -675,6 +773,9 @@ mod tests {
             serde_json::json!({"rules":[{"collection":"a","roles":[]}]}),
             serde_json::json!({"rules":[{"collection":"a/{sub}{x}","roles":["reader"]}]}),
             serde_json::json!({"rules":[{"collection":"a","roles":["writer"],"write":{"filter":{"field":"x","op":"ne","value":1}}}]}),
+            serde_json::json!({"rules":[{"collection":"a","roles":["writer"],"write":{"fields":["x"],"filter":{"field":"x","op":"ne","value":1}}}]}),
+            serde_json::json!({"rules":[{"collection":"a","roles":["writer"],"write":{"feilds":["x"]}}]}),
+            serde_json::json!({"rules":[{"collection":"a","roles":["writer"],"write":{"atomics":["multiply"]}}]}),
         ] {
             let doc: RulesDoc = serde_json::from_value(bad.clone()).unwrap();
             let error = RuleSet::compile(doc).unwrap_err();
@@ -719,5 +820,72 @@ mod tests {
         assert_eq!(error.code, ErrorCode::Forbidden, "{error}");
         let literal = Grant::Where(vec![serde_json::json!({"field":"last_seq","op":"gt","value":3})]);
         assert!(literal.predicate(&schema).unwrap().is_some());
+    }
+
+    /// The flagship's rules on memberships: a reader sets two fields of its own.
+    fn flagship() -> RuleSet {
+        rules(serde_json::json!({"rules":[
+            {"collection":"members","roles":["reader"],
+             "write":{"filter":{"field":"owner","op":"eq","value":"$sub"},
+                      "fields":["read_upto","favourite"],"atomics":["set_max"],"payload":false,
+                      "create":false,"remove":false}},
+            {"collection":"*","roles":["writer"],"read":true,"write":true}]}))
+    }
+
+    #[test]
+    fn field_limits_are_told_per_role_and_collection() {
+        let set = flagship();
+        assert!(set.may_set_field(Role::Reader, "members", "read_upto"));
+        assert!(set.may_set_field(Role::Reader, "members", "favourite"));
+        assert!(!set.may_set_field(Role::Reader, "members", "room"));
+        assert!(!set.may_set_field(Role::Reader, "members", "owner"));
+        assert!(!set.may_create_items(Role::Reader, "members"));
+        assert!(!set.may_set_field(Role::Reader, "rooms", "name"), "no write rule on rooms");
+        assert!(set.may_set_field(Role::Writer, "members", "room"));
+        assert!(set.may_create_items(Role::Writer, "members"));
+        assert!(set.may_set_field(Role::Admin, "members", "room") && set.may_create_items(Role::Admin, "members"));
+        // A filter does not make a field unsettable: the caller sets it on its own items.
+        let filtered = rules(serde_json::json!({"rules":[{"collection":"members","roles":["reader"],
+            "write":{"filter":{"field":"owner","op":"eq","value":"$sub"}}}]}));
+        assert!(filtered.may_set_field(Role::Reader, "members", "room"));
+        assert!(filtered.may_create_items(Role::Reader, "members"));
+    }
+
+    #[test]
+    fn a_pattern_counts_when_some_claims_make_it_match() {
+        let set = rules(serde_json::json!({"rules":[
+            {"collection":"lists/{sub}","roles":["reader"],"write":{"fields":["a"],"create":false}},
+            {"collection":"t/*-x","roles":["reader"],"write":{"fields":[]}}]}));
+        assert!(set.may_set_field(Role::Reader, "lists/u42", "a"));
+        assert!(!set.may_set_field(Role::Reader, "lists/u42", "b"));
+        for name in ["lists/", "lists/a/b", "list/u42", "lists/ü"] {
+            assert!(!set.may_set_field(Role::Reader, name, "a"), "{name}");
+        }
+        // Many placeholders against a long name: decided at once, without backtracking.
+        let pattern = parse_pattern(&"{a}-".repeat(30)).unwrap();
+        assert!(pattern_can_match(&pattern, &"x-".repeat(60)));
+        assert!(!pattern_can_match(&pattern, &format!("{}/", "x-".repeat(60))));
+        assert!(!set.may_create_items(Role::Reader, "lists/u42"));
+        assert!(set.may_create_items(Role::Reader, "t/a-b-x"));
+        assert!(!set.may_create_items(Role::Reader, "t/a/b-x"));
+        assert!(!set.may_create_items(Role::Writer, "t/a-x"), "another role's rule");
+        assert!(!set.may_set_field(Role::Reader, "t/a-x", "a"), "an empty `fields` sets none");
+    }
+
+    #[test]
+    fn a_write_grant_keeps_rules_of_other_limits_apart() {
+        let set = rules(serde_json::json!({"rules":[
+            {"collection":"members","roles":["reader"],"write":{"filter":{"field":"owner","op":"eq","value":"$sub"},"fields":["a"]}},
+            {"collection":"members","roles":["reader"],"write":{"filter":{"field":"team","op":"eq","value":"$team"}}},
+            {"collection":"members","roles":["reader"],"write":{"filter":{"field":"editor","op":"eq","value":"$sub"}}}]}));
+        let reader = identity("u1", Role::Reader, serde_json::json!({"team": 7}));
+        let grant = set.write_grant(&reader, "members").unwrap();
+        assert_eq!(grant.groups().len(), 2, "{grant:?}");
+        let Grant::Where(unlimited) = &grant.groups()[1].1 else { panic!("{grant:?}") };
+        assert_eq!(unlimited.len(), 2, "rules of equal limits act as one");
+        assert!(!grant.is_unrestricted());
+        assert_eq!(set.write_grant(&reader, "rooms"), None);
+        let admin = identity("ops", Role::Admin, Json::Null);
+        assert!(set.write_grant(&admin, "rooms").unwrap().is_unrestricted());
     }
 }

@@ -272,6 +272,14 @@ fn granted_collection(
     state.gate.granted_collection(&state.routes, identity, name, action)
 }
 
+fn granted_write(
+    state: &HttpState,
+    identity: &Identity,
+    name: &str,
+) -> Result<(Arc<CollectionEntry>, crate::write_rules::WriteGrant), ApiError> {
+    state.gate.granted_write(&state.routes, identity, name)
+}
+
 async fn send(state: &HttpState, command: Command) -> Result<(), ApiError> {
     state.writer.send(command).await.map_err(|_| ApiError::shutting_down())
 }

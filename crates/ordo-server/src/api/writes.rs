@@ -9,7 +9,7 @@ use hyper::Response;
 use ordo_core::{Batch, CollectionId};
 
 use super::request::read_body;
-use super::{caller, granted_collection, json_response, parse_write, Body, Call};
+use super::{caller, granted_write, json_response, parse_write, Body, Call};
 use crate::auth::Identity;
 use crate::error::{ApiError, ErrorCode};
 use crate::frame::write_u64;
@@ -22,13 +22,14 @@ use crate::submit::{WriteParts, WriteSource};
 use crate::wire::{self, BatchRequest, CollectionWrite, MultiBatchRequest};
 use crate::write_buffers;
 use crate::write_guard::WriteGuard;
+use crate::write_rules::WriteGrant;
 use crate::writer::WriteResults;
 
 /// POST /v1/collections/{name}/batch: one atomic batch.
 pub(super) async fn batch(call: Call<'_>, name: &str) -> Result<Response<Body>, ApiError> {
     let Call { state, request, path, token } = call;
     let identity = caller(state, token, path)?;
-    let granted = granted_collection(state, &identity, name, Action::Write);
+    let granted = granted_write(state, &identity, name);
     if let Some(error) = granted.as_ref().err().filter(|error| state.submit.submits_despite(error)) {
         let body = read_body(request).await?;
         check_op_count(parse_write::<BatchRequest>(&body)?.ops.len())?;
@@ -48,6 +49,7 @@ pub(super) async fn batch(call: Call<'_>, name: &str) -> Result<Response<Body>, 
     check_op_count(batch_request.ops.len())?;
     let mut batch = write_buffers::take_batch();
     wire::fill_batch(&mut batch, &entry.schema, &batch_request.ops, 0)?;
+    check_shape(&guards, 0, &batch)?;
     let mut parts = write_buffers::take_list();
     parts.push((entry.id, batch));
     let parts = WriteParts { batches: parts, guards };
@@ -100,12 +102,13 @@ fn prepare_part(
     guards: &mut Vec<(usize, Arc<WriteGuard>)>,
     guarded_items: &mut GuardedItems,
 ) -> Result<(CollectionId, Batch), ApiError> {
-    let (entry, grant) = granted_collection(state, identity, &part.collection, Action::Write)?;
+    let (entry, grant) = granted_write(state, identity, &part.collection)?;
     write_guard(part_index, &entry, &grant, guards)?;
     let guarded = guards.last().is_some_and(|(guarded, _)| *guarded == part_index);
     let mut batch = write_buffers::take_batch();
     let filled = wire::fill_batch(&mut batch, &entry.schema, &part.ops, 0).and_then(|()| {
         if guarded {
+            check_shape(guards, part_index, &batch)?;
             guarded_items.claim(entry.id, &batch)
         } else {
             Ok(())
@@ -170,7 +173,7 @@ fn multi_answer(
 pub(super) async fn remove_item(call: Call<'_>, name: &str, id: &str) -> Result<Response<Body>, ApiError> {
     let Call { state, path, token, .. } = call;
     let identity = caller(state, token, path)?;
-    let granted = granted_collection(state, &identity, name, Action::Write);
+    let granted = granted_write(state, &identity, name);
     if let Some(error) = granted.as_ref().err().filter(|error| state.submit.submits_despite(error)) {
         let source = WriteSource::Remove { collection: name, id };
         let ack = state.submit.write(&identity, WriteParts::default(), source).await?.pop().expect("one result");
@@ -183,6 +186,7 @@ pub(super) async fn remove_item(call: Call<'_>, name: &str, id: &str) -> Result<
     write_guard(0, &entry, &grant, &mut guards)?;
     let mut batch = Batch::new();
     batch.remove(id);
+    check_shape(&guards, 0, &batch)?;
     let parts = WriteParts { batches: vec![(entry.id, batch)], guards };
     let mut results = state.submit.write(&identity, parts, WriteSource::Remove { collection: name, id }).await?;
     let ack = results.pop().expect("one result per part").map_err(|error| shown_to(state, &identity, name, error))?;
@@ -200,17 +204,25 @@ fn shown_to(state: &HttpState, identity: &Identity, collection: &str, error: Api
     }
 }
 
-/// A write's part and, under a filtered write rule, the guard the writer checks.
+/// A write's part and, under a restricted write grant, the guard the writer checks.
 fn write_guard(
     index: usize,
     entry: &CollectionEntry,
-    grant: &Grant,
+    grant: &WriteGrant,
     guards: &mut Vec<(usize, Arc<WriteGuard>)>,
 ) -> Result<(), ApiError> {
     if let Some(guard) = WriteGuard::new(grant, &entry.schema)? {
         guards.push((index, Arc::new(guard)));
     }
     Ok(())
+}
+
+/// Refuses here, before it takes the writer's time (or a cluster seq), a
+/// guarded part with an op no rule admits by what it sets, applies or removes;
+/// the writer checks it all again, with the state.
+fn check_shape(guards: &[(usize, Arc<WriteGuard>)], part_index: usize, batch: &Batch) -> Result<(), ApiError> {
+    let Some((_, guard)) = guards.iter().find(|(index, _)| *index == part_index) else { return Ok(()) };
+    guard.check_shape(batch).map_err(|refusal| refusal.to_error(batch))
 }
 
 /// The items the guarded parts of one `POST /v1/batch` write. Each part is

@@ -23,7 +23,7 @@ use crate::access::Gate;
 use crate::auth::{Identity, Role};
 use crate::error::{ApiError, ErrorCode};
 use crate::routing::is_reserved_name;
-use crate::rules::{self, Action, RuleSet, RulesDoc};
+use crate::rules::{self, RuleSet, RulesDoc};
 use crate::wire::{self, AddFieldRequest, SchemaRequest};
 use crate::write_guard::WriteGuard;
 use crate::writer::{FieldChange, Writer};
@@ -319,7 +319,8 @@ fn require_admin(identity: &Identity, what: &str) -> Result<(), ApiError> {
 
 /// A write entry's batch, checked as far as it can be before the store: its
 /// collection, the caller's grant, the ops against the schema; with the guard
-/// of a filtered write rule, if any.
+/// of a restricted write grant (a filter, or limits on fields, atomics, the
+/// payload, creation, removal), if any: checked whole on the writer thread.
 /// `batch` comes empty (`Applier::take_batch`) and is filled with the ops.
 fn prepare_write(
     writer: &Writer,
@@ -331,7 +332,7 @@ fn prepare_write(
     debug_assert!(batch.is_empty(), "a write entry's batch starts empty");
     let name = required(entry.collection.as_deref(), "collection")?;
     let ops = required(entry.ops.as_deref(), "ops")?;
-    let (target, grant) = gate.granted_collection(writer.routes(), identity, name, Action::Write)?;
+    let (target, grant) = gate.granted_write(writer.routes(), identity, name)?;
     let guard = WriteGuard::new(&grant, &target.schema)?;
     wire::fill_batch(batch, &target.schema, ops, 0)?;
     Ok((target.id, guard))

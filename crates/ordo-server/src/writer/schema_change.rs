@@ -271,7 +271,9 @@ mod tests {
         let mut writer = Writer::new(database, Default::default(), 1 << 20);
         let schema = Schema::new().with_field("a", FieldType::U64).with_field("owner", FieldType::String);
         let (_, entry) = writer.create_collection("notes", schema).unwrap();
-        let grant = crate::rules::Grant::Where(vec![serde_json::json!({"field": "owner", "op": "eq", "value": "u1"})]);
+        let mut grant = crate::write_rules::WriteGrant::default();
+        let owner_is_u1 = serde_json::json!({"field": "owner", "op": "eq", "value": "u1"});
+        grant.add(&crate::write_rules::WriteLimits::EVERYTHING, crate::rules::Grant::Where(vec![owner_is_u1]));
         let guard =
             Arc::new(crate::write_guard::WriteGuard::new(&grant, &entry.schema).unwrap().expect("a filtered grant"));
         writer.change_fields(entry.id, FieldChange::Remove { name: "a".into() }).unwrap();

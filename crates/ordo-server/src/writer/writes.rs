@@ -99,10 +99,10 @@ impl Writer {
         waiting
     }
 
-    /// A write with parts under filtered write rules: each such part is checked
-    /// against the committed items (no group is pending, so they are the items
-    /// the write will change), refused whole with `forbidden` if an op leaves
-    /// the grant, and the rest are committed together.
+    /// A write with parts under restricted write grants: each such part is
+    /// checked against the committed items (no group is pending, so they are
+    /// the items the write will change), refused whole with `forbidden` if an
+    /// op is not admitted, and the rest are committed together.
     pub(super) fn guarded_write(
         &mut self,
         batches: Vec<(CollectionId, Batch)>,
@@ -161,14 +161,7 @@ impl Writer {
                 format!("the schema of `{}` changed while this write was on its way; send it again", collection.name()),
             ));
         }
-        if let Err(op) = guard.check(collection, batch) {
-            let id = batch.ops().nth(op).map_or("", |op| op.id());
-            return Some(ApiError::new(
-                ErrorCode::Forbidden,
-                format!("op {op}: this identity may not write item `{id}` (its write rule does not allow it)"),
-            ));
-        }
-        None
+        guard.check(collection, batch).err().map(|refusal| refusal.to_error(batch))
     }
 
     /// Cluster mode: a run of write entries, each at its own seq (refused ones
