@@ -73,8 +73,12 @@ impl Error {
         match self {
             Error::Io(_) => true,
             // Class 08 (connection exception), 57 (operator intervention: a
-            // terminated backend, a shutting-down server), 53 (insufficient resources).
-            Error::Server(error) => ["08", "57", "53"].iter().any(|class| error.code.starts_with(class)),
+            // terminated backend, a shutting-down server), 53 (insufficient
+            // resources), and 55006 (object in use: the slot is still held by
+            // the walsender of a connection that just ended).
+            Error::Server(error) => {
+                ["08", "57", "53"].iter().any(|class| error.code.starts_with(class)) || error.code == "55006"
+            }
             _ => false,
         }
     }

@@ -106,8 +106,36 @@ pub struct Transaction {
     pub changes: Vec<Change>,
 }
 
+/// The waits between reconnection attempts: doubling from `first` up to `max`.
+#[derive(Clone, Debug)]
+pub struct Backoff {
+    pub first: Duration,
+    pub max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    pub fn new(first: Duration, max: Duration) -> Backoff {
+        Backoff { first, max, next: first }
+    }
+
+    /// The wait before the next attempt (each one twice the last, up to `max`).
+    pub fn next_wait(&mut self) -> Duration {
+        let wait = self.next;
+        self.next = (self.next * 2).min(self.max);
+        wait
+    }
+
+    /// After a success: the next failure waits `first` again.
+    pub fn reset(&mut self) {
+        self.next = self.first;
+    }
+}
+
 /// A running stream of the slot's changes.
 pub struct ChangeStream {
+    /// Transactions that end at or before it were applied before this start.
+    start_lsn: Lsn,
     connection: Connection,
     tables: Vec<Table>,
     config: StreamConfig,
@@ -137,6 +165,7 @@ impl ChangeStream {
             return Err(slot_lost_or(error, &config.slot));
         }
         Ok(ChangeStream {
+            start_lsn,
             connection,
             tables,
             config,
@@ -196,7 +225,9 @@ impl ChangeStream {
                     transaction.commit_lsn = commit_lsn;
                     transaction.end_lsn = end_lsn;
                     transaction.commit_time_unix_micros = commit_time_unix_micros;
-                    if !transaction.changes.is_empty() {
+                    // PostgreSQL skips what committed before the start position
+                    // itself; this keeps a replay out even if it did not.
+                    if !transaction.changes.is_empty() && transaction.end_lsn > self.start_lsn {
                         return Ok(transaction);
                     }
                 }
@@ -392,5 +423,19 @@ fn slot_lost_or(error: Error, slot: &str) -> Error {
             Error::SlotLost { slot: slot.into(), reason: server.message.clone() }
         }
         _ => error,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_up_to_its_bound_and_resets() {
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(300));
+        let waits: Vec<u128> = (0..5).map(|_| backoff.next_wait().as_millis()).collect();
+        assert_eq!(waits, [50, 100, 200, 300, 300]);
+        backoff.reset();
+        assert_eq!(backoff.next_wait(), Duration::from_millis(50));
     }
 }
