@@ -7,7 +7,7 @@ use ordo_pgsource::catalog::{describe_tables, Table, TableName, UnsupportedColum
 use ordo_pgsource::copy::create_slot_and_copy;
 use std::time::Duration;
 
-use ordo_pgsource::stream::{Backoff, StreamConfig, DEFAULT_STATUS_INTERVAL};
+use ordo_pgsource::stream::{Backoff, Layout, StreamConfig, DEFAULT_STATUS_INTERVAL};
 use ordo_pgsource::{
     Change, ChangeStream, ConnectConfig, Connection, Error, Field, Host, Lsn, Mode, Transaction, Value,
 };
@@ -46,11 +46,15 @@ pub async fn describe(connection: &mut Connection, names: &[&str]) -> Result<Vec
     describe_tables(connection, PUBLICATION, &names, UnsupportedColumns::Refuse).await
 }
 
+/// A row by column name: a column added in PostgreSQL is missing (null) in
+/// the rows written before it, and a dropped one is removed from every row.
+pub type Row = BTreeMap<String, Value>;
+
 /// Rows by primary key, per followed table: what a follower holds.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Mirror {
     /// Rows by their rendered primary key (values have no total order: floats).
-    pub tables: Vec<BTreeMap<String, Vec<Value>>>,
+    pub tables: Vec<BTreeMap<String, Row>>,
     /// The end of the last transaction applied (the position stored with the data).
     pub applied: Lsn,
 }
@@ -60,15 +64,16 @@ impl Mirror {
         Mirror { tables: vec![BTreeMap::new(); n_tables], applied: Lsn(0) }
     }
 
-    pub fn copy_row(&mut self, tables: &[Table], table: usize, row: Vec<Value>) {
+    pub fn copy_row(&mut self, tables: &[Table], table: usize, values: Vec<Value>) {
         let mut key: Vec<(usize, Value)> = tables[table]
             .columns
             .iter()
-            .zip(&row)
+            .zip(&values)
             .filter_map(|(column, value)| Some((column.key_position?, value.clone())))
             .collect();
         key.sort_by_key(|(position, _)| *position);
         let key: Vec<Value> = key.into_iter().map(|(_, value)| value).collect();
+        let row = tables[table].columns.iter().map(|column| column.name.clone()).zip(values).collect();
         assert!(self.tables[table].insert(render_row(&key), row).is_none(), "a row copied twice");
     }
 
@@ -84,23 +89,32 @@ impl Mirror {
     fn apply_change(&mut self, change: &Change) {
         match change {
             Change::Insert { layout, row } => {
+                self.drop_columns_not_in(layout);
                 let key = render_row(&layout.key_of(row).unwrap());
-                let values = row.iter().map(|field| match field {
-                    Field::Value(value) => value.clone(),
+                let values = layout.columns.iter().zip(row).map(|((name, _), field)| match field {
+                    Field::Value(value) => (name.clone(), value.clone()),
                     Field::UnchangedToast => panic!("an insert with an unchanged TOAST value"),
                 });
                 self.tables[layout.table].insert(key, values.collect());
             }
             Change::Update { layout, old_key, row } => {
+                self.drop_columns_not_in(layout);
                 let key = render_row(&layout.key_of(row).unwrap());
                 let rows = &mut self.tables[layout.table];
                 let old_key = old_key.as_ref().map(|old_key| render_row(old_key));
-                let old = rows.remove(old_key.as_ref().unwrap_or(&key)).expect("an update of a row the mirror lacks");
-                let merged = row.iter().zip(old).map(|(field, old)| match field {
-                    Field::Value(value) => value.clone(),
-                    Field::UnchangedToast => old,
-                });
-                rows.insert(key, merged.collect());
+                let mut merged =
+                    rows.remove(old_key.as_ref().unwrap_or(&key)).expect("an update of a row the mirror lacks");
+                for ((name, _), field) in layout.columns.iter().zip(row) {
+                    match field {
+                        Field::Value(value) => {
+                            merged.insert(name.clone(), value.clone());
+                        }
+                        Field::UnchangedToast => {
+                            assert!(merged.contains_key(name), "an unchanged value the mirror lacks")
+                        }
+                    }
+                }
+                rows.insert(key, merged);
             }
             Change::Delete { layout, key } => {
                 assert!(
@@ -109,6 +123,13 @@ impl Mirror {
                 );
             }
             Change::Truncate { tables } => tables.iter().for_each(|table| self.tables[*table].clear()),
+        }
+    }
+
+    /// A column dropped in PostgreSQL leaves every row.
+    fn drop_columns_not_in(&mut self, layout: &Layout) {
+        for row in self.tables[layout.table].values_mut() {
+            row.retain(|name, _| layout.columns.iter().any(|(column, _)| column == name));
         }
     }
 }
@@ -167,9 +188,14 @@ pub fn render_row(values: &[Value]) -> String {
     columns.join("|")
 }
 
-/// The mirror's rows of one table, rendered and sorted.
-pub fn mirror_lines(mirror: &Mirror, table: usize) -> Vec<String> {
-    let mut lines: Vec<String> = mirror.tables[table].values().map(|row| render_row(row)).collect();
+/// The mirror's rows of one table, their `columns` rendered, sorted.
+pub fn mirror_lines(mirror: &Mirror, table: usize, columns: &[&str]) -> Vec<String> {
+    let render = |row: &Row| {
+        let values: Vec<Value> =
+            columns.iter().map(|column| row.get(*column).cloned().unwrap_or(Value::Null)).collect();
+        render_row(&values)
+    };
+    let mut lines: Vec<String> = mirror.tables[table].values().map(render).collect();
     lines.sort();
     lines
 }

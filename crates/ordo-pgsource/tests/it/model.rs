@@ -1,6 +1,7 @@
 //! PostgreSQL is the reference: random SQL transactions (inserts, updates of
 //! sort keys and of primary keys, updates that leave a TOASTed value of more
-//! than 2 KiB unchanged, deletes, truncates) run against the real server while
+//! than 2 KiB unchanged, deletes, truncates, columns added and dropped) run
+//! against the real server while
 //! a mirror follows the stream. After each, once the mirror applied the
 //! transaction (a marker row carries the step's number), the mirror equals the
 //! table. Meanwhile the follower "crashes" (its unconfirmed work is lost and it
@@ -19,8 +20,54 @@ const MARKER: usize = 1;
 /// The size of the values kept out of line: above PostgreSQL's 2 KiB TOAST threshold.
 const BIG_BYTES: usize = 3000;
 
-const ITEMS_QUERY: &str =
-    "SELECT id, part, score, name, big, (extract(epoch FROM ts) * 1000000)::int8, amount, ok FROM items";
+/// The columns `items` starts with.
+const ITEMS_COLUMNS: [&str; 8] = ["id", "part", "score", "name", "big", "ts", "amount", "ok"];
+
+/// The columns of `items` now, as the model changes them.
+struct ItemsSchema {
+    columns: Vec<String>,
+    /// The added column, while there is one.
+    extra: Option<String>,
+}
+
+impl ItemsSchema {
+    /// The query whose rows the mirror's must equal (timestamps as µs since the epoch).
+    fn query(&self) -> String {
+        let expressions: Vec<String> = self
+            .columns
+            .iter()
+            .map(|column| match column.as_str() {
+                "ts" => "(extract(epoch FROM ts) * 1000000)::int8".to_owned(),
+                other => other.to_owned(),
+            })
+            .collect();
+        format!("SELECT {} FROM items", expressions.join(", "))
+    }
+
+    fn column_names(&self) -> Vec<&str> {
+        self.columns.iter().map(String::as_str).collect()
+    }
+
+    /// Every 20 steps (so that every run has some) and now and then, a column
+    /// added or the added one dropped: the DDL of the step.
+    fn random_change(&mut self, rng: &mut Rng, step: u64) -> Option<String> {
+        if step % 20 != 10 && !rng.chance(5) {
+            return None;
+        }
+        match self.extra.take() {
+            None => {
+                let name = format!("extra_{step}");
+                self.columns.push(name.clone());
+                self.extra = Some(name.clone());
+                Some(format!("ALTER TABLE items ADD COLUMN {name} int8"))
+            }
+            Some(name) => {
+                self.columns.retain(|column| *column != name);
+                Some(format!("ALTER TABLE items DROP COLUMN {name}"))
+            }
+        }
+    }
+}
 
 fn set_up(server: &PostgresServer) {
     server
@@ -38,12 +85,17 @@ fn set_up(server: &PostgresServer) {
 }
 
 /// One random statement on `items`.
-fn random_statement(rng: &mut Rng, step: u64) -> String {
+fn random_statement(rng: &mut Rng, step: u64, schema: &ItemsSchema) -> String {
     let id = rng.below(30);
     let part = rng.pick(&["a", "b"]);
+    if let Some(extra) = &schema.extra {
+        if rng.chance(15) {
+            return format!("UPDATE items SET {extra} = {step} WHERE id <= {id}");
+        }
+    }
     match rng.below(100) {
         0..=29 => format!(
-            "INSERT INTO items VALUES ({id}, '{part}', {}, 'i{step}', repeat('{}', {BIG_BYTES}), \
+            "INSERT INTO items (id, part, score, name, big, ts, amount, ok) VALUES ({id}, '{part}', {}, 'i{step}', repeat('{}', {BIG_BYTES}), \
                '2024-06-01 12:00:00.123456+00'::timestamptz + {step} * interval '1 minute', {}, {}) ON CONFLICT DO NOTHING",
             rng.below(50),
             rng.pick(&["p", "q", "r"]),
@@ -61,7 +113,7 @@ fn random_statement(rng: &mut Rng, step: u64) -> String {
 
 /// The marker's step in the mirror.
 fn marker_step(mirror: &Mirror) -> i64 {
-    match mirror.tables[MARKER].values().next().map(|row| &row[1]) {
+    match mirror.tables[MARKER].values().next().and_then(|row| row.get("step")) {
         Some(Value::Int(step)) => *step,
         other => panic!("the marker row holds {other:?}"),
     }
@@ -115,12 +167,17 @@ async fn run_model(seed: u64, steps: u64) {
     let server = PostgresServer::start().unwrap();
     set_up(&server);
     let (stream, mirror, tables) = follow(&server, &["items", "marker"], 1_000_000).await;
-    let difference = first_difference(&mirror_lines(&mirror, ITEMS), &postgres_lines(&server, ITEMS_QUERY));
+    let mut schema = ItemsSchema { columns: ITEMS_COLUMNS.map(str::to_owned).to_vec(), extra: None };
+    let difference = first_difference(
+        &mirror_lines(&mirror, ITEMS, &schema.column_names()),
+        &postgres_lines(&server, &schema.query()),
+    );
     assert!(difference.is_none(), "the initial copy: {}", difference.unwrap());
     let mut follower = Follower { stream: Some(stream), durable: mirror.clone(), mirror };
     let mut rng = Rng::new(seed);
     for step in 1..=steps {
-        let statements: Vec<String> = (0..1 + rng.below(4)).map(|_| random_statement(&mut rng, step)).collect();
+        let mut statements: Vec<String> = schema.random_change(&mut rng, step).into_iter().collect();
+        statements.extend((0..1 + rng.below(4)).map(|_| random_statement(&mut rng, step, &schema)));
         let sql = format!("BEGIN; {}; UPDATE marker SET step = {step}; COMMIT;", statements.join("; "));
         server.psql(&sql).unwrap_or_else(|error| panic!("seed {seed} step {step}: {sql}: {error}"));
         inject_fault(&mut rng, &server, &mut follower, &tables).await;
@@ -131,8 +188,10 @@ async fn run_model(seed: u64, steps: u64) {
             let Follower { stream, mirror, .. } = &mut follower;
             catch_up(stream.as_mut().unwrap(), mirror, step as i64).await.unwrap();
         }
-        let difference =
-            first_difference(&mirror_lines(&follower.mirror, ITEMS), &postgres_lines(&server, ITEMS_QUERY));
+        let difference = first_difference(
+            &mirror_lines(&follower.mirror, ITEMS, &schema.column_names()),
+            &postgres_lines(&server, &schema.query()),
+        );
         assert!(difference.is_none(), "seed {seed} step {step}: after {sql}: {}", difference.unwrap());
         if rng.chance(40) {
             follower.make_durable(&server, &tables).await;
