@@ -56,6 +56,9 @@ pub struct Table {
     pub columns: Vec<Column>,
     /// The primary key's column names, in key order.
     pub key_columns: Vec<String>,
+    /// PostgreSQL's estimate of the row count (`pg_class.reltuples`), for the
+    /// copy's progress line; `None` before the table was first analyzed.
+    pub estimated_rows: Option<u64>,
 }
 
 /// Whether a column of an unsupported type stops the start (the default) or is
@@ -98,7 +101,7 @@ async fn describe_table(
     table: &TableName,
     unsupported: UnsupportedColumns,
 ) -> Result<Table, Error> {
-    let oid = table_oid(connection, publication, table).await?;
+    let (oid, estimated_rows) = table_oid(connection, publication, table).await?;
     let key_columns = primary_key(connection, oid).await?;
     if key_columns.is_empty() {
         return Err(Error::NoPrimaryKey { table: table.to_string() });
@@ -122,15 +125,20 @@ async fn describe_table(
         }
         columns.push(Column { name, column_type, key_position });
     }
-    Ok(Table { name: table.clone(), oid, columns, key_columns })
+    Ok(Table { name: table.clone(), oid, columns, key_columns, estimated_rows })
 }
 
-/// The table's oid, once it is known to exist, to be a table, to be in the
-/// publication and to identify its rows by their primary key (or whole).
-async fn table_oid(connection: &mut Connection, publication: &str, table: &TableName) -> Result<u32, Error> {
+/// The table's oid and estimated row count, once it is known to exist, to be a
+/// table, to be in the publication and to identify its rows by their primary
+/// key (or whole).
+async fn table_oid(
+    connection: &mut Connection,
+    publication: &str,
+    table: &TableName,
+) -> Result<(u32, Option<u64>), Error> {
     let rows = connection
         .query_rows(&format!(
-            "SELECT c.oid, c.relreplident, EXISTS (SELECT 1 FROM pg_publication_tables p \
+            "SELECT c.oid, c.relreplident, c.reltuples::int8, EXISTS (SELECT 1 FROM pg_publication_tables p \
                WHERE p.pubname = {} AND p.schemaname = n.nspname AND p.tablename = c.relname) \
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
              WHERE n.nspname = {} AND c.relname = {} AND c.relkind IN ('r', 'p')",
@@ -139,8 +147,8 @@ async fn table_oid(connection: &mut Connection, publication: &str, table: &Table
             escape_literal(&table.name)
         ))
         .await?;
-    let Some([Some(oid), Some(replica_identity), Some(published)]) =
-        rows.into_iter().next().map(<[_; 3]>::try_from).transpose().map_err(|_| catalog_shape())?
+    let Some([Some(oid), Some(replica_identity), Some(estimated_rows), Some(published)]) =
+        rows.into_iter().next().map(<[_; 4]>::try_from).transpose().map_err(|_| catalog_shape())?
     else {
         return Err(Error::TableNotFound { table: table.to_string() });
     };
@@ -151,7 +159,9 @@ async fn table_oid(connection: &mut Connection, publication: &str, table: &Table
     if replica_identity != "d" && replica_identity != "f" {
         return Err(Error::NoPrimaryKey { table: format!("{table} (REPLICA IDENTITY is not DEFAULT or FULL)") });
     }
-    oid.parse().map_err(|_| catalog_shape())
+    // -1 until the table was first analyzed (vacuumed, or `ANALYZE`d).
+    let estimated_rows = estimated_rows.parse::<i64>().ok().and_then(|rows| u64::try_from(rows).ok());
+    Ok((oid.parse().map_err(|_| catalog_shape())?, estimated_rows))
 }
 
 /// The primary key's column names in key order; empty when there is none.

@@ -94,3 +94,51 @@ where
         })
         .await
 }
+
+/// The progress line of a table's copy: rows so far, the rate, and an ETA
+/// when PostgreSQL has an estimate of the table's size.
+pub fn progress_line(table: &Table, rows_copied: u64, elapsed: std::time::Duration) -> String {
+    let seconds = elapsed.as_secs_f64();
+    let rate = if seconds > 0.0 { rows_copied as f64 / seconds } else { 0.0 };
+    let mut line = format!("copying {}: {rows_copied} rows", table.name);
+    if let Some(estimate) = table.estimated_rows.filter(|estimate| *estimate > 0) {
+        line.push_str(&format!(" of about {estimate}"));
+        if rate > 0.0 && estimate > rows_copied {
+            line.push_str(&format!(", {rate:.0} rows/s, about {:.0} s left", (estimate - rows_copied) as f64 / rate));
+            return line;
+        }
+    }
+    line.push_str(&format!(", {rate:.0} rows/s"));
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::TableName;
+    use std::time::Duration;
+
+    fn table(estimated_rows: Option<u64>) -> Table {
+        Table { name: TableName::parse("rooms"), oid: 1, columns: Vec::new(), key_columns: Vec::new(), estimated_rows }
+    }
+
+    #[test]
+    fn the_progress_line_gives_the_rate_and_what_is_left() {
+        assert_eq!(
+            progress_line(&table(Some(1000)), 250, Duration::from_secs(5)),
+            "copying public.rooms: 250 rows of about 1000, 50 rows/s, about 15 s left"
+        );
+        assert_eq!(
+            progress_line(&table(None), 250, Duration::from_secs(5)),
+            "copying public.rooms: 250 rows, 50 rows/s"
+        );
+        assert_eq!(
+            progress_line(&table(Some(100)), 250, Duration::from_secs(5)),
+            "copying public.rooms: 250 rows of about 100, 50 rows/s"
+        );
+        assert_eq!(
+            progress_line(&table(Some(100)), 0, Duration::ZERO),
+            "copying public.rooms: 0 rows of about 100, 0 rows/s"
+        );
+    }
+}

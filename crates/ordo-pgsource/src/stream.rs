@@ -144,6 +144,7 @@ pub struct ChangeStream {
     confirmed: Lsn,
     server_wal_end: Lsn,
     last_status: Instant,
+    last_commit_time_unix_micros: Option<i64>,
 }
 
 impl ChangeStream {
@@ -174,6 +175,7 @@ impl ChangeStream {
             confirmed: start_lsn,
             server_wal_end: start_lsn,
             last_status: Instant::now(),
+            last_commit_time_unix_micros: None,
         })
     }
 
@@ -186,6 +188,18 @@ impl ChangeStream {
     /// the lag in bytes.
     pub fn server_wal_end(&self) -> Lsn {
         self.server_wal_end
+    }
+
+    /// The replication lag in bytes of WAL: how far the server's WAL end is past
+    /// what the caller confirmed.
+    pub fn lag_bytes(&self) -> u64 {
+        self.server_wal_end.0.saturating_sub(self.confirmed.0)
+    }
+
+    /// When the last transaction handed over committed in PostgreSQL (µs since
+    /// the Unix epoch), for the lag in seconds; `None` before the first.
+    pub fn last_commit_time_unix_micros(&self) -> Option<i64> {
+        self.last_commit_time_unix_micros
     }
 
     /// The replication connection's backend process id.
@@ -228,6 +242,7 @@ impl ChangeStream {
                     // PostgreSQL skips what committed before the start position
                     // itself; this keeps a replay out even if it did not.
                     if !transaction.changes.is_empty() && transaction.end_lsn > self.start_lsn {
+                        self.last_commit_time_unix_micros = Some(commit_time_unix_micros);
                         return Ok(transaction);
                     }
                 }

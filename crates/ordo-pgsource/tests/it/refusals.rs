@@ -1,5 +1,6 @@
 //! Bad configurations and data are refused with an error naming what to fix;
-//! a copy cut short starts over; a lost slot is a loud error.
+//! a copy cut short starts over; a lost slot is a loud error; the lag is what
+//! the caller has not confirmed.
 
 use ordo_pgsource::catalog::{describe_tables, TableName, UnsupportedColumns};
 use ordo_pgsource::copy::create_slot_and_copy;
@@ -95,10 +96,11 @@ async fn a_transaction_past_the_bound_is_refused_and_one_at_the_bound_is_whole()
 async fn a_copy_cut_short_starts_over_with_every_row_once() {
     let server = server_with(&format!(
         "CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 500) g;
-         CREATE PUBLICATION {PUBLICATION} FOR TABLE t;"
+         ANALYZE t; CREATE PUBLICATION {PUBLICATION} FOR TABLE t;"
     ));
     let mut connection = replication_connection(&server).await.unwrap();
     let tables = describe(&mut connection, &["t"]).await.unwrap();
+    assert_eq!(tables[0].estimated_rows, Some(500), "the size estimate of the progress line");
     let mut copied = 0;
     let cut = create_slot_and_copy(&mut connection, SLOT, &tables, |_, _| {
         copied += 1;
@@ -163,4 +165,21 @@ async fn a_dropped_slot_is_a_loud_error() {
     let error = resume(&server, &tables, mirror.applied).await.err().expect("a stream from a dropped slot");
     assert!(matches!(&error, Error::SlotLost { slot, .. } if slot == SLOT), "{error}");
     assert!(error.to_string().contains("copy the tables anew"), "{error}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_lag_is_what_the_caller_has_not_confirmed() {
+    let server =
+        server_with(&format!("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION {PUBLICATION} FOR TABLE t;"));
+    let (mut stream, mirror, _) = follow(&server, &["t"], 1000).await;
+    assert_eq!(stream.last_commit_time_unix_micros(), None);
+    server.psql("INSERT INTO t VALUES (1)").unwrap();
+    let transaction = stream.next_transaction().await.unwrap();
+    assert_eq!(stream.confirmed(), mirror.applied, "nothing is confirmed before the caller says so");
+    assert!(stream.lag_bytes() >= transaction.end_lsn.0 - mirror.applied.0, "{} bytes", stream.lag_bytes());
+    stream.confirm(transaction.end_lsn).await.unwrap();
+    assert_eq!(stream.lag_bytes(), stream.server_wal_end().0 - transaction.end_lsn.0);
+    // 2020-01-01 in µs since the epoch: the commit time is PostgreSQL's clock, converted from its epoch.
+    assert!(stream.last_commit_time_unix_micros().unwrap() > 1_577_836_800_000_000);
+    assert_eq!(stream.last_commit_time_unix_micros(), Some(transaction.commit_time_unix_micros));
 }
