@@ -378,3 +378,72 @@ fn server_error(body: &backend::ErrorResponseBody) -> ServerError {
     }
     error
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::UnixListener;
+
+    /// Reads one frontend message after the start-up packet: its tag and body.
+    async fn read_message(stream: &mut tokio::net::UnixStream) -> (u8, Vec<u8>) {
+        let tag = stream.read_u8().await.unwrap();
+        let length = stream.read_u32().await.unwrap() as usize;
+        let mut body = vec![0; length - 4];
+        stream.read_exact(&mut body).await.unwrap();
+        (tag, body)
+    }
+
+    async fn write_authentication(stream: &mut tokio::net::UnixStream, code: u32, data: &[u8]) {
+        let mut message = vec![b'R'];
+        message.extend_from_slice(&(8 + data.len() as u32).to_be_bytes());
+        message.extend_from_slice(&code.to_be_bytes());
+        message.extend_from_slice(data);
+        stream.write_all(&message).await.unwrap();
+    }
+
+    /// A server that runs SCRAM without knowing the password: its final proof
+    /// (`v=`) is made up. It then says the login succeeded.
+    async fn impostor(listener: UnixListener) {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let length = stream.read_u32().await.unwrap() as usize;
+        let mut startup = vec![0; length - 4];
+        stream.read_exact(&mut startup).await.unwrap();
+        write_authentication(&mut stream, 10, b"SCRAM-SHA-256\0\0").await;
+        let (_, initial) = read_message(&mut stream).await;
+        let client_first = String::from_utf8_lossy(&initial).into_owned();
+        let nonce = client_first.split("r=").nth(1).unwrap().trim_end_matches('\0').to_owned();
+        let server_first = format!("r={nonce}impostor,s=c2FsdA==,i=4096");
+        write_authentication(&mut stream, 11, server_first.as_bytes()).await;
+        let _client_final = read_message(&mut stream).await;
+        write_authentication(&mut stream, 12, b"v=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=").await;
+        write_authentication(&mut stream, 0, b"").await;
+        stream.write_all(&[b'Z', 0, 0, 0, 5, b'I']).await.unwrap();
+        // Holds the connection open until the client is done with it.
+        let mut rest = Vec::new();
+        let _ = stream.read_to_end(&mut rest).await;
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_server_that_cannot_prove_it_knows_the_password_is_refused() {
+        let dir = std::env::temp_dir().join(format!("ordo-pgsource-scram-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let listener = UnixListener::bind(dir.join(".s.PGSQL.5432")).unwrap();
+        let server = tokio::spawn(impostor(listener));
+        let config = ConnectConfig {
+            host: Host::UnixSocketDir(dir.clone()),
+            port: 5432,
+            user: "ordo".into(),
+            password: Some("secret".into()),
+            database: "postgres".into(),
+            application_name: "test".into(),
+        };
+        let result = Connection::connect(&config, Mode::Replication).await;
+        server.abort();
+        let _ = std::fs::remove_dir_all(&dir);
+        match result {
+            Err(Error::Authentication(message)) => assert!(message.contains("SCRAM proof"), "{message}"),
+            Err(other) => panic!("refused for another reason: {other}"),
+            Ok(_) => panic!("an impostor server was accepted"),
+        }
+    }
+}

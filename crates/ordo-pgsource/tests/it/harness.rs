@@ -155,7 +155,7 @@ pub async fn follow(server: &PostgresServer, names: &[&str], max_changes: usize)
 /// does: transient refusals (the slot still held by the walsender of the
 /// connection that just ended, a server still starting) are retried with backoff.
 pub async fn resume(server: &PostgresServer, tables: &[Table], from: Lsn) -> Result<ChangeStream, Error> {
-    let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
+    let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
     for _ in 0..RESUME_ATTEMPTS {
         let started = match replication_connection(server).await {
             Ok(connection) => ChangeStream::start(connection, tables.to_vec(), stream_config(1_000_000), from).await,
@@ -169,7 +169,8 @@ pub async fn resume(server: &PostgresServer, tables: &[Table], from: Lsn) -> Res
     panic!("the stream did not resume in {RESUME_ATTEMPTS} attempts");
 }
 
-const RESUME_ATTEMPTS: usize = 100;
+/// Enough for a loaded machine (about a minute).
+const RESUME_ATTEMPTS: usize = 130;
 
 /// A row as `psql --no-align` prints it: columns joined by `|`, NULL as nothing.
 pub fn render_row(values: &[Value]) -> String {

@@ -2,9 +2,12 @@
 //! a copy cut short starts over; a lost slot is a loud error; the lag is what
 //! the caller has not confirmed.
 
+use std::time::Duration;
+
 use ordo_pgsource::catalog::{describe_tables, TableName, UnsupportedColumns};
 use ordo_pgsource::copy::create_slot_and_copy;
 use ordo_pgsource::error::SQLSTATE_INVALID_PASSWORD;
+use ordo_pgsource::stream::Backoff;
 use ordo_pgsource::{ChangeStream, Connection, Error, Mode};
 use ordo_test_kit::postgres::PostgresServer;
 
@@ -12,6 +15,13 @@ use crate::harness::{
     connect_config, describe, follow, mirror_lines, postgres_lines, replication_connection, resume, stream_config,
     Mirror, PUBLICATION, SLOT,
 };
+
+/// Retries of a transient refusal: enough for a loaded machine (about a minute).
+const RETRIES: usize = 130;
+
+fn retry_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(10), Duration::from_millis(500))
+}
 
 fn server_with(sql: &str) -> PostgresServer {
     let server = PostgresServer::start().unwrap();
@@ -125,7 +135,8 @@ async fn a_copy_cut_short_starts_over_with_every_row_once() {
 /// A new follower after a cut copy: the leftover slot may still be held by the
 /// walsender of the connection that died, so a transient refusal is retried.
 async fn follow_after_cut(server: &PostgresServer) -> (ChangeStream, Mirror, Vec<ordo_pgsource::Table>) {
-    for _ in 0..100 {
+    let mut backoff = retry_backoff();
+    for _ in 0..RETRIES {
         let mut connection = replication_connection(server).await.unwrap();
         let tables = describe(&mut connection, &["t"]).await.unwrap();
         let mut mirror = Mirror::new(1);
@@ -140,7 +151,7 @@ async fn follow_after_cut(server: &PostgresServer) -> (ChangeStream, Mirror, Vec
                 let stream = ChangeStream::start(connection, tables.clone(), stream_config(1000), point).await.unwrap();
                 return (stream, mirror, tables);
             }
-            Err(error) if error.is_transient() => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            Err(error) if error.is_transient() => tokio::time::sleep(backoff.next_wait()).await,
             Err(error) => panic!("{error}"),
         }
     }
@@ -153,13 +164,15 @@ async fn a_dropped_slot_is_a_loud_error() {
         server_with(&format!("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION {PUBLICATION} FOR TABLE t;"));
     let (stream, mirror, tables) = follow(&server, &["t"], 1000).await;
     drop(stream);
+    // The walsender of the closed connection may still hold the slot a moment.
     let mut dropped = Err(String::new());
-    for _ in 0..100 {
+    let mut backoff = retry_backoff();
+    for _ in 0..RETRIES {
         dropped = server.psql(&format!("SELECT pg_drop_replication_slot('{SLOT}')"));
         if dropped.is_ok() {
             break;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        tokio::time::sleep(backoff.next_wait()).await;
     }
     dropped.unwrap();
     let error = resume(&server, &tables, mirror.applied).await.err().expect("a stream from a dropped slot");
@@ -182,4 +195,23 @@ async fn the_lag_is_what_the_caller_has_not_confirmed() {
     // 2020-01-01 in µs since the epoch: the commit time is PostgreSQL's clock, converted from its epoch.
     assert!(stream.last_commit_time_unix_micros().unwrap() > 1_577_836_800_000_000);
     assert_eq!(stream.last_commit_time_unix_micros(), Some(transaction.commit_time_unix_micros));
+}
+
+/// Names reach SQL quoted: a table whose name holds a quote, a semicolon and a
+/// space is followed like any other, and runs nothing else.
+#[tokio::test(flavor = "current_thread")]
+async fn names_are_quoted_not_run() {
+    let server = server_with(&format!(
+        r#"CREATE SCHEMA "odd schema"; CREATE TABLE "odd schema"."t'; DROP TABLE keep; --""x" (id int PRIMARY KEY, "v'; x" text);
+           CREATE TABLE keep (id int PRIMARY KEY); INSERT INTO "odd schema"."t'; DROP TABLE keep; --""x" VALUES (1, 'a');
+           CREATE PUBLICATION {PUBLICATION} FOR TABLE "odd schema"."t'; DROP TABLE keep; --""x";"#
+    ));
+    let odd = "odd schema.t'; DROP TABLE keep; --\"x";
+    let (mut stream, mut mirror, tables) = follow(&server, &[odd], 1000).await;
+    assert_eq!(tables[0].name.to_string(), odd);
+    assert_eq!(mirror_lines(&mirror, 0, &["id", "v'; x"]), ["1|a"]);
+    server.psql(r#"INSERT INTO "odd schema"."t'; DROP TABLE keep; --""x" VALUES (2, 'b')"#).unwrap();
+    mirror.apply(&stream.next_transaction().await.unwrap());
+    assert_eq!(mirror_lines(&mirror, 0, &["id", "v'; x"]), ["1|a", "2|b"]);
+    assert_eq!(server.psql("SELECT count(*) FROM keep").unwrap(), "0", "the table `keep` is still there");
 }
