@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: run serve cluster nats-server nats-sync test test-rust test-clients test-browser server-bin bench bench-quick bench-store loadgen server-micro lint fmt model-long crash-long vectors
+.PHONY: run serve cluster nats-server postgres nats-sync test test-rust test-clients test-browser server-bin bench bench-quick bench-store loadgen server-micro lint fmt model-long crash-long vectors
 
 # The main job: the server on http://127.0.0.1:7070 with its data in ./ordo-data,
 # and the live room-list demo at http://127.0.0.1:7070/demo (10 000 rooms, a
@@ -26,6 +26,11 @@ cluster: nats-server server-bin
 nats-server:
 	scripts/install-nats-server.sh
 
+# PostgreSQL's binaries (apt-get, skipped when present): the tests of the
+# PostgreSQL source start their own throw-away server from them.
+postgres:
+	scripts/install-postgres.sh
+
 # The engine benchmark's quick comparison table (Ordo against eyeball-im-util and
 # the naive baselines, measured in one run).
 bench-quick:
@@ -33,11 +38,12 @@ bench-quick:
 
 # Every test: the workspace's (with every feature, the eyeball conversions
 # included; the Rust client's against a real server too; the cluster tests against
-# real nats-server processes, installed first by `nats-server`), the TypeScript and Python clients against the protocol corpus and a
+# real nats-server processes, installed first by `nats-server`; the PostgreSQL
+# source against throw-away PostgreSQL servers, installed first by `postgres`), the TypeScript and Python clients against the protocol corpus and a
 # real server, and the demo in headless Chromium (installed with apt-get if missing).
 test: test-rust test-clients test-browser
 
-test-rust: nats-server
+test-rust: nats-server postgres
 	$(CARGO) test --workspace --all-features
 
 ORDO_BIN := $(CURDIR)/target/release/ordo

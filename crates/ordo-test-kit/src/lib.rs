@@ -7,9 +7,12 @@
 //!   replayed from its seed;
 //! - [`room_schema`], the room list's engine schema;
 //! - [`server::spawn_server`], starting an `ordo serve` process and waiting for
-//!   the address it reports.
+//!   the address it reports;
+//! - [`postgres::PostgresServer`], a throw-away PostgreSQL server on a Unix
+//!   socket, for the tests that follow one by logical replication.
 
 pub mod alloc;
+pub mod postgres;
 pub mod rng;
 pub mod server;
 

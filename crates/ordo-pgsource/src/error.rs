@@ -1,0 +1,142 @@
+//! The errors of the source, each with a message an operator can act on: what
+//! failed, on which table and column, and what to change.
+
+use std::fmt;
+
+use crate::pgoutput::DecodeError;
+use crate::value::ValueError;
+
+/// An error PostgreSQL sent (`ErrorResponse`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerError {
+    pub severity: String,
+    /// The SQLSTATE, `28P01` for a wrong password, say.
+    pub code: String,
+    pub message: String,
+    pub detail: Option<String>,
+}
+
+/// The SQLSTATE of a failed password check.
+pub const SQLSTATE_INVALID_PASSWORD: &str = "28P01";
+/// The SQLSTATE of an object that does not exist (a slot or publication, say).
+pub const SQLSTATE_UNDEFINED_OBJECT: &str = "42704";
+
+#[derive(Debug)]
+pub enum Error {
+    Io(std::io::Error),
+    Server(ServerError),
+    /// The server said something this client does not expect at that point.
+    Protocol(String),
+    /// An authentication method this client does not speak, or a SCRAM exchange
+    /// that did not verify the server.
+    Authentication(String),
+    MissingPublication {
+        publication: String,
+    },
+    TableNotFound {
+        table: String,
+    },
+    TableNotPublished {
+        table: String,
+        publication: String,
+    },
+    NoPrimaryKey {
+        table: String,
+    },
+    UnsupportedType {
+        table: String,
+        column: String,
+        type_name: String,
+    },
+    Value {
+        table: String,
+        column: String,
+        error: ValueError,
+    },
+    Decode(DecodeError),
+    /// A transaction with more changes than the configured bound.
+    TransactionTooLarge {
+        limit: usize,
+    },
+    /// The slot the follower resumes from is gone (dropped, or invalidated by
+    /// `max_slot_wal_keep_size`): the changes since are lost to it.
+    SlotLost {
+        slot: String,
+        reason: String,
+    },
+}
+
+impl Error {
+    /// Whether retrying the same work later may succeed (a lost connection, a
+    /// restarting server), as opposed to a configuration or data error.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Io(_) => true,
+            // Class 08 (connection exception), 57 (operator intervention: a
+            // terminated backend, a shutting-down server), 53 (insufficient
+            // resources), and 55006 (object in use: the slot is still held by
+            // the walsender of a connection that just ended).
+            Error::Server(error) => {
+                ["08", "57", "53"].iter().any(|class| error.code.starts_with(class)) || error.code == "55006"
+            }
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io(error) => write!(f, "connection to PostgreSQL failed: {error}"),
+            Error::Server(error) => {
+                write!(f, "PostgreSQL {} {}: {}", error.severity, error.code, error.message)?;
+                if let Some(detail) = &error.detail {
+                    write!(f, " ({detail})")?;
+                }
+                Ok(())
+            }
+            Error::Protocol(what) => write!(f, "unexpected message from PostgreSQL: {what}"),
+            Error::Authentication(what) => write!(f, "authentication with PostgreSQL failed: {what}"),
+            Error::MissingPublication { publication } => write!(
+                f,
+                "the publication `{publication}` does not exist: create it (`CREATE PUBLICATION {publication} FOR TABLE ...`) or name an existing one"
+            ),
+            Error::TableNotFound { table } => write!(f, "the followed table `{table}` does not exist"),
+            Error::TableNotPublished { table, publication } => write!(
+                f,
+                "the table `{table}` is not in the publication `{publication}`: `ALTER PUBLICATION {publication} ADD TABLE {table}`"
+            ),
+            Error::NoPrimaryKey { table } => write!(
+                f,
+                "the table `{table}` has no primary key: a followed table needs one (it is the item id, and deletes name rows by it)"
+            ),
+            Error::UnsupportedType { table, column, type_name } => write!(
+                f,
+                "the column `{table}.{column}` has the type `{type_name}`, which is not followed (see docs/POSTGRES.md for the types that are)"
+            ),
+            Error::Value { table, column, error } => write!(f, "in `{table}.{column}`: {error}"),
+            Error::Decode(error) => error.fmt(f),
+            Error::TransactionTooLarge { limit } => {
+                write!(f, "a transaction has more than {limit} changes, the bound of one Ordo batch")
+            }
+            Error::SlotLost { slot, reason } => write!(
+                f,
+                "the replication slot `{slot}` is lost ({reason}): changes since the last applied position cannot be had; drop the followed collections' data to copy the tables anew"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<std::io::Error> for Error {
+    fn from(error: std::io::Error) -> Self {
+        Error::Io(error)
+    }
+}
+
+impl From<DecodeError> for Error {
+    fn from(error: DecodeError) -> Self {
+        Error::Decode(error)
+    }
+}
