@@ -41,10 +41,15 @@ pub async fn consume(cluster: Arc<Cluster>, writer: WriterSender, mut shutdown: 
     loop {
         generation += 1;
         let start_seq = cluster.shared.status.applied_seq() + 1;
+        if generation > 1 {
+            // Where this generation really starts: the entry after the last one applied.
+            tracing::info!(start_seq, generation, "consuming the stream again");
+        }
         let stopped = tokio::select! {
             result = consume_from(&cluster, &writer, start_seq, generation) => {
                 if let Err(error) = result {
-                    tracing::warn!(start_seq, %error, "the stream's consumer stopped; starting again");
+                    // This generation's start, not where the next one starts (logged then).
+                    tracing::warn!(started_at_seq = start_seq, %error, "the stream's consumer stopped; starting it again");
                 }
                 false
             }
