@@ -4,8 +4,9 @@
 //! node waits out the election on each attempt (docs/SCALING.md, failure
 //! table), and each is applied exactly once.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
+use std::time::Instant;
 
 use serde_json::json;
 
@@ -25,7 +26,7 @@ struct Seen {
     other: Vec<String>,
 }
 
-fn write_until_stopped(writer: u64, ports: &[u16], stop: &AtomicBool) -> Seen {
+fn write_until_stopped(writer: u64, ports: &[u16], stop: &AtomicBool, acked: &AtomicU64) -> Seen {
     let mut rng = Rng::new(0x5eed ^ writer);
     let mut seen = Seen::default();
     let path = format!("/v1/collections/{COLLECTION}/batch");
@@ -33,12 +34,23 @@ fn write_until_stopped(writer: u64, ports: &[u16], stop: &AtomicBool) -> Seen {
     while !stop.load(Ordering::Relaxed) {
         let port = *rng.pick(ports);
         match request(port, "POST", &path, Some(&body), WRITE_TIMEOUT) {
-            Ok((200, _)) => seen.acked += 1,
+            Ok((200, _)) => {
+                seen.acked += 1;
+                acked.fetch_add(1, Ordering::Relaxed);
+            }
             Ok((status, answer)) => seen.other.push(format!("{status} {answer}")),
             Err(error) => seen.other.push(format!("no answer: {error}")),
         }
     }
     seen
+}
+
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// `faults` rounds, each a kill -9 of the stream's leader then a SIGSTOP of
@@ -51,11 +63,23 @@ pub(crate) fn run(faults: usize) {
     assert_eq!(status, 201, "{answer}");
     let ports: Vec<u16> = (0..cluster.len()).map(|node| cluster.node(node).port).collect();
     let stop = AtomicBool::new(false);
+    let acked = AtomicU64::new(0);
     let seen: Vec<Seen> = std::thread::scope(|scope| {
-        let (ports, stop) = (&ports, &stop);
+        // A failing check below stops the writers too (the scope waits for them).
+        let _stop_writers = StopOnDrop(&stop);
+        let (ports, stop, acked) = (&ports, &stop, &acked);
         let writers: Vec<_> =
-            (0..N_WRITERS).map(|writer| scope.spawn(move || write_until_stopped(writer, ports, stop))).collect();
+            (0..N_WRITERS).map(|writer| scope.spawn(move || write_until_stopped(writer, ports, stop, acked))).collect();
+        // One election at a time, as in production: each fault once writes flow again.
+        let writes_flow = || {
+            let (before, deadline) = (acked.load(Ordering::Relaxed), Instant::now() + CONVERGE_TIMEOUT);
+            while acked.load(Ordering::Relaxed) < before + 2 * N_WRITERS {
+                assert!(Instant::now() < deadline, "writes do not flow again");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
         for round in 0..faults {
+            writes_flow();
             let leader = cluster.nats.leaders(STREAM).1.expect("a stream leader");
             eprintln!("round {round}: kill -9 of the stream leader n{leader}");
             cluster.nats.kill(leader);
@@ -64,6 +88,7 @@ pub(crate) fn run(faults: usize) {
             assert!(cluster.nats.wait_stream_settled(STREAM, CONVERGE_TIMEOUT), "the stream did not settle");
             let leader = cluster.nats.leaders(STREAM).1.expect("a stream leader");
             eprintln!("round {round}: SIGSTOP of the stream leader n{leader}");
+            writes_flow();
             cluster.nats.stop(leader);
             std::thread::sleep(Duration::from_secs(6));
             cluster.nats.cont(leader);
