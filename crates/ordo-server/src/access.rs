@@ -136,7 +136,8 @@ impl Gate {
             rules_version: AtomicU64::new(0),
             anonymous: Arc::new(Identity::anonymous_admin()),
             waiting_for_auth: Mutex::new(WaitingRoom::default()),
-            max_unauthenticated: AtomicUsize::new(limits::unauthenticated_cap(limits::MAX_CONNECTIONS)),
+            // Until `serve` sets the share of the connection cap in force.
+            max_unauthenticated: AtomicUsize::new(limits::MIN_UNAUTHENTICATED_CONNECTIONS),
         }
     }
 

@@ -338,12 +338,17 @@ impl Verifier {
             Some(_) => return Err(AuthFailure::BadClaims),
         };
         let expires_at = claims.get("exp").and_then(Json::as_u64).ok_or(AuthFailure::BadClaims)?;
-        // The identity is every claim but the ones that change on a refresh.
-        let who: BTreeMap<&String, &Json> =
-            claims.iter().filter(|(name, _)| !matches!(name.as_str(), "exp" | "nbf" | "iat" | "jti")).collect();
-        let key = Arc::from(serde_json::to_string(&who).expect("claims serialise"));
+        let key = identity_key(&claims);
         Ok(Identity { sub, role, claims, expires_at, key })
     }
+}
+
+/// `Identity::key` of a token's claims: every claim but the ones that change
+/// on a refresh, as canonical JSON (names sorted).
+pub fn identity_key(claims: &serde_json::Map<String, Json>) -> Arc<str> {
+    let who: BTreeMap<&String, &Json> =
+        claims.iter().filter(|(name, _)| !matches!(name.as_str(), "exp" | "nbf" | "iat" | "jti")).collect();
+    Arc::from(serde_json::to_string(&who).expect("claims serialise"))
 }
 
 fn failure_of(kind: &ErrorKind) -> AuthFailure {

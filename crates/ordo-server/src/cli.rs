@@ -122,6 +122,12 @@ pub struct ServeArgs {
     /// HTTP/1.1 requests (seconds).
     #[arg(long, env = "ORDO_HEADER_TIMEOUT", value_name = "SECS", default_value_t = limits::DEFAULT_HEADER_TIMEOUT_SECS)]
     pub header_timeout: u64,
+    /// Most TCP connections at once (HTTP and WebSocket); past it a connection gets `503`. Default: all
+    /// that the descriptor limit (RLIMIT_NOFILE, raised to its hard limit at start) leaves room for,
+    /// less 128 for the server's own files; a higher value is refused. Each subscribed WebSocket takes
+    /// memory (docs/BENCHMARKS.md).
+    #[arg(long, env = "ORDO_MAX_CONNECTIONS", value_name = "N")]
+    pub max_connections: Option<usize>,
 
     /// HS256 tokens signed with the secret in FILE (at least 32 bytes); or the secret itself in the
     /// environment variable ORDO_AUTH_SECRET. Without this or --auth-jwks every caller is an admin, and
@@ -355,6 +361,7 @@ impl ServeArgs {
             checkpoint_interval: Duration::from_secs(self.checkpoint_interval).max(Duration::from_millis(100)),
             log_segment_bytes: self.log_segment_size,
             header_timeout: Duration::from_secs(self.header_timeout),
+            max_connections: self.max_connections,
             demo: self.demo,
             demo_rate: self.demo_rate,
             insecure: self.insecure,

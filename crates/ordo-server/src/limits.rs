@@ -47,11 +47,6 @@ pub const DEFAULT_SESSION_RETENTION_SECS: u64 = 60;
 /// Per subscription: frames, and bytes of frames, kept for replay on resume.
 pub const RETAINED_FRAMES_PER_SUBSCRIPTION: usize = 256;
 pub const RETAINED_BYTES_PER_SUBSCRIPTION: usize = 256 * 1024;
-/// Most TCP connections at once (HTTP and WebSocket alike, counted from
-/// `accept`); past it a connection gets a minimal `503 limit_exceeded` and is
-/// closed. The cap in force is lower when the descriptor limit is: see
-/// `connection_cap`.
-pub const MAX_CONNECTIONS: usize = 10_000;
 /// Descriptors kept free of connections under `RLIMIT_NOFILE`: LMDB's files, the
 /// write-ahead log's segments (and the one being preallocated), the runtime's
 /// epoll and wake-up descriptors, the listener, and the connections being
@@ -190,7 +185,6 @@ pub fn as_json() -> serde_json::Value {
         "ws_message_burst": WS_MESSAGE_BURST,
         "retained_frames_per_subscription": RETAINED_FRAMES_PER_SUBSCRIPTION,
         "retained_bytes_per_subscription": RETAINED_BYTES_PER_SUBSCRIPTION,
-        "max_connections": MAX_CONNECTIONS,
         "max_token_bytes": MAX_TOKEN_BYTES,
         "token_leeway_secs": TOKEN_LEEWAY_SECS,
         "auth_timeout_secs": AUTH_TIMEOUT_SECS,
@@ -208,18 +202,36 @@ pub fn as_json() -> serde_json::Value {
     json["max_view_bytes_per_identity"] = MAX_VIEW_BYTES_PER_IDENTITY.into();
     json["view_item_bytes"] = VIEW_ITEM_BYTES.into();
     json["view_base_bytes"] = VIEW_BASE_BYTES.into();
-    json["max_unauthenticated_connections"] = unauthenticated_cap(MAX_CONNECTIONS).into();
     json
 }
 
-/// The connection cap in force for a descriptor limit of `nofile_soft` (the
-/// soft `RLIMIT_NOFILE` after `raise_open_file_limit`): `MAX_CONNECTIONS`, or
-/// the limit less `DESCRIPTOR_RESERVE` when that is lower (half the limit when
-/// the limit is tiny), so that `accept` never meets EMFILE.
-pub fn connection_cap(nofile_soft: u64) -> usize {
+/// The most TCP connections a descriptor limit of `nofile_soft` (the soft
+/// `RLIMIT_NOFILE` after `raise_open_file_limit`) leaves room for: the limit
+/// less `DESCRIPTOR_RESERVE` (half the limit when the limit is tiny), so that
+/// `accept` never meets EMFILE. The default of `--max-connections`.
+pub fn connections_below_descriptor_limit(nofile_soft: u64) -> usize {
     let nofile = usize::try_from(nofile_soft).unwrap_or(usize::MAX);
     let below_limit = if nofile > 2 * DESCRIPTOR_RESERVE { nofile - DESCRIPTOR_RESERVE } else { nofile / 2 };
-    MAX_CONNECTIONS.min(below_limit).max(1)
+    below_limit.max(1)
+}
+
+/// The connection cap in force (`max_connections`: HTTP and WebSocket alike,
+/// counted from `accept`; past it a connection gets a minimal `503
+/// limit_exceeded` and is closed): `--max-connections` if given, else all the
+/// descriptor limit leaves room for. A cap above that room is refused, since
+/// the server would run out of descriptors before it refused a connection.
+pub fn connection_cap(nofile_soft: u64, requested: Option<usize>) -> Result<usize, String> {
+    let room = connections_below_descriptor_limit(nofile_soft);
+    match requested {
+        None => Ok(room),
+        Some(0) => Err("--max-connections is at least 1".to_owned()),
+        Some(requested) if requested > room => Err(format!(
+            "--max-connections {requested} is more than the descriptor limit leaves room for: {room} \
+             (RLIMIT_NOFILE {nofile_soft} less {DESCRIPTOR_RESERVE} kept for the server's own files); \
+             raise the limit (`ulimit -n`, systemd's LimitNOFILE) or lower --max-connections"
+        )),
+        Some(requested) => Ok(requested),
+    }
 }
 
 /// How many WebSockets without an identity yet may be open under a connection

@@ -43,6 +43,8 @@ pub struct ServeOptions {
     /// `--header-timeout`: how long a connection may take to send a request head
     /// (or sit idle between HTTP/1.1 requests) before it is closed.
     pub header_timeout: Duration,
+    /// `--max-connections`; None: all the descriptor limit leaves room for (`limits::connection_cap`).
+    pub max_connections: Option<usize>,
     /// `--demo`: fill `rooms` if it is empty and run the traffic simulator.
     pub demo: bool,
     /// `--demo-rate`: the simulator's messages per second at start.
@@ -80,6 +82,7 @@ impl Default for ServeOptions {
             checkpoint_interval: StoreOptions::default().checkpoint_interval,
             log_segment_bytes: StoreOptions::default().log_segment_bytes,
             header_timeout: Duration::from_secs(limits::DEFAULT_HEADER_TIMEOUT_SECS),
+            max_connections: None,
             demo: false,
             demo_rate: limits::DEFAULT_DEMO_MESSAGES_PER_SECOND,
             auth: AuthOptions::default(),
@@ -104,7 +107,7 @@ pub fn default_network_threads() -> usize {
 /// Runs the server until a signal stops it.
 pub fn serve(mut options: ServeOptions) -> Result<(), String> {
     let nofile = raise_open_file_limit();
-    let max_connections = limits::connection_cap(nofile);
+    let max_connections = limits::connection_cap(nofile, options.max_connections)?;
     let demo = configure_auth(&mut options)?;
     prepare_cluster(&mut options)?;
     let verifier = if options.auth.is_configured() { Some(Verifier::new(&options.auth)?) } else { None };
@@ -389,12 +392,10 @@ impl Network {
                  ordo token --secret-file {secret_file} --role admin --sub ops"
             );
         }
-        if self.max_connections < limits::MAX_CONNECTIONS {
-            println!(
-                "ordo: at most {} connections at once (the descriptor limit is {}; raise `ulimit -n` for more)",
-                self.max_connections, self.nofile
-            );
-        }
+        println!(
+            "ordo: at most {} connections at once (--max-connections; the descriptor limit is {})",
+            self.max_connections, self.nofile
+        );
     }
 
     fn http_state(

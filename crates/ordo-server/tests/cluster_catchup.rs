@@ -177,3 +177,58 @@ fn a_node_catching_up_in_runs_reaches_the_state_of_one_applying_each_entry_alone
     assert_eq!(zed_b, zed_a);
     check_expected(&red_b, &blue_b, &zed_b, ROUNDS);
 }
+
+/// The names of the stream's consumers, sorted.
+fn consumer_names(runtime: &tokio::runtime::Runtime, js: &async_nats::jetstream::Context) -> Vec<String> {
+    use futures_util::TryStreamExt;
+    runtime.block_on(async {
+        let stream = js.get_stream("ORDO").await.unwrap();
+        let mut names: Vec<String> = stream.consumer_names().try_collect().await.unwrap();
+        names.sort();
+        names
+    })
+}
+
+/// A consumer this node gave up on (here: paused, so it delivers nothing
+/// while the stream holds more, and the node consumes again) is deleted by the
+/// node, not left to the server's inactivity timeout (30 s).
+#[test]
+fn the_consumer_of_an_earlier_generation_is_deleted() {
+    let nats = NatsCluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let a = node(dir.path(), &nats.urls(), "a");
+    let schema = json!({"fields": [{"name": "n", "type": "u64"}]});
+    let (status, body) = a.http("PUT", "/v1/collections/things", Some(&schema));
+    assert_eq!(status, 201, "{body}");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let _context = runtime.enter();
+    let client = runtime.block_on(async_nats::connect(nats.url(0))).unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    let first = consumer_names(&runtime, &js);
+    assert_eq!(first.len(), 1, "one consumer: {first:?}");
+
+    let pause = json!({"pause_until": "2100-01-01T00:00:00Z"}).to_string();
+    let subject = format!("$JS.API.CONSUMER.PAUSE.ORDO.{}", first[0]);
+    let answer = runtime.block_on(client.request(subject, pause.into())).unwrap();
+    let answer: Value = serde_json::from_slice(&answer.payload).unwrap();
+    assert_eq!(answer["paused"], true, "{answer}");
+    let seq = runtime.block_on(async {
+        let entry = write("things", &json!({"sub": "w", "role": "admin"}), json!([{"op": "upsert", "id": "x"}]));
+        let publish = async_nats::jetstream::context::Publish::build()
+            .message_id("test/generations/1")
+            .payload(entry.to_string().into_bytes().into());
+        js.send_publish("ordo.log", publish).await.unwrap().await.unwrap().sequence
+    });
+    // The node restarts its consumer once it has lagged, applying nothing, for 2 s.
+    wait_applied(&a, seq);
+    // Well inside the server's own 30 s: only the node's deletion removes it this soon.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let names = consumer_names(&runtime, &js);
+        if names.len() == 1 && !names.contains(&first[0]) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the first generation's consumer is still there: {names:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 use common::{room_schema, Server, StartOptions};
 use serde_json::{json, Value};
@@ -270,4 +270,77 @@ fn wait_for_line(server: &Server, text: &str) -> Vec<String> {
         assert!(std::time::Instant::now() < deadline, "no `{text}` in the log: {lines:#?}");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+}
+
+/// `--max-connections`: from the flag, `ORDO_MAX_CONNECTIONS` or the file; by
+/// default all the descriptor limit leaves room for (less 128 for the server's
+/// own files), and refused above that.
+#[test]
+fn max_connections_defaults_to_the_descriptor_limit_and_is_refused_above_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let nofile = Some(1000);
+    let server = Server::start_with(&dir.path().join("a"), &[], StartOptions { nofile, ..StartOptions::default() });
+    let (_, limits) = server.http("GET", "/v1/limits", None);
+    assert_eq!(limits["max_connections"], 1000 - 128, "the default: {limits}");
+    server.stop();
+
+    let config = dir.path().join("ordo.toml");
+    std::fs::write(&config, "max-connections = 300\n").unwrap();
+    let config: &'static str = Box::leak(config.to_str().unwrap().to_owned().into_boxed_str());
+    let server = Server::start_with(
+        &dir.path().join("b"),
+        &["--config", config],
+        StartOptions { nofile, ..StartOptions::default() },
+    );
+    let (_, limits) = server.http("GET", "/v1/limits", None);
+    assert_eq!(
+        (limits["max_connections"].as_u64(), limits["max_unauthenticated_connections"].as_u64()),
+        (Some(300), Some(37))
+    );
+    server.stop();
+    let env: &'static [(&'static str, &'static str)] = Box::leak(Box::new([("ORDO_MAX_CONNECTIONS", "200")]));
+    let server = Server::start_with(
+        &dir.path().join("c"),
+        &["--config", config],
+        StartOptions { nofile, env, ..StartOptions::default() },
+    );
+    assert_eq!(server.http("GET", "/v1/limits", None).1["max_connections"], 200, "the variable over the file");
+    server.stop();
+
+    // Above what the descriptor limit leaves room for: the server refuses to start.
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ordo"));
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--max-connections", "873", "--data-dir"])
+        .arg(dir.path().join("d"));
+    // SAFETY: `setrlimit` only, between fork and exec, on a struct on the child's stack.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit { rlim_cur: 1000, rlim_max: 1000 };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let mut child = command.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("running ordo");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the server started with more connections than its descriptors leave room for");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--max-connections 873 is more than the descriptor limit leaves room for: 872"),
+        "{stderr}"
+    );
 }

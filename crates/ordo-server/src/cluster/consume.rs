@@ -41,10 +41,15 @@ pub async fn consume(cluster: Arc<Cluster>, writer: WriterSender, mut shutdown: 
     loop {
         generation += 1;
         let start_seq = cluster.shared.status.applied_seq() + 1;
+        if generation > 1 {
+            // Where this generation really starts: the entry after the last one applied.
+            tracing::info!(start_seq, generation, "consuming the stream again");
+        }
         let stopped = tokio::select! {
             result = consume_from(&cluster, &writer, start_seq, generation) => {
                 if let Err(error) = result {
-                    tracing::warn!(start_seq, %error, "the stream's consumer stopped; starting again");
+                    // This generation's start, not where the next one starts (logged then).
+                    tracing::warn!(started_at_seq = start_seq, %error, "the stream's consumer stopped; starting it again");
                 }
                 false
             }
@@ -65,7 +70,12 @@ pub async fn consume(cluster: Arc<Cluster>, writer: WriterSender, mut shutdown: 
     }
 }
 
-async fn consume_from(cluster: &Cluster, writer: &WriterSender, start_seq: u64, generation: u64) -> Result<(), String> {
+async fn consume_from(
+    cluster: &Arc<Cluster>,
+    writer: &WriterSender,
+    start_seq: u64,
+    generation: u64,
+) -> Result<(), String> {
     let setup_started = std::time::Instant::now();
     let state = cluster.stream_state().await?;
     cluster.shared.status.saw_stream_seq(state.last_seq);
@@ -75,6 +85,8 @@ async fn consume_from(cluster: &Cluster, writer: &WriterSender, start_seq: u64, 
     super::gap::check_start(cluster, start_seq, bounds)?;
     let conn = cluster.conn();
     let consumer = conn.stream.create_consumer(consumer_config(start_seq)).await.map_err(|error| error.to_string())?;
+    // Dropped after `messages` (declared first), however this generation ends.
+    let _delete = DeleteOnDrop { cluster: cluster.clone(), name: consumer.cached_info().name.clone() };
     let max_payload = conn.client.server_info().max_payload;
     let mut messages = consumer
         .stream()
@@ -147,6 +159,38 @@ async fn consume_from(cluster: &Cluster, writer: &WriterSender, start_seq: u64, 
         }
     }
     Err("the stream's messages ended".to_owned())
+}
+
+/// How long deleting an earlier generation's consumer may take; past it the
+/// server removes the consumer after its `inactive_threshold` anyway.
+const CONSUMER_DELETE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Deletes a generation's consumer once the generation ends (an error, a
+/// restart, shutdown) instead of leaving it to the server's inactivity timeout:
+/// each restart would otherwise leave one on the stream's server for
+/// `inactive_threshold` (a restart after a reconnection, or one a second while
+/// the stream cannot be consumed). Through the connection in use when it
+/// ends: the old one may be the reason it ended.
+struct DeleteOnDrop {
+    cluster: Arc<Cluster>,
+    name: String,
+}
+
+impl Drop for DeleteOnDrop {
+    fn drop(&mut self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let stream = self.cluster.conn().stream.clone();
+        let name = std::mem::take(&mut self.name);
+        runtime.spawn(async move {
+            match tokio::time::timeout(CONSUMER_DELETE_TIMEOUT, stream.delete_consumer(&name)).await {
+                Ok(Ok(_)) => tracing::debug!(consumer = name, "deleted the consumer of an earlier generation"),
+                Ok(Err(error)) => {
+                    tracing::debug!(consumer = name, %error, "an earlier generation's consumer was not deleted")
+                }
+                Err(_) => tracing::debug!(consumer = name, "deleting an earlier generation's consumer timed out"),
+            }
+        });
+    }
 }
 
 /// Messages asked for per pull request (async-nats asks for more when half

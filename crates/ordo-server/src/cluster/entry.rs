@@ -27,7 +27,7 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::auth::{Identity, Role};
+use crate::auth::{identity_key, Identity, Role};
 use crate::wire::OpRequest;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,14 +63,18 @@ impl Caller<'_> {
     }
 
     /// The identity the rules see at apply time. An unknown role is a reader's
-    /// (the least power), so a malformed entry can never grant more.
+    /// (the least power), so a malformed entry can never grant more. Its `key`
+    /// is the publishing node's `Identity::key`: the canonical claims of the
+    /// token (`auth::identity_key`), or the subject alone for a caller without
+    /// claims (the anonymous admin of a server without auth, whose key that is).
     pub fn identity(&self) -> Identity {
+        let key = if self.claims.is_empty() { std::sync::Arc::from(&*self.sub) } else { identity_key(&self.claims) };
         Identity {
             sub: self.sub.clone().into_owned(),
             role: self.role(),
             claims: self.claims.clone(),
             expires_at: u64::MAX,
-            key: std::sync::Arc::from(&*self.sub),
+            key,
         }
     }
 
@@ -79,15 +83,16 @@ impl Caller<'_> {
     }
 
     /// Whether `identity` is the one [`Caller::identity`] gives, every part of
-    /// it compared: the writer keeps the last one and reuses it for the next
-    /// entry of the same caller (its two copies were a catching-up node's
-    /// allocations per entry: docs/bench-history/2026-11-24-cluster-mode.md, "Catch-up, third pass").
+    /// it compared (the key is a function of the subject and the claims, so
+    /// equal ones give an equal key): the writer keeps the last one and reuses
+    /// it for the next entry of the same caller (its two copies were a
+    /// catching-up node's allocations per entry: docs/bench-history/2026-11-24-cluster-mode.md,
+    /// "Catch-up, third pass").
     pub fn is(&self, identity: &Identity) -> bool {
         identity.sub == *self.sub
             && identity.role == self.role()
             && identity.claims == self.claims
             && identity.expires_at == u64::MAX
-            && *identity.key == *self.sub
     }
 }
 
@@ -218,6 +223,28 @@ mod tests {
         let (sent, applied) = (compile(doc), compile(carried));
         assert_eq!((sent.code, &sent.message), (applied.code, &applied.message));
         assert_eq!(applied.code, crate::error::ErrorCode::InvalidRules);
+    }
+
+    /// A node that applies an entry sees the identity the publishing node
+    /// verified, its key included (the canonical claims, not the subject alone).
+    #[test]
+    fn the_applied_identity_has_the_verified_identitys_key() {
+        let secret = b"0123456789abcdef0123456789abcdef";
+        let verifier = crate::auth::Verifier::new(&crate::auth::AuthOptions {
+            secret: Some(secret.to_vec()),
+            ..Default::default()
+        })
+        .unwrap();
+        let mut extra = serde_json::Map::new();
+        extra.insert("team".to_owned(), serde_json::json!("blue"));
+        let token = crate::auth::mint(secret, "role", "u7", Role::Writer, 60, &extra);
+        let verified = verifier.verify(&token).unwrap();
+        for identity in [verified, Identity::anonymous_admin()] {
+            let bytes = Entry::new(Kind::DropCollection, Some("x"), Caller::of(&identity)).encode();
+            let applied = Entry::decode(&bytes).unwrap().caller.identity();
+            assert_eq!(applied.key, identity.key, "{}", String::from_utf8_lossy(&bytes));
+            assert_eq!((applied.sub, applied.role, applied.claims), (identity.sub, identity.role, identity.claims));
+        }
     }
 
     #[test]

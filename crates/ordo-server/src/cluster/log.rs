@@ -9,8 +9,9 @@ use async_nats::jetstream::{self, context::Publish, stream};
 use bytes::Bytes;
 use tokio::sync::{oneshot, watch};
 
+use super::retry::{Next, Refusal, Retry};
 use super::{unavailable, ClusterOptions, Outcome, Shared};
-use super::{APPLY_TIMEOUT, DUPLICATE_WINDOW, NO_LEADER_WAIT, PUBLISH_ATTEMPTS, PUBLISH_TIMEOUT, SUBJECT};
+use super::{APPLY_TIMEOUT, DUPLICATE_WINDOW, PUBLISH_TIMEOUT, SUBJECT};
 use crate::error::ApiError;
 use crate::writer::WriterSender;
 
@@ -228,46 +229,55 @@ impl Cluster {
         }
     }
 
+    /// Waits for the stream's acknowledgement of one publish (sending it again
+    /// as `Retry` says), then for this node's apply of it. An entry applied
+    /// here meanwhile (its acknowledgement lost with a dead connection, or a
+    /// retry still waiting on the stream) answers with its outcome at once.
     async fn finish(
         &self,
         id: &str,
         payload: Bytes,
         mut ack: Result<jetstream::context::PublishAckFuture, jetstream::context::PublishError>,
-        outcome: oneshot::Receiver<Outcome>,
+        mut outcome: oneshot::Receiver<Outcome>,
     ) -> Result<Outcome, ApiError> {
-        let mut attempt = 1;
-        let started = tokio::time::Instant::now();
-        let mut backoff = Duration::from_millis(50);
+        let mut retry = Retry::new(tokio::time::Instant::now());
         let seq = loop {
-            let error = match ack {
-                Ok(future) => match future.await {
+            let acknowledged = async {
+                match ack {
+                    Ok(future) => future.await,
+                    Err(error) => Err(error),
+                }
+            };
+            let error = tokio::select! {
+                applied = &mut outcome => return applied.map_err(|_| ApiError::shutting_down()),
+                acknowledged = acknowledged => match acknowledged {
                     Ok(ack) => break ack.sequence,
                     Err(error) => error,
                 },
-                Err(error) => error,
             };
-            if error.kind() == jetstream::context::PublishErrorKind::TimedOut {
+            let refusal = Refusal::of(&error);
+            if refusal == Refusal::TimedOut {
                 self.reconnect_after_timeout("a publish");
-            } else if started.elapsed() + backoff < NO_LEADER_WAIT {
-                // Refused at once ("no stream found": no leader yet, or one being
-                // elected again): wait for one instead of answering 503.
-                tracing::debug!(msg_id = id, %error, ?backoff, "the stream refused a publish at once; sending it again");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-                ack = self.send(id, payload.clone()).await;
-                continue;
             }
-            if attempt >= PUBLISH_ATTEMPTS {
-                // Maybe in the stream after all: the entry is then applied, but
-                // nobody waits for it any more.
-                self.shared.forget(id);
-                return Err(unavailable(format!(
-                    "the stream did not acknowledge the write ({error}); it may still be applied"
-                )));
+            let delay = match retry.next(refusal, tokio::time::Instant::now()) {
+                Next::SendAfter(delay) => delay,
+                Next::GiveUp => {
+                    // Maybe in the stream after all: the entry is then applied, but
+                    // nobody waits for it any more.
+                    self.shared.forget(id);
+                    return Err(unavailable(format!(
+                        "the stream did not acknowledge the write ({error}); it may still be applied"
+                    )));
+                }
+            };
+            tracing::debug!(msg_id = id, %error, ?delay, "publishing again with the same message id");
+            if !delay.is_zero() {
+                tokio::select! {
+                    applied = &mut outcome => return applied.map_err(|_| ApiError::shutting_down()),
+                    _ = tokio::time::sleep(delay) => {}
+                }
             }
-            attempt += 1;
-            tracing::debug!(msg_id = id, %error, "publishing again with the same message id");
-            // The same id: if the first attempt landed, JetStream drops this one
+            // The same id: if an earlier attempt landed, JetStream drops this one
             // and acknowledges the first one's sequence.
             ack = self.send(id, payload.clone()).await;
         };

@@ -22,6 +22,7 @@ pub mod entry;
 pub mod gap;
 pub mod lag;
 pub mod log;
+mod retry;
 pub mod routes;
 pub mod snapshot;
 pub mod stream_check;
@@ -50,15 +51,16 @@ pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
 pub const PUBLISH_ATTEMPTS: u32 = 3;
 /// How long a publish refused at once (no stream leader yet: a stream just
 /// created, or a leader being elected again) is sent again, with backoff,
-/// before it counts as a failed attempt: a short election costs the writer
-/// latency, not a `503`.
+/// before it counts as a failed attempt; each attempt has its own (`retry`),
+/// so a short election costs the writer latency, not a `503`.
 pub const NO_LEADER_WAIT: Duration = Duration::from_secs(5);
-/// The longest a node may go on sending one entry again (each attempt: the
-/// send, then the acknowledgement, each bounded by `PUBLISH_TIMEOUT`; plus the
-/// wait for a leader): the stream's duplicate window must be at least this
+/// The longest a node may go on sending one entry again, counted from its
+/// first send (each attempt: the send, then the acknowledgement, each bounded
+/// by `PUBLISH_TIMEOUT`, and the wait for a leader; a publish "in process"
+/// waits within it too): the stream's duplicate window must be at least this
 /// (`stream_check`).
 pub const PUBLISH_RETRY_SPAN: Duration =
-    Duration::from_secs(2 * PUBLISH_TIMEOUT.as_secs() * PUBLISH_ATTEMPTS as u64 + NO_LEADER_WAIT.as_secs());
+    Duration::from_secs(PUBLISH_ATTEMPTS as u64 * (2 * PUBLISH_TIMEOUT.as_secs() + NO_LEADER_WAIT.as_secs()));
 /// How long a request waits for its own node to apply its entry once published.
 pub const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
 

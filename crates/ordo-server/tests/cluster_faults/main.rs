@@ -41,6 +41,7 @@ mod bench;
 mod clients;
 #[path = "../common/mod.rs"]
 mod common;
+mod leader_waits;
 mod writers;
 
 use std::sync::Mutex;
@@ -129,6 +130,14 @@ fn a_frozen_ordo_node_lags_then_catches_up() {
 #[test]
 fn sigstop_of_a_nats_node_loses_no_acknowledged_write() {
     run_trials("nats_stop", &trials(Fault::NatsStop), 600);
+}
+
+/// Writers that wait as long as a node holds a write see no `503` while the
+/// stream's leader is killed or frozen (`ORDO_CLUSTER_LEADER_FAULTS` rounds, 2 by default).
+#[test]
+fn writes_wait_out_the_election_after_a_stream_leader_kill_or_freeze() {
+    let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    leader_waits::run(env_number("ORDO_CLUSTER_LEADER_FAULTS", 2) as usize);
 }
 
 /// One of each fault in a random order; `ORDO_CLUSTER_FAULTS=n`: `n` faults of random kinds.
