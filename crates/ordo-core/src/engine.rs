@@ -249,6 +249,14 @@ impl Engine {
         self.collections.get(collection_id).map(|state| &state.collection)
     }
 
+    /// Heap bytes of a collection's equality index (its keyed fields' tables, the
+    /// views listed per value and the per-slot links), for memory accounting:
+    /// apart from [`Collection::heap_bytes`], like the reverse indexes
+    /// ([`Engine::reference_heap_bytes`]).
+    pub fn equality_index_heap_bytes(&self, collection_id: CollectionId) -> usize {
+        self.collections.get(collection_id).map_or(0, |state| state.keys.heap_bytes())
+    }
+
     pub fn stats(&self) -> EngineStats {
         EngineStats {
             n_collections: self.collections.len(),

@@ -117,6 +117,12 @@ mod engine;
 #[cfg(test)]
 mod test_rng;
 
+// The unit tests count allocations, so that memory accounting is checked
+// against what was allocated (`key_index::tests`).
+#[cfg(test)]
+#[global_allocator]
+static ALLOCATOR: ordo_test_kit::alloc::CountingAllocator = ordo_test_kit::alloc::CountingAllocator;
+
 pub use anchor::{ItemPosition, WindowAnchor, WindowRange};
 pub use batch::{AtomicOp, Batch, BatchOp, Precondition, UpsertBuilder};
 pub use bulk_load::BulkLoad;

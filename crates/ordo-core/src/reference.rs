@@ -121,7 +121,7 @@ impl RefIndex {
             + self.lists.iter().map(|slots| slots.capacity() * std::mem::size_of::<Slot>()).sum::<usize>()
             + self.lists.capacity() * std::mem::size_of::<Vec<Slot>>()
             + self.free_lists.capacity() * std::mem::size_of::<u32>()
-            + self.heads.capacity() * (std::mem::size_of::<Head>() + 1)
+            + self.heads.allocation_size()
     }
 }
 
