@@ -67,6 +67,7 @@ impl Engine {
             }
         }
         summary.n_windows_changed = deliver_pending(&state.collection, views, windows, scratch, sink);
+        reserve_for_refreshes(state, scratch);
         let has_referrers = !state.refs.referrers.is_empty();
         if has_referrers {
             // Items referencing what the batch changed move now, reading the batch's end state.
@@ -78,6 +79,16 @@ impl Engine {
         self.last_version = self.last_version.max(version);
         Ok(summary)
     }
+}
+
+/// After a batch on a referencing collection, or a view building its links:
+/// room in the buffer a target change copies a reverse-index list into, for the
+/// longest list yet, so that a message to the largest room allocates nothing
+/// (memberships and link builds grow lists; messages only read them).
+pub(super) fn reserve_for_refreshes(state: &CollectionState, scratch: &mut Scratch) {
+    let longest_list_len = state.refs.links.iter().map(|link| link.index.longest_list_len()).max().unwrap_or(0);
+    let referencing = &mut scratch.referencing_slots;
+    referencing.reserve(longest_list_len.saturating_sub(referencing.len()));
 }
 
 /// Lists in `scratch.visited_views` the views an operation on an item visits:

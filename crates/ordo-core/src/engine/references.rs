@@ -173,6 +173,8 @@ impl Engine {
                 self.rebuild_if_stale(collection_id, link_index);
             }
         }
+        let state = self.collections.get(collection_id).expect("checked");
+        super::apply::reserve_for_refreshes(state, &mut self.scratch);
         Ok(view_reads)
     }
 
