@@ -205,6 +205,18 @@ impl Collection {
         }
     }
 
+    /// Asks the cache for `slot`'s value of `field_id` ahead of a read.
+    #[inline]
+    pub(crate) fn prefetch_value(&self, slot: Slot, field_id: FieldId) {
+        self.column(field_id).prefetch_slot(slot as usize);
+    }
+
+    /// For an interned string field, once `slot`'s entry is in cache: asks for its string.
+    #[inline]
+    pub(crate) fn prefetch_text(&self, slot: Slot, field_id: FieldId) {
+        self.column(field_id).prefetch_text(slot as usize);
+    }
+
     #[inline]
     pub(crate) fn column(&self, field_id: FieldId) -> &Column {
         if field_id.is_derived() {

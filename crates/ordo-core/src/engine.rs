@@ -42,6 +42,7 @@ use crate::window::Window;
 mod apply;
 mod collection_table;
 mod references;
+mod refresh;
 mod schema_change;
 mod shared;
 mod single_upsert;
@@ -99,6 +100,10 @@ struct Scratch {
     ref_hashes: Vec<Option<u64>>,
     /// The slots referencing a target a batch changed, read out of the reverse index.
     referencing_slots: Vec<Slot>,
+    /// A chunk of those whose derived values change, and the views each moves in
+    /// (see `engine/refresh`).
+    gathered_items: Vec<refresh::GatheredItem>,
+    gathered_views: Vec<u32>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -57,6 +57,8 @@
 // Basic types.
 // `CollectionId`, `WindowId`, `Slot`: the handles every layer passes around.
 mod ids;
+// Cache hints for loops over cold per-item state.
+mod prefetch;
 // Every input's limit, in one place.
 pub mod limits;
 // `Schema`, `FieldDef`, `FieldId`, `FieldType`: typed fields.

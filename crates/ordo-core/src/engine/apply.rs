@@ -19,7 +19,7 @@ use crate::window::ViewChange;
 use super::collection_table::OtherCollections;
 use super::validate::validate_batch;
 use super::windows::finish_window;
-use super::{references, single_upsert, BatchSummary, CollectionState, Engine, Scratch, WindowSlot};
+use super::{references, refresh, single_upsert, BatchSummary, CollectionState, Engine, Scratch, WindowSlot};
 
 impl Engine {
     /// Applies a batch with no atomic operations or preconditions: validate, apply op
@@ -89,6 +89,14 @@ pub(super) fn reserve_for_refreshes(state: &CollectionState, scratch: &mut Scrat
     let longest_list_len = state.refs.links.iter().map(|link| link.index.longest_list_len()).max().unwrap_or(0);
     let referencing = &mut scratch.referencing_slots;
     referencing.reserve(longest_list_len.saturating_sub(referencing.len()));
+    if longest_list_len > 0 {
+        // The refresh's chunk buffers (`engine/refresh`), fixed in size.
+        let gathered = &mut scratch.gathered_items;
+        gathered.reserve_exact(refresh::REFRESH_CHUNK_ITEMS.saturating_sub(gathered.len()));
+        let views = &mut scratch.gathered_views;
+        let n_views = refresh::REFRESH_CHUNK_ITEMS * refresh::GATHERED_VIEWS_PER_ITEM;
+        views.reserve_exact(n_views.saturating_sub(views.len()));
+    }
 }
 
 /// Lists in `scratch.visited_views` the views an operation on an item visits:
