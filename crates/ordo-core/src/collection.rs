@@ -205,6 +205,18 @@ impl Collection {
         }
     }
 
+    /// Asks the cache for `slot`'s value of `field_id` ahead of a read.
+    #[inline]
+    pub(crate) fn prefetch_value(&self, slot: Slot, field_id: FieldId) {
+        self.column(field_id).prefetch_slot(slot as usize);
+    }
+
+    /// For an interned string field, once `slot`'s entry is in cache: asks for its string.
+    #[inline]
+    pub(crate) fn prefetch_text(&self, slot: Slot, field_id: FieldId) {
+        self.column(field_id).prefetch_text(slot as usize);
+    }
+
     #[inline]
     pub(crate) fn column(&self, field_id: FieldId) -> &Column {
         if field_id.is_derived() {
@@ -483,7 +495,7 @@ impl Collection {
                 self.ids.capacity() * std::mem::size_of::<SlotId>()
                     + self.ids.iter().map(SlotId::heap_bytes).sum::<usize>(),
             ),
-            ("id index".to_owned(), self.id_index.capacity() * (std::mem::size_of::<IdIndexEntry>() + 1)),
+            ("id index".to_owned(), self.id_index.allocation_size()),
             (
                 "payloads".to_owned(),
                 self.payloads.capacity() * std::mem::size_of::<ThinVec<u8>>()
@@ -577,6 +589,41 @@ pub struct OwnedItem {
 mod tests {
     use super::string_head::STRING_HEAD_BYTES;
     use super::*;
+
+    /// Two ids whose hashes (under `collection`'s hasher) agree in the 32 bits an
+    /// id-index entry keeps, found by the birthday bound (~80 000 ids).
+    fn ids_with_one_tag(collection: &Collection) -> (String, String) {
+        let mut seen = std::collections::HashMap::new();
+        for index in 0u64.. {
+            let id = format!("!room{index}:example.org");
+            let tag = (collection.hasher.hash_one(id.as_bytes()) >> 32) as u32;
+            if let Some(other) = seen.insert(tag, id.clone()) {
+                return (other, id);
+            }
+        }
+        unreachable!("32-bit tags collide within 2^32 + 1 ids")
+    }
+
+    /// An id-index entry whose tag matches is not yet the id sought: the id itself
+    /// is compared. Two ids sharing a tag sit in one probe group of a small table
+    /// (their control bytes, 7 bits of the tag, match too), so each lookup meets
+    /// the other's entry first or second; matching on the tag alone would answer
+    /// the wrong slot, or a slot for an absent id.
+    #[test]
+    fn a_tag_collision_finds_only_the_id_sought() {
+        let mut collection = Collection::new("c", Schema::new().with_field("n", FieldType::U64));
+        let (first, second) = ids_with_one_tag(&collection);
+        assert_ne!(first, second);
+        let first_slot = collection.insert_slot(&first);
+        assert_eq!(collection.find_slot(&first), Some(first_slot));
+        assert_eq!(collection.find_slot(&second), None, "an absent id sharing a tag");
+        let second_slot = collection.insert_slot(&second);
+        assert_eq!(collection.find_slot(&first), Some(first_slot));
+        assert_eq!(collection.find_slot(&second), Some(second_slot));
+        collection.remove_slot(first_slot);
+        assert_eq!(collection.find_slot(&first), None, "a removed id sharing a tag");
+        assert_eq!(collection.find_slot(&second), Some(second_slot));
+    }
 
     /// Reads through the head and through the heap buffer give the written value,
     /// before and after a shorter or longer value replaces it.

@@ -42,6 +42,7 @@ use crate::window::Window;
 mod apply;
 mod collection_table;
 mod references;
+mod refresh;
 mod schema_change;
 mod shared;
 mod single_upsert;
@@ -99,6 +100,10 @@ struct Scratch {
     ref_hashes: Vec<Option<u64>>,
     /// The slots referencing a target a batch changed, read out of the reverse index.
     referencing_slots: Vec<Slot>,
+    /// A chunk of those whose derived values change, and the views each moves in
+    /// (see `engine/refresh`).
+    gathered_items: Vec<refresh::GatheredItem>,
+    gathered_views: Vec<u32>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -247,6 +252,14 @@ impl Engine {
 
     pub fn collection(&self, collection_id: CollectionId) -> Option<&Collection> {
         self.collections.get(collection_id).map(|state| &state.collection)
+    }
+
+    /// Heap bytes of a collection's equality index (its keyed fields' tables, the
+    /// views listed per value and the per-slot links), for memory accounting:
+    /// apart from [`Collection::heap_bytes`], like the reverse indexes
+    /// ([`Engine::reference_heap_bytes`]).
+    pub fn equality_index_heap_bytes(&self, collection_id: CollectionId) -> usize {
+        self.collections.get(collection_id).map_or(0, |state| state.keys.heap_bytes())
     }
 
     pub fn stats(&self) -> EngineStats {

@@ -207,6 +207,13 @@ impl KeyIndex {
         }
     }
 
+    /// Heap bytes held, each part counted by its allocation: the fields' array,
+    /// and per field its hash table, the views listed under each value and the
+    /// two per-slot link arrays (8 B per slot of the collection).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        thin_vec_heap_bytes(&self.fields) + self.fields.iter().map(KeyedField::heap_bytes).sum::<usize>()
+    }
+
     /// Checks every index against the collection (a full scan, for tests).
     pub(crate) fn check(&self, collection: &Collection) {
         for field in &self.fields {
@@ -232,7 +239,22 @@ impl KeyIndex {
     }
 }
 
+/// Heap bytes of a `ThinVec`: none while it never held anything; else its
+/// elements and the length and capacity it keeps in front of them.
+fn thin_vec_heap_bytes<T>(vec: &ThinVec<T>) -> usize {
+    match vec.capacity() {
+        0 => 0,
+        capacity => capacity * std::mem::size_of::<T>() + 2 * std::mem::size_of::<usize>(),
+    }
+}
+
 impl KeyedField {
+    fn heap_bytes(&self) -> usize {
+        self.entries.allocation_size()
+            + self.entries.iter().map(|entry| entry.views.capacity() * std::mem::size_of::<u32>()).sum::<usize>()
+            + (self.next.capacity() + self.previous.capacity()) * std::mem::size_of::<Slot>()
+    }
+
     fn entry(&self, hash: u64) -> Option<&KeyEntry> {
         self.entries.find(hash, |entry| entry.hash == hash)
     }
@@ -296,5 +318,59 @@ impl KeyedField {
                 entry.remove();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::{FieldType, Schema};
+    use ordo_test_kit::alloc::heap_bytes_on_this_thread;
+
+    fn owner_of(index: usize, n_owners: usize) -> String {
+        format!("@user{}", index % n_owners)
+    }
+
+    /// `heap_bytes` is what the index holds, counted by the allocator (which
+    /// `lib.rs` installs for the unit tests): after its build, after views come
+    /// and go, after slots change value, and after the collection grows. A count
+    /// by table capacity, or one leaving out the per-slot links, differs.
+    #[test]
+    fn heap_bytes_equal_what_the_index_allocated() {
+        const N_OWNERS: usize = 300;
+        let owner = FieldId(0);
+        let mut collection = Collection::new("members", Schema::new().with_field("owner", FieldType::String));
+        for index in 0..5_000 {
+            let slot = collection.insert_slot(&format!("m{index}"));
+            collection.set_value(slot, owner, Value::Str(&owner_of(index, N_OWNERS)));
+        }
+        let bytes_before = heap_bytes_on_this_thread();
+        let held = |_: &KeyIndex| heap_bytes_on_this_thread() - bytes_before;
+        let mut index = KeyIndex::default();
+        index.ensure_field(&collection, owner);
+        let key = |index: &KeyIndex, user: usize| ViewKey {
+            field_id: owner,
+            hash: index.hash_value(Value::Str(&owner_of(user, N_OWNERS))).expect("a string"),
+        };
+        for user in 0..N_OWNERS {
+            index.add_view(key(&index, user), user as u32);
+        }
+        assert_eq!(held(&index), index.heap_bytes() as i64, "after the build");
+        for user in (0..N_OWNERS).step_by(3) {
+            index.remove_view(key(&index, user), user as u32);
+        }
+        assert_eq!(held(&index), index.heap_bytes() as i64, "after views went");
+        for slot in (0..5_000).step_by(7) {
+            let old = key(&index, slot).hash;
+            let new = key(&index, slot + 1).hash;
+            index.apply_moves(slot as Slot, &[KeyMove { old: Some(old), new: Some(new) }]);
+        }
+        for slot in 5_000..6_000 {
+            index.apply_moves(slot, &[KeyMove { old: None, new: Some(key(&index, slot as usize).hash) }]);
+        }
+        assert_eq!(held(&index), index.heap_bytes() as i64, "after moves and new slots");
+        assert!(index.heap_bytes() >= 6_000 * 2 * std::mem::size_of::<Slot>(), "the links count");
+        drop(index);
+        assert_eq!(heap_bytes_on_this_thread(), bytes_before, "the index held all it allocated");
     }
 }

@@ -57,6 +57,8 @@
 // Basic types.
 // `CollectionId`, `WindowId`, `Slot`: the handles every layer passes around.
 mod ids;
+// Cache hints for loops over cold per-item state.
+mod prefetch;
 // Every input's limit, in one place.
 pub mod limits;
 // `Schema`, `FieldDef`, `FieldId`, `FieldType`: typed fields.
@@ -116,6 +118,12 @@ mod engine;
 
 #[cfg(test)]
 mod test_rng;
+
+// The unit tests count allocations, so that memory accounting is checked
+// against what was allocated (`key_index::tests`).
+#[cfg(test)]
+#[global_allocator]
+static ALLOCATOR: ordo_test_kit::alloc::CountingAllocator = ordo_test_kit::alloc::CountingAllocator;
 
 pub use anchor::{ItemPosition, WindowAnchor, WindowRange};
 pub use batch::{AtomicOp, Batch, BatchOp, Precondition, UpsertBuilder};

@@ -83,6 +83,15 @@ impl OrderTree {
         }
     }
 
+    /// Asks the cache for the entries a move reads first (a run's arrays; a node
+    /// tree's are found by a search, so it asks for nothing).
+    #[inline]
+    pub(crate) fn prefetch(&self) {
+        if let Form::Run(run) = &self.form {
+            run.prefetch();
+        }
+    }
+
     /// Whether `slot` is in the index, when that costs less than evaluating a
     /// filter: a run's scan, or a large tree's slot → leaf map; `None` otherwise.
     #[inline]

@@ -43,6 +43,9 @@ pub(crate) struct RefIndex {
     free_lists: Vec<u32>,
     /// Per slot, its place in its list (`NOT_LISTED`: none).
     place: Vec<u32>,
+    /// The most slots any list has held: what a reader copying a list out needs
+    /// room for, known before a target change asks (so that it allocates nothing).
+    longest_list_len: usize,
 }
 
 impl RefIndex {
@@ -80,6 +83,12 @@ impl RefIndex {
         }
         self.place[index] = slots.len() as u32;
         slots.push(slot);
+        self.longest_list_len = self.longest_list_len.max(slots.len());
+    }
+
+    /// The most slots any list has held (a high-water mark, never lowered).
+    pub(crate) fn longest_list_len(&self) -> usize {
+        self.longest_list_len
     }
 
     /// After the index is built by a scan: gives every list room for a few more
@@ -121,7 +130,7 @@ impl RefIndex {
             + self.lists.iter().map(|slots| slots.capacity() * std::mem::size_of::<Slot>()).sum::<usize>()
             + self.lists.capacity() * std::mem::size_of::<Vec<Slot>>()
             + self.free_lists.capacity() * std::mem::size_of::<u32>()
-            + self.heads.capacity() * (std::mem::size_of::<Head>() + 1)
+            + self.heads.allocation_size()
     }
 }
 

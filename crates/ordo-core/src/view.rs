@@ -9,6 +9,7 @@ use crate::filter::{CompiledFilter, FilterScratch};
 use crate::ids::Slot;
 use crate::key_index::ViewKey;
 use crate::order_tree::{Entry, OrderTree, PackedEntry};
+use crate::prefetch::prefetch_lines;
 use crate::schema::Schema;
 use crate::sort::CompiledSort;
 use crate::view_def::ViewDef;
@@ -55,6 +56,10 @@ impl ViewPlan {
         })
     }
 }
+
+/// Lines of a `ViewPlan` a move's prefetch asks for: what the sort and the
+/// filter keep inline (the definition's text, after them, is not read).
+const VIEW_PLAN_PREFETCH_LINES: usize = 4;
 
 pub(crate) struct View {
     pub(crate) collection: u32,
@@ -158,6 +163,23 @@ impl View {
     /// index itself says so (a keyed view whose index finds entries by slot): one
     /// lookup for `is_member` and the removal. `Some(None)`: not a member;
     /// `None`: ask `is_member` and remove by entry.
+    /// Asks the cache for what moving an entry reads of this view, once the
+    /// view itself is in cache: its plan, its index's entries, its windows' list.
+    #[inline]
+    pub(crate) fn prefetch_for_move(&self) {
+        prefetch_lines(std::slice::from_ref(&*self.plan), VIEW_PLAN_PREFETCH_LINES);
+        if let ViewIndex::Ready(tree) = &self.index {
+            tree.prefetch();
+        }
+        prefetch_lines(&self.windows, 1);
+    }
+
+    /// The next step, once the plan is in cache: the sort keys it points to.
+    #[inline]
+    pub(crate) fn prefetch_plan_parts(&self) {
+        self.plan.sort.prefetch();
+    }
+
     pub(crate) fn remove_if_member(&mut self, slot: Slot) -> Option<Option<(usize, crate::sort::Prefix)>> {
         match (&self.membership, &mut self.index) {
             (Membership::Filter, ViewIndex::Ready(tree)) => tree.remove_slot_if_held(slot),

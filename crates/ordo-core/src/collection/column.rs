@@ -6,6 +6,7 @@
 //! (`Column::Interned`, see `interned`). Values arrive already validated, so the
 //! writes here never fail.
 
+use crate::prefetch::prefetch;
 use crate::schema::FieldType;
 use crate::value::Value;
 
@@ -28,6 +29,14 @@ pub(crate) struct Bitmap {
 }
 
 impl Bitmap {
+    /// Asks the cache for the word holding bit `index` (see `crate::prefetch`).
+    #[inline]
+    pub(crate) fn prefetch(&self, index: usize) {
+        if let Some(word) = self.words.get(index / 64) {
+            prefetch(word);
+        }
+    }
+
     /// Appends slot `slot`'s bit; `slot` is the collection's slot count before the push.
     #[inline]
     fn push(&mut self, slot: usize, bit: bool) {
@@ -128,6 +137,38 @@ pub(crate) enum Column {
 const _: () = assert!(std::mem::size_of::<Column>() <= 48);
 
 impl Column {
+    /// Asks the cache for `slot`'s entry of this column ahead of a read.
+    #[inline]
+    pub(crate) fn prefetch_slot(&self, slot: usize) {
+        match self {
+            Column::Bool { values, present } => {
+                values.prefetch(slot);
+                present.prefetch(slot);
+            }
+            Column::Word { bits, present } => {
+                if let Some(word) = bits.get(slot) {
+                    prefetch(word);
+                }
+                present.prefetch(slot);
+            }
+            Column::Str { heads, .. } => {
+                if let Some(head) = heads.get(slot) {
+                    prefetch(head);
+                }
+            }
+            Column::Interned(column) => column.prefetch_slot(slot),
+        }
+    }
+
+    /// For an interned column, once `slot`'s handle is in cache: asks for the
+    /// string it names (a keyed view's `owner`, hashed to find the view).
+    #[inline]
+    pub(crate) fn prefetch_text(&self, slot: usize) {
+        if let Column::Interned(column) = self {
+            column.prefetch_text(slot);
+        }
+    }
+
     pub(super) fn new(field_type: FieldType) -> Column {
         match field_type {
             FieldType::Bool => Column::Bool { values: Bitmap::default(), present: Bitmap::default() },

@@ -26,6 +26,7 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 use std::hash::BuildHasher;
 
 use super::string_head::{LongStrings, StrRef, StringHead};
+use crate::prefetch::prefetch;
 
 /// The handle of a null slot.
 pub(crate) const NULL_HANDLE: u32 = u32::MAX;
@@ -172,6 +173,24 @@ pub(crate) struct InternedColumn {
 }
 
 impl InternedColumn {
+    #[inline]
+    pub(crate) fn prefetch_slot(&self, slot: usize) {
+        if let Some(handle) = self.handles.get(slot) {
+            prefetch(handle);
+        }
+    }
+
+    /// Asks the cache for the head of the string `slot` holds (its handle read).
+    #[inline]
+    pub(crate) fn prefetch_text(&self, slot: usize) {
+        let handle = self.handles.get(slot).copied().unwrap_or(NULL_HANDLE);
+        if let (Some(dict), false) = (&self.dict, handle == NULL_HANDLE) {
+            if let Some(head) = dict.heads.get(handle as usize) {
+                prefetch(head);
+            }
+        }
+    }
+
     pub(crate) fn new(may_convert: bool) -> InternedColumn {
         InternedColumn { handles: Vec::new(), dict: None, may_convert }
     }

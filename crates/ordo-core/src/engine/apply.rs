@@ -19,7 +19,7 @@ use crate::window::ViewChange;
 use super::collection_table::OtherCollections;
 use super::validate::validate_batch;
 use super::windows::finish_window;
-use super::{references, single_upsert, BatchSummary, CollectionState, Engine, Scratch, WindowSlot};
+use super::{references, refresh, single_upsert, BatchSummary, CollectionState, Engine, Scratch, WindowSlot};
 
 impl Engine {
     /// Applies a batch with no atomic operations or preconditions: validate, apply op
@@ -67,6 +67,7 @@ impl Engine {
             }
         }
         summary.n_windows_changed = deliver_pending(&state.collection, views, windows, scratch, sink);
+        reserve_for_refreshes(state, scratch);
         let has_referrers = !state.refs.referrers.is_empty();
         if has_referrers {
             // Items referencing what the batch changed move now, reading the batch's end state.
@@ -77,6 +78,24 @@ impl Engine {
         state.collection.recycle_freed_slots();
         self.last_version = self.last_version.max(version);
         Ok(summary)
+    }
+}
+
+/// After a batch on a referencing collection, or a view building its links:
+/// room in the buffer a target change copies a reverse-index list into, for the
+/// longest list yet, so that a message to the largest room allocates nothing
+/// (memberships and link builds grow lists; messages only read them).
+pub(super) fn reserve_for_refreshes(state: &CollectionState, scratch: &mut Scratch) {
+    let longest_list_len = state.refs.links.iter().map(|link| link.index.longest_list_len()).max().unwrap_or(0);
+    let referencing = &mut scratch.referencing_slots;
+    referencing.reserve(longest_list_len.saturating_sub(referencing.len()));
+    if longest_list_len > 0 {
+        // The refresh's chunk buffers (`engine/refresh`), fixed in size.
+        let gathered = &mut scratch.gathered_items;
+        gathered.reserve_exact(refresh::REFRESH_CHUNK_ITEMS.saturating_sub(gathered.len()));
+        let views = &mut scratch.gathered_views;
+        let n_views = refresh::REFRESH_CHUNK_ITEMS * refresh::GATHERED_VIEWS_PER_ITEM;
+        views.reserve_exact(n_views.saturating_sub(views.len()));
     }
 }
 

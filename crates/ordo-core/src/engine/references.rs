@@ -35,12 +35,11 @@ use crate::limits;
 use crate::reference::RefIndex;
 use crate::schema::{FieldId, FieldType};
 use crate::value::Value;
-use crate::view::View;
 use crate::view_def::ViewDef;
 
-use super::apply::{insert_into_views, remove_from_views};
 use super::collection_table::OtherCollections;
-use super::{CollectionState, Engine, Scratch, WindowSlot};
+use super::refresh::{refresh_referencing, RefreshContext, TargetChange};
+use super::{CollectionState, Engine};
 
 /// One ref field of a collection that views read through.
 pub(super) struct RefLink {
@@ -81,6 +80,13 @@ pub(super) struct ViewReads {
     derived: u64,
 }
 
+impl ViewReads {
+    /// Whether the view reads or shows one of the derived fields in `mask`.
+    pub(super) fn reads_any_derived(&self, mask: u64) -> bool {
+        self.derived & mask != 0
+    }
+}
+
 /// A target field read through a reference, resolved.
 struct RefRead<'a> {
     name: &'a str,
@@ -101,7 +107,7 @@ fn names_read<'a>(def: &'a ViewDef, out: &mut Vec<&'a str>) {
 
 /// Whether two values of one column are the same (floats by bits: `-0.0` and
 /// `0.0` encode differently in a sort prefix).
-fn same_value(left: Value<'_>, right: Value<'_>) -> bool {
+pub(super) fn same_value(left: Value<'_>, right: Value<'_>) -> bool {
     match (left, right) {
         (Value::F64(left), Value::F64(right)) => left.to_bits() == right.to_bits(),
         (left, right) => left == right,
@@ -173,6 +179,8 @@ impl Engine {
                 self.rebuild_if_stale(collection_id, link_index);
             }
         }
+        let state = self.collections.get(collection_id).expect("checked");
+        super::apply::reserve_for_refreshes(state, &mut self.scratch);
         Ok(view_reads)
     }
 
@@ -341,13 +349,9 @@ impl Engine {
                 let Some(handle) = state.collection.interned_handle(ref_field, id) else { continue };
                 referencing.clear();
                 referencing.extend_from_slice(link.index.slots(link.index.hash_id(id)));
-                for &slot in &referencing {
-                    // A colliding hash lists other ids too.
-                    if state.collection.handle_at(slot, ref_field) == handle {
-                        refresh_item(state, target, views, windows, scratch, view_links, link_index, slot, id);
-                        *n_view_visits += scratch.visited_views.len() as u64;
-                    }
-                }
+                let change = TargetChange { target, target_slot: target.collection.find_slot(id), link_index, handle };
+                let mut context = RefreshContext { views, windows, scratch, view_links, n_view_visits };
+                refresh_referencing(state, &change, &mut context, &referencing);
             }
             scratch.referencing_slots = referencing;
             n_windows_changed += super::apply::deliver_pending(&state.collection, views, windows, scratch, sink);
@@ -452,63 +456,4 @@ pub(super) fn before_remove(state: &mut CollectionState, old_hashes: &[Option<u6
             link.index.unlink(slot, old_hash);
         }
     }
-}
-
-/// Re-reads one referencing item's target and moves it in the views that read
-/// the derived fields that changed (a `Set` where its place does not change:
-/// views that only show them). When no derived value changed, nothing a view
-/// reads or shows changed (a referencing item shows its target only through
-/// derived fields), so no view is visited and no diff is sent.
-#[allow(clippy::too_many_arguments)]
-fn refresh_item(
-    state: &mut CollectionState,
-    target: &CollectionState,
-    views: &mut [Option<View>],
-    windows: &mut [WindowSlot],
-    scratch: &mut Scratch,
-    view_links: &[ViewReads],
-    link_index: usize,
-    slot: Slot,
-    id: &str,
-) {
-    scratch.visited_views.clear();
-    let target_slot = target.collection.find_slot(id);
-    let mut changed = std::mem::take(&mut scratch.changed_fields);
-    changed.clear();
-    let mut changed_mask = 0u64;
-    for &(derived, target_field) in &state.refs.links[link_index].derived {
-        let new = target_slot.map_or(Value::Null, |t| target.collection.value(t, target_field));
-        if !same_value(state.collection.value(slot, derived), new) {
-            changed.push(derived);
-            changed_mask |= 1 << derived.derived_index();
-        }
-    }
-    if changed.is_empty() {
-        scratch.changed_fields = changed;
-        return;
-    }
-    let reads_changed =
-        |view_index: u32| view_links.get(view_index as usize).is_some_and(|reads| reads.derived & changed_mask != 0);
-    // The views that hold or may hold the item: unkeyed ones and those of its key
-    // values (which a refresh does not change), narrowed to those reading or
-    // showing a derived field that changed.
-    scratch.visited_views.extend(state.unkeyed_views.iter().copied().filter(|&view| reads_changed(view)));
-    for field in state.keys.fields() {
-        if let Some(hash) = state.keys.hash_value(state.collection.value(slot, field.field_id)) {
-            scratch.visited_views.extend(field.views_of_hash(hash).iter().copied().filter(|&view| reads_changed(view)));
-        }
-    }
-    remove_from_views(state, views, scratch, Some(slot), Some(&changed));
-    for &derived in &changed {
-        let target_field = state.refs.links[link_index]
-            .derived
-            .iter()
-            .find(|&&(field, _)| field == derived)
-            .map(|&(_, target_field)| target_field)
-            .expect("listed above");
-        let new = target_slot.map_or(Value::Null, |t| target.collection.value(t, target_field));
-        state.collection.set_value(slot, derived, new);
-    }
-    scratch.changed_fields = changed;
-    insert_into_views(state, views, windows, scratch, slot, true);
 }

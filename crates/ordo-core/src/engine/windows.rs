@@ -83,6 +83,10 @@ impl Engine {
         });
         let window_id = WindowId { index: window_index, generation: slot.generation };
         self.views[view_index as usize].as_mut().expect("live view").windows.push(window_index);
+        // A delivery lists each window it touches once: room for every window now,
+        // so that a batch reaching more windows than any before allocates nothing.
+        let touched = &mut self.scratch.touched_windows;
+        touched.reserve(self.windows.len().saturating_sub(touched.len()));
         self.emit_window_reset(window_id, sink).expect("the window was just opened");
         Ok((window_id, range))
     }

@@ -347,3 +347,62 @@ fn reference_target_updates_allocate_nothing_in_steady_state() {
     assert!(sink.n_diffs > n_diffs_before + 5_000, "the updates produced few diffs: the test measured nothing");
     assert_eq!(allocations, 0, "heap allocations during 5 000 steady-state room and reference updates");
 }
+
+/// A message reaching more lists than any message before it (a larger room than
+/// any yet messaged, as a benchmark's first message to its largest room) still
+/// allocates nothing: the buffers a refresh fills (the referencing slots, the
+/// windows touched) are sized when memberships and windows are made, not grown
+/// by the message.
+#[test]
+fn a_message_to_the_largest_room_yet_allocates_nothing() {
+    const N_ROOMS: usize = 40;
+    const N_USERS: usize = 400;
+    let mut engine = Engine::new();
+    let rooms = engine.create_collection("rooms", crate::ref_fields::rooms_schema()).unwrap();
+    let members = engine.create_collection("members", crate::ref_fields::members_schema(rooms)).unwrap();
+    let mut sink = ReadingSink::default();
+    let mut batch = Batch::new();
+    let room_ids: Vec<String> = (0..N_ROOMS).map(|room| format!("!room{room}:example.org")).collect();
+    let preview = [b'p'; 200];
+    for (index, id) in room_ids.iter().enumerate() {
+        batch.upsert(id).set("name", Value::Str(id)).set("recency", Value::U64(index as u64)).payload(&preview);
+    }
+    engine.apply_batch(rooms, &batch, &mut sink).unwrap();
+    // Room r has 10·(r + 1) members: users 0 to 10·r + 9.
+    batch.clear();
+    for (room, room_id) in room_ids.iter().enumerate() {
+        for user in 0..10 * (room + 1) {
+            let owner = format!("@user{user}");
+            batch.upsert(&format!("{owner}/{room}")).set("owner", Value::Str(&owner)).set("room", Value::Str(room_id));
+        }
+    }
+    engine.apply_batch(members, &batch, &mut sink).unwrap();
+    for user in 0..N_USERS {
+        let def = ViewDef::new(
+            Filter::eq("owner", OwnedValue::Str(format!("@user{user}"))),
+            vec![SortKey::desc("room.recency")],
+        );
+        let window = engine.open_window(members, &def, 0, 5, &mut sink).unwrap();
+        // Each view's full index now, as a server's first update would build it.
+        engine.prepare_window(window).unwrap();
+    }
+    let mut recency = 1_000u64;
+    let mut message = |engine: &mut Engine, sink: &mut ReadingSink, room: usize| {
+        recency += 1;
+        batch.clear();
+        batch.upsert(&room_ids[room]).set("recency", Value::U64(recency)).payload(&preview);
+        engine.apply_batch(rooms, &batch, sink).unwrap();
+    };
+    // Warm-up: the two smallest rooms, twice.
+    for room in [0, 1, 0, 1] {
+        message(&mut engine, &mut sink, room);
+    }
+    let n_diffs_before = sink.n_diffs;
+    let before = allocations_on_this_thread();
+    for room in 2..N_ROOMS {
+        message(&mut engine, &mut sink, room);
+    }
+    let allocations = allocations_on_this_thread() - before;
+    assert!(sink.n_diffs > n_diffs_before + 8_000, "the messages reached few lists: the test measured nothing");
+    assert_eq!(allocations, 0, "heap allocations by messages to ever larger rooms");
+}

@@ -8,6 +8,7 @@ mod conversions;
 mod key_windows;
 mod keyed_views;
 mod large_views;
+mod layouts;
 mod many_lists;
 mod many_windows;
 mod model;

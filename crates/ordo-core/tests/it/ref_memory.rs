@@ -42,19 +42,25 @@ fn memory_per_membership() {
     }
     let collection_after = engine.collection(members).unwrap().heap_bytes();
     let reverse_index = engine.reference_heap_bytes(members);
+    // The owner key's equality index: two links per membership and a table entry per owner.
+    let equality_index = engine.equality_index_heap_bytes(members);
     let per = |bytes: usize| bytes as f64 / n_memberships as f64;
     for (part, bytes) in engine.collection(members).unwrap().heap_parts() {
         println!("  {part}: {:.1} B per membership", per(bytes));
     }
     println!(
-        "per membership: item {:.1} B (before views), derived column {:.1} B, reverse index {:.1} B, view entry {:.1} B; \
-         total {:.1} B",
+        "per membership: item {:.1} B (before views), derived column {:.1} B, reverse index {:.1} B, \
+         equality index (owner) {:.1} B, view entry {:.1} B; total {:.1} B",
         per(collection_before),
         per(collection_after - collection_before),
         per(reverse_index),
+        per(equality_index),
         per(view_bytes),
-        per(collection_after + reverse_index + view_bytes),
+        per(collection_after + reverse_index + equality_index + view_bytes),
     );
+    // The owner's two links (8 B) are counted, and little else: one table entry per owner.
+    let links = per(equality_index);
+    assert!((8.0..=12.0).contains(&links), "the equality index holds {links:.1} B per membership");
     // What references add per membership: the derived u64 column (8 B and a null
     // bit) and the reverse index's two slot links (8 B), plus table slack.
     let added = per(collection_after - collection_before + reverse_index);
