@@ -12,7 +12,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{without_versions, Client, Server};
+use common::{query_items, Client, Server};
 use serde_json::{json, Value};
 
 const SETTLE: Duration = Duration::from_secs(10);
@@ -49,7 +49,7 @@ async fn settle_to(client: &mut Client, sub: &str, expected: &[Value], what: &st
 
 /// The items a one-shot query of `collection` answers with `body`, as a subscription shows them.
 fn query(server: &Server, collection: &str, body: Value) -> Vec<Value> {
-    without_versions(&server.ok("POST", &format!("/v1/collections/{collection}/query"), body)["items"])
+    query_items(&server.ok("POST", &format!("/v1/collections/{collection}/query"), body)["items"])
 }
 
 /// A connection that is gone for the server: closed, and its session parked.

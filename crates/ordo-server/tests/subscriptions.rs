@@ -67,7 +67,7 @@ fn query(server: &Server, sub: &Value) -> Vec<Value> {
         "fields": sub["fields"], "payload": sub["payload"],
     });
     let answer = server.ok("POST", "/v1/collections/rooms/query", body);
-    common::without_versions(&answer["items"])
+    common::query_items(&answer["items"])
 }
 
 async fn settle(client: &mut Client, server: &Server, subs: &[Value], context: &str) {

@@ -120,6 +120,10 @@ pub struct WindowSpec {
     /// resolves it to `offset` and `limit`, and clears it).
     pub seek: Option<Seek>,
     pub projection: Projection,
+    /// The subscription asked for the window digest on every frame, whatever the
+    /// window's size (`"digest": true`). Not part of the window's identity: one
+    /// shared window serves subscriptions that asked and others.
+    pub digest: bool,
 }
 
 impl WindowSpec {
@@ -213,7 +217,7 @@ pub fn window_spec(
     };
     // The engine keeps the projected target fields current, and sends a `Set` when one changes.
     let def = def.showing(projection.through.clone());
-    let mut spec = WindowSpec { def, offset: 0, limit, is_tail: false, seek: None, projection };
+    let mut spec = WindowSpec { def, offset: 0, limit, is_tail: false, seek: None, projection, digest: false };
     spec.set_position(position);
     Ok(spec)
 }

@@ -192,6 +192,7 @@ impl Connection {
             entry.payload,
         )?;
         wire::restrict_spec(&mut spec, predicate.as_ref(), schema)?;
+        spec.digest = entry.digest;
         Ok((collection, spec))
     }
 }

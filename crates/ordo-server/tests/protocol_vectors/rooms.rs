@@ -29,7 +29,7 @@ pub(crate) fn query(server: &Server, view: &Value) -> Vec<Value> {
         body["payload"] = payload.clone();
     }
     let answer = server.ok("POST", "/v1/collections/rooms/query", body);
-    common::without_versions(&answer["items"])
+    common::query_items(&answer["items"])
 }
 
 pub(crate) fn write(server: &Server, ops: Value) {
