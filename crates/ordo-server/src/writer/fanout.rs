@@ -264,8 +264,8 @@ impl Fanout {
         metrics::add(&METRICS.outbound_queued_bytes, cost as u64);
         let epoch = session.shared.epoch.load(Ordering::Acquire);
         let FrameMeta { n_diffs, is_reset, write_seq, view_len, digest, digest_to_all, queued_at } = frame;
-        let mut extra = DiffsExtra::default();
-        extra.digest = digest.filter(|_| digest_to_all || sub.wants_digest);
+        let mut extra =
+            DiffsExtra { digest: digest.filter(|_| digest_to_all || sub.wants_digest), ..DiffsExtra::default() };
         if is_reset || sub.last_total != Some(view_len) {
             sub.last_total = Some(view_len);
             extra.total = Some(view_len as u64);

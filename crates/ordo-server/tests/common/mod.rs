@@ -379,7 +379,9 @@ pub fn apply_frame(list: &mut LocalList, frame: &Value) {
         assert_eq!(
             digest.as_str(),
             Some(list_digest(&list.items).as_str()),
-            "subscription {sub}: digest after {frame}"
+            "subscription {sub}: the digest after seq {} (list of {} items)",
+            frame["seq"],
+            list.items.len()
         );
         list.n_digests_checked += 1;
     }
