@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ordo_client import ProtocolState
+from ordo_client import ProtocolState, window_digest
 
 # ORDO_VECTORS_DIR: another corpus (to check the runner itself, e.g. on an empty directory).
 VECTORS_DIR = Path(os.environ.get("ORDO_VECTORS_DIR") or Path(__file__).resolve().parents[3] / "protocol" / "vectors")
@@ -23,7 +23,7 @@ def test_the_corpus_is_there() -> None:
     assert VECTORS, f"no protocol vectors in {VECTORS_DIR}"
     names = {path.stem for path in VECTORS}
     # Cases the corpus must hold for the runner to mean something.
-    required = {"all_diff_kinds", "seq_gaps", "resume_replay", "resume_reset", "ended", "reference_views", "unread_views"}
+    required = {"all_diff_kinds", "seq_gaps", "digest_mismatch", "resume_replay", "resume_reset", "ended", "reference_views", "unread_views"}
     assert required <= names, names
 
 
@@ -45,6 +45,9 @@ def test_vector(path: Path) -> None:
         if "totals" in step["expect"]:
             assert state.totals() == step["expect"]["totals"], f"{where}: totals"
         lists = state.lists()
+        if "digests" in step["expect"]:
+            digests = {sub: window_digest(items) for sub, items in lists.items()}
+            assert digests == step["expect"]["digests"], f"{where}: digests"
         assert sorted(lists) == sorted(step["expect"]["lists"]), f"{where}: subscriptions"
         for sub, items in step["expect"]["lists"].items():
             assert lists[sub] == items, f"{where}: list {sub!r}"

@@ -207,6 +207,18 @@ export class LiveList {
     return this._error;
   }
 
+  /** @internal Frames whose window digest was not the list's (see `digestMismatches`). */
+  _digestMismatches = 0;
+
+  /**
+   * How many frames had a window digest other than the list's once applied: each was
+   * dropped, reported as an `error` event with code `digest_mismatch`, and the list
+   * subscribed again. 0 on a healthy connection.
+   */
+  get digestMismatches(): number {
+    return this._digestMismatches;
+  }
+
   /** The number of items in the whole view (not just the window), as of the last frame that said; null before. */
   get total(): number | null {
     return this._total;
@@ -764,9 +776,11 @@ export class OrdoClient {
         return;
       }
       case "gap":
-      case "invalid_diffs": {
+      case "invalid_diffs":
+      case "digest_mismatch": {
         const list = this.lists.get(event.sub);
         if (!list) return;
+        if (event.kind === "digest_mismatch") list._digestMismatches += 1;
         list._fail(lossError(event), false);
         if (this.lists.get(event.sub) !== list || !this.handshaken) return;
         this.restartList(list);

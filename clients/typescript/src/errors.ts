@@ -5,6 +5,8 @@
  * - `closed`: the client or the list was closed;
  * - `gap`: a frame's `seq` was not the next one (the list is re-subscribed by itself);
  * - `invalid_diffs`: a frame's diffs did not apply to the list (re-subscribed likewise);
+ * - `digest_mismatch`: after a frame, the list's window digest was not the server's
+ *   (the frame is not applied; re-subscribed likewise);
  * - `protocol`: the server sent something this client cannot read.
  */
 export class OrdoError extends Error {

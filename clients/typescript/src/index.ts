@@ -3,6 +3,7 @@ export { NodeRotation } from "./nodes.js";
 export type { ConnectionState, Failover, ListChange, ListEnded, ListStatus, OrdoClientOptions, ReconnectOptions } from "./client.js";
 export { OrdoError } from "./errors.js";
 export { applyDiffs } from "./diffs.js";
+export { windowDigest, type DigestRow } from "./digest.js";
 export { ProtocolState } from "./protocol.js";
 export type { EndedReason, ProtocolEvent, SubscriptionPhase, SubscriptionSnapshot } from "./protocol.js";
 export { PROTOCOL_VERSION } from "./types.js";

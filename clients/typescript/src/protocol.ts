@@ -1,4 +1,5 @@
 import { applyDiffs } from "./diffs.js";
+import { windowDigest } from "./digest.js";
 import { OrdoError } from "./errors.js";
 import type { AuthIdentity, Item, VectorDiff, WelcomeAuth } from "./types.js";
 
@@ -63,6 +64,12 @@ export type ProtocolEvent =
     }
   | { kind: "gap"; sub: string; expected_seq: number; got_seq: number }
   | { kind: "invalid_diffs"; sub: string; seq: number; message: string }
+  /**
+   * The frame's window digest (`expected`) is not the digest of the list its diffs give
+   * (`got`): the list is not the server's window. Nothing was applied; the list is
+   * subscribed again.
+   */
+  | { kind: "digest_mismatch"; sub: string; seq: number; expected: string; got: string }
   | {
       kind: "change";
       sub: string;
@@ -311,6 +318,13 @@ export class ProtocolState {
       const message = error instanceof Error ? error.message : String(error);
       return [{ kind: "invalid_diffs", sub, seq, message }];
     }
+    if (frame.digest !== undefined) {
+      // Items carry their version (PROTOCOL.md, "Window digest").
+      const got = windowDigest(items as { id: string; version?: number }[]);
+      if (frame.digest !== got) {
+        return [{ kind: "digest_mismatch", sub, seq, expected: String(frame.digest), got }];
+      }
+    }
     record.items = items;
     record.seq = seq;
     record.phase = "live";
@@ -434,8 +448,15 @@ function readAuth(value: unknown): WelcomeAuth {
   return "required";
 }
 
-/** The `OrdoError` a gap or an unappliable frame is reported as. */
-export function lossError(event: Extract<ProtocolEvent, { kind: "gap" | "invalid_diffs" }>): OrdoError {
+/** The `OrdoError` a gap, an unappliable frame or a digest mismatch is reported as. */
+export function lossError(event: Extract<ProtocolEvent, { kind: "gap" | "invalid_diffs" | "digest_mismatch" }>): OrdoError {
+  if (event.kind === "digest_mismatch") {
+    return new OrdoError(
+      "digest_mismatch",
+      `subscription \`${event.sub}\`: after seq ${event.seq} the list's digest is ${event.got}, the server's ${event.expected}; re-subscribing`,
+      event.sub,
+    );
+  }
   if (event.kind === "gap") {
     return new OrdoError(
       "gap",

@@ -10,7 +10,13 @@ export type Json = null | boolean | number | string | Json[] | { [key: string]: 
 export type FieldValue = null | boolean | number | string;
 
 /** An item on the wire. `payload` is absent when the subscription asked for `payload: false`. */
-export type Item = { id: string; fields: Record<string, unknown>; payload?: unknown };
+export type Item = {
+  id: string;
+  /** The `seq` of the last write that changed the item (absent from servers older than the window digest). */
+  version?: number;
+  fields: Record<string, unknown>;
+  payload?: unknown;
+};
 
 /** One diff, exactly as serde_json writes an `eyeball_im::VectorDiff<Item>`. */
 export type VectorDiff =

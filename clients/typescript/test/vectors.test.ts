@@ -8,7 +8,7 @@ import { fileURLToPath } from "node:url";
 
 import { describe, expect, it } from "vitest";
 
-import { ProtocolState, type ProtocolEvent } from "../src/index.js";
+import { ProtocolState, type ProtocolEvent, windowDigest } from "../src/index.js";
 import type { Item } from "../src/types.js";
 
 const here = fileURLToPath(new URL(".", import.meta.url));
@@ -20,6 +20,7 @@ interface VectorStep {
     lists: Record<string, Item[]>;
     seqs: Record<string, number>;
     totals?: Record<string, number | null>;
+    digests?: Record<string, string>;
     event?: Record<string, unknown>;
   };
 }
@@ -64,6 +65,8 @@ function asVectorEvent(event: ProtocolEvent): Record<string, unknown> | null {
       return event.reset ? { kind: "reset", sub: event.sub } : null;
     case "invalid_diffs":
       return { kind: "invalid_diffs", sub: event.sub };
+    case "digest_mismatch":
+      return { kind: "digest_mismatch", sub: event.sub, seq: event.seq };
     case "protocol":
       return { kind: "protocol", message: event.message };
     case "authed":
@@ -94,6 +97,7 @@ describe("protocol vectors", () => {
     const required = [
       "all_diff_kinds",
       "seq_gaps",
+      "digest_mismatch",
       "resume_replay",
       "resume_reset",
       "ended",
@@ -119,6 +123,10 @@ describe("protocol vectors", () => {
         expect(reported, `${where}: event`).toStrictEqual(expected);
         expect(state.lists(), `${where}: lists`).toStrictEqual(step.expect.lists);
         expect(state.seqs(), `${where}: seqs`).toStrictEqual(step.expect.seqs);
+        if (step.expect.digests !== undefined) {
+          const digests = Object.fromEntries(Object.entries(state.lists()).map(([sub, items]) => [sub, windowDigest(items)]));
+          expect(digests, `${where}: digests`).toStrictEqual(step.expect.digests);
+        }
         if (step.expect.totals !== undefined) {
           expect(state.totals(), `${where}: totals`).toStrictEqual(step.expect.totals);
         }

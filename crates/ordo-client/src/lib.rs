@@ -5,15 +5,16 @@
 //! `Vec<eyeball_im::VectorDiff<T>>` per server frame ([`LiveList::entries`]), so a
 //! matrix-rust-sdk-style UI can use it where it uses eyeball-im today. The client
 //! reconnects with backoff, resumes (replay or Reset), refreshes tokens, and checks
-//! every frame's `seq`: a list is never silently wrong — a gap or a frame whose diffs
-//! do not apply makes the list subscribe again, and it keeps its items until the new
-//! subscription's Reset replaces them.
+//! every frame's `seq` and window digest: a list is never silently wrong — a gap, a
+//! frame whose diffs do not apply or one whose digest is not the list's makes the list
+//! subscribe again, and it keeps its items until the new subscription's Reset replaces them.
 //!
 //! The protocol is `docs/PROTOCOL.md` in the repository; the socket-free core
 //! ([`protocol::ProtocolState`]) is what the protocol vectors test.
 #![doc = include_str!("../README.md")]
 
 mod auth;
+pub mod digest;
 mod error;
 pub mod http;
 mod list;

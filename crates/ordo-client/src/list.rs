@@ -36,6 +36,8 @@ pub struct ListStatus {
     pub ended: Option<Ended>,
     /// The last refused request (`set_range`, `set_view`) or lost frame, as `code: message`.
     pub last_error: Option<String>,
+    /// Frames whose window digest was not the list's (each made the list subscribe again).
+    pub n_digest_mismatches: u64,
 }
 
 struct Queue<T> {
@@ -149,6 +151,10 @@ impl<T: Clone + DeserializeOwned + Send + Sync + 'static> ListSink for TypedSink
 
     fn note_error(&mut self, error: String) {
         self.shared.note_error(error);
+    }
+
+    fn note_digest_mismatch(&mut self) {
+        self.shared.lock().status.n_digest_mismatches += 1;
     }
 
     fn end(&mut self, ended: Ended) {

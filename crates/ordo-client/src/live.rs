@@ -576,6 +576,10 @@ impl Task {
                 self.recover(socket, sub, "invalid_diffs", format!("the diffs of seq {seq} do not apply: {message}"))
                     .await?;
             }
+            Event::DigestMismatch { sub, seq, expected, got } => {
+                let message = format!("after seq {seq} the list's digest is {got}, the server's {expected}");
+                self.recover(socket, sub, "digest_mismatch", message).await?;
+            }
             Event::Protocol { sub: Some(sub), message } => self.recover(socket, sub, "protocol", message).await?,
             Event::Change { sub, .. } => {
                 self.recoveries.remove(&sub);

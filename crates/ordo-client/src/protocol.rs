@@ -3,14 +3,18 @@
 //! what it sends; the protocol vectors (`protocol/vectors/*.json`) drive one directly.
 //!
 //! Its one rule: a list is never silently wrong. A frame whose `seq` is not the next
-//! one, or whose diffs do not apply, changes nothing and is reported (`Gap`,
-//! `InvalidDiffs`) so that the caller subscribes again.
+//! one, whose diffs do not apply, or whose window digest is not the list's once they
+//! are applied, changes nothing and is reported (`Gap`, `InvalidDiffs`,
+//! `DigestMismatch`) so that the caller subscribes again. Each list's ids and
+//! versions are kept beside it (`Record::rows`), whatever type its items decode to,
+//! so the digest is computed before the list itself changes.
 
 use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::wire::Ended;
+use crate::digest::{digest_hex, window_digest, RowKey};
+use crate::wire::{decode_diffs, Ended};
 
 /// Where a list's items live. `apply` is all or nothing: on `Err` the list is unchanged.
 pub trait ListSink: Send {
@@ -31,6 +35,8 @@ pub trait ListSink: Send {
     fn end(&mut self, _ended: Ended) {}
     /// A refused request or lost frames, for the list's status.
     fn note_error(&mut self, _error: String) {}
+    /// A frame's window digest was not the list's (the frame was not applied).
+    fn note_digest_mismatch(&mut self) {}
 }
 
 impl ListSink for Box<dyn ListSink> {
@@ -54,6 +60,9 @@ impl ListSink for Box<dyn ListSink> {
     }
     fn note_error(&mut self, error: String) {
         (**self).note_error(error)
+    }
+    fn note_digest_mismatch(&mut self) {
+        (**self).note_digest_mismatch()
     }
 }
 
@@ -172,6 +181,14 @@ pub enum Event {
         seq: u64,
         message: String,
     },
+    /// The frame's window digest (`expected`) is not the digest of the list its diffs
+    /// give (`got`): the list is not the server's window. Nothing was applied; subscribe again.
+    DigestMismatch {
+        sub: String,
+        seq: u64,
+        expected: String,
+        got: String,
+    },
     Change {
         sub: String,
         seq: u64,
@@ -223,6 +240,8 @@ struct Record<S> {
     /// The greatest `write_seq` applied (`None`: none yet): the `min_seq` of every later
     /// subscribe or resume of this list, so it never goes back in time.
     floor: Option<u64>,
+    /// The list's ids and versions, in order: what its window digest hashes.
+    rows: imbl::Vector<RowKey>,
 }
 
 /// The subscriptions of one client and the session to resume them with.
@@ -267,7 +286,22 @@ impl<S: ListSink> ProtocolState<S> {
     /// (0: nothing yet; it is then `Subscribing`).
     pub fn seed(&mut self, sub: &str, sink: S, seq: u64) {
         let phase = if seq == 0 { Phase::Subscribing } else { Phase::Live };
-        self.subs.insert(sub.to_owned(), Record { sink, seq, phase, floor: None });
+        self.subs.insert(sub.to_owned(), Record { sink, seq, phase, floor: None, rows: imbl::Vector::new() });
+    }
+
+    /// The ids and versions of the items a seeded list holds (what `seed` cannot read
+    /// from a sink of any item type), so that the next frame's digest can be checked.
+    pub fn seed_rows(&mut self, sub: &str, items: &[Value]) -> Result<(), String> {
+        let rows = items
+            .iter()
+            .map(|item| {
+                serde::Deserialize::deserialize(item).map_err(|error| format!("an item without an id: {error}"))
+            })
+            .collect::<Result<imbl::Vector<RowKey>, String>>()?;
+        if let Some(record) = self.subs.get_mut(sub) {
+            record.rows = rows;
+        }
+        Ok(())
     }
 
     /// The client sends `subscribe`.
@@ -419,10 +453,23 @@ impl<S: ListSink> ProtocolState<S> {
         if seq != record.seq + 1 {
             return vec![Event::Gap { sub: sub.to_owned(), expected_seq: record.seq + 1, got_seq: seq }];
         }
+        let rows = match apply_to_rows(&record.rows, diffs) {
+            Ok(rows) => rows,
+            Err(message) => return vec![Event::InvalidDiffs { sub: sub.to_owned(), seq, message }],
+        };
+        if let Some(expected) = frame.get("digest") {
+            let got = digest_hex(window_digest(&rows));
+            if expected.as_str() != Some(got.as_str()) {
+                record.sink.note_digest_mismatch();
+                let expected = expected.as_str().map_or_else(|| expected.to_string(), str::to_owned);
+                return vec![Event::DigestMismatch { sub: sub.to_owned(), seq, expected, got }];
+            }
+        }
         let reset = match record.sink.apply(diffs) {
             Ok(reset) => reset,
             Err(message) => return vec![Event::InvalidDiffs { sub: sub.to_owned(), seq, message }],
         };
+        record.rows = rows;
         record.seq = seq;
         record.phase = Phase::Live;
         record.sink.set_seq(seq);
@@ -543,4 +590,14 @@ impl<S: ListSink> ProtocolState<S> {
         }
         vec![Event::Ended { sub: sub.to_owned(), reason, message }]
     }
+}
+
+/// `rows` after a frame's diffs, on a copy (O(1) for imbl): the list's ids and
+/// versions as the frame leaves them, or why the diffs do not apply.
+fn apply_to_rows(rows: &imbl::Vector<RowKey>, diffs: &Value) -> Result<imbl::Vector<RowKey>, String> {
+    let mut rows = rows.clone();
+    for diff in decode_diffs::<RowKey>(diffs, rows.len())? {
+        eyeball_im::VectorDiff::from(diff).apply(&mut rows);
+    }
+    Ok(rows)
 }

@@ -8,9 +8,9 @@ use imbl::Vector;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-/// An item as the server sends it: `{"id":..,"fields":{..},"payload":..}`, with
-/// `version` on HTTP answers (absent in diff frames). `F` and `P` default to raw JSON;
-/// use your own structs for typed fields and payloads.
+/// An item as the server sends it: `{"id":..,"version":N,"fields":{..},"payload":..}`
+/// (servers older than the window digest send no `version` in diff frames). `F` and
+/// `P` default to raw JSON; use your own structs for typed fields and payloads.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Item<F = Map<String, Value>, P = Value> {
     pub id: String,
@@ -18,7 +18,7 @@ pub struct Item<F = Map<String, Value>, P = Value> {
     /// Absent when the view's projection leaves the payload out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload: Option<P>,
-    /// The `seq` of the last batch that changed the item (HTTP answers only).
+    /// The `seq` of the last batch that changed the item.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<u64>,
 }

@@ -117,6 +117,23 @@ pub trait DiffSink {
         let _ = window;
     }
 
+    /// Whether the sink wants `window`'s contents once the call is done (through
+    /// `window_contents`); `limit` is the window's limit. Asked once per window and
+    /// call, after its diffs. Reading the contents costs a walk of the window's
+    /// range, so a sink asks only when it uses them (a server's window digest).
+    fn wants_contents(&mut self, window: WindowId, limit: usize) -> bool {
+        let _ = (window, limit);
+        false
+    }
+
+    /// `window`'s contents once the call is done, in window order: sent when
+    /// `wants_contents` said so, just before `view_len` and `window_done`. Read
+    /// from the view itself, not from the diffs, so a sink can check the diffs
+    /// against them.
+    fn window_contents(&mut self, window: WindowId, items: ItemList<'_>) {
+        let _ = (window, items);
+    }
+
     /// The length of the view behind `window` once the call is done: sent once per
     /// window and call, just before `window_done`, so that a sink can tell its
     /// client the total count without asking the engine (which it cannot borrow

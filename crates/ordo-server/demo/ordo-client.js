@@ -212,6 +212,50 @@ function applyDiffs(items, diffs) {
   return out;
 }
 
+// src/digest.ts
+var PRIME_LOW = 435;
+var TWO_32 = 4294967296;
+var encoder = new TextEncoder();
+var Fnv64 = class {
+  constructor() {
+    // The offset basis 0xcbf29ce484222325.
+    this.high = 3421674724;
+    this.low = 2216829733;
+  }
+  byte(value) {
+    const low = (this.low ^ value) >>> 0;
+    const lowProduct = low * PRIME_LOW;
+    const carry = Math.floor(lowProduct / TWO_32);
+    this.low = lowProduct >>> 0;
+    this.high = Math.imul(this.high, PRIME_LOW) + carry + (low << 8 >>> 0) >>> 0;
+  }
+  u32(value) {
+    for (let shift = 0; shift < 32; shift += 8) this.byte(value >>> shift & 255);
+  }
+  hex() {
+    return this.high.toString(16).padStart(8, "0") + this.low.toString(16).padStart(8, "0");
+  }
+};
+function halves(version) {
+  if (typeof version === "bigint") {
+    return [Number(version & 0xffffffffn), Number(version >> 32n & 0xffffffffn)];
+  }
+  return [version % TWO_32 >>> 0, Math.floor(version / TWO_32) >>> 0];
+}
+function windowDigest(rows) {
+  const hash = new Fnv64();
+  rows.forEach((row, position) => {
+    const id = encoder.encode(row.id);
+    hash.u32(position);
+    hash.u32(id.length);
+    for (const byte of id) hash.byte(byte);
+    const [low, high] = halves(row.version ?? 0);
+    hash.u32(low);
+    hash.u32(high);
+  });
+  return hash.hex();
+}
+
 // src/protocol.ts
 function isObject(value) {
   return value !== null && typeof value === "object" && !Array.isArray(value);
@@ -403,6 +447,12 @@ var ProtocolState = class {
       const message = error instanceof Error ? error.message : String(error);
       return [{ kind: "invalid_diffs", sub, seq, message }];
     }
+    if (frame.digest !== void 0) {
+      const got = windowDigest(items);
+      if (frame.digest !== got) {
+        return [{ kind: "digest_mismatch", sub, seq, expected: String(frame.digest), got }];
+      }
+    }
     record.items = items;
     record.seq = seq;
     record.phase = "live";
@@ -507,6 +557,13 @@ function readAuth(value) {
   return "required";
 }
 function lossError(event) {
+  if (event.kind === "digest_mismatch") {
+    return new OrdoError(
+      "digest_mismatch",
+      `subscription \`${event.sub}\`: after seq ${event.seq} the list's digest is ${event.got}, the server's ${event.expected}; re-subscribing`,
+      event.sub
+    );
+  }
   if (event.kind === "gap") {
     return new OrdoError(
       "gap",
@@ -572,6 +629,8 @@ var LiveList = class {
     this.beforeChange = null;
     /** @internal A window change waits for the first frame (or the next connection). */
     this.changePending = false;
+    /** @internal Frames whose window digest was not the list's (see `digestMismatches`). */
+    this._digestMismatches = 0;
     this.id = id;
     this.definition = copyDefinition(definition);
     this.sentDefinition = copyDefinition(definition);
@@ -597,6 +656,14 @@ var LiveList = class {
   /** The last error reported for this list, or null. */
   get error() {
     return this._error;
+  }
+  /**
+   * How many frames had a window digest other than the list's once applied: each was
+   * dropped, reported as an `error` event with code `digest_mismatch`, and the list
+   * subscribed again. 0 on a healthy connection.
+   */
+  get digestMismatches() {
+    return this._digestMismatches;
   }
   /** The number of items in the whole view (not just the window), as of the last frame that said; null before. */
   get total() {
@@ -1070,9 +1137,11 @@ var OrdoClient = class {
         return;
       }
       case "gap":
-      case "invalid_diffs": {
+      case "invalid_diffs":
+      case "digest_mismatch": {
         const list = this.lists.get(event.sub);
         if (!list) return;
+        if (event.kind === "digest_mismatch") list._digestMismatches += 1;
         list._fail(lossError(event), false);
         if (this.lists.get(event.sub) !== list || !this.handshaken) return;
         this.restartList(list);
@@ -1330,5 +1399,6 @@ export {
   OrdoError,
   PROTOCOL_VERSION,
   ProtocolState,
-  applyDiffs
+  applyDiffs,
+  windowDigest
 };

@@ -1,31 +1,22 @@
 //! Items and diffs as JSON, written straight from the engine's borrowed data into
 //! a caller-owned buffer. A diff's JSON is byte-for-byte what `serde_json` writes
-//! for `eyeball_im::VectorDiff<Item>` (a test checks it against eyeball-im itself).
+//! for `eyeball_im::VectorDiff<Item>`, with `Item` as `write_item` shows it (a test
+//! checks it against eyeball-im itself).
 
 use ordo_core::{DiffRef, ItemList, ItemRef, Value};
 
 use crate::frame::{write_json_str, write_u64};
 use crate::wire::Projection;
 
-/// `{"id":..,"fields":{..},"payload":..}`; the payload is stored JSON text, copied
-/// as is. The form inside diff frames, which stay eyeball-im's serde form of an item.
+/// `{"id":..,"version":N,"fields":{..},"payload":..}`: one item, wherever the
+/// server sends one (diff frames, `GET`, one-shot queries). The payload is stored
+/// JSON text, copied as is; the version (the last write that changed the item) is
+/// what a window digest hashes with the id.
 pub fn write_item(out: &mut Vec<u8>, item: ItemRef<'_>, projection: &Projection) {
-    write_item_as(out, item, projection, false);
-}
-
-/// `{"id":..,"version":N,"fields":{..},"payload":..}`: an item read by `GET` or a
-/// one-shot query, with its version (the last write that changed it).
-pub fn write_versioned_item(out: &mut Vec<u8>, item: ItemRef<'_>, projection: &Projection) {
-    write_item_as(out, item, projection, true);
-}
-
-fn write_item_as(out: &mut Vec<u8>, item: ItemRef<'_>, projection: &Projection, with_version: bool) {
     out.extend_from_slice(b"{\"id\":");
     write_json_str(out, item.id());
-    if with_version {
-        out.extend_from_slice(b",\"version\":");
-        write_u64(out, item.version());
-    }
+    out.extend_from_slice(b",\"version\":");
+    write_u64(out, item.version());
     out.extend_from_slice(b",\"fields\":{");
     let schema = item.schema();
     for (index, &field_id) in projection.fields.iter().enumerate() {
@@ -78,21 +69,12 @@ pub fn write_value(out: &mut Vec<u8>, value: Value<'_>) {
 }
 
 pub fn write_items(out: &mut Vec<u8>, items: ItemList<'_>, projection: &Projection) {
-    write_items_as(out, items, projection, false);
-}
-
-/// A one-shot query's items, each with its version (see [`write_versioned_item`]).
-pub fn write_versioned_items(out: &mut Vec<u8>, items: ItemList<'_>, projection: &Projection) {
-    write_items_as(out, items, projection, true);
-}
-
-fn write_items_as(out: &mut Vec<u8>, items: ItemList<'_>, projection: &Projection, with_version: bool) {
     out.push(b'[');
     for (index, item) in items.iter().enumerate() {
         if index > 0 {
             out.push(b',');
         }
-        write_item_as(out, item, projection, with_version);
+        write_item(out, item, projection);
     }
     out.push(b']');
 }

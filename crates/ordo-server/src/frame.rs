@@ -8,6 +8,8 @@
 //! Strings are escaped exactly as `serde_json` writes them in compact form,
 //! byte for byte (`docs/PROTOCOL.md` promises `serde_json`'s output).
 
+use crate::digest::write_digest_hex;
+
 /// What follows the backslash when escaping a byte; 0 for a byte copied as
 /// is, `u` for `\u00XX`. The same choices as `serde_json`: `"`, `\` and the
 /// control characters below 0x20 are escaped, nothing else (not `/`, not
@@ -84,6 +86,8 @@ pub struct DiffsExtra {
     pub total: Option<u64>,
     /// `"offset":N,"limit":M`: where a key-positioned request placed the window.
     pub range: Option<(u64, u64)>,
+    /// `"digest":"<16 hex digits>"`: the window digest after the frame (`crate::digest`).
+    pub digest: Option<u64>,
 }
 
 /// A diffs frame's envelope: everything but the diffs.
@@ -102,7 +106,7 @@ pub struct DiffsHeader<'a> {
 }
 
 /// Appends the frame
-/// `{"type":"diffs","sub":<sub>,"seq":<seq>,"write_seq":<write_seq>[,"req":<req>][,"offset":N,"limit":M][,"total":N],"diffs":<diffs_json>}`.
+/// `{"type":"diffs","sub":<sub>,"seq":<seq>,"write_seq":<write_seq>[,"req":<req>][,"offset":N,"limit":M][,"total":N][,"digest":"<hex>"],"diffs":<diffs_json>}`.
 ///
 /// `diffs_json` must be an encoded JSON array; it is copied verbatim.
 pub fn write_diffs_frame(out: &mut Vec<u8>, header: &DiffsHeader<'_>, diffs_json: &[u8]) {
@@ -118,7 +122,8 @@ pub fn write_diffs_frame(out: &mut Vec<u8>, header: &DiffsHeader<'_>, diffs_json
     let DiffsHeader { sub, seq, write_seq, req, extra } = *header;
     let req_len = req.map_or(0, |req| REQ.len() + req.len() + 2);
     // One reservation for the common case (no escapes in `sub` or `req`): the
-    // quotes, at most 20 digits per number, the extras and the closing brace.
+    // quotes, at most 20 digits per number, the extras (the digest's 30 bytes
+    // included) and the closing brace.
     out.reserve(
         TYPE_AND_SUB.len()
             + sub.len()
@@ -128,7 +133,7 @@ pub fn write_diffs_frame(out: &mut Vec<u8>, header: &DiffsHeader<'_>, diffs_json
             + WRITE_SEQ.len()
             + 20
             + req_len
-            + 80
+            + 120
             + DIFFS.len()
             + diffs_json.len()
             + 1,
@@ -152,6 +157,11 @@ pub fn write_diffs_frame(out: &mut Vec<u8>, header: &DiffsHeader<'_>, diffs_json
     if let Some(total) = extra.total {
         out.extend_from_slice(b",\"total\":");
         write_u64(out, total);
+    }
+    if let Some(digest) = extra.digest {
+        out.extend_from_slice(b",\"digest\":\"");
+        write_digest_hex(out, digest);
+        out.push(b'"');
     }
     out.extend_from_slice(DIFFS);
     out.extend_from_slice(diffs_json);
@@ -268,15 +278,15 @@ mod tests {
     #[test]
     fn diffs_frame_extras_come_before_the_diffs() {
         let mut out = Vec::new();
-        let extra = DiffsExtra { total: Some(42), range: Some((7, 20)) };
+        let extra = DiffsExtra { total: Some(42), range: Some((7, 20)), digest: Some(0xcbf2_9ce4_8422_2325) };
         let header = DiffsHeader { sub: "rooms", seq: 3, write_seq: 9, req: Some("r"), extra };
         write_diffs_frame(&mut out, &header, b"[]");
         assert_eq!(
             out,
-            br#"{"type":"diffs","sub":"rooms","seq":3,"write_seq":9,"req":"r","offset":7,"limit":20,"total":42,"diffs":[]}"#
+            br#"{"type":"diffs","sub":"rooms","seq":3,"write_seq":9,"req":"r","offset":7,"limit":20,"total":42,"digest":"cbf29ce484222325","diffs":[]}"#
         );
         out.clear();
-        let extra = DiffsExtra { total: Some(0), range: None };
+        let extra = DiffsExtra { total: Some(0), range: None, digest: None };
         write_diffs_frame(&mut out, &DiffsHeader { sub: "rooms", seq: 3, write_seq: 9, req: None, extra }, b"[]");
         assert_eq!(out, br#"{"type":"diffs","sub":"rooms","seq":3,"write_seq":9,"total":0,"diffs":[]}"#);
     }
@@ -284,7 +294,7 @@ mod tests {
     #[test]
     fn a_reused_buffer_does_not_grow_again() {
         let diffs = format!("[{}]", [r#"{"Set":{"index":3,"value":{"id":"!room:example.org"}}}"#; 6].join(","));
-        let extra = DiffsExtra { total: Some(u64::MAX), range: Some((u64::MAX, u64::MAX)) };
+        let extra = DiffsExtra { total: Some(u64::MAX), range: Some((u64::MAX, u64::MAX)), digest: Some(u64::MAX) };
         let header = |seq| DiffsHeader { sub: "rooms", seq, write_seq: u64::MAX - seq, req: None, extra };
         let mut out = Vec::new();
         write_diffs_frame(&mut out, &header(1), diffs.as_bytes());

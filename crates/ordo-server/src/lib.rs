@@ -12,6 +12,7 @@ pub mod cli;
 pub mod cluster;
 pub mod demo;
 pub mod demo_data;
+pub mod digest;
 pub mod encode;
 pub mod error;
 pub mod frame;

@@ -12,6 +12,10 @@ pub const MAX_OPS_PER_REQUEST: usize = 10_000;
 pub const MAX_SUBSCRIPTIONS_PER_CONNECTION: usize = 128;
 /// Largest window a client may subscribe to or query.
 pub const MAX_WINDOW_LIMIT: usize = 1_000;
+/// Diff frames of a window up to this many rows (its `limit`) carry the window
+/// digest; a larger window's frames carry it only for a subscription that asked
+/// (`"digest": true`), since hashing a window costs a walk of all its rows.
+pub const DIGEST_WINDOW_ROWS_MAX: usize = 256;
 /// Largest window offset (slot indices are `u32` in the engine).
 pub const MAX_WINDOW_OFFSET: usize = u32::MAX as usize;
 /// Longest client-chosen subscription id, in bytes.
@@ -165,6 +169,7 @@ pub fn as_json() -> serde_json::Value {
         "max_ops_per_request": MAX_OPS_PER_REQUEST,
         "max_subscriptions_per_connection": MAX_SUBSCRIPTIONS_PER_CONNECTION,
         "max_window_limit": MAX_WINDOW_LIMIT,
+        "digest_window_rows_max": DIGEST_WINDOW_ROWS_MAX,
         "max_subscription_id_bytes": MAX_SUBSCRIPTION_ID_BYTES,
         "max_request_id_bytes": MAX_REQUEST_ID_BYTES,
         "max_http_request_id_bytes": MAX_HTTP_REQUEST_ID_BYTES,

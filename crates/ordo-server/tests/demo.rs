@@ -176,7 +176,7 @@ async fn simulated_messages_reach_a_subscriber_as_diffs() {
         sent = now;
     }
     assert!(sent.as_u64().unwrap() > 0);
-    let expected: Vec<Value> = common::without_versions(
+    let expected: Vec<Value> = common::query_items(
         &server.ok(
             "POST",
             "/v1/collections/rooms/query",

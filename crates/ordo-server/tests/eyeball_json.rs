@@ -16,6 +16,7 @@ use serde::ser::SerializeMap;
 #[derive(Clone)]
 struct Item {
     id: String,
+    version: u64,
     fields: Vec<(String, OwnedValue)>,
     payload: Option<Box<serde_json::value::RawValue>>,
 }
@@ -41,8 +42,9 @@ impl serde::Serialize for Fields<'_> {
 
 impl serde::Serialize for Item {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(Some(3))?;
+        let mut map = serializer.serialize_map(Some(4))?;
         map.serialize_entry("id", &self.id)?;
+        map.serialize_entry("version", &self.version)?;
         map.serialize_entry("fields", &Fields(&self.fields))?;
         match &self.payload {
             Some(raw) => map.serialize_entry("payload", raw)?,
@@ -62,7 +64,7 @@ fn item(item: ItemRef<'_>) -> Item {
     let payload = (!item.payload().is_empty()).then(|| {
         serde_json::value::RawValue::from_string(String::from_utf8(item.payload().to_vec()).unwrap()).unwrap()
     });
-    Item { id: item.id().to_owned(), fields, payload }
+    Item { id: item.id().to_owned(), version: item.version(), fields, payload }
 }
 
 struct Checker {

@@ -12,7 +12,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{without_versions, Client, Server};
+use common::{query_items, Client, Server};
 use serde_json::{json, Value};
 
 const SETTLE: Duration = Duration::from_secs(10);
@@ -49,7 +49,7 @@ async fn settle_to(client: &mut Client, sub: &str, expected: &[Value], what: &st
 
 /// The items a one-shot query of `collection` answers with `body`, as a subscription shows them.
 fn query(server: &Server, collection: &str, body: Value) -> Vec<Value> {
-    without_versions(&server.ok("POST", &format!("/v1/collections/{collection}/query"), body)["items"])
+    query_items(&server.ok("POST", &format!("/v1/collections/{collection}/query"), body)["items"])
 }
 
 /// A connection that is gone for the server: closed, and its session parked.
@@ -155,15 +155,32 @@ async fn an_explicit_projection_of_every_field_does_not_grow_with_the_schema() {
     let mut client = server.connect().await;
     client.send(json!({"op": "subscribe", "sub": "listed", "collection": "x", "limit": 10, "fields": ["a"]})).await;
     client.send(json!({"op": "subscribe", "sub": "default", "collection": "x", "limit": 10})).await;
-    settle_to(&mut client, "listed", &[json!({"id": "i1", "fields": {"a": 1}, "payload": null})], "subscribed").await;
-    settle_to(&mut client, "default", &[json!({"id": "i1", "fields": {"a": 1}, "payload": null})], "subscribed").await;
+    settle_to(
+        &mut client,
+        "listed",
+        &[json!({"id": "i1", "version": 1, "fields": {"a": 1}, "payload": null})],
+        "subscribed",
+    )
+    .await;
+    settle_to(
+        &mut client,
+        "default",
+        &[json!({"id": "i1", "version": 1, "fields": {"a": 1}, "payload": null})],
+        "subscribed",
+    )
+    .await;
 
     server.ok("POST", "/v1/collections/x/fields", json!({"name": "b", "type": "u64", "default": 7}));
     let listed = query(&server, "x", json!({"limit": 10, "fields": ["a"]}));
-    assert_eq!(listed, [json!({"id": "i1", "fields": {"a": 1}, "payload": null})]);
+    assert_eq!(listed, [json!({"id": "i1", "version": 1, "fields": {"a": 1}, "payload": null})]);
     // The default projection takes the new field; the listed one stays as listed.
-    settle_to(&mut client, "default", &[json!({"id": "i1", "fields": {"a": 1, "b": 7}, "payload": null})], "added")
-        .await;
+    settle_to(
+        &mut client,
+        "default",
+        &[json!({"id": "i1", "version": 1, "fields": {"a": 1, "b": 7}, "payload": null})],
+        "added",
+    )
+    .await;
     settle_to(&mut client, "listed", &listed, "added").await;
     // And so do later frames.
     batch(&server, "x", json!([{"op": "upsert", "id": "i2", "fields": {"a": 2}}]));

@@ -11,7 +11,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{without_versions, Client, Rng, Server};
+use common::{query_items, Client, Rng, Server};
 use serde_json::{json, Map, Value};
 
 const ROOMS: [&str; 8] = ["r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7"];
@@ -118,7 +118,7 @@ async fn settle(client: &mut Client, server: &Server, subs: &[Value], context: &
         let name = sub["sub"].as_str().unwrap();
         loop {
             let answer = server.ok("POST", "/v1/collections/members/query", query_of(sub));
-            let expected = without_versions(&answer["items"]);
+            let expected = query_items(&answer["items"]);
             if client.lists.get(name).is_some_and(|list| list.items == expected) {
                 break;
             }

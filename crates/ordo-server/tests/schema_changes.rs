@@ -23,7 +23,7 @@ fn query(server: &Server, sub: &Value) -> Vec<Value> {
     let body = json!({"filter": sub["filter"], "sort": sub["sort"], "offset": sub["offset"],
                       "limit": sub["limit"], "fields": sub["fields"], "payload": sub["payload"]});
     let path = format!("/v1/collections/{}/query", sub["collection"].as_str().unwrap());
-    common::without_versions(&server.ok("POST", &path, body)["items"])
+    common::query_items(&server.ok("POST", &path, body)["items"])
 }
 
 async fn settle(client: &mut Client, server: &Server, subs: &[&Value], context: &str) {

@@ -67,7 +67,7 @@ fn query(server: &Server, sub: &Value) -> Vec<Value> {
         "fields": sub["fields"], "payload": sub["payload"],
     });
     let answer = server.ok("POST", "/v1/collections/rooms/query", body);
-    common::without_versions(&answer["items"])
+    common::query_items(&answer["items"])
 }
 
 async fn settle(client: &mut Client, server: &Server, subs: &[Value], context: &str) {
@@ -346,4 +346,48 @@ async fn an_abandoned_session_is_dropped_after_its_retention_and_frees_its_windo
     assert_eq!(server.metric("ordo_windows"), 0.0);
     assert_eq!(server.metric("ordo_views"), 0.0);
     server.stop();
+}
+
+/// The window digest is on every frame of a window up to 256 rows, on no frame of
+/// a larger one, and on every frame of a larger one whose subscription asked for it,
+/// even when it shares its engine window with one that did not. (The test client
+/// checks every digest it gets against its own list.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_carry_the_window_digest_up_to_256_rows_or_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]);
+    server.ok("PUT", "/v1/collections/rooms", room_schema());
+    let ops: Vec<Value> =
+        (0..300).map(|n| json!({"op": "upsert", "id": format!("!r{n:03}"), "fields": {"recency": n}})).collect();
+    server.ok("POST", "/v1/collections/rooms/batch", json!({"ops": ops}));
+    let mut client = server.connect().await;
+    let by_recency = json!([{"field": "recency", "dir": "desc"}]);
+    let subscriptions = [
+        json!({"sub": "small", "limit": 256}),
+        json!({"sub": "large", "limit": 257}),
+        json!({"sub": "asked", "limit": 257, "digest": true}),
+    ];
+    for subscription in &subscriptions {
+        let mut message = json!({"op": "subscribe", "collection": "rooms", "sort": by_recency});
+        message.as_object_mut().unwrap().extend(subscription.as_object().unwrap().clone());
+        client.send(message).await;
+    }
+    let first_frames = |client: &Client| ["small", "large", "asked"].iter().all(|sub| client.lists.contains_key(*sub));
+    assert!(client.read_until(SETTLE, first_frames).await, "the first frames came");
+    for n in 0..5 {
+        let op = json!({"op": "upsert", "id": format!("!r{:03}", 290 - n), "fields": {"recency": 1_000 + n}});
+        server.ok("POST", "/v1/collections/rooms/batch", json!({"ops": [op]}));
+    }
+    let caught_up = |client: &Client| ["small", "large", "asked"].iter().all(|sub| client.lists[*sub].seq == 6);
+    assert!(client.read_until(SETTLE, caught_up).await, "five frames each after the Reset");
+    for (sub, carries_digest) in [("small", true), ("large", false), ("asked", true)] {
+        let frames: Vec<&Value> = client.diffs_seen.iter().filter(|frame| frame["sub"] == sub).collect();
+        assert_eq!(frames.len(), 6, "{sub}");
+        for frame in frames {
+            assert_eq!(frame.get("digest").is_some(), carries_digest, "{sub}: {frame}");
+        }
+        assert_eq!(client.lists[sub].n_digests_checked, if carries_digest { 6 } else { 0 }, "{sub}");
+    }
+    // Every item in a frame carries its version: what the digest hashes.
+    assert!(client.lists["small"].items.iter().all(|item| item["version"].is_u64()));
 }

@@ -5,12 +5,14 @@ See ``clients/python/README.md`` and ``docs/PROTOCOL.md``.
 
 from ._client import LiveList, OrdoClient
 from ._diffs import DIFF_KINDS, apply_diffs
+from ._digest import window_digest
 from ._errors import DiffError, OrdoError
 from ._http import OrdoHttp, OrdoHttpError
 from ._nodes import NodeRotation
 from ._protocol import (
     AuthExpired,
     Authed,
+    DigestMismatch,
     Ended,
     ErrorEvent,
     Event,
@@ -29,6 +31,7 @@ __all__ = [
     "AuthExpired",
     "Authed",
     "DiffError",
+    "DigestMismatch",
     "Ended",
     "ErrorEvent",
     "Event",
@@ -47,6 +50,7 @@ __all__ = [
     "Update",
     "Welcome",
     "apply_diffs",
+    "window_digest",
 ]
 
 __version__ = "0.1.0"

@@ -28,6 +28,7 @@ from ._protocol import (
     Event,
     Gap,
     InvalidDiffs,
+    DigestMismatch,
     ProtocolState,
     Resumed,
     Unsubscribed,
@@ -162,6 +163,10 @@ class LiveList:
         self._undo: dict[str, Any] | None = None
         #: Set when the list ended because of an error (a refused re-subscription...).
         self.error: OrdoError | None = None
+        #: Frames whose window digest was not the list's once applied: each was
+        #: dropped, reported (``on_error`` with code ``digest_mismatch``) and the
+        #: list subscribed again. 0 on a healthy connection.
+        self.digest_mismatches = 0
         self._total: int | None = None
         self._write_seq: int | None = None
         self._floor_seq: int | None = None
@@ -938,8 +943,10 @@ class OrdoClient:
             live = self._lists.get(event.sub)
             if live is not None:
                 live._on_update(event)
-        elif isinstance(event, (Gap, InvalidDiffs)):
+        elif isinstance(event, (Gap, InvalidDiffs, DigestMismatch)):
             live = self._lists.get(event.sub)
+            if live is not None and isinstance(event, DigestMismatch):
+                live.digest_mismatches += 1
             ops = self._state.begin_resubscribe(event.sub)
             if ops:
                 self._enqueue(ops)

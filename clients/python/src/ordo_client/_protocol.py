@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
 from ._diffs import apply_diffs, has_reset
+from ._digest import window_digest
 from ._errors import DiffError, OrdoError
 
 Status = Literal["pending", "live", "resubscribing", "awaiting_reset", "closing"]
@@ -174,6 +175,30 @@ class InvalidDiffs:
 
 
 @dataclass(frozen=True)
+class DigestMismatch:
+    """A frame whose window digest (``expected``) is not the digest of the list its
+    diffs give (``got``): the list is not the server's window. Not applied; the list
+    is subscribed again."""
+
+    sub: str
+    seq: int
+    expected: str
+    got: str
+    kind: Literal["digest_mismatch"] = "digest_mismatch"
+
+    def to_vector(self) -> dict[str, Any] | None:
+        return {"kind": "digest_mismatch", "sub": self.sub, "seq": self.seq}
+
+    def to_exception(self) -> OrdoError:
+        return OrdoError(
+            "digest_mismatch",
+            f"after seq {self.seq} the list's digest is {self.got}, the server's {self.expected}; "
+            "the frame was not applied",
+            self.sub,
+        )
+
+
+@dataclass(frozen=True)
 class Authed:
     """The answer to ``auth``: the connection's identity and when its token
     expires (unix seconds, the token's ``exp``)."""
@@ -199,7 +224,7 @@ class AuthExpired:
         return None
 
 
-Event = Union[Welcome, Update, ErrorEvent, Unsubscribed, Ended, Resumed, Gap, InvalidDiffs, Authed, AuthExpired]  # noqa: UP007 (a runtime alias, Python 3.10)
+Event = Union[Welcome, Update, ErrorEvent, Unsubscribed, Ended, Resumed, Gap, InvalidDiffs, DigestMismatch, Authed, AuthExpired]  # noqa: UP007 (a runtime alias, Python 3.10)
 
 
 @dataclass
@@ -419,6 +444,13 @@ class ProtocolState:
             if state.status == "closing":
                 return []
             return [InvalidDiffs(sub, seq, error.message)]
+        expected_digest = frame.get("digest")
+        if expected_digest is not None:
+            got = window_digest(items)
+            if expected_digest != got:
+                if state.status == "closing":
+                    return []
+                return [DigestMismatch(sub, seq, str(expected_digest), got)]
         state.items = items
         state.seq = seq
         total = frame.get("total")

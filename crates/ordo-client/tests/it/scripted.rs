@@ -182,6 +182,22 @@ async fn a_gap_or_a_frame_that_does_not_apply_resubscribes_and_the_list_waits_fo
     assert_eq!(conn.recv().await["op"], "subscribe");
     assert_eq!(list.items().iter().map(|item| item["id"].clone()).collect::<Vec<_>>(), [json!("b"), json!("c")]);
     assert!(list.status().last_error.is_some());
+    conn.send(json!({"type": "unsubscribed", "sub": sub})).await;
+    conn.send(json!({"type": "diffs", "sub": sub, "seq": 1, "diffs": [{"Reset": {"values": [item("b"), item("c")]}}]}))
+        .await;
+
+    // Diffs that apply, but a digest that is not the list's after them (the rows'
+    // digest swapped): not applied either, counted, and subscribed again.
+    let swapped = ordo_client::digest::digest_hex(ordo_client::digest::window_digest(&[
+        ordo_client::digest::RowKey { id: "c".into(), version: 0 },
+        ordo_client::digest::RowKey { id: "b".into(), version: 0 },
+    ]));
+    conn.send(json!({"type": "diffs", "sub": sub, "seq": 2, "digest": swapped, "diffs": []})).await;
+    assert_eq!(conn.recv().await, json!({"op": "unsubscribe", "sub": sub}));
+    assert_eq!(conn.recv().await["op"], "subscribe");
+    assert_eq!(list.status().n_digest_mismatches, 1);
+    assert!(list.status().last_error.is_some_and(|error| error.starts_with("digest_mismatch")), "{:?}", list.status());
+    assert_eq!(list.status().seq, 1, "the frame was not applied");
 }
 
 /// Subscribes one list on a fresh scripted connection; returns the connection and the sub id.

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use ordo_client::digest::{digest_hex, window_digest, RowKey};
 use ordo_client::protocol::{Event, JsonList, ProtocolState};
 use serde_json::{json, Value};
 
@@ -34,6 +35,7 @@ fn as_vector_event(event: &Event) -> Option<Value> {
         }
         Event::Change { sub, reset: true, .. } => json!({"kind": "reset", "sub": sub}),
         Event::InvalidDiffs { sub, .. } => json!({"kind": "invalid_diffs", "sub": sub}),
+        Event::DigestMismatch { sub, seq, .. } => json!({"kind": "digest_mismatch", "sub": sub, "seq": seq}),
         Event::Protocol { message, .. } => json!({"kind": "protocol", "message": message}),
         Event::Ended { sub, reason, .. } => json!({"kind": "ended", "sub": sub, "reason": reason}),
         Event::Change { .. }
@@ -64,6 +66,18 @@ fn totals(state: &ProtocolState<JsonList>) -> BTreeMap<String, Value> {
     state.live().map(|(sub, list, _)| (sub.to_owned(), json!(list.total))).collect()
 }
 
+/// Each list's window digest, computed from the items it holds.
+fn digests(state: &ProtocolState<JsonList>) -> BTreeMap<String, String> {
+    state
+        .live()
+        .map(|(sub, list, _)| {
+            let rows: Vec<RowKey> =
+                list.items.iter().map(|item| serde_json::from_value(item.clone()).unwrap()).collect();
+            (sub.to_owned(), digest_hex(window_digest(&rows)))
+        })
+        .collect()
+}
+
 fn seqs(state: &ProtocolState<JsonList>) -> BTreeMap<String, u64> {
     state.live().map(|(sub, _, seq)| (sub.to_owned(), seq)).collect()
 }
@@ -81,7 +95,16 @@ fn protocol_vectors() {
         files.iter().map(|path| path.file_stem().unwrap().to_string_lossy().into_owned()).collect();
     // Cases the corpus must hold for this runner to mean something.
     for name in
-        ["all_diff_kinds", "seq_gaps", "resume_replay", "resume_reset", "ended", "reference_views", "unread_views"]
+        [
+            "all_diff_kinds",
+            "seq_gaps",
+            "digest_mismatch",
+            "resume_replay",
+            "resume_reset",
+            "ended",
+            "reference_views",
+            "unread_views",
+        ]
     {
         assert!(names.iter().any(|n| n == name), "the corpus has no {name}.json");
     }
@@ -92,7 +115,8 @@ fn protocol_vectors() {
         let mut state = ProtocolState::<JsonList>::new();
         for (sub, seed) in vector["subscriptions"].as_object().expect("subscriptions") {
             let items = seed["items"].as_array().cloned().unwrap_or_default();
-            state.seed(sub, JsonList::new(items), seed["seq"].as_u64().unwrap());
+            state.seed(sub, JsonList::new(items.clone()), seed["seq"].as_u64().unwrap());
+            state.seed_rows(sub, &items).unwrap();
         }
         let steps = vector["steps"].as_array().expect("steps");
         assert!(!steps.is_empty(), "{file}: no steps");
@@ -107,6 +131,11 @@ fn protocol_vectors() {
             assert_eq!(lists(&state), expected_lists, "{where_}: lists");
             let expected_seqs: BTreeMap<String, u64> = serde_json::from_value(step["expect"]["seqs"].clone()).unwrap();
             assert_eq!(seqs(&state), expected_seqs, "{where_}: seqs");
+            if let Some(expected_digests) = step["expect"].get("digests") {
+                let expected_digests: BTreeMap<String, String> =
+                    serde_json::from_value(expected_digests.clone()).unwrap();
+                assert_eq!(digests(&state), expected_digests, "{where_}: digests");
+            }
             if let Some(expected_totals) = step["expect"].get("totals") {
                 let expected_totals: BTreeMap<String, Value> = serde_json::from_value(expected_totals.clone()).unwrap();
                 assert_eq!(totals(&state), expected_totals, "{where_}: totals");

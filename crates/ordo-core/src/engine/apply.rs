@@ -18,7 +18,7 @@ use crate::window::ViewChange;
 
 use super::collection_table::OtherCollections;
 use super::validate::validate_batch;
-use super::windows::finish_window;
+use super::windows::{finish_window, Contents};
 use super::{references, refresh, single_upsert, BatchSummary, CollectionState, Engine, Scratch, WindowSlot};
 
 impl Engine {
@@ -385,22 +385,26 @@ pub(super) fn deliver_pending(
         let window = slot.window.as_mut().expect("live window");
         let view = views[window.view as usize].as_mut().expect("live view");
         let final_len = window.len_for(view.len());
+        let (view_len, offset, limit) = (view.len(), window.offset, window.limit);
+        let slots = &mut scratch.new_slots;
         // A reset costs one diff carrying `final_len` values; recorded diffs carry at most one each.
-        if window.needs_reset || window.pending.len() > final_len.max(1) {
+        let contents = if window.needs_reset || window.pending.len() > final_len.max(1) {
             if final_len == 0 {
                 sink.diff(window_id, DiffRef::Clear);
+                Contents::Collected(&[])
             } else {
-                let slots = &mut scratch.new_slots;
                 slots.clear();
-                view.collect_range(collection, window.offset, window.limit, slots);
+                view.collect_range(collection, offset, limit, slots);
                 sink.diff(window_id, DiffRef::Reset { values: ItemList::new(collection, slots) });
+                Contents::Collected(slots)
             }
         } else {
             for &pending in &window.pending {
                 sink.diff(window_id, pending.resolve(collection));
             }
-        }
-        finish_window(sink, window_id, view.len());
+            Contents::Range { view, offset, limit, slots }
+        };
+        finish_window(sink, window_id, view_len, limit, collection, contents);
         window.pending.clear();
         window.needs_reset = false;
     }

@@ -130,7 +130,10 @@ impl Engine {
             sink,
         );
         if n_diffs > 0 {
-            finish_window(sink, window_id, view.len());
+            let view_len = view.len();
+            let slots = &mut self.scratch.new_slots;
+            let contents = Contents::Range { view, offset: range.offset, limit: range.limit, slots };
+            finish_window(sink, window_id, view_len, range.limit, collection, contents);
         }
         Ok(range)
     }
@@ -201,7 +204,7 @@ impl Engine {
         let collection = &self.collections[collection_index].collection;
         let Scratch { old_slots, new_slots, list_diff, .. } = &mut self.scratch;
         if emit_list_diff(old_slots, new_slots, collection, list_diff, window_id, sink) > 0 {
-            finish_window(sink, window_id, new_len);
+            finish_window(sink, window_id, new_len, limit, collection, Contents::Collected(new_slots));
         }
         Ok(())
     }
@@ -239,7 +242,7 @@ impl Engine {
         slots.clear();
         view.collect_range(collection, offset, limit, slots);
         sink.diff(window_id, DiffRef::Reset { values: ItemList::new(collection, slots) });
-        finish_window(sink, window_id, view.len());
+        finish_window(sink, window_id, view.len(), limit, collection, Contents::Collected(slots));
         Ok(())
     }
 
@@ -463,8 +466,35 @@ fn emit_range_change(
     n_diffs
 }
 
-/// Ends a window's diffs of one call: its view's length, then `window_done`.
-pub(super) fn finish_window(sink: &mut dyn DiffSink, window_id: WindowId, view_len: usize) {
+/// Where a window's contents come from when its sink asks for them
+/// (`DiffSink::wants_contents`): slots the call collected already (a Reset, a
+/// change of view), or the window's range of its view, read into `slots`.
+pub(super) enum Contents<'a> {
+    Collected(&'a [Slot]),
+    Range { view: &'a mut View, offset: usize, limit: usize, slots: &'a mut Vec<Slot> },
+}
+
+/// Ends a window's diffs of one call: its contents when the sink wants them,
+/// its view's length, then `window_done`.
+pub(super) fn finish_window(
+    sink: &mut dyn DiffSink,
+    window_id: WindowId,
+    view_len: usize,
+    limit: usize,
+    collection: &Collection,
+    contents: Contents<'_>,
+) {
+    if sink.wants_contents(window_id, limit) {
+        let slots: &[Slot] = match contents {
+            Contents::Collected(slots) => slots,
+            Contents::Range { view, offset, limit, slots } => {
+                slots.clear();
+                view.collect_range(collection, offset, limit, slots);
+                slots
+            }
+        };
+        sink.window_contents(window_id, ItemList::new(collection, slots));
+    }
     sink.view_len(window_id, view_len);
     sink.window_done(window_id);
 }

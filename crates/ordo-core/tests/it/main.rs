@@ -21,6 +21,7 @@ mod schema_model;
 mod shared_plans;
 mod single_upsert;
 mod window_changes;
+mod window_contents;
 
 #[global_allocator]
 static ALLOCATOR: alloc::CountingAllocator = alloc::CountingAllocator;

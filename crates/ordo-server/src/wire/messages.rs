@@ -58,6 +58,9 @@ pub enum ClientMessage {
         fields: Option<Vec<String>>,
         #[serde(default = "yes")]
         payload: bool,
+        /// Every frame carries the window digest, however large the window.
+        #[serde(default)]
+        digest: bool,
         /// Wait until the store has applied this batch before the first frame.
         #[serde(default)]
         min_seq: Option<u64>,
@@ -143,6 +146,9 @@ pub struct ResumeEntry {
     pub fields: Option<Vec<String>>,
     #[serde(default = "yes")]
     pub payload: bool,
+    /// As `subscribe`'s `digest`.
+    #[serde(default)]
+    pub digest: bool,
     /// Wait until the store has applied this batch before resuming.
     #[serde(default)]
     pub min_seq: Option<u64>,

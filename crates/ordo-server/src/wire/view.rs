@@ -125,6 +125,10 @@ pub struct WindowSpec {
     /// (`related`). Not part of a window's identity (`share_key`): callers who
     /// hold the same relationship share the window as any equal views do.
     pub relation: Option<std::sync::Arc<crate::related::RelationCheck>>,
+    /// The subscription asked for the window digest on every frame, whatever the
+    /// window's size (`"digest": true`). Not part of the window's identity: one
+    /// shared window serves subscriptions that asked and others.
+    pub digest: bool,
 }
 
 impl WindowSpec {
@@ -218,7 +222,8 @@ pub fn window_spec(
     };
     // The engine keeps the projected target fields current, and sends a `Set` when one changes.
     let def = def.showing(projection.through.clone());
-    let mut spec = WindowSpec { def, offset: 0, limit, is_tail: false, seek: None, projection, relation: None };
+    let mut spec =
+        WindowSpec { def, offset: 0, limit, is_tail: false, seek: None, projection, relation: None, digest: false };
     spec.set_position(position);
     Ok(spec)
 }

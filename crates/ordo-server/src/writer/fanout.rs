@@ -4,17 +4,21 @@
 //! once and the shared bytes queued to every subscriber, within each
 //! connection's outbound budget: a frame that would push a connection past it
 //! raises the connection's epoch and marks its subscriptions for a reset.
+//! Each frame carries the window digest when due (`digest_due`), hashed from
+//! the window's contents as the engine reads them after the change.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ordo_core::{CollectionId, DiffRef, DiffSink, WindowId};
+use ordo_core::{CollectionId, DiffRef, DiffSink, ItemList, WindowId};
 
 use super::{Answer, ConnShared, FrameBody, Outbox, Outgoing, SessionId, SubHandle, FRAME_OVERHEAD_BYTES};
-use crate::encode::{write_diff, write_versioned_items};
+use crate::digest::window_digest;
+use crate::encode::{write_diff, write_items};
 use crate::frame::DiffsExtra;
+use crate::limits::DIGEST_WINDOW_ROWS_MAX;
 use crate::metrics::{self, METRICS};
 use crate::wire::{Projection, WindowSpec};
 
@@ -38,6 +42,15 @@ pub(super) struct SubState {
     /// next frame queued for this subscription (the answer, or a later reset when
     /// the answer could not be queued).
     pub(super) range_due: Option<(usize, usize)>,
+    /// The subscription asked for the window digest (`"digest": true`), which
+    /// windows larger than `DIGEST_WINDOW_ROWS_MAX` carry only when asked.
+    pub(super) wants_digest: bool,
+}
+
+/// Whether a frame of a window of `limit` rows carries the window digest for a
+/// subscription: always up to `DIGEST_WINDOW_ROWS_MAX` rows, above only when asked.
+pub(super) fn digest_due(limit: usize, wants_digest: bool) -> bool {
+    limit <= DIGEST_WINDOW_ROWS_MAX || wants_digest
 }
 
 /// An engine window and the subscriptions that share it (identical collection,
@@ -59,6 +72,9 @@ pub(super) enum FanoutTarget {
     Only(SessionId, SubHandle),
     /// Items of a Reset go into `captured` (one-shot queries).
     Capture,
+    /// Nothing is queued; the window's digest goes into `digest` (the empty
+    /// frame that answers a request that changed nothing carries it too).
+    DigestOnly,
     Discard,
 }
 
@@ -74,6 +90,10 @@ pub(super) struct Fanout {
     body: Vec<u8>,
     n_diffs: u32,
     is_reset: bool,
+    /// The digest of the window being encoded, once the engine gave its contents.
+    pub(super) digest: Option<u64>,
+    /// The limit of the window being encoded, as the engine told it (`wants_contents`).
+    window_limit: usize,
     /// The view length of the window being encoded (see `DiffSink::view_len`).
     view_len: usize,
     pub(super) captured: Vec<u8>,
@@ -97,10 +117,10 @@ impl DiffSink for Fanout {
 
     fn diff(&mut self, window: WindowId, diff: DiffRef<'_>) {
         match self.target {
-            FanoutTarget::Discard => return,
+            FanoutTarget::Discard | FanoutTarget::DigestOnly => return,
             FanoutTarget::Capture => {
                 if let (DiffRef::Reset { values }, Some(projection)) = (diff, &self.capture_projection) {
-                    write_versioned_items(&mut self.captured, values, projection);
+                    write_items(&mut self.captured, values, projection);
                 }
                 return;
             }
@@ -113,6 +133,7 @@ impl DiffSink for Fanout {
             self.body.push(b'[');
             self.n_diffs = 0;
             self.is_reset = false;
+            self.digest = None;
         }
         if self.n_diffs > 0 {
             self.body.push(b',');
@@ -120,6 +141,28 @@ impl DiffSink for Fanout {
         write_diff(&mut self.body, diff, &shared.spec.projection);
         self.n_diffs += 1;
         self.is_reset |= matches!(diff, DiffRef::Reset { .. });
+    }
+
+    fn wants_contents(&mut self, window: WindowId, limit: usize) -> bool {
+        self.window_limit = limit;
+        match self.target {
+            FanoutTarget::DigestOnly => true,
+            FanoutTarget::Capture | FanoutTarget::Discard => false,
+            _ if self.current != Some(window) => false,
+            _ if limit <= DIGEST_WINDOW_ROWS_MAX => true,
+            // A large window: hashed only when a subscriber the frame goes to asked.
+            FanoutTarget::Only(session, handle) => self.sub(session, handle).is_some_and(|sub| sub.wants_digest),
+            FanoutTarget::Subscribers => self.windows.get(&window).is_some_and(|shared| {
+                shared
+                    .subscribers
+                    .iter()
+                    .any(|&(session, handle)| self.sub(session, handle).is_some_and(|sub| sub.wants_digest))
+            }),
+        }
+    }
+
+    fn window_contents(&mut self, _window: WindowId, items: ItemList<'_>) {
+        self.digest = Some(window_digest(items));
     }
 
     fn view_len(&mut self, window: WindowId, view_len: usize) {
@@ -145,6 +188,8 @@ impl DiffSink for Fanout {
             is_reset: self.is_reset,
             write_seq: self.write_seq,
             view_len: self.view_len,
+            digest: self.digest.take(),
+            digest_to_all: digest_due(self.window_limit, false),
             queued_at: Instant::now(),
         };
         match self.target {
@@ -157,7 +202,7 @@ impl DiffSink for Fanout {
                 }
             }
             FanoutTarget::Only(session, handle) => self.push(session, handle, body, frame),
-            FanoutTarget::Capture | FanoutTarget::Discard => {}
+            FanoutTarget::Capture | FanoutTarget::DigestOnly | FanoutTarget::Discard => {}
         }
     }
 }
@@ -169,6 +214,12 @@ struct FrameMeta {
     is_reset: bool,
     write_seq: u64,
     view_len: usize,
+    /// The window digest after the frame, when computed: every subscriber of a
+    /// window up to `DIGEST_WINDOW_ROWS_MAX` rows gets it, of a larger one only
+    /// those that asked (computed then only if one did).
+    digest: Option<u64>,
+    /// Every subscriber gets `digest` (the window is small), not only those that asked.
+    digest_to_all: bool,
     queued_at: Instant,
 }
 
@@ -183,6 +234,8 @@ impl Fanout {
             body: Vec::with_capacity(64 * 1024),
             n_diffs: 0,
             is_reset: false,
+            digest: None,
+            window_limit: 0,
             view_len: 0,
             captured: Vec::new(),
             capture_projection: None,
@@ -216,8 +269,9 @@ impl Fanout {
         session.shared.queued_bytes.fetch_add(cost, Ordering::AcqRel);
         metrics::add(&METRICS.outbound_queued_bytes, cost as u64);
         let epoch = session.shared.epoch.load(Ordering::Acquire);
-        let FrameMeta { n_diffs, is_reset, write_seq, view_len, queued_at } = frame;
-        let mut extra = DiffsExtra::default();
+        let FrameMeta { n_diffs, is_reset, write_seq, view_len, digest, digest_to_all, queued_at } = frame;
+        let mut extra =
+            DiffsExtra { digest: digest.filter(|_| digest_to_all || sub.wants_digest), ..DiffsExtra::default() };
         if is_reset || sub.last_total != Some(view_len) {
             sub.last_total = Some(view_len);
             extra.total = Some(view_len as u64);
@@ -239,16 +293,29 @@ impl Fanout {
         }
     }
 
+    fn sub(&self, session: SessionId, handle: SubHandle) -> Option<&SubState> {
+        self.sessions.get(&session)?.subs.get(&handle)
+    }
+
     pub(super) fn sub_mut(&mut self, session: SessionId, handle: SubHandle) -> Option<&mut SubState> {
         self.sessions.get_mut(&session)?.subs.get_mut(&handle)
     }
 
     /// Queues a frame with no diffs for one subscription (the answer to a request
-    /// that changed nothing but must say where the window is).
-    pub(super) fn push_empty(&mut self, session: SessionId, handle: SubHandle, view_len: usize) {
+    /// that changed nothing but must say where the window is, or its new total),
+    /// with `digest` (the caller computed it when due for this subscription).
+    pub(super) fn push_empty(&mut self, session: SessionId, handle: SubHandle, view_len: usize, digest: Option<u64>) {
         let body: FrameBody = Arc::from(&b"[]"[..]);
-        let frame =
-            FrameMeta { n_diffs: 0, is_reset: false, write_seq: self.write_seq, view_len, queued_at: Instant::now() };
+        let write_seq = self.write_seq;
+        let frame = FrameMeta {
+            n_diffs: 0,
+            is_reset: false,
+            write_seq,
+            view_len,
+            digest,
+            digest_to_all: true,
+            queued_at: Instant::now(),
+        };
         self.push(session, handle, body, frame);
     }
 

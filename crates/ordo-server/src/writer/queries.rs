@@ -6,7 +6,7 @@ use ordo_core::CollectionId;
 use super::fanout::FanoutTarget;
 use super::subscriptions::check_seek_visible;
 use super::Writer;
-use crate::encode::write_versioned_item;
+use crate::encode::write_item;
 use crate::error::ApiError;
 use crate::metrics::WriterGauges;
 use crate::wire::{Projection, WindowSpec};
@@ -63,7 +63,7 @@ impl Writer {
             }
         }
         let mut out = Vec::new();
-        write_versioned_item(&mut out, item, &Projection::all(collection.schema()));
+        write_item(&mut out, item, &Projection::all(collection.schema()));
         Some(out)
     }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use ordo_core::{CollectionId, Schema, WindowId};
 use ordo_store::Database;
 
-use super::fanout::{FanoutTarget, SessionState, SharedWindow, SubState};
+use super::fanout::{digest_due, FanoutTarget, SessionState, SharedWindow, SubState};
 use super::{share_key, Answer, ConnShared, Outbox, Outgoing, SessionId, SubHandle, Writer};
 use crate::error::{ApiError, ErrorCode};
 use crate::metrics::{self, METRICS};
@@ -110,6 +110,7 @@ impl Writer {
             return Ok(());
         }
         let is_keyed = spec.seek.is_some() || spec.is_tail;
+        let spec_wants_digest = spec.digest;
         // A window at an item's place has its identity once found: it is opened
         // first, then shared if no equal window exists.
         let existing = match spec.seek {
@@ -150,7 +151,8 @@ impl Writer {
         let range_due = if is_keyed { Some(self.database.engine().window_range(window)?) } else { None };
         self.fanout.windows.get_mut(&window).expect("registered").subscribers.push((session, handle));
         let state = self.fanout.sessions.get_mut(&session).expect("checked");
-        state.subs.insert(handle, SubState { window, needs_reset: false, last_total: None, range_due });
+        let wants_digest = spec_wants_digest;
+        state.subs.insert(handle, SubState { window, needs_reset: false, last_total: None, range_due, wants_digest });
         self.send_reset(session, handle);
         if opened_now {
             // After the first frame is queued: the client does not wait for the sort.
@@ -246,7 +248,8 @@ impl Writer {
                 // empty frame says where the window is. (If the subscription awaits a
                 // reset, `push` drops this and that reset carries the range instead.)
                 let view_len = self.database.view_len(window)?;
-                self.fanout.push_empty(session, handle, view_len);
+                let digest = self.digest_for(session, handle, window)?;
+                self.fanout.push_empty(session, handle, view_len, digest);
             }
             Ok(()) if matches!(change, WindowChange::View(_)) && self.fanout.answer.is_some() => {
                 self.tell_new_total(session, handle, window)?;
@@ -350,9 +353,26 @@ impl Writer {
     fn tell_new_total(&mut self, session: SessionId, handle: SubHandle, window: WindowId) -> Result<(), ApiError> {
         let view_len = self.database.view_len(window)?;
         if self.fanout.sub_mut(session, handle).is_some_and(|sub| sub.last_total != Some(view_len)) {
-            self.fanout.push_empty(session, handle, view_len);
+            let digest = self.digest_for(session, handle, window)?;
+            self.fanout.push_empty(session, handle, view_len, digest);
         }
         Ok(())
+    }
+
+    /// The digest of `window` as it is now, when a frame of this subscription
+    /// carries one (`digest_due`): read through the engine like any frame's.
+    fn digest_for(&mut self, session: SessionId, handle: SubHandle, window: WindowId) -> Result<Option<u64>, ApiError> {
+        let wants_digest = self.fanout.sub_mut(session, handle).is_some_and(|sub| sub.wants_digest);
+        let (_, limit) = self.database.engine().window_range(window)?;
+        if !digest_due(limit, wants_digest) {
+            return Ok(None);
+        }
+        self.fanout.digest = None;
+        self.fanout.target = FanoutTarget::DigestOnly;
+        let result = self.database.emit_window_reset(window, &mut self.fanout);
+        self.fanout.target = FanoutTarget::Subscribers;
+        result?;
+        Ok(self.fanout.digest.take())
     }
 
     /// Removes a subscription from its window, closing the window with its last subscriber.

@@ -11,7 +11,7 @@ use super::subscriptions::unknown_subscription;
 use super::Connection;
 use crate::error::{ApiError, ErrorCode};
 use crate::min_seq::{self, SeqCheck};
-use crate::wire::{self, ClientMessage};
+use crate::wire::{self, ClientMessage, WindowSpec};
 use crate::writer::Command;
 
 impl Connection {
@@ -120,20 +120,14 @@ impl Connection {
                 limit,
                 fields,
                 payload,
+                digest,
                 min_seq,
                 ..
             } => {
                 let position = wire::PositionKeys { offset, around, after, before, tail };
-                let spec = self.check_subscribe(
-                    &sub,
-                    &collection,
-                    &filter,
-                    &sort,
-                    position,
-                    limit,
-                    fields.as_deref(),
-                    payload,
-                );
+                let spec = self
+                    .check_subscribe(&sub, &collection, &filter, &sort, position, limit, fields.as_deref(), payload)
+                    .map(|(collection, spec)| (collection, WindowSpec { digest, ..spec }));
                 match spec {
                     Ok((collection, spec)) => match min_seq::check(min_seq, min_seq::last(&self.seq)) {
                         SeqCheck::Reached => {

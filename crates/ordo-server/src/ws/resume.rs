@@ -196,6 +196,7 @@ impl Connection {
         )?;
         wire::restrict_spec(&mut spec, access.predicate.as_ref(), schema)?;
         spec.relation = access.relation;
+        spec.digest = entry.digest;
         Ok((collection, spec))
     }
 }

@@ -213,7 +213,7 @@ impl FailoverClient {
             let path = format!("/v1/collections/{COLLECTION}/query");
             let (status, answer) = request(port, "POST", &path, Some(&body), Duration::from_secs(10)).unwrap();
             assert_eq!(status, 200, "{context}: {answer}");
-            expected.insert(sub.to_owned(), common::without_versions(&answer["items"]));
+            expected.insert(sub.to_owned(), common::query_items(&answer["items"]));
         }
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {

@@ -291,6 +291,8 @@ pub struct LocalList {
     pub items: Vec<Value>,
     pub seq: u64,
     pub n_resets: usize,
+    /// Frames whose `digest` matched the list after applying them.
+    pub n_digests_checked: usize,
 }
 
 pub struct Client {
@@ -367,8 +369,27 @@ impl Client {
     }
 }
 
-/// Applies one diff frame to a list, checking that its `seq` is the next one.
+/// Applies one diff frame to a list, checking that its `seq` is the next one
+/// and, when it carries a `digest`, that the list's digest after it is that one.
 pub fn apply_frame(list: &mut LocalList, frame: &Value) {
+    apply_diffs(list, frame);
+    // Every integration test checks the window digest of every frame that has one.
+    if let Some(digest) = frame.get("digest") {
+        let sub = frame["sub"].as_str().unwrap();
+        assert_eq!(
+            digest.as_str(),
+            Some(list_digest(&list.items).as_str()),
+            "subscription {sub}: the digest after seq {} (list of {} items)",
+            frame["seq"],
+            list.items.len()
+        );
+        list.n_digests_checked += 1;
+    }
+}
+
+/// Applies one diff frame's diffs to a list, checking that its `seq` is the
+/// next one, but not its digest.
+pub fn apply_diffs(list: &mut LocalList, frame: &Value) {
     let sub = frame["sub"].as_str().unwrap();
     let seq = frame["seq"].as_u64().unwrap();
     assert_eq!(seq, list.seq + 1, "subscription {sub}: seq {seq} after {}", list.seq);
@@ -407,15 +428,33 @@ pub fn apply_frame(list: &mut LocalList, frame: &Value) {
     }
 }
 
-/// A one-shot query's items as a subscription shows them: query items carry
-/// their `version`, items in diff frames do not (`docs/PROTOCOL.md`).
-pub fn without_versions(items: &Value) -> Vec<Value> {
-    let mut items = items.as_array().expect("an array of items").clone();
-    for item in &mut items {
-        let version = item.as_object_mut().expect("an item").remove("version");
-        assert!(version.as_ref().is_some_and(Value::is_u64), "a query item without a version: {item}");
+/// A one-shot query's items, which a subscription shows exactly as they are
+/// (items carry their `version` in both, `docs/PROTOCOL.md`).
+pub fn query_items(items: &Value) -> Vec<Value> {
+    let items = items.as_array().expect("an array of items").clone();
+    for item in &items {
+        assert!(item["version"].is_u64(), "a query item without a version: {item}");
     }
     items
+}
+
+/// The window digest of a list (docs/PROTOCOL.md, "Window digest"), written
+/// here from the specification, apart from the server's code: 64-bit FNV-1a over
+/// each row's position (u32 LE), id length (u32 LE), id bytes and version (u64 LE).
+pub fn list_digest(items: &[Value]) -> String {
+    let mut bytes = Vec::new();
+    for (position, item) in items.iter().enumerate() {
+        let id = item["id"].as_str().expect("an item id");
+        let version = item["version"].as_u64().unwrap_or_else(|| panic!("an item without a version: {item}"));
+        bytes.extend_from_slice(&(position as u32).to_le_bytes());
+        bytes.extend_from_slice(&(id.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(id.as_bytes());
+        bytes.extend_from_slice(&version.to_le_bytes());
+    }
+    let hash = bytes
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |hash, &byte| (hash ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3));
+    format!("{hash:016x}")
 }
 
 pub fn room_schema() -> Value {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use crate::common::LocalList;
+use crate::common::{list_digest, LocalList};
 
 pub(crate) struct Case {
     pub(crate) name: &'static str,
@@ -34,7 +34,7 @@ impl Case {
 }
 
 /// `totals`: the last `total` each subscription got in a frame it applied
-/// (absent: none yet, written as `null`).
+/// (absent: none yet, written as `null`); `digests`: each list's window digest.
 pub(crate) fn expectation(
     lists: &BTreeMap<String, LocalList>,
     totals: &BTreeMap<String, u64>,
@@ -45,7 +45,9 @@ pub(crate) fn expectation(
     let seqs: serde_json::Map<String, Value> = lists.iter().map(|(sub, list)| (sub.clone(), json!(list.seq))).collect();
     let totals: serde_json::Map<String, Value> =
         lists.keys().map(|sub| (sub.clone(), totals.get(sub).map_or(Value::Null, |total| json!(total)))).collect();
-    let mut expect = json!({"lists": items, "seqs": seqs, "totals": totals});
+    let digests: serde_json::Map<String, Value> =
+        lists.iter().map(|(sub, list)| (sub.clone(), json!(list_digest(&list.items)))).collect();
+    let mut expect = json!({"lists": items, "seqs": seqs, "totals": totals, "digests": digests});
     if let Some(event) = event {
         expect["event"] = event;
     }

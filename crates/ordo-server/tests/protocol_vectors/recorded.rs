@@ -451,7 +451,7 @@ pub(crate) async fn reference_views(server: &Server) -> Case {
                 body.as_object_mut().unwrap().remove(key);
             }
             let answer = server.ok("POST", "/v1/collections/seats/query", body);
-            let expected = common::without_versions(&answer["items"]);
+            let expected = common::query_items(&answer["items"]);
             let deadline = tokio::time::Instant::now() + SETTLE;
             while recorder.client.lists.get(&sub).is_none_or(|list| list.items != expected) {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());

@@ -31,7 +31,7 @@ pub(crate) fn query(server: &Server, view: &Value) -> Vec<Value> {
     }
     let collection = view["collection"].as_str().unwrap_or("rooms");
     let answer = server.ok("POST", &format!("/v1/collections/{collection}/query"), body);
-    common::without_versions(&answer["items"])
+    common::query_items(&answer["items"])
 }
 
 pub(crate) fn write(server: &Server, ops: Value) {
