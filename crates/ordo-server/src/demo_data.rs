@@ -191,7 +191,6 @@ pub fn demo_text(rng: &mut Rng) -> &'static str {
     TEXTS[rng.index(TEXTS.len())]
 }
 
-
 pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_millis() as u64)
 }
@@ -259,8 +258,9 @@ mod tests {
         assert!(position(ROOMS) < position(MEMBERS));
         assert_eq!(MEMBER_FIELDS.iter().filter(|(_, field_type)| *field_type == "ref").count(), 1);
         for (_, fields) in COLLECTIONS {
-            assert!(fields.iter().all(|(_, field_type)| *field_type == "ref"
-                || crate::wire::parse_field_type(field_type).is_some()));
+            assert!(fields
+                .iter()
+                .all(|(_, field_type)| *field_type == "ref" || crate::wire::parse_field_type(field_type).is_some()));
         }
     }
 }

@@ -353,7 +353,10 @@ impl Network {
         let rate = self.options.demo_rate;
         let started = demo::start(&self.writer, &self.routes, &self.gate, rate, shutdown, cluster.cloned()).await?;
         if started.n_rooms_written > 0 {
-            println!("ordo: demo: wrote a chat of {} rooms into `rooms`, `members` and `messages`", started.n_rooms_written);
+            println!(
+                "ordo: demo: wrote a chat of {} rooms into `rooms`, `members` and `messages`",
+                started.n_rooms_written
+            );
         } else {
             println!("ordo: demo: the chat is there already");
         }

@@ -170,7 +170,10 @@ fn a_message_moves_the_room_in_every_members_list_and_nowhere_else() {
     let (status, answer) = server.http_as(Some(&bob), "POST", "/v1/collections/messages/query", Some(&messages));
     assert_eq!(status, 200, "{answer}");
     let last = answer["items"].as_array().unwrap().last().unwrap().clone();
-    assert_eq!((last["fields"]["author"].as_str(), last["fields"]["text"].as_str()), (Some("alice"), Some("hello bob")));
+    assert_eq!(
+        (last["fields"]["author"].as_str(), last["fields"]["text"].as_str()),
+        (Some("alice"), Some("hello bob"))
+    );
     // Bob marks it read; he may not point his membership at another room.
     let membership = format!("bob:{dm}");
     let read = json!({"ops": [{"op": "upsert", "id": membership, "set_max": {"read_upto": seq}}]});

@@ -48,10 +48,13 @@ impl Backend {
     /// each part atomic on its own; the first refusal is the error.
     pub async fn write(&self, writes: &Json) -> Result<(), ApiError> {
         let body = writes.to_string();
-        let multi: MultiBatchRequest = serde_json::from_str(&body).map_err(|error| ApiError::bad_request(error.to_string()))?;
+        let multi: MultiBatchRequest =
+            serde_json::from_str(&body).map_err(|error| ApiError::bad_request(error.to_string()))?;
         let mut parts = WriteParts::default();
         for part in &multi.writes {
-            let entry = self.entry(&part.collection).ok_or_else(|| ApiError::bad_request(format!("no `{}`", part.collection)))?;
+            let entry = self
+                .entry(&part.collection)
+                .ok_or_else(|| ApiError::bad_request(format!("no `{}`", part.collection)))?;
             let mut batch = ordo_core::Batch::new();
             wire::fill_batch(&mut batch, &entry.schema, &part.ops, 0)?;
             parts.batches.push((entry.id, batch));
@@ -71,7 +74,13 @@ impl Backend {
     }
 
     /// One page of `collection` in id order, only `fields` shown.
-    pub async fn page(&self, collection: &str, offset: usize, limit: usize, fields: &[String]) -> Result<Vec<Json>, String> {
+    pub async fn page(
+        &self,
+        collection: &str,
+        offset: usize,
+        limit: usize,
+        fields: &[String],
+    ) -> Result<Vec<Json>, String> {
         let Some(entry) = self.entry(collection) else { return Ok(Vec::new()) };
         let position = wire::PositionKeys { offset: Some(offset), ..Default::default() };
         let spec = wire::window_spec(&entry.schema, &Json::Null, &[], position, limit, Some(fields), false)

@@ -165,10 +165,7 @@ impl Demo {
         let request: SendRequest = crate::strict_json::parse(body, "the body")?;
         let text = request.text.trim();
         if text.is_empty() || text.len() > limits::MAX_DEMO_TEXT_BYTES {
-            return Err(ApiError::bad_request(format!(
-                "`text` is 1..={} bytes of text",
-                limits::MAX_DEMO_TEXT_BYTES
-            )));
+            return Err(ApiError::bad_request(format!("`text` is 1..={} bytes of text", limits::MAX_DEMO_TEXT_BYTES)));
         }
         // The same words whether the room exists or not: sending is no way to probe rooms.
         let refused =
@@ -179,9 +176,8 @@ impl Demo {
             .get_item(MEMBERS, &membership_id(user, &request.room))
             .await
             .map_err(|error| ApiError::new(ErrorCode::Internal, error))?;
-        let is_member = membership.is_some_and(|item| {
-            item["fields"]["owner"] == user && item["fields"]["room"] == request.room.as_str()
-        });
+        let is_member = membership
+            .is_some_and(|item| item["fields"]["owner"] == user && item["fields"]["room"] == request.room.as_str());
         if !is_member {
             return Err(refused());
         }

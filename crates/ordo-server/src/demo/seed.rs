@@ -7,8 +7,8 @@ use serde_json::{json, Value as Json};
 use super::backend::Backend;
 use super::chat::{membership_id, message_id, Chat, SEEDED_MESSAGES};
 use crate::demo_data::{self, COLLECTIONS, MEMBERS, MESSAGES, OPS_PER_WRITE, ROOMS};
-use crate::routing::CollectionEntry;
 use crate::rng::Rng;
+use crate::routing::CollectionEntry;
 
 /// How far back a generated room's last message goes: 30 days, in ms.
 const HISTORY_MS: u64 = 30 * 24 * 3_600 * 1_000;
