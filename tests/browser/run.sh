@@ -8,7 +8,7 @@
 #
 # ORDO_BIN (default target/release/ordo) picks another binary; CHROMIUM_BIN another
 # browser; ORDO_UPDATE_SCREENSHOTS=1 rewrites docs/demo-room-list.png,
-# docs/demo-search.png and docs/demo-phone.png (otherwise the screenshots go to
+# docs/demo-second-user.png and docs/demo-phone.png (otherwise the screenshots go to
 # target/browser-test/). The test starts `ordo serve --demo` (auth on) itself, and a
 # second server with --allow-origin for its cross-origin check.
 set -euo pipefail

@@ -116,7 +116,9 @@ type ListEvents = { change: ListChange; error: OrdoError; ended: ListEnded };
 
 function copyDefinition(definition: WindowDefinition): WindowDefinition {
   const copy: WindowDefinition = { collection: definition.collection, limit: definition.limit };
-  copy.offset = definition.offset ?? 0;
+  // A tail window has no offset of its own: the server keeps it at the end.
+  if (definition.tail === true) copy.tail = true;
+  else copy.offset = definition.offset ?? 0;
   if (definition.filter !== undefined) copy.filter = definition.filter;
   if (definition.sort !== undefined) copy.sort = definition.sort;
   if (definition.fields !== undefined) copy.fields = definition.fields.slice();
@@ -259,7 +261,8 @@ export class LiveList {
   setRange(offset: number, limit: number): void {
     if (this._status === "closed" || this._status === "ended") return;
     checkRange(offset, limit);
-    this.definition = { ...this.definition, offset, limit };
+    // An offset ends a tail window's following of the end (PROTOCOL.md, set_range).
+    this.definition = { ...this.definition, offset, limit, tail: false };
     this.client._windowChanged(this);
   }
 
@@ -331,7 +334,7 @@ export class LiveList {
   /** @internal */
   _definitionKey(definition: WindowDefinition): { range: string; view: string } {
     return {
-      range: `${definition.offset ?? 0}:${definition.limit}`,
+      range: definition.tail === true ? `tail:${definition.limit}` : `${definition.offset ?? 0}:${definition.limit}`,
       view: viewKey(definition.filter, definition.sort),
     };
   }
@@ -678,7 +681,12 @@ export class OrdoClient {
       });
     }
     if (wanted.range !== sent.range) {
-      this.send({ op: "set_range", sub: list.id, offset: list.definition.offset ?? 0, limit: list.definition.limit });
+      const { tail, offset, limit } = list.definition;
+      this.send(
+        tail === true
+          ? { op: "set_range", sub: list.id, tail: true, limit }
+          : { op: "set_range", sub: list.id, offset: offset ?? 0, limit },
+      );
     }
     list.sentDefinition = copyDefinition(list.definition);
   }

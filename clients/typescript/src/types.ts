@@ -76,6 +76,8 @@ export type WindowDefinition = {
   filter?: Filter | null;
   sort?: SortKey[];
   offset?: number;
+  /** The last `limit` rows, the window staying at the end of the view (instead of `offset`). */
+  tail?: boolean;
   limit: number;
   fields?: string[];
   payload?: boolean;
@@ -137,7 +139,7 @@ export type ServerFrame =
 
 /** `min_seq`: answer only once the node has applied that batch (PROTOCOL.md "Read your writes"). */
 export type SubscribeOp = { op: "subscribe"; sub: string; min_seq?: number } & WindowDefinition;
-export type SetRangeOp = { op: "set_range"; sub: string; offset: number; limit: number };
+export type SetRangeOp = { op: "set_range"; sub: string; offset?: number; tail?: boolean; limit: number };
 export type SetViewOp = { op: "set_view"; sub: string; filter: Filter | null; sort: SortKey[] };
 export type UnsubscribeOp = { op: "unsubscribe"; sub: string };
 export type ResumeEntry = { sub: string; last_seq: number; min_seq?: number } & WindowDefinition;

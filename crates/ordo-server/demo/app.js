@@ -1,16 +1,23 @@
-// The demo page: one live subscription to a window of `rooms`, rendered as a chat
-// room list. Every control changes the subscription (set_view / set_range); the
-// server sends the diffs that keep `list.items` equal to the window, and the page
-// renders `list.items`, reusing each row's element by room id.
+// The demo page: a chat's room list. The signed-in user's list is one live
+// subscription to a window of its `members`, sorted by the rooms' activity read
+// through the `room` reference (`room.recency`), so a message to a room is one
+// write, and the server moves that room in every member's list. Every control
+// changes the subscription (set_view / set_range); the page renders `list.items`,
+// reusing each row's element by id.
+//
+// Opening a room subscribes to its last messages (a tail window of `messages`
+// pinned to the room: the server lets a member read them, and ends the
+// subscription if the membership ends), marks the room read (the user may set
+// `read_upto` of its own membership, nothing else) and offers a composer:
+// `POST /demo/send` is the app's backend, which writes the message and the room.
 //
 // The server runs with auth (`ordo serve --demo`): the page signs in as one of the
 // demo's users with a token from `POST /demo/token`, through the client's
-// `tokenProvider` (asked again before the token expires). Each user reads only the
-// rooms it owns; switching users makes a new connection.
+// `tokenProvider` (asked again before the token expires).
 
 import { OrdoClient } from "/demo/ordo-client.js";
 
-const COLLECTION = "rooms";
+const COLLECTION = "members";
 const PAGE = 50;
 // The server's window limit (`max_window_limit`, docs/PROTOCOL.md).
 const MAX_WINDOW = 1000;
@@ -18,18 +25,22 @@ const MAX_WINDOW = 1000;
 const LOAD_MORE_PX = 400;
 // Typing sends at most one set_view per pause: a connection may send 100 messages/s.
 const SEARCH_DEBOUNCE_MS = 150;
-const USERS = ["alice", "bob"];
+// A room shows this many of its last messages.
+const ROOM_TAIL = 30;
+const USERS = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"];
 const USER_KEY = "ordo-demo-user";
+const LIST_FIELDS = ["read_upto", "favourite", "room.name", "room.preview", "room.recency", "room.last_seq", "room.dm"];
 
 const CHIP_FILTERS = {
   all: null,
-  unread: { field: "unread", op: "gt", value: 0 },
-  dms: { field: "dm", op: "eq", value: true },
+  // Field against field: a room is unread when its last message is past the member's read mark.
+  unread: { field: "room.last_seq", op: "gt", value: { field: "read_upto" } },
   favourites: { field: "favourite", op: "eq", value: true },
+  dms: { field: "room.dm", op: "eq", value: true },
 };
 const SORTS = {
-  activity: [{ field: "recency", dir: "desc" }],
-  name: [{ field: "name", dir: "asc", case_insensitive: true }],
+  activity: [{ field: "room.recency", dir: "desc" }],
+  name: [{ field: "room.name", dir: "asc", case_insensitive: true }],
 };
 
 const $ = (id) => document.getElementById(id);
@@ -47,7 +58,15 @@ const elements = {
   simulator: $("simulator"),
   simulatorStatus: $("simulator-status"),
   signedIn: $("signed-in"),
-  userSwitch: document.querySelector(".user-switch"),
+  userSelect: $("user-select"),
+  roomView: $("room-view"),
+  roomTitle: $("room-title"),
+  roomHint: $("room-hint"),
+  messages: $("messages"),
+  composer: $("composer"),
+  messageText: $("message-text"),
+  favourite: $("favourite"),
+  back: $("back"),
 };
 
 const controls = { chip: "all", search: "", sort: "activity", limit: PAGE };
@@ -55,21 +74,21 @@ const controls = { chip: "all", search: "", sort: "activity", limit: PAGE };
 function filterFor({ chip, search }) {
   const parts = [];
   if (CHIP_FILTERS[chip]) parts.push(CHIP_FILTERS[chip]);
-  if (search) parts.push({ field: "name", contains: search });
+  if (search) parts.push({ field: "room.name", contains: search });
   if (parts.length === 0) return null;
   return parts.length === 1 ? parts[0] : { all: parts };
 }
 
 /** The window the page shows: the body of a one-shot query of the same view. */
 function currentView() {
-  return { filter: filterFor(controls), sort: SORTS[controls.sort], offset: 0, limit: controls.limit };
+  return { filter: filterFor(controls), sort: SORTS[controls.sort], offset: 0, limit: controls.limit, fields: LIST_FIELDS };
 }
 
 const wsUrl = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/ws`;
 
 // ---- signing in ---------------------------------------------------------------
 
-/** Who the page is (or is becoming): the demo user, the client and list made for it, its last token. */
+/** Who the page is (or is becoming): the demo user, its last token and the identity the server gave. */
 const account = { user: null, token: null, identity: null };
 let client = null;
 let list = null;
@@ -99,9 +118,20 @@ async function demoToken(user) {
   return token;
 }
 
+/** A request with the signed-in user's token, as the page's own writes go. */
+async function authorizedFetch(path, body) {
+  const token = account.token ?? (await demoToken(account.user));
+  return fetch(path, {
+    method: "POST",
+    headers: { "content-type": "application/json", authorization: `Bearer ${token}` },
+    body: JSON.stringify(body),
+  });
+}
+
 /** Signs in as `user`: a new connection whose list has the page's current view. */
 function signIn(user) {
   if (client) client.close();
+  closeRoom();
   account.user = user;
   account.token = null;
   account.identity = null;
@@ -110,9 +140,7 @@ function signIn(user) {
   } catch {
     // Not kept, then.
   }
-  for (const button of document.querySelectorAll("[data-user]")) {
-    button.setAttribute("aria-pressed", String(button.dataset.user === user));
-  }
+  elements.userSelect.value = user;
   showAccount();
   document.body.dataset.ready = "false";
   // Another user has other rooms: start from the first page, with an empty list.
@@ -121,7 +149,6 @@ function signIn(user) {
   for (const row of rows.values()) row.element.remove();
   rows.clear();
   elements.footer.textContent = "connecting…";
-  stats.newestRecencyShown = 0;
   showView();
 
   elements.connection.dataset.state = "connecting";
@@ -133,8 +160,6 @@ function signIn(user) {
     if (client !== mine) return;
     elements.connection.dataset.state = state;
     elements.connection.textContent = state;
-    // Open without an identity: the server runs without auth.
-    if (state === "open" && mine.identity === null) showAccount();
   });
   mine.on("auth", (identity) => {
     if (client !== mine) return;
@@ -145,7 +170,7 @@ function signIn(user) {
     if (client === mine) showError(`${error.code ?? "error"}: ${error.message}`);
   });
 
-  list = mine.subscribe({ collection: COLLECTION, ...currentView(), payload: true });
+  list = mine.subscribe({ collection: COLLECTION, ...currentView(), payload: false });
   const shown = list;
   list.on("change", ({ diffs }) => {
     const now = performance.now();
@@ -171,34 +196,25 @@ function showAccount() {
   const { identity, user } = account;
   const label = elements.signedIn;
   label.replaceChildren();
-  elements.userSwitch.hidden = false;
+  const name = document.createElement("strong");
+  name.id = "user-name";
   if (identity) {
-    const name = document.createElement("strong");
-    name.id = "user-name";
     name.textContent = identity.sub;
     const role = document.createElement("span");
     role.className = "role";
     role.textContent = identity.role;
     label.append("Signed in as ", name, " ", role);
     label.dataset.sub = identity.sub;
-  } else if (client?.state === "open") {
-    label.append("No sign-in: the server runs without auth");
-    delete label.dataset.sub;
-    elements.userSwitch.hidden = true;
   } else {
-    const name = document.createElement("strong");
-    name.id = "user-name";
     name.textContent = user ?? "…";
     label.append("Signing in as ", name, "…");
     delete label.dataset.sub;
   }
 }
 
-for (const button of document.querySelectorAll("[data-user]")) {
-  button.addEventListener("click", () => {
-    if (button.dataset.user !== account.user) signIn(button.dataset.user);
-  });
-}
+elements.userSelect.addEventListener("change", () => {
+  if (elements.userSelect.value !== account.user) signIn(elements.userSelect.value);
+});
 
 // ---- statistics -------------------------------------------------------------
 
@@ -208,8 +224,6 @@ const stats = {
   recent: [], // [arrival ms, n diffs] of the last second's frames
   firstUnrenderedAt: null,
   renderLatencyMs: null,
-  writeLatencyMs: null,
-  newestRecencyShown: 0,
   renders: 0,
 };
 
@@ -228,12 +242,11 @@ setInterval(() => {
   $("stat-diffs-per-second").textContent = stats.recent.reduce((sum, [, n]) => sum + n, 0);
   $("stat-diffs-total").textContent = stats.diffsTotal.toLocaleString("en");
   $("stat-render-latency").textContent = stats.renderLatencyMs === null ? "–" : `${stats.renderLatencyMs.toFixed(1)} ms`;
-  $("stat-write-latency").textContent = stats.writeLatencyMs === null ? "–" : `${Math.round(stats.writeLatencyMs)} ms`;
 }, 250);
 
-// ---- rendering --------------------------------------------------------------
+// ---- the room list ------------------------------------------------------------
 
-const rows = new Map(); // room id -> { element, signature }
+const rows = new Map(); // membership id -> { element, signature }
 let renderScheduled = false;
 
 function scheduleRender() {
@@ -245,20 +258,24 @@ function scheduleRender() {
   });
 }
 
+/** A room's unread count, from projected fields: its last message's number minus the member's read mark. */
+function unreadOf(fields) {
+  return Math.max(0, (fields["room.last_seq"] ?? 0) - (fields.read_upto ?? 0));
+}
+
 function signature(item) {
   const f = item.fields ?? {};
-  return `${f.name}\u0000${f.recency}\u0000${f.unread}\u0000${f.dm}\u0000${f.favourite}\u0000${item.payload?.last_message ?? ""}`;
+  return LIST_FIELDS.map((name) => String(f[name])).join("\u0000");
 }
 
 function render(items) {
   const container = elements.rooms;
   const keep = new Set();
   let previous = null;
-  let newestRecency = 0;
   for (const item of items) {
     let row = rows.get(item.id);
     if (!row) {
-      row = { element: createRow(item.id), signature: "" };
+      row = { element: createRow(item), signature: "" };
       rows.set(item.id, row);
     }
     const itemSignature = signature(item);
@@ -270,7 +287,6 @@ function render(items) {
     const expected = previous ? previous.nextSibling : container.firstChild;
     if (expected !== row.element) container.insertBefore(row.element, expected);
     previous = row.element;
-    newestRecency = Math.max(newestRecency, item.fields?.recency ?? 0);
   }
   for (const [id, row] of rows) {
     if (!keep.has(id)) {
@@ -282,22 +298,24 @@ function render(items) {
     stats.renderLatencyMs = performance.now() - stats.firstUnrenderedAt;
     stats.firstUnrenderedAt = null;
   }
-  if (newestRecency > stats.newestRecencyShown) {
-    // Only a message newer than anything shown so far says how late the screen is.
-    if (stats.newestRecencyShown > 0) stats.writeLatencyMs = Date.now() - newestRecency;
-    stats.newestRecencyShown = newestRecency;
-  }
   stats.renders += 1;
   $("stat-window").textContent = controls.limit;
   $("stat-items").textContent = items.length;
   updateFooter(items.length);
   maybeLoadMore();
+  followOpenRoom(items);
 }
 
-function createRow(id) {
+/** The room a membership id names (`user:room`). */
+function roomOf(membershipId) {
+  return membershipId.slice(membershipId.indexOf(":") + 1);
+}
+
+function createRow(item) {
   const element = document.createElement("li");
   element.className = "room";
-  element.dataset.id = id;
+  element.dataset.id = item.id;
+  element.dataset.room = roomOf(item.id);
   element.innerHTML = `
     <div class="avatar"></div>
     <div class="room-body">
@@ -308,15 +326,19 @@ function createRow(id) {
 }
 
 function fillRow(element, item) {
-  const { name = "", recency = 0, unread = 0, dm = false, favourite = false } = item.fields ?? {};
-  element.classList.toggle("dm", !!dm);
+  const fields = item.fields ?? {};
+  const name = fields["room.name"] ?? "";
+  const recency = fields["room.recency"] ?? 0;
+  const unread = unreadOf(fields);
+  element.classList.toggle("dm", !!fields["room.dm"]);
   element.classList.toggle("unread", unread > 0);
+  element.classList.toggle("open", element.dataset.room === openRoom.id);
   const avatar = element.querySelector(".avatar");
   avatar.textContent = firstLetter(name);
-  avatar.style.background = `hsl(${hue(item.id)} 55% 52%)`;
+  avatar.style.background = `hsl(${hue(element.dataset.room)} 55% 52%)`;
   const nameElement = element.querySelector(".room-name");
-  nameElement.textContent = name ?? "";
-  if (favourite) {
+  nameElement.textContent = name;
+  if (fields.favourite) {
     const star = document.createElement("span");
     star.className = "star";
     star.textContent = "★";
@@ -324,10 +346,10 @@ function fillRow(element, item) {
     nameElement.prepend(star);
   }
   const time = element.querySelector(".room-time");
-  time.dataset.recency = recency ?? 0;
+  time.dataset.recency = recency;
   time.textContent = timeAgo(recency);
-  element.querySelector(".room-last").textContent = item.payload?.last_message ?? "";
-  element.querySelector(".badge").textContent = unread > 99 ? "99+" : String(unread ?? 0);
+  element.querySelector(".room-last").textContent = fields["room.preview"] ?? "";
+  element.querySelector(".badge").textContent = unread > 99 ? "99+" : String(unread);
 }
 
 function firstLetter(name) {
@@ -341,9 +363,9 @@ function hue(id) {
   return Math.abs(hash) % 360;
 }
 
-function timeAgo(recency) {
-  if (!recency) return "";
-  const seconds = Math.max(0, (Date.now() - recency) / 1000);
+function timeAgo(ms) {
+  if (!ms) return "";
+  const seconds = Math.max(0, (Date.now() - ms) / 1000);
   if (seconds < 5) return "now";
   if (seconds < 60) return `${Math.floor(seconds)} s`;
   if (seconds < 3600) return `${Math.floor(seconds / 60)} min`;
@@ -364,8 +386,6 @@ function updateFooter(nItems) {
   else if (controls.limit >= MAX_WINDOW) footer.textContent = `${MAX_WINDOW} rooms: the largest window a subscription can have.`;
   else footer.textContent = "Loading more…";
 }
-
-// ---- infinite scroll --------------------------------------------------------
 
 function maybeLoadMore() {
   const { scroller } = elements;
@@ -431,24 +451,129 @@ elements.search.addEventListener("input", () => {
   }, SEARCH_DEBOUNCE_MS);
 });
 
-// Clicking a room marks it read: a plain HTTP write; the subscription brings the change.
-// The demo's users are readers, whom the server refuses writes: say so instead of asking.
-elements.rooms.addEventListener("click", async (event) => {
+elements.rooms.addEventListener("click", (event) => {
   const row = event.target.closest("[data-id]");
-  if (!row) return;
-  const role = account.identity?.role;
-  if (role === "reader") {
-    showError(`${account.identity.sub} is a reader: marking a room read takes a writer or admin token.`, "note");
-    return;
-  }
-  const headers = { "content-type": "application/json" };
-  if (account.identity && account.token) headers.authorization = `Bearer ${account.token}`;
-  const response = await fetch(`/v1/collections/${COLLECTION}/batch`, {
-    method: "POST",
-    headers,
-    body: JSON.stringify({ ops: [{ op: "upsert", id: row.dataset.id, fields: { unread: 0 } }] }),
+  if (row) openRoomOf(row.dataset.id);
+});
+
+// ---- the open room ------------------------------------------------------------
+
+/** The room on screen: its id, its membership, its messages' live list, the read mark last sent. */
+const openRoom = { id: null, membership: null, messages: null, markedUpto: 0 };
+
+function membershipItem(membershipId) {
+  return list?.items.find((item) => item.id === membershipId) ?? null;
+}
+
+function openRoomOf(membershipId) {
+  closeRoom();
+  const item = membershipItem(membershipId);
+  openRoom.id = roomOf(membershipId);
+  openRoom.membership = membershipId;
+  elements.roomView.dataset.open = "true";
+  document.body.classList.add("room-open");
+  elements.roomTitle.textContent = item?.fields?.["room.name"] ?? openRoom.id;
+  elements.roomHint.hidden = true;
+  elements.composer.hidden = false;
+  elements.favourite.hidden = false;
+  for (const row of rows.values()) row.element.classList.toggle("open", row.element.dataset.room === openRoom.id);
+  // The room's messages: pinned to the room (the server lets only its members read them), the last ROOM_TAIL.
+  const messages = client.subscribe({
+    collection: "messages",
+    filter: { field: "room", op: "eq", value: openRoom.id },
+    sort: [{ field: "seq", dir: "asc" }],
+    tail: true,
+    limit: ROOM_TAIL,
+    fields: ["seq", "author", "text", "time"],
+    payload: false,
   });
-  if (!response.ok) showError(`marking read failed: ${response.status} ${await response.text()}`);
+  openRoom.messages = messages;
+  messages.on("change", () => {
+    if (openRoom.messages === messages) renderMessages(messages.items);
+  });
+  messages.on("ended", (ended) => {
+    if (openRoom.messages === messages) showError(`this room's messages ended: ${ended.reason ?? "ended"}`, "note");
+  });
+  messages.on("error", (error) => showError(`${error.code ?? "error"}: ${error.message}`));
+  if (item) followOpenRoom(list.items);
+}
+
+function closeRoom() {
+  openRoom.messages?.close();
+  Object.assign(openRoom, { id: null, membership: null, messages: null, markedUpto: 0 });
+  elements.roomView.dataset.open = "false";
+  document.body.classList.remove("room-open");
+  elements.roomTitle.textContent = "No room open";
+  elements.messages.replaceChildren();
+  elements.roomHint.hidden = false;
+  elements.composer.hidden = true;
+  elements.favourite.hidden = true;
+  for (const row of rows.values()) row.element.classList.remove("open");
+}
+
+/** Keeps the open room read while it is open (a write of the user's own read mark), and its star current. */
+function followOpenRoom(items) {
+  if (!openRoom.membership) return;
+  const item = items.find((candidate) => candidate.id === openRoom.membership);
+  if (!item) return;
+  const fields = item.fields ?? {};
+  elements.favourite.setAttribute("aria-pressed", String(!!fields.favourite));
+  elements.favourite.textContent = fields.favourite ? "★" : "☆";
+  const lastSeq = fields["room.last_seq"] ?? 0;
+  if (lastSeq > (fields.read_upto ?? 0) && lastSeq > openRoom.markedUpto) {
+    openRoom.markedUpto = lastSeq;
+    writeMembership({ set_max: { read_upto: lastSeq } });
+  }
+}
+
+/** The user's own membership of the open room: the only writes its token may make. */
+async function writeMembership(change) {
+  const op = { op: "upsert", id: openRoom.membership, ...change };
+  const response = await authorizedFetch(`/v1/collections/${COLLECTION}/batch`, { ops: [op] });
+  if (!response.ok) showError(`writing the membership failed: ${response.status} ${await response.text()}`);
+}
+
+function renderMessages(items) {
+  const container = elements.messages;
+  const atBottom = container.scrollTop + container.clientHeight >= container.scrollHeight - 8;
+  container.replaceChildren(
+    ...items.map((item) => {
+      const { author = "", text = "", time = 0 } = item.fields ?? {};
+      const line = document.createElement("li");
+      line.className = "message";
+      line.classList.toggle("mine", author === account.user);
+      line.dataset.id = item.id;
+      const who = document.createElement("span");
+      who.className = "author";
+      who.textContent = author;
+      const body = document.createElement("span");
+      body.className = "text";
+      body.textContent = text;
+      const when = document.createElement("time");
+      when.textContent = timeAgo(time);
+      line.append(who, body, when);
+      return line;
+    }),
+  );
+  if (atBottom) container.scrollTop = container.scrollHeight;
+}
+
+elements.back.addEventListener("click", closeRoom);
+
+elements.favourite.addEventListener("click", () => {
+  if (!openRoom.membership) return;
+  const favourite = elements.favourite.getAttribute("aria-pressed") !== "true";
+  writeMembership({ fields: { favourite } });
+});
+
+elements.composer.addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const text = elements.messageText.value.trim();
+  if (!text || !openRoom.id) return;
+  elements.messageText.value = "";
+  // The app's backend writes the message and the room: the user may not write either.
+  const response = await authorizedFetch("/demo/send", { room: openRoom.id, text });
+  if (!response.ok) showError(`sending failed: ${response.status} ${await response.text()}`);
 });
 
 // ---- simulator --------------------------------------------------------------
@@ -493,6 +618,10 @@ window.ordoDemo = {
   get list() {
     return list;
   },
+  /** The open room's messages (a live list), or null. */
+  get messages() {
+    return openRoom.messages;
+  },
   /** The demo user the page signed in as (or is signing in as). */
   get user() {
     return account.user;
@@ -501,9 +630,15 @@ window.ordoDemo = {
   get identity() {
     return account.identity;
   },
+  /** The signed-in user's current token (for the test's one-shot queries). */
+  get token() {
+    return account.token;
+  },
   signIn,
   currentView,
+  openRoom: (roomId) => openRoomOf(`${account.user}:${roomId}`),
   idsOnScreen: () => [...elements.rooms.querySelectorAll("[data-id]")].map((row) => row.dataset.id),
+  messageIdsOnScreen: () => [...elements.messages.querySelectorAll("[data-id]")].map((line) => line.dataset.id),
   stats,
 };
 signIn(savedUser());

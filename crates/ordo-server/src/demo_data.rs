@@ -1,7 +1,7 @@
-//! The demo's chat room list: its schema, a seeded generator of rooms and
-//! messages, and `ordo load-demo`, which fills a running server through the public
-//! HTTP API. `ordo serve --demo` writes the same rooms through the writer thread
-//! (`crate::demo`).
+//! The demo chat's collections and their items as write ops: their schemas, the
+//! names and lines the generator draws from, and `ordo load-demo`, which fills a
+//! running server through the public HTTP API. `ordo serve --demo` writes the same
+//! chat through the writer (`crate::demo`).
 //!
 //! Names mix ASCII with accented Latin, Greek, Cyrillic and Japanese so that the
 //! demo's case-insensitive search shows full Unicode case folding ("émile" finds
@@ -12,30 +12,35 @@ use std::net::TcpStream;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::rng::Rng;
-use ordo_core::{FieldType, Schema};
 use serde_json::{json, Value};
 
-pub const ROOMS_COLLECTION: &str = "rooms";
+pub const ROOMS: &str = "rooms";
+pub const MEMBERS: &str = "members";
+pub const MESSAGES: &str = "messages";
 
-/// The room list's fields, in schema order.
-pub const ROOM_FIELDS: [(&str, FieldType); 6] = [
-    ("name", FieldType::String),
-    ("recency", FieldType::U64),
-    ("unread", FieldType::U64),
-    ("dm", FieldType::Bool),
-    ("favourite", FieldType::Bool),
-    ("owner", FieldType::String),
-];
+/// Each collection's fields, in schema order, with their wire types; the one
+/// `ref` field targets `rooms`.
+pub const ROOM_FIELDS: [(&str, &str); 5] =
+    [("name", "string"), ("recency", "u64"), ("last_seq", "u64"), ("preview", "string"), ("dm", "bool")];
+pub const MEMBER_FIELDS: [(&str, &str); 4] =
+    [("owner", "string"), ("room", "ref"), ("read_upto", "u64"), ("favourite", "bool")];
+pub const MESSAGE_FIELDS: [(&str, &str); 5] =
+    [("room", "string"), ("seq", "u64"), ("author", "string"), ("text", "string"), ("time", "u64")];
+/// The collections in creation order (a `ref` target before its referrers).
+pub const COLLECTIONS: [(&str, &[(&str, &str)]); 3] =
+    [(ROOMS, &ROOM_FIELDS), (MEMBERS, &MEMBER_FIELDS), (MESSAGES, &MESSAGE_FIELDS)];
 
-/// The demo's users: each room belongs to one, and the demo's access rule lets a
-/// signed-in user read only their own rooms, so the two lists differ.
-pub const DEMO_USERS: [&str; 2] = ["alice", "bob"];
+/// A collection's fields as `PUT /v1/collections/{name}` takes them.
+pub fn fields_json(fields: &[(&str, &str)]) -> Value {
+    let field = |&(name, field_type): &(&str, &str)| match field_type {
+        "ref" => json!({"name": name, "type": "ref", "target": ROOMS}),
+        other => json!({"name": name, "type": other}),
+    };
+    Value::Array(fields.iter().map(field).collect())
+}
 
-/// Rooms per request: well inside `MAX_OPS_PER_REQUEST`.
-pub const ROOMS_PER_BATCH: usize = 2_000;
-
-/// How far back the generated rooms' last activity goes: 30 days, in ms.
-const HISTORY_MS: u64 = 30 * 24 * 3_600 * 1_000;
+/// Ops per write: well inside `MAX_OPS_PER_REQUEST`.
+pub const OPS_PER_WRITE: usize = 2_000;
 
 const FIRST_NAMES: [&str; 48] = [
     "Aarav",
@@ -129,7 +134,7 @@ const LAST_NAMES: [&str; 40] = [
     "Strauß",
     "東",
 ];
-const TOPICS: [&str; 20] = [
+pub const TOPICS: [&str; 20] = [
     "general",
     "random",
     "design",
@@ -170,55 +175,9 @@ const TEXTS: [&str; 16] = [
     "haha",
 ];
 
-/// One generated room, as the demo writes it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct DemoRoom {
-    pub id: String,
-    pub name: String,
-    pub recency_ms: u64,
-    pub unread: u64,
-    pub dm: bool,
-    pub favourite: bool,
-    pub owner: &'static str,
-    pub last_message: String,
-}
-
-pub fn room_id(index: usize) -> String {
-    format!("!room{index:06}:example.org")
-}
-
-/// The room list's schema.
-pub fn rooms_schema() -> Schema {
-    ROOM_FIELDS.iter().fold(Schema::new(), |schema, &(name, field_type)| schema.with_field(name, field_type))
-}
-
-fn rooms_schema_json() -> Value {
-    let fields: Vec<Value> =
-        ROOM_FIELDS.iter().map(|(name, field_type)| json!({"name": name, "type": field_type.name()})).collect();
-    json!({ "fields": fields })
-}
-
-/// Room `index` of the demo; rooms are generated in order from one `rng`.
-pub fn demo_room(index: usize, rng: &mut Rng, now_ms: u64) -> DemoRoom {
-    let dm = rng.chance(35);
-    let name = if dm { dm_name(index) } else { format!("{} {index}", *rng.pick(&TOPICS)) };
-    DemoRoom {
-        id: room_id(index),
-        name,
-        recency_ms: now_ms.saturating_sub(rng.below(HISTORY_MS)),
-        unread: if rng.chance(25) { 1 + rng.below(9) } else { 0 },
-        dm,
-        favourite: rng.chance(10),
-        owner: DEMO_USERS[rng.index(DEMO_USERS.len())],
-        last_message: demo_message(rng),
-    }
-}
-
 /// A person's name, distinct for every room index: the first 1 920 rooms pair
 /// each first name with each last name once, later rounds add a middle initial.
-/// (Names drawn at random repeated: sorted by name, the list opened with eight
-/// rooms called "Alice Dubois".)
-fn dm_name(index: usize) -> String {
+pub fn dm_name(index: usize) -> String {
     let first = FIRST_NAMES[index % FIRST_NAMES.len()];
     let last = LAST_NAMES[(index / FIRST_NAMES.len()) % LAST_NAMES.len()];
     match index / (FIRST_NAMES.len() * LAST_NAMES.len()) {
@@ -227,19 +186,9 @@ fn dm_name(index: usize) -> String {
     }
 }
 
-/// A chat line, "sender: text".
-pub fn demo_message(rng: &mut Rng) -> String {
-    format!("{}: {}", *rng.pick(&FIRST_NAMES), demo_text(rng))
-}
-
 /// A message's text alone.
 pub fn demo_text(rng: &mut Rng) -> &'static str {
     TEXTS[rng.index(TEXTS.len())]
-}
-
-/// The payload of a room: `{"last_message": ...}`, as JSON text.
-pub fn room_payload(last_message: &str) -> Vec<u8> {
-    json!({ "last_message": last_message }).to_string().into_bytes()
 }
 
 pub fn now_ms() -> u64 {
@@ -249,35 +198,29 @@ pub fn now_ms() -> u64 {
 /// The seed of the room generator: every demo has the same rooms.
 pub const ROOMS_SEED: u64 = 0x2545_f491_4f6c_dd1d;
 
+/// `ordo load-demo`: the demo chat with `n_rooms` rooms, through the HTTP API of
+/// the server at `address` (without auth, or the writes are refused).
 pub fn load_demo(address: &str, n_rooms: usize) -> Result<(), String> {
     let started = Instant::now();
-    let (status, answer) = request(address, "PUT", "/v1/collections/rooms", &rooms_schema_json())?;
-    if status >= 300 {
-        return Err(format!("creating `rooms` failed: {status} {answer}"));
-    }
-    let mut rng = Rng::new(ROOMS_SEED);
-    let now = now_ms();
-    let mut loaded = 0;
-    while loaded < n_rooms {
-        let n = ROOMS_PER_BATCH.min(n_rooms - loaded);
-        let ops: Vec<Value> = (loaded..loaded + n)
-            .map(|index| {
-                let room = demo_room(index, &mut rng, now);
-                json!({"op": "upsert", "id": room.id, "fields": {
-                    "name": room.name, "recency": room.recency_ms, "unread": room.unread,
-                    "dm": room.dm, "favourite": room.favourite, "owner": room.owner,
-                }, "payload": {"last_message": room.last_message}})
-            })
-            .collect();
-        let (status, answer) = request(address, "POST", "/v1/collections/rooms/batch", &json!({"ops": ops}))?;
+    for (name, fields) in COLLECTIONS {
+        let body = json!({"fields": fields_json(fields)});
+        let (status, answer) = request(address, "PUT", &format!("/v1/collections/{name}"), &body)?;
         if status >= 300 {
-            return Err(format!("writing rooms failed: {status} {answer}"));
+            return Err(format!("creating `{name}` failed: {status} {answer}"));
         }
-        loaded += n;
-        eprintln!("ordo load-demo: {loaded} of {n_rooms} rooms");
+    }
+    let chat = crate::demo::chat::Chat::generate(n_rooms);
+    let writes = crate::demo::seed::chat_writes(&chat, now_ms());
+    for (done, write) in writes.iter().enumerate() {
+        let (status, answer) = request(address, "POST", "/v1/batch", write)?;
+        if status >= 300 {
+            return Err(format!("writing the chat failed: {status} {answer}"));
+        }
+        eprintln!("ordo load-demo: {} of {} writes", done + 1, writes.len());
     }
     println!(
-        "ordo load-demo: {n_rooms} rooms in collection `rooms` on {address} in {:.1} s",
+        "ordo load-demo: {n_rooms} rooms, {} memberships and their messages on {address} in {:.1} s",
+        chat.n_memberships(),
         started.elapsed().as_secs_f64()
     );
     Ok(())
@@ -304,34 +247,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rooms_are_reproducible_and_include_non_ascii_names() {
-        let generate = || {
-            let mut rng = Rng::new(ROOMS_SEED);
-            (0..2_000).map(|index| demo_room(index, &mut rng, 1_000_000_000_000)).collect::<Vec<_>>()
-        };
-        let rooms = generate();
-        assert_eq!(rooms, generate());
-        for wanted in ["Émile", "Łucja", "Günther", "München", "café", "東京", "Ωmega"] {
-            assert!(rooms.iter().any(|room| room.name.contains(wanted)), "no room named with {wanted}");
-        }
-        assert!(rooms.iter().any(|room| room.dm) && rooms.iter().any(|room| !room.dm));
-        assert!(rooms.iter().any(|room| room.favourite) && rooms.iter().any(|room| room.unread > 0));
-        assert!(rooms.iter().all(|room| room.recency_ms <= 1_000_000_000_000));
-        for user in DEMO_USERS {
-            assert!(rooms.iter().filter(|room| room.owner == user).count() > 500, "{user} owns too few rooms");
-        }
-    }
-
-    #[test]
     fn person_names_do_not_repeat() {
         let names: std::collections::HashSet<String> = (0..10_000).map(dm_name).collect();
         assert_eq!(names.len(), 10_000);
     }
 
     #[test]
-    fn the_schema_has_the_room_fields_in_order() {
-        let schema = rooms_schema();
-        let names: Vec<&str> = schema.fields().iter().map(|field| field.name.as_str()).collect();
-        assert_eq!(names, ["name", "recency", "unread", "dm", "favourite", "owner"]);
+    fn a_ref_field_comes_after_its_target_collection() {
+        let position = |name: &str| COLLECTIONS.iter().position(|(collection, _)| *collection == name).unwrap();
+        assert!(position(ROOMS) < position(MEMBERS));
+        assert_eq!(MEMBER_FIELDS.iter().filter(|(_, field_type)| *field_type == "ref").count(), 1);
+        for (_, fields) in COLLECTIONS {
+            assert!(fields
+                .iter()
+                .all(|(_, field_type)| *field_type == "ref" || crate::wire::parse_field_type(field_type).is_some()));
+        }
     }
 }

@@ -30,8 +30,8 @@ pub struct HttpState {
     pub max_connections: usize,
     /// `--header-timeout`: the most a connection may take to send a request head.
     pub header_timeout: Duration,
-    /// The traffic simulator's controls, with `ordo serve --demo` only.
-    pub demo: Option<Arc<crate::demo::Simulator>>,
+    /// The demo chat and its simulator's controls, with `ordo serve --demo` only.
+    pub demo: Option<Arc<crate::demo::Demo>>,
     /// `--demo`: `/demo` and `/demo/*` exist (otherwise they are 404).
     pub demo_enabled: bool,
     /// `--demo`: the generated secret that signs the demo users' tokens.

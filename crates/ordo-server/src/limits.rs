@@ -250,17 +250,19 @@ pub fn view_cost_bytes(n_items: usize) -> usize {
     n_items.saturating_mul(VIEW_ITEM_BYTES).saturating_add(VIEW_BASE_BYTES)
 }
 
-/// `ordo serve --demo`: rooms written into an empty `rooms` collection at start.
+/// `ordo serve --demo`: rooms of the chat written into an empty `rooms` collection
+/// at start (with their memberships and a few messages each).
 pub const DEMO_ROOMS: usize = 10_000;
 /// `ordo serve --demo`: the simulator's messages per second at start (`--demo-rate`).
 pub const DEFAULT_DEMO_MESSAGES_PER_SECOND: u32 = 20;
 /// The simulator's highest rate (`--demo-rate`, `POST /demo/simulator`): at 5 000
 /// messages/s one demo already keeps the writer thread busy on a small machine.
 pub const MAX_DEMO_MESSAGES_PER_SECOND: u32 = 5_000;
-/// Rooms the simulator picks from, the first by id (the rest of a larger `rooms`
-/// collection stays quiet): their ids are read at start with one query per
-/// `MAX_WINDOW_LIMIT`, and the Zipf table holds one `f64` per room.
-pub const MAX_SIMULATED_ROOMS: usize = 20_000;
+/// Messages the simulator writes in one tick at most (three ops each, well inside
+/// `MAX_OPS_PER_REQUEST`): a stall never turns into a larger burst.
+pub const MAX_DEMO_MESSAGES_PER_TICK: usize = 1_000;
+/// `POST /demo/send`: a message's text, in bytes.
+pub const MAX_DEMO_TEXT_BYTES: usize = 1_000;
 
 /// `--log-segment-size`: the write-ahead log's segment size (each also
 /// preallocated as a spare: a busy server holds up to two), by default

@@ -45,7 +45,7 @@ pub struct ServeOptions {
     pub header_timeout: Duration,
     /// `--max-connections`; None: all the descriptor limit leaves room for (`limits::connection_cap`).
     pub max_connections: Option<usize>,
-    /// `--demo`: fill `rooms` if it is empty and run the traffic simulator.
+    /// `--demo`: write the demo chat if `rooms` is empty and run the traffic simulator.
     pub demo: bool,
     /// `--demo-rate`: the simulator's messages per second at start.
     pub demo_rate: u32,
@@ -319,9 +319,9 @@ impl Network {
         let cluster = self.start_cluster(shutdown_rx.clone()).await?;
         // The demo's rooms are written before the address is printed, so whoever
         // waits for that line finds them there.
-        let simulator = self.start_demo(cluster.as_ref(), shutdown_rx.clone()).await?;
-        self.announce(address, simulator.as_deref());
-        let state = Arc::new(self.http_state(shutdown_rx.clone(), simulator, cluster));
+        let demo = self.start_demo(cluster.as_ref(), shutdown_rx.clone()).await?;
+        self.announce(address, demo.as_deref());
+        let state = Arc::new(self.http_state(shutdown_rx.clone(), demo, cluster));
         tokio::spawn(expire_sessions(state.registry.clone(), state.writer.clone(), shutdown_rx.clone()));
         let fatal = state.cluster.as_ref().map(|cluster| cluster.shared.clone());
         tokio::spawn(stop_on_signal(stop_signal, fatal.clone(), shutdown_tx));
@@ -344,27 +344,30 @@ impl Network {
         Ok(Some(cluster))
     }
 
-    /// `--demo`: fills `rooms` and starts the traffic simulator.
+    /// `--demo`: the chat, its rules and the traffic simulator.
     async fn start_demo(
         &self,
         cluster: Option<&Arc<crate::cluster::Cluster>>,
         shutdown: watch::Receiver<bool>,
-    ) -> Result<Option<Arc<demo::Simulator>>, String> {
+    ) -> Result<Option<Arc<demo::Demo>>, String> {
         if !self.options.demo {
             return Ok(None);
         }
         let rate = self.options.demo_rate;
         let started = demo::start(&self.writer, &self.routes, &self.gate, rate, shutdown, cluster.cloned()).await?;
         if started.n_rooms_written > 0 {
-            println!("ordo: demo: wrote {} rooms into `rooms`", started.n_rooms_written);
+            println!(
+                "ordo: demo: wrote a chat of {} rooms into `rooms`, `members` and `messages`",
+                started.n_rooms_written
+            );
         } else {
-            println!("ordo: demo: `rooms` holds {} rooms already", started.n_rooms);
+            println!("ordo: demo: the chat is there already");
         }
-        Ok(Some(started.simulator))
+        Ok(Some(started.demo))
     }
 
     /// The lines that say the server is up, where, and how.
-    fn announce(&self, address: SocketAddr, simulator: Option<&demo::Simulator>) {
+    fn announce(&self, address: SocketAddr, demo: Option<&demo::Demo>) {
         let options = &self.options;
         println!("ordo: listening on http://{address} (WebSocket: ws://{address}/v1/ws); Ctrl-C stops");
         tracing::info!(
@@ -377,10 +380,10 @@ impl Network {
             version = env!("CARGO_PKG_VERSION"),
             "started"
         );
-        if let Some(simulator) = simulator {
+        if let Some(demo) = demo {
             println!(
                 "ordo: demo on http://{address}/demo (simulator: {} messages/s); demo users sign in there",
-                simulator.rate()
+                demo.simulator.rate()
             );
             let secret_file = if self.demo.as_ref().is_some_and(|demo| demo.made_secret) {
                 options.data_dir.join(DEMO_SECRET_FILE).display().to_string()
@@ -401,7 +404,7 @@ impl Network {
     fn http_state(
         self,
         shutdown: watch::Receiver<bool>,
-        simulator: Option<Arc<demo::Simulator>>,
+        demo: Option<Arc<demo::Demo>>,
         cluster: Option<Arc<crate::cluster::Cluster>>,
     ) -> HttpState {
         let options = self.options;
@@ -426,7 +429,7 @@ impl Network {
             header_timeout: options.header_timeout,
             shutdown,
             limits_json: Arc::new(limits_json(&options, self.max_connections)),
-            demo: simulator,
+            demo,
             demo_enabled: options.demo,
             demo_secret: self.demo.map(|demo| demo.secret),
             gate: self.gate,

@@ -1,7 +1,9 @@
-//! `ordo serve --demo` on loopback: the embedded page and its files, the rooms
-//! written at start (non-ASCII names searchable without regard to case), the
-//! simulator's rate endpoint at its limits, and the simulator's messages reaching
-//! a subscriber as ordinary diffs.
+//! `ordo serve --demo` on loopback: the embedded page and its files, the chat
+//! written at start (non-ASCII room names searchable without regard to case),
+//! each demo user's own room list under the flagship's rules, a message sent
+//! through the demo's backend reaching its room's members and nobody else, the
+//! simulator's rate endpoint at its limits, and the simulator's messages
+//! reaching a subscriber as ordinary diffs.
 
 mod common;
 
@@ -81,32 +83,107 @@ fn the_demo_page_and_its_files_are_served_with_their_types() {
     server.stop();
 }
 
+fn demo_token(server: &Server, user: &str) -> String {
+    let answer = server.ok("POST", "/demo/token", json!({"user": user}));
+    assert_eq!((answer["sub"].as_str(), answer["role"].as_str()), (Some(user), Some("reader")), "{answer}");
+    answer["token"].as_str().unwrap().to_owned()
+}
+
+/// `user`'s room list as the page asks for it: its memberships by the rooms' activity.
+fn room_list(server: &Server, token: &str, limit: usize) -> Value {
+    let query = json!({"sort": [{"field": "room.recency", "dir": "desc"}], "limit": limit,
+                       "fields": ["owner", "read_upto", "room.name", "room.last_seq"]});
+    let (status, answer) = server.http_as(Some(token), "POST", "/v1/collections/members/query", Some(&query));
+    assert_eq!(status, 200, "{answer}");
+    answer
+}
+
 #[test]
-fn demo_users_sign_in_and_see_only_their_own_rooms() {
+fn demo_users_sign_in_and_list_only_their_own_rooms() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), &["--demo", "--demo-rate", "0"]);
-    let mut totals = Vec::new();
-    for user in ["alice", "bob"] {
-        let answer = server.ok("POST", "/demo/token", json!({"user": user}));
-        assert_eq!((answer["sub"].as_str(), answer["role"].as_str()), (Some(user), Some("reader")), "{answer}");
-        let token = answer["token"].as_str().unwrap();
-        let query = json!({"limit": 1000, "fields": ["owner"]});
-        let (status, rooms) = server.http_as(Some(token), "POST", "/v1/collections/rooms/query", Some(&query));
-        assert_eq!(status, 200, "{rooms}");
-        let items = rooms["items"].as_array().unwrap();
-        assert!(!items.is_empty() && items.iter().all(|item| item["fields"]["owner"] == user), "{user}: {rooms}");
-        totals.push(rooms["total"].as_u64().unwrap());
+    let chat = ordo_server::demo::chat::Chat::generate(ordo_server::limits::DEMO_ROOMS);
+    for (index, user) in ["alice", "bob", "carol"].into_iter().enumerate() {
+        let token = demo_token(&server, user);
+        let list = room_list(&server, &token, 1000);
+        let items = list["items"].as_array().unwrap();
+        assert!(items.iter().all(|item| item["fields"]["owner"] == user), "{user}: {list}");
+        assert!(items.iter().all(|item| item["fields"]["room.name"].is_string()), "{user}: {list}");
+        let expected = chat.rooms.iter().filter(|room| room.members.contains(&(index as u32))).count();
+        assert_eq!(items.len(), expected, "{user}'s list is its rooms");
+        // Rooms are read through memberships only; a room's messages only by its members.
+        for (path, body) in [
+            ("/v1/collections/rooms/query", json!({"limit": 10})),
+            ("/v1/collections/messages/query", json!({"limit": 10})),
+        ] {
+            let (status, answer) = server.http_as(Some(&token), "POST", path, Some(&body));
+            assert_eq!((status, answer["error"]["code"].as_str()), (403, Some("forbidden")), "{user} {path}: {answer}");
+        }
     }
-    assert_eq!(totals.iter().sum::<u64>(), 10_000, "the two users' rooms are all the rooms: {totals:?}");
     let (status, answer) = server.http("POST", "/demo/token", Some(&json!({"user": "mallory"})));
     assert_eq!(status, 400, "{answer}");
     // A demo user cannot change the simulator; without a token nobody can.
-    let alice = server.ok("POST", "/demo/token", json!({"user": "alice"}))["token"].as_str().unwrap().to_owned();
+    let alice = demo_token(&server, "alice");
     let (status, answer) = server.http_as(Some(&alice), "POST", "/demo/simulator", Some(&json!({"rate": 100})));
     assert_eq!((status, answer["error"]["code"].as_str()), (403, Some("forbidden")), "{answer}");
     let (status, _) = server.http("POST", "/demo/simulator", Some(&json!({"rate": 100})));
     assert_eq!(status, 401);
     assert_eq!(server.ok("GET", "/demo/simulator", json!(null))["rate"], 0);
+    server.stop();
+}
+
+#[test]
+fn a_message_moves_the_room_in_every_members_list_and_nowhere_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--demo", "--demo-rate", "0"]);
+    let chat = ordo_server::demo::chat::Chat::generate(ordo_server::limits::DEMO_ROOMS);
+    let dm = chat.rooms.iter().find(|room| room.name == "alice & bob").unwrap().id.clone();
+    let (alice, bob, carol) = (demo_token(&server, "alice"), demo_token(&server, "bob"), demo_token(&server, "carol"));
+    let send = |token: &str, room: &str| {
+        server.http_as(Some(token), "POST", "/demo/send", Some(&json!({"room": room, "text": "hello bob"})))
+    };
+    let (status, answer) = send(&alice, &dm);
+    assert_eq!(status, 200, "{answer}");
+    let seq = answer["seq"].as_u64().unwrap();
+    // At the top of both lists; unread for bob, read for alice.
+    for (token, unread) in [(&alice, 0), (&bob, 1)] {
+        let top = room_list(&server, token, 1)["items"][0].clone();
+        assert_eq!(top["id"].as_str().unwrap().split_once(':').unwrap().1, dm, "{top}");
+        let fields = &top["fields"];
+        assert_eq!(fields["room.last_seq"], seq);
+        assert_eq!(fields["room.last_seq"].as_u64().unwrap() - fields["read_upto"].as_u64().unwrap(), unread, "{top}");
+    }
+    // Carol is in neither: not in her list, not readable, not writable, and no room exists for her to probe.
+    let carol_list = room_list(&server, &carol, 1000);
+    assert!(carol_list["items"].as_array().unwrap().iter().all(|item| !item["id"].as_str().unwrap().ends_with(&dm)));
+    let (status, refused) = send(&carol, &dm);
+    let (missing_status, missing) = send(&carol, "!nope:example.org");
+    assert_eq!((status, missing_status), (403, 403), "{refused} {missing}");
+    assert_eq!(
+        refused["error"]["message"].as_str().unwrap().replace(&dm, "R"),
+        missing["error"]["message"].as_str().unwrap().replace("!nope:example.org", "R")
+    );
+    let messages = json!({"filter": {"field": "room", "op": "eq", "value": dm}, "sort": [{"field": "seq"}], "tail": true,
+                          "limit": 5, "fields": ["author", "text"]});
+    let (status, answer) = server.http_as(Some(&carol), "POST", "/v1/collections/messages/query", Some(&messages));
+    assert_eq!(status, 403, "{answer}");
+    let (status, answer) = server.http_as(Some(&bob), "POST", "/v1/collections/messages/query", Some(&messages));
+    assert_eq!(status, 200, "{answer}");
+    let last = answer["items"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(
+        (last["fields"]["author"].as_str(), last["fields"]["text"].as_str()),
+        (Some("alice"), Some("hello bob"))
+    );
+    // Bob marks it read; he may not point his membership at another room.
+    let membership = format!("bob:{dm}");
+    let read = json!({"ops": [{"op": "upsert", "id": membership, "set_max": {"read_upto": seq}}]});
+    let (status, answer) = server.http_as(Some(&bob), "POST", "/v1/collections/members/batch", Some(&read));
+    assert_eq!(status, 200, "{answer}");
+    let repoint = json!({"ops": [{"op": "upsert", "id": membership, "fields": {"room": chat.rooms[0].id}}]});
+    let (status, answer) = server.http_as(Some(&bob), "POST", "/v1/collections/members/batch", Some(&repoint));
+    assert_eq!(status, 403, "{answer}");
+    let top = room_list(&server, &bob, 1)["items"][0].clone();
+    assert_eq!(top["fields"]["read_upto"], seq, "{top}");
     server.stop();
 }
 
@@ -152,7 +229,7 @@ async fn simulated_messages_reach_a_subscriber_as_diffs() {
     let server = Server::start(dir.path(), &["--demo", "--demo-rate", "0"]).signed_in_as_demo_admin();
     let mut client = server.connect().await;
     let sub = json!({"op": "subscribe", "sub": "top", "collection": "rooms",
-        "sort": [{"field": "recency", "dir": "desc"}], "limit": 20});
+        "sort": [{"field": "recency", "dir": "desc"}], "limit": 20, "payload": false});
     client.send(sub).await;
     assert!(client.read_until(SETTLE, |client| client.lists.get("top").is_some_and(|list| list.seq == 1)).await);
     let started_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
@@ -180,7 +257,7 @@ async fn simulated_messages_reach_a_subscriber_as_diffs() {
         &server.ok(
             "POST",
             "/v1/collections/rooms/query",
-            json!({"sort": [{"field": "recency", "dir": "desc"}], "limit": 20}),
+            json!({"sort": [{"field": "recency", "dir": "desc"}], "limit": 20, "payload": false}),
         )["items"],
     );
     assert!(
@@ -190,7 +267,7 @@ async fn simulated_messages_reach_a_subscriber_as_diffs() {
     // The newest message is stamped with the time it was written, in ms.
     let newest = expected[0]["fields"]["recency"].as_u64().unwrap();
     assert!(newest >= started_ms, "recency {newest} predates the test's start {started_ms}");
-    assert!(expected[0]["payload"]["last_message"].as_str().is_some_and(|text| text.contains(": ")));
+    assert!(expected[0]["fields"]["preview"].as_str().is_some_and(|text| text.contains(": ")));
     server.stop();
 }
 

@@ -157,6 +157,7 @@ fn run_setup(
                 max_update_number: max_number,
                 auth: None,
                 filter: None,
+                fields: None,
             })
             .collect();
         let mut watched_pids: Vec<String> = nodes.iter().map(|node| node.process.pid().to_string()).collect();

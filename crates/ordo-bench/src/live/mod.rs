@@ -9,10 +9,12 @@
 //! - [`subscriber`]: one WebSocket subscription: its copy of the window, its checks.
 //! - [`writer`]: the paced write loop and its counters.
 //! - [`chat`]: the chat scenario's data, set-up and update stream.
+//! - [`flagship`]: the flagship chat's data (shared rooms of Zipf sizes), its two layouts and update streams.
 //! - [`phase`]: the live phase (subscribe, write while measuring, settle).
 //! - [`verify`]: every client's list against a one-shot query of its window.
 
 pub mod chat;
+pub mod flagship;
 pub mod http;
 pub mod phase;
 pub mod procfs;

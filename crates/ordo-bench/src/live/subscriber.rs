@@ -155,6 +155,8 @@ pub struct SubscriberSpec {
     pub auth: Option<SubscriberAuth>,
     /// The filter (JSON) of its subscription, if any.
     pub filter: Option<String>,
+    /// The projection (a JSON array of field names), if not the default one.
+    pub fields: Option<&'static str>,
 }
 
 /// A subscriber's own identity: its reader token and the `sub` it names.
@@ -348,8 +350,9 @@ impl Subscriber {
         }
 
         let filter = self.spec.filter.as_ref().map_or(String::new(), |filter| format!(r#""filter":{filter},"#));
+        let fields = self.spec.fields.map_or(String::new(), |fields| format!(r#""fields":{fields},"#));
         let subscribe = format!(
-            r#"{{"op":"subscribe","sub":"s","collection":"{}",{filter}"sort":[{{"field":"{}","dir":"desc"}}],"offset":0,"limit":{}}}"#,
+            r#"{{"op":"subscribe","sub":"s","collection":"{}",{filter}{fields}"sort":[{{"field":"{}","dir":"desc"}}],"offset":0,"limit":{}}}"#,
             self.spec.collection, self.spec.sort_field, self.spec.window_limit
         );
         socket.write_frame(Frame::text(Payload::Owned(subscribe.into_bytes()))).await?;

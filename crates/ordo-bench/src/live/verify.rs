@@ -18,17 +18,20 @@ pub async fn verify_lists<O: Borrow<SubscriberOutcome>>(
     sort_field: &str,
     window_limit: usize,
 ) -> Result<(usize, Option<String>)> {
-    verify_filtered_lists(pool, outcomes, |index| (collection_of(index), None), sort_field, window_limit).await
+    let view_of = |index| (collection_of(index), None);
+    verify_filtered_lists(pool, outcomes, view_of, sort_field, window_limit, None).await
 }
 
 /// `verify_lists` where subscriber `index` watches `view_of(index)`: a
-/// collection and the filter (JSON) it sees it through, if any.
+/// collection and the filter (JSON) it sees it through, if any; `fields` is
+/// the subscribers' projection (a JSON array), if not the default one.
 pub async fn verify_filtered_lists<O: Borrow<SubscriberOutcome>>(
     pool: &mut HttpPool,
     outcomes: &[O],
     view_of: impl Fn(usize) -> (String, Option<String>),
     sort_field: &str,
     window_limit: usize,
+    fields: Option<&str>,
 ) -> Result<(usize, Option<String>)> {
     // One query per distinct view (the leaderboard's subscribers share one).
     let mut collections: Vec<(String, Option<String>)> = (0..outcomes.len()).map(&view_of).collect();
@@ -40,8 +43,9 @@ pub async fn verify_filtered_lists<O: Borrow<SubscriberOutcome>>(
             |index| {
                 let (collection, filter) = &collections[index];
                 let filter = filter.as_ref().map_or(String::new(), |filter| format!(r#""filter":{filter},"#));
+                let fields = fields.map_or(String::new(), |fields| format!(r#""fields":{fields},"#));
                 let query = format!(
-                    r#"{{{filter}"sort":[{{"field":"{sort_field}","dir":"desc"}}],"offset":0,"limit":{window_limit}}}"#
+                    r#"{{{filter}{fields}"sort":[{{"field":"{sort_field}","dir":"desc"}}],"offset":0,"limit":{window_limit}}}"#
                 );
                 (Method::POST, format!("/v1/collections/{collection}/query"), query.into_bytes())
             },

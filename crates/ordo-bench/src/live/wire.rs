@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use serde::Deserialize;
 
-/// Every field of both scenarios' schemas; a scenario's items leave the others `None`.
+/// Every field of the scenarios' schemas; a scenario's items leave the others `None`.
 #[derive(Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 pub struct ItemFields {
     pub name: Option<String>,
@@ -13,6 +13,12 @@ pub struct ItemFields {
     pub score: Option<i64>,
     pub sent_at: Option<u64>,
     pub update: Option<u64>,
+    pub msg: Option<u64>,
+    /// The flagship's room fields, read through the membership's reference.
+    #[serde(rename = "room.recency")]
+    pub room_recency: Option<u64>,
+    #[serde(rename = "room.msg")]
+    pub room_msg: Option<u64>,
 }
 
 /// An item; its payload (none is written) is not read.

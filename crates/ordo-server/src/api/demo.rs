@@ -1,5 +1,6 @@
 //! The demo's routes (`ordo serve --demo` only): its page and files, its users'
-//! tokens and the traffic simulator's rate.
+//! tokens, sending a message as the chat's backend would, and the traffic
+//! simulator's rate.
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -37,19 +38,30 @@ pub(super) async fn token(call: Call<'_>) -> Result<Response<Body>, ApiError> {
 /// GET /demo/simulator: the traffic simulator's rate.
 pub(super) async fn simulator_status(call: Call<'_>) -> Result<Response<Body>, ApiError> {
     let Call { state, .. } = call;
-    let simulator = state.demo.as_ref().expect("checked above");
-    Ok(json_response(200, simulator.status_json().to_string().into_bytes()))
+    let demo = state.demo.as_ref().expect("checked above");
+    Ok(json_response(200, demo.simulator.status_json().to_string().into_bytes()))
 }
 
 /// POST /demo/simulator (admin): sets the simulator's rate.
 pub(super) async fn set_simulator_rate(call: Call<'_>) -> Result<Response<Body>, ApiError> {
     let Call { state, request, path, token } = call;
     require_admin(&*caller(state, token, path)?, "changing the simulator's rate")?;
-    let simulator = state.demo.as_ref().expect("checked above");
+    let demo = state.demo.as_ref().expect("checked above");
     let body = read_body(request).await?;
     let rate = crate::demo::parse_rate_request(&body)?;
-    simulator.set_rate(rate);
+    demo.simulator.set_rate(rate);
     Ok(json_response(200, serde_json::json!({ "rate": rate }).to_string().into_bytes()))
+}
+
+/// POST /demo/send: the signed-in user's message to one of its rooms, written
+/// by the demo's backend (the message, the room, the sender's read mark).
+pub(super) async fn send(call: Call<'_>) -> Result<Response<Body>, ApiError> {
+    let Call { state, request, path, token } = call;
+    let identity = caller(state, token, path)?;
+    let demo = state.demo.as_ref().expect("checked above");
+    let body = read_body(request).await?;
+    let seq = demo.send(&identity.sub, &body).await?;
+    Ok(json_response(200, serde_json::json!({ "seq": seq }).to_string().into_bytes()))
 }
 
 /// A file of the demo page. `no-cache`: a browser revalidates, so a rebuilt

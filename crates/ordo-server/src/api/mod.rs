@@ -204,10 +204,11 @@ async fn route(
         (&Method::PUT, ["v1", "rules"]) => admin::put_rules(call).await,
         (&Method::POST, ["v1", "backup"]) => admin::backup(call).await,
         (&Method::POST, ["demo", "token"]) => demo::token(call).await,
-        (_, ["demo", "simulator"]) if state.demo.is_none() => {
+        (_, ["demo", "simulator" | "send"]) if state.demo.is_none() => {
             Err(ApiError::new(ErrorCode::NotFound, "the demo's simulator runs only with `ordo serve --demo`"))
         }
         (&Method::GET, ["demo", "simulator"]) => demo::simulator_status(call).await,
+        (&Method::POST, ["demo", "send"]) => demo::send(call).await,
         (&Method::POST, ["demo", "simulator"]) => demo::set_simulator_rate(call).await,
         (&Method::GET, ["demo"]) => Ok(demo::page()),
         (&Method::GET, ["demo", name]) => demo::file(&path, name),
@@ -235,7 +236,7 @@ fn no_route(method: &Method, path: &str, segments: &[&str]) -> ApiError {
         ["v1", "health" | "limits" | "ws" | "collections" | "batch" | "rules" | "backup"]
             | ["metrics"]
             | ["demo"]
-            | ["demo", "simulator" | "token"]
+            | ["demo", "simulator" | "token" | "send"]
             | ["v1", "collections", _]
             | ["v1", "collections", _, "batch" | "query" | "fields"]
             | ["v1", "collections", _, "fields", _]

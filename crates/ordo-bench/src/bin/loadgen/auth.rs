@@ -110,4 +110,7 @@ pub const WRITER_SUB: &str = "loadgen-writer";
 pub const CHAT_RULES: &str = r#"{"rules":[{"collection":"user-{sub}","roles":["reader"],"read":true},{"collection":"user-*","roles":["writer"],"write":true}]}"#;
 /// chat-shared with `--auth`: a reader reads the rows it owns, whatever filter it sends.
 pub const SHARED_RULES: &str = r#"{"rules":[{"collection":"rooms","roles":["reader"],"read":{"filter":{"field":"owner","op":"eq","value":"$sub"}}},{"collection":"rooms","roles":["writer"],"write":true}]}"#;
+/// The flagship's rooms layout: a reader reads its own memberships, the rooms only
+/// through them; the writer (the app's backend) writes rooms and memberships.
+pub const FLAGSHIP_RULES: &str = r#"{"rules":[{"collection":"members","roles":["reader"],"read":{"filter":{"field":"owner","op":"eq","value":"$sub"}}},{"collection":"rooms","roles":["reader"],"read":{"through":"members.room"}},{"collection":"rooms","roles":["writer"],"write":true},{"collection":"members","roles":["writer"],"write":true}]}"#;
 pub const LEADERBOARD_RULES: &str = r#"{"rules":[{"collection":"leaderboard","roles":["reader"],"read":true},{"collection":"leaderboard","roles":["writer"],"write":true}]}"#;

@@ -158,6 +158,7 @@ impl Scenario for Chat {
             authority: target.authority.clone(),
             collection,
             filter,
+            fields: None,
             sort_field: "recency",
             window_limit: self.window_limit,
             marks: chat_marks(),
@@ -177,7 +178,7 @@ impl Scenario for Chat {
     async fn verify(&self, pool: &mut HttpPool, live: &LiveResult) -> Result<(usize, Option<String>)> {
         if self.shared() {
             let reference = |index: usize| ("rooms".to_string(), Some(owner_filter(index)));
-            verify_filtered_lists(pool, &live.outcomes, reference, "recency", self.window_limit).await
+            verify_filtered_lists(pool, &live.outcomes, reference, "recency", self.window_limit, None).await
         } else {
             verify_lists(pool, &live.outcomes, chat_collection, "recency", self.window_limit).await
         }

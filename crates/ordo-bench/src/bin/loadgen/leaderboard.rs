@@ -258,6 +258,7 @@ impl Scenario for Leaderboard {
             marks: leaderboard_marks(),
             max_update_number,
             filter: None,
+            fields: None,
             auth: target
                 .token(&leaderboard_viewer(index), Role::Reader)
                 .map(|token| SubscriberAuth { sub: leaderboard_viewer(index), token }),

@@ -24,6 +24,11 @@
 //!   each move a random room of a random user to the top of that user's list.
 //! - `leaderboard`: one collection of 100 000 rooms, 1 000 subscribers on the same
 //!   top 20 by `score`; 1 000 updates/s, about one in five entering the top 20.
+//! - `flagship` (only when named, always with auth): 10 000 users in 1 000 shared
+//!   rooms of Zipf sizes (100 rooms each), each user's subscriber on its top 20
+//!   memberships by `room.recency` through the reference under the flagship's
+//!   rules; 100 messages/s to Zipf-chosen rooms, a read mark per ten; then the
+//!   same chat in the fan-out layout (a copy of each room per member).
 //! - `chat-shared` (only when named): chat's users and rooms in one collection
 //!   `rooms` with an `owner` field; each subscriber watches its own rows, through
 //!   a filter it sends, or with `--auth` through the rules' row predicate
@@ -52,6 +57,7 @@
 
 mod auth;
 mod chat;
+mod flagship;
 mod leaderboard;
 mod options;
 mod report;
@@ -63,11 +69,13 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use ordo_bench::live::chat::ChatLayout;
+use ordo_bench::live::flagship::FlagshipLayout;
 use ordo_bench::live::procfs::raise_open_files_limit;
 use ordo_bench::live::stats::Clock;
 use ordo_bench::live::Result;
 
 use crate::chat::Chat;
+use crate::flagship::Flagship;
 use crate::leaderboard::Leaderboard;
 use crate::options::Options;
 use crate::report::CORRECTNESS_FAILURES;
@@ -96,6 +104,12 @@ async fn run_all(options: Options, subscriber_runtime: tokio::runtime::Handle) -
         let mut chat = Chat::new(&options, ChatLayout::Shared);
         run_scenario(&mut chat, &options, server_binary, &subscriber_runtime, clock).await?;
     }
+    if options.runs_flagship() {
+        for layout in [FlagshipLayout::Rooms, FlagshipLayout::FanOut] {
+            let mut flagship = Flagship::new(&options, layout);
+            run_scenario(&mut flagship, &options, server_binary, &subscriber_runtime, clock).await?;
+        }
+    }
     if options.runs_leaderboard() {
         let mut leaderboard = Leaderboard::new(&options)?;
         run_scenario(&mut leaderboard, &options, server_binary, &subscriber_runtime, clock).await?;
@@ -112,7 +126,7 @@ fn main() -> ExitCode {
         }
     };
     let open_files = raise_open_files_limit();
-    let needed = options.chat_collections.max(options.leaderboard_subscribers) as u64 + 256;
+    let needed = options.chat_collections.max(options.leaderboard_subscribers).max(options.flagship_users) as u64 + 256;
     if open_files < needed {
         eprintln!("loadgen: warning: {open_files} open files allowed, about {needed} needed");
     }

@@ -14,6 +14,8 @@ const MAX_CHAT_COLLECTIONS: usize = 10_000;
 const MAX_CHAT_ROOMS_PER_COLLECTION: usize = 10_000;
 /// Leaderboard room ids are `!rNNNNNN:example.org`: six digits.
 const MAX_LEADERBOARD_ROOMS: usize = 1_000_000;
+/// Flagship room ids are `!fNNNN:example.org`: four digits.
+const MAX_FLAGSHIP_ROOMS: usize = 9_999;
 /// One WebSocket per subscriber; the server accepts at most 10 000 connections.
 pub const MAX_SUBSCRIBERS: usize = 10_000;
 const MAX_SECONDS: f64 = 3_600.0;
@@ -29,6 +31,9 @@ pub enum ScenarioChoice {
     Both,
     /// Only when named: chat with every user's rooms in one collection.
     ChatShared,
+    /// Only when named: the flagship chat (shared rooms, members, auth), in its
+    /// rooms layout and then its fan-out layout.
+    Flagship,
 }
 
 /// Drives a live `ordo serve` over its wire protocol and measures what its users
@@ -39,7 +44,8 @@ struct Args {
     /// chat-shared (only when named): the chat users' rooms in one collection `rooms`
     /// with an `owner` field, each subscriber on its own rows: by its filter, or with
     /// --auth by the rules' row predicate owner == $sub; --collections and --rooms size
-    /// it as chat
+    /// it as chat. flagship (only when named, always with auth): shared rooms and
+    /// memberships, then the fan-out layout of the same chat; --flagship-* size it
     #[arg(long, value_enum, default_value = "both")]
     scenario: ScenarioChoice,
     /// Small sizes and 3 s of writes per scenario (CI smoke run, ~10 s)
@@ -66,6 +72,18 @@ struct Args {
     /// [default: 1000]
     #[arg(long, value_parser = in_range(1, MAX_SUBSCRIBERS))]
     leaderboard_subscribers: Option<usize>,
+    /// Flagship: users = subscribers [default: 10000]
+    #[arg(long, value_parser = in_range(2, MAX_SUBSCRIBERS))]
+    flagship_users: Option<usize>,
+    /// Flagship: shared rooms [default: 1000]
+    #[arg(long, value_parser = in_range(1, MAX_FLAGSHIP_ROOMS))]
+    flagship_rooms: Option<usize>,
+    /// Flagship: rooms each user is in [default: 100]
+    #[arg(long, value_parser = in_range(1, MAX_FLAGSHIP_ROOMS))]
+    flagship_rooms_per_user: Option<usize>,
+    /// Flagship: messages per second [default: 100]
+    #[arg(long, value_parser = in_range(1.0, MAX_RATE_PER_SECOND))]
+    flagship_rate: Option<f64>,
     /// Window length of every subscription
     #[arg(long, default_value_t = 20, value_parser = in_range(1, MAX_WINDOW_LIMIT))]
     window: usize,
@@ -118,6 +136,10 @@ pub struct Options {
     pub chat_rooms: usize,
     pub leaderboard_rooms: usize,
     pub leaderboard_subscribers: usize,
+    pub flagship_users: usize,
+    pub flagship_rooms: usize,
+    pub flagship_rooms_per_user: usize,
+    pub flagship_rate: f64,
     pub window_limit: usize,
     pub tick: Duration,
     pub http_connections: usize,
@@ -162,6 +184,10 @@ impl Options {
             chat_rooms: args.rooms.unwrap_or(if quick { 200 } else { 1_000 }),
             leaderboard_rooms: args.leaderboard_rooms.unwrap_or(if quick { 10_000 } else { 100_000 }),
             leaderboard_subscribers: args.leaderboard_subscribers.unwrap_or(if quick { 200 } else { 1_000 }),
+            flagship_users: args.flagship_users.unwrap_or(if quick { 100 } else { 10_000 }),
+            flagship_rooms: args.flagship_rooms.unwrap_or(if quick { 50 } else { 1_000 }),
+            flagship_rooms_per_user: args.flagship_rooms_per_user.unwrap_or(if quick { 10 } else { 100 }),
+            flagship_rate: args.flagship_rate.unwrap_or(if quick { 50.0 } else { 100.0 }),
             window_limit: args.window,
             tick: Duration::from_millis(args.tick_ms),
             http_connections: args.http_connections,
@@ -172,7 +198,8 @@ impl Options {
             durability: args.durability,
             server_args: args.server_args,
             timeline: args.timeline,
-            auth: args.auth,
+            // The flagship is about its rules: it always runs with auth.
+            auth: args.auth || args.scenario == ScenarioChoice::Flagship,
             auth_secret_file: args.auth_secret_file,
         };
         if options.chat_collections > MAX_SUBSCRIBERS {
@@ -191,6 +218,10 @@ impl Options {
 
     pub fn runs_chat_shared(&self) -> bool {
         self.scenario == ScenarioChoice::ChatShared
+    }
+
+    pub fn runs_flagship(&self) -> bool {
+        self.scenario == ScenarioChoice::Flagship
     }
 }
 
@@ -212,6 +243,9 @@ mod tests {
         assert_eq!((options.seconds, options.chat_collections, options.window_limit), (1.5, 200, 20));
         assert_eq!(options.server_args, ["--log-level", "debug"]);
         assert_eq!(parse("").unwrap().chat_collections, 1_000);
+        let flagship = parse("--scenario flagship --quick").unwrap();
+        assert!(flagship.runs_flagship() && flagship.auth && !flagship.runs_chat());
+        assert_eq!((flagship.flagship_users, flagship.flagship_rooms_per_user), (100, 10));
     }
 
     #[test]
