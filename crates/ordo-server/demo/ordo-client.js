@@ -592,7 +592,8 @@ var CLOSE_UNAUTHORIZED = 4401;
 var MAX_WINDOW_OFFSET = 4294967295;
 function copyDefinition(definition) {
   const copy = { collection: definition.collection, limit: definition.limit };
-  copy.offset = definition.offset ?? 0;
+  if (definition.tail === true) copy.tail = true;
+  else copy.offset = definition.offset ?? 0;
   if (definition.filter !== void 0) copy.filter = definition.filter;
   if (definition.sort !== void 0) copy.sort = definition.sort;
   if (definition.fields !== void 0) copy.fields = definition.fields.slice();
@@ -696,7 +697,7 @@ var LiveList = class {
   setRange(offset, limit) {
     if (this._status === "closed" || this._status === "ended") return;
     checkRange(offset, limit);
-    this.definition = { ...this.definition, offset, limit };
+    this.definition = { ...this.definition, offset, limit, tail: false };
     this.client._windowChanged(this);
   }
   /** Changes the filter and the sort, keeping the range. Keys left out are kept as they are. */
@@ -760,7 +761,7 @@ var LiveList = class {
   /** @internal */
   _definitionKey(definition) {
     return {
-      range: `${definition.offset ?? 0}:${definition.limit}`,
+      range: definition.tail === true ? `tail:${definition.limit}` : `${definition.offset ?? 0}:${definition.limit}`,
       view: viewKey(definition.filter, definition.sort)
     };
   }
@@ -1046,7 +1047,10 @@ var OrdoClient = class {
       });
     }
     if (wanted.range !== sent.range) {
-      this.send({ op: "set_range", sub: list.id, offset: list.definition.offset ?? 0, limit: list.definition.limit });
+      const { tail, offset, limit } = list.definition;
+      this.send(
+        tail === true ? { op: "set_range", sub: list.id, tail: true, limit } : { op: "set_range", sub: list.id, offset: offset ?? 0, limit }
+      );
     }
     list.sentDefinition = copyDefinition(list.definition);
   }
