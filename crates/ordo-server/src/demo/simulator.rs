@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use tokio::sync::watch;
 
+use super::chat::{Chat, NAMED_USERS};
 use super::Demo;
 use crate::demo_data;
 use crate::error::ApiError;
@@ -112,14 +113,21 @@ pub fn parse_rate_request(body: &[u8]) -> Result<u32, ApiError> {
     check_rate(request.rate)
 }
 
-/// Rank -> room index: a seeded shuffle, so the busy rooms are spread over the
-/// chat (the room of everyone is as likely as any to be busy).
-fn rooms_by_rank(n_rooms: usize, rng: &mut Rng) -> Vec<usize> {
-    let mut by_rank: Vec<usize> = (0..n_rooms).collect();
-    for index in (1..by_rank.len()).rev() {
-        by_rank.swap(index, rng.below(index as u64 + 1) as usize);
+/// Rank -> room index: the rooms of the users one can sign in as first, then
+/// the others, each part in a seeded shuffle. So the lists people look at on
+/// the page move every few seconds even at the default rate (the head of a
+/// Zipf law takes most messages), while the generated users' rooms stay quiet.
+fn rooms_by_rank(chat: &Chat, rng: &mut Rng) -> Vec<usize> {
+    let named = |room: &&usize| chat.rooms[**room].members.iter().any(|&member| (member as usize) < NAMED_USERS.len());
+    let all: Vec<usize> = (0..chat.rooms.len()).collect();
+    let (mut seen, mut quiet): (Vec<usize>, Vec<usize>) = all.iter().partition(named);
+    for part in [&mut seen, &mut quiet] {
+        for index in (1..part.len()).rev() {
+            part.swap(index, rng.below(index as u64 + 1) as usize);
+        }
     }
-    by_rank
+    seen.extend(quiet);
+    seen
 }
 
 /// Writes `--demo-rate` messages per second until shutdown.
@@ -130,7 +138,7 @@ pub async fn run(demo: Arc<Demo>, mut shutdown: watch::Receiver<bool>) {
     }
     let mut rng = Rng::new(SIMULATOR_SEED);
     let zipf = Zipf::new(n_rooms, ZIPF_EXPONENT);
-    let by_rank = rooms_by_rank(n_rooms, &mut rng);
+    let by_rank = rooms_by_rank(&demo.chat, &mut rng);
     let mut interval = tokio::time::interval(TICK);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_tick = Instant::now();
@@ -232,9 +240,14 @@ mod tests {
     }
 
     #[test]
-    fn the_shuffle_is_a_permutation() {
-        let mut by_rank = rooms_by_rank(1_000, &mut Rng::new(1));
-        by_rank.sort_unstable();
-        assert_eq!(by_rank, (0..1_000).collect::<Vec<_>>());
+    fn the_ranks_are_a_permutation_with_the_rooms_people_see_first() {
+        let chat = Chat::generate(1_000);
+        let by_rank = rooms_by_rank(&chat, &mut Rng::new(1));
+        let has_named = |room: usize| chat.rooms[room].members.iter().any(|&member| (member as usize) < NAMED_USERS.len());
+        let first_quiet = by_rank.iter().position(|&room| !has_named(room)).unwrap();
+        assert!(first_quiet > 100 && by_rank[first_quiet..].iter().all(|&room| !has_named(room)));
+        let mut sorted = by_rank.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..1_000).collect::<Vec<_>>());
     }
 }
