@@ -31,6 +31,21 @@ fn send(server: &Server, token: Option<&str>, method: &str, path: &str, key: &st
     (status, value)
 }
 
+/// The whole answer (head and body) to a batch with `key`, as text.
+fn answer_text(server: &Server, key: &str, body: &[u8]) -> String {
+    use std::io::Read;
+    let mut stream = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    let head = format!(
+        "POST {BATCH} HTTP/1.1\r\nHost: localhost\r\nIdempotency-Key: {key}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer.to_ascii_lowercase()
+}
+
 fn unread(server: &Server, token: Option<&str>, id: &str) -> Value {
     let (status, item) = server.http_as(token, "GET", &format!("/v1/collections/rooms/items/{id}"), None);
     assert_eq!(status, 200, "{item}");
@@ -61,6 +76,10 @@ fn a_retry_after_a_lost_answer_applies_once_and_gets_the_first_answer() {
     assert_eq!(status, 200, "{other}");
     assert!(other["seq"].as_u64() > first["seq"].as_u64(), "{other} {first}");
     assert_eq!(unread(&server, None, "r1"), 2);
+    // A replay says so; a first answer does not.
+    let first = answer_text(&server, "inc-3", &body);
+    assert!(!first.contains("idempotent-replayed: true"), "{first}");
+    assert!(answer_text(&server, "inc-3", &body).contains("idempotent-replayed: true"));
     server.stop();
 }
 
