@@ -188,3 +188,33 @@ fn keys_are_checked_at_their_edges() {
     assert_eq!(unread(&server, None, "r1"), 1);
     server.stop();
 }
+
+/// In cluster mode the node that took a write remembers its answer: a retry
+/// there gets it (the same global `seq`), and the write is applied once on
+/// every node, a multi-collection batch's parts included.
+#[test]
+fn in_a_cluster_a_retry_on_the_same_node_applies_once() {
+    let cluster = common::cluster::OrdoCluster::start(1, 2);
+    let (first_node, other_node) = (cluster.node(0), cluster.node(1));
+    first_node.ok("PUT", "/v1/collections/rooms", room_schema());
+    let body = increment("r1");
+    let (status, first) = send(first_node, None, "POST", BATCH, "inc-1", &body);
+    assert_eq!(status, 200, "{first}");
+    let (status, again) = send(first_node, None, "POST", BATCH, "inc-1", &body);
+    assert_eq!((status, &again), (200, &first));
+    let multi = json!({"writes": [{"collection": "rooms", "ops": [{"op": "upsert", "id": "r2", "increment": {"unread": 1}}]},
+                                  {"collection": "rooms", "ops": [{"op": "upsert", "id": "r3", "increment": {"unread": 1}}]}]});
+    let (status, parts) = send(first_node, None, "POST", "/v1/batch", "multi-1", multi.to_string().as_bytes());
+    assert_eq!(status, 200, "{parts}");
+    let (status, again) = send(first_node, None, "POST", "/v1/batch", "multi-1", multi.to_string().as_bytes());
+    assert_eq!((status, &again), (200, &parts));
+    let last_seq = parts["results"][1]["seq"].as_u64().expect("a seq");
+    assert!(cluster.wait_converged(std::time::Duration::from_secs(30)) >= last_seq);
+    for node in [first_node, other_node] {
+        for id in ["r1", "r2", "r3"] {
+            let path = format!("/v1/collections/rooms/items/{id}");
+            let (status, item) = node.http("GET", &path, None);
+            assert_eq!((status, &item["fields"]["unread"]), (200, &json!(1)), "{id}: {item}");
+        }
+    }
+}
