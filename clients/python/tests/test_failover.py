@@ -79,7 +79,9 @@ class StubHttp(OrdoHttp):
         self.status = status
         self.calls: list[str] = []
 
-    def _send(self, base: str, method: str, path: str, body: Any, token: str | None) -> tuple[int, Any]:
+    def _send(
+        self, base: str, method: str, path: str, body: Any, token: str | None, headers: Any = None
+    ) -> tuple[int, Any]:
         self.calls.append(base + path)
         if base in self.dead:
             raise OrdoError("connection_lost", f"{method} {path}: connection refused")

@@ -133,3 +133,20 @@ async def test_add_and_remove_a_field_and_drop_a_collection(server: OrdoServer) 
     with pytest.raises(OrdoHttpError) as missing:
         await admin.collection("schema")
     assert missing.value.status == 404
+
+
+async def test_a_write_sent_again_with_its_idempotency_key_is_applied_once(server: OrdoServer) -> None:
+    admin = OrdoHttp(server.http, token=server.token)
+    await admin.create_collection("rooms", FIELDS)
+    bump = [{"op": "upsert", "id": "!r1", "increment": {"unread": 1}}]
+    first = await admin.write("rooms", bump, idempotency_key="bump-1")
+    # The answer was lost, say: the same call again gets it, and nothing is written twice.
+    assert await admin.write("rooms", bump, idempotency_key="bump-1") == first
+    item = await admin.get_item("rooms", "!r1")
+    assert item is not None and item["fields"]["unread"] == 1
+    with pytest.raises(OrdoHttpError) as refused:
+        await admin.write("rooms", [{"op": "remove", "id": "!r1"}], idempotency_key="bump-1")
+    assert (refused.value.status, refused.value.code) == (422, "idempotency_key_reused")
+    removed = await admin.delete_item("rooms", "!r1", idempotency_key="del-1")
+    assert await admin.delete_item("rooms", "!r1", idempotency_key="del-1") == removed
+    assert removed["removed"] is True

@@ -88,6 +88,14 @@ export class OrdoHttpError extends OrdoError {
 
 const path = (...segments: string[]) => segments.map(encodeURIComponent).join("/");
 
+/** Options of a write: see `OrdoHttp.write`. */
+export interface WriteOptions {
+  idempotencyKey?: string;
+}
+
+const idempotency = (options: WriteOptions): Record<string, string> =>
+  options.idempotencyKey === undefined ? {} : { "idempotency-key": options.idempotencyKey };
+
 /**
  * Requests that change nothing, so that sending one again (to another node) is safe:
  * GET and HEAD, and the one-shot query (a POST that only reads).
@@ -160,9 +168,15 @@ export class OrdoHttp {
     return this.request("DELETE", `/v1/collections/${path(collection)}`);
   }
 
-  /** `POST /v1/collections/{name}/batch`: applied whole or not at all; resolves once durable. */
-  write(collection: string, ops: BatchOp[]): Promise<WriteResult> {
-    return this.request("POST", `/v1/collections/${path(collection)}/batch`, { ops });
+  /**
+   * `POST /v1/collections/{name}/batch`: applied whole or not at all; resolves once durable.
+   * `options.idempotencyKey` (1 to 128 of `[A-Za-z0-9_.:-]`, a UUID say) is sent as
+   * `Idempotency-Key`: calling `write` again with the same key and ops after an answer was
+   * lost resolves to the first answer without writing again (on the same node, within 24 h:
+   * docs/PROTOCOL.md, "Idempotency keys"). The client never sends a write again itself.
+   */
+  write(collection: string, ops: BatchOp[], options: WriteOptions = {}): Promise<WriteResult> {
+    return this.request("POST", `/v1/collections/${path(collection)}/batch`, { ops }, idempotency(options));
   }
 
   query<T = Item>(collection: string, query: QueryOptions): Promise<QueryResult<T>> {
@@ -179,25 +193,26 @@ export class OrdoHttp {
     }
   }
 
-  deleteItem(collection: string, id: string): Promise<DeleteResult> {
-    return this.request("DELETE", `/v1/collections/${path(collection, "items", id)}`);
+  /** `options.idempotencyKey`: as for `write`. */
+  deleteItem(collection: string, id: string, options: WriteOptions = {}): Promise<DeleteResult> {
+    return this.request("DELETE", `/v1/collections/${path(collection, "items", id)}`, undefined, idempotency(options));
   }
 
   /**
    * Any request, the answer's JSON on success. A 401 with a provider is retried once with
    * a fresh token. Failover across nodes: see the constructor.
    */
-  async request<T>(method: string, urlPath: string, body?: unknown): Promise<T> {
+  async request<T>(method: string, urlPath: string, body?: unknown, headers: Record<string, string> = {}): Promise<T> {
     if (this.token === undefined && this.tokenProvider) this.token = await this.tokenProvider();
     const retry = isIdempotent(method, urlPath);
     let response: Response | null = null;
     for (let tries = 1; ; tries++) {
       const base = this.bases[this.idx]!;
       try {
-        response = await this.send(base, method, urlPath, body);
+        response = await this.send(base, method, urlPath, body, headers);
         if (response.status === 401 && this.tokenProvider) {
           this.token = await this.tokenProvider();
-          response = await this.send(base, method, urlPath, body);
+          response = await this.send(base, method, urlPath, body, headers);
         }
       } catch (error) {
         // No answer from this node: the next request goes to the next one.
@@ -228,8 +243,14 @@ export class OrdoHttp {
     return json as T;
   }
 
-  private send(base: string, method: string, urlPath: string, body: unknown): Promise<Response> {
-    const headers: Record<string, string> = {};
+  private send(
+    base: string,
+    method: string,
+    urlPath: string,
+    body: unknown,
+    extraHeaders: Record<string, string>,
+  ): Promise<Response> {
+    const headers: Record<string, string> = { ...extraHeaders };
     if (body !== undefined) headers["content-type"] = "application/json";
     if (this.token !== undefined) headers.authorization = `Bearer ${this.token}`;
     return this.fetchFn(`${base}${urlPath}`, {

@@ -64,6 +64,21 @@ describe("OrdoHttp against ordo serve with auth", () => {
     expect((await admin.query("rooms", { limit: 10 })).total).toBe(2);
   });
 
+  it("a write sent again with its idempotency key is applied once and answered as the first", async () => {
+    await admin.createCollection("counters", [...FIELDS]);
+    const bump: BatchOp[] = [{ op: "upsert", id: "c1", increment: { unread: 1 } }];
+    const first = await admin.write("counters", bump, { idempotencyKey: "bump-1" });
+    // The answer was lost, say: the same call again gets it, and nothing is written twice.
+    expect(await admin.write("counters", bump, { idempotencyKey: "bump-1" })).toEqual(first);
+    expect((await admin.getItem("counters", "c1"))?.fields.unread).toBe(1);
+    await expect(
+      admin.write("counters", [{ op: "remove", id: "c1" }], { idempotencyKey: "bump-1" }),
+    ).rejects.toMatchObject({ code: "idempotency_key_reused", status: 422 });
+    const removed = await admin.deleteItem("counters", "c1", { idempotencyKey: "del-1" });
+    expect(removed.removed).toBe(true);
+    expect(await admin.deleteItem("counters", "c1", { idempotencyKey: "del-1" })).toEqual(removed);
+  });
+
   it("a refused batch rejects with its status and code, and writes nothing", async () => {
     await admin.createCollection("rooms", [...FIELDS]);
     const before = (await admin.query("rooms", { limit: 1 })).total;

@@ -129,8 +129,22 @@ impl Http {
 
     /// `POST /v1/collections/{name}/batch`: applied whole or not at all; `Ok` once durable.
     pub async fn write(&self, collection: &str, ops: &[Op]) -> Result<WriteResult, Error> {
+        self.write_once(collection, ops, None).await
+    }
+
+    /// [`OrdoHttp::write`] with an `Idempotency-Key` (1 to 128 of `[A-Za-z0-9_.:-]`, a
+    /// UUID say), when given: called again with the same key and ops after an answer was
+    /// lost, it returns the first answer without writing again (on the same node, within
+    /// 24 h: docs/PROTOCOL.md, "Idempotency keys"). The client never sends a write again itself.
+    pub async fn write_once(
+        &self,
+        collection: &str,
+        ops: &[Op],
+        idempotency_key: Option<&str>,
+    ) -> Result<WriteResult, Error> {
         let body = json!({ "ops": ops });
-        self.call(Method::POST, &format!("/v1/collections/{}/batch", segment(collection)), Some(body)).await
+        let path = format!("/v1/collections/{}/batch", segment(collection));
+        self.call_with_key(Method::POST, &path, Some(body), idempotency_key).await
     }
 
     /// `POST /v1/collections/{name}/query`: one window of a view, with the view's `total`.
@@ -152,13 +166,33 @@ impl Http {
 
     /// `DELETE /v1/collections/{name}/items/{id}`.
     pub async fn delete_item(&self, collection: &str, id: &str) -> Result<DeleteResult, Error> {
+        self.delete_item_once(collection, id, None).await
+    }
+
+    /// [`OrdoHttp::delete_item`] with an `Idempotency-Key`, as [`OrdoHttp::write_once`].
+    pub async fn delete_item_once(
+        &self,
+        collection: &str,
+        id: &str,
+        idempotency_key: Option<&str>,
+    ) -> Result<DeleteResult, Error> {
         let path = format!("/v1/collections/{}/items/{}", segment(collection), segment(id));
-        self.call(Method::DELETE, &path, None).await
+        self.call_with_key(Method::DELETE, &path, None, idempotency_key).await
     }
 
     /// Any request: `body` as JSON, the answer decoded as `T`. A `401` with a token provider
     /// is retried once with a fresh token.
     pub async fn call<T: DeserializeOwned>(&self, method: Method, path: &str, body: Option<Value>) -> Result<T, Error> {
+        self.call_with_key(method, path, body, None).await
+    }
+
+    async fn call_with_key<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        idempotency_key: Option<&str>,
+    ) -> Result<T, Error> {
         let body = body.map(|body| Bytes::from(body.to_string())).unwrap_or_default();
         let mut token = self.tokens.current().await?;
         let mut retried = false;
@@ -167,17 +201,18 @@ impl Http {
         loop {
             tries += 1;
             let index = self.index.load(Ordering::Relaxed) % self.bases.len();
-            let (status, bytes) = match self.send(index, method.clone(), path, token.as_deref(), body.clone()).await {
-                Ok(answer) => answer,
-                Err(error @ Error::Transport(_)) => {
-                    self.move_on(index);
-                    if again && tries < self.bases.len() {
-                        continue;
+            let (status, bytes) =
+                match self.send(index, method.clone(), path, (token.as_deref(), idempotency_key), body.clone()).await {
+                    Ok(answer) => answer,
+                    Err(error @ Error::Transport(_)) => {
+                        self.move_on(index);
+                        if again && tries < self.bases.len() {
+                            continue;
+                        }
+                        return Err(error);
                     }
-                    return Err(error);
-                }
-                Err(error) => return Err(error),
-            };
+                    Err(error) => return Err(error),
+                };
             if status == StatusCode::UNAUTHORIZED && self.tokens.can_refresh() && !retried {
                 retried = true;
                 token = self.tokens.refresh().await?;
@@ -210,7 +245,7 @@ impl Http {
         index: usize,
         method: Method,
         path: &str,
-        token: Option<&str>,
+        (token, idempotency_key): (Option<&str>, Option<&str>),
         body: Bytes,
     ) -> Result<(StatusCode, Bytes), Error> {
         let mut request = Request::builder().method(method).uri(format!("{}{path}", self.bases[index]));
@@ -219,6 +254,9 @@ impl Http {
         }
         if let Some(token) = token {
             request = request.header("authorization", format!("Bearer {token}"));
+        }
+        if let Some(key) = idempotency_key {
+            request = request.header("idempotency-key", key);
         }
         let request = request.body(Full::new(body)).map_err(|error| Error::Transport(error.to_string()))?;
         let exchange = async {

@@ -35,10 +35,12 @@ pub enum ErrorCode {
     /// Cluster mode: the stream did not take or return a write in time (503); the
     /// write may still be applied (a retry with the same request is not deduplicated).
     ClusterUnavailable,
+    /// An `Idempotency-Key` sent again with another request (422).
+    IdempotencyKeyReused,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 25] = [
+    pub const ALL: [ErrorCode; 26] = [
         ErrorCode::BadJson,
         ErrorCode::BadRequest,
         ErrorCode::InvalidSchema,
@@ -64,6 +66,7 @@ impl ErrorCode {
         ErrorCode::SeqNotReached,
         ErrorCode::Lagging,
         ErrorCode::ClusterUnavailable,
+        ErrorCode::IdempotencyKeyReused,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -93,13 +96,14 @@ impl ErrorCode {
             ErrorCode::SeqNotReached => "seq_not_reached",
             ErrorCode::Lagging => "lagging",
             ErrorCode::ClusterUnavailable => "cluster_unavailable",
+            ErrorCode::IdempotencyKeyReused => "idempotency_key_reused",
         }
     }
 
     pub fn http_status(self) -> u16 {
         match self {
             ErrorCode::BadJson | ErrorCode::BadRequest | ErrorCode::InvalidSchema | ErrorCode::InvalidView => 400,
-            ErrorCode::InvalidBatch => 422,
+            ErrorCode::InvalidBatch | ErrorCode::IdempotencyKeyReused => 422,
             ErrorCode::LimitExceeded => 400,
             ErrorCode::UnknownCollection | ErrorCode::NotFound => 404,
             ErrorCode::CollectionExists => 409,

@@ -136,9 +136,17 @@ fn cors_layer(origins: &[String]) -> tower_http::cors::CorsLayer {
     CorsLayer::new()
         .allow_origin(AllowOrigin::list(origins))
         .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
-        .allow_headers([AUTHORIZATION, CONTENT_TYPE, HeaderName::from_static(crate::api::X_REQUEST_ID)])
+        .allow_headers([
+            AUTHORIZATION,
+            CONTENT_TYPE,
+            HeaderName::from_static(crate::api::X_REQUEST_ID),
+            HeaderName::from_static(crate::api::IDEMPOTENCY_KEY),
+        ])
         // Without this a page on another origin could not read the echoed id.
-        .expose_headers([HeaderName::from_static(crate::api::X_REQUEST_ID)])
+        .expose_headers([
+            HeaderName::from_static(crate::api::X_REQUEST_ID),
+            HeaderName::from_static(crate::api::IDEMPOTENT_REPLAYED),
+        ])
         .max_age(Duration::from_secs(600))
 }
 

@@ -45,6 +45,8 @@ pub struct HttpState {
     pub submit: Submitter,
     /// Cluster mode: the stream's connection (`None`: single-node mode).
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// The answers remembered for writes sent with an `Idempotency-Key`.
+    pub idempotency: Arc<crate::idempotency::Idempotency>,
 }
 
 impl HttpState {

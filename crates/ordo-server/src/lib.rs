@@ -18,6 +18,7 @@ pub mod error;
 pub mod frame;
 pub mod http;
 pub mod http_state;
+pub mod idempotency;
 pub mod limits;
 pub mod logging;
 pub mod metrics;

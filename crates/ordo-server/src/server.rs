@@ -436,6 +436,7 @@ impl Network {
             metrics_public: options.metrics_public,
             seq: self.seq,
             cluster,
+            idempotency: crate::idempotency::Idempotency::new(Default::default()),
         }
     }
 }

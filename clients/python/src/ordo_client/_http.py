@@ -114,13 +114,22 @@ class OrdoHttp:
         subscriptions end (``ended``, reason ``collection_dropped``)."""
         return await self.request("DELETE", f"/v1/collections/{_segment(collection)}")
 
-    async def write(self, collection: str, ops: Sequence[Mapping[str, Any]]) -> Any:
+    async def write(
+        self, collection: str, ops: Sequence[Mapping[str, Any]], *, idempotency_key: str | None = None
+    ) -> Any:
         """``POST /v1/collections/{name}/batch``, applied whole or not at all; returns
         ``{"seq", "upserted", "removed"}`` once durable. An op is a plain dict:
         ``{"op": "upsert", "id": "!a", "fields": {...}, "increment": {"unread": 1},
         "set_max": {...}, "set_min": {...}, "if": {"version": 41}}`` or
-        ``{"op": "remove", "id": "!b", "if": {"exists": True}}``."""
-        return await self.request("POST", f"/v1/collections/{_segment(collection)}/batch", {"ops": list(ops)})
+        ``{"op": "remove", "id": "!b", "if": {"exists": True}}``.
+
+        ``idempotency_key`` (1 to 128 of ``[A-Za-z0-9_.:-]``, a UUID say) is sent as
+        ``Idempotency-Key``: calling ``write`` again with the same key and ops after an
+        answer was lost returns the first answer without writing again (on the same
+        node, within 24 h: docs/PROTOCOL.md, "Idempotency keys"). Writes are never
+        sent again by the client itself."""
+        path = f"/v1/collections/{_segment(collection)}/batch"
+        return await self.request("POST", path, {"ops": list(ops)}, headers=_idempotency(idempotency_key))
 
     async def query(self, collection: str, view: Mapping[str, Any]) -> Any:
         """``POST /v1/collections/{name}/query``: ``{"total", "offset", "items"}``."""
@@ -136,12 +145,17 @@ class OrdoHttp:
                 return None
             raise
 
-    async def delete_item(self, collection: str, item_id: str) -> Any:
-        """``{"seq", "removed"}``; ``removed`` is false when there was no such item."""
-        return await self.request("DELETE", f"/v1/collections/{_segment(collection)}/items/{_segment(item_id)}")
+    async def delete_item(self, collection: str, item_id: str, *, idempotency_key: str | None = None) -> Any:
+        """``{"seq", "removed"}``; ``removed`` is false when there was no such item.
+        ``idempotency_key``: as for ``write``."""
+        path = f"/v1/collections/{_segment(collection)}/items/{_segment(item_id)}"
+        return await self.request("DELETE", path, headers=_idempotency(idempotency_key))
 
-    async def request(self, method: str, path: str, body: Any = None) -> Any:
-        """Any request; the answer's JSON, or ``OrdoHttpError``."""
+    async def request(
+        self, method: str, path: str, body: Any = None, *, headers: Mapping[str, str] | None = None
+    ) -> Any:
+        """Any request, with extra ``headers`` if given; the answer's JSON, or ``OrdoHttpError``."""
+        extra = dict(headers or {})
         if self._token is None and self._token_provider is not None:
             self._token = await self._fresh_token()
         retry = is_idempotent(method, path)
@@ -151,10 +165,10 @@ class OrdoHttp:
             index = self._index
             base = self.base_urls[index]
             try:
-                status, answer = await asyncio.to_thread(self._send, base, method, path, body, self._token)
+                status, answer = await asyncio.to_thread(self._send, base, method, path, body, self._token, extra)
                 if status == 401 and self._token_provider is not None:
                     self._token = await self._fresh_token()
-                    status, answer = await asyncio.to_thread(self._send, base, method, path, body, self._token)
+                    status, answer = await asyncio.to_thread(self._send, base, method, path, body, self._token, extra)
             except OrdoError as error:
                 if error.code != "connection_lost":
                     raise
@@ -187,9 +201,11 @@ class OrdoHttp:
             raise OrdoError("token_provider", "the token provider returned no string")
         return token
 
-    def _send(self, base: str, method: str, path: str, body: Any, token: str | None) -> tuple[int, Any]:
+    def _send(
+        self, base: str, method: str, path: str, body: Any, token: str | None, headers: Mapping[str, str]
+    ) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(base + path, data=data, method=method)
+        request = urllib.request.Request(base + path, data=data, method=method, headers=dict(headers))
         if data is not None:
             request.add_header("Content-Type", "application/json")
         if token:
@@ -205,3 +221,7 @@ class OrdoHttp:
             return status, json.loads(raw) if raw else None
         except ValueError:
             return status, raw.decode(errors="replace")
+
+
+def _idempotency(key: str | None) -> dict[str, str]:
+    return {} if key is None else {"Idempotency-Key": key}

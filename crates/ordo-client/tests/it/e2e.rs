@@ -238,6 +238,28 @@ async fn http_helpers_write_query_get_and_delete() {
     assert_eq!(serde_json::to_value(&remove).unwrap(), json!({"op": "remove", "id": "!b", "if": {"exists": true}}));
 }
 
+/// A write sent again with its idempotency key (its first answer lost, say) is
+/// answered as the first time and applied once; the key with other ops is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_helpers_send_an_idempotency_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 0);
+    let admin = Client::builder(server.url()).auth(Auth::Token(server.mint("ops", "admin", 3600))).build();
+    let http = admin.http();
+    http.create_collection("rooms", &[Field::new("unread", "u64")]).await.unwrap();
+    let bump: [Op; 1] = [Op::upsert("!r1", json!({})).increment("unread", 1).into()];
+    let first = http.write_once("rooms", &bump, Some("bump-1")).await.unwrap();
+    let again = http.write_once("rooms", &bump, Some("bump-1")).await.unwrap();
+    assert_eq!((again.seq, again.upserted), (first.seq, first.upserted));
+    let item: Item<Value> = http.get_item("rooms", "!r1").await.unwrap().expect("written");
+    assert_eq!(item.fields["unread"], 1);
+    let error = http.write_once("rooms", &[Op::remove("!r1")], Some("bump-1")).await.unwrap_err();
+    assert!(matches!(&error, Error::Api { status: 422, code, .. } if code == "idempotency_key_reused"), "{error}");
+    let removed = http.delete_item_once("rooms", "!r1", Some("del-1")).await.unwrap();
+    let again = http.delete_item_once("rooms", "!r1", Some("del-1")).await.unwrap();
+    assert!(removed.removed && again.removed && again.seq == removed.seq);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_helpers_add_and_remove_a_field_and_drop_a_collection() {
     let dir = tempfile::tempdir().unwrap();

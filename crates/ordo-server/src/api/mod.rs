@@ -10,6 +10,7 @@
 mod admin;
 mod collections;
 mod demo;
+mod idempotent;
 mod reads;
 mod request;
 mod upgrade;
@@ -32,6 +33,8 @@ use crate::routing::CollectionEntry;
 use crate::rules::{Action, Grant};
 use crate::writer::Command;
 
+use idempotent::WriteRoute;
+pub(crate) use idempotent::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use request::{bearer_token, check_single_headers, host_of, percent_decode};
 pub(crate) use request::{parse, parse_write};
 
@@ -179,7 +182,7 @@ fn is_write(method: &Method, path: &str) -> bool {
 /// another method is `405`; any other path `404`.
 async fn route(
     request: Request<Incoming>,
-    state: &HttpState,
+    state: &Arc<HttpState>,
     slot: Arc<ConnectionSlot>,
 ) -> Result<Response<Body>, ApiError> {
     let path = request.uri().path().to_owned();
@@ -220,10 +223,15 @@ async fn route(
         }
         (&Method::DELETE, ["v1", "collections", name]) => collections::drop_collection(call, name).await,
         (&Method::GET, ["v1", "collections", name]) => collections::get(call, name).await,
-        (&Method::POST, ["v1", "collections", name, "batch"]) => writes::batch(call, name).await,
-        (&Method::POST, ["v1", "batch"]) => writes::multi_batch(call).await,
+        (&Method::POST, ["v1", "collections", name, "batch"]) => {
+            idempotent::write(call, state, WriteRoute::Batch { collection: (*name).to_owned() }).await
+        }
+        (&Method::POST, ["v1", "batch"]) => idempotent::write(call, state, WriteRoute::Multi).await,
         (&Method::GET, ["v1", "collections", name, "items", id]) => reads::get_item(call, name, id).await,
-        (&Method::DELETE, ["v1", "collections", name, "items", id]) => writes::remove_item(call, name, id).await,
+        (&Method::DELETE, ["v1", "collections", name, "items", id]) => {
+            let route = WriteRoute::Remove { collection: (*name).to_owned(), id: (*id).to_owned() };
+            idempotent::write(call, state, route).await
+        }
         (&Method::POST, ["v1", "collections", name, "query"]) => reads::query(call, name).await,
         _ => Err(no_route(&method, &path, &segments)),
     }

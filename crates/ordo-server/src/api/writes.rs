@@ -8,8 +8,9 @@ use hyper::Response;
 
 use ordo_core::{Batch, CollectionId};
 
-use super::request::read_body;
-use super::{caller, granted_write, json_response, parse_write, Body, Call};
+use bytes::Bytes;
+
+use super::{granted_write, json_response, parse_write, Body};
 use crate::auth::Identity;
 use crate::error::{ApiError, ErrorCode};
 use crate::frame::write_u64;
@@ -26,12 +27,14 @@ use crate::write_rules::WriteGrant;
 use crate::writer::WriteResults;
 
 /// POST /v1/collections/{name}/batch: one atomic batch.
-pub(super) async fn batch(call: Call<'_>, name: &str) -> Result<Response<Body>, ApiError> {
-    let Call { state, request, path, token } = call;
-    let identity = caller(state, token, path)?;
+pub(super) async fn batch(
+    state: &HttpState,
+    identity: Arc<Identity>,
+    name: &str,
+    body: Bytes,
+) -> Result<Response<Body>, ApiError> {
     let granted = granted_write(state, &identity, name);
     if let Some(error) = granted.as_ref().err().filter(|error| state.submit.submits_despite(error)) {
-        let body = read_body(request).await?;
         check_op_count(parse_write::<BatchRequest>(&body)?.ops.len())?;
         let source = WriteSource::Batch { collection: name, body: &body };
         let results = state.submit.write(&identity, WriteParts::default(), source).await;
@@ -44,7 +47,6 @@ pub(super) async fn batch(call: Call<'_>, name: &str) -> Result<Response<Body>, 
     let (entry, grant) = granted?;
     let mut guards = Vec::new();
     write_guard(0, &entry, &grant, &mut guards)?;
-    let body = read_body(request).await?;
     let batch_request: BatchRequest = parse_write(&body)?;
     check_op_count(batch_request.ops.len())?;
     let mut batch = write_buffers::take_batch();
@@ -62,10 +64,11 @@ pub(super) async fn batch(call: Call<'_>, name: &str) -> Result<Response<Body>, 
 }
 
 /// POST /v1/batch: batches of several collections, each atomic on its own.
-pub(super) async fn multi_batch(call: Call<'_>) -> Result<Response<Body>, ApiError> {
-    let Call { state, request, path, token } = call;
-    let identity = caller(state, token, path)?;
-    let body = read_body(request).await?;
+pub(super) async fn multi_batch(
+    state: &HttpState,
+    identity: Arc<Identity>,
+    body: Bytes,
+) -> Result<Response<Body>, ApiError> {
     let multi: MultiBatchRequest = parse_write(&body)?;
     check_op_count(multi.writes.iter().map(|write| write.ops.len()).sum())?;
     // A part refused here (unknown collection, a value of the wrong type) fails
@@ -170,9 +173,12 @@ fn multi_answer(
 }
 
 /// DELETE /v1/collections/{name}/items/{id}.
-pub(super) async fn remove_item(call: Call<'_>, name: &str, id: &str) -> Result<Response<Body>, ApiError> {
-    let Call { state, path, token, .. } = call;
-    let identity = caller(state, token, path)?;
+pub(super) async fn remove_item(
+    state: &HttpState,
+    identity: Arc<Identity>,
+    name: &str,
+    id: &str,
+) -> Result<Response<Body>, ApiError> {
     let granted = granted_write(state, &identity, name);
     if let Some(error) = granted.as_ref().err().filter(|error| state.submit.submits_despite(error)) {
         let source = WriteSource::Remove { collection: name, id };
