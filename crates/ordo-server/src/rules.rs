@@ -399,7 +399,6 @@ fn check_no_field_operands(filter: &Json, depth: usize) -> Result<(), String> {
     }
 }
 
-
 /// What the matching rules of one collection grant together. A filter rule
 /// wins over a relationship (its rows are readable without a pin), and the
 /// first relationship stands for the others: one view pins one field, so

@@ -94,18 +94,16 @@ fn protocol_vectors() {
     let names: Vec<String> =
         files.iter().map(|path| path.file_stem().unwrap().to_string_lossy().into_owned()).collect();
     // Cases the corpus must hold for this runner to mean something.
-    for name in
-        [
-            "all_diff_kinds",
-            "seq_gaps",
-            "digest_mismatch",
-            "resume_replay",
-            "resume_reset",
-            "ended",
-            "reference_views",
-            "unread_views",
-        ]
-    {
+    for name in [
+        "all_diff_kinds",
+        "seq_gaps",
+        "digest_mismatch",
+        "resume_replay",
+        "resume_reset",
+        "ended",
+        "reference_views",
+        "unread_views",
+    ] {
         assert!(names.iter().any(|n| n == name), "the corpus has no {name}.json");
     }
     for path in &files {

@@ -243,7 +243,8 @@ mod tests {
     fn the_ranks_are_a_permutation_with_the_rooms_people_see_first() {
         let chat = Chat::generate(1_000);
         let by_rank = rooms_by_rank(&chat, &mut Rng::new(1));
-        let has_named = |room: usize| chat.rooms[room].members.iter().any(|&member| (member as usize) < NAMED_USERS.len());
+        let has_named =
+            |room: usize| chat.rooms[room].members.iter().any(|&member| (member as usize) < NAMED_USERS.len());
         let first_quiet = by_rank.iter().position(|&room| !has_named(room)).unwrap();
         assert!(first_quiet > 100 && by_rank[first_quiet..].iter().all(|&room| !has_named(room)));
         let mut sorted = by_rank.clone();
