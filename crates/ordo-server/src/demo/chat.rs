@@ -76,9 +76,9 @@ impl Chat {
             }
         };
         add(&mut rooms, "Everyone".to_owned(), false, (0..users.len() as u32).collect());
-        for first in 0..NAMED_USERS.len() {
-            for second in first + 1..NAMED_USERS.len() {
-                let name = format!("{} & {}", NAMED_USERS[first], NAMED_USERS[second]);
+        for (first, first_name) in NAMED_USERS.iter().enumerate() {
+            for (second, second_name) in NAMED_USERS.iter().enumerate().skip(first + 1) {
+                let name = format!("{first_name} & {second_name}");
                 add(&mut rooms, name, true, vec![first as u32, second as u32]);
             }
         }
