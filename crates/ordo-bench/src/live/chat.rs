@@ -86,7 +86,14 @@ impl UpdateSource for ChatUpdates {
             parts.last_mut().expect("a part was started").n_updates += 1;
         }
         body.push_str("]}]}");
-        WriteRequest { id: 0, path: "/v1/batch", body: body.into_bytes(), parts, multi_collection: true }
+        WriteRequest {
+            id: 0,
+            path: "/v1/batch",
+            body: body.into_bytes(),
+            parts,
+            multi_collection: true,
+            paced_updates: None,
+        }
     }
 }
 
@@ -131,6 +138,7 @@ impl ChatUpdates {
             body: body.into_bytes(),
             parts,
             multi_collection: false,
+            paced_updates: None,
         }
     }
 }

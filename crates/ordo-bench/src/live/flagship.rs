@@ -311,6 +311,7 @@ impl FlagshipUpdates {
                 body: format!(r#"{{"ops":[{ops}]}}"#).into_bytes(),
                 parts: Vec::new(),
                 multi_collection: false,
+                paced_updates: None,
             },
             // A read mark counts as no message: one part of no updates.
             FlagshipLayout::FanOut => WriteRequest {
@@ -320,6 +321,7 @@ impl FlagshipUpdates {
                     .into_bytes(),
                 parts: vec![WritePart { collection: fan_out_user as u32, n_updates: 0 }],
                 multi_collection: true,
+                paced_updates: None,
             },
         }
     }
@@ -350,6 +352,7 @@ impl FlagshipUpdates {
             body: body.into_bytes(),
             parts,
             multi_collection: false,
+            paced_updates: None,
         }
     }
 
@@ -389,7 +392,8 @@ impl FlagshipUpdates {
             parts.last_mut().expect("a part was started").n_updates += 1;
         }
         body.push_str(if copies.is_empty() { "]}" } else { "]}]}" });
-        WriteRequest { id: 0, path: "/v1/batch", body: body.into_bytes(), parts, multi_collection: true }
+        let paced_updates = Some(self.picked.len() as u64);
+        WriteRequest { id: 0, path: "/v1/batch", body: body.into_bytes(), parts, multi_collection: true, paced_updates }
     }
 }
 

@@ -22,6 +22,9 @@ pub struct WriteRequest {
     pub parts: Vec<WritePart>,
     /// `POST /v1/batch` (a result per part) rather than one collection's batch.
     pub multi_collection: bool,
+    /// What the request counts toward the writer's rate, when not the sum of
+    /// its parts' updates (a fan-out message is one message, however many copies).
+    pub paced_updates: Option<u64>,
 }
 
 pub struct WritePart {
@@ -159,7 +162,7 @@ pub async fn run_write_loop(
         };
         let n_updates = ((due - generated) as usize).min(MAX_OPS_PER_REQUEST);
         let request = source.build_request(n_updates, clock.now_us());
-        generated += request.parts.iter().map(|part| part.n_updates).sum::<u64>();
+        generated += request.paced_updates.unwrap_or_else(|| request.parts.iter().map(|part| part.n_updates).sum());
         let release = pool.releaser();
         let stats = Arc::clone(stats);
         let token = write_token.clone();

@@ -145,6 +145,7 @@ impl UpdateSource for LeaderboardUpdates {
             body: body.into_bytes(),
             parts: vec![WritePart { collection: 0, n_updates: n_updates as u64 }],
             multi_collection: false,
+            paced_updates: None,
         }
     }
 }
