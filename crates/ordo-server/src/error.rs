@@ -35,10 +35,13 @@ pub enum ErrorCode {
     /// Cluster mode: the stream did not take or return a write in time (503); the
     /// write may still be applied (a retry with the same request is not deduplicated).
     ClusterUnavailable,
+    /// A write to a collection that follows a PostgreSQL table (409): write to
+    /// the table in PostgreSQL instead (docs/POSTGRES.md).
+    ReadOnlySource,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 25] = [
+    pub const ALL: [ErrorCode; 26] = [
         ErrorCode::BadJson,
         ErrorCode::BadRequest,
         ErrorCode::InvalidSchema,
@@ -64,6 +67,7 @@ impl ErrorCode {
         ErrorCode::SeqNotReached,
         ErrorCode::Lagging,
         ErrorCode::ClusterUnavailable,
+        ErrorCode::ReadOnlySource,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -93,6 +97,7 @@ impl ErrorCode {
             ErrorCode::SeqNotReached => "seq_not_reached",
             ErrorCode::Lagging => "lagging",
             ErrorCode::ClusterUnavailable => "cluster_unavailable",
+            ErrorCode::ReadOnlySource => "read_only_source",
         }
     }
 
@@ -116,6 +121,7 @@ impl ErrorCode {
             ErrorCode::InvalidRules => 400,
             ErrorCode::Conflict => 409,
             ErrorCode::BackupRunning => 409,
+            ErrorCode::ReadOnlySource => 409,
         }
     }
 }
