@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ordo_binary, Server};
+use common::{ordo_binary, Server, StartOptions};
 use ordo_test_kit::postgres::{PostgresServer, SOCKET_PORT};
 use ordo_test_kit::rng::Rng;
 use serde_json::{json, Value};
@@ -213,7 +213,14 @@ fn kill_9_mid_stream_and_a_postgres_restart_then_every_row_exactly_once() {
     for k in 30..45 {
         pg.psql(&transaction(k)).unwrap();
     }
-    let server = start_following(&pg, dir.path(), &["counters"]);
+    let args = follow_args(&pg, dir.path(), &["counters"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let options = StartOptions { capture_stderr: true, ..StartOptions::default() };
+    let server = Server::start_with(&dir.path().join("data"), &args, options);
+    // The restart resumes from the position stored with the data, not from a new copy.
+    let lines = server.wait_for_stderr_line(|line| line.contains("following PostgreSQL"));
+    let started = lines.iter().find(|line| line.contains("following PostgreSQL")).unwrap();
+    assert!(started.contains("resumed=true"), "{started}");
     pg.stop().unwrap();
     pg.start_again().unwrap();
     for k in 45..60 {
@@ -245,6 +252,48 @@ fn kill_9_mid_stream_and_a_postgres_restart_then_every_row_exactly_once() {
     }
     let health = follower_health(&server);
     assert_eq!(health["state"], "streaming", "{health}");
+    assert!(health["reconnects"].as_u64().unwrap() >= 1, "the PostgreSQL restart was lived through: {health}");
+}
+
+/// Rows in the copy test: more than one progress line's worth (every 100 000 rows).
+const COPY_ROWS: u64 = 150_000;
+
+#[test]
+fn kill_9_mid_copy_then_restart_copies_every_row_once() {
+    let pg = postgres();
+    pg.psql(&format!(
+        "CREATE TABLE big (id int8 PRIMARY KEY, v int8 NOT NULL);
+         INSERT INTO big SELECT n, n FROM generate_series(1, {COPY_ROWS}) n;
+         CREATE PUBLICATION {PUBLICATION} FOR TABLE big;"
+    ))
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(ordo_binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args(follow_args(&pg, dir.path(), &["big"]))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The progress line at 100 000 rows: 90 000 are written, the next batch is on its way.
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mid_copy = std::io::BufRead::lines(stdout)
+        .map_while(Result::ok)
+        .find(|line| line.contains("copying public.big: 100000 rows"));
+    assert!(mid_copy.is_some(), "no progress line");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Changes while Ordo is down, to rows the cut copy had written: a restart
+    // that kept them would show the old values or rows deleted since.
+    pg.psql("DELETE FROM big WHERE id <= 1000; UPDATE big SET v = -v WHERE id BETWEEN 1001 AND 2000;").unwrap();
+    let server = start_following(&pg, dir.path(), &["big"]);
+    let answer = server.ok("POST", "/v1/collections/big/query", json!({"sort": [{"field": "v"}], "limit": 3}));
+    assert_eq!(answer["total"], COPY_ROWS - 1000, "{}", answer["total"]);
+    let lowest: Vec<&Value> = answer["items"].as_array().unwrap().iter().map(|item| &item["fields"]["v"]).collect();
+    assert_eq!(lowest, [&json!(-2000), &json!(-1999), &json!(-1998)]);
+    let highest =
+        server.ok("POST", "/v1/collections/big/query", json!({"sort": [{"field": "v", "dir": "desc"}], "limit": 1}));
+    assert_eq!(highest["items"][0]["id"], COPY_ROWS.to_string());
 }
 
 #[test]

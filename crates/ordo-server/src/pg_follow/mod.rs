@@ -128,6 +128,12 @@ pub async fn start(
         }
     };
     println!("ordo: following PostgreSQL ({} tables, slot `{}`) from {position}", followed.len(), options.slot);
+    tracing::info!(
+        slot = %options.slot,
+        position = %position,
+        resumed = stored.position.is_some(),
+        "following PostgreSQL"
+    );
     status.start_at(position.0);
     let read_only: HashSet<String> = followed.iter().map(|table| table.map.collection.clone()).collect();
     let follower =
