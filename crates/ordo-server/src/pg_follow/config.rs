@@ -174,6 +174,41 @@ mod tests {
         }
     }
 
+    /// `ordo serve --config FILE`'s options as the server gets them.
+    fn serve_options(args: &[&str]) -> Result<crate::server::ServeOptions, String> {
+        let cli = crate::cli::parse(["ordo", "serve"].iter().chain(args)).map_err(|error| error.to_string())?;
+        let crate::cli::Command::Serve(serve) = cli.command else { panic!("not serve") };
+        serve.into_options()
+    }
+
+    #[test]
+    fn a_config_file_names_the_followed_tables_and_the_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let password = dir.path().join("pw");
+        std::fs::write(&password, "secret\n").unwrap();
+        let config = dir.path().join("ordo.toml");
+        let toml = format!(
+            "pg-host = \"/run/pg\"\npg-slot = \"s1\"\npg-password-file = \"{}\"\n\
+             [[postgres.table]]\nname = \"chat.rooms\"\n\
+             [[postgres.table]]\nname = \"messages\"\ncollection = \"msgs\"\ncolumns = [\"body\"]\n",
+            password.display()
+        );
+        std::fs::write(&config, toml).unwrap();
+        let options = serve_options(&["--config", config.to_str().unwrap()]).unwrap();
+        let postgres = options.postgres.expect("tables followed");
+        assert_eq!(postgres.connect.host, Host::UnixSocketDir("/run/pg".into()));
+        assert_eq!(postgres.connect.password.as_deref(), Some("secret"));
+        assert_eq!(postgres.slot, "s1");
+        let collections: Vec<&str> = postgres.tables.iter().map(|table| table.collection.as_str()).collect();
+        assert_eq!(collections, ["rooms", "msgs"]);
+        assert_eq!(postgres.tables[1].columns, Some(vec!["body".to_owned()]));
+        // The password is never in the options' debug text.
+        assert!(!format!("{postgres:?}").contains("secret"));
+        // A flag wins over the file.
+        let options = serve_options(&["--config", config.to_str().unwrap(), "--pg-table", "other"]).unwrap();
+        assert_eq!(options.postgres.unwrap().tables.len(), 1);
+    }
+
     #[test]
     fn toml_tables_become_flag_values() {
         let value: toml::Value =
