@@ -320,6 +320,13 @@ fn writes_to_a_followed_collection_are_refused_with_read_only_source() {
         assert!((status == 409 && refused(&answer)) || part_refused, "{method} {path}: {status} {answer}");
     }
     assert_eq!(ordo_window(&server, 10), postgres_window(&pg, 10), "nothing written through Ordo");
+    // The position's reserved collection is neither listed nor reachable.
+    let listed = server.ok("GET", "/v1/collections", Value::Null);
+    let names: Vec<&str> =
+        listed["collections"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["items"], "{listed}");
+    let (status, _) = server.http("POST", "/v1/collections/_ordo%2Fpostgres/query", Some(&json!({"limit": 1})));
+    assert!(status == 403 || status == 404, "{status}");
     // Another collection is writable as ever.
     server.ok("PUT", "/v1/collections/notes", json!({"fields": [{"name": "score", "type": "i64"}]}));
     server.ok("POST", "/v1/collections/notes/batch", upsert);

@@ -115,7 +115,13 @@ pub async fn start(
     }
     let position_collection = match stored.collection {
         Some(collection) => collection,
-        None => create_collection(writer, POSITION_COLLECTION, Schema::new()).await?,
+        None => {
+            let collection = create_collection(writer, POSITION_COLLECTION, Schema::new()).await?;
+            // Reserved collections are not routed by name (as after a restart):
+            // the API neither lists nor reaches them.
+            routes.write().expect("routes lock").remove(POSITION_COLLECTION);
+            collection
+        }
     };
     let position = match stored.position {
         Some(position) => {
