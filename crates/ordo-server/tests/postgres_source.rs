@@ -182,7 +182,17 @@ async fn a_followed_table_equals_postgres_after_random_transactions_one_frame_ea
     let health = follower_health(&server);
     assert_eq!(health["state"], "streaming", "{health}");
     assert!(server.metric("ordo_postgres_transactions_applied_total") >= n_transactions as f64);
-    assert!(server.metric("ordo_postgres_lag_bytes") >= 0.0);
+    // The lag is reported in both places, and the position is the one PostgreSQL confirmed for the slot.
+    assert!(health["lag_bytes"].is_u64() && health["lag_seconds"].is_f64(), "{health}");
+    assert_eq!(server.metric("ordo_postgres_lag_bytes"), health["lag_bytes"].as_u64().unwrap() as f64);
+    assert_eq!(server.metric("ordo_postgres_streaming"), 1.0);
+    // PostgreSQL reads the confirmation on its own time: wait for it, bounded.
+    let slot_query = format!("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{SLOT}'");
+    let deadline = Instant::now() + APPLY_TIMEOUT;
+    while pg.psql(&slot_query).unwrap() != health["applied_lsn"].as_str().unwrap() {
+        assert!(Instant::now() < deadline, "the slot never confirmed Ordo's position {health}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
