@@ -221,6 +221,47 @@ pub struct ServeArgs {
     /// dropped (0: unlimited). Prefer --stream-max-msgs (docs/SCALING.md).
     #[arg(long, env = "ORDO_STREAM_MAX_AGE", value_name = "SECONDS", default_value_t = 0, help_heading = "Cluster")]
     pub stream_max_age: u64,
+
+    /// Follow PostgreSQL tables (docs/POSTGRES.md): TABLE or schema.TABLE, served as the collection of
+    /// the same name, or TABLE:COLLECTION, or TABLE:COLLECTION:COL,COL (only those columns besides the
+    /// key); repeatable (`;`-separated in the variable). Such collections are read-only through Ordo.
+    #[arg(long, env = "ORDO_PG_TABLE", value_name = "TABLE[:COLLECTION[:COLUMNS]]", action = ArgAction::Append,
+          value_delimiter = ';', help_heading = "PostgreSQL")]
+    pub pg_table: Vec<String>,
+    /// The PostgreSQL server: a host name or address, or the directory of its Unix socket (a path starting with /).
+    #[arg(
+        long,
+        env = "ORDO_PG_HOST",
+        value_name = "HOST|DIR",
+        default_value = "localhost",
+        help_heading = "PostgreSQL"
+    )]
+    pub pg_host: String,
+    /// Its port (with a socket directory: the number in the socket's name).
+    #[arg(long, env = "ORDO_PG_PORT", value_name = "PORT", default_value_t = 5432, help_heading = "PostgreSQL")]
+    pub pg_port: u16,
+    /// The role to log in as (it needs REPLICATION and SELECT on the tables).
+    #[arg(long, env = "ORDO_PG_USER", value_name = "ROLE", default_value = "ordo", help_heading = "PostgreSQL")]
+    pub pg_user: String,
+    /// The database that holds the tables.
+    #[arg(
+        long,
+        env = "ORDO_PG_DATABASE",
+        value_name = "NAME",
+        default_value = "postgres",
+        help_heading = "PostgreSQL"
+    )]
+    pub pg_database: String,
+    /// The file holding the role's password; or the password itself in the environment variable
+    /// ORDO_PG_PASSWORD (never on the command line).
+    #[arg(long, env = "ORDO_PG_PASSWORD_FILE", value_name = "FILE", help_heading = "PostgreSQL")]
+    pub pg_password_file: Option<PathBuf>,
+    /// The publication that holds the followed tables.
+    #[arg(long, env = "ORDO_PG_PUBLICATION", value_name = "NAME", default_value = "ordo", help_heading = "PostgreSQL")]
+    pub pg_publication: String,
+    /// The logical replication slot (created by Ordo; one per follower, keep the name).
+    #[arg(long, env = "ORDO_PG_SLOT", value_name = "NAME", default_value = "ordo", help_heading = "PostgreSQL")]
+    pub pg_slot: String,
 }
 
 #[derive(Args, Debug)]
@@ -302,6 +343,11 @@ fn read_config(path: &Path, serve: &clap::Command) -> Result<Vec<(String, Vec<St
         text.parse().map_err(|error| format!("the config file {where_} is not valid TOML: {error}"))?;
     let mut defaults = Vec::with_capacity(table.len());
     for (key, value) in table {
+        if key == "postgres" {
+            let specs = crate::pg_follow::config::toml_tables(&value, &where_.to_string())?;
+            defaults.push(("pg_table".to_owned(), specs));
+            continue;
+        }
         let arg = serve
             .get_arguments()
             .find(|arg| arg.get_long() == Some(key.as_str()) && !matches!(key.as_str(), "config" | "help" | "version"))
@@ -314,6 +360,9 @@ fn read_config(path: &Path, serve: &clap::Command) -> Result<Vec<(String, Vec<St
             value => vec![scalar(&value, &key, &where_.to_string())?],
         };
         defaults.push((arg.get_id().to_string(), values));
+    }
+    if defaults.iter().filter(|(id, _)| id == "pg_table").count() > 1 {
+        return Err(format!("{where_}: give the followed tables as `pg-table` or as `[[postgres.table]]`, not both"));
     }
     Ok(defaults)
 }
@@ -345,6 +394,7 @@ fn unknown_key(file: &str, key: &str, serve: &clap::Command) -> String {
 impl ServeArgs {
     /// The options the server runs with; checks what the types alone do not.
     pub fn into_options(self) -> Result<ServeOptions, String> {
+        let postgres = crate::pg_follow::config::from_args(&self)?;
         let mut options = ServeOptions {
             listen: self.listen,
             data_dir: self.data_dir,
@@ -368,6 +418,7 @@ impl ServeArgs {
             metrics_public: self.metrics_public,
             auth_timeout: Duration::from_secs(self.auth_timeout.max(1)),
             auth_grace: Duration::from_secs(self.auth_grace),
+            postgres,
             ..ServeOptions::default()
         };
         if !(1..=limits::MAX_NETWORK_THREADS).contains(&options.network_threads) {
@@ -408,6 +459,16 @@ impl ServeArgs {
             || self.stream_max_age > 0
         {
             return Err("--snapshot-dir, --snapshot-every and --stream-max-* need --cluster".to_owned());
+        }
+        if options.postgres.is_some() && options.durability != ordo_store::Durability::Full {
+            return Err("--pg-table needs --durability full: a position is confirmed to PostgreSQL (which then \
+                        forgets the changes before it) only once it is synced here"
+                .to_owned());
+        }
+        if options.postgres.is_some() && options.cluster.is_some() {
+            return Err(
+                "--pg-table cannot be used with --cluster yet (one follower per cluster is not built)".to_owned()
+            );
         }
         options.allow_origins = self.allow_origin;
         options.allow_hosts = self.allow_host;

@@ -37,10 +37,13 @@ pub enum ErrorCode {
     ClusterUnavailable,
     /// An `Idempotency-Key` sent again with another request (422).
     IdempotencyKeyReused,
+    /// A write to a collection that follows a PostgreSQL table (409): write to
+    /// the table in PostgreSQL instead (docs/POSTGRES.md).
+    ReadOnlySource,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 26] = [
+    pub const ALL: [ErrorCode; 27] = [
         ErrorCode::BadJson,
         ErrorCode::BadRequest,
         ErrorCode::InvalidSchema,
@@ -67,6 +70,7 @@ impl ErrorCode {
         ErrorCode::Lagging,
         ErrorCode::ClusterUnavailable,
         ErrorCode::IdempotencyKeyReused,
+        ErrorCode::ReadOnlySource,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -97,6 +101,7 @@ impl ErrorCode {
             ErrorCode::Lagging => "lagging",
             ErrorCode::ClusterUnavailable => "cluster_unavailable",
             ErrorCode::IdempotencyKeyReused => "idempotency_key_reused",
+            ErrorCode::ReadOnlySource => "read_only_source",
         }
     }
 
@@ -120,6 +125,7 @@ impl ErrorCode {
             ErrorCode::InvalidRules => 400,
             ErrorCode::Conflict => 409,
             ErrorCode::BackupRunning => 409,
+            ErrorCode::ReadOnlySource => 409,
         }
     }
 }

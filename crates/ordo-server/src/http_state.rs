@@ -47,6 +47,10 @@ pub struct HttpState {
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
     /// The answers remembered for writes sent with an `Idempotency-Key`.
     pub idempotency: Arc<crate::idempotency::Idempotency>,
+    /// `--pg-table`: the follower's status (`None`: nothing followed).
+    pub postgres: Option<Arc<crate::pg_follow::FollowStatus>>,
+    /// The collections that follow a PostgreSQL table: read-only here.
+    pub read_only: crate::pg_follow::ReadOnlyCollections,
 }
 
 impl HttpState {
@@ -60,6 +64,17 @@ impl HttpState {
         if let Some(cluster) = &self.cluster {
             cluster.shared.status.render_metrics(text);
         }
+    }
+
+    /// A write (or schema change) to `name` is refused when it follows a PostgreSQL table.
+    pub(crate) fn check_writable(&self, name: &str) -> Result<(), crate::error::ApiError> {
+        if self.read_only.contains(name) {
+            return Err(crate::error::ApiError::new(
+                crate::error::ErrorCode::ReadOnlySource,
+                format!("`{name}` follows a PostgreSQL table: write to the table in PostgreSQL"),
+            ));
+        }
+        Ok(())
     }
 
     /// What a WebSocket connection of `identity` (if it sent a token) runs with.

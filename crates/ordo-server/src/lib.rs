@@ -24,6 +24,7 @@ pub mod logging;
 pub mod metrics;
 pub mod min_seq;
 pub mod name_routes;
+pub mod pg_follow;
 pub mod rate_limit;
 pub mod refs;
 pub mod related;

@@ -65,6 +65,8 @@ pub struct ServeOptions {
     pub auth_grace: Duration,
     /// `--cluster` and its companions: `None` is single-node mode.
     pub cluster: Option<crate::cluster::ClusterOptions>,
+    /// `--pg-table` and its companions: the PostgreSQL tables followed (`None`: none).
+    pub postgres: Option<crate::pg_follow::config::PostgresOptions>,
 }
 
 impl Default for ServeOptions {
@@ -93,6 +95,7 @@ impl Default for ServeOptions {
             auth_timeout: Duration::from_secs(limits::AUTH_TIMEOUT_SECS),
             auth_grace: Duration::from_secs(limits::AUTH_EXPIRY_GRACE_SECS),
             cluster: None,
+            postgres: None,
         }
     }
 }
@@ -113,6 +116,10 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
     let verifier = if options.auth.is_configured() { Some(Verifier::new(&options.auth)?) } else { None };
     let (database, data_dir) = open_database(&options)?;
     let rules = load_rules(&database)?;
+    let pg_position = match &options.postgres {
+        Some(postgres) => crate::pg_follow::stored_position(&database, &postgres.slot)?,
+        None => crate::pg_follow::Stored::default(),
+    };
     let gate = Arc::new(Gate::new(verifier, rules, options.allow_hosts.clone(), options.allow_origins.clone()));
     gate.set_max_unauthenticated(limits::unauthenticated_cap(max_connections));
     let routes = Arc::new(RwLock::new(NameRoutes::new()));
@@ -140,6 +147,7 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
         writer: writer_tx,
         seq,
         cluster_shared,
+        pg_position,
     };
     let result = runtime.block_on(network.run());
     // Every sender is gone once the runtime is: the writer finishes what is queued and returns.
@@ -304,6 +312,8 @@ struct Network {
     writer: WriterSender,
     seq: SeqWatch,
     cluster_shared: Option<Arc<crate::cluster::Shared>>,
+    /// `--pg-table`: the position stored for the slot (`None`: a first start).
+    pg_position: crate::pg_follow::Stored,
 }
 
 impl Network {
@@ -317,11 +327,12 @@ impl Network {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let stop_signal = signal_listener()?;
         let cluster = self.start_cluster(shutdown_rx.clone()).await?;
+        let postgres = self.start_postgres(shutdown_rx.clone()).await?;
         // The demo's rooms are written before the address is printed, so whoever
         // waits for that line finds them there.
         let demo = self.start_demo(cluster.as_ref(), shutdown_rx.clone()).await?;
         self.announce(address, demo.as_deref());
-        let state = Arc::new(self.http_state(shutdown_rx.clone(), demo, cluster));
+        let state = Arc::new(self.http_state(shutdown_rx.clone(), demo, cluster, postgres));
         tokio::spawn(expire_sessions(state.registry.clone(), state.writer.clone(), shutdown_rx.clone()));
         let fatal = state.cluster.as_ref().map(|cluster| cluster.shared.clone());
         tokio::spawn(stop_on_signal(stop_signal, fatal.clone(), shutdown_tx));
@@ -342,6 +353,16 @@ impl Network {
         let cluster = start_cluster(options.clone(), shared.clone()).await?;
         cluster.spawn(self.writer.clone(), shutdown);
         Ok(Some(cluster))
+    }
+
+    /// `--pg-table`: checks the tables, copies them on a first start, and starts following.
+    async fn start_postgres(
+        &self,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<Option<crate::pg_follow::Started>, String> {
+        let Some(options) = &self.options.postgres else { return Ok(None) };
+        let started = crate::pg_follow::start(options, self.pg_position, &self.writer, &self.routes, shutdown).await?;
+        Ok(Some(started))
     }
 
     /// `--demo`: the chat, its rules and the traffic simulator.
@@ -406,8 +427,13 @@ impl Network {
         shutdown: watch::Receiver<bool>,
         demo: Option<Arc<demo::Demo>>,
         cluster: Option<Arc<crate::cluster::Cluster>>,
+        postgres: Option<crate::pg_follow::Started>,
     ) -> HttpState {
         let options = self.options;
+        let (postgres, read_only) = match postgres {
+            Some(started) => (Some(started.status), started.read_only),
+            None => (None, Arc::default()),
+        };
         HttpState {
             submit: match &cluster {
                 Some(cluster) => Submitter::Stream(cluster.clone()),
@@ -437,6 +463,8 @@ impl Network {
             seq: self.seq,
             cluster,
             idempotency: crate::idempotency::Idempotency::new(Default::default()),
+            postgres,
+            read_only,
         }
     }
 }

@@ -40,6 +40,10 @@ pub(super) async fn health(call: Call<'_>) -> Result<Response<Body>, ApiError> {
         // Everyone: a load balancer reads `lagging` without a token.
         body["cluster"] = cluster;
     }
+    // Admins only: the follower's error names tables and columns.
+    if let (Some(postgres), true) = (&state.postgres, admin) {
+        body["postgres"] = postgres.health_json();
+    }
     Ok(json_response(200, body.to_string().into_bytes()))
 }
 
@@ -53,6 +57,9 @@ pub(super) async fn metrics(call: Call<'_>) -> Result<Response<Body>, ApiError> 
     let depth = state.writer.max_capacity() - state.writer.capacity();
     let mut text = metrics::render(&gauges, depth);
     state.render_cluster_metrics(&mut text);
+    if let Some(postgres) = &state.postgres {
+        postgres.render_metrics(&mut text);
+    }
     Ok(Response::builder()
         .status(200)
         .header("content-type", "text/plain; version=0.0.4")

@@ -130,6 +130,7 @@ fn schema_target(state: &HttpState, name: &str) -> Result<Arc<CollectionEntry>, 
     if is_reserved_name(name) {
         return Err(ApiError::new(ErrorCode::Forbidden, format!("`{name}` is reserved for the server")));
     }
+    state.check_writable(name)?;
     state.routes.read().expect("routes lock").get(name).cloned().ok_or_else(|| ApiError::unknown_collection(name))
 }
 

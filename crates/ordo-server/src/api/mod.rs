@@ -286,6 +286,7 @@ fn granted_write(
     identity: &Identity,
     name: &str,
 ) -> Result<(Arc<CollectionEntry>, crate::write_rules::WriteGrant), ApiError> {
+    state.check_writable(name)?;
     state.gate.granted_write(&state.routes, identity, name)
 }
 

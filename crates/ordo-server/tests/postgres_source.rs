@@ -1,0 +1,391 @@
+//! `ordo serve --pg-table`: tables of a real PostgreSQL (`PostgresServer`,
+//! a throw-away server on a Unix socket) followed and served as collections.
+//! PostgreSQL is the reference: after each transaction, once Ordo reports it
+//! applied, Ordo's windows equal the same `SELECT ... ORDER BY ... LIMIT`.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{ordo_binary, Server, StartOptions};
+use ordo_test_kit::postgres::{PostgresServer, SOCKET_PORT};
+use ordo_test_kit::rng::Rng;
+use serde_json::{json, Value};
+
+const PUBLICATION: &str = "ordo_pub";
+const SLOT: &str = "ordo_slot";
+/// How long a transaction may take to show in Ordo on a loaded machine; the
+/// waits end as soon as it shows.
+const APPLY_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn postgres() -> PostgresServer {
+    PostgresServer::start().unwrap_or_else(|error| panic!("starting PostgreSQL: {error}"))
+}
+
+/// The `--pg-*` arguments that follow `tables` of `pg`, its password in `dir/pg-password`.
+fn follow_args(pg: &PostgresServer, dir: &Path, tables: &[&str]) -> Vec<String> {
+    let password_file = dir.join("pg-password");
+    std::fs::write(&password_file, format!("{}\n", pg.password)).unwrap();
+    let mut args: Vec<String> = [
+        "--pg-host",
+        pg.socket_dir().to_str().unwrap(),
+        "--pg-port",
+        &SOCKET_PORT.to_string(),
+        "--pg-user",
+        &pg.user,
+        "--pg-database",
+        "postgres",
+        "--pg-publication",
+        PUBLICATION,
+        "--pg-slot",
+        SLOT,
+        "--pg-password-file",
+        password_file.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|arg| arg.to_string())
+    .collect();
+    for table in tables {
+        args.extend(["--pg-table".to_owned(), table.to_string()]);
+    }
+    args
+}
+
+fn start_following(pg: &PostgresServer, dir: &Path, tables: &[&str]) -> Server {
+    let args = follow_args(pg, dir, tables);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Server::start(&dir.join("data"), &args)
+}
+
+fn create_items_table(pg: &PostgresServer) {
+    pg.psql(&format!(
+        "CREATE TABLE items (id text PRIMARY KEY, score int8 NOT NULL, title text);
+         CREATE PUBLICATION {PUBLICATION} FOR TABLE items;"
+    ))
+    .unwrap();
+}
+
+/// The follower's `/v1/health` object.
+fn follower_health(server: &Server) -> Value {
+    server.ok("GET", "/v1/health", Value::Null)["postgres"].clone()
+}
+
+/// Waits until Ordo has applied `n` transactions since it started following.
+fn wait_applied(server: &Server, n: u64) {
+    let deadline = Instant::now() + APPLY_TIMEOUT;
+    loop {
+        let health = follower_health(server);
+        if health["transactions_applied"].as_u64().unwrap() >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "transaction {n} not applied: {health}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// PostgreSQL's window: `(id, score, title)` by score, then id in byte order (Ordo's tie-break).
+fn postgres_window(pg: &PostgresServer, limit: usize) -> Vec<Value> {
+    let rows = pg
+        .psql(&format!(
+            "SELECT json_build_object('id', id, 'score', score, 'title', title)
+             FROM items ORDER BY score, id COLLATE \"C\" LIMIT {limit}"
+        ))
+        .unwrap();
+    rows.lines().filter(|line| !line.is_empty()).map(|line| serde_json::from_str(line).unwrap()).collect()
+}
+
+/// Ordo's window of `items` in the same shape.
+fn ordo_window(server: &Server, limit: usize) -> Vec<Value> {
+    let answer =
+        server.ok("POST", "/v1/collections/items/query", json!({"sort": [{"field": "score"}], "limit": limit}));
+    answer["items"].as_array().unwrap().iter().map(row_of).collect()
+}
+
+fn row_of(item: &Value) -> Value {
+    let fields = &item["fields"];
+    json!({"id": item["id"], "score": fields["score"], "title": fields["title"]})
+}
+
+/// One random transaction of 1..=4 statements over the ids in `ids` (kept in step).
+fn random_transaction(rng: &mut Rng, ids: &mut Vec<String>, next_id: &mut u64) -> String {
+    let mut sql = String::from("BEGIN;\n");
+    for _ in 0..1 + rng.below(4) {
+        let score = rng.below(20) as i64 - 5;
+        match rng.below(3) {
+            0 if !ids.is_empty() => {
+                let id = ids.swap_remove(rng.below(ids.len()));
+                sql.push_str(&format!("DELETE FROM items WHERE id = '{id}';\n"));
+            }
+            1 if !ids.is_empty() => {
+                let id = rng.pick(ids);
+                let step = 1 + rng.below(5);
+                sql.push_str(&format!(
+                    "UPDATE items SET score = score + {step}, title = 't{score}' WHERE id = '{id}';\n"
+                ));
+            }
+            _ => {
+                *next_id += 1;
+                let id = format!("i{next_id}");
+                sql.push_str(&format!("INSERT INTO items VALUES ('{id}', {score}, 'x/{score}');\n"));
+                ids.push(id);
+            }
+        }
+    }
+    sql.push_str("COMMIT;");
+    sql
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followed_table_equals_postgres_after_random_transactions_one_frame_each() {
+    let seed = std::env::var("ORDO_SEED").ok().and_then(|seed| seed.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    });
+    println!("seed {seed} (ORDO_SEED={seed} replays it)");
+    let mut rng = Rng::new(seed);
+    let pg = postgres();
+    create_items_table(&pg);
+    let mut ids: Vec<String> = (0..40).map(|n| format!("c{n}")).collect();
+    pg.psql("INSERT INTO items SELECT 'c' || n, n % 7, NULL FROM generate_series(0, 39) n;").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_following(&pg, dir.path(), &["items"]);
+    assert_eq!(ordo_window(&server, 1000), postgres_window(&pg, 1000), "after the copy (seed {seed})");
+    // One subscription over every row: each transaction changes it, so each is one frame.
+    let mut client = server.connect().await;
+    client
+        .send(json!({"op": "subscribe", "sub": "all", "collection": "items", "sort": [{"field": "score"}], "limit": 1000}))
+        .await;
+    assert!(client.read_until(APPLY_TIMEOUT, |client| client.lists.contains_key("all")).await, "no first frame");
+    let n_frames_before = client.diffs_seen.len();
+    let mut next_id = 0;
+    let n_transactions = 25;
+    for n in 1..=n_transactions {
+        let sql = random_transaction(&mut rng, &mut ids, &mut next_id);
+        pg.psql(&sql).unwrap();
+        wait_applied(&server, n);
+        let limit = 1 + rng.below(15);
+        assert_eq!(ordo_window(&server, limit), postgres_window(&pg, limit), "after {sql} (seed {seed})");
+    }
+    let expected = postgres_window(&pg, 1000);
+    let caught_up = client
+        .read_until(APPLY_TIMEOUT, |client| {
+            client.lists["all"].items.iter().map(row_of).collect::<Vec<_>>() == expected
+        })
+        .await;
+    assert!(caught_up, "the subscription does not equal PostgreSQL (seed {seed})");
+    assert_eq!(
+        client.diffs_seen.len() - n_frames_before,
+        n_transactions as usize,
+        "one frame per transaction (seed {seed})"
+    );
+    let health = follower_health(&server);
+    assert_eq!(health["state"], "streaming", "{health}");
+    assert!(server.metric("ordo_postgres_transactions_applied_total") >= n_transactions as f64);
+    // The lag is reported in both places, and the position is the one PostgreSQL confirmed for the slot.
+    assert!(health["lag_bytes"].is_u64() && health["lag_seconds"].is_f64(), "{health}");
+    assert_eq!(server.metric("ordo_postgres_lag_bytes"), health["lag_bytes"].as_u64().unwrap() as f64);
+    assert_eq!(server.metric("ordo_postgres_streaming"), 1.0);
+    // PostgreSQL reads the confirmation on its own time: wait for it, bounded.
+    let slot_query = format!("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{SLOT}'");
+    let deadline = Instant::now() + APPLY_TIMEOUT;
+    while pg.psql(&slot_query).unwrap() != health["applied_lsn"].as_str().unwrap() {
+        assert!(Instant::now() < deadline, "the slot never confirmed Ordo's position {health}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn kill_9_mid_stream_and_a_postgres_restart_then_every_row_exactly_once() {
+    let pg = postgres();
+    pg.psql(&format!(
+        "CREATE TABLE counters (room int4, n int4, hits int8 NOT NULL, PRIMARY KEY (room, n));
+         CREATE PUBLICATION {PUBLICATION} FOR TABLE counters;"
+    ))
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start_following(&pg, dir.path(), &["counters"]);
+    // Each transaction inserts a row and increments every row of its room: a
+    // transaction applied twice or skipped leaves a row or a count wrong.
+    let transaction = |k: usize| {
+        format!(
+            "BEGIN; INSERT INTO counters VALUES ({room}, {k}, 0); UPDATE counters SET hits = hits + 1 WHERE room = {room}; COMMIT;",
+            room = k % 3
+        )
+    };
+    for k in 0..30 {
+        pg.psql(&transaction(k)).unwrap();
+    }
+    wait_applied(&server, 10);
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGKILL) };
+    server.wait();
+    for k in 30..45 {
+        pg.psql(&transaction(k)).unwrap();
+    }
+    let args = follow_args(&pg, dir.path(), &["counters"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let options = StartOptions { capture_stderr: true, ..StartOptions::default() };
+    let server = Server::start_with(&dir.path().join("data"), &args, options);
+    // The restart resumes from the position stored with the data, not from a new copy.
+    let lines = server.wait_for_stderr_line(|line| line.contains("following PostgreSQL"));
+    let started = lines.iter().find(|line| line.contains("following PostgreSQL")).unwrap();
+    assert!(started.contains("resumed=true"), "{started}");
+    pg.stop().unwrap();
+    pg.start_again().unwrap();
+    for k in 45..60 {
+        pg.psql(&transaction(k)).unwrap();
+    }
+    let expected =
+        pg.psql("SELECT string_agg(room || '/' || n || '=' || hits, ',' ORDER BY room, n) FROM counters").unwrap();
+    let deadline = Instant::now() + APPLY_TIMEOUT;
+    loop {
+        let answer = server.ok("POST", "/v1/collections/counters/query", json!({"limit": 1000}));
+        let mut rows: Vec<(i64, i64, String)> = answer["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|item| {
+                let fields = &item["fields"];
+                let (room, n) = (fields["room"].as_i64().unwrap(), fields["n"].as_i64().unwrap());
+                assert_eq!(item["id"], format!("{room}/{n}"), "a composite key's id");
+                (room, n, format!("{room}/{n}={}", fields["hits"]))
+            })
+            .collect();
+        rows.sort();
+        let got = rows.into_iter().map(|row| row.2).collect::<Vec<_>>().join(",");
+        if got == expected {
+            break;
+        }
+        assert!(Instant::now() < deadline, "Ordo holds {got}\nPostgreSQL holds {expected}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let health = follower_health(&server);
+    assert_eq!(health["state"], "streaming", "{health}");
+    assert!(health["reconnects"].as_u64().unwrap() >= 1, "the PostgreSQL restart was lived through: {health}");
+}
+
+/// Rows in the copy test: more than one progress line's worth (every 100 000 rows).
+const COPY_ROWS: u64 = 150_000;
+
+#[test]
+fn kill_9_mid_copy_then_restart_copies_every_row_once() {
+    let pg = postgres();
+    pg.psql(&format!(
+        "CREATE TABLE big (id int8 PRIMARY KEY, v int8 NOT NULL);
+         INSERT INTO big SELECT n, n FROM generate_series(1, {COPY_ROWS}) n;
+         CREATE PUBLICATION {PUBLICATION} FOR TABLE big;"
+    ))
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(ordo_binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args(follow_args(&pg, dir.path(), &["big"]))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The progress line at 100 000 rows: 90 000 are written, the next batch is on its way.
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mid_copy = std::io::BufRead::lines(stdout)
+        .map_while(Result::ok)
+        .find(|line| line.contains("copying public.big: 100000 rows"));
+    assert!(mid_copy.is_some(), "no progress line");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Changes while Ordo is down, to rows the cut copy had written: a restart
+    // that kept them would show the old values or rows deleted since.
+    pg.psql("DELETE FROM big WHERE id <= 1000; UPDATE big SET v = -v WHERE id BETWEEN 1001 AND 2000;").unwrap();
+    let server = start_following(&pg, dir.path(), &["big"]);
+    let answer = server.ok("POST", "/v1/collections/big/query", json!({"sort": [{"field": "v"}], "limit": 3}));
+    assert_eq!(answer["total"], COPY_ROWS - 1000, "{}", answer["total"]);
+    let lowest: Vec<&Value> = answer["items"].as_array().unwrap().iter().map(|item| &item["fields"]["v"]).collect();
+    assert_eq!(lowest, [&json!(-2000), &json!(-1999), &json!(-1998)]);
+    let highest =
+        server.ok("POST", "/v1/collections/big/query", json!({"sort": [{"field": "v", "dir": "desc"}], "limit": 1}));
+    assert_eq!(highest["items"][0]["id"], COPY_ROWS.to_string());
+}
+
+#[test]
+fn writes_to_a_followed_collection_are_refused_with_read_only_source() {
+    let pg = postgres();
+    create_items_table(&pg);
+    pg.psql("INSERT INTO items VALUES ('a', 1, 'first');").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_following(&pg, dir.path(), &["items"]);
+    let upsert = json!({"ops": [{"op": "upsert", "id": "b", "fields": {"score": 2}}]});
+    let attempts = [
+        ("POST", "/v1/collections/items/batch", Some(upsert.clone())),
+        ("POST", "/v1/batch", Some(json!({"writes": [{"collection": "items", "ops": upsert["ops"]}]}))),
+        ("DELETE", "/v1/collections/items/items/a", None),
+        ("POST", "/v1/collections/items/fields", Some(json!({"name": "extra", "type": "i64", "default": 0}))),
+        ("DELETE", "/v1/collections/items/fields/title", None),
+        ("DELETE", "/v1/collections/items", None),
+    ];
+    for (method, path, body) in attempts {
+        let (status, answer) = server.http(method, path, body.as_ref());
+        let refused = |answer: &Value| answer["error"]["code"] == "read_only_source";
+        // `POST /v1/batch` answers per part.
+        let part_refused = answer["results"][0]["error"]["code"] == "read_only_source";
+        assert!((status == 409 && refused(&answer)) || part_refused, "{method} {path}: {status} {answer}");
+    }
+    assert_eq!(ordo_window(&server, 10), postgres_window(&pg, 10), "nothing written through Ordo");
+    // The position's reserved collection is neither listed nor reachable.
+    let listed = server.ok("GET", "/v1/collections", Value::Null);
+    let names: Vec<&str> =
+        listed["collections"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["items"], "{listed}");
+    let (status, _) = server.http("POST", "/v1/collections/_ordo%2Fpostgres/query", Some(&json!({"limit": 1})));
+    assert!(status == 403 || status == 404, "{status}");
+    // Another collection is writable as ever.
+    server.ok("PUT", "/v1/collections/notes", json!({"fields": [{"name": "score", "type": "i64"}]}));
+    server.ok("POST", "/v1/collections/notes/batch", upsert);
+}
+
+/// Runs `ordo serve` expecting it to refuse to start; returns its output.
+fn refused_start(dir: &Path, args: &[String]) -> String {
+    let output = Command::new(ordo_binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join("data"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(!output.status.success(), "started: {text}");
+    assert!(!text.contains("listening on"), "{text}");
+    text
+}
+
+#[test]
+fn bad_configs_are_refused_at_start_with_the_reason() {
+    let pg = postgres();
+    create_items_table(&pg);
+    pg.psql("CREATE TABLE no_key (a int4); ALTER PUBLICATION ordo_pub ADD TABLE no_key; CREATE TABLE other (id int4 PRIMARY KEY);")
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&[&str], &str, &str); 6] = [
+        (&["no_key"], "", "no primary key"),
+        (&["other"], "", "not in the publication"),
+        (&["missing"], "", "does not exist"),
+        (&["items:items:nope"], "", "no column `nope`"),
+        (&["items:_ordo/x"], "", "_ordo"),
+        (&["items"], "wrong-password", "password"),
+    ];
+    for (tables, password, expected) in cases {
+        let mut args = follow_args(&pg, dir.path(), tables);
+        if !password.is_empty() {
+            std::fs::write(dir.path().join("pg-password"), password).unwrap();
+        }
+        let output = refused_start(dir.path(), &args);
+        assert!(output.contains(expected), "{tables:?}: expected `{expected}` in {output}");
+        assert!(!output.contains(&pg.password), "the password is never printed: {output}");
+        args.clear();
+    }
+    let mut relaxed = follow_args(&pg, dir.path(), &["items"]);
+    relaxed.extend(["--durability".to_owned(), "relaxed".to_owned()]);
+    assert!(refused_start(dir.path(), &relaxed).contains("--pg-table needs --durability full"));
+    let mut args = follow_args(&pg, dir.path(), &["items"]);
+    args[9] = "no_such_pub".to_owned();
+    assert!(refused_start(dir.path(), &args).contains("publication `no_such_pub` does not exist"));
+}
