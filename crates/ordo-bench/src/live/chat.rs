@@ -296,6 +296,11 @@ pub fn chat_losses_of(
     stats: &WriteStats,
     collection_of: impl Fn(usize) -> usize,
 ) -> ChatLosses {
+    losses_against(outcomes, |subscriber| stats.acked_per_collection[collection_of(subscriber)].load(Ordering::Relaxed))
+}
+
+/// The losses when subscriber `i` should have received `written_of(i)` updates.
+pub fn losses_against(outcomes: &[SubscriberOutcome], written_of: impl Fn(usize) -> u64) -> ChatLosses {
     let mut losses = ChatLosses {
         lost: 0,
         extra: 0,
@@ -305,7 +310,7 @@ pub fn chat_losses_of(
         resets: 0,
     };
     for (subscriber, outcome) in outcomes.iter().enumerate() {
-        let written = stats.acked_per_collection[collection_of(subscriber)].load(Ordering::Relaxed);
+        let written = written_of(subscriber);
         let missing = written.saturating_sub(outcome.seen.n_seen);
         if outcome.resets_after_first > 0 {
             losses.reset_collections += 1;

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use hyper::Method;
 
-use super::chat::{chat_collection, chat_user, ChatLosses};
+use super::chat::{chat_collection, chat_user, losses_against, ChatLosses};
 use super::http::HttpPool;
 use super::stats::XorShift64;
 use super::subscriber::{SubscriberOutcome, UpdateMarks};
@@ -417,31 +417,12 @@ impl UpdateSource for FlagshipUpdates {
 /// The rooms layout's losses: subscriber `user` should have seen every
 /// acknowledged message of each of its rooms (`stats` counts them per room).
 pub fn rooms_layout_losses(outcomes: &[SubscriberOutcome], stats: &WriteStats, chat: &FlagshipChat) -> ChatLosses {
-    let mut losses = ChatLosses {
-        lost: 0,
-        extra: 0,
-        reset_collections: 0,
-        written_in_reset_collections: 0,
-        missing_in_reset_collections: 0,
-        resets: 0,
-    };
-    for (user, outcome) in outcomes.iter().enumerate() {
-        let written: u64 = chat.rooms_of_user[user]
+    losses_against(outcomes, |user| {
+        chat.rooms_of_user[user]
             .iter()
             .map(|&room| stats.acked_per_collection[room as usize].load(Ordering::Relaxed))
-            .sum();
-        let missing = written.saturating_sub(outcome.seen.n_seen);
-        if outcome.resets_after_first > 0 {
-            losses.reset_collections += 1;
-            losses.written_in_reset_collections += written;
-            losses.missing_in_reset_collections += missing;
-        } else {
-            losses.lost += missing;
-        }
-        losses.extra += outcome.seen.n_seen.saturating_sub(written);
-        losses.resets += outcome.resets_after_first;
-    }
-    losses
+            .sum()
+    })
 }
 
 #[cfg(test)]
