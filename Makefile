@@ -6,7 +6,7 @@ CARGO ?= cargo
 .PHONY: run serve cluster nats-server postgres nats-sync test test-rust test-clients test-browser server-bin bench bench-quick bench-store loadgen server-micro lint fmt model-long crash-long vectors
 
 # The main job: the server on http://127.0.0.1:7070 with its data in ./ordo-data,
-# and the live room-list demo at http://127.0.0.1:7070/demo (10 000 rooms, a
+# and the live chat demo at http://127.0.0.1:7070/demo (10 000 shared rooms, a
 # traffic simulator). `ARGS="--listen 0.0.0.0:8080 --demo-rate 100"` to change them.
 run:
 	$(CARGO) run --release -p ordo-server --bin ordo -- serve --demo $(ARGS)
