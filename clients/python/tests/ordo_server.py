@@ -140,5 +140,5 @@ class OrdoServer:
     def query(self, collection: str, view: dict[str, Any]) -> list[dict[str, Any]]:
         body = {key: value for key, value in view.items() if value is not None}
         items: list[dict[str, Any]] = self.ok("POST", f"/v1/collections/{collection}/query", body)["items"]
-        # Query items carry their version; items in diff frames (a live list's) do not.
-        return [{key: value for key, value in item.items() if key != "version"} for item in items]
+        # Query items and items in diff frames both carry their version (the window digest covers it).
+        return items

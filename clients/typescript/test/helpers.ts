@@ -171,12 +171,8 @@ export class OrdoServer {
     const { collection, ...body } = view;
     const path = `/v1/collections/${encodeURIComponent(collection)}/query`;
     const answer = (await this.ok("POST", path, body, token)) as { items: Item[] };
-    // Query items carry their version; items in diff frames (a live list's) do not.
-    return answer.items.map((item) => {
-      const copy: Record<string, unknown> = { ...item };
-      delete copy.version;
-      return copy as unknown as Item;
-    });
+    // Query items and items in diff frames both carry their version (the window digest covers it).
+    return answer.items;
   }
 }
 
