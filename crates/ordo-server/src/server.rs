@@ -509,7 +509,7 @@ async fn start_cluster(
     // were all dropped included), and `applied` must be within it.
     crate::cluster::snapshot::check_resume(applied, bounds)
         .map_err(|error| format!("stream `{}`: {error}", cluster.options.stream))?;
-    cluster.shared.status.saw_stream_seq(state.last_seq);
+    cluster.shared.status.stream_said_last_seq(state.last_seq);
     println!(
         "ordo: cluster node {} on stream `{}` ({} entries, applied through seq {applied})",
         cluster.options.node_name, cluster.options.stream, state.last_seq

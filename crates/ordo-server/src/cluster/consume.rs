@@ -78,7 +78,7 @@ async fn consume_from(
 ) -> Result<(), String> {
     let setup_started = std::time::Instant::now();
     let state = cluster.stream_state().await?;
-    cluster.shared.status.saw_stream_seq(state.last_seq);
+    cluster.shared.status.stream_said_last_seq(state.last_seq);
     // Entries this node needs removed from the stream (retention): applying what
     // is left would skip them silently. The node stops for good (`gap`).
     let bounds = super::snapshot::StreamBounds { first_seq: state.first_seq, last_seq: state.last_seq };
@@ -115,11 +115,13 @@ async fn consume_from(
                 let next = match tokio::time::timeout(STALL_AFTER, messages.next()).await {
                     Ok(next) => next,
                     Err(_) if cluster.shared.status.lag_entries() > 0 => {
+                        let Some(stream_last_seq) = lags_by_the_stream_state(cluster).await else { continue };
                         // The stream has entries this consumer does not deliver: its
                         // server is frozen or cut off, and the consumer has not
                         // noticed. A new one reaches the stream's current leader.
                         return Err(format!(
-                            "no entry for {STALL_AFTER:?} while the stream holds more; consuming again"
+                            "no entry for {STALL_AFTER:?} while the stream holds more (up to seq \
+                             {stream_last_seq}); consuming again"
                         ));
                     }
                     Err(_) => continue,
@@ -159,6 +161,18 @@ async fn consume_from(
         }
     }
     Err("the stream's messages ended".to_owned())
+}
+
+/// Asks the stream itself before a quiet consumer is given up on: `None` when
+/// this node has applied all the stream holds (the last seq as seen was more
+/// than the stream holds), else the stream's last seq (the stream's state as
+/// last known when it cannot be read).
+async fn lags_by_the_stream_state(cluster: &Cluster) -> Option<u64> {
+    if let Ok(state) = cluster.stream_state().await {
+        cluster.shared.status.stream_said_last_seq(state.last_seq);
+    }
+    let status = &cluster.shared.status;
+    (status.lag_entries() > 0).then(|| status.stream_last_seq())
 }
 
 /// How long deleting an earlier generation's consumer may take; past it the
@@ -255,21 +269,19 @@ fn delivered(
 ) -> Result<Delivered, String> {
     let message = message.map_err(|error| error.to_string())?;
     let reply = message.message.reply.as_deref().and_then(ack_reply_info);
-    let AckInfo { seq, consumer_seq, pending, published_ns } = match reply {
+    let AckInfo { seq, consumer_seq, published_ns } = match reply {
         Some(parsed) => parsed,
         None => {
             let info = message.info().map_err(|error| error.to_string())?;
             let published_ns = u64::try_from(info.published.unix_timestamp_nanos()).unwrap_or(0);
-            AckInfo {
-                seq: info.stream_sequence,
-                consumer_seq: info.consumer_sequence,
-                pending: info.pending,
-                published_ns,
-            }
+            AckInfo { seq: info.stream_sequence, consumer_seq: info.consumer_sequence, published_ns }
         }
     };
     order.check(consumer_seq, seq)?;
-    cluster.shared.status.saw_stream_seq(seq + pending);
+    // Only the seq: the pending count beside it is the consumer's server's
+    // estimate, which can count entries the stream does not hold (a replica
+    // after a leader change), and a value seen is never lowered but by a poll.
+    cluster.shared.status.saw_stream_seq(seq);
     let msg_id = message
         .message
         .headers
@@ -286,13 +298,11 @@ struct AckInfo {
     seq: u64,
     /// The consumer's number for this delivery (1, 2, 3, ...).
     consumer_seq: u64,
-    /// Entries in the stream after it.
-    pending: u64,
     /// Publication time, Unix ns.
     published_ns: u64,
 }
 
-/// The stream seq, the consumer seq, the entries pending after it and the
+/// The stream seq, the consumer seq, and the
 /// publication time (Unix ns) of a delivered message, read from its ack subject as
 /// `jetstream::Message::info` reads it (`$JS.ACK.[<domain>.<account hash>.]<stream>.
 /// <consumer>.<delivered>.<stream seq>.<consumer seq>.<ns>.<pending>[...]`), without
@@ -317,7 +327,9 @@ fn ack_reply_info(reply: &str) -> Option<AckInfo> {
         _ => return None,
     };
     let number = |index: usize| tokens[offset + index].parse::<u64>().ok();
-    Some(AckInfo { seq: number(3)?, consumer_seq: number(4)?, pending: number(6)?, published_ns: number(5)? })
+    // The pending count (token 6) is only checked for shape.
+    number(6)?;
+    Some(AckInfo { seq: number(3)?, consumer_seq: number(4)?, published_ns: number(5)? })
 }
 
 /// How long a node may lag without applying anything before its consumer is
@@ -347,7 +359,7 @@ pub async fn poll_stream(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bo
             _ = shutdown.wait_for(|stopping| *stopping) => return,
         }
         if let Ok(state) = cluster.stream_state().await {
-            cluster.shared.status.saw_stream_seq(state.last_seq);
+            cluster.shared.status.stream_said_last_seq(state.last_seq);
         }
         let applied = cluster.shared.status.applied_seq();
         if applied != last_applied || cluster.shared.status.lag_entries() == 0 {
@@ -373,23 +385,20 @@ pub async fn poll_stream(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bo
 mod tests {
     use super::{ack_reply_info, AckInfo, Order};
 
-    fn info(seq: u64, consumer_seq: u64, pending: u64, published_ns: u64) -> Option<AckInfo> {
-        Some(AckInfo { seq, consumer_seq, pending, published_ns })
+    fn info(seq: u64, consumer_seq: u64, published_ns: u64) -> Option<AckInfo> {
+        Some(AckInfo { seq, consumer_seq, published_ns })
     }
 
     #[test]
-    fn the_ack_subject_gives_the_stream_seq_the_pending_count_and_the_time() {
+    fn the_ack_subject_gives_the_stream_seq_the_consumer_seq_and_the_time() {
         // The v1 form: stream, consumer, delivered, stream seq, consumer seq, ns, pending.
-        assert_eq!(
-            ack_reply_info("$JS.ACK.ORDO.c1.1.42.7.1700000000123456789.958"),
-            info(42, 7, 958, 1700000000123456789)
-        );
+        assert_eq!(ack_reply_info("$JS.ACK.ORDO.c1.1.42.7.1700000000123456789.958"), info(42, 7, 1700000000123456789));
         // The v2 form: domain and account hash first, a random token after.
         assert_eq!(
             ack_reply_info("$JS.ACK._.HASH.ORDO.c1.1.42.7.1700000000123456789.958.xyz"),
-            info(42, 7, 958, 1700000000123456789)
+            info(42, 7, 1700000000123456789)
         );
-        assert_eq!(ack_reply_info("$JS.ACK.hub.HASH.ORDO.c1.2.5.3.17.0"), info(5, 3, 0, 17));
+        assert_eq!(ack_reply_info("$JS.ACK.hub.HASH.ORDO.c1.2.5.3.17.0"), info(5, 3, 17));
         // Anything else falls back to async-nats' own parser.
         for bad in
             ["", "_INBOX.x", "$JS.ACK.ORDO.c1.1.42.7.17", "$JS.ACK.ORDO.c1.1.x.7.17.0", "$JS.ACK.a.b.c.d.e.f.g.h"]

@@ -34,7 +34,7 @@ pub async fn check(cluster: &Cluster, expected: u64, delivered: u64) -> Result<(
     let state = cluster.stream_state().await.map_err(|error| {
         format!("seq {delivered} delivered where {expected} was expected, and then {error}; consuming again")
     })?;
-    cluster.shared.status.saw_stream_seq(state.last_seq);
+    cluster.shared.status.stream_said_last_seq(state.last_seq);
     let bounds = StreamBounds { first_seq: state.first_seq, last_seq: state.last_seq };
     verdict(&cluster.options.stream, expected, delivered, bounds)
         .inspect_err(|message| cluster.shared.stop_for_good(message.clone()))

@@ -71,9 +71,8 @@ impl Status {
         self.applied_published_ns.store(published_ns, Ordering::Release);
     }
 
-    /// The stream said its last sequence is `seq` (a poll answered, an entry
-    /// delivered): raises the last sequence as seen (never lowers it) and
-    /// marks it fresh.
+    /// The stream holds seq `seq` (an entry delivered): raises the last
+    /// sequence as seen (never lowers it) and marks it fresh.
     pub(crate) fn saw_stream_seq(&self, seq: u64) {
         self.saw_stream_seq_at(seq, now_ns());
     }
@@ -81,6 +80,17 @@ impl Status {
     pub(crate) fn saw_stream_seq_at(&self, seq: u64, at_ns: u64) {
         self.stream_last_seq.fetch_max(seq, Ordering::AcqRel);
         self.stream_seen_ns.fetch_max(at_ns, Ordering::AcqRel);
+    }
+
+    /// The stream's own state says its last sequence is `seq`: that replaces
+    /// the value as seen, lower or not. A value raised past what the stream
+    /// holds would otherwise never come down, and the node would count as
+    /// lagging for good (restarting its consumer every few seconds to wait
+    /// for entries that do not exist). A state older than an entry seen
+    /// meanwhile lowers it only until the next poll, a second later.
+    pub(crate) fn stream_said_last_seq(&self, seq: u64) {
+        self.stream_last_seq.store(seq, Ordering::Release);
+        self.stream_seen_ns.fetch_max(now_ns(), Ordering::AcqRel);
     }
 
     /// How long since the stream last told this node its last sequence.
@@ -214,7 +224,11 @@ mod tests {
         assert!(status.is_lagging());
         assert_eq!(status.check_not_lagging().unwrap_err().code, ErrorCode::Lagging);
         status.saw_stream_seq(3);
-        assert_eq!(status.stream_last_seq(), 16, "never lowered");
+        assert_eq!(status.stream_last_seq(), 16, "an entry seen never lowers it");
+        status.stream_said_last_seq(15);
+        assert_eq!(status.stream_last_seq(), 15, "the stream's own state does");
+        assert_eq!(status.lag_entries(), 10);
+        status.saw_stream_seq(16);
         status.set_applied(16, now_ns() - 2_000_000_000);
         assert_eq!(status.lag_entries(), 0);
         assert!(!status.is_lagging());
