@@ -58,6 +58,8 @@ metrics! {
     batches: counter "ordo_batches_total" "Batches acknowledged.";
     batches_refused: counter "ordo_batches_refused_total" "Batches refused.";
     gauge "ordo_last_seq" "Sequence number of the last committed batch." = |gauges, _| gauges.last_seq;
+    counter "ordo_log_bytes_total" "Bytes of records appended to the write-ahead log since the server started."
+        = |gauges, _| gauges.log_bytes;
     gauge "ordo_checkpoint_lag_batches"
         "Committed batches not yet checkpointed into LMDB (replayed from the log at the next start)."
         = |gauges, _| gauges.last_seq.saturating_sub(gauges.checkpointed_seq);
@@ -213,6 +215,7 @@ pub struct WriterGauges {
     pub n_budgeted_identities: usize,
     pub last_seq: u64,
     pub checkpointed_seq: u64,
+    pub log_bytes: u64,
 }
 
 pub fn render(gauges: &WriterGauges, writer_queue_depth: usize) -> String {

@@ -75,6 +75,9 @@ pub struct Database {
     group_scratch: GroupScratch,
     n_group_commits: u64,
     n_batches_committed: u64,
+    /// Bytes of log records appended since the database was opened (what a
+    /// write costs in log and, in cluster mode, in stream bytes).
+    n_log_bytes_appended: u64,
     /// How long the last group's log write and sync took (for the server's metrics).
     last_log_append: Duration,
     /// The LMDB environment (the checkpointer owns the store): a backup copies
@@ -185,6 +188,7 @@ impl Database {
             records: Vec::new(),
             group_scratch: GroupScratch::default(),
             n_group_commits: 0,
+            n_log_bytes_appended: 0,
             last_log_append: Duration::ZERO,
             n_batches_committed: 0,
             env,
@@ -224,6 +228,11 @@ impl Database {
     /// How long the last group commit's log write and `fdatasync` took.
     pub fn last_log_append(&self) -> Duration {
         self.last_log_append
+    }
+
+    /// Bytes of log records appended since the database was opened.
+    pub fn log_bytes_appended(&self) -> u64 {
+        self.n_log_bytes_appended
     }
 
     pub fn store_stats(&self) -> StoreStats {
@@ -446,6 +455,7 @@ impl Database {
         }
         self.n_group_commits += 1;
         self.n_batches_committed += accepted.len() as u64;
+        self.n_log_bytes_appended += self.records.len() as u64;
         let records = std::mem::replace(&mut self.records, self.checkpointer.take_buffer());
         self.checkpointer.send_records(records, first_seq, last_seq);
         // Off this thread: every write waits for this one.
@@ -475,6 +485,7 @@ impl Database {
         self.records.clear();
         wal::encode_marker(&mut self.records, seq);
         self.wal.append(&self.records, seq)?;
+        self.n_log_bytes_appended += self.records.len() as u64;
         let records = std::mem::replace(&mut self.records, self.checkpointer.take_buffer());
         self.checkpointer.send_records(records, seq, seq);
         self.wal.remove_checkpointed_in_background(self.checkpointer.checkpointed_seq());

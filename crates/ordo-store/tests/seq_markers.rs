@@ -98,3 +98,25 @@ fn a_marker_must_take_the_next_number() {
     let mut database = open(dir.path());
     database.advance_seq(2).unwrap();
 }
+
+/// The log bytes counter (the server's `ordo_log_bytes_total`): every append
+/// counts what it wrote, a write more than a marker, and nothing else does.
+#[test]
+fn log_bytes_count_every_append_and_only_appends() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut database = open(dir.path());
+    assert_eq!(database.log_bytes_appended(), 0);
+    database.create_collection("rooms", test_schema()).unwrap();
+    let after_create = database.log_bytes_appended();
+    write_unread(&mut database, "a-room-with-a-long-id", 1);
+    let write = database.log_bytes_appended() - after_create;
+    assert!(write > "a-room-with-a-long-id".len() as u64, "{write} bytes for a write");
+    database.advance_seq(2).unwrap();
+    let marker = database.log_bytes_appended() - after_create - write;
+    assert!(marker > 0 && marker < write, "a marker: {marker} bytes, a write {write}");
+    let before_reads = database.log_bytes_appended();
+    let _ = version(&database, "a-room-with-a-long-id");
+    assert_eq!(database.log_bytes_appended(), before_reads, "a read appends nothing");
+    drop(database);
+    assert_eq!(open(dir.path()).log_bytes_appended(), 0, "counted since the database was opened");
+}

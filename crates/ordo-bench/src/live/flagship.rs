@@ -397,6 +397,21 @@ impl FlagshipUpdates {
     }
 }
 
+impl FlagshipUpdates {
+    /// One message to `room` alone, as the live phase writes it in this layout
+    /// (counted as a message; no read mark in between).
+    pub fn message_to(&mut self, room: usize) -> WriteRequest {
+        self.picked.clear();
+        self.picked.push(room as u32);
+        let request = match self.layout {
+            FlagshipLayout::Rooms => self.rooms_request(0),
+            FlagshipLayout::FanOut => self.fan_out_request(0),
+        };
+        self.n_messages += 1;
+        request
+    }
+}
+
 impl UpdateSource for FlagshipUpdates {
     fn build_request(&mut self, n_updates: usize, now_us: u64) -> WriteRequest {
         if self.messages_since_mark >= MESSAGES_PER_READ_MARK {
@@ -458,6 +473,22 @@ mod tests {
         assert_eq!(n_copies as usize, expected);
         let body: serde_json::Value = serde_json::from_slice(&request.body).unwrap();
         assert_eq!(body["writes"].as_array().unwrap().len(), request.parts.len());
+    }
+
+    #[test]
+    fn a_message_to_one_room_is_one_write_or_one_copy_per_member() {
+        let chat = FlagshipChat::generate(50, 20, 5, 2);
+        let largest = (0..chat.n_rooms).max_by_key(|&room| chat.members_of_room[room].len()).unwrap();
+        let mut rooms = FlagshipUpdates::new(FlagshipLayout::Rooms, &chat, 3);
+        let request = rooms.message_to(largest);
+        let body: serde_json::Value = serde_json::from_slice(&request.body).unwrap();
+        assert_eq!(body["ops"].as_array().unwrap().len(), 1);
+        assert_eq!(body["ops"][0]["id"], room_id(largest));
+        let mut fan_out = FlagshipUpdates::new(FlagshipLayout::FanOut, &chat, 3);
+        let request = fan_out.message_to(largest);
+        let n_copies: u64 = request.parts.iter().map(|part| part.n_updates).sum();
+        assert_eq!(n_copies as usize, chat.members_of_room[largest].len());
+        assert_eq!((rooms.n_messages, fan_out.n_messages), (1, 1));
     }
 
     #[test]

@@ -84,6 +84,7 @@ impl Writer {
             n_budgeted_identities: self.view_budgets.n_owners(),
             last_seq: self.database.last_seq(),
             checkpointed_seq: self.database.checkpointed_seq(),
+            log_bytes: self.database.log_bytes_appended(),
         }
     }
 }

@@ -3,15 +3,19 @@
 //! write per message) and in the fan-out layout (a copy per member, one write
 //! per member) of the same chat, one after the other in the same run.
 
+use std::path::Path;
 use std::sync::atomic::Ordering;
+
+use hyper::Method;
 
 use ordo_bench::live::chat::{chat_collection, chat_losses, chat_user, ChatLosses};
 use ordo_bench::live::flagship::{
     flagship_marks, load_fan_out_layout, load_rooms_layout, membership_id, rooms_layout_losses, FlagshipChat,
     FlagshipLayout, FlagshipUpdates, FAN_OUT_FIELDS, ROOMS_FIELDS,
 };
-use ordo_bench::live::http::HttpPool;
+use ordo_bench::live::http::{fetch_metrics, metric, HttpPool};
 use ordo_bench::live::phase::LiveResult;
+use ordo_bench::live::stats::Clock;
 use ordo_bench::live::subscriber::{SubscriberAuth, SubscriberSpec};
 use ordo_bench::live::verify::verify_filtered_lists;
 use ordo_bench::live::Result;
@@ -20,7 +24,7 @@ use ordo_server::auth::Role;
 use crate::auth::{expect_forbidden, expect_no_rows, CHAT_RULES, FLAGSHIP_RULES};
 use crate::options::Options;
 use crate::report::count_failures;
-use crate::runner::Scenario;
+use crate::runner::{run_scenario, RunFigures, Scenario};
 use crate::server::Target;
 
 /// Printed with the figures: the flagship benchmark's goals (`SCENARIOS.md`).
@@ -222,5 +226,109 @@ impl Scenario for Flagship {
 
     fn goal(&self) -> Option<&'static str> {
         Some(FLAGSHIP_GOAL)
+    }
+
+    /// What a message to the largest room costs in log bytes: a few messages
+    /// to it alone, the server's log counter read around them.
+    async fn probe(&mut self, pool: &mut HttpPool, updates: &mut FlagshipUpdates) -> Result<()> {
+        let Some(room) = (0..self.chat.n_rooms).max_by_key(|&room| self.chat.members_of_room[room].len()) else {
+            return Ok(());
+        };
+        let before = fetch_metrics(pool).await;
+        for _ in 0..LOG_PROBE_MESSAGES {
+            let request = updates.message_to(room);
+            let reply = pool.request(Method::POST, request.path, request.body).await?;
+            if reply.status != 200 {
+                return Err(
+                    format!("a message to the largest room was answered {}: {}", reply.status, reply.text()).into()
+                );
+            }
+        }
+        let after = fetch_metrics(pool).await;
+        match (metric(&before, LOG_BYTES_METRIC), metric(&after, LOG_BYTES_METRIC)) {
+            (Some(before), Some(after)) => println!(
+                "  log bytes per message to the largest room ({} members): {:.0} (over {LOG_PROBE_MESSAGES} messages)",
+                self.chat.members_of_room[room].len(),
+                (after - before) / LOG_PROBE_MESSAGES as f64
+            ),
+            _ => println!("  log bytes per message: the server's metrics do not say ({LOG_BYTES_METRIC})"),
+        }
+        Ok(())
+    }
+}
+
+/// Messages the log probe sends to the largest room.
+const LOG_PROBE_MESSAGES: usize = 20;
+const LOG_BYTES_METRIC: &str = "ordo_log_bytes_total";
+
+/// The bound a rate must hold in the search: end-to-end p99 over every member's frame.
+const SEARCH_P99_BOUND_US: u64 = 50_000;
+/// A run keeps up when it sends at least this share of the rate aimed at.
+const SEARCH_KEPT_UP: f64 = 0.95;
+
+/// `--flagship-rates`: each layout at each rate in turn, a fresh server each,
+/// until a rate misses the bound; then the highest rate each layout held, and
+/// their ratio (the goal is ≥ 5×).
+pub async fn search_rates(
+    options: &Options,
+    server_binary: Option<&Path>,
+    subscriber_runtime: &tokio::runtime::Handle,
+    clock: Clock,
+) -> Result<()> {
+    let mut held = Vec::new();
+    for layout in [FlagshipLayout::Rooms, FlagshipLayout::FanOut] {
+        let mut highest: Option<(f64, RunFigures)> = None;
+        for &rate in &options.flagship_rates {
+            let mut flagship = Flagship::new(options, layout);
+            flagship.rate = rate;
+            let figures = run_scenario(&mut flagship, options, server_binary, subscriber_runtime, clock).await?;
+            let missed = missed_bound(&figures);
+            println!(
+                "  rate search, {}: {rate:.0} messages/s {}\n",
+                flagship.name(),
+                missed.as_deref().map_or_else(|| "held".to_string(), |why| format!("missed: {why}"))
+            );
+            if missed.is_some() {
+                break;
+            }
+            highest = Some((rate, figures));
+        }
+        held.push(highest);
+    }
+    print_search(&held, options.flagship_rates.last().copied().unwrap_or(0.0));
+    Ok(())
+}
+
+/// Why a run does not count as held at its rate, if it does not.
+fn missed_bound(figures: &RunFigures) -> Option<String> {
+    if figures.failures > 0 {
+        return Some(format!("{} correctness failures", figures.failures));
+    }
+    if figures.achieved_rate < SEARCH_KEPT_UP * figures.target_rate {
+        return Some(format!("sent {:.0} messages/s", figures.achieved_rate));
+    }
+    (figures.p99_us > SEARCH_P99_BOUND_US).then(|| format!("p99 {:.1} ms", figures.p99_us as f64 / 1e3))
+}
+
+fn print_search(held: &[Option<(f64, RunFigures)>], highest_tried: f64) {
+    let describe = |held: &Option<(f64, RunFigures)>| match held {
+        Some((rate, figures)) => format!(
+            "{}{rate:.0} messages/s (p99 {:.1} ms)",
+            if *rate >= highest_tried { "≥ " } else { "" },
+            figures.p99_us as f64 / 1e3
+        ),
+        None => "none of the rates tried".to_string(),
+    };
+    println!("== flagship rate search: the highest rate held with p99 ≤ 50 ms, ≥ 95 % of it sent, nothing lost ==");
+    println!("  rooms layout: {}", describe(&held[0]));
+    println!("  fan-out layout: {}", describe(&held[1]));
+    match (&held[0], &held[1]) {
+        (Some(_), Some((fan_out, _))) if *fan_out >= highest_tried => {
+            println!("  ratio: not known (fan-out held every rate tried: try higher ones)")
+        }
+        (Some((rooms, _)), Some((fan_out, _))) => {
+            println!("  ratio: {}{:.1}× (goal ≥ 5×)", if *rooms >= highest_tried { "≥ " } else { "" }, rooms / fan_out)
+        }
+        _ => println!("  ratio: not known (a layout held none of the rates tried: try lower ones)"),
     }
 }

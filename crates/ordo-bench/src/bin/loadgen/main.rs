@@ -29,6 +29,8 @@
 //!   memberships by `room.recency` through the reference under the flagship's
 //!   rules; 100 messages/s to Zipf-chosen rooms, a read mark per ten; then the
 //!   same chat in the fan-out layout (a copy of each room per member).
+//!   `--flagship-rates 100,200,400` searches instead: each layout at each rate
+//!   in turn until p99 passes 50 ms, then the highest rate each held.
 //! - `chat-shared` (only when named): chat's users and rooms in one collection
 //!   `rooms` with an `owner` field; each subscriber watches its own rows, through
 //!   a filter it sends, or with `--auth` through the rules' row predicate
@@ -75,7 +77,7 @@ use ordo_bench::live::stats::Clock;
 use ordo_bench::live::Result;
 
 use crate::chat::Chat;
-use crate::flagship::Flagship;
+use crate::flagship::{search_rates, Flagship};
 use crate::leaderboard::Leaderboard;
 use crate::options::Options;
 use crate::report::CORRECTNESS_FAILURES;
@@ -104,7 +106,9 @@ async fn run_all(options: Options, subscriber_runtime: tokio::runtime::Handle) -
         let mut chat = Chat::new(&options, ChatLayout::Shared);
         run_scenario(&mut chat, &options, server_binary, &subscriber_runtime, clock).await?;
     }
-    if options.runs_flagship() {
+    if options.runs_flagship() && !options.flagship_rates.is_empty() {
+        search_rates(&options, server_binary, &subscriber_runtime, clock).await?;
+    } else if options.runs_flagship() {
         for layout in [FlagshipLayout::Rooms, FlagshipLayout::FanOut] {
             let mut flagship = Flagship::new(&options, layout);
             run_scenario(&mut flagship, &options, server_binary, &subscriber_runtime, clock).await?;

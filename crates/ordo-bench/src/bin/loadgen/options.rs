@@ -23,6 +23,8 @@ const MAX_RATE_PER_SECOND: f64 = 1_000_000.0;
 const MAX_HTTP_CONNECTIONS: usize = 64;
 const MAX_SUBSCRIBER_THREADS: usize = 64;
 const MAX_TICK_MS: u64 = 100;
+/// Rates one flagship search tries per layout (each a fresh server and load).
+const MAX_SEARCHED_RATES: usize = 16;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
 pub enum ScenarioChoice {
@@ -84,6 +86,12 @@ struct Args {
     /// Flagship: messages per second [default: 100]
     #[arg(long, value_parser = in_range(1.0, MAX_RATE_PER_SECOND))]
     flagship_rate: Option<f64>,
+    /// Flagship: a rate search instead of one run per layout. Each layout runs at
+    /// these messages per second in turn (ascending, comma-separated), a fresh
+    /// server each, until one misses p99 ≤ 50 ms, sends under 95 % of its rate
+    /// or loses anything; then the highest rate each held is compared
+    #[arg(long, value_delimiter = ',', value_parser = in_range(1.0, MAX_RATE_PER_SECOND))]
+    flagship_rates: Vec<f64>,
     /// Window length of every subscription
     #[arg(long, default_value_t = 20, value_parser = in_range(1, MAX_WINDOW_LIMIT))]
     window: usize,
@@ -140,6 +148,8 @@ pub struct Options {
     pub flagship_rooms: usize,
     pub flagship_rooms_per_user: usize,
     pub flagship_rate: f64,
+    /// Empty: one run per layout at `flagship_rate`.
+    pub flagship_rates: Vec<f64>,
     pub window_limit: usize,
     pub tick: Duration,
     pub http_connections: usize,
@@ -188,6 +198,7 @@ impl Options {
             flagship_rooms: args.flagship_rooms.unwrap_or(if quick { 50 } else { 1_000 }),
             flagship_rooms_per_user: args.flagship_rooms_per_user.unwrap_or(if quick { 10 } else { 100 }),
             flagship_rate: args.flagship_rate.unwrap_or(if quick { 50.0 } else { 100.0 }),
+            flagship_rates: args.flagship_rates,
             window_limit: args.window,
             tick: Duration::from_millis(args.tick_ms),
             http_connections: args.http_connections,
@@ -202,6 +213,15 @@ impl Options {
             auth: args.auth || args.scenario == ScenarioChoice::Flagship,
             auth_secret_file: args.auth_secret_file,
         };
+        if options.flagship_rates.len() > MAX_SEARCHED_RATES {
+            return Err(format!("--flagship-rates: at most {MAX_SEARCHED_RATES} rates"));
+        }
+        if options.flagship_rates.windows(2).any(|pair| pair[0] >= pair[1]) {
+            return Err("--flagship-rates: the rates must be ascending".to_string());
+        }
+        if !options.flagship_rates.is_empty() && !options.runs_flagship() {
+            return Err("--flagship-rates needs --scenario flagship".to_string());
+        }
         if options.chat_collections > MAX_SUBSCRIBERS {
             return Err(format!("--collections: at most {MAX_SUBSCRIBERS} subscribers (one per collection)"));
         }
@@ -246,6 +266,8 @@ mod tests {
         let flagship = parse("--scenario flagship --quick").unwrap();
         assert!(flagship.runs_flagship() && flagship.auth && !flagship.runs_chat());
         assert_eq!((flagship.flagship_users, flagship.flagship_rooms_per_user), (100, 10));
+        let search = parse("--scenario flagship --flagship-rates 100,200,400").unwrap();
+        assert_eq!(search.flagship_rates, [100.0, 200.0, 400.0]);
     }
 
     #[test]
@@ -256,5 +278,8 @@ mod tests {
         assert!(parse("--server-bin a --server-url http://b:1").is_err());
         assert!(parse("--auth-secret-file s").is_err());
         assert!(parse("--server-url http://b:1 --durability full").is_err());
+        assert!(parse("--scenario flagship --flagship-rates 200,100").is_err());
+        assert!(parse("--flagship-rates 100").is_err(), "only the flagship searches");
+        assert!(parse("--scenario flagship --flagship-rates 0,100").is_err());
     }
 }

@@ -3,6 +3,7 @@
 //! against the server's, and the report. A scenario supplies only what differs.
 
 use std::path::Path;
+use std::sync::atomic::Ordering;
 
 use ordo_bench::live::http::HttpPool;
 use ordo_bench::live::phase::{run_live_phase, LivePlan, LiveResult};
@@ -14,7 +15,10 @@ use ordo_server::auth::Role;
 
 use crate::auth::{install_rules, ADMIN_SUB, WRITER_SUB};
 use crate::options::Options;
-use crate::report::{print_auth, print_checks, print_common, print_costs, print_metric_deltas, print_stage_latencies};
+use crate::report::{
+    print_auth, print_checks, print_common, print_costs, print_metric_deltas, print_stage_latencies,
+    CORRECTNESS_FAILURES,
+};
 use crate::server::Target;
 
 /// What a scenario brings to the shared run. Its report lines go around the
@@ -50,10 +54,27 @@ pub trait Scenario {
     /// The server metrics whose change over the live phase is printed.
     fn metric_names(&self) -> &'static [&'static str];
     fn report_extra(&self, _live: &LiveResult) {}
+    /// After the report: measurements of its own on the loaded server (the
+    /// live phase's subscribers are gone by then).
+    async fn probe(&mut self, _pool: &mut HttpPool, _updates: &mut Self::Updates) -> Result<()> {
+        Ok(())
+    }
     /// Printed last: the scenario's goals (`SCENARIOS.md`), when it has some.
     fn goal(&self) -> Option<&'static str> {
         None
     }
+}
+
+/// What a rate search needs of one run.
+pub struct RunFigures {
+    /// Updates per second sent (the writer waits when no connection is idle),
+    /// against the rate aimed at.
+    pub achieved_rate: f64,
+    pub target_rate: f64,
+    /// End-to-end latency over every subscriber's deliveries, in µs.
+    pub p99_us: u64,
+    /// Correctness failures this run added (losses, lists unequal to a query).
+    pub failures: u64,
 }
 
 /// One scenario from start to report, against its own server.
@@ -63,7 +84,8 @@ pub async fn run_scenario<S: Scenario>(
     server_binary: Option<&Path>,
     subscriber_runtime: &tokio::runtime::Handle,
     clock: Clock,
-) -> Result<()> {
+) -> Result<RunFigures> {
+    let failures_before = CORRECTNESS_FAILURES.load(Ordering::Relaxed);
     println!("{}", scenario.header(options));
     let target = Target::open(options, server_binary, scenario.name())?;
     let mut pool =
@@ -104,11 +126,17 @@ pub async fn run_scenario<S: Scenario>(
     print_stage_latencies(&live);
     scenario.report_extra(&live);
     print_auth(&live, target.auth.is_some());
+    scenario.probe(&mut pool, &mut updates).await?;
     if let Some(goal) = scenario.goal() {
         println!("  {goal}");
     }
     println!();
     drop(pool);
     drop(target);
-    Ok(())
+    Ok(RunFigures {
+        achieved_rate: live.write.generated as f64 / live.write.write_seconds.max(1e-9),
+        target_rate: rate,
+        p99_us: live.counters.latency_us.quantile(0.99),
+        failures: CORRECTNESS_FAILURES.load(Ordering::Relaxed) - failures_before,
+    })
 }
