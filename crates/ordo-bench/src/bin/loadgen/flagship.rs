@@ -283,7 +283,7 @@ pub async fn search_rates(
             let mut flagship = Flagship::new(options, layout);
             flagship.rate = rate;
             let figures = run_scenario(&mut flagship, options, server_binary, subscriber_runtime, clock).await?;
-            let verdict = search.record(rate, &figures, options.seconds);
+            let verdict = search.record(rate, &figures);
             println!("  rate search, {}: {rate:.0} messages/s: {verdict}\n", flagship.name());
             if search.stopped {
                 break;
@@ -308,18 +308,18 @@ struct LayoutSearch {
 
 impl LayoutSearch {
     /// Records a run at `rate`; says what it showed.
-    fn record(&mut self, rate: f64, figures: &RunFigures, seconds: f64) -> String {
+    fn record(&mut self, rate: f64, figures: &RunFigures) -> String {
         if figures.failures > 0 {
             self.stopped = true;
             return format!("{} correctness failures: the search of this layout stops", figures.failures);
         }
         // The writer sends whole messages at ticks: a run may end one short of rate × seconds.
-        let due = (figures.target_rate * seconds - 1.0).max(0.0) / seconds;
-        if figures.achieved_rate < due.min(SEARCH_KEPT_UP * figures.target_rate) {
+        let planned = figures.target_rate * figures.seconds;
+        if (figures.sent as f64) < (planned - 1.0).min(SEARCH_KEPT_UP * planned) {
             self.stopped = true;
             return format!(
-                "not kept up with (sent {:.1} messages/s): the search of this layout stops",
-                figures.achieved_rate
+                "not kept up with (sent {} of {planned:.0} messages): the search of this layout stops",
+                figures.sent
             );
         }
         self.kept_up = Some((rate, figures.p99_us));
@@ -371,20 +371,20 @@ fn print_search(searches: &[LayoutSearch], highest_tried: f64) {
 mod tests {
     use super::*;
 
-    fn figures(target_rate: f64, achieved_rate: f64, p99_ms: u64, failures: u64) -> RunFigures {
-        RunFigures { achieved_rate, target_rate, p99_us: p99_ms * 1_000, failures }
+    fn figures(target_rate: f64, sent: u64, p99_ms: u64, failures: u64) -> RunFigures {
+        RunFigures { sent, target_rate, seconds: 10.0, p99_us: p99_ms * 1_000, failures }
     }
 
     #[test]
     fn a_search_keeps_the_highest_rate_within_the_bound_and_the_highest_kept_up_with() {
         let mut search = LayoutSearch::default();
         // One message short of rate × seconds still keeps up (whole messages at ticks).
-        search.record(1.0, &figures(1.0, 0.9, 30, 0), 10.0);
+        search.record(1.0, &figures(1.0, 9, 30, 0));
         assert_eq!(search.within_bound, Some((1.0, 30_000)));
-        search.record(10.0, &figures(10.0, 9.9, 80, 0), 10.0);
+        search.record(10.0, &figures(10.0, 99, 80, 0));
         assert_eq!((search.within_bound, search.kept_up), (Some((1.0, 30_000)), Some((10.0, 80_000))));
         assert!(!search.stopped, "over the bound, the search goes on to find the ceiling");
-        search.record(20.0, &figures(20.0, 12.0, 900, 0), 10.0);
+        search.record(20.0, &figures(20.0, 120, 900, 0));
         assert!(search.stopped);
         assert_eq!(search.kept_up, Some((10.0, 80_000)), "a rate not kept up with is not recorded");
     }
@@ -392,7 +392,7 @@ mod tests {
     #[test]
     fn a_run_that_loses_anything_stops_the_search() {
         let mut search = LayoutSearch::default();
-        search.record(5.0, &figures(5.0, 5.0, 10, 1), 10.0);
+        search.record(5.0, &figures(5.0, 50, 10, 1));
         assert!(search.stopped);
         assert_eq!((search.within_bound, search.kept_up), (None, None));
     }

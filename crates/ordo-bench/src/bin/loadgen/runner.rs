@@ -67,10 +67,11 @@ pub trait Scenario {
 
 /// What a rate search needs of one run.
 pub struct RunFigures {
-    /// Updates per second sent (the writer waits when no connection is idle),
-    /// against the rate aimed at.
-    pub achieved_rate: f64,
+    /// Updates sent (the writer waits when no connection is idle), against
+    /// the rate aimed at for the planned seconds.
+    pub sent: u64,
     pub target_rate: f64,
+    pub seconds: f64,
     /// End-to-end latency over every subscriber's deliveries, in µs.
     pub p99_us: u64,
     /// Correctness failures this run added (losses, lists unequal to a query).
@@ -134,8 +135,9 @@ pub async fn run_scenario<S: Scenario>(
     drop(pool);
     drop(target);
     Ok(RunFigures {
-        achieved_rate: live.write.generated as f64 / live.write.write_seconds.max(1e-9),
+        sent: live.write.generated,
         target_rate: rate,
+        seconds: options.seconds,
         p99_us: live.counters.latency_us.quantile(0.99),
         failures: CORRECTNESS_FAILURES.load(Ordering::Relaxed) - failures_before,
     })
