@@ -265,6 +265,78 @@ fn kill_9_mid_stream_and_a_postgres_restart_then_every_row_exactly_once() {
     assert!(health["reconnects"].as_u64().unwrap() >= 1, "the PostgreSQL restart was lived through: {health}");
 }
 
+/// Ordo's `items` equal PostgreSQL's, waiting (bounded) for the last transaction to show.
+fn wait_equal(server: &Server, pg: &PostgresServer, context: &str) {
+    let deadline = Instant::now() + APPLY_TIMEOUT;
+    loop {
+        let (ordo, postgres) = (ordo_window(server, 1000), postgres_window(pg, 1000));
+        if ordo == postgres {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{context}: Ordo holds {ordo:?}\nPostgreSQL holds {postgres:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncate_empties_the_collection_in_one_frame_and_stays_applied_after_a_restart() {
+    let pg = postgres();
+    create_items_table(&pg);
+    pg.psql("INSERT INTO items SELECT 'c' || n, n, 'copied' FROM generate_series(1, 30) n;").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start_following(&pg, dir.path(), &["items"]);
+    pg.psql("INSERT INTO items SELECT 's' || n, n, 'streamed' FROM generate_series(1, 20) n;").unwrap();
+    wait_applied(&server, 1);
+    let mut client = server.connect().await;
+    client
+        .send(json!({"op": "subscribe", "sub": "all", "collection": "items", "sort": [{"field": "score"}], "limit": 1000}))
+        .await;
+    let has_every_row = |client: &common::Client| client.lists.get("all").is_some_and(|list| list.items.len() == 50);
+    assert!(client.read_until(APPLY_TIMEOUT, has_every_row).await, "no first frame of the 50 rows");
+    let n_frames_before = client.diffs_seen.len();
+
+    pg.psql("TRUNCATE items;").unwrap();
+    wait_applied(&server, 2);
+    assert_eq!(ordo_window(&server, 1000), Vec::<Value>::new(), "emptied by the TRUNCATE");
+    let is_empty = |client: &common::Client| client.lists["all"].items.is_empty();
+    assert!(client.read_until(APPLY_TIMEOUT, is_empty).await, "the subscription was not emptied");
+    assert_eq!(client.diffs_seen.len() - n_frames_before, 1, "the removal of every row is one frame");
+
+    // One transaction: the row inserted before the TRUNCATE goes with it, the
+    // changes after it apply after it, in order.
+    pg.psql(
+        "BEGIN; INSERT INTO items VALUES ('gone', 1, 'x'); TRUNCATE items;
+         INSERT INTO items VALUES ('a', 1, 'kept'), ('b', 2, 'kept'); UPDATE items SET score = 5 WHERE id = 'a'; COMMIT;",
+    )
+    .unwrap();
+    wait_applied(&server, 3);
+    let expected = postgres_window(&pg, 1000);
+    assert_eq!(expected.len(), 2, "{expected:?}");
+    assert_eq!(ordo_window(&server, 1000), expected, "TRUNCATE then INSERT in one transaction");
+    let is_expected =
+        |client: &common::Client| client.lists["all"].items.iter().map(row_of).collect::<Vec<_>>() == expected;
+    assert!(client.read_until(APPLY_TIMEOUT, is_expected).await, "the subscription does not equal PostgreSQL");
+    assert_eq!(client.diffs_seen.len() - n_frames_before, 2, "one frame per transaction");
+
+    // A restart resumes past the TRUNCATEs (their position was stored with
+    // them): nothing truncated comes back, and later truncates still apply.
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGKILL) };
+    server.wait();
+    pg.psql("BEGIN; TRUNCATE items; INSERT INTO items VALUES ('after', 3, 'restart'); COMMIT;").unwrap();
+    let args = follow_args(&pg, dir.path(), &["items"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let options = StartOptions { capture_stderr: true, ..StartOptions::default() };
+    let server = Server::start_with(&dir.path().join("data"), &args, options);
+    let lines = server.wait_for_stderr_line(|line| line.contains("following PostgreSQL"));
+    let started = lines.iter().find(|line| line.contains("following PostgreSQL")).unwrap();
+    assert!(started.contains("resumed=true"), "{started}");
+    wait_applied(&server, 1);
+    wait_equal(&server, &pg, "after the restart");
+    assert_eq!(ordo_window(&server, 1000).len(), 1);
+    assert_eq!(follower_health(&server)["state"], "streaming");
+}
+
 /// Rows in the copy test: more than one progress line's worth (every 100 000 rows).
 const COPY_ROWS: u64 = 150_000;
 
