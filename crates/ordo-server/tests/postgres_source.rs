@@ -337,6 +337,128 @@ async fn a_truncate_empties_the_collection_in_one_frame_and_stays_applied_after_
     assert_eq!(follower_health(&server)["state"], "streaming");
 }
 
+/// The fields of `collection` as `GET /v1/collections/NAME` lists them, `name:type`.
+fn ordo_fields(server: &Server, collection: &str) -> Vec<String> {
+    let answer = server.ok("GET", &format!("/v1/collections/{collection}"), Value::Null);
+    let fields = answer["fields"].as_array().unwrap().iter();
+    fields.map(|field| format!("{}:{}", field["name"].as_str().unwrap(), field["type"].as_str().unwrap())).collect()
+}
+
+/// Every row of `items` as `{"id", COLUMN...}`, by id.
+fn postgres_rows(pg: &PostgresServer, columns: &[&str]) -> Vec<Value> {
+    let pairs: Vec<String> = columns.iter().map(|column| format!("'{column}', {column}")).collect();
+    let rows = pg
+        .psql(&format!("SELECT json_build_object('id', id, {}) FROM items ORDER BY id COLLATE \"C\"", pairs.join(", ")))
+        .unwrap();
+    rows.lines().filter(|line| !line.is_empty()).map(|line| serde_json::from_str(line).unwrap()).collect()
+}
+
+/// Every item of `items` in the same shape (a field Ordo does not have reads as null).
+fn ordo_rows(server: &Server, columns: &[&str]) -> Vec<Value> {
+    let answer = server.ok("POST", "/v1/collections/items/query", json!({"limit": 1000}));
+    let mut rows: Vec<Value> = answer["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| {
+            let mut row = json!({"id": item["id"]});
+            for column in columns {
+                row[*column] = item["fields"][*column].clone();
+            }
+            row
+        })
+        .collect();
+    rows.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+    rows
+}
+
+#[test]
+fn a_column_added_in_postgres_becomes_a_field_and_a_dropped_one_is_removed() {
+    let pg = postgres();
+    create_items_table(&pg);
+    pg.psql("INSERT INTO items VALUES ('a', 1, 'first'), ('b', 2, 'second');").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start_following(&pg, dir.path(), &["items"]);
+    assert_eq!(ordo_fields(&server, "items"), ["id:string", "score:i64", "title:string"]);
+
+    // The new layout comes inside the transaction, after a row of the old one.
+    pg.psql(
+        "BEGIN; UPDATE items SET score = 10 WHERE id = 'b'; ALTER TABLE items ADD COLUMN rank int4;
+         UPDATE items SET rank = 7 WHERE id = 'a'; INSERT INTO items VALUES ('c', 3, 'third', 9); COMMIT;",
+    )
+    .unwrap();
+    wait_applied(&server, 1);
+    assert_eq!(ordo_fields(&server, "items"), ["id:string", "score:i64", "title:string", "rank:i64"]);
+    let columns = ["score", "title", "rank"];
+    assert_eq!(ordo_rows(&server, &columns), postgres_rows(&pg, &columns), "after ADD COLUMN");
+
+    pg.psql("ALTER TABLE items DROP COLUMN title; INSERT INTO items VALUES ('d', 4, 2);").unwrap();
+    wait_applied(&server, 2);
+    assert_eq!(ordo_fields(&server, "items"), ["id:string", "score:i64", "rank:i64"]);
+    let columns = ["score", "rank"];
+    assert_eq!(ordo_rows(&server, &columns), postgres_rows(&pg, &columns), "after DROP COLUMN");
+
+    // A type of the same values (int4 to int8) is followed as it was.
+    pg.psql("ALTER TABLE items ALTER COLUMN rank TYPE int8; UPDATE items SET rank = 5000000000 WHERE id = 'b';")
+        .unwrap();
+    wait_applied(&server, 3);
+    assert_eq!(ordo_rows(&server, &columns), postgres_rows(&pg, &columns), "after int4 to int8");
+
+    // Columns added and dropped while Ordo is down: the restart resumes with
+    // the fields as they were, and the stream brings them up to the table's.
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGKILL) };
+    server.wait();
+    pg.psql(
+        "ALTER TABLE items ADD COLUMN note text; INSERT INTO items VALUES ('e', 5, 6, 'while down');
+         ALTER TABLE items DROP COLUMN rank; UPDATE items SET note = 'later' WHERE id = 'a';",
+    )
+    .unwrap();
+    let server = start_following(&pg, dir.path(), &["items"]);
+    wait_applied(&server, 2);
+    assert_eq!(ordo_fields(&server, "items"), ["id:string", "score:i64", "note:string"]);
+    let columns = ["score", "note"];
+    assert_eq!(ordo_rows(&server, &columns), postgres_rows(&pg, &columns), "after the restart");
+    assert_eq!(follower_health(&server)["state"], "streaming");
+}
+
+/// Waits until the follower stopped for good; returns its error.
+fn wait_failed(server: &Server) -> String {
+    let deadline = Instant::now() + APPLY_TIMEOUT;
+    loop {
+        let health = follower_health(server);
+        if health["state"] == "failed" {
+            return health["error"].as_str().unwrap().to_owned();
+        }
+        assert!(Instant::now() < deadline, "the follower did not stop: {health}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_column_changing_the_form_of_its_values_or_of_an_unsupported_type_stops_the_follower_naming_it() {
+    let cases = [
+        (
+            "ALTER TABLE items ALTER COLUMN score TYPE text",
+            "`public.items.score` changed type in PostgreSQL from `int2/int4/int8` to `text/varchar/char/name`",
+        ),
+        ("ALTER TABLE items ADD COLUMN place point", "the column `public.items.place` has the type"),
+    ];
+    for (alter, expected) in cases {
+        let pg = postgres();
+        create_items_table(&pg);
+        pg.psql("INSERT INTO items VALUES ('a', 1, 'first');").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let server = start_following(&pg, dir.path(), &["items"]);
+        pg.psql(&format!("{alter}; INSERT INTO items (id, score) VALUES ('x', '5');")).unwrap();
+        let error = wait_failed(&server);
+        assert!(error.contains(expected), "{alter}: expected `{expected}` in {error}");
+        assert!(error.contains("not followed") || error.contains("copy the table anew"), "{error}");
+        let ids: Vec<Value> = ordo_rows(&server, &[]).iter().map(|row| row["id"].clone()).collect();
+        assert_eq!(ids, [json!("a")], "{alter}: the transaction was not applied");
+    }
+}
+
 /// Rows in the copy test: more than one progress line's worth (every 100 000 rows).
 const COPY_ROWS: u64 = 150_000;
 

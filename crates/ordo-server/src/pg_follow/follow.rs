@@ -9,13 +9,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ordo_core::limits::MAX_OPS_PER_BATCH;
 use ordo_core::{Batch, CollectionId};
-use ordo_pgsource::stream::{Backoff, StreamConfig, DEFAULT_STATUS_INTERVAL};
+use ordo_pgsource::stream::{Backoff, Layout, StreamConfig, DEFAULT_STATUS_INTERVAL};
 use ordo_pgsource::{Change, ChangeStream, Connection, Error, Lsn, Mode, Transaction, UnsupportedColumns};
 use tokio::sync::{oneshot, watch};
 
 use super::config::PostgresOptions;
 use super::status::FollowStatus;
-use super::{send, shutting_down, write_group, Followed};
+use super::{change_fields, send, shutting_down, write_group, Followed};
 use crate::writer::{Command, WriterSender};
 use std::sync::Arc;
 
@@ -47,6 +47,8 @@ pub(super) struct Follower {
     options: PostgresOptions,
     followed: Vec<Followed>,
     position_collection: CollectionId,
+    /// Each table's layout the fields were last brought in line with (by index).
+    layouts: Vec<Option<Arc<Layout>>>,
     /// The end LSN of the last transaction stored (or the copy's consistent point).
     position: Lsn,
     writer: WriterSender,
@@ -62,7 +64,8 @@ impl Follower {
         writer: WriterSender,
         status: Arc<FollowStatus>,
     ) -> Follower {
-        Follower { options, followed, position_collection, position, writer, status }
+        let layouts = followed.iter().map(|_| None).collect();
+        Follower { options, followed, position_collection, layouts, position, writer, status }
     }
 
     /// Follows until the server stops or a change cannot be applied.
@@ -126,6 +129,7 @@ impl Follower {
     /// Applies the next transaction, durably with its end LSN, then confirms it.
     async fn next(&mut self, stream: &mut ChangeStream) -> Result<(), Stop> {
         let transaction = stream.next_transaction().await?;
+        self.follow_layouts(&transaction).await.map_err(Stop::Refused)?;
         let truncated = self.ids_of_truncated(&transaction).await.map_err(Stop::Refused)?;
         let batches = self.batches_of(&transaction, &truncated).map_err(Stop::Refused)?;
         let position = Some((self.position_collection, self.options.slot.as_str(), transaction.end_lsn));
@@ -134,6 +138,31 @@ impl Follower {
         stream.confirm(transaction.end_lsn).await?;
         let lag_micros = unix_micros().saturating_sub(transaction.commit_time_unix_micros).max(0) as u64;
         self.status.applied(transaction.end_lsn.0, stream.lag_bytes(), lag_micros);
+        Ok(())
+    }
+
+    /// Brings each collection's fields in line with the layouts the
+    /// transaction's changes carry (pgoutput describes a table again before its
+    /// first change after an `ALTER TABLE`), before its rows are written: rows
+    /// of the older layout set the fields that are left.
+    async fn follow_layouts(&mut self, transaction: &Transaction) -> Result<(), String> {
+        for change in &transaction.changes {
+            let (Change::Insert { layout, .. } | Change::Update { layout, .. } | Change::Delete { layout, .. }) =
+                change
+            else {
+                continue;
+            };
+            if self.layouts[layout.table].as_ref().is_some_and(|seen| Arc::ptr_eq(seen, layout)) {
+                continue;
+            }
+            let followed = &mut self.followed[layout.table];
+            let changes = followed.map.field_changes(&followed.table.name, &layout.columns)?;
+            if !changes.is_empty() {
+                change_fields(&self.writer, followed.collection, &followed.map.collection, &changes).await?;
+                followed.map.apply(&changes);
+            }
+            self.layouts[layout.table] = Some(layout.clone());
+        }
         Ok(())
     }
 
