@@ -382,20 +382,24 @@ fn a_column_added_in_postgres_becomes_a_field_and_a_dropped_one_is_removed() {
     assert_eq!(ordo_fields(&server, "items"), ["id:string", "score:i64", "title:string"]);
 
     // The new layout comes inside the transaction, after a row of the old one.
+    // PostgreSQL gives the rows that were there the default without writing
+    // them (nothing streamed): the items take it too.
     pg.psql(
         "BEGIN; UPDATE items SET score = 10 WHERE id = 'b'; ALTER TABLE items ADD COLUMN rank int4;
-         UPDATE items SET rank = 7 WHERE id = 'a'; INSERT INTO items VALUES ('c', 3, 'third', 9); COMMIT;",
+         ALTER TABLE items ADD COLUMN flag bool NOT NULL DEFAULT true;
+         UPDATE items SET rank = 7 WHERE id = 'a'; INSERT INTO items VALUES ('c', 3, 'third', 9, false); COMMIT;",
     )
     .unwrap();
     wait_applied(&server, 1);
-    assert_eq!(ordo_fields(&server, "items"), ["id:string", "score:i64", "title:string", "rank:i64"]);
-    let columns = ["score", "title", "rank"];
+    let fields = ordo_fields(&server, "items");
+    assert_eq!(fields, ["id:string", "score:i64", "title:string", "rank:i64", "flag:bool"]);
+    let columns = ["score", "title", "rank", "flag"];
     assert_eq!(ordo_rows(&server, &columns), postgres_rows(&pg, &columns), "after ADD COLUMN");
 
     pg.psql("ALTER TABLE items DROP COLUMN title; INSERT INTO items VALUES ('d', 4, 2);").unwrap();
     wait_applied(&server, 2);
-    assert_eq!(ordo_fields(&server, "items"), ["id:string", "score:i64", "rank:i64"]);
-    let columns = ["score", "rank"];
+    assert_eq!(ordo_fields(&server, "items"), ["id:string", "score:i64", "rank:i64", "flag:bool"]);
+    let columns = ["score", "rank", "flag"];
     assert_eq!(ordo_rows(&server, &columns), postgres_rows(&pg, &columns), "after DROP COLUMN");
 
     // A type of the same values (int4 to int8) is followed as it was.
@@ -410,14 +414,14 @@ fn a_column_added_in_postgres_becomes_a_field_and_a_dropped_one_is_removed() {
     unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGKILL) };
     server.wait();
     pg.psql(
-        "ALTER TABLE items ADD COLUMN note text; INSERT INTO items VALUES ('e', 5, 6, 'while down');
+        "ALTER TABLE items ADD COLUMN note text; INSERT INTO items VALUES ('e', 5, 6, true, 'while down');
          ALTER TABLE items DROP COLUMN rank; UPDATE items SET note = 'later' WHERE id = 'a';",
     )
     .unwrap();
     let server = start_following(&pg, dir.path(), &["items"]);
     wait_applied(&server, 2);
-    assert_eq!(ordo_fields(&server, "items"), ["id:string", "score:i64", "note:string"]);
-    let columns = ["score", "note"];
+    assert_eq!(ordo_fields(&server, "items"), ["id:string", "score:i64", "flag:bool", "note:string"]);
+    let columns = ["score", "flag", "note"];
     assert_eq!(ordo_rows(&server, &columns), postgres_rows(&pg, &columns), "after the restart");
     assert_eq!(follower_health(&server)["state"], "streaming");
 }

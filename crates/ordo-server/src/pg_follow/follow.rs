@@ -8,12 +8,14 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ordo_core::limits::MAX_OPS_PER_BATCH;
-use ordo_core::{Batch, CollectionId};
+use ordo_core::{Batch, CollectionId, OwnedValue};
 use ordo_pgsource::stream::{Backoff, Layout, StreamConfig, DEFAULT_STATUS_INTERVAL};
+use ordo_pgsource::value::parse_value;
 use ordo_pgsource::{Change, ChangeStream, Connection, Error, Lsn, Mode, Transaction, UnsupportedColumns};
 use tokio::sync::{oneshot, watch};
 
 use super::config::PostgresOptions;
+use super::mapping::{ordo_value, FieldChanges};
 use super::status::FollowStatus;
 use super::{change_fields, send, shutting_down, write_group, Followed};
 use crate::writer::{Command, WriterSender};
@@ -129,7 +131,7 @@ impl Follower {
     /// Applies the next transaction, durably with its end LSN, then confirms it.
     async fn next(&mut self, stream: &mut ChangeStream) -> Result<(), Stop> {
         let transaction = stream.next_transaction().await?;
-        self.follow_layouts(&transaction).await.map_err(Stop::Refused)?;
+        self.follow_layouts(&transaction).await?;
         let truncated = self.ids_of_truncated(&transaction).await.map_err(Stop::Refused)?;
         let batches = self.batches_of(&transaction, &truncated).map_err(Stop::Refused)?;
         let position = Some((self.position_collection, self.options.slot.as_str(), transaction.end_lsn));
@@ -145,7 +147,7 @@ impl Follower {
     /// transaction's changes carry (pgoutput describes a table again before its
     /// first change after an `ALTER TABLE`), before its rows are written: rows
     /// of the older layout set the fields that are left.
-    async fn follow_layouts(&mut self, transaction: &Transaction) -> Result<(), String> {
+    async fn follow_layouts(&mut self, transaction: &Transaction) -> Result<(), Stop> {
         for change in &transaction.changes {
             let (Change::Insert { layout, .. } | Change::Update { layout, .. } | Change::Delete { layout, .. }) =
                 change
@@ -155,15 +157,43 @@ impl Follower {
             if self.layouts[layout.table].as_ref().is_some_and(|seen| Arc::ptr_eq(seen, layout)) {
                 continue;
             }
-            let followed = &mut self.followed[layout.table];
-            let changes = followed.map.field_changes(&followed.table.name, &layout.columns)?;
+            let followed = &self.followed[layout.table];
+            let changes = followed.map.field_changes(&followed.table.name, &layout.columns).map_err(Stop::Refused)?;
             if !changes.is_empty() {
-                change_fields(&self.writer, followed.collection, &followed.map.collection, &changes).await?;
-                followed.map.apply(&changes);
+                let defaults = self.missing_values(layout, &changes).await?;
+                let (collection, name) = (followed.collection, &followed.map.collection);
+                change_fields(&self.writer, collection, name, &changes, defaults).await.map_err(Stop::Refused)?;
+                self.followed[layout.table].map.apply(&changes);
             }
             self.layouts[layout.table] = Some(layout.clone());
         }
         Ok(())
+    }
+
+    /// The value each added column has in the rows that were there before it
+    /// (see `catalog::missing_values`), for the items of those rows; null where
+    /// PostgreSQL has none.
+    async fn missing_values(&self, layout: &Layout, changes: &FieldChanges) -> Result<Vec<OwnedValue>, Stop> {
+        if changes.added.is_empty() {
+            return Ok(Vec::new());
+        }
+        let names: Vec<String> = changes.added.iter().map(|(name, _)| name.clone()).collect();
+        let mut connection = connect(&self.options).await?;
+        let texts = ordo_pgsource::catalog::missing_values(&mut connection, layout.relation_oid, &names).await;
+        let _ = connection.terminate().await;
+        let table = &self.followed[layout.table].table.name;
+        changes
+            .added
+            .iter()
+            .zip(texts?)
+            .map(|((name, column_type), text)| {
+                let Some(text) = text else { return Ok(OwnedValue::Null) };
+                let value = parse_value(*column_type, &text).map_err(|error| {
+                    Stop::Refused(format!("the default of the column `{table}.{name}`, added in PostgreSQL: {error}"))
+                })?;
+                Ok(ordo_value(&value).to_owned_value())
+            })
+            .collect()
     }
 
     /// For each followed table the transaction truncates, the ids its

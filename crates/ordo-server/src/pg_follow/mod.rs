@@ -185,12 +185,14 @@ async fn collection_of(
 }
 
 /// Adds and removes the collection's fields as `changes` says, each a schema
-/// change of its own, durable before the rows that use it are written.
+/// change of its own, durable before the rows that use it are written; the
+/// added fields' values in the existing items are `defaults` (one each).
 async fn change_fields(
     writer: &WriterSender,
     collection: CollectionId,
     name: &str,
     changes: &FieldChanges,
+    defaults: Vec<OwnedValue>,
 ) -> Result<(), String> {
     for field in &changes.removed {
         let change = FieldChange::Remove { name: field.clone() };
@@ -203,9 +205,9 @@ async fn change_fields(
             "a column dropped in PostgreSQL (or no longer followed): field removed"
         );
     }
-    for (field, column_type) in &changes.added {
+    for ((field, column_type), default) in changes.added.iter().zip(defaults) {
         let field_type = mapping::field_type(*column_type);
-        let change = FieldChange::Add { name: field.clone(), field_type, default: OwnedValue::Null };
+        let change = FieldChange::Add { name: field.clone(), field_type, default };
         ask_change_fields(writer, collection, change).await.map_err(|error| {
             format!("cannot add the field `{field}` to `{name}` (a column added in PostgreSQL): {error}")
         })?;
