@@ -128,6 +128,21 @@ fn keeps_values(field: &MappedField, new: ColumnType) -> bool {
     }
 }
 
+/// Refuses a layout that both drops and adds columns: a column renamed looks
+/// just so, and its rows keep their values in PostgreSQL without a change in
+/// the stream, so a field removed and another added would lose them.
+fn refuse_a_possible_rename(table: &TableName, changes: &FieldChanges) -> Result<(), String> {
+    if changes.removed.is_empty() || changes.added.is_empty() {
+        return Ok(());
+    }
+    let gone = changes.removed.join("`, `");
+    let new: Vec<&str> = changes.added.iter().map(|(name, _)| name.as_str()).collect();
+    Err(format!(
+        "the columns of `{table}` changed between two of its changes: `{gone}` gone, `{}` new. A column renamed looks so, and its values are not streamed again; copy the table anew (docs/POSTGRES.md, \"Failures while serving\")",
+        new.join("`, `")
+    ))
+}
+
 /// The PostgreSQL types a column type stands for, for messages.
 pub fn postgres_types(column_type: ColumnType) -> &'static str {
     match column_type {
@@ -213,6 +228,7 @@ impl TableMap {
         changes.removed =
             self.fields.iter().filter(|field| !is_followed(field)).map(|field| field.name.clone()).collect();
         check_field_count(table, self.fields.len() - changes.removed.len() + changes.added.len())?;
+        refuse_a_possible_rename(table, &changes)?;
         Ok(changes)
     }
 
@@ -390,14 +406,30 @@ mod tests {
     fn a_column_added_is_a_field_to_add_and_a_column_dropped_one_to_remove() {
         let table = TableName::parse("items");
         let mut map = items_map(None);
-        let layout = columns(&[("id", ColumnType::Text), ("rank", ColumnType::Date)]);
-        let changes = map.field_changes(&table, &layout).unwrap();
+        let added = columns(&[("id", ColumnType::Text), ("score", ColumnType::Int), ("rank", ColumnType::Date)]);
+        let changes = map.field_changes(&table, &added).unwrap();
         assert_eq!(changes.added, [("rank".to_owned(), ColumnType::Date)]);
+        assert!(changes.removed.is_empty());
+        map.apply(&changes);
+        assert!(map.field_changes(&table, &added).unwrap().is_empty(), "the same layout again changes nothing");
+        let dropped = columns(&[("id", ColumnType::Text), ("rank", ColumnType::Date)]);
+        let changes = map.field_changes(&table, &dropped).unwrap();
         assert_eq!(changes.removed, ["score"]);
+        assert!(changes.added.is_empty());
         map.apply(&changes);
         let names: Vec<&str> = map.fields.iter().map(|field| field.name.as_str()).collect();
         assert_eq!(names, ["id", "rank"]);
-        assert!(map.field_changes(&table, &layout).unwrap().is_empty(), "the same layout again changes nothing");
+    }
+
+    #[test]
+    fn a_column_renamed_is_refused_naming_both_names() {
+        let table = TableName::parse("items");
+        let renamed = columns(&[("id", ColumnType::Text), ("points", ColumnType::Int)]);
+        let refused = items_map(None).field_changes(&table, &renamed).unwrap_err();
+        assert!(
+            refused.contains("`public.items` changed between two of its changes: `score` gone, `points` new"),
+            "{refused}"
+        );
     }
 
     #[test]
