@@ -446,7 +446,10 @@ fn a_column_retyped_renamed_or_of_an_unsupported_type_stops_the_follower_naming_
             "ALTER TABLE items ALTER COLUMN score TYPE text",
             "`public.items.score` changed type in PostgreSQL from `int2/int4/int8` to `text/varchar/char/name`",
         ),
-        ("ALTER TABLE items ADD COLUMN place point", "the column `public.items.place` has the type"),
+        (
+            "ALTER TABLE items ADD COLUMN place point",
+            "the column `public.items.place` has the type `point`, which is not followed",
+        ),
         ("ALTER TABLE items RENAME COLUMN title TO headline", "`title` gone, `headline` new"),
     ];
     for (alter, expected) in cases {

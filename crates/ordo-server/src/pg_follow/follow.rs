@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ordo_core::limits::MAX_OPS_PER_BATCH;
 use ordo_core::{Batch, CollectionId, OwnedValue};
+use ordo_pgsource::catalog::describe_tables;
 use ordo_pgsource::stream::{Backoff, Layout, StreamConfig, DEFAULT_STATUS_INTERVAL};
 use ordo_pgsource::value::parse_value;
 use ordo_pgsource::{Change, ChangeStream, Connection, Error, Lsn, Mode, Transaction, UnsupportedColumns};
@@ -89,9 +90,29 @@ impl Follower {
                         _ = shutdown.wait_for(|stopping| *stopping) => return,
                     }
                 }
+                Stop::Source(error @ Error::UnsupportedType { .. }) => {
+                    let error = self.as_at_start(error).await;
+                    return self.fail(&format!("PostgreSQL: {error}"));
+                }
                 Stop::Source(error) => return self.fail(&format!("PostgreSQL: {error}")),
                 Stop::Refused(message) => return self.fail(&message),
             }
+        }
+    }
+
+    /// A column of a type that is not followed, met in the stream: pgoutput
+    /// names the type only by its oid, so the start's check of the tables runs
+    /// again for the error in the start's words, with the type's name. The
+    /// stream's own error when the catalog has moved on or cannot be read.
+    async fn as_at_start(&self, error: Error) -> Error {
+        let Ok(mut connection) = Connection::connect(&self.options.connect, Mode::Sql).await else { return error };
+        let names: Vec<_> = self.options.tables.iter().map(|mapping| mapping.table.clone()).collect();
+        let publication = &self.options.publication;
+        let checked = describe_tables(&mut connection, publication, &names, UnsupportedColumns::Refuse).await;
+        let _ = connection.terminate().await;
+        match checked {
+            Err(named @ Error::UnsupportedType { .. }) => named,
+            _ => error,
         }
     }
 
@@ -178,7 +199,8 @@ impl Follower {
             return Ok(Vec::new());
         }
         let names: Vec<String> = changes.added.iter().map(|(name, _)| name.clone()).collect();
-        let mut connection = connect(&self.options).await?;
+        // A plain connection: a replication one would take a second walsender.
+        let mut connection = Connection::connect(&self.options.connect, Mode::Sql).await?;
         let texts = ordo_pgsource::catalog::missing_values(&mut connection, layout.relation_oid, &names).await;
         let _ = connection.terminate().await;
         let table = &self.followed[layout.table].table.name;
