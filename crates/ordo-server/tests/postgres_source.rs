@@ -337,6 +337,31 @@ async fn a_truncate_empties_the_collection_in_one_frame_and_stays_applied_after_
     assert_eq!(follower_health(&server)["state"], "streaming");
 }
 
+/// Rows past what one batch of a TRUNCATE's removes holds (`follow::TRUNCATE_BATCH_OPS`).
+const TRUNCATE_ROWS: u64 = (1 << 19) + 1000;
+
+#[test]
+fn a_truncate_of_more_items_than_one_batch_holds_empties_the_collection() {
+    let pg = postgres();
+    pg.psql(&format!(
+        "CREATE TABLE big (id int8 PRIMARY KEY, v int8 NOT NULL);
+         INSERT INTO big SELECT n, n FROM generate_series(1, {TRUNCATE_ROWS}) n;
+         CREATE PUBLICATION {PUBLICATION} FOR TABLE big;"
+    ))
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_following(&pg, dir.path(), &["big"]);
+    let total = |server: &Server| server.ok("POST", "/v1/collections/big/query", json!({"limit": 1}))["total"].clone();
+    assert_eq!(total(&server), TRUNCATE_ROWS, "copied");
+    pg.psql("BEGIN; TRUNCATE big; INSERT INTO big VALUES (7, -7); COMMIT;").unwrap();
+    wait_applied(&server, 1);
+    let answer = server.ok("POST", "/v1/collections/big/query", json!({"limit": 10}));
+    assert_eq!(answer["total"], 1, "{answer}");
+    assert_eq!(answer["items"][0]["id"], "7");
+    assert_eq!(answer["items"][0]["fields"]["v"], -7);
+    assert_eq!(follower_health(&server)["state"], "streaming");
+}
+
 /// The fields of `collection` as `GET /v1/collections/NAME` lists them, `name:type`.
 fn ordo_fields(server: &Server, collection: &str) -> Vec<String> {
     let answer = server.ok("GET", &format!("/v1/collections/{collection}"), Value::Null);
