@@ -164,6 +164,31 @@ async fn table_oid(
     Ok((oid.parse().map_err(|_| catalog_shape())?, estimated_rows))
 }
 
+/// The text of each column's *missing value*, in the order of `columns`:
+/// what the rows that existed when the column was added read. `ADD COLUMN ...
+/// DEFAULT` with a default that is not volatile keeps it in the catalog
+/// (`pg_attribute.attmissingval`) instead of writing those rows, so the stream
+/// carries nothing for them. `None` where there is none.
+pub async fn missing_values(
+    connection: &mut Connection,
+    table_oid: u32,
+    columns: &[String],
+) -> Result<Vec<Option<String>>, Error> {
+    let mut values = Vec::with_capacity(columns.len());
+    for column in columns {
+        // A one-element array of the column's type; its element as text.
+        let rows = connection
+            .query_rows(&format!(
+                "SELECT (attmissingval::text::text[])[1] FROM pg_attribute \
+                 WHERE attrelid = {table_oid} AND attname = {} AND atthasmissing AND NOT attisdropped",
+                escape_literal(column)
+            ))
+            .await?;
+        values.push(rows.into_iter().next().and_then(|row| row.into_iter().next().flatten()));
+    }
+    Ok(values)
+}
+
 /// The primary key's column names in key order; empty when there is none.
 async fn primary_key(connection: &mut Connection, oid: u32) -> Result<Vec<String>, Error> {
     let rows = connection

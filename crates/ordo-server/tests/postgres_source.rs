@@ -265,6 +265,233 @@ fn kill_9_mid_stream_and_a_postgres_restart_then_every_row_exactly_once() {
     assert!(health["reconnects"].as_u64().unwrap() >= 1, "the PostgreSQL restart was lived through: {health}");
 }
 
+/// Ordo's `items` equal PostgreSQL's, waiting (bounded) for the last transaction to show.
+fn wait_equal(server: &Server, pg: &PostgresServer, context: &str) {
+    let deadline = Instant::now() + APPLY_TIMEOUT;
+    loop {
+        let (ordo, postgres) = (ordo_window(server, 1000), postgres_window(pg, 1000));
+        if ordo == postgres {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{context}: Ordo holds {ordo:?}\nPostgreSQL holds {postgres:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncate_empties_the_collection_in_one_frame_and_stays_applied_after_a_restart() {
+    let pg = postgres();
+    create_items_table(&pg);
+    pg.psql("INSERT INTO items SELECT 'c' || n, n, 'copied' FROM generate_series(1, 30) n;").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start_following(&pg, dir.path(), &["items"]);
+    pg.psql("INSERT INTO items SELECT 's' || n, n, 'streamed' FROM generate_series(1, 20) n;").unwrap();
+    wait_applied(&server, 1);
+    let mut client = server.connect().await;
+    client
+        .send(json!({"op": "subscribe", "sub": "all", "collection": "items", "sort": [{"field": "score"}], "limit": 1000}))
+        .await;
+    let has_every_row = |client: &common::Client| client.lists.get("all").is_some_and(|list| list.items.len() == 50);
+    assert!(client.read_until(APPLY_TIMEOUT, has_every_row).await, "no first frame of the 50 rows");
+    let n_frames_before = client.diffs_seen.len();
+
+    pg.psql("TRUNCATE items;").unwrap();
+    wait_applied(&server, 2);
+    assert_eq!(ordo_window(&server, 1000), Vec::<Value>::new(), "emptied by the TRUNCATE");
+    let is_empty = |client: &common::Client| client.lists["all"].items.is_empty();
+    assert!(client.read_until(APPLY_TIMEOUT, is_empty).await, "the subscription was not emptied");
+    assert_eq!(client.diffs_seen.len() - n_frames_before, 1, "the removal of every row is one frame");
+
+    // One transaction: the row inserted before the TRUNCATE goes with it, the
+    // changes after it apply after it, in order.
+    pg.psql(
+        "BEGIN; INSERT INTO items VALUES ('gone', 1, 'x'); TRUNCATE items;
+         INSERT INTO items VALUES ('a', 1, 'kept'), ('b', 2, 'kept'); UPDATE items SET score = 5 WHERE id = 'a'; COMMIT;",
+    )
+    .unwrap();
+    wait_applied(&server, 3);
+    let expected = postgres_window(&pg, 1000);
+    assert_eq!(expected.len(), 2, "{expected:?}");
+    assert_eq!(ordo_window(&server, 1000), expected, "TRUNCATE then INSERT in one transaction");
+    let is_expected =
+        |client: &common::Client| client.lists["all"].items.iter().map(row_of).collect::<Vec<_>>() == expected;
+    assert!(client.read_until(APPLY_TIMEOUT, is_expected).await, "the subscription does not equal PostgreSQL");
+    assert_eq!(client.diffs_seen.len() - n_frames_before, 2, "one frame per transaction");
+
+    // A restart resumes past the TRUNCATEs (their position was stored with
+    // them): nothing truncated comes back, and later truncates still apply.
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGKILL) };
+    server.wait();
+    pg.psql("BEGIN; TRUNCATE items; INSERT INTO items VALUES ('after', 3, 'restart'); COMMIT;").unwrap();
+    let args = follow_args(&pg, dir.path(), &["items"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let options = StartOptions { capture_stderr: true, ..StartOptions::default() };
+    let server = Server::start_with(&dir.path().join("data"), &args, options);
+    let lines = server.wait_for_stderr_line(|line| line.contains("following PostgreSQL"));
+    let started = lines.iter().find(|line| line.contains("following PostgreSQL")).unwrap();
+    assert!(started.contains("resumed=true"), "{started}");
+    wait_applied(&server, 1);
+    wait_equal(&server, &pg, "after the restart");
+    assert_eq!(ordo_window(&server, 1000).len(), 1);
+    assert_eq!(follower_health(&server)["state"], "streaming");
+}
+
+/// Rows past what one batch of a TRUNCATE's removes holds (`follow::TRUNCATE_BATCH_OPS`).
+const TRUNCATE_ROWS: u64 = (1 << 19) + 1000;
+
+#[test]
+fn a_truncate_of_more_items_than_one_batch_holds_empties_the_collection() {
+    let pg = postgres();
+    pg.psql(&format!(
+        "CREATE TABLE big (id int8 PRIMARY KEY, v int8 NOT NULL);
+         INSERT INTO big SELECT n, n FROM generate_series(1, {TRUNCATE_ROWS}) n;
+         CREATE PUBLICATION {PUBLICATION} FOR TABLE big;"
+    ))
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_following(&pg, dir.path(), &["big"]);
+    let total = |server: &Server| server.ok("POST", "/v1/collections/big/query", json!({"limit": 1}))["total"].clone();
+    assert_eq!(total(&server), TRUNCATE_ROWS, "copied");
+    pg.psql("BEGIN; TRUNCATE big; INSERT INTO big VALUES (7, -7); COMMIT;").unwrap();
+    wait_applied(&server, 1);
+    let answer = server.ok("POST", "/v1/collections/big/query", json!({"limit": 10}));
+    assert_eq!(answer["total"], 1, "{answer}");
+    assert_eq!(answer["items"][0]["id"], "7");
+    assert_eq!(answer["items"][0]["fields"]["v"], -7);
+    assert_eq!(follower_health(&server)["state"], "streaming");
+}
+
+/// The fields of `collection` as `GET /v1/collections/NAME` lists them, `name:type`.
+fn ordo_fields(server: &Server, collection: &str) -> Vec<String> {
+    let answer = server.ok("GET", &format!("/v1/collections/{collection}"), Value::Null);
+    let fields = answer["fields"].as_array().unwrap().iter();
+    fields.map(|field| format!("{}:{}", field["name"].as_str().unwrap(), field["type"].as_str().unwrap())).collect()
+}
+
+/// Every row of `items` as `{"id", COLUMN...}`, by id.
+fn postgres_rows(pg: &PostgresServer, columns: &[&str]) -> Vec<Value> {
+    let pairs: Vec<String> = columns.iter().map(|column| format!("'{column}', {column}")).collect();
+    let rows = pg
+        .psql(&format!("SELECT json_build_object('id', id, {}) FROM items ORDER BY id COLLATE \"C\"", pairs.join(", ")))
+        .unwrap();
+    rows.lines().filter(|line| !line.is_empty()).map(|line| serde_json::from_str(line).unwrap()).collect()
+}
+
+/// Every item of `items` in the same shape (a field Ordo does not have reads as null).
+fn ordo_rows(server: &Server, columns: &[&str]) -> Vec<Value> {
+    let answer = server.ok("POST", "/v1/collections/items/query", json!({"limit": 1000}));
+    let mut rows: Vec<Value> = answer["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| {
+            let mut row = json!({"id": item["id"]});
+            for column in columns {
+                row[*column] = item["fields"][*column].clone();
+            }
+            row
+        })
+        .collect();
+    rows.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+    rows
+}
+
+#[test]
+fn a_column_added_in_postgres_becomes_a_field_and_a_dropped_one_is_removed() {
+    let pg = postgres();
+    create_items_table(&pg);
+    pg.psql("INSERT INTO items VALUES ('a', 1, 'first'), ('b', 2, 'second');").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start_following(&pg, dir.path(), &["items"]);
+    assert_eq!(ordo_fields(&server, "items"), ["id:string", "score:i64", "title:string"]);
+
+    // The new layout comes inside the transaction, after a row of the old one.
+    // PostgreSQL gives the rows that were there the default without writing
+    // them (nothing streamed): the items take it too.
+    pg.psql(
+        "BEGIN; UPDATE items SET score = 10 WHERE id = 'b'; ALTER TABLE items ADD COLUMN rank int4;
+         ALTER TABLE items ADD COLUMN flag bool NOT NULL DEFAULT true;
+         UPDATE items SET rank = 7 WHERE id = 'a'; INSERT INTO items VALUES ('c', 3, 'third', 9, false); COMMIT;",
+    )
+    .unwrap();
+    wait_applied(&server, 1);
+    let fields = ordo_fields(&server, "items");
+    assert_eq!(fields, ["id:string", "score:i64", "title:string", "rank:i64", "flag:bool"]);
+    let columns = ["score", "title", "rank", "flag"];
+    assert_eq!(ordo_rows(&server, &columns), postgres_rows(&pg, &columns), "after ADD COLUMN");
+
+    pg.psql("ALTER TABLE items DROP COLUMN title; INSERT INTO items VALUES ('d', 4, 2);").unwrap();
+    wait_applied(&server, 2);
+    assert_eq!(ordo_fields(&server, "items"), ["id:string", "score:i64", "rank:i64", "flag:bool"]);
+    let columns = ["score", "rank", "flag"];
+    assert_eq!(ordo_rows(&server, &columns), postgres_rows(&pg, &columns), "after DROP COLUMN");
+
+    // A type of the same values (int4 to int8) is followed as it was.
+    pg.psql("ALTER TABLE items ALTER COLUMN rank TYPE int8; UPDATE items SET rank = 5000000000 WHERE id = 'b';")
+        .unwrap();
+    wait_applied(&server, 3);
+    assert_eq!(ordo_rows(&server, &columns), postgres_rows(&pg, &columns), "after int4 to int8");
+
+    // Columns added and dropped while Ordo is down: the restart resumes with
+    // the fields as they were, and the stream brings them up to the table's.
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGKILL) };
+    server.wait();
+    pg.psql(
+        "ALTER TABLE items ADD COLUMN note text; INSERT INTO items VALUES ('e', 5, 6, true, 'while down');
+         ALTER TABLE items DROP COLUMN rank; UPDATE items SET note = 'later' WHERE id = 'a';",
+    )
+    .unwrap();
+    let server = start_following(&pg, dir.path(), &["items"]);
+    wait_applied(&server, 2);
+    assert_eq!(ordo_fields(&server, "items"), ["id:string", "score:i64", "flag:bool", "note:string"]);
+    let columns = ["score", "flag", "note"];
+    assert_eq!(ordo_rows(&server, &columns), postgres_rows(&pg, &columns), "after the restart");
+    assert_eq!(follower_health(&server)["state"], "streaming");
+}
+
+/// Waits until the follower stopped for good; returns its error.
+fn wait_failed(server: &Server) -> String {
+    let deadline = Instant::now() + APPLY_TIMEOUT;
+    loop {
+        let health = follower_health(server);
+        if health["state"] == "failed" {
+            return health["error"].as_str().unwrap().to_owned();
+        }
+        assert!(Instant::now() < deadline, "the follower did not stop: {health}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_column_retyped_renamed_or_of_an_unsupported_type_stops_the_follower_naming_it() {
+    let cases = [
+        (
+            "ALTER TABLE items ALTER COLUMN score TYPE text",
+            "`public.items.score` changed type in PostgreSQL from `int2/int4/int8` to `text/varchar/char/name`",
+        ),
+        (
+            "ALTER TABLE items ADD COLUMN place point",
+            "the column `public.items.place` has the type `point`, which is not followed",
+        ),
+        ("ALTER TABLE items RENAME COLUMN title TO headline", "`title` gone, `headline` new"),
+    ];
+    for (alter, expected) in cases {
+        let pg = postgres();
+        create_items_table(&pg);
+        pg.psql("INSERT INTO items VALUES ('a', 1, 'first');").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let server = start_following(&pg, dir.path(), &["items"]);
+        pg.psql(&format!("{alter}; INSERT INTO items (id, score) VALUES ('x', '5');")).unwrap();
+        let error = wait_failed(&server);
+        assert!(error.contains(expected), "{alter}: expected `{expected}` in {error}");
+        assert!(error.contains("not followed") || error.contains("copy the table anew"), "{error}");
+        let ids: Vec<Value> = ordo_rows(&server, &[]).iter().map(|row| row["id"].clone()).collect();
+        assert_eq!(ids, [json!("a")], "{alter}: the transaction was not applied");
+    }
+}
+
 /// Rows in the copy test: more than one progress line's worth (every 100 000 rows).
 const COPY_ROWS: u64 = 150_000;
 

@@ -1,25 +1,30 @@
 //! The follower's task: streams the slot from the stored position and applies
-//! each transaction as one group commit, then confirms its end LSN. A lost
-//! connection (PostgreSQL restarted, the walsender terminated) is retried with
-//! `Backoff`; anything else stops the follower loudly, the server serving what
-//! it holds.
+//! each transaction as one group commit, then confirms its end LSN. A
+//! `TRUNCATE` is the removal of every item its collections hold, in the same
+//! group as the rest of its transaction. A lost connection (PostgreSQL
+//! restarted, the walsender terminated) is retried with `Backoff`; anything
+//! else stops the follower loudly, the server serving what it holds.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ordo_core::{Batch, CollectionId};
-use ordo_pgsource::stream::{Backoff, StreamConfig, DEFAULT_STATUS_INTERVAL};
+use ordo_core::limits::MAX_OPS_PER_BATCH;
+use ordo_core::{Batch, CollectionId, OwnedValue};
+use ordo_pgsource::catalog::describe_tables;
+use ordo_pgsource::stream::{Backoff, Layout, StreamConfig, DEFAULT_STATUS_INTERVAL};
+use ordo_pgsource::value::parse_value;
 use ordo_pgsource::{Change, ChangeStream, Connection, Error, Lsn, Mode, Transaction, UnsupportedColumns};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 use super::config::PostgresOptions;
+use super::mapping::{ordo_value, FieldChanges};
 use super::status::FollowStatus;
-use super::{write_group, Followed};
-use crate::writer::WriterSender;
+use super::{change_fields, send, shutting_down, write_group, Followed};
+use crate::writer::{Command, WriterSender};
 use std::sync::Arc;
 
 /// Most changes of one PostgreSQL transaction: each becomes at most two ops
 /// (a key change is a remove and an upsert) of one Ordo batch.
-pub const MAX_TRANSACTION_CHANGES: usize = ordo_core::limits::MAX_OPS_PER_BATCH / 2;
+pub const MAX_TRANSACTION_CHANGES: usize = MAX_OPS_PER_BATCH / 2;
 
 pub(super) async fn connect(options: &PostgresOptions) -> Result<Connection, Error> {
     Connection::connect(&options.connect, Mode::Replication).await
@@ -45,6 +50,8 @@ pub(super) struct Follower {
     options: PostgresOptions,
     followed: Vec<Followed>,
     position_collection: CollectionId,
+    /// Each table's layout the fields were last brought in line with (by index).
+    layouts: Vec<Option<Arc<Layout>>>,
     /// The end LSN of the last transaction stored (or the copy's consistent point).
     position: Lsn,
     writer: WriterSender,
@@ -60,7 +67,8 @@ impl Follower {
         writer: WriterSender,
         status: Arc<FollowStatus>,
     ) -> Follower {
-        Follower { options, followed, position_collection, position, writer, status }
+        let layouts = followed.iter().map(|_| None).collect();
+        Follower { options, followed, position_collection, layouts, position, writer, status }
     }
 
     /// Follows until the server stops or a change cannot be applied.
@@ -82,9 +90,29 @@ impl Follower {
                         _ = shutdown.wait_for(|stopping| *stopping) => return,
                     }
                 }
+                Stop::Source(error @ Error::UnsupportedType { .. }) => {
+                    let error = self.as_at_start(error).await;
+                    return self.fail(&format!("PostgreSQL: {error}"));
+                }
                 Stop::Source(error) => return self.fail(&format!("PostgreSQL: {error}")),
                 Stop::Refused(message) => return self.fail(&message),
             }
+        }
+    }
+
+    /// A column of a type that is not followed, met in the stream: pgoutput
+    /// names the type only by its oid, so the start's check of the tables runs
+    /// again for the error in the start's words, with the type's name. The
+    /// stream's own error when the catalog has moved on or cannot be read.
+    async fn as_at_start(&self, error: Error) -> Error {
+        let Ok(mut connection) = Connection::connect(&self.options.connect, Mode::Sql).await else { return error };
+        let names: Vec<_> = self.options.tables.iter().map(|mapping| mapping.table.clone()).collect();
+        let publication = &self.options.publication;
+        let checked = describe_tables(&mut connection, publication, &names, UnsupportedColumns::Refuse).await;
+        let _ = connection.terminate().await;
+        match checked {
+            Err(named @ Error::UnsupportedType { .. }) => named,
+            _ => error,
         }
     }
 
@@ -124,7 +152,9 @@ impl Follower {
     /// Applies the next transaction, durably with its end LSN, then confirms it.
     async fn next(&mut self, stream: &mut ChangeStream) -> Result<(), Stop> {
         let transaction = stream.next_transaction().await?;
-        let batches = self.batches_of(&transaction).map_err(Stop::Refused)?;
+        self.follow_layouts(&transaction).await?;
+        let truncated = self.ids_of_truncated(&transaction).await.map_err(Stop::Refused)?;
+        let batches = self.batches_of(&transaction, &truncated).map_err(Stop::Refused)?;
         let position = Some((self.position_collection, self.options.slot.as_str(), transaction.end_lsn));
         write_group(&self.writer, batches, position).await.map_err(Stop::Refused)?;
         self.position = transaction.end_lsn;
@@ -134,46 +164,188 @@ impl Follower {
         Ok(())
     }
 
-    /// A batch per followed collection the transaction touched, in table order.
-    fn batches_of(&self, transaction: &Transaction) -> Result<Vec<(CollectionId, Batch)>, String> {
-        let mut batches: Vec<Option<Batch>> = self.followed.iter().map(|_| None).collect();
+    /// Brings each collection's fields in line with the layouts the
+    /// transaction's changes carry (pgoutput describes a table again before its
+    /// first change after an `ALTER TABLE`), before its rows are written: rows
+    /// of the older layout set the fields that are left.
+    async fn follow_layouts(&mut self, transaction: &Transaction) -> Result<(), Stop> {
         for change in &transaction.changes {
-            let index = match change {
-                Change::Insert { layout, .. } | Change::Update { layout, .. } | Change::Delete { layout, .. } => {
-                    layout.table
+            let (Change::Insert { layout, .. } | Change::Update { layout, .. } | Change::Delete { layout, .. }) =
+                change
+            else {
+                continue;
+            };
+            if self.layouts[layout.table].as_ref().is_some_and(|seen| Arc::ptr_eq(seen, layout)) {
+                continue;
+            }
+            let followed = &self.followed[layout.table];
+            let changes = followed.map.field_changes(&followed.table.name, &layout.columns).map_err(Stop::Refused)?;
+            if !changes.is_empty() {
+                let defaults = self.missing_values(layout, &changes).await?;
+                let (collection, name) = (followed.collection, &followed.map.collection);
+                change_fields(&self.writer, collection, name, &changes, defaults).await.map_err(Stop::Refused)?;
+                self.followed[layout.table].map.apply(&changes);
+            }
+            self.layouts[layout.table] = Some(layout.clone());
+        }
+        Ok(())
+    }
+
+    /// The value each added column has in the rows that were there before it
+    /// (see `catalog::missing_values`), for the items of those rows; null where
+    /// PostgreSQL has none.
+    async fn missing_values(&self, layout: &Layout, changes: &FieldChanges) -> Result<Vec<OwnedValue>, Stop> {
+        if changes.added.is_empty() {
+            return Ok(Vec::new());
+        }
+        let names: Vec<String> = changes.added.iter().map(|(name, _)| name.clone()).collect();
+        // A plain connection: a replication one would take a second walsender.
+        let mut connection = Connection::connect(&self.options.connect, Mode::Sql).await?;
+        let texts = ordo_pgsource::catalog::missing_values(&mut connection, layout.relation_oid, &names).await;
+        let _ = connection.terminate().await;
+        let table = &self.followed[layout.table].table.name;
+        changes
+            .added
+            .iter()
+            .zip(texts?)
+            .map(|((name, column_type), text)| {
+                let Some(text) = text else { return Ok(OwnedValue::Null) };
+                let value = parse_value(*column_type, &text).map_err(|error| {
+                    Stop::Refused(format!("the default of the column `{table}.{name}`, added in PostgreSQL: {error}"))
+                })?;
+                Ok(ordo_value(&value).to_owned_value())
+            })
+            .collect()
+    }
+
+    /// For each followed table the transaction truncates, the ids its
+    /// collection holds before the transaction (by table index; `None`: not
+    /// truncated).
+    async fn ids_of_truncated(&self, transaction: &Transaction) -> Result<Vec<Option<Vec<String>>>, String> {
+        let mut ids: Vec<Option<Vec<String>>> = self.followed.iter().map(|_| None).collect();
+        for change in &transaction.changes {
+            let Change::Truncate { tables } = change else { continue };
+            for &index in tables {
+                if ids[index].is_none() {
+                    ids[index] = Some(item_ids(&self.writer, self.followed[index].collection).await?);
                 }
+            }
+        }
+        Ok(ids)
+    }
+
+    /// The batches of the collections the transaction touched, in table order;
+    /// `truncated` as [`Follower::ids_of_truncated`] gives it.
+    fn batches_of(
+        &self,
+        transaction: &Transaction,
+        truncated: &[Option<Vec<String>>],
+    ) -> Result<Vec<(CollectionId, Batch)>, String> {
+        let mut writes: Vec<CollectionWrites> = self.followed.iter().map(|_| CollectionWrites::default()).collect();
+        for change in &transaction.changes {
+            let layout = match change {
+                Change::Insert { layout, .. } | Change::Update { layout, .. } | Change::Delete { layout, .. } => layout,
                 Change::Truncate { tables } => {
-                    let names: Vec<String> =
-                        tables.iter().map(|index| self.followed[*index].table.name.to_string()).collect();
-                    return Err(format!(
-                        "TRUNCATE of {} is not followed yet: copy the tables anew (docs/POSTGRES.md, \"Failures\")",
-                        names.join(", ")
-                    ));
+                    for &index in tables {
+                        // What the transaction did to the table before is gone with its rows.
+                        writes[index] = CollectionWrites::truncated(truncated[index].as_deref().unwrap_or_default());
+                    }
+                    continue;
                 }
             };
-            let followed = &self.followed[index];
-            let batch = batches[index].get_or_insert_with(Batch::new);
+            let map = &self.followed[layout.table].map;
+            let batch = writes[layout.table].batch();
             match change {
-                Change::Insert { layout, row } => followed.map.upsert_streamed(layout, row, batch)?,
+                Change::Insert { layout, row } => map.upsert_streamed(layout, row, batch)?,
                 Change::Update { layout, old_key, row } => {
                     if let Some(old_key) = old_key {
-                        followed.map.remove(old_key, batch)?;
+                        map.remove(old_key, batch)?;
                     }
-                    followed.map.upsert_streamed(layout, row, batch)?;
+                    map.upsert_streamed(layout, row, batch)?;
                 }
-                Change::Delete { key, .. } => followed.map.remove(key, batch)?,
-                Change::Truncate { .. } => unreachable!("handled above"),
+                Change::Delete { key, .. } => map.remove(key, batch)?,
+                Change::Truncate { .. } => {}
             }
         }
         Ok(self
             .followed
             .iter()
-            .zip(batches)
-            .filter_map(|(table, batch)| batch.map(|batch| (table.collection, batch)))
+            .zip(writes)
+            .flat_map(|(table, writes)| writes.batches.into_iter().map(move |batch| (table.collection, batch)))
+            .filter(|(_, batch)| !batch.is_empty())
             .collect())
     }
 }
 
+/// Removes per batch of a TRUNCATE: half the engine's bound, so that the ids
+/// (at most 255 bytes each) take at most half of a batch's bytes and the
+/// changes after the TRUNCATE in its transaction fit beside them.
+pub const TRUNCATE_BATCH_OPS: usize = MAX_OPS_PER_BATCH / 2;
+
+/// One collection's writes in one transaction, in order. Without a TRUNCATE
+/// that is one batch (a transaction's changes make at most `MAX_OPS_PER_BATCH`
+/// ops). After one: the removes of every item first, then the changes after
+/// it — one batch, so one frame per subscription, unless the collection holds
+/// more than `TRUNCATE_BATCH_OPS` items; then several, all in the
+/// transaction's one group commit.
+#[derive(Default)]
+struct CollectionWrites {
+    batches: Vec<Batch>,
+}
+
+impl CollectionWrites {
+    /// The removes of every item of `ids`.
+    fn truncated(ids: &[String]) -> CollectionWrites {
+        let batches = ids
+            .chunks(TRUNCATE_BATCH_OPS)
+            .map(|chunk| {
+                let mut batch = Batch::new();
+                for id in chunk {
+                    batch.remove(id);
+                }
+                batch
+            })
+            .collect();
+        CollectionWrites { batches }
+    }
+
+    /// The batch the next change goes to: the last one while it has room for
+    /// the two ops a change makes at most.
+    fn batch(&mut self) -> &mut Batch {
+        if self.batches.last().is_none_or(|batch| batch.len() + 2 > MAX_OPS_PER_BATCH) {
+            self.batches.push(Batch::new());
+        }
+        self.batches.last_mut().expect("a batch was just pushed if there was none")
+    }
+}
+
+/// The ids of every item of `collection`, from the writer.
+async fn item_ids(writer: &WriterSender, collection: CollectionId) -> Result<Vec<String>, String> {
+    let (reply, answer) = oneshot::channel();
+    send(writer, Command::ItemIds { collection, reply }).await?;
+    answer.await.map_err(|_| shutting_down())
+}
+
 fn unix_micros() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_micros() as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_truncate_past_the_batch_bound_is_several_batches_and_the_changes_after_it_join_the_last() {
+        let ids: Vec<String> = (0..TRUNCATE_BATCH_OPS + 3).map(|n| n.to_string()).collect();
+        let mut writes = CollectionWrites::truncated(&ids);
+        assert_eq!(writes.batches.iter().map(Batch::len).collect::<Vec<_>>(), [TRUNCATE_BATCH_OPS, 3]);
+        writes.batch().upsert("new");
+        assert_eq!(writes.batches.len(), 2, "a change after the removes joins their last batch");
+        assert_eq!(writes.batches[1].len(), 4);
+
+        let mut small = CollectionWrites::truncated(&ids[..2]);
+        small.batch().remove("0");
+        assert_eq!(small.batches.len(), 1, "a small collection's TRUNCATE is one batch with what follows");
+        assert!(CollectionWrites::truncated(&[]).batches.is_empty(), "an empty collection: nothing to write");
+    }
 }

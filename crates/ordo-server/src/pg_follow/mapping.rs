@@ -2,10 +2,10 @@
 //! field per followed column, typed from the column), the item id (the primary
 //! key), and each value. No I/O: a row in, batch operations out.
 
-use ordo_core::limits::{MAX_ID_BYTES, MAX_STRING_FIELD_BYTES};
+use ordo_core::limits::{MAX_FIELDS_PER_SCHEMA, MAX_ID_BYTES, MAX_STRING_FIELD_BYTES};
 use ordo_core::{Batch, FieldType, Schema, Value as OrdoValue};
 use ordo_pgsource::stream::Layout;
-use ordo_pgsource::{ColumnType, Field, Table, Value};
+use ordo_pgsource::{ColumnType, Field, Table, TableName, Value};
 
 use super::config::TableMapping;
 
@@ -18,9 +18,47 @@ pub const KEY_SEPARATOR: char = '/';
 #[derive(Clone, Debug)]
 pub struct TableMap {
     pub collection: String,
-    /// `(column name, field type)` of each column that is a field.
-    pub fields: Vec<(String, FieldType)>,
-    pub n_key_columns: usize,
+    /// The collection's fields, in its order.
+    pub fields: Vec<MappedField>,
+    /// The configured columns besides the key (`None`: every followed column):
+    /// they decide whether a column added in PostgreSQL becomes a field.
+    pub wanted: Option<Vec<String>>,
+    pub key_columns: Vec<String>,
+}
+
+/// A field and the column it holds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MappedField {
+    pub name: String,
+    pub field_type: FieldType,
+    /// The column's type as last seen; `None` when not known (a field kept at a
+    /// restart whose column the catalog no longer has with values of its type:
+    /// the stream, behind the catalog, says what it was).
+    pub column_type: Option<ColumnType>,
+}
+
+impl MappedField {
+    fn of_column(name: &str, column_type: ColumnType) -> MappedField {
+        MappedField { name: name.to_owned(), field_type: field_type(column_type), column_type: Some(column_type) }
+    }
+}
+
+/// What a table's new layout changes in its collection's fields.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FieldChanges {
+    /// Followed columns that are no field yet: fields to append.
+    pub added: Vec<(String, ColumnType)>,
+    /// Fields whose column is gone, or no longer configured.
+    pub removed: Vec<String>,
+    /// Fields whose column changed to a type of the same values (`int4` to
+    /// `int8`): the collection is unchanged.
+    pub retyped: Vec<(String, ColumnType)>,
+}
+
+impl FieldChanges {
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty() && self.retyped.is_empty()
+    }
 }
 
 /// The field type that holds a column's values.
@@ -58,33 +96,161 @@ pub fn map_table(mapping: &TableMapping, table: &Table) -> Result<TableMap, Stri
     let mut fields = Vec::new();
     for column in &table.columns {
         if let (Some(column_type), true) = (column.column_type, wanted(&column.name, column.key_position.is_some())) {
-            fields.push((column.name.clone(), field_type(column_type)));
+            fields.push(MappedField::of_column(&column.name, column_type));
         }
     }
-    if fields.len() > ordo_core::limits::MAX_FIELDS_PER_SCHEMA {
+    check_field_count(&mapping.table, fields.len())?;
+    Ok(TableMap {
+        collection: mapping.collection.clone(),
+        fields,
+        wanted: mapping.columns.clone(),
+        key_columns: table.key_columns.clone(),
+    })
+}
+
+fn check_field_count(table: &impl std::fmt::Display, n_fields: usize) -> Result<(), String> {
+    if n_fields > MAX_FIELDS_PER_SCHEMA {
         return Err(format!(
-            "--pg-table {}: {} columns; a collection has at most {} fields (name the columns to follow)",
-            mapping.table,
-            fields.len(),
-            ordo_core::limits::MAX_FIELDS_PER_SCHEMA
+            "--pg-table {table}: {n_fields} columns; a collection has at most {MAX_FIELDS_PER_SCHEMA} fields (name the columns to follow)"
         ));
     }
-    Ok(TableMap { collection: mapping.collection.clone(), fields, n_key_columns: table.key_columns.len() })
+    Ok(())
+}
+
+/// Whether a column of type `new` holds the values its field holds: the same
+/// type, or integers either way (`int2/4/8`, integral `numeric`). Any other
+/// change rewrote the rows in PostgreSQL without a change in the stream.
+fn keeps_values(field: &MappedField, new: ColumnType) -> bool {
+    let is_integer = |column_type| matches!(column_type, ColumnType::Int | ColumnType::Numeric);
+    match field.column_type {
+        Some(old) => old == new || (is_integer(old) && is_integer(new)),
+        None => field_type(new) == field.field_type,
+    }
+}
+
+/// Refuses a layout that both drops and adds columns: a column renamed looks
+/// just so, and its rows keep their values in PostgreSQL without a change in
+/// the stream, so a field removed and another added would lose them.
+fn refuse_a_possible_rename(table: &TableName, changes: &FieldChanges) -> Result<(), String> {
+    if changes.removed.is_empty() || changes.added.is_empty() {
+        return Ok(());
+    }
+    let gone = changes.removed.join("`, `");
+    let new: Vec<&str> = changes.added.iter().map(|(name, _)| name.as_str()).collect();
+    Err(format!(
+        "the columns of `{table}` changed between two of its changes: `{gone}` gone, `{}` new. A column renamed looks so, and its values are not streamed again; copy the table anew (docs/POSTGRES.md, \"Failures while serving\")",
+        new.join("`, `")
+    ))
+}
+
+/// The PostgreSQL types a column type stands for, for messages.
+pub fn postgres_types(column_type: ColumnType) -> &'static str {
+    match column_type {
+        ColumnType::Bool => "bool",
+        ColumnType::Int => "int2/int4/int8",
+        ColumnType::Float => "float4/float8",
+        ColumnType::Numeric => "numeric",
+        ColumnType::Text => "text/varchar/char/name",
+        ColumnType::Uuid => "uuid",
+        ColumnType::Timestamp => "timestamp",
+        ColumnType::TimestampTz => "timestamptz",
+        ColumnType::Date => "date",
+        ColumnType::Json => "json/jsonb",
+    }
 }
 
 impl TableMap {
     pub fn schema(&self) -> Result<Schema, String> {
         let mut schema = Schema::new();
-        for (name, field_type) in &self.fields {
+        for field in &self.fields {
             schema = schema
-                .try_with_field(name, *field_type)
-                .map_err(|error| format!("collection `{}`, column `{name}`: {error}", self.collection))?;
+                .try_with_field(&field.name, field.field_type)
+                .map_err(|error| format!("collection `{}`, column `{}`: {error}", self.collection, field.name))?;
         }
         Ok(schema)
     }
 
+    /// The map of the collection as it exists (a restart): its fields are those
+    /// of the table as of the stored position, which the catalog may be past;
+    /// the stream brings them up to date. Each keeps its column's type where
+    /// the catalog has the column with values of the field's type.
+    pub fn adopt(self, schema: &Schema) -> TableMap {
+        let fields = schema
+            .fields()
+            .iter()
+            .map(|field| {
+                let column_type = self
+                    .fields
+                    .iter()
+                    .find(|column| column.name == field.name && column.field_type == field.field_type)
+                    .and_then(|column| column.column_type);
+                MappedField { name: field.name.clone(), field_type: field.field_type, column_type }
+            })
+            .collect();
+        TableMap { fields, ..self }
+    }
+
+    /// What the table's columns (a new layout's, in order) change in the
+    /// fields: a followed column that is no field is added, a field whose
+    /// column is gone (or no longer configured) removed. A column whose values changed their form
+    /// (`int8` to `text`, `date` to `timestamp`) is refused, naming both types:
+    /// PostgreSQL rewrote its rows without streaming them.
+    pub fn field_changes(
+        &self,
+        table: &TableName,
+        columns: &[(String, Option<ColumnType>)],
+    ) -> Result<FieldChanges, String> {
+        let mut changes = FieldChanges::default();
+        for (name, column_type) in columns {
+            let Some(column_type) = *column_type else { continue };
+            match self.fields.iter().find(|field| field.name == *name) {
+                Some(field) if !keeps_values(field, column_type) => {
+                    let old = field.column_type.map_or_else(
+                        || format!("a type held as `{}`", field.field_type.name()),
+                        |old| format!("`{}`", postgres_types(old)),
+                    );
+                    return Err(format!(
+                        "the column `{table}.{name}` changed type in PostgreSQL from {old} to `{}`: a field keeps its type, and PostgreSQL rewrote the rows without streaming them; copy the table anew (docs/POSTGRES.md, \"Failures while serving\")",
+                        postgres_types(column_type)
+                    ));
+                }
+                Some(field) if field.column_type != Some(column_type) => {
+                    changes.retyped.push((name.clone(), column_type));
+                }
+                Some(_) => {}
+                None if self.wants(name) => changes.added.push((name.clone(), column_type)),
+                None => {}
+            }
+        }
+        let is_followed = |field: &&MappedField| {
+            self.wants(&field.name) && columns.iter().any(|(name, kind)| *name == field.name && kind.is_some())
+        };
+        changes.removed =
+            self.fields.iter().filter(|field| !is_followed(field)).map(|field| field.name.clone()).collect();
+        check_field_count(table, self.fields.len() - changes.removed.len() + changes.added.len())?;
+        refuse_a_possible_rename(table, &changes)?;
+        Ok(changes)
+    }
+
+    /// Records `changes` once the collection has them.
+    pub fn apply(&mut self, changes: &FieldChanges) {
+        self.fields.retain(|field| !changes.removed.contains(&field.name));
+        for (name, column_type) in &changes.retyped {
+            if let Some(field) = self.fields.iter_mut().find(|field| field.name == *name) {
+                field.column_type = Some(*column_type);
+            }
+        }
+        self.fields.extend(changes.added.iter().map(|(name, column_type)| MappedField::of_column(name, *column_type)));
+    }
+
+    /// Whether a column is followed: a key column, or one configured (every one by default).
+    fn wants(&self, name: &str) -> bool {
+        self.key_columns.iter().any(|key| key == name)
+            || self.wanted.as_ref().is_none_or(|columns| columns.iter().any(|column| column == name))
+    }
+
     fn is_field(&self, name: &str) -> bool {
-        self.fields.iter().any(|(field, _)| field == name)
+        self.fields.iter().any(|field| field.name == name)
     }
 
     /// An upsert of a copied row (values in the order of the table's columns).
@@ -130,7 +296,7 @@ impl TableMap {
     ) -> Result<(), String> {
         let mut upsert = batch.upsert(id);
         for (name, value) in cells {
-            // A column added in PostgreSQL after the start is not a field (yet).
+            // A column not followed, or one dropped in PostgreSQL since this row.
             let Some(value) = value.filter(|_| self.is_field(name)) else { continue };
             let value = ordo_value(value);
             if let OrdoValue::Str(text) = value {
@@ -224,6 +390,76 @@ mod tests {
         let fourth = item_id("c", &[&text("a"), &text("\\b")]).unwrap();
         assert_ne!(third, fourth);
         assert_eq!(item_id("c", &[&Value::Int(1), &Value::Int(2)]).unwrap(), "1/2");
+    }
+
+    fn items_map(wanted: Option<Vec<String>>) -> TableMap {
+        let fields =
+            vec![MappedField::of_column("id", ColumnType::Text), MappedField::of_column("score", ColumnType::Int)];
+        TableMap { collection: "items".into(), fields, wanted, key_columns: vec!["id".into()] }
+    }
+
+    fn columns(list: &[(&str, ColumnType)]) -> Vec<(String, Option<ColumnType>)> {
+        list.iter().map(|(name, column_type)| (name.to_string(), Some(*column_type))).collect()
+    }
+
+    #[test]
+    fn a_column_added_is_a_field_to_add_and_a_column_dropped_one_to_remove() {
+        let table = TableName::parse("items");
+        let mut map = items_map(None);
+        let added = columns(&[("id", ColumnType::Text), ("score", ColumnType::Int), ("rank", ColumnType::Date)]);
+        let changes = map.field_changes(&table, &added).unwrap();
+        assert_eq!(changes.added, [("rank".to_owned(), ColumnType::Date)]);
+        assert!(changes.removed.is_empty());
+        map.apply(&changes);
+        assert!(map.field_changes(&table, &added).unwrap().is_empty(), "the same layout again changes nothing");
+        let dropped = columns(&[("id", ColumnType::Text), ("rank", ColumnType::Date)]);
+        let changes = map.field_changes(&table, &dropped).unwrap();
+        assert_eq!(changes.removed, ["score"]);
+        assert!(changes.added.is_empty());
+        map.apply(&changes);
+        let names: Vec<&str> = map.fields.iter().map(|field| field.name.as_str()).collect();
+        assert_eq!(names, ["id", "rank"]);
+    }
+
+    #[test]
+    fn a_column_renamed_is_refused_naming_both_names() {
+        let table = TableName::parse("items");
+        let renamed = columns(&[("id", ColumnType::Text), ("points", ColumnType::Int)]);
+        let refused = items_map(None).field_changes(&table, &renamed).unwrap_err();
+        assert!(
+            refused.contains("`public.items` changed between two of its changes: `score` gone, `points` new"),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn only_configured_columns_become_fields() {
+        let table = TableName::parse("items");
+        let map = items_map(Some(vec!["score".into()]));
+        let layout = columns(&[("id", ColumnType::Text), ("score", ColumnType::Int), ("extra", ColumnType::Bool)]);
+        assert!(map.field_changes(&table, &layout).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_type_change_is_followed_only_when_the_values_keep_their_form() {
+        let table = TableName::parse("items");
+        let mut map = items_map(None);
+        let widened = columns(&[("id", ColumnType::Text), ("score", ColumnType::Numeric)]);
+        let changes = map.field_changes(&table, &widened).unwrap();
+        assert_eq!(changes.retyped, [("score".to_owned(), ColumnType::Numeric)]);
+        assert!(changes.added.is_empty() && changes.removed.is_empty());
+        map.apply(&changes);
+        let to_text = columns(&[("id", ColumnType::Text), ("score", ColumnType::Text)]);
+        let refused = map.field_changes(&table, &to_text).unwrap_err();
+        assert!(
+            refused.contains("`public.items.score` changed type in PostgreSQL from `numeric` to `text"),
+            "{refused}"
+        );
+        // Both held as i64, but days are not microseconds.
+        let mut dated = items_map(None);
+        dated.fields[1] = MappedField::of_column("score", ColumnType::Date);
+        let to_timestamp = columns(&[("id", ColumnType::Text), ("score", ColumnType::Timestamp)]);
+        assert!(dated.field_changes(&table, &to_timestamp).is_err());
     }
 
     #[test]

@@ -22,15 +22,15 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ordo_core::{Batch, CollectionId, Schema};
+use ordo_core::{Batch, CollectionId, OwnedValue, Schema};
 use ordo_pgsource::{Lsn, Table};
 use ordo_store::Database;
 use tokio::sync::{oneshot, watch};
 
 use crate::routing::Routes;
-use crate::writer::{Command, WriteReply, WriterSender};
+use crate::writer::{Command, FieldChange, WriteReply, WriterSender};
 use config::PostgresOptions;
-use mapping::TableMap;
+use mapping::{FieldChanges, TableMap};
 pub use status::FollowStatus;
 
 /// The reserved collection that holds each slot's position: item `<slot>`,
@@ -110,7 +110,7 @@ pub async fn start(
     }
     let mut followed = Vec::with_capacity(tables.len());
     for (table, map) in tables.into_iter().zip(maps) {
-        let collection = create_collection(writer, &map.collection, map.schema()?).await?;
+        let (map, collection) = collection_of(writer, routes, map, stored.position.is_some()).await?;
         followed.push(Followed { table, map, collection });
     }
     let position_collection = match stored.collection {
@@ -162,6 +162,64 @@ async fn empty_collections(writer: &WriterSender, routes: &Routes, maps: &[Table
         }
     }
     Ok(())
+}
+
+/// The collection of a followed table. On a restart, the one that exists, its
+/// fields as they are: those of the table at the stored position, which the
+/// stream brings up to the table's (a column added or dropped meanwhile).
+/// Else a new one (a first start dropped the old one).
+async fn collection_of(
+    writer: &WriterSender,
+    routes: &Routes,
+    map: TableMap,
+    resumed: bool,
+) -> Result<(TableMap, CollectionId), String> {
+    let existing = routes.read().expect("routes lock").get(&map.collection).cloned();
+    match existing.filter(|_| resumed) {
+        Some(entry) => Ok((map.adopt(&entry.schema), entry.id)),
+        None => {
+            let collection = create_collection(writer, &map.collection, map.schema()?).await?;
+            Ok((map, collection))
+        }
+    }
+}
+
+/// Adds and removes the collection's fields as `changes` says, each a schema
+/// change of its own, durable before the rows that use it are written; the
+/// added fields' values in the existing items are `defaults` (one each).
+async fn change_fields(
+    writer: &WriterSender,
+    collection: CollectionId,
+    name: &str,
+    changes: &FieldChanges,
+    defaults: Vec<OwnedValue>,
+) -> Result<(), String> {
+    for field in &changes.removed {
+        let change = FieldChange::Remove { name: field.clone() };
+        ask_change_fields(writer, collection, change).await.map_err(|error| {
+            format!("cannot remove the field `{field}` of `{name}` (its column was dropped, or is no longer followed): {error}")
+        })?;
+        tracing::info!(
+            collection = name,
+            field = field.as_str(),
+            "a column dropped in PostgreSQL (or no longer followed): field removed"
+        );
+    }
+    for ((field, column_type), default) in changes.added.iter().zip(defaults) {
+        let field_type = mapping::field_type(*column_type);
+        let change = FieldChange::Add { name: field.clone(), field_type, default };
+        ask_change_fields(writer, collection, change).await.map_err(|error| {
+            format!("cannot add the field `{field}` to `{name}` (a column added in PostgreSQL): {error}")
+        })?;
+        tracing::info!(collection = name, field = field.as_str(), "a column added in PostgreSQL: field added");
+    }
+    Ok(())
+}
+
+async fn ask_change_fields(writer: &WriterSender, collection: CollectionId, change: FieldChange) -> Result<(), String> {
+    let (reply, answer) = oneshot::channel();
+    send(writer, Command::ChangeFields { collection, change, reply }).await?;
+    answer.await.map_err(|_| shutting_down())?.map(|_| ()).map_err(|error| error.message)
 }
 
 /// Creates a collection, or finds it with the same schema.

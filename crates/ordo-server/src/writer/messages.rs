@@ -178,6 +178,14 @@ pub enum Command {
         collection: CollectionId,
         reply: oneshot::Sender<usize>,
     },
+    /// The ids of every item of the collection (none when it is gone): what a
+    /// followed PostgreSQL table's `TRUNCATE` removes. Its follower is the
+    /// collection's only writer, so the ids are still all there when its write
+    /// comes.
+    ItemIds {
+        collection: CollectionId,
+        reply: oneshot::Sender<Vec<String>>,
+    },
     Gauges {
         reply: oneshot::Sender<WriterGauges>,
     },

@@ -272,6 +272,9 @@ impl Writer {
             Command::CollectionLen { collection, reply } => {
                 let _ = reply.send(self.collection_len(collection));
             }
+            Command::ItemIds { collection, reply } => {
+                let _ = reply.send(self.item_ids(collection));
+            }
             Command::Gauges { reply } => {
                 let _ = reply.send(self.gauges());
             }

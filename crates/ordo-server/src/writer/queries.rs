@@ -1,5 +1,6 @@
 //! The writer thread's one-shot reads: a query's window (opened, captured and
-//! closed at once), an item, a collection's length, and the gauges of `/metrics`.
+//! closed at once), an item, a collection's length or item ids, and the gauges
+//! of `/metrics`.
 
 use ordo_core::CollectionId;
 
@@ -69,6 +70,11 @@ impl Writer {
 
     pub(super) fn collection_len(&self, collection: CollectionId) -> usize {
         self.database.engine().collection(collection).map_or(0, |c| c.len())
+    }
+
+    pub(super) fn item_ids(&self, collection: CollectionId) -> Vec<String> {
+        let Some(collection) = self.database.engine().collection(collection) else { return Vec::new() };
+        collection.items().map(|item| item.id().to_owned()).collect()
     }
 
     pub(super) fn gauges(&self) -> WriterGauges {
