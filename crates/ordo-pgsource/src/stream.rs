@@ -142,6 +142,10 @@ pub struct ChangeStream {
     layouts: HashMap<u32, Arc<Layout>>,
     not_followed: HashSet<u32>,
     confirmed: Lsn,
+    /// The end of the last transaction handed over (the start position before
+    /// the first): keepalives may move `confirmed` only once the caller has
+    /// confirmed up to it.
+    handed_over_end: Lsn,
     server_wal_end: Lsn,
     last_status: Instant,
     last_commit_time_unix_micros: Option<i64>,
@@ -173,6 +177,7 @@ impl ChangeStream {
             layouts: HashMap::new(),
             not_followed: HashSet::new(),
             confirmed: start_lsn,
+            handed_over_end: start_lsn,
             server_wal_end: start_lsn,
             last_status: Instant::now(),
             last_commit_time_unix_micros: None,
@@ -218,10 +223,17 @@ impl ChangeStream {
     /// The next committed transaction that touched a followed table. Not
     /// cancel-safe: a transaction being gathered is lost if the future is dropped
     /// (the caller then restarts the stream from its stored position).
+    ///
+    /// While it waits between transactions, with every transaction handed over
+    /// confirmed, a keepalive's WAL position is confirmed too: nothing before
+    /// it touched a followed table, and without this the slot would hold all
+    /// the WAL written since the last followed commit while only other tables
+    /// change. The caller's stored position may then be behind the slot's;
+    /// PostgreSQL starts a stream asked for an older position at the slot's.
     pub async fn next_transaction(&mut self) -> Result<Transaction, Error> {
         let mut current: Option<Transaction> = None;
         loop {
-            let payload = self.next_change_payload().await?;
+            let payload = self.next_change_payload(current.is_none()).await?;
             let message = pgoutput::decode(&payload)?;
             match message {
                 Message::Begin { xid, commit_time_unix_micros, final_lsn } => {
@@ -243,6 +255,7 @@ impl ChangeStream {
                     // itself; this keeps a replay out even if it did not.
                     if !transaction.changes.is_empty() && transaction.end_lsn > self.start_lsn {
                         self.last_commit_time_unix_micros = Some(commit_time_unix_micros);
+                        self.handed_over_end = self.handed_over_end.max(transaction.end_lsn);
                         return Ok(transaction);
                     }
                 }
@@ -368,8 +381,10 @@ impl ChangeStream {
     }
 
     /// The payload of the next `XLogData` frame, answering keepalives and
-    /// sending a status update every `status_interval` meanwhile.
-    async fn next_change_payload(&mut self) -> Result<Bytes, Error> {
+    /// sending a status update every `status_interval` meanwhile;
+    /// `between_transactions`: no transaction is being gathered (see
+    /// [`ChangeStream::next_transaction`] for what a keepalive confirms then).
+    async fn next_change_payload(&mut self, between_transactions: bool) -> Result<Bytes, Error> {
         loop {
             let until_status = self.config.status_interval.saturating_sub(self.last_status.elapsed());
             if until_status.is_zero() {
@@ -395,9 +410,17 @@ impl ChangeStream {
                 }
                 Some(b'k') if frame.len() >= 18 => {
                     frame.advance(1);
-                    self.server_wal_end = self.server_wal_end.max(Lsn(frame.get_u64()));
+                    let wal_end = Lsn(frame.get_u64());
+                    self.server_wal_end = self.server_wal_end.max(wal_end);
+                    let moved =
+                        between_transactions && self.confirmed >= self.handed_over_end && wal_end > self.confirmed;
+                    if moved {
+                        self.confirmed = wal_end;
+                    }
                     let _send_time = frame.get_i64();
-                    if frame.get_u8() == 1 {
+                    // A move is said at once: the server keeps sending keepalives
+                    // while the position it last heard is behind the WAL it sent.
+                    if frame.get_u8() == 1 || moved {
                         self.send_status().await?;
                     }
                 }

@@ -1,6 +1,6 @@
 //! Bad configurations and data are refused with an error naming what to fix;
 //! a copy cut short starts over; a lost slot is a loud error; the lag is what
-//! the caller has not confirmed.
+//! the caller has not confirmed; keepalives move the slot between transactions.
 
 use std::time::Duration;
 
@@ -195,6 +195,49 @@ async fn the_lag_is_what_the_caller_has_not_confirmed() {
     // 2020-01-01 in µs since the epoch: the commit time is PostgreSQL's clock, converted from its epoch.
     assert!(stream.last_commit_time_unix_micros().unwrap() > 1_577_836_800_000_000);
     assert_eq!(stream.last_commit_time_unix_micros(), Some(transaction.commit_time_unix_micros));
+}
+
+/// While only tables outside the publication change, the slot still moves:
+/// between transactions, with every transaction handed over confirmed, the
+/// server's keepalives are confirmed, so PostgreSQL may recycle that WAL. A
+/// restart from the position stored with the data (behind the slot's) still
+/// gets the next followed transaction, once.
+#[tokio::test(flavor = "current_thread")]
+async fn between_transactions_keepalives_past_other_tables_writes_are_confirmed() {
+    let server = server_with(&format!(
+        "CREATE TABLE t (id int PRIMARY KEY); CREATE TABLE other (id int PRIMARY KEY);
+         CREATE PUBLICATION {PUBLICATION} FOR TABLE t;"
+    ));
+    let (mut stream, mut mirror, tables) = follow(&server, &["t"], 1000).await;
+    server.psql("INSERT INTO t VALUES (1)").unwrap();
+    let first = stream.next_transaction().await.unwrap();
+    mirror.apply(&first);
+    stream.confirm(first.end_lsn).await.unwrap();
+    server.psql("INSERT INTO other SELECT generate_series(1, 20000)").unwrap();
+    let other_end = server.psql("SELECT pg_current_wal_lsn()").unwrap();
+    let waiting = tokio::spawn(async move {
+        let next = stream.next_transaction().await;
+        (stream, next)
+    });
+    let slot_past =
+        format!("SELECT confirmed_flush_lsn >= '{other_end}' FROM pg_replication_slots WHERE slot_name = '{SLOT}'");
+    let mut polls = 0;
+    while server.psql(&slot_past).unwrap() != "t" {
+        polls += 1;
+        assert!(polls < RETRIES * 4, "the slot stayed behind {other_end} while only `other` changed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server.psql("INSERT INTO t VALUES (2)").unwrap();
+    let (stream, second) = waiting.await.unwrap();
+    let second = second.unwrap();
+    assert!(second.end_lsn.0 > first.end_lsn.0);
+    mirror.apply(&second);
+    assert_eq!(mirror_lines(&mirror, 0, &["id"]), ["1", "2"]);
+    // The second transaction is not confirmed: a restart from the first one's end gets it again.
+    drop(stream);
+    let mut resumed = resume(&server, &tables, first.end_lsn).await.unwrap();
+    let again = resumed.next_transaction().await.unwrap();
+    assert_eq!((again.end_lsn, again.changes.len()), (second.end_lsn, 1));
 }
 
 /// Names reach SQL quoted: a table whose name holds a quote, a semicolon and a
