@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
 
 use ordo_core::AtomicOp;
+use smallvec::SmallVec;
 
 use crate::rules::Grant;
 
@@ -172,15 +173,20 @@ fn parse_flag(key: &str, value: &Json) -> Result<bool, String> {
 /// rule whose filter is any of theirs, as rules without limits always did;
 /// rules with different limits each admit an op alone, so that one rule's
 /// fields never combine with another rule's items.
+///
+/// Every write part checks one (an admin's too), so the usual single group is
+/// held inline: granting allocates nothing then.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct WriteGrant {
-    groups: Vec<(WriteLimits, Grant)>,
+    groups: SmallVec<[(WriteLimits, Grant); 1]>,
 }
 
 impl WriteGrant {
     /// An admin's: every op on every item.
     pub fn everything() -> WriteGrant {
-        WriteGrant { groups: vec![(WriteLimits::EVERYTHING, Grant::All)] }
+        let mut groups = SmallVec::new();
+        groups.push((WriteLimits::EVERYTHING, Grant::All));
+        WriteGrant { groups }
     }
 
     /// Adds a rule's grant, merged with an earlier one of equal limits.
