@@ -262,6 +262,17 @@ pub struct ServeArgs {
     /// The logical replication slot (created by Ordo; one per follower, keep the name).
     #[arg(long, env = "ORDO_PG_SLOT", value_name = "NAME", default_value = "ordo", help_heading = "PostgreSQL")]
     pub pg_slot: String,
+    /// A column of a type Ordo does not follow: `refuse` stops at start (and when one is added)
+    /// naming it; `skip` leaves it out, as if it were not there. Key columns are never skipped.
+    #[arg(
+        long,
+        env = "ORDO_PG_UNSUPPORTED_COLUMNS",
+        value_name = "refuse|skip",
+        default_value = "refuse",
+        value_parser = ["refuse", "skip"],
+        help_heading = "PostgreSQL"
+    )]
+    pub pg_unsupported_columns: String,
 }
 
 #[derive(Args, Debug)]

@@ -492,6 +492,35 @@ fn a_column_retyped_renamed_or_of_an_unsupported_type_stops_the_follower_naming_
     }
 }
 
+/// `--pg-unsupported-columns skip`: a column of a type Ordo does not follow is
+/// left out, at start and when one is added later, and the rest is followed;
+/// with the default, the same table is refused at start naming the column.
+#[test]
+fn unsupported_columns_are_skipped_when_asked_and_refused_by_default() {
+    let pg = postgres();
+    pg.psql(&format!(
+        "CREATE TABLE items (id text PRIMARY KEY, score int8 NOT NULL, shape point);
+         CREATE PUBLICATION {PUBLICATION} FOR TABLE items;
+         INSERT INTO items VALUES ('a', 1, '(1,2)');"
+    ))
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let refused = refused_start(dir.path(), &follow_args(&pg, dir.path(), &["items"]));
+    assert!(refused.contains("public.items") && refused.contains("shape") && refused.contains("point"), "{refused}");
+
+    let mut args = follow_args(&pg, dir.path(), &["items"]);
+    args.extend(["--pg-unsupported-columns".to_owned(), "skip".to_owned()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Server::start(&dir.path().join("data"), &args);
+    assert_eq!(ordo_fields(&server, "items"), ["id:string", "score:i64"]);
+    pg.psql("ALTER TABLE items ADD COLUMN area box; INSERT INTO items VALUES ('b', 2, '(0,0)', '((0,0),(1,1))');")
+        .unwrap();
+    wait_applied(&server, 1);
+    assert_eq!(ordo_fields(&server, "items"), ["id:string", "score:i64"]);
+    assert_eq!(ordo_rows(&server, &["score"]), postgres_rows(&pg, &["score"]));
+    assert_eq!(follower_health(&server)["state"], "streaming");
+}
+
 /// Rows in the copy test: more than one progress line's worth (every 100 000 rows).
 const COPY_ROWS: u64 = 150_000;
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ordo_core::limits::MAX_COLLECTION_NAME_BYTES;
-use ordo_pgsource::{ConnectConfig, Host, TableName};
+use ordo_pgsource::{ConnectConfig, Host, TableName, UnsupportedColumns};
 
 use crate::cli::ServeArgs;
 use crate::routing::is_reserved_name;
@@ -29,6 +29,8 @@ pub struct PostgresOptions {
     pub publication: String,
     pub slot: String,
     pub tables: Vec<TableMapping>,
+    /// What a column of a type Ordo does not follow makes the follower do.
+    pub unsupported_columns: UnsupportedColumns,
     /// The first and the longest wait between reconnection attempts.
     pub backoff_first: Duration,
     pub backoff_max: Duration,
@@ -73,6 +75,10 @@ pub fn from_args(args: &ServeArgs) -> Result<Option<PostgresOptions>, String> {
         publication: args.pg_publication.clone(),
         slot: args.pg_slot.clone(),
         tables,
+        unsupported_columns: match args.pg_unsupported_columns.as_str() {
+            "skip" => UnsupportedColumns::Skip,
+            _ => UnsupportedColumns::Refuse,
+        },
         backoff_first: Duration::from_millis(100),
         backoff_max: Duration::from_secs(10),
     }))

@@ -134,7 +134,7 @@ impl Follower {
             publication: self.options.publication.clone(),
             max_transaction_changes: MAX_TRANSACTION_CHANGES,
             status_interval: DEFAULT_STATUS_INTERVAL,
-            unsupported_columns: UnsupportedColumns::Refuse,
+            unsupported_columns: self.options.unsupported_columns,
         };
         let mut stream = match ChangeStream::start(connection, tables, config, self.position).await {
             Ok(stream) => stream,

@@ -95,7 +95,7 @@ pub async fn start(
         &mut connection,
         &options.publication,
         &names,
-        ordo_pgsource::UnsupportedColumns::Refuse,
+        options.unsupported_columns,
     )
     .await
     .map_err(|error| format!("PostgreSQL: {error}"))?;
