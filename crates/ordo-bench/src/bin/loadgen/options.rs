@@ -83,7 +83,7 @@ struct Args {
     /// Flagship: rooms each user is in [default: 100]
     #[arg(long, value_parser = in_range(1, MAX_FLAGSHIP_ROOMS))]
     flagship_rooms_per_user: Option<usize>,
-    /// Flagship: messages per second [default: 100]
+    /// Flagship: messages per second [default: 10, a rate both layouts keep up with on a 2-core machine]
     #[arg(long, value_parser = in_range(1.0, MAX_RATE_PER_SECOND))]
     flagship_rate: Option<f64>,
     /// Flagship: a rate search instead of one run per layout. Each layout runs at
@@ -197,7 +197,7 @@ impl Options {
             flagship_users: args.flagship_users.unwrap_or(if quick { 100 } else { 10_000 }),
             flagship_rooms: args.flagship_rooms.unwrap_or(if quick { 50 } else { 1_000 }),
             flagship_rooms_per_user: args.flagship_rooms_per_user.unwrap_or(if quick { 10 } else { 100 }),
-            flagship_rate: args.flagship_rate.unwrap_or(if quick { 50.0 } else { 100.0 }),
+            flagship_rate: args.flagship_rate.unwrap_or(if quick { 50.0 } else { 10.0 }),
             flagship_rates: args.flagship_rates,
             window_limit: args.window,
             tick: Duration::from_millis(args.tick_ms),
