@@ -53,6 +53,19 @@ fn follow_args(pg: &PostgresServer, dir: &Path, tables: &[&str]) -> Vec<String> 
     args
 }
 
+/// Starts the follower again on `dir`'s data and checks that it resumed from
+/// the position stored with the data, not from a new copy.
+fn restart_resumed(pg: &PostgresServer, dir: &Path, tables: &[&str]) -> Server {
+    let args = follow_args(pg, dir, tables);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let options = StartOptions { capture_stderr: true, ..StartOptions::default() };
+    let server = Server::start_with(&dir.join("data"), &args, options);
+    let lines = server.wait_for_stderr_line(|line| line.contains("following PostgreSQL"));
+    let started = lines.iter().find(|line| line.contains("following PostgreSQL")).unwrap();
+    assert!(started.contains("resumed=true"), "{started}");
+    server
+}
+
 fn start_following(pg: &PostgresServer, dir: &Path, tables: &[&str]) -> Server {
     let args = follow_args(pg, dir, tables);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -223,14 +236,7 @@ fn kill_9_mid_stream_and_a_postgres_restart_then_every_row_exactly_once() {
     for k in 30..45 {
         pg.psql(&transaction(k)).unwrap();
     }
-    let args = follow_args(&pg, dir.path(), &["counters"]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let options = StartOptions { capture_stderr: true, ..StartOptions::default() };
-    let server = Server::start_with(&dir.path().join("data"), &args, options);
-    // The restart resumes from the position stored with the data, not from a new copy.
-    let lines = server.wait_for_stderr_line(|line| line.contains("following PostgreSQL"));
-    let started = lines.iter().find(|line| line.contains("following PostgreSQL")).unwrap();
-    assert!(started.contains("resumed=true"), "{started}");
+    let server = restart_resumed(&pg, dir.path(), &["counters"]);
     pg.stop().unwrap();
     pg.start_again().unwrap();
     for k in 45..60 {
@@ -324,17 +330,23 @@ async fn a_truncate_empties_the_collection_in_one_frame_and_stays_applied_after_
     unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGKILL) };
     server.wait();
     pg.psql("BEGIN; TRUNCATE items; INSERT INTO items VALUES ('after', 3, 'restart'); COMMIT;").unwrap();
-    let args = follow_args(&pg, dir.path(), &["items"]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let options = StartOptions { capture_stderr: true, ..StartOptions::default() };
-    let server = Server::start_with(&dir.path().join("data"), &args, options);
-    let lines = server.wait_for_stderr_line(|line| line.contains("following PostgreSQL"));
-    let started = lines.iter().find(|line| line.contains("following PostgreSQL")).unwrap();
-    assert!(started.contains("resumed=true"), "{started}");
+    let server = restart_resumed(&pg, dir.path(), &["items"]);
     wait_applied(&server, 1);
     wait_equal(&server, &pg, "after the restart");
     assert_eq!(ordo_window(&server, 1000).len(), 1);
     assert_eq!(follower_health(&server)["state"], "streaming");
+}
+
+/// A server with a published table `big` of `n_rows` rows `(n, n)`.
+fn postgres_with_big_table(n_rows: u64) -> PostgresServer {
+    let pg = postgres();
+    pg.psql(&format!(
+        "CREATE TABLE big (id int8 PRIMARY KEY, v int8 NOT NULL);
+         INSERT INTO big SELECT n, n FROM generate_series(1, {n_rows}) n;
+         CREATE PUBLICATION {PUBLICATION} FOR TABLE big;"
+    ))
+    .unwrap();
+    pg
 }
 
 /// Rows past what one batch of a TRUNCATE's removes holds (`follow::TRUNCATE_BATCH_OPS`).
@@ -342,13 +354,7 @@ const TRUNCATE_ROWS: u64 = (1 << 19) + 1000;
 
 #[test]
 fn a_truncate_of_more_items_than_one_batch_holds_empties_the_collection() {
-    let pg = postgres();
-    pg.psql(&format!(
-        "CREATE TABLE big (id int8 PRIMARY KEY, v int8 NOT NULL);
-         INSERT INTO big SELECT n, n FROM generate_series(1, {TRUNCATE_ROWS}) n;
-         CREATE PUBLICATION {PUBLICATION} FOR TABLE big;"
-    ))
-    .unwrap();
+    let pg = postgres_with_big_table(TRUNCATE_ROWS);
     let dir = tempfile::tempdir().unwrap();
     let server = start_following(&pg, dir.path(), &["big"]);
     let total = |server: &Server| server.ok("POST", "/v1/collections/big/query", json!({"limit": 1}))["total"].clone();
@@ -526,13 +532,7 @@ const COPY_ROWS: u64 = 150_000;
 
 #[test]
 fn kill_9_mid_copy_then_restart_copies_every_row_once() {
-    let pg = postgres();
-    pg.psql(&format!(
-        "CREATE TABLE big (id int8 PRIMARY KEY, v int8 NOT NULL);
-         INSERT INTO big SELECT n, n FROM generate_series(1, {COPY_ROWS}) n;
-         CREATE PUBLICATION {PUBLICATION} FOR TABLE big;"
-    ))
-    .unwrap();
+    let pg = postgres_with_big_table(COPY_ROWS);
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(ordo_binary())
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
