@@ -57,9 +57,10 @@ use ordo_bench::live::Result;
 use crate::options::Options;
 use crate::ordo::{Health, OrdoProcess};
 
-/// Cores `pid` used over `wall_seconds` since `before`.
-fn cores_since(pid: &str, before: Option<CpuSample>, wall_seconds: f64) -> Option<f64> {
-    Some((CpuSample::read(pid)?.total_seconds - before?.total_seconds) / wall_seconds)
+/// Cores `pid` used over `wall_seconds` since `before`, and its busiest threads.
+fn cores_since(pid: &str, before: Option<CpuSample>, wall_seconds: f64) -> String {
+    let after = CpuSample::read(pid);
+    before.zip(after).map_or_else(|| "? cores".to_owned(), |(before, after)| after.cores_since(&before, wall_seconds))
 }
 
 /// The three phases; the number of subscribers with a problem.
@@ -92,9 +93,11 @@ async fn run(options: Options, subscriber_runtime: tokio::runtime::Handle) -> Re
     report::streaming(&options, &streamed, cores);
 
     println!("latency: {} subscribers on the top {} by recency...", options.subscribers, options.window);
-    let (cpu_before, started) = (CpuSample::read(&pid), Instant::now());
+    let (cpu_before, own_cpu_before, started) = (CpuSample::read(&pid), CpuSample::read("self"), Instant::now());
     let measured = latency::run(&options, &config, &ordo.authority, &subscriber_runtime, clock).await?;
-    let cores = cores_since(&pid, cpu_before, started.elapsed().as_secs_f64());
+    let seconds = started.elapsed().as_secs_f64();
+    // The subscribers parse every frame: on a small machine they compete with the server.
+    let cores = (cores_since(&pid, cpu_before, seconds), cores_since("self", own_cpu_before, seconds));
     let troubled = report::latency(&options, &measured, cores);
     report::reference();
     Ok(troubled)

@@ -49,7 +49,7 @@ fn subscriber_spec(options: &Options, authority: &str) -> SubscriberSpec {
         max_update_number: transactions * options.batch as u64,
         auth: None,
         filter: None,
-        fields: None,
+        fields: options.fields,
     }
 }
 

@@ -51,6 +51,10 @@ struct Args {
     /// Window length of every subscription (top N by recency, descending)
     #[arg(long, default_value_t = 20, value_parser = in_range(1, MAX_WINDOW_LIMIT))]
     window: usize,
+    /// Only these fields in every subscription's items (comma-separated; all by default):
+    /// smaller frames for the server to encode and the subscribers to parse
+    #[arg(long, value_delimiter = ',', value_parser = ["id", "name", "recency", "last_seq", "preview"])]
+    fields: Vec<String>,
     /// Tokio workers for the subscribers
     #[arg(long, default_value_t = 1, value_parser = in_range(1, MAX_SUBSCRIBER_THREADS))]
     subscriber_threads: usize,
@@ -73,6 +77,8 @@ pub struct Options {
     pub batch: usize,
     pub writers: usize,
     pub window: usize,
+    /// The subscriptions' `fields` (a JSON array), `None` for all.
+    pub fields: Option<&'static str>,
     pub subscriber_threads: usize,
     pub seed: u64,
     pub ordo_bin: PathBuf,
@@ -96,6 +102,7 @@ impl Options {
             batch: args.batch,
             writers: args.writers,
             window: args.window,
+            fields: fields_json(&args.fields),
             subscriber_threads: args.subscriber_threads,
             seed: args.seed,
             ordo_bin: args.ordo_bin,
@@ -118,6 +125,15 @@ impl Options {
     }
 }
 
+/// `["recency","last_seq"]`; leaked once, as every subscriber's spec holds it for the whole run.
+fn fields_json(fields: &[String]) -> Option<&'static str> {
+    if fields.is_empty() {
+        return None;
+    }
+    let quoted: Vec<String> = fields.iter().map(|field| format!("\"{field}\"")).collect();
+    Some(Box::leak(format!("[{}]", quoted.join(",")).into_boxed_str()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,6 +153,8 @@ mod tests {
         assert_eq!((quick.rows, quick.seconds, quick.rate, quick.subscribers), (50_000, 2.0, 1_000.0, 100));
         assert_eq!(quick.ordo_bin, PathBuf::from("/x/ordo"));
         assert_eq!(parse("--rate 2000 --batch 50").unwrap().transactions_per_second(), 40.0);
+        assert_eq!(full.fields, None);
+        assert_eq!(parse("--fields recency,last_seq").unwrap().fields, Some(r#"["recency","last_seq"]"#));
     }
 
     #[test]
@@ -153,6 +171,7 @@ mod tests {
             "--writers 65",
             "--window 1001",
             "--subscriber-threads 0",
+            "--fields recency,unknown",
         ] {
             assert!(parse(line).is_err(), "{line} was accepted");
         }

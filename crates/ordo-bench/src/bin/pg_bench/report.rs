@@ -42,7 +42,7 @@ pub fn copy(options: &Options, copy_seconds: f64) {
     );
 }
 
-pub fn streaming(options: &Options, result: &StreamResult, ordo_cores: Option<f64>) {
+pub fn streaming(options: &Options, result: &StreamResult, ordo_cores: String) {
     let batch = options.batch as f64;
     let applied_rate = result.applied_in_phase as f64 * batch / result.seconds;
     let committed_rate = result.committed_in_phase as f64 * batch / result.seconds;
@@ -64,12 +64,13 @@ pub fn streaming(options: &Options, result: &StreamResult, ordo_cores: Option<f6
         result.at_end.lag_seconds,
         result.committed,
         result.drain_seconds,
-        ordo_cores.map_or_else(|| "? cores".to_owned(), |cores| format!("{cores:.2} cores")),
+        ordo_cores,
     );
 }
 
 /// Prints the latency figures; returns the number of subscribers with a problem.
-pub fn latency(options: &Options, result: &LatencyResult, ordo_cores: Option<f64>) -> usize {
+/// `cores`: of `ordo serve` and of this process, over the phase.
+pub fn latency(options: &Options, result: &LatencyResult, cores: (String, String)) -> usize {
     let histogram = &result.counters.latency_us;
     let ms = |us: u64| us as f64 / 1000.0;
     let p99 = ms(histogram.quantile(0.99));
@@ -88,15 +89,17 @@ pub fn latency(options: &Options, result: &LatencyResult, ordo_cores: Option<f64
     let delivered = result.counters.snapshot();
     println!(
         "  sent {} rows/s in {} transactions (latest send {:.1} ms behind schedule); updates seen {} of {} expected; \
-         {} frames; first frames after {:.2} s; `ordo serve` used {}",
+         {} frames ({:.0} MB/s); first frames after {:.2} s; `ordo serve` used {}, pg-bench (its subscribers) {}",
         grouped(achieved),
         result.transactions,
         result.max_send_delay.as_secs_f64() * 1000.0,
         grouped(histogram.len() as f64),
         grouped(expected as f64),
         grouped(delivered.frames as f64),
+        delivered.bytes as f64 / 1e6 / result.write_seconds,
         result.subscribe_seconds,
-        ordo_cores.map_or_else(|| "? cores".to_owned(), |cores| format!("{cores:.2} cores")),
+        cores.0,
+        cores.1,
     );
     problems(result)
 }
