@@ -77,6 +77,7 @@ async fn run(options: Options, subscriber_runtime: tokio::runtime::Handle) -> Re
         options.window,
         if options.quick { ", quick" } else { "" }
     );
+    ordo::check_binary(&options.ordo_bin)?;
     // Declared first, dropped last: `ordo serve` stops before its PostgreSQL.
     let pg = postgres::start()?;
     postgres::create_and_fill(&pg, options.rows)?;

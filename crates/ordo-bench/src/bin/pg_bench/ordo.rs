@@ -37,6 +37,18 @@ fn on_server_line(line: &str) {
     }
 }
 
+/// Checked before anything is started, so a missing binary fails at once.
+pub fn check_binary(binary: &Path) -> Result<()> {
+    if binary.is_file() {
+        return Ok(());
+    }
+    Err(format!(
+        "no `ordo` binary at {}: build it with `cargo build --release -p ordo-server --bin ordo`, or pass --ordo-bin PATH",
+        binary.display()
+    )
+    .into())
+}
+
 /// `ordo serve` started by us: stopped (SIGINT, then SIGKILL) and its data
 /// directory removed when dropped.
 pub struct OrdoProcess {
@@ -51,13 +63,7 @@ impl OrdoProcess {
     /// Starts `binary` following the room table of `pg` and waits until it
     /// listens (after the copy); `rows` sizes the wait.
     pub fn start(binary: &Path, pg: &PostgresServer, rows: u64) -> Result<OrdoProcess> {
-        if !binary.exists() {
-            return Err(format!(
-                "no `ordo` binary at {}: build it with `cargo build --release -p ordo-server --bin ordo`, or pass --ordo-bin PATH",
-                binary.display()
-            )
-            .into());
-        }
+        check_binary(binary)?;
         let dir = std::env::temp_dir().join(format!("ordo-pg-bench-{}", std::process::id()));
         if dir.exists() {
             std::fs::remove_dir_all(&dir)?;

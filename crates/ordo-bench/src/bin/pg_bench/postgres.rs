@@ -20,8 +20,12 @@ const FILL_CHUNK_ROWS: u64 = 100_000;
 pub fn start() -> Result<PostgresServer> {
     let started = Instant::now();
     let server = PostgresServer::start().map_err(|error| {
-        if error.contains("no PostgreSQL binaries") {
-            format!("{error} (scripts/install-postgres.sh installs PostgreSQL 15 with apt-get)")
+        let error = error.trim_end();
+        // No binaries found, or none where ORDO_POSTGRES_BIN_DIR points.
+        if error.contains("initdb") {
+            format!(
+                "cannot start PostgreSQL: {error}\n(scripts/install-postgres.sh installs PostgreSQL 15 with apt-get)"
+            )
         } else {
             format!("cannot start PostgreSQL: {error}")
         }
