@@ -32,6 +32,8 @@
 //! The writers speak PostgreSQL's protocol through `ordo-pgsource`'s own
 //! client (its SQL mode), the subscribers are the loadgen's.
 
+#[path = "pg_bench/cpu.rs"]
+mod cpu;
 #[path = "pg_bench/latency.rs"]
 mod latency;
 #[path = "pg_bench/options.rs"]
@@ -50,18 +52,13 @@ mod updates;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use ordo_bench::live::procfs::{raise_open_files_limit, CpuSample};
+use ordo_bench::live::procfs::raise_open_files_limit;
 use ordo_bench::live::stats::Clock;
 use ordo_bench::live::Result;
 
+use crate::cpu::PhaseCpu;
 use crate::options::Options;
 use crate::ordo::{Health, OrdoProcess};
-
-/// Cores `pid` used over `wall_seconds` since `before`, and its busiest threads.
-fn cores_since(pid: &str, before: Option<CpuSample>, wall_seconds: f64) -> String {
-    let after = CpuSample::read(pid);
-    before.zip(after).map_or_else(|| "? cores".to_owned(), |(before, after)| after.cores_since(&before, wall_seconds))
-}
 
 /// The three phases; the number of subscribers with a problem.
 async fn run(options: Options, subscriber_runtime: tokio::runtime::Handle) -> Result<usize> {
@@ -88,18 +85,16 @@ async fn run(options: Options, subscriber_runtime: tokio::runtime::Handle) -> Re
     let config = postgres::connect_config(&pg);
     let mut health = Health::connect(&ordo.authority).await?;
     let pid = ordo.pid();
-    let (cpu_before, started) = (CpuSample::read(&pid), Instant::now());
+    let cpu = PhaseCpu::start(&pid);
     let streamed = stream::run(&options, &config, &mut health, clock).await?;
-    let cores = cores_since(&pid, cpu_before, started.elapsed().as_secs_f64());
-    report::streaming(&options, &streamed, cores);
+    let cores = cpu.finish();
+    report::streaming(&options, &streamed, &cores);
 
     println!("latency: {} subscribers on the top {} by recency...", options.subscribers, options.window);
-    let (cpu_before, own_cpu_before, started) = (CpuSample::read(&pid), CpuSample::read("self"), Instant::now());
+    let cpu = PhaseCpu::start(&pid);
     let measured = latency::run(&options, &config, &ordo.authority, &subscriber_runtime, clock).await?;
-    let seconds = started.elapsed().as_secs_f64();
-    // The subscribers parse every frame: on a small machine they compete with the server.
-    let cores = (cores_since(&pid, cpu_before, seconds), cores_since("self", own_cpu_before, seconds));
-    let troubled = report::latency(&options, &measured, cores);
+    let cores = cpu.finish();
+    let troubled = report::latency(&options, &measured, &cores);
     report::reference();
     Ok(troubled)
 }

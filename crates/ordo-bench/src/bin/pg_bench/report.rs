@@ -1,6 +1,7 @@
 //! The figures, each beside its goal on this kind of machine and, at the end,
 //! the published reference.
 
+use crate::cpu::CpuUse;
 use crate::latency::LatencyResult;
 use crate::options::Options;
 use crate::stream::StreamResult;
@@ -42,7 +43,7 @@ pub fn copy(options: &Options, copy_seconds: f64) {
     );
 }
 
-pub fn streaming(options: &Options, result: &StreamResult, ordo_cores: String) {
+pub fn streaming(options: &Options, result: &StreamResult, cores: &CpuUse) {
     let batch = options.batch as f64;
     let applied_rate = result.applied_in_phase as f64 * batch / result.seconds;
     let committed_rate = result.committed_in_phase as f64 * batch / result.seconds;
@@ -56,7 +57,7 @@ pub fn streaming(options: &Options, result: &StreamResult, ordo_cores: String) {
     let behind = result.committed_in_phase.saturating_sub(result.applied_in_phase);
     println!(
         "  PostgreSQL committed {} rows/s ({} writers, {} rows per transaction); at the end Ordo was {behind} transactions behind \
-         (lag {} bytes, {:.3} s) and applied the last of {} {:.2} s later; `ordo serve` used {}",
+         (lag {} bytes, {:.3} s) and applied the last of {} {:.2} s later; `ordo serve` used {}; the machine: {}",
         grouped(committed_rate),
         options.writers,
         options.batch,
@@ -64,13 +65,13 @@ pub fn streaming(options: &Options, result: &StreamResult, ordo_cores: String) {
         result.at_end.lag_seconds,
         result.committed,
         result.drain_seconds,
-        ordo_cores,
+        cores.ordo,
+        cores.machine,
     );
 }
 
 /// Prints the latency figures; returns the number of subscribers with a problem.
-/// `cores`: of `ordo serve` and of this process, over the phase.
-pub fn latency(options: &Options, result: &LatencyResult, cores: (String, String)) -> usize {
+pub fn latency(options: &Options, result: &LatencyResult, cores: &CpuUse) -> usize {
     let histogram = &result.counters.latency_us;
     let ms = |us: u64| us as f64 / 1000.0;
     let p99 = ms(histogram.quantile(0.99));
@@ -89,7 +90,7 @@ pub fn latency(options: &Options, result: &LatencyResult, cores: (String, String
     let delivered = result.counters.snapshot();
     println!(
         "  sent {} rows/s in {} transactions (latest send {:.1} ms behind schedule); updates seen {} of {} expected; \
-         {} frames ({:.0} MB/s); first frames after {:.2} s; `ordo serve` used {}, pg-bench (its subscribers) {}",
+         {} frames ({:.0} MB/s); first frames after {:.2} s; `ordo serve` used {}, pg-bench (its subscribers) {}; the machine: {}",
         grouped(achieved),
         result.transactions,
         result.max_send_delay.as_secs_f64() * 1000.0,
@@ -98,8 +99,9 @@ pub fn latency(options: &Options, result: &LatencyResult, cores: (String, String
         grouped(delivered.frames as f64),
         delivered.bytes as f64 / 1e6 / result.write_seconds,
         result.subscribe_seconds,
-        cores.0,
-        cores.1,
+        cores.ordo,
+        cores.own,
+        cores.machine,
     );
     problems(result)
 }
