@@ -68,6 +68,15 @@ pub fn streaming(options: &Options, result: &StreamResult, cores: &CpuUse) {
         cores.ordo,
         cores.machine,
     );
+    // With the writers stopped, PostgreSQL's backends no longer compete with
+    // the server for the cores: the backlog's rate is the follower's own.
+    let backlog = result.committed.saturating_sub(result.applied_in_phase);
+    if backlog > 0 && result.drain_seconds > 0.0 {
+        println!(
+            "  Ordo applied the backlog of {backlog} transactions, once the writers stopped, at {} rows/s",
+            grouped(backlog as f64 * batch / result.drain_seconds)
+        );
+    }
 }
 
 /// Prints the latency figures; returns the number of subscribers with a problem.
