@@ -14,6 +14,8 @@ pub struct ItemFields {
     pub sent_at: Option<u64>,
     pub update: Option<u64>,
     pub msg: Option<u64>,
+    /// `pg-bench`'s rooms (a PostgreSQL table's column).
+    pub last_seq: Option<u64>,
     /// The flagship's room fields, read through the membership's reference.
     #[serde(rename = "room.recency")]
     pub room_recency: Option<u64>,
