@@ -326,6 +326,14 @@ impl FlagshipUpdates {
         }
     }
 
+    /// A message to each picked room, as this layout writes it.
+    fn messages_request(&mut self, now_us: u64) -> WriteRequest {
+        match self.layout {
+            FlagshipLayout::Rooms => self.rooms_request(now_us),
+            FlagshipLayout::FanOut => self.fan_out_request(now_us),
+        }
+    }
+
     fn rooms_request(&mut self, now_us: u64) -> WriteRequest {
         let mut body = String::with_capacity(16 + self.picked.len() * 110);
         let mut parts = Vec::with_capacity(self.picked.len());
@@ -403,10 +411,7 @@ impl FlagshipUpdates {
     pub fn message_to(&mut self, room: usize) -> WriteRequest {
         self.picked.clear();
         self.picked.push(room as u32);
-        let request = match self.layout {
-            FlagshipLayout::Rooms => self.rooms_request(0),
-            FlagshipLayout::FanOut => self.fan_out_request(0),
-        };
+        let request = self.messages_request(0);
         self.n_messages += 1;
         request
     }
@@ -418,10 +423,7 @@ impl UpdateSource for FlagshipUpdates {
             return self.read_marks_request();
         }
         self.pick_rooms(n_updates.max(1));
-        let request = match self.layout {
-            FlagshipLayout::Rooms => self.rooms_request(now_us),
-            FlagshipLayout::FanOut => self.fan_out_request(now_us),
-        };
+        let request = self.messages_request(now_us);
         let n_messages = self.picked.len() as u64;
         self.n_messages += n_messages;
         self.messages_since_mark += n_messages;
