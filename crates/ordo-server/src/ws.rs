@@ -213,10 +213,12 @@ impl Connection {
         let park_timer = Box::pin(tokio::time::sleep_until(far));
         let mut connection = Connection {
             writer,
-            out: Vec::with_capacity(16 * 1024),
+            // Both buffers grow with the first frame: a connection that never
+            // gets one costs nothing here (see `RETAINED_BUFFER_BYTES`).
+            out: Vec::new(),
             session,
             context,
-            frame: Vec::with_capacity(4096),
+            frame: Vec::new(),
             bucket,
             may_resume: true,
             closed: false,

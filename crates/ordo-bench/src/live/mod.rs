@@ -5,6 +5,7 @@
 //! - [`stats`]: the process clock, the seeded random numbers, the latency histogram.
 //! - [`procfs`]: CPU seconds and memory of processes, from /proc.
 //! - [`http`]: a keep-alive HTTP/1.1 client pool.
+//! - [`serve_process`]: an `ordo serve` a benchmark starts and stops itself.
 //! - [`wire`]: the server's frames and replies, as far as the load generator reads them.
 //! - [`subscriber`]: one WebSocket subscription: its copy of the window, its checks.
 //! - [`writer`]: the paced write loop and its counters.
@@ -18,6 +19,7 @@ pub mod flagship;
 pub mod http;
 pub mod phase;
 pub mod procfs;
+pub mod serve_process;
 pub mod stats;
 pub mod subscriber;
 pub mod verify;
