@@ -60,7 +60,7 @@ pub struct Lease {
 
 /// What a node found when it looked for the lease.
 pub enum Attempt {
-    Taken(Lease),
+    Taken(Box<Lease>),
     /// Another node holds it (its name, if it could be read).
     HeldBy(Option<String>),
 }
@@ -69,14 +69,14 @@ pub enum Attempt {
 pub async fn try_acquire(store: &kv::Store, key: &str, node: &str) -> Result<Attempt, String> {
     let sent_at = Instant::now();
     match store.create(key, node.to_owned().into_bytes().into()).await {
-        Ok(revision) => Ok(Attempt::Taken(Lease {
+        Ok(revision) => Ok(Attempt::Taken(Box::new(Lease {
             store: store.clone(),
             key: key.to_owned(),
             node: node.to_owned(),
             revision,
             term: revision,
             renewed_at: sent_at,
-        })),
+        }))),
         Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => {
             Ok(Attempt::HeldBy(holder(store, key).await))
         }

@@ -99,7 +99,7 @@ impl Candidate {
             }
         };
         match lease::try_acquire(&store, &self.options.slot, self.node()).await {
-            Ok(Attempt::Taken(lease)) => self.hold(lease, shutdown).await,
+            Ok(Attempt::Taken(lease)) => self.hold(*lease, shutdown).await,
             Ok(Attempt::HeldBy(holder)) => {
                 self.status.set_lease(LeaseView { holder, held_here: false, term: 0 });
                 Round::Again
