@@ -67,14 +67,14 @@ pub fn apply(
     let entry: PgEntry = serde_json::from_str(raw?.get())
         .map_err(|error| ApiError::bad_request(format!("a PostgreSQL follower entry does not decode: {error}")))?;
     let state = slot_state(writer, &entry.slot)?;
-    if entry.change == PgChange::Claim {
+    if entry.change == (PgChange::Claim {}) {
         return claim(writer, &entry, state);
     }
     if entry.term != state.term {
         return Ok(Applied::Fenced { current_term: state.term });
     }
     match entry.change {
-        PgChange::Claim => unreachable!("applied above"),
+        PgChange::Claim {} => unreachable!("applied above"),
         PgChange::Rows { collection, end_lsn, ops } => {
             if state.position.is_some_and(|position| end_lsn <= position.0) {
                 return Ok(Applied::AlreadyApplied);

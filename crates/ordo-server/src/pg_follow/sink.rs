@@ -148,7 +148,7 @@ impl StreamSink {
     /// previous holders') is applied here once it answers, with the position
     /// they left.
     pub(super) async fn claim(&self) -> Result<Applied, SinkError> {
-        self.publish(PgChange::Claim).await
+        self.publish(PgChange::Claim {}).await
     }
 
     /// A transaction's entries: its batches' ops (split under the stream's

@@ -44,7 +44,7 @@ pub struct PgEntry {
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum PgChange {
-    Claim,
+    Claim {},
     CreateCollection { collection: String, fields: Vec<(String, String)> },
     AddField { collection: String, field: String, field_type: String, default: WireValue },
     RemoveField { collection: String, field: String },
