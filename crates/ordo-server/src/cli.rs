@@ -476,11 +476,6 @@ impl ServeArgs {
                         forgets the changes before it) only once it is synced here"
                 .to_owned());
         }
-        if options.postgres.is_some() && options.cluster.is_some() {
-            return Err(
-                "--pg-table cannot be used with --cluster yet (one follower per cluster is not built)".to_owned()
-            );
-        }
         options.allow_origins = self.allow_origin;
         options.allow_hosts = self.allow_host;
         options.auth.secret = match &self.auth_secret_file {

@@ -127,7 +127,9 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
         .cluster
         .as_ref()
         .map(|cluster| crate::cluster::Shared::new(&cluster.node_name, cluster.max_lag, database.last_seq()));
-    let mut writer = writer(database, &options, &routes, &gate, cluster_shared.as_ref());
+    // Cluster mode: every node's apply of the follower's entries reports to it.
+    let pg_status = options.postgres.as_ref().map(|_| Arc::new(crate::pg_follow::FollowStatus::default()));
+    let mut writer = writer(database, &options, &routes, &gate, cluster_shared.as_ref(), pg_status.as_ref());
     let seq = writer.seq_watch();
     let (writer_tx, writer_rx) = mpsc::channel(limits::WRITER_QUEUE_CAPACITY);
     writer.wake_with(&writer_tx);
@@ -148,6 +150,7 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
         seq,
         cluster_shared,
         pg_position,
+        pg_status,
     };
     let result = runtime.block_on(network.run());
     // Every sender is gone once the runtime is: the writer finishes what is queued and returns.
@@ -269,6 +272,7 @@ fn writer(
     routes: &Routes,
     gate: &Arc<Gate>,
     cluster_shared: Option<&Arc<crate::cluster::Shared>>,
+    pg_status: Option<&Arc<crate::pg_follow::FollowStatus>>,
 ) -> Writer {
     let mut writer = Writer::new(database, routes.clone(), options.outbound_budget);
     if let (Some(shared), Some(cluster)) = (cluster_shared, &options.cluster) {
@@ -282,6 +286,9 @@ fn writer(
             };
             applier = applier
                 .with_snapshots(crate::cluster::snapshot::SnapshotScheduler::new(config, writer.database().last_seq()));
+        }
+        if let Some(status) = pg_status {
+            applier = applier.with_postgres(status.clone());
         }
         writer = writer.with_cluster(applier);
     }
@@ -314,6 +321,8 @@ struct Network {
     cluster_shared: Option<Arc<crate::cluster::Shared>>,
     /// `--pg-table`: the position stored for the slot (`None`: a first start).
     pg_position: crate::pg_follow::Stored,
+    /// `--pg-table`: the follower's status (cluster mode: shared with the apply).
+    pg_status: Option<Arc<crate::pg_follow::FollowStatus>>,
 }
 
 impl Network {
@@ -327,7 +336,7 @@ impl Network {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let stop_signal = signal_listener()?;
         let cluster = self.start_cluster(shutdown_rx.clone()).await?;
-        let postgres = self.start_postgres(shutdown_rx.clone()).await?;
+        let postgres = self.start_postgres(cluster.as_ref(), shutdown_rx.clone()).await?;
         // The demo's rooms are written before the address is printed, so whoever
         // waits for that line finds them there.
         let demo = self.start_demo(cluster.as_ref(), shutdown_rx.clone()).await?;
@@ -355,12 +364,20 @@ impl Network {
         Ok(Some(cluster))
     }
 
-    /// `--pg-table`: checks the tables, copies them on a first start, and starts following.
+    /// `--pg-table`: checks the tables, copies them on a first start, and starts
+    /// following; in cluster mode, starts this node's candidacy for the lease.
     async fn start_postgres(
         &self,
+        cluster: Option<&Arc<crate::cluster::Cluster>>,
         shutdown: watch::Receiver<bool>,
     ) -> Result<Option<crate::pg_follow::Started>, String> {
         let Some(options) = &self.options.postgres else { return Ok(None) };
+        if let (Some(cluster), Some(status)) = (cluster, &self.pg_status) {
+            let (writer, routes) = (&self.writer, &self.routes);
+            let started =
+                crate::pg_follow::start_clustered(options, cluster.clone(), status.clone(), writer, routes, shutdown);
+            return Ok(Some(started));
+        }
         let started = crate::pg_follow::start(options, self.pg_position, &self.writer, &self.routes, shutdown).await?;
         Ok(Some(started))
     }

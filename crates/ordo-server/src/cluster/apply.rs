@@ -46,11 +46,28 @@ pub struct Applier {
     /// The identity the last write entry applied for, reused by the next ones
     /// while their caller is the same (`Caller::is`).
     last_identity: Option<Identity>,
+    /// `--pg-table`: the follower's status, which every node's apply of a
+    /// position entry moves on (a node that does not hold the lease reports
+    /// the position it applied from the stream).
+    postgres: Option<Arc<crate::pg_follow::FollowStatus>>,
 }
 
 impl Applier {
     pub fn new(shared: Arc<Shared>, gate: Arc<Gate>) -> Applier {
-        Applier { shared, gate, halted_generation: 0, snapshots: None, spare_batches: Vec::new(), last_identity: None }
+        Applier {
+            shared,
+            gate,
+            halted_generation: 0,
+            snapshots: None,
+            spare_batches: Vec::new(),
+            last_identity: None,
+            postgres: None,
+        }
+    }
+
+    pub fn with_postgres(mut self, status: Arc<crate::pg_follow::FollowStatus>) -> Applier {
+        self.postgres = Some(status);
+        self
     }
 
     pub fn with_snapshots(mut self, scheduler: super::snapshot::SnapshotScheduler) -> Applier {
@@ -296,6 +313,11 @@ fn apply_decoded(writer: &mut Writer, applier: &Applier, entry: &Decoded<'_>) ->
         Kind::RemoveField => Outcome::Fields(remove_field(writer, entry, &identity)),
         Kind::DropCollection => Outcome::Drop(drop_collection(writer, entry, &identity)),
         Kind::SetRules => Outcome::Rules(set_rules(writer, applier, entry, &identity)),
+        Kind::Postgres => Outcome::Postgres(crate::pg_follow::apply::apply(
+            writer,
+            applier.postgres.as_deref(),
+            required(entry.postgres, "postgres"),
+        )),
     }
 }
 

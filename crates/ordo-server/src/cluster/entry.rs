@@ -14,6 +14,7 @@
 //! | `remove_field`      | `collection`, `field` (the field's name, a string)      |
 //! | `drop_collection`   | `collection`                                            |
 //! | `set_rules`         | `rules` (the rules document)                            |
+//! | `postgres`          | `postgres` (a PostgreSQL follower's change: `pg_follow::stream_entry`) |
 //!
 //! Collections go by *name* (a `CollectionId` is node-local), and requests as
 //! the client sent them: every node checks them at apply time against its own
@@ -39,6 +40,8 @@ pub enum Kind {
     RemoveField,
     DropCollection,
     SetRules,
+    /// The PostgreSQL follower's (`pg_follow::stream_entry`), applied with its fencing.
+    Postgres,
 }
 
 /// The caller an entry is applied for.
@@ -112,6 +115,8 @@ pub struct Entry<'a> {
     pub field: Option<&'a RawValue>,
     #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     pub rules: Option<&'a RawValue>,
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub postgres: Option<&'a RawValue>,
     #[serde(borrow)]
     pub caller: Caller<'a>,
 }
@@ -125,6 +130,7 @@ impl<'a> Entry<'a> {
             schema: None,
             field: None,
             rules: None,
+            postgres: None,
             caller,
         }
     }
@@ -157,6 +163,8 @@ pub struct Decoded<'a> {
     pub field: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub rules: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub postgres: Option<&'a RawValue>,
     #[serde(borrow)]
     pub caller: Caller<'a>,
 }

@@ -192,13 +192,20 @@ impl Cluster {
     /// Publishes `entries` (encoded, in order) and waits for each one's outcome
     /// on this node: acknowledged by the stream's quorum, then applied here.
     pub async fn submit_all(&self, entries: Vec<Vec<u8>>) -> Vec<Result<Outcome, ApiError>> {
+        self.submit_all_as(entries.into_iter().map(|entry| (None, entry)).collect()).await
+    }
+
+    /// [`Cluster::submit_all`], each entry with the message id suffix it names
+    /// (`None`: a number of this process's): the PostgreSQL follower derives its
+    /// own from the slot, its term and the transaction's end LSN.
+    pub async fn submit_all_as(&self, entries: Vec<(Option<String>, Vec<u8>)>) -> Vec<Result<Outcome, ApiError>> {
         if let Some(fatal) = self.shared.status.fatal() {
             return entries.iter().map(|_| Err(unavailable(format!("this node stopped applying: {fatal}")))).collect();
         }
         let mut waiting = Vec::with_capacity(entries.len());
         // Sent back to back, so the stream takes them in this order.
-        for payload in entries {
-            let (id, outcome) = self.shared.register();
+        for (suffix, payload) in entries {
+            let (id, outcome) = self.shared.register(suffix.as_deref());
             let payload = Bytes::from(payload);
             let ack = self.send(&id, payload.clone()).await;
             waiting.push((id, payload, ack, outcome));
@@ -208,6 +215,16 @@ impl Cluster {
             results.push(self.finish(&id, payload, ack, outcome).await);
         }
         results
+    }
+
+    /// The JetStream context of the current connection (the follower's lease bucket).
+    pub fn jetstream(&self) -> jetstream::Context {
+        self.conn().js.clone()
+    }
+
+    /// The largest message the NATS server this node is connected to takes.
+    pub fn max_payload(&self) -> usize {
+        self.conn().client.server_info().max_payload
     }
 
     pub async fn submit(&self, entry: Vec<u8>) -> Result<Outcome, ApiError> {

@@ -148,6 +148,7 @@ pub enum Outcome {
     Fields(Result<(u64, Arc<CollectionEntry>), ApiError>),
     Drop(Result<u64, ApiError>),
     Rules(Result<u64, ApiError>),
+    Postgres(Result<crate::pg_follow::stream_entry::Applied, ApiError>),
     /// The entry did not decode (this node never publishes one).
     Malformed(ApiError),
 }
@@ -161,6 +162,7 @@ impl Outcome {
             | Outcome::Fields(Err(error))
             | Outcome::Drop(Err(error))
             | Outcome::Rules(Err(error))
+            | Outcome::Postgres(Err(error))
             | Outcome::Malformed(error) => Some(error),
             _ => None,
         }
@@ -208,10 +210,13 @@ impl Shared {
         }
     }
 
-    /// A new message id, and the receiver its entry's outcome will come to.
-    fn register(&self) -> (String, oneshot::Receiver<Outcome>) {
-        let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        let id = format!("{}{n}", self.msg_id_prefix);
+    /// A new message id (this process's prefix and `suffix`, else a number of
+    /// its own), and the receiver its entry's outcome will come to.
+    fn register(&self, suffix: Option<&str>) -> (String, oneshot::Receiver<Outcome>) {
+        let id = match suffix {
+            Some(suffix) => format!("{}{suffix}", self.msg_id_prefix),
+            None => format!("{}{}", self.msg_id_prefix, self.counter.fetch_add(1, Ordering::Relaxed)),
+        };
         let (sender, receiver) = oneshot::channel();
         self.pending.lock().expect("pending lock").insert(id.clone(), sender);
         (id, receiver)

@@ -17,8 +17,9 @@ use tokio::sync::{oneshot, watch};
 
 use super::config::PostgresOptions;
 use super::mapping::{ordo_value, FieldChanges};
+use super::sink::{Sink, SinkError};
 use super::status::FollowStatus;
-use super::{change_fields, send, shutting_down, write_group, Followed};
+use super::{send, shutting_down, Followed};
 use crate::writer::{Command, WriterSender};
 use std::sync::Arc;
 
@@ -38,6 +39,28 @@ enum Stop {
     Source(Error),
     /// Ordo cannot apply a change: the follower stops.
     Refused(String),
+    /// Cluster mode: this node's term is over (`SinkError::Lost`).
+    Lost(String),
+}
+
+/// How following ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Ended {
+    /// The server is stopping (or, in cluster mode, the lease was lost).
+    Stopped,
+    /// Cluster mode: the term is over; another node (maybe this one) goes on.
+    Lost(String),
+    /// For good: `FollowStatus` says why.
+    Failed,
+}
+
+impl From<SinkError> for Stop {
+    fn from(error: SinkError) -> Stop {
+        match error {
+            SinkError::Refused(message) => Stop::Refused(message),
+            SinkError::Lost(message) => Stop::Lost(message),
+        }
+    }
 }
 
 impl From<Error> for Stop {
@@ -54,7 +77,7 @@ pub(super) struct Follower {
     layouts: Vec<Option<Arc<Layout>>>,
     /// The end LSN of the last transaction stored (or the copy's consistent point).
     position: Lsn,
-    writer: WriterSender,
+    sink: Sink,
     status: Arc<FollowStatus>,
 }
 
@@ -64,15 +87,16 @@ impl Follower {
         followed: Vec<Followed>,
         position_collection: CollectionId,
         position: Lsn,
-        writer: WriterSender,
+        sink: Sink,
         status: Arc<FollowStatus>,
     ) -> Follower {
         let layouts = followed.iter().map(|_| None).collect();
-        Follower { options, followed, position_collection, layouts, position, writer, status }
+        Follower { options, followed, position_collection, layouts, position, sink, status }
     }
 
-    /// Follows until the server stops or a change cannot be applied.
-    pub(super) async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+    /// Follows until the server stops (in cluster mode: or the lease is lost)
+    /// or a change cannot be applied.
+    pub(super) async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Ended {
         let mut backoff = Backoff::new(self.options.backoff_first, self.options.backoff_max);
         loop {
             let stop = tokio::select! {
@@ -80,14 +104,15 @@ impl Follower {
                 _ = shutdown.wait_for(|stopping| *stopping) => Stop::Shutdown,
             };
             match stop {
-                Stop::Shutdown => return,
+                Stop::Shutdown => return Ended::Stopped,
+                Stop::Lost(message) => return Ended::Lost(message),
                 Stop::Source(error) if error.is_transient() => {
                     let wait = backoff.next_wait();
                     tracing::warn!(%error, wait_ms = wait.as_millis() as u64, "PostgreSQL: connection lost; reconnecting");
                     self.status.reconnecting(&error.to_string());
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}
-                        _ = shutdown.wait_for(|stopping| *stopping) => return,
+                        _ = shutdown.wait_for(|stopping| *stopping) => return Ended::Stopped,
                     }
                 }
                 Stop::Source(error @ Error::UnsupportedType { .. }) => {
@@ -116,10 +141,11 @@ impl Follower {
         }
     }
 
-    fn fail(&self, message: &str) {
+    fn fail(&self, message: &str) -> Ended {
         eprintln!("ordo: ERROR: stopped following PostgreSQL: {message}");
         tracing::error!(error = message, "stopped following PostgreSQL");
         self.status.failed(message);
+        Ended::Failed
     }
 
     /// One connection's stream: returns why it ended.
@@ -156,7 +182,7 @@ impl Follower {
         let truncated = self.ids_of_truncated(&transaction).await.map_err(Stop::Refused)?;
         let batches = self.batches_of(&transaction, &truncated).map_err(Stop::Refused)?;
         let position = Some((self.position_collection, self.options.slot.as_str(), transaction.end_lsn));
-        write_group(&self.writer, batches, position).await.map_err(Stop::Refused)?;
+        self.sink.write_group(batches, position).await?;
         self.position = transaction.end_lsn;
         stream.confirm(transaction.end_lsn).await?;
         let lag_micros = unix_micros().saturating_sub(transaction.commit_time_unix_micros).max(0) as u64;
@@ -183,7 +209,7 @@ impl Follower {
             if !changes.is_empty() {
                 let defaults = self.missing_values(layout, &changes).await?;
                 let (collection, name) = (followed.collection, &followed.map.collection);
-                change_fields(&self.writer, collection, name, &changes, defaults).await.map_err(Stop::Refused)?;
+                self.sink.change_fields(collection, name, &changes, defaults).await?;
                 self.followed[layout.table].map.apply(&changes);
             }
             self.layouts[layout.table] = Some(layout.clone());
@@ -227,7 +253,7 @@ impl Follower {
             let Change::Truncate { tables } = change else { continue };
             for &index in tables {
                 if ids[index].is_none() {
-                    ids[index] = Some(item_ids(&self.writer, self.followed[index].collection).await?);
+                    ids[index] = Some(item_ids(self.sink.writer(), self.followed[index].collection).await?);
                 }
             }
         }

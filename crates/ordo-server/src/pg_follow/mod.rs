@@ -12,11 +12,16 @@
 //! only once the writer acknowledged the group durable; a restart resumes from
 //! the stored position (docs/POSTGRES.md, docs/STORAGE.md).
 
+pub mod apply;
 pub mod config;
 mod copy;
 mod follow;
+pub mod lease;
 pub mod mapping;
+mod sink;
 pub mod status;
+pub mod stream_entry;
+mod takeover;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -31,7 +36,9 @@ use crate::routing::Routes;
 use crate::writer::{Command, FieldChange, WriteReply, WriterSender};
 use config::PostgresOptions;
 use mapping::{FieldChanges, TableMap};
+use sink::{Sink, SinkError};
 pub use status::FollowStatus;
+pub use takeover::start_clustered;
 
 /// The reserved collection that holds each slot's position: item `<slot>`,
 /// its payload the end LSN of the last transaction applied (`X/Y` text).
@@ -79,8 +86,8 @@ pub fn stored_position(database: &Database, slot: &str) -> Result<Stored, String
     Ok(Stored { collection, position: Some(position) })
 }
 
-/// Describes the tables, creates the collections, copies the tables on a first
-/// start, and spawns the task that follows the stream.
+/// Single-node mode: describes the tables, creates the collections, copies the
+/// tables on a first start, and spawns the task that follows the stream.
 pub async fn start(
     options: &PostgresOptions,
     stored: Stored,
@@ -89,6 +96,28 @@ pub async fn start(
     shutdown: watch::Receiver<bool>,
 ) -> Result<Started, String> {
     let status = Arc::new(FollowStatus::default());
+    let sink = Sink::Writer(writer.clone());
+    let follower = prepare(options, stored, sink, routes, &status).await.map_err(SinkError::message)?;
+    tokio::spawn(follower.run(shutdown));
+    Ok(Started { status, read_only: read_only_collections(options) })
+}
+
+/// The followed collections, which the API refuses to write (on every node of
+/// a cluster, whichever follows PostgreSQL).
+pub fn read_only_collections(options: &PostgresOptions) -> ReadOnlyCollections {
+    Arc::new(options.tables.iter().map(|mapping| mapping.collection.clone()).collect())
+}
+
+/// Describes and checks the tables, brings the collections in line (empty and
+/// copied again when `stored` has no position), and returns the follower ready
+/// to stream from the position.
+async fn prepare(
+    options: &PostgresOptions,
+    stored: Stored,
+    sink: Sink,
+    routes: &Routes,
+    status: &Arc<FollowStatus>,
+) -> Result<follow::Follower, SinkError> {
     let mut connection = follow::connect(options).await.map_err(|error| format!("PostgreSQL: {error}"))?;
     let names: Vec<_> = options.tables.iter().map(|mapping| mapping.table.clone()).collect();
     let tables = ordo_pgsource::catalog::describe_tables(
@@ -106,17 +135,17 @@ pub async fn start(
         .map(|(mapping, table)| mapping::map_table(mapping, table))
         .collect::<Result<Vec<_>, _>>()?;
     if stored.position.is_none() {
-        empty_collections(writer, routes, &maps).await?;
+        empty_collections(&sink, routes, &maps).await?;
     }
     let mut followed = Vec::with_capacity(tables.len());
     for (table, map) in tables.into_iter().zip(maps) {
-        let (map, collection) = collection_of(writer, routes, map, stored.position.is_some()).await?;
+        let (map, collection) = collection_of(&sink, routes, map, stored.position.is_some()).await?;
         followed.push(Followed { table, map, collection });
     }
     let position_collection = match stored.collection {
         Some(collection) => collection,
         None => {
-            let collection = create_collection(writer, POSITION_COLLECTION, Schema::new()).await?;
+            let collection = create_collection(sink.writer(), POSITION_COLLECTION, Schema::new()).await?;
             // Reserved collections are not routed by name (as after a restart):
             // the API neither lists nor reaches them.
             routes.write().expect("routes lock").remove(POSITION_COLLECTION);
@@ -130,7 +159,7 @@ pub async fn start(
         }
         None => {
             status.set_state(status::State::Copying);
-            copy::copy_tables(options, connection, &followed, position_collection, writer).await?
+            copy::copy_tables(options, connection, &followed, position_collection, &sink).await?
         }
     };
     println!("ordo: following PostgreSQL ({} tables, slot `{}`) from {position}", followed.len(), options.slot);
@@ -141,26 +170,28 @@ pub async fn start(
         "following PostgreSQL"
     );
     status.start_at(position.0);
-    let read_only: HashSet<String> = followed.iter().map(|table| table.map.collection.clone()).collect();
-    let follower =
-        follow::Follower::new(options.clone(), followed, position_collection, position, writer.clone(), status.clone());
-    tokio::spawn(follower.run(shutdown));
-    Ok(Started { status, read_only: Arc::new(read_only) })
+    Ok(follow::Follower::new(options.clone(), followed, position_collection, position, sink, status.clone()))
 }
 
 /// A first start: whatever the followed collections hold (a copy cut short)
 /// is dropped, so that the copy is every row once.
-async fn empty_collections(writer: &WriterSender, routes: &Routes, maps: &[TableMap]) -> Result<(), String> {
+async fn empty_collections(sink: &Sink, routes: &Routes, maps: &[TableMap]) -> Result<(), SinkError> {
     for map in maps {
         let existing = routes.read().expect("routes lock").get(&map.collection).map(|entry| entry.id);
         if let Some(collection) = existing {
-            let (reply, answer) = oneshot::channel();
-            send(writer, Command::DropCollection { collection, reply }).await?;
-            answer.await.map_err(|_| shutting_down())?.map_err(|error| {
-                format!("cannot empty the collection `{}` for the first copy: {}", map.collection, error.message)
-            })?;
+            sink.drop_collection(collection, &map.collection).await?;
         }
     }
+    Ok(())
+}
+
+async fn drop_collection(writer: &WriterSender, collection: CollectionId, name: &str) -> Result<(), String> {
+    let (reply, answer) = oneshot::channel();
+    send(writer, Command::DropCollection { collection, reply }).await?;
+    answer
+        .await
+        .map_err(|_| shutting_down())?
+        .map_err(|error| format!("cannot empty the collection `{name}` for the first copy: {}", error.message))?;
     Ok(())
 }
 
@@ -169,16 +200,16 @@ async fn empty_collections(writer: &WriterSender, routes: &Routes, maps: &[Table
 /// stream brings up to the table's (a column added or dropped meanwhile).
 /// Else a new one (a first start dropped the old one).
 async fn collection_of(
-    writer: &WriterSender,
+    sink: &Sink,
     routes: &Routes,
     map: TableMap,
     resumed: bool,
-) -> Result<(TableMap, CollectionId), String> {
+) -> Result<(TableMap, CollectionId), SinkError> {
     let existing = routes.read().expect("routes lock").get(&map.collection).cloned();
     match existing.filter(|_| resumed) {
         Some(entry) => Ok((map.adopt(&entry.schema), entry.id)),
         None => {
-            let collection = create_collection(writer, &map.collection, map.schema()?).await?;
+            let collection = sink.create_collection(&map.collection, map.schema()?).await?;
             Ok((map, collection))
         }
     }

@@ -15,6 +15,9 @@ pub enum State {
     Reconnecting = 2,
     /// Stopped for good: `error` says why (the collections keep their items).
     Failed = 3,
+    /// Cluster mode, another node holds the lease: this one applies the
+    /// follower's entries from the stream and stands by to take over.
+    Standby = 4,
 }
 
 impl State {
@@ -24,6 +27,7 @@ impl State {
             State::Streaming => "streaming",
             State::Reconnecting => "reconnecting",
             State::Failed => "failed",
+            State::Standby => "standby",
         }
     }
 }
@@ -38,6 +42,18 @@ pub struct FollowStatus {
     transactions: AtomicU64,
     reconnects: AtomicU64,
     error: Mutex<Option<String>>,
+    /// Cluster mode: the follower lease as this node last saw it.
+    lease: Mutex<Option<LeaseView>>,
+}
+
+/// Who holds the follower lease (cluster mode), for `/v1/health`.
+#[derive(Clone, Debug, Default)]
+pub struct LeaseView {
+    /// The holder's node name, if any node holds it.
+    pub holder: Option<String>,
+    /// Whether this node holds it, and its term (the lease revision it took it at).
+    pub held_here: bool,
+    pub term: u64,
 }
 
 impl FollowStatus {
@@ -50,6 +66,7 @@ impl FollowStatus {
             0 => State::Copying,
             1 => State::Streaming,
             2 => State::Reconnecting,
+            4 => State::Standby,
             _ => State::Failed,
         }
     }
@@ -61,7 +78,29 @@ impl FollowStatus {
         self.applied_lsn.store(lsn, Ordering::Relaxed);
         self.lag_bytes.store(lag_bytes, Ordering::Relaxed);
         self.lag_micros.store(lag_micros, Ordering::Relaxed);
+        if !self.is_clustered() {
+            self.transactions.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Cluster mode: every node's apply of a transaction's position entry (the
+    /// only count of transactions there, whichever node follows PostgreSQL).
+    pub fn applied_from_stream(&self, lsn: u64) {
+        self.applied_lsn.fetch_max(lsn, Ordering::Relaxed);
         self.transactions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn is_clustered(&self) -> bool {
+        self.lease.lock().expect("status lock").is_some()
+    }
+
+    /// Cluster mode: what this node knows of the lease now.
+    pub fn set_lease(&self, lease: LeaseView) {
+        *self.lease.lock().expect("status lock") = Some(lease);
+    }
+
+    pub fn lease(&self) -> Option<LeaseView> {
+        self.lease.lock().expect("status lock").clone()
     }
 
     /// Where the stream starts: the stored position, or the copy's consistent point.
@@ -100,6 +139,11 @@ impl FollowStatus {
             "transactions_applied": self.transactions.load(Ordering::Relaxed),
             "reconnects": self.reconnects.load(Ordering::Relaxed),
             "error": *self.error.lock().expect("status lock"),
+            "lease": self.lease().map(|lease| serde_json::json!({
+                "holder": lease.holder,
+                "held_here": lease.held_here,
+                "term": lease.term,
+            })),
         })
     }
 
@@ -143,7 +187,16 @@ impl FollowStatus {
                 f64::from(u8::from(self.state() == State::Streaming)),
             ),
         ];
-        for (name, kind, help, value) in lines {
+        let held = self.lease().map(|lease| f64::from(u8::from(lease.held_here)));
+        let lease_line = held.map(|held| {
+            (
+                "ordo_postgres_lease_held",
+                "gauge",
+                "cluster mode: 1 while this node holds the follower lease, else 0",
+                held,
+            )
+        });
+        for (name, kind, help, value) in lines.into_iter().chain(lease_line) {
             let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
         }
     }

@@ -1,0 +1,187 @@
+//! Cluster mode: every node's apply of a follower entry (`stream_entry`), on
+//! the writer thread, at the entry's seq. Its outcome depends only on the state
+//! before it (the same on every node), which is what fences a node that lost
+//! the lease without knowing it (a pause, a partition) whatever the lease did:
+//!
+//! - the slot's *term* (item `<slot>/term` of [`POSITION_COLLECTION`]) is the
+//!   highest claimed; an entry of another term than the stored one writes
+//!   nothing (`Fenced`), and a claim of a lower one neither;
+//! - a `rows` or `position` entry at or before the stored position (item
+//!   `<slot>`, as in single-node mode) writes nothing (`AlreadyApplied`): a
+//!   transaction is applied once, however often it was published.
+//!
+//! Either way the entry's seq is used by a seq marker (`cluster::apply::finish`).
+
+use ordo_core::{Batch, CollectionId, Schema};
+use ordo_pgsource::Lsn;
+use ordo_store::PendingWrite;
+use serde_json::value::RawValue;
+
+use super::stream_entry::{fill_batch, parse_type, Applied, PgChange, PgEntry};
+use super::{FollowStatus, POSITION_COLLECTION};
+use crate::error::{ApiError, ErrorCode};
+use crate::routing::is_reserved_name;
+use crate::writer::{FieldChange, Writer};
+
+/// The item of [`POSITION_COLLECTION`] that holds `slot`'s term.
+pub fn term_item_id(slot: &str) -> String {
+    format!("{slot}/term")
+}
+
+/// The slot's term and position as this node holds them.
+struct SlotState {
+    collection: Option<CollectionId>,
+    term: u64,
+    position: Option<Lsn>,
+}
+
+fn slot_state(writer: &Writer, slot: &str) -> Result<SlotState, ApiError> {
+    let engine = writer.database().engine();
+    let Some(id) = engine.collection_id(POSITION_COLLECTION) else {
+        return Ok(SlotState { collection: None, term: 0, position: None });
+    };
+    let items = engine.collection(id);
+    let text_of = |item_id: &str| {
+        items.and_then(|items| items.get(item_id)).map(|item| String::from_utf8_lossy(item.payload()).into_owned())
+    };
+    let corrupt = |what: &str, text: &str| {
+        ApiError::new(ErrorCode::Internal, format!("the stored {what} of slot `{slot}` does not parse: `{text}`"))
+    };
+    let term = match text_of(&term_item_id(slot)) {
+        Some(text) => text.parse().map_err(|_| corrupt("term", &text))?,
+        None => 0,
+    };
+    let position = match text_of(slot) {
+        Some(text) => Some(Lsn::parse(&text).ok_or_else(|| corrupt("position", &text))?),
+        None => None,
+    };
+    Ok(SlotState { collection: Some(id), term, position })
+}
+
+/// Applies one follower entry (see the module doc).
+pub fn apply(
+    writer: &mut Writer,
+    status: Option<&FollowStatus>,
+    raw: Result<&RawValue, ApiError>,
+) -> Result<Applied, ApiError> {
+    let entry: PgEntry = serde_json::from_str(raw?.get())
+        .map_err(|error| ApiError::bad_request(format!("a PostgreSQL follower entry does not decode: {error}")))?;
+    let state = slot_state(writer, &entry.slot)?;
+    if entry.change == (PgChange::Claim {}) {
+        return claim(writer, &entry, state);
+    }
+    if entry.term != state.term {
+        return Ok(Applied::Fenced { current_term: state.term });
+    }
+    match entry.change {
+        PgChange::Claim {} => unreachable!("applied above"),
+        PgChange::Rows { collection, end_lsn, ops } => {
+            if state.position.is_some_and(|position| end_lsn <= position.0) {
+                return Ok(Applied::AlreadyApplied);
+            }
+            let id = followed(writer, &collection)?;
+            let mut batch = Batch::new();
+            fill_batch(&mut batch, &ops).map_err(ApiError::bad_request)?;
+            write_one(writer, id, batch)?;
+            Ok(Applied::Done)
+        }
+        PgChange::Position { end_lsn } => {
+            if state.position.is_some_and(|position| end_lsn <= position.0) {
+                return Ok(Applied::AlreadyApplied);
+            }
+            let collection = state.collection.expect("a term is stored, so is its collection");
+            write_item(writer, collection, &entry.slot, &Lsn(end_lsn).to_string())?;
+            if let Some(status) = status {
+                status.applied_from_stream(end_lsn);
+            }
+            Ok(Applied::Done)
+        }
+        PgChange::CreateCollection { collection, fields } => {
+            check_followed_name(&collection)?;
+            let mut schema = Schema::new();
+            for (name, type_text) in &fields {
+                let field_type =
+                    parse_type(type_text, |target| route_id(writer, target)).map_err(ApiError::bad_request)?;
+                schema = schema
+                    .try_with_field(name, field_type)
+                    .map_err(|error| ApiError::bad_request(error.to_string()))?;
+            }
+            let (_, entry) = writer.create_collection(&collection, schema)?;
+            Ok(Applied::Created(entry.id))
+        }
+        PgChange::AddField { collection, field, field_type, default } => {
+            let id = followed(writer, &collection)?;
+            let field_type =
+                parse_type(&field_type, |target| route_id(writer, target)).map_err(ApiError::bad_request)?;
+            let default = default.to_owned_value().map_err(ApiError::bad_request)?;
+            writer.change_fields(id, FieldChange::Add { name: field, field_type, default })?;
+            Ok(Applied::Done)
+        }
+        PgChange::RemoveField { collection, field } => {
+            let id = followed(writer, &collection)?;
+            writer.change_fields(id, FieldChange::Remove { name: field })?;
+            Ok(Applied::Done)
+        }
+        PgChange::DropCollection { collection } => {
+            check_followed_name(&collection)?;
+            // Dropping one that is not there is done already (a copy started again twice).
+            if let Some(id) = route_id(writer, &collection) {
+                writer.drop_collection(id)?;
+            }
+            Ok(Applied::Done)
+        }
+    }
+}
+
+/// A claim of a higher term than the stored one stores it (creating the
+/// reserved collection the first time); a claim of the stored term again (a
+/// publish sent again) changes nothing; either answers the stored position.
+fn claim(writer: &mut Writer, entry: &PgEntry, state: SlotState) -> Result<Applied, ApiError> {
+    if entry.term < state.term {
+        return Ok(Applied::Fenced { current_term: state.term });
+    }
+    let collection = match state.collection {
+        Some(collection) => collection,
+        None => writer.database_mut().create_collection(POSITION_COLLECTION, Schema::new())?,
+    };
+    if entry.term > state.term {
+        write_item(writer, collection, &term_item_id(&entry.slot), &entry.term.to_string())?;
+    }
+    Ok(Applied::Claimed { position: state.position, collection })
+}
+
+/// Followed collections are never the server's reserved ones.
+fn check_followed_name(name: &str) -> Result<(), ApiError> {
+    if is_reserved_name(name) {
+        return Err(ApiError::new(ErrorCode::Forbidden, format!("`{name}` is reserved for the server")));
+    }
+    Ok(())
+}
+
+fn followed(writer: &Writer, name: &str) -> Result<CollectionId, ApiError> {
+    check_followed_name(name)?;
+    route_id(writer, name).ok_or_else(|| ApiError::unknown_collection(name))
+}
+
+fn route_id(writer: &Writer, name: &str) -> Option<CollectionId> {
+    let routes = writer.routes().read().expect("routes lock");
+    routes.get(name).filter(|entry| entry.name == name).map(|entry| entry.id)
+}
+
+fn write_item(writer: &mut Writer, collection: CollectionId, id: &str, payload: &str) -> Result<(), ApiError> {
+    let mut batch = Batch::new();
+    batch.upsert(id).payload(payload.as_bytes());
+    write_one(writer, collection, batch)
+}
+
+/// Writes one batch at the next seq (a refused one leaves a seq marker there).
+fn write_one(writer: &mut Writer, collection: CollectionId, batch: Batch) -> Result<(), ApiError> {
+    let mut run = [PendingWrite::new(collection, batch)];
+    writer.write_run(&mut run);
+    writer.publish_seq();
+    match run[0].result.take() {
+        Some(Ok(_)) => Ok(()),
+        Some(Err(error)) => Err(ApiError::from(error)),
+        None => Err(ApiError::new(ErrorCode::Internal, "a follower write got no result")),
+    }
+}

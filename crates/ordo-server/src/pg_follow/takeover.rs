@@ -1,0 +1,199 @@
+//! Cluster mode: every node started with `--pg-table` is a candidate; the one
+//! that holds the lease (`lease`) follows PostgreSQL and publishes each
+//! transaction to the stream, the others apply it from there and stand by.
+//!
+//! A term, on the node that took the lease: claim the slot (a `claim` entry;
+//! its apply here means every entry before it, the last holder's, is applied
+//! here too, and answers the position they left); then as in single-node mode
+//! (`prepare`: a copy when there is no position, else the collections as they
+//! are) and follow, every change through the stream (`sink::Sink::Stream`),
+//! each transaction confirmed to PostgreSQL once the stream's quorum holds it
+//! and it is applied here. The lease is renewed every `LEASE_RENEW_EVERY`; a
+//! renewal that fails (or is late) ends the term at once, as does an entry
+//! fenced by a newer term. The node then stands by and looks for the lease again.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::config::PostgresOptions;
+use super::follow::Ended;
+use super::lease::{self, Attempt, Lease, LEASE_RENEW_EVERY};
+use super::sink::{Sink, SinkError};
+use super::status::{LeaseView, State};
+use super::stream_entry::Applied;
+use super::{prepare, read_only_collections, FollowStatus, Started, Stored};
+use crate::cluster::Cluster;
+use crate::routing::Routes;
+use crate::writer::WriterSender;
+
+/// Starts this node's candidacy for the follower lease; returns at once.
+pub fn start_clustered(
+    options: &PostgresOptions,
+    cluster: Arc<Cluster>,
+    status: Arc<FollowStatus>,
+    writer: &WriterSender,
+    routes: &Routes,
+    shutdown: watch::Receiver<bool>,
+) -> Started {
+    status.set_state(State::Standby);
+    status.set_lease(LeaseView::default());
+    let candidate = Candidate {
+        options: options.clone(),
+        cluster,
+        status: status.clone(),
+        writer: writer.clone(),
+        routes: routes.clone(),
+    };
+    tokio::spawn(candidate.run(shutdown));
+    Started { status, read_only: read_only_collections(options) }
+}
+
+struct Candidate {
+    options: PostgresOptions,
+    cluster: Arc<Cluster>,
+    status: Arc<FollowStatus>,
+    writer: WriterSender,
+    routes: Routes,
+}
+
+/// What a term's loop woke up for.
+enum Event {
+    Ended(Ended),
+    RenewDue,
+    Shutdown,
+}
+
+/// How one look for the lease ended.
+enum Round {
+    /// Look again after `LEASE_RENEW_EVERY`.
+    Again,
+    /// The server stops, or the follower failed for good on this node.
+    Over,
+}
+
+impl Candidate {
+    async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            if let Round::Over = self.round(&mut shutdown).await {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(LEASE_RENEW_EVERY) => {}
+                _ = shutdown.wait_for(|stopping| *stopping) => return,
+            }
+        }
+    }
+
+    fn node(&self) -> &str {
+        &self.cluster.options.node_name
+    }
+
+    async fn round(&self, shutdown: &mut watch::Receiver<bool>) -> Round {
+        let store = match lease::open_bucket(&self.cluster.jetstream(), self.cluster.options.replicas).await {
+            Ok(store) => store,
+            Err(error) => {
+                tracing::warn!("{error}");
+                return Round::Again;
+            }
+        };
+        match lease::try_acquire(&store, &self.options.slot, self.node()).await {
+            Ok(Attempt::Taken(lease)) => self.hold(*lease, shutdown).await,
+            Ok(Attempt::HeldBy(holder)) => {
+                self.status.set_lease(LeaseView { holder, held_here: false, term: 0 });
+                Round::Again
+            }
+            Err(error) => {
+                tracing::warn!("{error}");
+                Round::Again
+            }
+        }
+    }
+
+    /// One term: follows while renewing the lease; ends when either stops.
+    async fn hold(&self, mut lease: Lease, shutdown: &mut watch::Receiver<bool>) -> Round {
+        let term = lease.term;
+        self.status.set_lease(LeaseView { holder: Some(self.node().to_owned()), held_here: true, term });
+        println!("ordo: took the PostgreSQL follower lease (slot `{}`, term {term})", self.options.slot);
+        tracing::info!(slot = %self.options.slot, term, "took the PostgreSQL follower lease");
+        let (stop, stopped) = watch::channel(false);
+        let follow = self.follow_term(term, stopped);
+        tokio::pin!(follow);
+        let mut renew_at = Instant::now() + LEASE_RENEW_EVERY;
+        let ended = loop {
+            let event = tokio::select! {
+                ended = &mut follow => Event::Ended(ended),
+                _ = tokio::time::sleep_until(renew_at) => Event::RenewDue,
+                _ = shutdown.wait_for(|stopping| *stopping) => Event::Shutdown,
+            };
+            match event {
+                Event::Ended(ended) => break ended,
+                Event::RenewDue => {
+                    if let Err(error) = lease.renew().await {
+                        // Stop at once: the lease may be another node's by now.
+                        let _ = stop.send(true);
+                        let _ = (&mut follow).await;
+                        self.stand_by(term, &error);
+                        return Round::Again;
+                    }
+                    renew_at = Instant::now() + LEASE_RENEW_EVERY;
+                }
+                Event::Shutdown => {
+                    let _ = stop.send(true);
+                    let _ = (&mut follow).await;
+                    lease.release().await;
+                    return Round::Over;
+                }
+            }
+        };
+        lease.release().await;
+        match ended {
+            Ended::Lost(message) => {
+                self.stand_by(term, &message);
+                Round::Again
+            }
+            Ended::Failed | Ended::Stopped => Round::Over,
+        }
+    }
+
+    fn stand_by(&self, term: u64, why: &str) {
+        println!("ordo: gave up the PostgreSQL follower lease (term {term}): {why}");
+        tracing::warn!(term, "gave up the PostgreSQL follower lease: {why}");
+        self.status.set_lease(LeaseView { holder: None, held_here: false, term: 0 });
+        if self.status.state() != State::Reconnecting {
+            self.status.set_state(State::Standby);
+        }
+    }
+
+    /// Claims the slot for `term`, prepares (copies if no position is
+    /// stored) and follows, until `stopped` or the term ends.
+    async fn follow_term(&self, term: u64, mut stopped: watch::Receiver<bool>) -> Ended {
+        let sink =
+            Sink::stream(self.cluster.clone(), self.writer.clone(), self.routes.clone(), &self.options.slot, term);
+        let Sink::Stream(stream) = &sink else { unreachable!("a stream sink") };
+        let claimed = tokio::select! {
+            claimed = stream.claim() => claimed,
+            _ = stopped.wait_for(|stop| *stop) => return Ended::Stopped,
+        };
+        let stored = match claimed {
+            Ok(Applied::Claimed { position, collection }) => Stored { collection: Some(collection), position },
+            Ok(other) => return Ended::Lost(format!("the claim of the slot came back as {other:?}")),
+            Err(error) => return Ended::Lost(error.message()),
+        };
+        let prepared = tokio::select! {
+            prepared = prepare(&self.options, stored, sink, &self.routes, &self.status) => prepared,
+            _ = stopped.wait_for(|stop| *stop) => return Ended::Stopped,
+        };
+        match prepared {
+            Ok(follower) => follower.run(stopped).await,
+            Err(SinkError::Lost(message)) => Ended::Lost(message),
+            Err(SinkError::Refused(message)) => {
+                // PostgreSQL unreachable, a table that cannot be followed: the
+                // next term (here or on another node) tries again.
+                self.status.reconnecting(&message);
+                Ended::Lost(message)
+            }
+        }
+    }
+}
