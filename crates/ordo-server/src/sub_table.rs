@@ -112,6 +112,12 @@ impl<V> SubTable<V> {
             }
         }
         debug_assert!(self.keys.back().is_none_or(|&last| last < key));
+        if self.values.capacity() == 0 {
+            // Most connections hold one subscription: room for exactly one
+            // (a first push would make room for four entries of a few hundred bytes).
+            self.keys.reserve_exact(1);
+            self.values.reserve_exact(1);
+        }
         self.keys.push_back(key);
         self.values.push_back(value);
         self.newest_key = Some(key);
@@ -224,6 +230,16 @@ impl<V> SubTable<V> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_first_subscription_takes_room_for_one() {
+        let mut table: SubTable<[u8; 400]> = SubTable::default();
+        table.insert(1, [0; 400]).unwrap();
+        assert_eq!(table.values.capacity(), 1);
+        table.insert(2, [0; 400]).unwrap();
+        assert!(table.get(1).is_some() && table.get(2).is_some());
+    }
+
     use super::*;
     use std::collections::BTreeMap;
 

@@ -122,7 +122,7 @@ pub async fn serve_connection(ws: WebSocket<Stream>, context: ConnectionContext,
     let (reader, _unused_writer) = fastwebsockets::after_handshake_split(read_half, tokio::io::sink(), Role::Server);
     let (inbound_tx, inbound_rx) = mpsc::channel(limits::INBOUND_QUEUE_CAPACITY);
     let reader_task = tokio::spawn(read_frames(reader, inbound_tx));
-    let mut connection = Connection::open(writer, context, slot).await;
+    let mut connection = Box::pin(Connection::open(writer, context, slot)).await;
     if let Some(connection) = connection.as_mut() {
         tracing::debug!(session = connection.session.id, "websocket opened");
         connection.run(inbound_rx).await;
@@ -131,7 +131,7 @@ pub async fn serve_connection(ws: WebSocket<Stream>, context: ConnectionContext,
     METRICS.connections.fetch_sub(1, Ordering::Relaxed);
     if let Some(connection) = connection {
         connection.log_close();
-        connection.finish().await;
+        Box::pin(connection.finish()).await;
     }
 }
 struct Connection {
@@ -249,6 +249,10 @@ impl Connection {
         Some(connection)
     }
 
+    /// The rare events' handlers (a client's request, the auth deadline, an
+    /// unpark) are boxed when they run: their state machines are large, and
+    /// inline they would make every idle connection's task as large as the
+    /// largest of them. Frames to the client (`on_outgoing`) stay inline.
     async fn run(&mut self, mut inbound: mpsc::Receiver<Inbound>) {
         let mut shutdown = self.context.shutdown.clone();
         while !self.closed {
@@ -276,7 +280,7 @@ impl Connection {
                 break;
             }
             match event {
-                Event::Inbound(Some(message)) => self.on_inbound(message).await,
+                Event::Inbound(Some(message)) => Box::pin(self.on_inbound(message)).await,
                 Event::Inbound(None) => self.closed = true,
                 Event::Outgoing(Some(outgoing)) => {
                     self.on_outgoing(outgoing).await;
@@ -293,12 +297,12 @@ impl Connection {
                 }
                 Event::Outgoing(None) => self.close(CLOSE_GOING_AWAY, "server stopping").await,
                 Event::Shutdown => self.close(CLOSE_GOING_AWAY, "server stopping").await,
-                Event::AuthDeadline => self.on_auth_deadline().await,
+                Event::AuthDeadline => Box::pin(self.on_auth_deadline()).await,
                 Event::Evicted => {
                     let reason = "too many connections are waiting for `auth`; this one waited longest";
                     self.close(CLOSE_UNAUTHORIZED, reason).await;
                 }
-                Event::Unpark => self.unpark().await,
+                Event::Unpark => Box::pin(self.unpark()).await,
             }
         }
     }

@@ -167,3 +167,20 @@ pub(super) fn push_req(frame: &mut Vec<u8>, req: Option<&str>) {
         write_json_str(frame, req);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{release_excess, RETAINED_BUFFER_BYTES};
+
+    #[test]
+    fn a_buffer_keeps_its_usual_room_and_gives_back_a_large_frames() {
+        let mut usual = Vec::with_capacity(RETAINED_BUFFER_BYTES);
+        usual.extend_from_slice(b"a diff");
+        release_excess(&mut usual);
+        assert_eq!((usual.len(), usual.capacity()), (6, RETAINED_BUFFER_BYTES), "reused as it is");
+        let mut large = vec![0u8; 10 * RETAINED_BUFFER_BYTES];
+        release_excess(&mut large);
+        assert!(large.is_empty());
+        assert!(large.capacity() <= RETAINED_BUFFER_BYTES, "kept {} bytes", large.capacity());
+    }
+}
