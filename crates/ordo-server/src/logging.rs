@@ -30,3 +30,20 @@ pub fn init(format: LogFormat, filter: Option<&str>) -> Result<(), String> {
     };
     installed.map_err(|error| format!("cannot install the log: {error}"))
 }
+
+/// A line on stdout for the person or script watching (`listening on ...`,
+/// `stopping`). Unlike `println!`, a stdout that is gone (the reading process
+/// ended, a closed pipe) loses the line and nothing else: the server must
+/// still stop gracefully, not panic on its way out.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::logging::say_line(format_args!($($arg)*))
+    };
+}
+pub(crate) use say;
+
+pub fn say_line(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_fmt(line).and_then(|()| stdout.write_all(b"\n")).and_then(|()| stdout.flush());
+}

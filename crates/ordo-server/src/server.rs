@@ -158,7 +158,7 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
     let database = writer_thread.join().map_err(|_| "the writer thread panicked".to_owned())?;
     let last_seq = database.last_seq();
     drop(database);
-    println!("ordo: stopped; last seq {last_seq}");
+    crate::logging::say!("ordo: stopped; last seq {last_seq}");
     tracing::info!(last_seq, "stopped");
     result
 }
@@ -228,7 +228,7 @@ fn open_database(options: &ServeOptions) -> Result<(Database, PathBuf), String> 
     let (database, report) = Database::open(&options.data_dir, store_options, &mut print_load_progress)
         .map_err(|error| format!("cannot open the data directory {}: {error}", options.data_dir.display()))?;
     let data_dir = std::fs::canonicalize(&options.data_dir).unwrap_or_else(|_| options.data_dir.clone());
-    println!(
+    crate::logging::say!(
         "ordo {}: data in {} ({} collections, {} items, last seq {}; loaded in {:.2} s)",
         env!("CARGO_PKG_VERSION"),
         data_dir.display(),
@@ -248,7 +248,7 @@ fn open_database(options: &ServeOptions) -> Result<(Database, PathBuf), String> 
         "data loaded"
     );
     if report.n_log_records_replayed > 0 || report.n_log_bytes_cut_off > 0 {
-        println!(
+        crate::logging::say!(
             "ordo: replayed {} batches from the write-ahead log (not yet checkpointed when the last run stopped){}",
             report.n_log_records_replayed,
             if report.n_log_bytes_cut_off > 0 {
@@ -394,12 +394,12 @@ impl Network {
         let rate = self.options.demo_rate;
         let started = demo::start(&self.writer, &self.routes, &self.gate, rate, shutdown, cluster.cloned()).await?;
         if started.n_rooms_written > 0 {
-            println!(
+            crate::logging::say!(
                 "ordo: demo: wrote a chat of {} rooms into `rooms`, `members` and `messages`",
                 started.n_rooms_written
             );
         } else {
-            println!("ordo: demo: the chat is there already");
+            crate::logging::say!("ordo: demo: the chat is there already");
         }
         Ok(Some(started.demo))
     }
@@ -407,7 +407,7 @@ impl Network {
     /// The lines that say the server is up, where, and how.
     fn announce(&self, address: SocketAddr, demo: Option<&demo::Demo>) {
         let options = &self.options;
-        println!("ordo: listening on http://{address} (WebSocket: ws://{address}/v1/ws); Ctrl-C stops");
+        crate::logging::say!("ordo: listening on http://{address} (WebSocket: ws://{address}/v1/ws); Ctrl-C stops");
         tracing::info!(
             %address,
             data_dir = %self.data_dir.display(),
@@ -419,7 +419,7 @@ impl Network {
             "started"
         );
         if let Some(demo) = demo {
-            println!(
+            crate::logging::say!(
                 "ordo: demo on http://{address}/demo (simulator: {} messages/s); demo users sign in there",
                 demo.simulator.rate()
             );
@@ -428,14 +428,15 @@ impl Network {
             } else {
                 "<the secret given with --auth-secret-file>".to_owned()
             };
-            println!(
+            crate::logging::say!(
                 "ordo: an admin token (to change the simulator's rate: POST /demo/simulator {{\"rate\":N}}): \
                  ordo token --secret-file {secret_file} --role admin --sub ops"
             );
         }
-        println!(
+        crate::logging::say!(
             "ordo: at most {} connections at once (--max-connections; the descriptor limit is {})",
-            self.max_connections, self.nofile
+            self.max_connections,
+            self.nofile
         );
     }
 
@@ -501,11 +502,11 @@ async fn stop_on_signal(
     };
     tokio::select! {
         _ = stop_signal => {
-            println!("ordo: stopping (finishing the requests in flight)");
+            crate::logging::say!("ordo: stopping (finishing the requests in flight)");
             tracing::info!("stopping: a signal came; finishing the requests in flight");
         }
         _ = fatal => {
-            println!("ordo: stopping: this node cannot apply the stream without a gap (finishing the requests in flight)");
+            crate::logging::say!("ordo: stopping: this node cannot apply the stream without a gap (finishing the requests in flight)");
         }
     }
     let _ = shutdown.send(true);
@@ -527,9 +528,11 @@ async fn start_cluster(
     crate::cluster::snapshot::check_resume(applied, bounds)
         .map_err(|error| format!("stream `{}`: {error}", cluster.options.stream))?;
     cluster.shared.status.stream_said_last_seq(state.last_seq);
-    println!(
+    crate::logging::say!(
         "ordo: cluster node {} on stream `{}` ({} entries, applied through seq {applied})",
-        cluster.options.node_name, cluster.options.stream, state.last_seq
+        cluster.options.node_name,
+        cluster.options.stream,
+        state.last_seq
     );
     tracing::info!(
         node = %cluster.options.node_name,

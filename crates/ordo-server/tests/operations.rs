@@ -344,3 +344,42 @@ fn max_connections_defaults_to_the_descriptor_limit_and_is_refused_above_it() {
         "{stderr}"
     );
 }
+
+/// A server whose stdout reader went away (a supervisor restarted, a pipe
+/// closed) still stops gracefully on a signal: its lines for the operator are
+/// lost, nothing else (no panic on the way out, exit status 0).
+#[test]
+fn a_closed_stdout_does_not_stop_a_graceful_stop() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let stderr_path = dir.path().join("stderr.log");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_ordo"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .expect("starting ordo");
+    let mut stdout = BufReader::new(server.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("listening on http://") {
+        line.clear();
+        assert!(stdout.read_line(&mut line).unwrap() > 0, "ordo ended before listening");
+    }
+    drop(stdout);
+    // SAFETY: `kill` with the pid of a child we own and a valid signal number.
+    unsafe { libc::kill(server.id() as i32, libc::SIGINT) };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = server.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "ordo did not stop within 30 s of SIGINT");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(status.success(), "{status}: {stderr}");
+    assert!(stderr.contains("stopped"), "the stop is still logged: {stderr}");
+}

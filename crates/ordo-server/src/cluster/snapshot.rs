@@ -384,7 +384,7 @@ pub fn bootstrap(options: &super::ClusterOptions, data_dir: &Path) -> Result<Opt
     let prepared = prepare_data_dir(data_dir, options.snapshot_dir.as_deref(), stream)
         .map_err(|error| format!("stream `{}`: {error}", options.stream))?;
     if let Some(Prepared { plan: StartPlan::Restore { snapshot }, n_bytes_copied, copy_time }) = &prepared {
-        println!(
+        crate::logging::say!(
             "ordo: restored snapshot {} (seq {}, {} bytes in {:.2} s) into {}; replaying the stream from seq {}",
             snapshot.path.display(),
             snapshot.seq,

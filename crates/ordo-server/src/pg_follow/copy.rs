@@ -40,7 +40,10 @@ pub(super) async fn copy_tables(
             table.map.upsert_copied(&table.table, &row, &mut batches[index]).map_err(Error::Protocol)?;
             rows[index] += 1;
             if rows[index].is_multiple_of(PROGRESS_EVERY_ROWS) {
-                println!("ordo: {}", ordo_pgsource::copy::progress_line(&table.table, rows[index], started.elapsed()));
+                crate::logging::say!(
+                    "ordo: {}",
+                    ordo_pgsource::copy::progress_line(&table.table, rows[index], started.elapsed())
+                );
             }
             if batches[index].len() >= COPY_BATCH_ROWS {
                 let full = std::mem::take(&mut batches[index]);
@@ -58,7 +61,7 @@ pub(super) async fn copy_tables(
     let rest: Vec<_> = followed.iter().zip(batches).map(|(table, batch)| (table.collection, batch)).collect();
     sink.write_group(rest, Some((position_collection, &options.slot, consistent_point))).await?;
     for (table, n_rows) in followed.iter().zip(&rows) {
-        println!("ordo: copied {n_rows} rows of {} into `{}`", table.table.name, table.map.collection);
+        crate::logging::say!("ordo: copied {n_rows} rows of {} into `{}`", table.table.name, table.map.collection);
     }
     Ok(consistent_point)
 }

@@ -162,7 +162,11 @@ async fn prepare(
             copy::copy_tables(options, connection, &followed, position_collection, &sink).await?
         }
     };
-    println!("ordo: following PostgreSQL ({} tables, slot `{}`) from {position}", followed.len(), options.slot);
+    crate::logging::say!(
+        "ordo: following PostgreSQL ({} tables, slot `{}`) from {position}",
+        followed.len(),
+        options.slot
+    );
     tracing::info!(
         slot = %options.slot,
         position = %position,

@@ -115,7 +115,7 @@ impl Candidate {
     async fn hold(&self, mut lease: Lease, shutdown: &mut watch::Receiver<bool>) -> Round {
         let term = lease.term;
         self.status.set_lease(LeaseView { holder: Some(self.node().to_owned()), held_here: true, term });
-        println!("ordo: took the PostgreSQL follower lease (slot `{}`, term {term})", self.options.slot);
+        crate::logging::say!("ordo: took the PostgreSQL follower lease (slot `{}`, term {term})", self.options.slot);
         tracing::info!(slot = %self.options.slot, term, "took the PostgreSQL follower lease");
         let (stop, stopped) = watch::channel(false);
         let follow = self.follow_term(term, stopped);
@@ -158,7 +158,7 @@ impl Candidate {
     }
 
     fn stand_by(&self, term: u64, why: &str) {
-        println!("ordo: gave up the PostgreSQL follower lease (term {term}): {why}");
+        crate::logging::say!("ordo: gave up the PostgreSQL follower lease (term {term}): {why}");
         tracing::warn!(term, "gave up the PostgreSQL follower lease: {why}");
         self.status.set_lease(LeaseView { holder: None, held_here: false, term: 0 });
         if self.status.state() != State::Reconnecting {
