@@ -27,7 +27,9 @@
 //!    in transactions of `--batch` rows, each row carrying its send time in
 //!    `recency` (microseconds of this process's clock, which the subscribers read
 //!    on arrival) and an update number in `last_seq`. p50/p99/max of send →
-//!    frame.
+//!    frame. `--lists own` puts each subscriber on its own rooms instead (a
+//!    filter on `owner`, the row's number modulo the subscribers), so that a
+//!    row reaches one window, as each user of an app watches their own list.
 //!
 //! The writers speak PostgreSQL's protocol through `ordo-pgsource`'s own
 //! client (its SQL mode), the subscribers are the loadgen's.
@@ -77,7 +79,7 @@ async fn run(options: Options, subscriber_runtime: tokio::runtime::Handle) -> Re
     ordo::check_binary(&options.ordo_bin)?;
     // Declared first, dropped last: `ordo serve` stops before its PostgreSQL.
     let pg = postgres::start()?;
-    postgres::create_and_fill(&pg, options.rows)?;
+    postgres::create_and_fill(&pg, options.rows, options.subscribers)?;
     println!("ordo: {} serve --pg-table rooms (a first start: the slot, then the copy)", options.ordo_bin.display());
     let ordo = OrdoProcess::start(&options.ordo_bin, &pg, options.rows)?;
     report::copy(&options, ordo.copy_seconds);
@@ -90,7 +92,8 @@ async fn run(options: Options, subscriber_runtime: tokio::runtime::Handle) -> Re
     let cores = cpu.finish();
     report::streaming(&options, &streamed, &cores);
 
-    println!("latency: {} subscribers on the top {} by recency...", options.subscribers, options.window);
+    let whose = if options.lists == options::Lists::Own { " of their own rooms" } else { "" };
+    println!("latency: {} subscribers on the top {}{whose} by recency...", options.subscribers, options.window);
     let cpu = PhaseCpu::start(&pid);
     let measured = latency::run(&options, &config, &ordo.authority, &subscriber_runtime, clock).await?;
     let cores = cpu.finish();

@@ -18,7 +18,7 @@ use ordo_pgsource::ConnectConfig;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
-use crate::options::Options;
+use crate::options::{Lists, Options};
 use crate::postgres::connect;
 use crate::updates::{due_after, latency_update_number, numbered_update, RowPicker, TABLE};
 
@@ -38,7 +38,9 @@ const MARKS: UpdateMarks = UpdateMarks {
     stamp_us: |fields: &ItemFields| fields.recency,
 };
 
-fn subscriber_spec(options: &Options, authority: &str) -> SubscriberSpec {
+/// Subscriber `index`'s list: the top rooms, or with `--lists own` the top of
+/// its own rooms (`owner` = `index`).
+fn subscriber_spec(options: &Options, authority: &str, index: usize) -> SubscriberSpec {
     let transactions = (options.transactions_per_second() * options.seconds).ceil() as u64 + 1;
     SubscriberSpec {
         authority: authority.to_owned(),
@@ -48,7 +50,7 @@ fn subscriber_spec(options: &Options, authority: &str) -> SubscriberSpec {
         marks: MARKS,
         max_update_number: transactions * options.batch as u64,
         auth: None,
-        filter: None,
+        filter: (options.lists == Lists::Own).then(|| format!(r#"{{"field":"owner","op":"eq","value":{index}}}"#)),
         fields: options.fields,
     }
 }
@@ -125,8 +127,8 @@ pub async fn run(
     let (stop_tx, stop_rx) = watch::channel(false);
     let connect_gate = Arc::new(Semaphore::new(CONNECT_CONCURRENCY));
     let handles: Vec<JoinHandle<SubscriberOutcome>> = (0..options.subscribers)
-        .map(|_| {
-            let subscriber = Subscriber::new(subscriber_spec(options, authority));
+        .map(|index| {
+            let subscriber = Subscriber::new(subscriber_spec(options, authority, index));
             let run = subscriber.run(Arc::clone(&counters), clock, Arc::clone(&connect_gate), stop_rx.clone());
             subscriber_runtime.spawn(run)
         })

@@ -58,12 +58,25 @@ struct Args {
     /// Tokio workers for the subscribers
     #[arg(long, default_value_t = 1, value_parser = in_range(1, MAX_SUBSCRIBER_THREADS))]
     subscriber_threads: usize,
+    /// Whose lists the latency phase's subscribers watch: `shared`, all the
+    /// same top rooms (every transaction changes every window); `own`, each
+    /// its own rooms (`owner` = its index), as each user of an app watches
+    /// their own list (a row changes one window)
+    #[arg(long, value_enum, default_value_t = Lists::Shared)]
+    lists: Lists,
     /// Seed of the rows each transaction updates
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// The `ordo` binary to start
     #[arg(long, value_name = "PATH", default_value = "target/release/ordo")]
     ordo_bin: PathBuf,
+}
+
+/// Whose lists the subscribers watch (`--lists`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Lists {
+    Shared,
+    Own,
 }
 
 /// The run's settings, with `--quick`'s defaults applied.
@@ -80,6 +93,7 @@ pub struct Options {
     /// The subscriptions' `fields` (a JSON array), `None` for all.
     pub fields: Option<&'static str>,
     pub subscriber_threads: usize,
+    pub lists: Lists,
     pub seed: u64,
     pub ordo_bin: PathBuf,
 }
@@ -104,6 +118,7 @@ impl Options {
             window: args.window,
             fields: fields_json(&args.fields),
             subscriber_threads: args.subscriber_threads,
+            lists: args.lists,
             seed: args.seed,
             ordo_bin: args.ordo_bin,
         };
@@ -155,6 +170,7 @@ mod tests {
         assert_eq!(parse("--rate 2000 --batch 50").unwrap().transactions_per_second(), 40.0);
         assert_eq!(full.fields, None);
         assert_eq!(parse("--fields recency,last_seq").unwrap().fields, Some(r#"["recency","last_seq"]"#));
+        assert_eq!((full.lists, parse("--lists own").unwrap().lists), (Lists::Shared, Lists::Own));
     }
 
     #[test]
@@ -172,6 +188,7 @@ mod tests {
             "--window 1001",
             "--subscriber-threads 0",
             "--fields recency,unknown",
+            "--lists mine",
         ] {
             assert!(parse(line).is_err(), "{line} was accepted");
         }

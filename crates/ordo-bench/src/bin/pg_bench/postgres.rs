@@ -41,10 +41,11 @@ pub fn start() -> Result<PostgresServer> {
 
 /// Creates the room table and its publication and fills it with `rows` rows
 /// (ids `r0`, `r1`, ...; recency below 1 000, so that every update the
-/// benchmark sends, stamped with the process clock, goes to the top).
-pub fn create_and_fill(server: &PostgresServer, rows: u64) -> Result<()> {
+/// benchmark sends, stamped with the process clock, goes to the top; row `n`'s
+/// `owner` is `n % owners`, one owner per subscriber).
+pub fn create_and_fill(server: &PostgresServer, rows: u64, owners: usize) -> Result<()> {
     server.psql(&format!(
-        "CREATE TABLE {TABLE} (id text PRIMARY KEY, name text, recency bigint, last_seq bigint, preview text);
+        "CREATE TABLE {TABLE} (id text PRIMARY KEY, name text, recency bigint, last_seq bigint, preview text, owner bigint);
          CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE};"
     ))?;
     let started = Instant::now();
@@ -53,7 +54,7 @@ pub fn create_and_fill(server: &PostgresServer, rows: u64) -> Result<()> {
         let end = (filled + FILL_CHUNK_ROWS).min(rows);
         server.psql(&format!(
             "INSERT INTO {TABLE}
-             SELECT 'r' || n, 'room ' || n, n % 1000, 0, 'the last message of room ' || n || ', as a list shows it'
+             SELECT 'r' || n, 'room ' || n, n % 1000, 0, 'the last message of room ' || n || ', as a list shows it', n % {owners}
              FROM generate_series({filled}, {}) AS n",
             end - 1
         ))?;

@@ -3,7 +3,7 @@
 
 use crate::cpu::CpuUse;
 use crate::latency::LatencyResult;
-use crate::options::Options;
+use crate::options::{Lists, Options};
 use crate::stream::StreamResult;
 
 pub const COPY_GOAL_ROWS_PER_SECOND: f64 = 200_000.0;
@@ -85,17 +85,26 @@ pub fn latency(options: &Options, result: &LatencyResult, cores: &CpuUse) -> usi
     let ms = |us: u64| us as f64 / 1000.0;
     let p99 = ms(histogram.quantile(0.99));
     println!(
-        "commit → frame: p50 {:.2} ms, p99 {p99:.2} ms, max {:.2} ms over {} updates seen, {} subscribers at {} rows/s   goal p99 ≤ {LATENCY_GOAL_P99_MS} ms: {}",
+        "commit → frame: p50 {:.2} ms, p99 {p99:.2} ms, max {:.2} ms over {} updates seen, {} subscribers ({}) at {} rows/s   goal p99 ≤ {LATENCY_GOAL_P99_MS} ms: {}",
         ms(histogram.quantile(0.5)),
         ms(histogram.max()),
         grouped(histogram.len() as f64),
         options.subscribers,
+        match options.lists {
+            Lists::Shared => "all on the same top rooms",
+            Lists::Own => "each on its own rooms",
+        },
         grouped(options.rate),
         verdict(!histogram.is_empty() && p99 <= LATENCY_GOAL_P99_MS, options)
     );
     let achieved = result.transactions as f64 * options.batch as f64 / result.write_seconds;
-    // All rows of a transaction share its send time: the window shows as many of them as it holds.
-    let expected = result.transactions * options.batch.min(options.window) as u64 * options.subscribers as u64;
+    let expected = match options.lists {
+        // All rows of a transaction share its send time: the window shows as many of them as it holds.
+        Lists::Shared => result.transactions * options.batch.min(options.window) as u64 * options.subscribers as u64,
+        // A row goes to the top of its owner's list, and only there (a
+        // transaction holds fewer rows of one owner than a window holds).
+        Lists::Own => result.transactions * options.batch as u64,
+    };
     let delivered = result.counters.snapshot();
     println!(
         "  sent {} rows/s in {} transactions (latest send {:.1} ms behind schedule); updates seen {} of {} expected; \
