@@ -361,7 +361,8 @@ impl Network {
         shutdown: watch::Receiver<bool>,
     ) -> Result<Option<crate::pg_follow::Started>, String> {
         let Some(options) = &self.options.postgres else { return Ok(None) };
-        let started = crate::pg_follow::start(options, self.pg_position, &self.writer, &self.routes, shutdown).await?;
+        let started =
+            crate::pg_follow::start(options, self.pg_position.clone(), &self.writer, &self.routes, shutdown).await?;
         Ok(Some(started))
     }
 

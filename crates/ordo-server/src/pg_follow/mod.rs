@@ -17,13 +17,15 @@ mod copy;
 mod follow;
 pub mod mapping;
 pub mod status;
+mod tables;
+mod watcher;
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
 use ordo_core::{Batch, CollectionId, OwnedValue, Schema};
-use ordo_pgsource::{Lsn, Table};
+use ordo_pgsource::{Error, Lsn, Table};
 use ordo_store::Database;
 use tokio::sync::{oneshot, watch};
 
@@ -32,6 +34,7 @@ use crate::writer::{Command, FieldChange, WriteReply, WriterSender};
 use config::PostgresOptions;
 use mapping::{FieldChanges, TableMap};
 pub use status::FollowStatus;
+use tables::StoredTable;
 
 /// The reserved collection that holds each slot's position: item `<slot>`,
 /// its payload the end LSN of the last transaction applied (`X/Y` text).
@@ -47,6 +50,10 @@ struct Followed {
     table: Table,
     map: TableMap,
     collection: CollectionId,
+    /// For a table copied beside the running slot (newly followed at a
+    /// restart): its copy's consistent point, before which the stream's changes
+    /// of it are already in the copy.
+    copied_at: Option<Lsn>,
 }
 
 /// What [`start`] hands back: the status the HTTP side reports, and the names
@@ -57,12 +64,15 @@ pub struct Started {
 }
 
 /// What the data directory holds for the follower, read before the writer starts.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Stored {
     /// [`POSITION_COLLECTION`], if it exists (reserved collections are not routed by name).
     pub collection: Option<CollectionId>,
     /// The slot's position (none in a new data directory, or for a new slot).
     pub position: Option<Lsn>,
+    /// The tables followed at that position (item `<slot>/tables`); `None`
+    /// in a data directory written before it was kept.
+    tables: Option<Vec<StoredTable>>,
 }
 
 /// The position stored for `slot`.
@@ -71,16 +81,19 @@ pub fn stored_position(database: &Database, slot: &str) -> Result<Stored, String
     let Some(id) = engine.collection_id(POSITION_COLLECTION) else { return Ok(Stored::default()) };
     let collection = Some(id);
     let Some(item) = engine.collection(id).and_then(|items| items.get(slot)) else {
-        return Ok(Stored { collection, position: None });
+        return Ok(Stored { collection, position: None, tables: None });
     };
     let text = std::str::from_utf8(item.payload()).unwrap_or_default();
     let position = Lsn::parse(text)
         .ok_or_else(|| format!("the stored PostgreSQL position of slot `{slot}` does not parse: `{text}`"))?;
-    Ok(Stored { collection, position: Some(position) })
+    let tables = engine.collection(id).and_then(|items| items.get(&tables::item_id(slot)));
+    let tables = tables.map(|item| tables::parse(item.payload(), slot)).transpose()?;
+    Ok(Stored { collection, position: Some(position), tables })
 }
 
 /// Describes the tables, creates the collections, copies the tables on a first
-/// start, and spawns the task that follows the stream.
+/// start (and, at a restart, the tables newly followed), and spawns the task
+/// that follows the stream.
 pub async fn start(
     options: &PostgresOptions,
     stored: Stored,
@@ -89,29 +102,46 @@ pub async fn start(
     shutdown: watch::Receiver<bool>,
 ) -> Result<Started, String> {
     let status = Arc::new(FollowStatus::default());
+    let read_only: HashSet<String> = options.tables.iter().map(|mapping| mapping.collection.clone()).collect();
+    let read_only = Arc::new(read_only);
     let mut connection = follow::connect(options).await.map_err(|error| format!("PostgreSQL: {error}"))?;
     let names: Vec<_> = options.tables.iter().map(|mapping| mapping.table.clone()).collect();
-    let tables = ordo_pgsource::catalog::describe_tables(
+    let described = ordo_pgsource::catalog::describe_tables(
         &mut connection,
         &options.publication,
         &names,
         options.unsupported_columns,
     )
-    .await
-    .map_err(|error| format!("PostgreSQL: {error}"))?;
+    .await;
+    let was_followed = |mapping: &config::TableMapping| tables::was_followed(&stored, mapping, routes);
+    let tables = match described {
+        Ok(tables) => tables,
+        Err(error) if stored.position.is_some() && gone_since_last_run(&error, options, &was_followed) => {
+            // The collections serve what they hold; the follower is `failed`, naming the table.
+            let message = format!("PostgreSQL: {error}");
+            eprintln!("ordo: ERROR: not following PostgreSQL: {message}");
+            tracing::error!(error = message.as_str(), "not following PostgreSQL");
+            status.failed(&message);
+            return Ok(Started { status, read_only });
+        }
+        Err(error) => return Err(format!("PostgreSQL: {error}")),
+    };
     let maps = options
         .tables
         .iter()
         .zip(&tables)
         .map(|(mapping, table)| mapping::map_table(mapping, table))
         .collect::<Result<Vec<_>, _>>()?;
-    if stored.position.is_none() {
-        empty_collections(writer, routes, &maps).await?;
-    }
+    let is_new: Vec<bool> =
+        options.tables.iter().map(|mapping| stored.position.is_none() || !was_followed(mapping)).collect();
+    let new_maps: Vec<TableMap> =
+        maps.iter().zip(&is_new).filter(|(_, new)| **new).map(|(map, _)| map.clone()).collect();
+    empty_collections(writer, routes, &new_maps).await?;
     let mut followed = Vec::with_capacity(tables.len());
-    for (table, map) in tables.into_iter().zip(maps) {
-        let (map, collection) = collection_of(writer, routes, map, stored.position.is_some()).await?;
-        followed.push(Followed { table, map, collection });
+    for ((table, map), (mapping, new)) in tables.into_iter().zip(maps).zip(options.tables.iter().zip(&is_new)) {
+        let (map, collection) = collection_of(writer, routes, map, !new).await?;
+        let copied_at = if *new { None } else { tables::copied_at(&stored, mapping) };
+        followed.push(Followed { table, map, collection, copied_at });
     }
     let position_collection = match stored.collection {
         Some(collection) => collection,
@@ -123,14 +153,16 @@ pub async fn start(
             collection
         }
     };
+    let copies = Copies { options, writer, position_collection };
     let position = match stored.position {
         Some(position) => {
             let _ = connection.terminate().await;
+            copies.copy_new_tables(&mut followed, &is_new, stored.tables.as_deref()).await?;
             position
         }
         None => {
             status.set_state(status::State::Copying);
-            copy::copy_tables(options, connection, &followed, position_collection, writer).await?
+            copies.copy_all(connection, &followed).await?
         }
     };
     println!("ordo: following PostgreSQL ({} tables, slot `{}`) from {position}", followed.len(), options.slot);
@@ -141,11 +173,97 @@ pub async fn start(
         "following PostgreSQL"
     );
     status.start_at(position.0);
-    let read_only: HashSet<String> = followed.iter().map(|table| table.map.collection.clone()).collect();
     let follower =
         follow::Follower::new(options.clone(), followed, position_collection, position, writer.clone(), status.clone());
     tokio::spawn(follower.run(shutdown));
-    Ok(Started { status, read_only: Arc::new(read_only) })
+    Ok(Started { status, read_only })
+}
+
+/// Whether a start's refusal is of a table followed at the stored position
+/// that is gone from the publication (or dropped) since: the follower then
+/// fails, the server serving what it holds. Of a table newly followed, or any
+/// other error, the start is refused.
+fn gone_since_last_run(
+    error: &Error,
+    options: &PostgresOptions,
+    was_followed: &dyn Fn(&config::TableMapping) -> bool,
+) -> bool {
+    let table = match error {
+        Error::TableNotFound { table } | Error::TableNotPublished { table, .. } => table,
+        Error::MissingPublication { .. } => return true,
+        _ => return false,
+    };
+    options.tables.iter().any(|mapping| mapping.table.to_string() == *table && was_followed(mapping))
+}
+
+/// The copies of a start, and the record of what is followed written with
+/// their last rows.
+struct Copies<'a> {
+    options: &'a PostgresOptions,
+    writer: &'a WriterSender,
+    position_collection: CollectionId,
+}
+
+impl Copies<'_> {
+    /// A first start: every table at the new slot's snapshot; the last rows,
+    /// the followed tables and the position in one group. Returns the position.
+    async fn copy_all(&self, connection: ordo_pgsource::Connection, followed: &[Followed]) -> Result<Lsn, String> {
+        let all: Vec<&Followed> = followed.iter().collect();
+        let (consistent_point, rest) =
+            copy::copy_tables(copy::CopySlot::Main(&self.options.slot), connection, &all, self.writer).await?;
+        let record = tables::record(followed);
+        self.write_record(rest, &record, Some(consistent_point)).await?;
+        Ok(consistent_point)
+    }
+
+    /// A restart: the tables newly followed (`is_new`) copied at a temporary
+    /// slot's snapshot, their `copied_at` set to its consistent point, and the
+    /// followed tables recorded with their last rows. Only the record when the
+    /// followed tables changed otherwise (some no longer followed).
+    async fn copy_new_tables(
+        &self,
+        followed: &mut [Followed],
+        is_new: &[bool],
+        stored: Option<&[StoredTable]>,
+    ) -> Result<(), String> {
+        let mut rest = Vec::new();
+        if is_new.iter().any(|new| *new) {
+            let new: Vec<&Followed> =
+                followed.iter().zip(is_new).filter(|(_, new)| **new).map(|(table, _)| table).collect();
+            let connection = follow::connect(self.options).await.map_err(|error| format!("PostgreSQL: {error}"))?;
+            let (consistent_point, last_rows) =
+                copy::copy_tables(copy::CopySlot::Temporary, connection, &new, self.writer).await?;
+            rest = last_rows;
+            for (table, _) in followed.iter_mut().zip(is_new).filter(|(_, new)| **new) {
+                table.copied_at = Some(consistent_point);
+                println!(
+                    "ordo: {} newly followed: copied at {consistent_point}; the stream's older changes of it are skipped",
+                    table.table.name
+                );
+            }
+        }
+        let record = tables::record(followed);
+        if stored == Some(record.as_slice()) {
+            return Ok(());
+        }
+        self.write_record(rest, &record, None).await
+    }
+
+    /// Writes `batches`, then the record of the followed tables and (on a
+    /// first start) the position, in one group: a copy cut short leaves
+    /// neither, and is done again.
+    async fn write_record(
+        &self,
+        mut batches: Vec<(CollectionId, Batch)>,
+        record: &[StoredTable],
+        position: Option<Lsn>,
+    ) -> Result<(), String> {
+        let mut batch = Batch::new();
+        batch.upsert(&tables::item_id(&self.options.slot)).payload(tables::render(record).as_bytes());
+        batches.push((self.position_collection, batch));
+        let position = position.map(|lsn| (self.position_collection, self.options.slot.as_str(), lsn));
+        write_group(self.writer, batches, position).await
+    }
 }
 
 /// A first start: whatever the followed collections hold (a copy cut short)

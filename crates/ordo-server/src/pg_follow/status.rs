@@ -3,7 +3,9 @@
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use ordo_pgsource::stream::WalPositions;
 
 /// The follower's state, as `/v1/health` names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,7 +35,10 @@ impl State {
 pub struct FollowStatus {
     state: AtomicU8,
     applied_lsn: AtomicU64,
-    lag_bytes: AtomicU64,
+    /// The current stream's positions: the lag in bytes is read from them
+    /// when asked, so it follows keepalives and the lag probe between
+    /// transactions too.
+    positions: Mutex<Option<Arc<WalPositions>>>,
     lag_micros: AtomicU64,
     transactions: AtomicU64,
     reconnects: AtomicU64,
@@ -54,12 +59,10 @@ impl FollowStatus {
         }
     }
 
-    /// A transaction (or the copy) is durable up to `lsn`; `lag_bytes` is the
-    /// WAL PostgreSQL wrote past it, `lag_micros` how long after its commit in
-    /// PostgreSQL it was applied here.
-    pub fn applied(&self, lsn: u64, lag_bytes: u64, lag_micros: u64) {
+    /// A transaction (or the copy) is durable up to `lsn`; `lag_micros` is how
+    /// long after its commit in PostgreSQL it was applied here.
+    pub fn applied(&self, lsn: u64, lag_micros: u64) {
         self.applied_lsn.store(lsn, Ordering::Relaxed);
-        self.lag_bytes.store(lag_bytes, Ordering::Relaxed);
         self.lag_micros.store(lag_micros, Ordering::Relaxed);
         self.transactions.fetch_add(1, Ordering::Relaxed);
     }
@@ -85,6 +88,20 @@ impl FollowStatus {
         *self.error.lock().expect("status lock") = None;
     }
 
+    /// The stream now running: its positions give the lag in bytes.
+    pub fn watch_positions(&self, positions: Arc<WalPositions>) {
+        *self.positions.lock().expect("status lock") = Some(positions);
+    }
+
+    pub fn positions(&self) -> Option<Arc<WalPositions>> {
+        self.positions.lock().expect("status lock").clone()
+    }
+
+    /// The WAL bytes PostgreSQL has past what Ordo holds durably (0 before the stream starts).
+    pub fn lag_bytes(&self) -> u64 {
+        self.positions().map_or(0, |positions| positions.lag_bytes())
+    }
+
     pub fn applied_lsn(&self) -> u64 {
         self.applied_lsn.load(Ordering::Relaxed)
     }
@@ -95,7 +112,7 @@ impl FollowStatus {
         serde_json::json!({
             "state": self.state().name(),
             "applied_lsn": format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF),
-            "lag_bytes": self.lag_bytes.load(Ordering::Relaxed),
+            "lag_bytes": self.lag_bytes(),
             "lag_seconds": self.lag_micros.load(Ordering::Relaxed) as f64 / 1e6,
             "transactions_applied": self.transactions.load(Ordering::Relaxed),
             "reconnects": self.reconnects.load(Ordering::Relaxed),
@@ -110,7 +127,7 @@ impl FollowStatus {
                 "ordo_postgres_lag_bytes",
                 "gauge",
                 "WAL bytes PostgreSQL wrote past the position applied here",
-                self.lag_bytes.load(Ordering::Relaxed) as f64,
+                self.lag_bytes() as f64,
             ),
             (
                 "ordo_postgres_lag_seconds",
