@@ -813,33 +813,42 @@ fn a_table_newly_followed_at_a_restart_is_copied_and_one_no_longer_followed_keep
     );
 }
 
+/// A lag that only a WAL end past the transaction being read can give: about
+/// 300 single-row transactions.
+const LAG_BEHIND_BYTES: u64 = 64 * 1024;
+
 #[test]
 fn lag_bytes_reads_above_zero_while_behind_and_zero_once_caught_up() {
     let pg = postgres();
     create_items_table(&pg);
     let dir = tempfile::tempdir().unwrap();
     let server = start_following(&pg, dir.path(), &["items"]);
-    // A burst of single-row transactions: PostgreSQL (without fsync) commits
-    // them faster than Ordo applies them, each with its sync.
-    let n_transactions: u64 = 5000;
+    // Ordo held (SIGSTOP) while PostgreSQL commits a burst of single-row
+    // transactions: once it runs again it has all of them to apply, and the
+    // walsender, its socket full, sends no keepalive meanwhile.
+    let n_transactions: u64 = 20_000;
     let burst: String =
         (0..n_transactions).map(|n| format!("INSERT INTO items VALUES ('b{n}', {n}, NULL);\n")).collect();
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGSTOP) };
+    let committed = pg.psql(&burst);
+    // SAFETY: as above.
+    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGCONT) };
+    committed.unwrap();
     let mut seen_behind = None;
-    std::thread::scope(|scope| {
-        let writer = scope.spawn(|| pg.psql(&burst).unwrap());
-        let deadline = Instant::now() + APPLY_TIMEOUT;
-        while seen_behind.is_none() && Instant::now() < deadline {
-            let health = follower_health(&server);
-            if health["lag_bytes"].as_u64().unwrap() > 0
-                && health["transactions_applied"].as_u64().unwrap() < n_transactions
-            {
-                seen_behind = Some(health);
-            }
-            std::thread::sleep(Duration::from_millis(20));
+    let deadline = Instant::now() + APPLY_TIMEOUT;
+    while seen_behind.is_none() && Instant::now() < deadline {
+        let health = follower_health(&server);
+        // More than a few transactions' WAL: while gathering one, the stream
+        // alone knows the WAL up to the change it reads, no further.
+        let behind = health["transactions_applied"].as_u64().unwrap() < n_transactions;
+        if behind && health["lag_bytes"].as_u64().unwrap() > LAG_BEHIND_BYTES {
+            seen_behind = Some(health);
         }
-        writer.join().unwrap();
-    });
-    assert!(seen_behind.is_some(), "lag_bytes never read above 0 while Ordo was behind");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(seen_behind.is_some(), "lag_bytes never read above {LAG_BEHIND_BYTES} while Ordo was behind");
+    println!("behind: {}", seen_behind.unwrap());
     wait_applied(&server, n_transactions);
     let deadline = Instant::now() + APPLY_TIMEOUT;
     loop {
