@@ -227,6 +227,18 @@ impl Copies<'_> {
         stored: Option<&[StoredTable]>,
     ) -> Result<(), String> {
         let mut rest = Vec::new();
+        if stored.is_none() && is_new.iter().any(|new| *new) {
+            // A data directory from before the record: it is written first,
+            // without the new tables, so that a copy cut short is not taken
+            // for a followed table (by its collection existing) at the next start.
+            let resumed: Vec<StoredTable> = tables::record(followed)
+                .into_iter()
+                .zip(is_new)
+                .filter(|(_, new)| !**new)
+                .map(|(table, _)| table)
+                .collect();
+            self.write_record(Vec::new(), &resumed, None).await?;
+        }
         if is_new.iter().any(|new| *new) {
             let new: Vec<&Followed> =
                 followed.iter().zip(is_new).filter(|(_, new)| **new).map(|(table, _)| table).collect();
