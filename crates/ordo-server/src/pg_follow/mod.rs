@@ -144,7 +144,7 @@ pub fn read_only_collections(options: &PostgresOptions) -> ReadOnlyCollections {
 /// What [`prepare`] found.
 enum Prepared {
     /// Ready to stream from the position.
-    Follow(follow::Follower),
+    Follow(Box<follow::Follower>),
     /// A table followed at the stored position is gone from the publication
     /// (or dropped) since: the collections serve what they hold, the follower
     /// is `failed`, naming it.
@@ -236,7 +236,7 @@ async fn prepare(
     status.start_at(position.0);
     let follower =
         follow::Follower::new(options.clone(), followed, position_collection, position, sink, status.clone());
-    Ok(Prepared::Follow(follower))
+    Ok(Prepared::Follow(Box::new(follower)))
 }
 
 /// Whether a start's refusal is of a table followed at the stored position
