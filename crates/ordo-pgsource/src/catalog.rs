@@ -164,6 +164,63 @@ async fn table_oid(
     Ok((oid.parse().map_err(|_| catalog_shape())?, estimated_rows))
 }
 
+/// Checks that every followed table is still the table described at start
+/// (not dropped, not dropped and created again: the same oid) and still in the
+/// publication. pgoutput says nothing of either: a table removed from the
+/// publication simply stops having changes sent (from the position of the
+/// `ALTER PUBLICATION` on), and a dropped one has none. So the follower asks:
+/// on each (re)connection and every few seconds while streaming.
+pub async fn check_still_followed(
+    connection: &mut Connection,
+    publication: &str,
+    tables: &[Table],
+) -> Result<(), Error> {
+    let gone = |table: &Table, reason: String| Error::NoLongerFollowed {
+        table: table.name.to_string(),
+        publication: publication.into(),
+        reason,
+    };
+    for table in tables {
+        let rows = connection
+            .query_rows(&format!(
+                "SELECT c.oid, EXISTS (SELECT 1 FROM pg_publication_tables p \
+                   WHERE p.pubname = {} AND p.schemaname = n.nspname AND p.tablename = c.relname) \
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = {} AND c.relname = {} AND c.relkind IN ('r', 'p')",
+                escape_literal(publication),
+                escape_literal(&table.name.schema),
+                escape_literal(&table.name.name)
+            ))
+            .await?;
+        let Some([Some(oid), Some(published)]) =
+            rows.into_iter().next().map(<[_; 2]>::try_from).transpose().map_err(|_| catalog_shape())?
+        else {
+            return Err(gone(table, "was dropped".into()));
+        };
+        if oid.parse::<u32>().map_err(|_| catalog_shape())? != table.oid {
+            return Err(gone(table, "was dropped and created again".into()));
+        }
+        if published != "t" {
+            return Err(gone(
+                table,
+                format!("is no longer in the publication `{publication}` (or the publication was dropped)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The server's flushed WAL end (`pg_current_wal_flush_lsn()`): how far a
+/// walsender will stream. Not on a standby (PostgreSQL refuses it there).
+pub async fn wal_flush_end(connection: &mut Connection) -> Result<crate::lsn::Lsn, Error> {
+    let rows = connection.query_rows("SELECT pg_current_wal_flush_lsn()").await?;
+    rows.into_iter()
+        .next()
+        .and_then(|row| row.into_iter().next().flatten())
+        .and_then(|text| crate::lsn::Lsn::parse(&text))
+        .ok_or_else(catalog_shape)
+}
+
 /// The text of each column's *missing value*, in the order of `columns`:
 /// what the rows that existed when the column was added read. `ADD COLUMN ...
 /// DEFAULT` with a default that is not volatile keeps it in the catalog

@@ -22,16 +22,44 @@ pub async fn create_slot_and_copy<F>(
     connection: &mut Connection,
     slot: &str,
     tables: &[Table],
-    mut on_row: F,
+    on_row: F,
 ) -> Result<Lsn, Error>
 where
     F: FnMut(usize, Vec<Value>) -> Result<(), Error>,
 {
     drop_slot_if_present(connection, slot).await?;
+    let create = format!("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT 'use')", quote_identifier(slot));
+    copy_at_new_slot(connection, &create, tables, on_row).await
+}
+
+/// Copies `tables` at the snapshot of a *temporary* slot made for it (named
+/// after the connection's backend, dropped by PostgreSQL when the connection
+/// ends): a table newly followed beside a running slot. Returns the temporary
+/// slot's consistent point: transactions that commit before it are in the
+/// copy, those that commit after it are not — whatever slot streams them.
+pub async fn copy_at_temporary_slot<F>(connection: &mut Connection, tables: &[Table], on_row: F) -> Result<Lsn, Error>
+where
+    F: FnMut(usize, Vec<Value>) -> Result<(), Error>,
+{
+    let slot = format!("ordo_copy_{}", connection.backend_pid);
+    let create =
+        format!("CREATE_REPLICATION_SLOT {} TEMPORARY LOGICAL pgoutput (SNAPSHOT 'use')", quote_identifier(&slot));
+    copy_at_new_slot(connection, &create, tables, on_row).await
+}
+
+/// Runs `create` (a `CREATE_REPLICATION_SLOT ... (SNAPSHOT 'use')`) in a
+/// repeatable-read transaction and reads every table at its snapshot.
+async fn copy_at_new_slot<F>(
+    connection: &mut Connection,
+    create: &str,
+    tables: &[Table],
+    mut on_row: F,
+) -> Result<Lsn, Error>
+where
+    F: FnMut(usize, Vec<Value>) -> Result<(), Error>,
+{
     connection.execute("BEGIN READ ONLY ISOLATION LEVEL REPEATABLE READ").await?;
-    let created = connection
-        .query_rows(&format!("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT 'use')", quote_identifier(slot)))
-        .await?;
+    let created = connection.query_rows(create).await?;
     let consistent_point = created
         .first()
         .and_then(|row| row.get(1))

@@ -30,6 +30,10 @@ pub enum Error {
     /// An authentication method this client does not speak, or a SCRAM exchange
     /// that did not verify the server.
     Authentication(String),
+    /// TLS was required and could not be had or verified: the server declines
+    /// it, its certificate does not chain to the CA or does not name the host,
+    /// a CA file that cannot be read. Not transient: a configuration to fix.
+    Tls(String),
     MissingPublication {
         publication: String,
     },
@@ -42,6 +46,14 @@ pub enum Error {
     },
     NoPrimaryKey {
         table: String,
+    },
+    /// A followed table left the publication, was dropped, or was dropped and
+    /// created again, after the follower described it: its changes no longer
+    /// reach the stream.
+    NoLongerFollowed {
+        table: String,
+        publication: String,
+        reason: String,
     },
     UnsupportedType {
         table: String,
@@ -97,6 +109,7 @@ impl fmt::Display for Error {
             }
             Error::Protocol(what) => write!(f, "unexpected message from PostgreSQL: {what}"),
             Error::Authentication(what) => write!(f, "authentication with PostgreSQL failed: {what}"),
+            Error::Tls(what) => write!(f, "TLS with PostgreSQL: {what}"),
             Error::MissingPublication { publication } => write!(
                 f,
                 "the publication `{publication}` does not exist: create it (`CREATE PUBLICATION {publication} FOR TABLE ...`) or name an existing one"
@@ -105,6 +118,10 @@ impl fmt::Display for Error {
             Error::TableNotPublished { table, publication } => write!(
                 f,
                 "the table `{table}` is not in the publication `{publication}`: `ALTER PUBLICATION {publication} ADD TABLE {table}`"
+            ),
+            Error::NoLongerFollowed { table, publication, reason } => write!(
+                f,
+                "the followed table `{table}` {reason}: its changes no longer reach Ordo. Remove it from --pg-table, or put it back in the publication `{publication}` and follow it anew (a new --pg-slot, or a restart without it and then with it: its collection is copied again)"
             ),
             Error::NoPrimaryKey { table } => write!(
                 f,

@@ -22,6 +22,7 @@ pub mod error;
 pub mod lsn;
 pub mod pgoutput;
 pub mod stream;
+pub mod tls;
 pub mod value;
 pub mod wire;
 
@@ -29,5 +30,6 @@ pub use catalog::{Table, TableName, UnsupportedColumns};
 pub use error::Error;
 pub use lsn::Lsn;
 pub use stream::{Change, ChangeStream, Field, Transaction};
+pub use tls::Tls;
 pub use value::{ColumnType, Value};
 pub use wire::{ConnectConfig, Connection, Host, Mode};

@@ -8,6 +8,7 @@
 //! applies it as one batch.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -132,6 +133,62 @@ impl Backoff {
     }
 }
 
+/// A stream's positions, shared with whoever reports its lag (the caller's
+/// status, read at any time) and with whoever learns the WAL end elsewhere.
+///
+/// The server's data messages carry, for logical replication, each record's
+/// own position as their "WAL end", so while PostgreSQL streams without a pause
+/// the stream learns how far the WAL goes only from keepalives, which it sends
+/// only while it waits for WAL. A caller that reads `pg_current_wal_flush_lsn()`
+/// meanwhile hands it over with [`WalPositions::raise_wal_end`].
+#[derive(Debug, Default)]
+pub struct WalPositions {
+    wal_end: AtomicU64,
+    confirmed: AtomicU64,
+    transactions_handed_over: AtomicU64,
+}
+
+impl WalPositions {
+    fn starting_at(lsn: Lsn) -> WalPositions {
+        WalPositions {
+            wal_end: AtomicU64::new(lsn.0),
+            confirmed: AtomicU64::new(lsn.0),
+            transactions_handed_over: AtomicU64::new(0),
+        }
+    }
+
+    /// The furthest WAL end known: from the server's messages, or raised.
+    pub fn wal_end(&self) -> Lsn {
+        Lsn(self.wal_end.load(Ordering::Relaxed))
+    }
+
+    /// What the caller last confirmed (or a keepalive moved it to).
+    pub fn confirmed(&self) -> Lsn {
+        Lsn(self.confirmed.load(Ordering::Relaxed))
+    }
+
+    /// The WAL bytes past what is confirmed.
+    pub fn lag_bytes(&self) -> u64 {
+        self.wal_end().0.saturating_sub(self.confirmed().0)
+    }
+
+    /// Records that the server's WAL reaches at least `lsn` (flushed WAL: the
+    /// server sends what is flushed, so the stream will get that far).
+    pub fn raise_wal_end(&self, lsn: Lsn) {
+        self.wal_end.fetch_max(lsn.0, Ordering::Relaxed);
+    }
+
+    /// How many transactions the stream handed over: a count that moves while
+    /// it is busy.
+    pub fn transactions_handed_over(&self) -> u64 {
+        self.transactions_handed_over.load(Ordering::Relaxed)
+    }
+
+    fn set_confirmed(&self, lsn: Lsn) {
+        self.confirmed.store(lsn.0, Ordering::Relaxed);
+    }
+}
+
 /// A running stream of the slot's changes.
 pub struct ChangeStream {
     /// Transactions that end at or before it were applied before this start.
@@ -146,7 +203,7 @@ pub struct ChangeStream {
     /// the first): keepalives may move `confirmed` only once the caller has
     /// confirmed up to it.
     handed_over_end: Lsn,
-    server_wal_end: Lsn,
+    positions: Arc<WalPositions>,
     last_status: Instant,
     last_commit_time_unix_micros: Option<i64>,
 }
@@ -178,7 +235,7 @@ impl ChangeStream {
             not_followed: HashSet::new(),
             confirmed: start_lsn,
             handed_over_end: start_lsn,
-            server_wal_end: start_lsn,
+            positions: Arc::new(WalPositions::starting_at(start_lsn)),
             last_status: Instant::now(),
             last_commit_time_unix_micros: None,
         })
@@ -189,16 +246,21 @@ impl ChangeStream {
         self.confirmed
     }
 
-    /// The latest WAL end the server reported: `server_wal_end - confirmed` is
-    /// the lag in bytes.
+    /// The furthest WAL end known (see [`WalPositions`]): `server_wal_end -
+    /// confirmed` is the lag in bytes.
     pub fn server_wal_end(&self) -> Lsn {
-        self.server_wal_end
+        self.positions.wal_end()
+    }
+
+    /// The positions, to read the lag from elsewhere and raise the WAL end.
+    pub fn positions(&self) -> Arc<WalPositions> {
+        self.positions.clone()
     }
 
     /// The replication lag in bytes of WAL: how far the server's WAL end is past
     /// what the caller confirmed.
     pub fn lag_bytes(&self) -> u64 {
-        self.server_wal_end.0.saturating_sub(self.confirmed.0)
+        self.positions.lag_bytes()
     }
 
     /// When the last transaction handed over committed in PostgreSQL (µs since
@@ -217,6 +279,7 @@ impl ChangeStream {
     /// call it before the transaction ending at `lsn` is stored.
     pub async fn confirm(&mut self, lsn: Lsn) -> Result<(), Error> {
         self.confirmed = self.confirmed.max(lsn);
+        self.positions.set_confirmed(self.confirmed);
         self.send_status().await
     }
 
@@ -256,6 +319,7 @@ impl ChangeStream {
                     if !transaction.changes.is_empty() && transaction.end_lsn > self.start_lsn {
                         self.last_commit_time_unix_micros = Some(commit_time_unix_micros);
                         self.handed_over_end = self.handed_over_end.max(transaction.end_lsn);
+                        self.positions.transactions_handed_over.fetch_add(1, Ordering::Relaxed);
                         return Ok(transaction);
                     }
                 }
@@ -404,18 +468,20 @@ impl ChangeStream {
                 Some(b'w') if frame.len() >= 25 => {
                     frame.advance(1);
                     let _start = frame.get_u64();
-                    self.server_wal_end = self.server_wal_end.max(Lsn(frame.get_u64()));
+                    // The record's own position for logical replication: see `WalPositions`.
+                    self.positions.raise_wal_end(Lsn(frame.get_u64()));
                     let _send_time = frame.get_i64();
                     return Ok(frame);
                 }
                 Some(b'k') if frame.len() >= 18 => {
                     frame.advance(1);
                     let wal_end = Lsn(frame.get_u64());
-                    self.server_wal_end = self.server_wal_end.max(wal_end);
+                    self.positions.raise_wal_end(wal_end);
                     let moved =
                         between_transactions && self.confirmed >= self.handed_over_end && wal_end > self.confirmed;
                     if moved {
                         self.confirmed = wal_end;
+                        self.positions.set_confirmed(wal_end);
                     }
                     let _send_time = frame.get_i64();
                     // A move is said at once: the server keeps sending keepalives

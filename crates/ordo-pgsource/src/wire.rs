@@ -1,5 +1,6 @@
-//! A PostgreSQL connection that speaks just what following needs: start-up and
-//! authentication (SCRAM-SHA-256, MD5, cleartext, trust), the simple query
+//! A PostgreSQL connection that speaks just what following needs: TLS over TCP
+//! (`tls.rs`), start-up and authentication (SCRAM-SHA-256 with channel binding
+//! over TLS, MD5, cleartext, trust), the simple query
 //! protocol with rows handed over one at a time, and copy-both mode for
 //! `START_REPLICATION`. Messages are built and parsed by the `postgres-protocol`
 //! crate; this module only sequences them (that crate has no copy-both
@@ -9,11 +10,12 @@ use std::path::PathBuf;
 
 use bytes::{Buf, Bytes, BytesMut};
 use postgres_protocol::authentication::md5_hash;
-use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
+use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256, SCRAM_SHA_256_PLUS};
 use postgres_protocol::message::{backend, frontend};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::error::{Error, ServerError};
+use crate::tls::{start_tls, Tls};
 
 /// The session settings every connection starts with, so that values print in
 /// the text forms `value::parse_value` reads, whatever the server's defaults.
@@ -44,6 +46,8 @@ pub struct ConnectConfig {
     pub password: Option<String>,
     pub database: String,
     pub application_name: String,
+    /// TLS with verification (TCP only); `None`: plain TCP, or a Unix socket.
+    pub tls: Option<Tls>,
 }
 
 impl std::fmt::Debug for ConnectConfig {
@@ -55,6 +59,7 @@ impl std::fmt::Debug for ConnectConfig {
             .field("password", &self.password.as_ref().map(|_| "<set>"))
             .field("database", &self.database)
             .field("application_name", &self.application_name)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -86,16 +91,26 @@ enum Incoming {
 }
 
 impl Connection {
-    /// Connects and logs in; returns once the server is ready for a query.
+    /// Connects (over TLS when `config.tls` says so) and logs in; returns once
+    /// the server is ready for a query.
     pub async fn connect(config: &ConnectConfig, mode: Mode) -> Result<Connection, Error> {
-        let stream: Box<dyn Stream> = match &config.host {
-            Host::UnixSocketDir(dir) => {
-                Box::new(tokio::net::UnixStream::connect(dir.join(format!(".s.PGSQL.{}", config.port))).await?)
+        let (stream, end_point): (Box<dyn Stream>, _) = match (&config.host, &config.tls) {
+            (Host::UnixSocketDir(_), Some(_)) => {
+                return Err(Error::Tls("PostgreSQL has no TLS over a Unix socket".into()));
             }
-            Host::Tcp(host) => {
+            (Host::UnixSocketDir(dir), None) => {
+                (Box::new(tokio::net::UnixStream::connect(dir.join(format!(".s.PGSQL.{}", config.port))).await?), None)
+            }
+            (Host::Tcp(host), tls) => {
                 let stream = tokio::net::TcpStream::connect((host.as_str(), config.port)).await?;
                 stream.set_nodelay(true)?;
-                Box::new(stream)
+                match tls {
+                    Some(tls) => {
+                        let (stream, end_point) = start_tls(tls, stream, host).await?;
+                        (Box::new(stream), Some(end_point))
+                    }
+                    None => (Box::new(stream), None),
+                }
             }
         };
         let mut connection = Connection {
@@ -104,11 +119,18 @@ impl Connection {
             write_buffer: BytesMut::new(),
             backend_pid: 0,
         };
-        connection.start_up(config, mode).await?;
+        connection.start_up(config, mode, end_point).await?;
         Ok(connection)
     }
 
-    async fn start_up(&mut self, config: &ConnectConfig, mode: Mode) -> Result<(), Error> {
+    /// `end_point`: over TLS, the server certificate's channel binding data
+    /// (`Some(None)` when its algorithm has none); `None` without TLS.
+    async fn start_up(
+        &mut self,
+        config: &ConnectConfig,
+        mode: Mode,
+        end_point: Option<Option<Vec<u8>>>,
+    ) -> Result<(), Error> {
         let mut parameters = vec![
             ("user", config.user.as_str()),
             ("database", config.database.as_str()),
@@ -120,7 +142,7 @@ impl Connection {
         parameters.extend(SESSION_SETTINGS);
         frontend::startup_message(parameters, &mut self.write_buffer)?;
         self.flush().await?;
-        self.authenticate(config).await?;
+        self.authenticate(config, end_point).await?;
         loop {
             match self.next_message().await? {
                 backend::Message::BackendKeyData(body) => self.backend_pid = body.process_id(),
@@ -132,7 +154,7 @@ impl Connection {
     }
 
     /// Answers the server's authentication request until it says `AuthenticationOk`.
-    async fn authenticate(&mut self, config: &ConnectConfig) -> Result<(), Error> {
+    async fn authenticate(&mut self, config: &ConnectConfig, end_point: Option<Option<Vec<u8>>>) -> Result<(), Error> {
         let password = || {
             config
                 .password
@@ -149,7 +171,7 @@ impl Connection {
                 frontend::password_message(hash.as_bytes(), &mut self.write_buffer)?;
             }
             backend::Message::AuthenticationSasl(body) => {
-                return self.authenticate_scram(password()?, body).await;
+                return self.authenticate_scram(password()?, body, end_point).await;
             }
             backend::Message::ErrorResponse(body) => return Err(Error::Server(server_error(&body))),
             _ => return Err(Error::Authentication("the server asks for a method this client does not speak".into())),
@@ -158,15 +180,37 @@ impl Connection {
         self.expect_authentication_ok().await
     }
 
-    async fn authenticate_scram(&mut self, password: &str, body: backend::AuthenticationSaslBody) -> Result<(), Error> {
+    async fn authenticate_scram(
+        &mut self,
+        password: &str,
+        body: backend::AuthenticationSaslBody,
+        end_point: Option<Option<Vec<u8>>>,
+    ) -> Result<(), Error> {
         use fallible_iterator::FallibleIterator;
-        let offers_scram = body.mechanisms().any(|mechanism| Ok(mechanism == SCRAM_SHA_256))?;
-        if !offers_scram {
+        let mechanisms: Vec<String> = body.mechanisms().map(|mechanism| Ok(mechanism.to_owned())).collect()?;
+        let offers = |name: &str| mechanisms.iter().any(|mechanism| mechanism == name);
+        if !offers(SCRAM_SHA_256) && !offers(SCRAM_SHA_256_PLUS) {
             return Err(Error::Authentication("the server offers no SCRAM-SHA-256".into()));
         }
-        // Channel binding needs TLS; over a Unix socket or plain TCP there is none.
-        let mut scram = ScramSha256::new(password.as_bytes(), ChannelBinding::unsupported());
-        frontend::sasl_initial_response(SCRAM_SHA_256, scram.message(), &mut self.write_buffer)?;
+        // Over TLS the exchange is bound to the server's certificate
+        // (SCRAM-SHA-256-PLUS): a proxy holding another certificate that passed
+        // verification still cannot relay it. `unrequested` tells a server that
+        // offers no binding over TLS that the client could have bound: a server
+        // that did offer it then refuses, so an offer stripped in transit shows.
+        let (mechanism, binding) = match end_point {
+            Some(Some(hash)) if offers(SCRAM_SHA_256_PLUS) => {
+                (SCRAM_SHA_256_PLUS, ChannelBinding::tls_server_end_point(hash))
+            }
+            Some(Some(_)) => (SCRAM_SHA_256, ChannelBinding::unrequested()),
+            // No TLS (a Unix socket, plain TCP), or a certificate whose
+            // algorithm defines no binding data.
+            Some(None) | None => (SCRAM_SHA_256, ChannelBinding::unsupported()),
+        };
+        if !offers(mechanism) {
+            return Err(Error::Authentication(format!("the server offers no {mechanism}")));
+        }
+        let mut scram = ScramSha256::new(password.as_bytes(), binding);
+        frontend::sasl_initial_response(mechanism, scram.message(), &mut self.write_buffer)?;
         self.flush().await?;
         match self.next_message().await? {
             backend::Message::AuthenticationSaslContinue(body) => scram.update(body.data())?,
@@ -436,6 +480,7 @@ mod tests {
             password: Some("secret".into()),
             database: "postgres".into(),
             application_name: "test".into(),
+            tls: None,
         };
         let result = Connection::connect(&config, Mode::Replication).await;
         server.abort();

@@ -273,6 +273,21 @@ pub struct ServeArgs {
         help_heading = "PostgreSQL"
     )]
     pub pg_unsupported_columns: String,
+    /// TLS to PostgreSQL: `auto` is on and verified (CA and host name) for a TCP host that is not
+    /// loopback, or whenever --pg-tls-ca-file is given, and off for a Unix socket or a loopback
+    /// address; `require` is always on (refused with a Unix socket); `disable` is never on.
+    #[arg(
+        long,
+        env = "ORDO_PG_TLS",
+        value_name = "auto|require|disable",
+        default_value = "auto",
+        value_parser = ["auto", "require", "disable"],
+        help_heading = "PostgreSQL"
+    )]
+    pub pg_tls: String,
+    /// The PEM file of the CA(s) PostgreSQL's certificate must chain to; else the system's roots.
+    #[arg(long, env = "ORDO_PG_TLS_CA_FILE", value_name = "FILE", help_heading = "PostgreSQL")]
+    pub pg_tls_ca_file: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

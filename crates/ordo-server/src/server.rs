@@ -128,7 +128,11 @@ pub fn serve(mut options: ServeOptions) -> Result<(), String> {
         .as_ref()
         .map(|cluster| crate::cluster::Shared::new(&cluster.node_name, cluster.max_lag, database.last_seq()));
     // Cluster mode: every node's apply of the follower's entries reports to it.
-    let pg_status = options.postgres.as_ref().map(|_| Arc::new(crate::pg_follow::FollowStatus::default()));
+    let pg_status = match (&options.postgres, &options.cluster) {
+        (Some(postgres), Some(_)) => Some(crate::pg_follow::clustered_status(postgres, &pg_position)),
+        (Some(_), None) => Some(Arc::new(crate::pg_follow::FollowStatus::default())),
+        (None, _) => None,
+    };
     let mut writer = writer(database, &options, &routes, &gate, cluster_shared.as_ref(), pg_status.as_ref());
     let seq = writer.seq_watch();
     let (writer_tx, writer_rx) = mpsc::channel(limits::WRITER_QUEUE_CAPACITY);
@@ -378,7 +382,8 @@ impl Network {
                 crate::pg_follow::start_clustered(options, cluster.clone(), status.clone(), writer, routes, shutdown);
             return Ok(Some(started));
         }
-        let started = crate::pg_follow::start(options, self.pg_position, &self.writer, &self.routes, shutdown).await?;
+        let started =
+            crate::pg_follow::start(options, self.pg_position.clone(), &self.writer, &self.routes, shutdown).await?;
         Ok(Some(started))
     }
 

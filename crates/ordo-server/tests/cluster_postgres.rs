@@ -39,8 +39,16 @@ fn create_tables(pg: &PostgresServer, n_counters: usize) {
     .unwrap();
 }
 
+/// The tables the nodes follow unless a test says otherwise.
+const TABLES: [&str; 2] = ["counters", "events"];
+
 /// The `--pg-*` arguments every node gets (the password in `dir/pg-password`).
 fn follow_args(pg: &PostgresServer, dir: &Path) -> Vec<String> {
+    follow_tables_args(pg, dir, &TABLES)
+}
+
+/// `follow_args` with `tables` as the `--pg-table`s.
+fn follow_tables_args(pg: &PostgresServer, dir: &Path, tables: &[&str]) -> Vec<String> {
     let password_file = dir.join("pg-password");
     std::fs::write(&password_file, format!("{}\n", pg.password)).unwrap();
     [
@@ -58,13 +66,10 @@ fn follow_args(pg: &PostgresServer, dir: &Path) -> Vec<String> {
         SLOT,
         "--pg-password-file",
         password_file.to_str().unwrap(),
-        "--pg-table",
-        "counters",
-        "--pg-table",
-        "events",
     ]
     .iter()
     .map(|arg| arg.to_string())
+    .chain(tables.iter().flat_map(|table| ["--pg-table".to_owned(), table.to_string()]))
     .collect()
 }
 
@@ -128,8 +133,12 @@ fn ordo_rows(port: u16, collection: &str) -> Vec<Value> {
 
 /// Waits until every node that is up holds exactly PostgreSQL's rows.
 fn wait_equal_to_postgres(cluster: &OrdoCluster, pg: &PostgresServer) {
-    let expected: Vec<(&str, Vec<Value>)> =
-        ["counters", "events"].iter().map(|table| (*table, postgres_rows(pg, table))).collect();
+    wait_tables_equal_to_postgres(cluster, pg, &TABLES);
+}
+
+/// `wait_equal_to_postgres` for `tables`.
+fn wait_tables_equal_to_postgres(cluster: &OrdoCluster, pg: &PostgresServer, tables: &[&str]) {
+    let expected: Vec<(&str, Vec<Value>)> = tables.iter().map(|table| (*table, postgres_rows(pg, table))).collect();
     let deadline = Instant::now() + CONVERGE_TIMEOUT;
     for port in cluster.ports().into_iter().flatten() {
         for (table, rows) in &expected {
@@ -294,9 +303,9 @@ fn publish(cluster: &OrdoCluster, entries: &[(&str, String)]) -> Vec<bool> {
 /// The apply's fencing, on every node: an entry of a transaction at or before
 /// the stored position (a publish sent again, by this holder or a dead one)
 /// and any entry of an older term (a holder that lost the lease while paused)
-/// change nothing — not the rows, not the position, not the term — and the
-/// follower goes on. A publish sent again with the same message id is dropped
-/// by the stream itself.
+/// change nothing — not the rows, not the position, not the term, not the
+/// record of the followed tables — and the follower goes on. A publish sent
+/// again with the same message id is dropped by the stream itself.
 #[test]
 fn stale_and_repeated_follower_entries_change_nothing_on_any_node() {
     let pg = postgres();
@@ -321,13 +330,20 @@ fn stale_and_repeated_follower_entries_change_nothing_on_any_node() {
         json!({"op": "position", "end_lsn": far_ahead}),
         json!({"op": "claim"}),
         json!({"op": "drop_collection", "collection": "events"}),
+        json!({"op": "copy_rows", "collection": "counters", "ops": overwrite("c1")}),
+        json!({"op": "tables", "tables": []}),
     ];
     let mut entries = vec![("test/again", at_position.clone()), ("test/again", at_position.clone())];
     entries.push(("test/again-later", at_position));
     let stale: Vec<String> = older_term.into_iter().map(|change| follower_entry(term - 1, change)).collect();
-    entries.extend(stale.iter().enumerate().map(|(i, entry)| (["t/1", "t/2", "t/3", "t/4"][i], entry.clone())));
+    let stale_ids = ["t/1", "t/2", "t/3", "t/4", "t/5", "t/6"];
+    entries.extend(stale.iter().enumerate().map(|(i, entry)| (stale_ids[i], entry.clone())));
     let duplicates = publish(&cluster, &entries);
-    assert_eq!(duplicates, [false, true, false, false, false, false, false], "the stream drops the same id");
+    assert_eq!(
+        duplicates,
+        [false, true, false, false, false, false, false, false, false],
+        "the stream drops the same id"
+    );
     cluster.wait_converged(CONVERGE_TIMEOUT);
     wait_equal_to_postgres(&cluster, &pg);
     // The term and the position are as they were: the follower goes on.
@@ -338,5 +354,115 @@ fn stale_and_repeated_follower_entries_change_nothing_on_any_node() {
         let health = pg_health(&cluster, i).unwrap();
         assert_eq!(health["transactions_applied"], 3, "the copy and two transactions: {health}");
         assert_eq!(health["lease"]["holder"], format!("o{holder}").as_str(), "{health}");
+        // The stale record of no tables was not stored either.
+        assert_eq!(health["tables_differ"], Value::Null, "{health}");
+    }
+}
+
+/// Sets every node's `--pg-table`s to `tables` and restarts the nodes that are down.
+fn restart_all_following(cluster: &mut OrdoCluster, pg: &PostgresServer, dir: &Path, tables: &[&str]) {
+    let args = follow_tables_args(pg, dir, tables);
+    cluster.set_extra_args(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    for i in 0..cluster.len() {
+        if !cluster.is_up(i) {
+            cluster.restart(i);
+        }
+    }
+}
+
+fn kill_all(cluster: &mut OrdoCluster) {
+    for i in 0..cluster.len() {
+        if cluster.is_up(i) {
+            cluster.kill(i);
+        }
+    }
+}
+
+/// Waits until node `i`'s `tables_differ` is `expected` (null, or a text); returns it.
+fn wait_tables_differ(cluster: &OrdoCluster, i: usize, expected: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let health = pg_health(cluster, i).unwrap_or(Value::Null);
+        if expected(&health["tables_differ"]) {
+            return health["tables_differ"].clone();
+        }
+        assert!(Instant::now() < deadline, "node o{i}: `tables_differ` stays as it is: {health}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Every node restarted with a table added to `--pg-table`: the lease holder
+/// copies it at a temporary slot's snapshot, through the stream, and records
+/// it with the copy's consistent point; every node holds the copy, and the
+/// stream's changes of that table up to that point (in the copy already) are
+/// applied by no node. A node restarted with the old list says its list
+/// differs. Then every node without a table: its collection stays, and every
+/// node takes writes to it.
+#[test]
+fn a_table_newly_followed_by_every_node_is_copied_through_the_stream_and_one_taken_out_is_writable_everywhere() {
+    let pg = postgres();
+    create_tables(&pg, 3);
+    pg.psql(
+        "CREATE TABLE extra (id text PRIMARY KEY, v int8 NOT NULL);
+         INSERT INTO extra SELECT 'x' || n, n FROM generate_series(1, 5) AS n;
+         ALTER PUBLICATION ordo_pub ADD TABLE extra;",
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = start_cluster(&pg, dir.path());
+    wait_for_holder(&cluster, CONVERGE_TIMEOUT);
+    increment(&pg, 0, 3);
+    // In the publication, not followed: not applied, and the position stays before it.
+    pg.psql("UPDATE extra SET v = v + 100;").unwrap();
+    wait_equal_to_postgres(&cluster, &pg);
+    cluster.wait_converged(CONVERGE_TIMEOUT);
+    kill_all(&mut cluster);
+    // Past the stored position, before the copy: in the copy, so dropped from the stream.
+    pg.psql("BEGIN; UPDATE extra SET v = -v WHERE id IN ('x1', 'x2'); DELETE FROM extra WHERE id = 'x3'; COMMIT;")
+        .unwrap();
+    pg.psql("BEGIN; UPDATE counters SET n = n + 1 WHERE id = 'c1'; INSERT INTO extra VALUES ('x6', 6); COMMIT;")
+        .unwrap();
+    let all = ["counters", "events", "extra"];
+    restart_all_following(&mut cluster, &pg, dir.path(), &all);
+    let holder = wait_for_holder(&cluster, CONVERGE_TIMEOUT);
+    wait_tables_equal_to_postgres(&cluster, &pg, &all);
+    pg.psql("UPDATE extra SET v = 0 WHERE id = 'x6';").unwrap();
+    wait_tables_equal_to_postgres(&cluster, &pg, &all);
+    cluster.wait_converged(CONVERGE_TIMEOUT);
+    for i in 0..3 {
+        let health = pg_health(&cluster, i).unwrap();
+        // Since the restart: the transaction with `counters` (its `extra` part
+        // dropped) and the one after the copy; the two of `extra` alone, none.
+        assert_eq!(health["transactions_applied"], 2, "node o{i}: {health}");
+        assert_eq!(health["tables_differ"], Value::Null, "node o{i}: {health}");
+    }
+
+    // A standby restarted with the old list: the record it holds says otherwise.
+    let standby = (holder + 1) % 3;
+    cluster.kill(standby);
+    restart_all_following(&mut cluster, &pg, dir.path(), &TABLES);
+    let differ = wait_tables_differ(&cluster, standby, Value::is_string);
+    assert!(differ.as_str().unwrap().contains("only there [public.extra into `extra`]"), "{differ}");
+    assert_eq!(pg_health(&cluster, standby).unwrap()["state"], "standby");
+
+    // `events` taken out on every node: kept as it was, writable on every node.
+    kill_all(&mut cluster);
+    let kept = ["counters", "extra"];
+    restart_all_following(&mut cluster, &pg, dir.path(), &kept);
+    wait_for_holder(&cluster, CONVERGE_TIMEOUT);
+    pg.psql("INSERT INTO events VALUES ('e-late', 'c0'); UPDATE extra SET v = 1 WHERE id = 'x1';").unwrap();
+    wait_tables_equal_to_postgres(&cluster, &pg, &kept);
+    for i in 0..3 {
+        wait_tables_differ(&cluster, i, Value::is_null);
+        let port = cluster.ports()[i].unwrap();
+        let body = json!({"ops": [{"op": "upsert", "id": format!("w{i}"), "fields": {"counter": "c0"}}]});
+        let (status, answer) =
+            request(port, "POST", "/v1/collections/events/batch", Some(&body), Duration::from_secs(10)).unwrap();
+        assert_eq!(status, 200, "node o{i}: {answer}");
+    }
+    cluster.wait_converged(CONVERGE_TIMEOUT);
+    for port in cluster.ports().into_iter().flatten() {
+        let ids: Vec<Value> = ordo_rows(port, "events").iter().map(|row| row["id"].clone()).collect();
+        assert_eq!(ids, [json!("e000000"), json!("w0"), json!("w1"), json!("w2")], "port {port}");
     }
 }

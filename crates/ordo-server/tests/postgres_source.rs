@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{ordo_binary, Server, StartOptions};
-use ordo_test_kit::postgres::{PostgresServer, SOCKET_PORT};
+use ordo_test_kit::postgres::{PostgresServer, ServerOptions, TestCertificates, SOCKET_PORT};
 use ordo_test_kit::rng::Rng;
 use serde_json::{json, Value};
 
@@ -644,4 +644,220 @@ fn bad_configs_are_refused_at_start_with_the_reason() {
     let mut args = follow_args(&pg, dir.path(), &["items"]);
     args[9] = "no_such_pub".to_owned();
     assert!(refused_start(dir.path(), &args).contains("publication `no_such_pub` does not exist"));
+}
+
+/// `follow_args` over TCP to `host` on `pg`'s port, TLS verified with `ca_pem`.
+fn follow_args_tls(pg: &PostgresServer, dir: &Path, tables: &[&str], host: &str, ca_pem: &str) -> Vec<String> {
+    let mut args = follow_args(pg, dir, tables);
+    args[1] = host.to_owned();
+    args[3] = pg.port().to_string();
+    let ca_file = dir.join("ca.pem");
+    std::fs::write(&ca_file, ca_pem).unwrap();
+    args.extend(["--pg-tls-ca-file".to_owned(), ca_file.to_str().unwrap().to_owned()]);
+    args
+}
+
+#[test]
+fn ordo_serve_follows_over_tls_on_the_replication_and_the_plain_connections() {
+    let certificates = TestCertificates::new("Ordo test CA").unwrap();
+    // Only TLS connections over TCP: a connection of Ordo's without it would be refused.
+    let hba = "local all all scram-sha-256\nhostssl all all 127.0.0.1/32 scram-sha-256\n".to_owned();
+    let options = ServerOptions { tcp: true, tls: Some(certificates.server.clone()), hba: Some(hba) };
+    let pg = PostgresServer::start_with(&options).unwrap();
+    create_items_table(&pg);
+    pg.psql("INSERT INTO items VALUES ('a', 1, 'copied');").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let args = follow_args_tls(&pg, dir.path(), &["items"], "localhost", &certificates.ca_pem);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Server::start(&dir.path().join("data"), &args);
+    assert_eq!(ordo_window(&server, 10), postgres_window(&pg, 10), "copied over TLS");
+    // The walsender's connection, once the follower streams (pg_hba admits nothing else over TCP).
+    let deadline = Instant::now() + APPLY_TIMEOUT;
+    let encrypted = "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) \
+                     WHERE application_name = 'ordo' AND backend_type = 'walsender' AND ssl";
+    while pg.psql(encrypted).unwrap() != "1" {
+        assert!(Instant::now() < deadline, "no walsender of Ordo's over TLS");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A column added with a default: the follower reads it on a short plain connection.
+    pg.psql("ALTER TABLE items ADD COLUMN flag bool NOT NULL DEFAULT true; INSERT INTO items VALUES ('b', 2, 'streamed', false);")
+        .unwrap();
+    wait_applied(&server, 1);
+    assert_eq!(ordo_rows(&server, &["score", "flag"]), postgres_rows(&pg, &["score", "flag"]));
+    assert_eq!(follower_health(&server)["state"], "streaming");
+
+    // The CA of another: refused at start, naming the verification failure.
+    let other = TestCertificates::new("Another CA").unwrap();
+    let other_dir = tempfile::tempdir().unwrap();
+    let refused = refused_start(
+        other_dir.path(),
+        &follow_args_tls(&pg, other_dir.path(), &["items"], "127.0.0.1", &other.ca_pem),
+    );
+    assert!(refused.contains("invalid peer certificate") && refused.contains("UnknownIssuer"), "{refused}");
+}
+
+fn wait_streaming(server: &Server) {
+    let deadline = Instant::now() + APPLY_TIMEOUT;
+    while follower_health(server)["state"] != "streaming" {
+        assert!(Instant::now() < deadline, "not streaming: {}", follower_health(server));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until `/v1/health` names `expected` in the follower's error; returns it.
+fn wait_failed_with(server: &Server, expected: &str) -> String {
+    let error = wait_failed(server);
+    assert!(error.contains(expected), "expected `{expected}` in {error}");
+    error
+}
+
+#[test]
+fn a_followed_table_leaving_the_publication_stops_the_follower_naming_it_now_and_at_a_restart() {
+    let pg = postgres();
+    create_items_table(&pg);
+    pg.psql("CREATE TABLE other (id int4 PRIMARY KEY); ALTER PUBLICATION ordo_pub ADD TABLE other;").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start_following(&pg, dir.path(), &["items", "other"]);
+    pg.psql("INSERT INTO items VALUES ('a', 1, 'x');").unwrap();
+    wait_applied(&server, 1);
+    // PostgreSQL sends nothing for this: the periodic check finds it.
+    pg.psql("ALTER PUBLICATION ordo_pub DROP TABLE items; INSERT INTO items VALUES ('b', 2, 'lost');").unwrap();
+    wait_failed_with(&server, "`public.items` is no longer in the publication `ordo_pub`");
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGKILL) };
+    server.wait();
+    // At a restart the server serves what it holds, the follower failed.
+    let server = start_following(&pg, dir.path(), &["items", "other"]);
+    wait_failed_with(&server, "the table `public.items` is not in the publication `ordo_pub`");
+    assert_eq!(ordo_rows(&server, &["score"]).len(), 1, "the collection is served as it was");
+    // A dropped table, found by the check too.
+    pg.psql("ALTER PUBLICATION ordo_pub ADD TABLE items;").unwrap();
+    drop(server);
+    let server = start_following(&pg, dir.path(), &["items", "other"]);
+    wait_streaming(&server);
+    pg.psql("DROP TABLE other;").unwrap();
+    wait_failed_with(&server, "`public.other` was dropped");
+}
+
+/// The rows of table `extra` (id, v) in PostgreSQL and in Ordo's collection `extra`.
+fn extra_rows(pg: &PostgresServer, server: &Server) -> (Vec<String>, Vec<String>) {
+    let postgres = pg.psql("SELECT id || '=' || v FROM extra ORDER BY id").unwrap();
+    let postgres: Vec<String> = postgres.lines().map(str::to_owned).collect();
+    let answer = server.ok("POST", "/v1/collections/extra/query", json!({"limit": 1000}));
+    let mut ordo: Vec<(i64, String)> = answer["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| {
+            let id = item["fields"]["id"].as_i64().unwrap();
+            (id, format!("{id}={}", item["fields"]["v"]))
+        })
+        .collect();
+    ordo.sort();
+    (postgres, ordo.into_iter().map(|(_, row)| row).collect())
+}
+
+fn transactions_applied(server: &Server) -> u64 {
+    follower_health(server)["transactions_applied"].as_u64().unwrap()
+}
+
+#[test]
+fn a_table_newly_followed_at_a_restart_is_copied_and_one_no_longer_followed_keeps_its_collection() {
+    let pg = postgres();
+    create_items_table(&pg);
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start_following(&pg, dir.path(), &["items"]);
+    // A table added to the publication but not followed: ignored.
+    pg.psql(
+        "CREATE TABLE extra (id int4 PRIMARY KEY, v int8 NOT NULL);
+         INSERT INTO extra SELECT n, n FROM generate_series(1, 5) n;
+         ALTER PUBLICATION ordo_pub ADD TABLE extra;
+         UPDATE extra SET v = v + 100;
+         INSERT INTO items VALUES ('a', 1, 'x');",
+    )
+    .unwrap();
+    wait_applied(&server, 1);
+    assert_eq!(transactions_applied(&server), 1, "the unfollowed table's transaction was not applied");
+    let listed = server.ok("GET", "/v1/collections", Value::Null);
+    assert_eq!(listed["collections"].as_array().unwrap().len(), 1, "{listed}");
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGKILL) };
+    server.wait();
+    // Changes between the stored position and the new table's copy: in the copy, and skipped in the stream.
+    pg.psql("UPDATE extra SET v = -v WHERE id <= 2; DELETE FROM extra WHERE id = 3; INSERT INTO extra VALUES (6, 6);")
+        .unwrap();
+    let mut server = restart_resumed(&pg, dir.path(), &["items", "extra"]);
+    let (postgres, ordo) = extra_rows(&pg, &server);
+    assert_eq!(ordo, postgres, "copied at the restart");
+    pg.psql("UPDATE extra SET v = 0 WHERE id = 6;").unwrap();
+    wait_applied(&server, 1);
+    let (postgres, ordo) = extra_rows(&pg, &server);
+    assert_eq!(ordo, postgres, "streamed after its copy");
+    assert_eq!(transactions_applied(&server), 1, "the changes in the copy were not applied again");
+    assert_eq!(follower_health(&server)["state"], "streaming");
+
+    // `items` no longer followed: its collection stays as it was, writable.
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGKILL) };
+    server.wait();
+    let server = restart_resumed(&pg, dir.path(), &["extra"]);
+    pg.psql("INSERT INTO items VALUES ('b', 2, 'not followed'); INSERT INTO extra VALUES (7, 7);").unwrap();
+    wait_applied(&server, 1);
+    assert_eq!(extra_rows(&pg, &server).1.len(), 6);
+    let ids: Vec<Value> = ordo_rows(&server, &[]).iter().map(|row| row["id"].clone()).collect();
+    assert_eq!(ids, [json!("a")], "items keeps what it held");
+    server.ok(
+        "POST",
+        "/v1/collections/items/batch",
+        json!({"ops": [{"op": "upsert", "id": "c", "fields": {"score": 3}}]}),
+    );
+}
+
+/// A lag that only a WAL end past the transaction being read can give: about
+/// 300 single-row transactions.
+const LAG_BEHIND_BYTES: u64 = 64 * 1024;
+
+#[test]
+fn lag_bytes_reads_above_zero_while_behind_and_zero_once_caught_up() {
+    let pg = postgres();
+    create_items_table(&pg);
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_following(&pg, dir.path(), &["items"]);
+    // Ordo held (SIGSTOP) while PostgreSQL commits a burst of single-row
+    // transactions: once it runs again it has all of them to apply, and the
+    // walsender, its socket full, sends no keepalive meanwhile.
+    let n_transactions: u64 = 20_000;
+    let burst: String =
+        (0..n_transactions).map(|n| format!("INSERT INTO items VALUES ('b{n}', {n}, NULL);\n")).collect();
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGSTOP) };
+    let committed = pg.psql(&burst);
+    // SAFETY: as above.
+    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGCONT) };
+    committed.unwrap();
+    let mut seen_behind = None;
+    let deadline = Instant::now() + APPLY_TIMEOUT;
+    while seen_behind.is_none() && Instant::now() < deadline {
+        let health = follower_health(&server);
+        // More than a few transactions' WAL: while gathering one, the stream
+        // alone knows the WAL up to the change it reads, no further.
+        let behind = health["transactions_applied"].as_u64().unwrap() < n_transactions;
+        if behind && health["lag_bytes"].as_u64().unwrap() > LAG_BEHIND_BYTES {
+            seen_behind = Some(health);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(seen_behind.is_some(), "lag_bytes never read above {LAG_BEHIND_BYTES} while Ordo was behind");
+    println!("behind: {}", seen_behind.unwrap());
+    wait_applied(&server, n_transactions);
+    let deadline = Instant::now() + APPLY_TIMEOUT;
+    loop {
+        let health = follower_health(&server);
+        if health["lag_bytes"] == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "lag_bytes stays above 0 once caught up: {health}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(server.metric("ordo_postgres_lag_bytes"), 0.0);
 }

@@ -24,6 +24,7 @@ pub fn connect_config(server: &PostgresServer) -> ConnectConfig {
         password: Some(server.password.clone()),
         database: "postgres".into(),
         application_name: "ordo-pgsource-test".into(),
+        tls: None,
     }
 }
 

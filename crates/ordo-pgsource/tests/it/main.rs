@@ -4,3 +4,4 @@
 mod harness;
 mod model;
 mod refusals;
+mod tls;

@@ -8,7 +8,10 @@
 //!   nothing (`Fenced`), and a claim of a lower one neither;
 //! - a `rows` or `position` entry at or before the stored position (item
 //!   `<slot>`, as in single-node mode) writes nothing (`AlreadyApplied`): a
-//!   transaction is applied once, however often it was published.
+//!   transaction is applied once, however often it was published. A
+//!   `copy_rows` entry (a copy's rows, at no LSN) and a `tables` entry (item
+//!   `<slot>/tables`, `pg_follow::tables`) are fenced by the term only: what
+//!   they write is the same however often it is written.
 //!
 //! Either way the entry's seq is used by a seq marker (`cluster::apply::finish`).
 
@@ -18,6 +21,7 @@ use ordo_store::PendingWrite;
 use serde_json::value::RawValue;
 
 use super::stream_entry::{fill_batch, parse_type, Applied, PgChange, PgEntry};
+use super::tables::{self, StoredTable};
 use super::{FollowStatus, POSITION_COLLECTION};
 use crate::error::{ApiError, ErrorCode};
 use crate::routing::is_reserved_name;
@@ -68,7 +72,7 @@ pub fn apply(
         .map_err(|error| ApiError::bad_request(format!("a PostgreSQL follower entry does not decode: {error}")))?;
     let state = slot_state(writer, &entry.slot)?;
     if entry.change == (PgChange::Claim {}) {
-        return claim(writer, &entry, state);
+        return claim(writer, status, &entry, state);
     }
     if entry.term != state.term {
         return Ok(Applied::Fenced { current_term: state.term });
@@ -83,6 +87,21 @@ pub fn apply(
             let mut batch = Batch::new();
             fill_batch(&mut batch, &ops).map_err(ApiError::bad_request)?;
             write_one(writer, id, batch)?;
+            Ok(Applied::Done)
+        }
+        PgChange::CopyRows { collection, ops } => {
+            let id = followed(writer, &collection)?;
+            let mut batch = Batch::new();
+            fill_batch(&mut batch, &ops).map_err(ApiError::bad_request)?;
+            write_one(writer, id, batch)?;
+            Ok(Applied::Done)
+        }
+        PgChange::Tables { tables: record } => {
+            let collection = state.collection.expect("a term is stored, so is its collection");
+            write_item(writer, collection, &tables::item_id(&entry.slot), &tables::render(&record))?;
+            if let Some(status) = status {
+                status.check_record(Some(&record));
+            }
             Ok(Applied::Done)
         }
         PgChange::Position { end_lsn } => {
@@ -135,8 +154,14 @@ pub fn apply(
 
 /// A claim of a higher term than the stored one stores it (creating the
 /// reserved collection the first time); a claim of the stored term again (a
-/// publish sent again) changes nothing; either answers the stored position.
-fn claim(writer: &mut Writer, entry: &PgEntry, state: SlotState) -> Result<Applied, ApiError> {
+/// publish sent again) changes nothing; either answers the stored position
+/// and the record of the tables it covers.
+fn claim(
+    writer: &mut Writer,
+    status: Option<&FollowStatus>,
+    entry: &PgEntry,
+    state: SlotState,
+) -> Result<Applied, ApiError> {
     if entry.term < state.term {
         return Ok(Applied::Fenced { current_term: state.term });
     }
@@ -147,7 +172,25 @@ fn claim(writer: &mut Writer, entry: &PgEntry, state: SlotState) -> Result<Appli
     if entry.term > state.term {
         write_item(writer, collection, &term_item_id(&entry.slot), &entry.term.to_string())?;
     }
-    Ok(Applied::Claimed { position: state.position, collection })
+    // As in single-node mode, the record counts only with a position.
+    let record = match state.position {
+        Some(_) => stored_record(writer, collection, &entry.slot)?,
+        None => None,
+    };
+    if let Some(status) = status {
+        status.check_record(record.as_deref());
+    }
+    Ok(Applied::Claimed { position: state.position, tables: record, collection })
+}
+
+/// The record of the tables `slot` follows, as this node holds it.
+fn stored_record(writer: &Writer, collection: CollectionId, slot: &str) -> Result<Option<Vec<StoredTable>>, ApiError> {
+    let engine = writer.database().engine();
+    let Some(item) = engine.collection(collection).and_then(|items| items.get(&tables::item_id(slot))) else {
+        return Ok(None);
+    };
+    let record = tables::parse(item.payload(), slot).map_err(|error| ApiError::new(ErrorCode::Internal, error))?;
+    Ok(Some(record))
 }
 
 /// Followed collections are never the server's reserved ones.

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ordo_core::limits::MAX_COLLECTION_NAME_BYTES;
-use ordo_pgsource::{ConnectConfig, Host, TableName, UnsupportedColumns};
+use ordo_pgsource::{ConnectConfig, Host, TableName, Tls, UnsupportedColumns};
 
 use crate::cli::ServeArgs;
 use crate::routing::is_reserved_name;
@@ -63,12 +63,13 @@ pub fn from_args(args: &ServeArgs) -> Result<Option<PostgresOptions>, String> {
         Host::Tcp(args.pg_host.clone())
     };
     let connect = ConnectConfig {
-        host,
         port: args.pg_port,
         user: args.pg_user.clone(),
         password: read_password(args.pg_password_file.as_ref())?,
         database: args.pg_database.clone(),
         application_name: "ordo".to_owned(),
+        tls: tls_of(args, &host)?,
+        host,
     };
     Ok(Some(PostgresOptions {
         connect,
@@ -119,6 +120,40 @@ fn read_password(file: Option<&PathBuf>) -> Result<Option<String>, String> {
         return Ok(Some(password));
     }
     Ok(std::env::var("ORDO_PG_PASSWORD").ok().filter(|password| !password.is_empty()))
+}
+
+// --- TLS (`--pg-tls`, `--pg-tls-ca-file`) ---
+
+/// The TLS the connections use: see `--pg-tls`. Never a silent fall-back: when
+/// TLS is on, a server that declines it, or whose certificate does not chain
+/// to the CA or name the host, is refused.
+fn tls_of(args: &ServeArgs, host: &Host) -> Result<Option<Tls>, String> {
+    let ca_file = args.pg_tls_ca_file.as_deref();
+    let on = match (args.pg_tls.as_str(), host) {
+        ("disable", _) => {
+            if ca_file.is_some() {
+                return Err("--pg-tls-ca-file with --pg-tls disable: choose one".to_owned());
+            }
+            false
+        }
+        (_, Host::UnixSocketDir(_)) if args.pg_tls == "require" || ca_file.is_some() => {
+            return Err("--pg-tls require / --pg-tls-ca-file: PostgreSQL has no TLS over a Unix socket (--pg-host is a directory)".to_owned());
+        }
+        (_, Host::UnixSocketDir(_)) => false,
+        ("require", Host::Tcp(_)) => true,
+        (_, Host::Tcp(name)) => ca_file.is_some() || !is_loopback(name),
+    };
+    if !on {
+        return Ok(None);
+    }
+    Tls::new(ca_file).map(Some).map_err(|error| format!("--pg-tls: {error}"))
+}
+
+/// `localhost` or a loopback address: traffic that never leaves the machine.
+pub fn is_loopback(host: &str) -> bool {
+    let bracketless = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || bracketless.parse::<std::net::IpAddr>().is_ok_and(|address| address.is_loopback())
 }
 
 /// The TOML file's `[[postgres.table]]` entries (`name`, optional `collection`
@@ -213,6 +248,40 @@ mod tests {
         // A flag wins over the file.
         let options = serve_options(&["--config", config.to_str().unwrap(), "--pg-table", "other"]).unwrap();
         assert_eq!(options.postgres.unwrap().tables.len(), 1);
+    }
+
+    #[test]
+    fn tls_is_on_off_the_machine_off_on_a_socket_and_refused_where_it_cannot_be() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "not a certificate").unwrap();
+        let tls = |args: &[&str]| {
+            let mut all = vec!["--pg-table", "t"];
+            all.extend(args);
+            serve_options(&all).map(|options| options.postgres.unwrap().connect.tls)
+        };
+        assert_eq!(tls(&["--pg-host", "/run/pg"]).unwrap(), None);
+        assert_eq!(tls(&["--pg-host", "localhost"]).unwrap(), None);
+        assert_eq!(tls(&["--pg-host", "127.0.0.1"]).unwrap(), None);
+        assert_eq!(tls(&["--pg-host", "::1"]).unwrap(), None);
+        assert_eq!(tls(&["--pg-host", "db.example.com", "--pg-tls", "disable"]).unwrap(), None);
+        for refused in [
+            &["--pg-host", "/run/pg", "--pg-tls", "require"][..],
+            &["--pg-host", "/run/pg", "--pg-tls-ca-file", ca.to_str().unwrap()],
+            &["--pg-host", "db.example.com", "--pg-tls", "disable", "--pg-tls-ca-file", ca.to_str().unwrap()],
+        ] {
+            assert!(tls(refused).is_err(), "{refused:?}");
+        }
+        // On: the CA file is read at start, so a bad one refuses the start.
+        for on in
+            [&["--pg-host", "127.0.0.1", "--pg-tls-ca-file"][..], &["--pg-host", "db.example.com", "--pg-tls-ca-file"]]
+        {
+            let mut args = on.to_vec();
+            args.push(ca.to_str().unwrap());
+            let error = tls(&args).unwrap_err();
+            assert!(error.contains("holds no PEM certificate"), "{error}");
+        }
+        assert!(tls(&["--pg-host", "localhost", "--pg-tls", "require", "--pg-tls-ca-file", "/nonexistent"]).is_err());
     }
 
     #[test]

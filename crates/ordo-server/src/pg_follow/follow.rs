@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ordo_core::limits::MAX_OPS_PER_BATCH;
 use ordo_core::{Batch, CollectionId, OwnedValue};
-use ordo_pgsource::catalog::describe_tables;
+use ordo_pgsource::catalog::{check_still_followed, describe_tables};
 use ordo_pgsource::stream::{Backoff, Layout, StreamConfig, DEFAULT_STATUS_INTERVAL};
 use ordo_pgsource::value::parse_value;
 use ordo_pgsource::{Change, ChangeStream, Connection, Error, Lsn, Mode, Transaction, UnsupportedColumns};
@@ -19,6 +19,7 @@ use super::config::PostgresOptions;
 use super::mapping::{ordo_value, FieldChanges};
 use super::sink::{Sink, SinkError};
 use super::status::FollowStatus;
+use super::watcher::Watcher;
 use super::{send, shutting_down, Followed};
 use crate::writer::{Command, WriterSender};
 use std::sync::Arc;
@@ -98,9 +99,12 @@ impl Follower {
     /// or a change cannot be applied.
     pub(super) async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Ended {
         let mut backoff = Backoff::new(self.options.backoff_first, self.options.backoff_max);
+        let tables = self.followed.iter().map(|table| table.table.clone()).collect();
+        let mut watcher = Watcher::new(self.options.clone(), tables, self.status.clone());
         loop {
             let stop = tokio::select! {
                 stop = self.stream(&mut backoff) => stop,
+                error = watcher.next_failure() => Stop::Source(error),
                 _ = shutdown.wait_for(|stopping| *stopping) => Stop::Shutdown,
             };
             match stop {
@@ -150,11 +154,16 @@ impl Follower {
 
     /// One connection's stream: returns why it ended.
     async fn stream(&mut self, backoff: &mut Backoff) -> Stop {
-        let connection = match connect(&self.options).await {
+        let mut connection = match connect(&self.options).await {
             Ok(connection) => connection,
             Err(error) => return Stop::Source(error),
         };
-        let tables = self.followed.iter().map(|table| table.table.clone()).collect();
+        let tables: Vec<_> = self.followed.iter().map(|table| table.table.clone()).collect();
+        // A table removed from the publication (or dropped) while the
+        // connection was down: the stream would say nothing of it.
+        if let Err(error) = check_still_followed(&mut connection, &self.options.publication, &tables).await {
+            return Stop::Source(error);
+        }
         let config = StreamConfig {
             slot: self.options.slot.clone(),
             publication: self.options.publication.clone(),
@@ -167,6 +176,7 @@ impl Follower {
             Err(error) => return Stop::Source(error),
         };
         backoff.reset();
+        self.status.watch_positions(stream.positions());
         self.status.streaming();
         loop {
             if let Err(stop) = self.next(&mut stream).await {
@@ -177,7 +187,13 @@ impl Follower {
 
     /// Applies the next transaction, durably with its end LSN, then confirms it.
     async fn next(&mut self, stream: &mut ChangeStream) -> Result<(), Stop> {
-        let transaction = stream.next_transaction().await?;
+        let mut transaction = stream.next_transaction().await?;
+        if !self.drop_changes_before_copies(&mut transaction) {
+            // Only changes already in a table's copy: nothing to store, and
+            // confirming skips only what the copy holds.
+            stream.confirm(transaction.end_lsn).await?;
+            return Ok(());
+        }
         self.follow_layouts(&transaction).await?;
         let truncated = self.ids_of_truncated(&transaction).await.map_err(Stop::Refused)?;
         let batches = self.batches_of(&transaction, &truncated).map_err(Stop::Refused)?;
@@ -186,8 +202,29 @@ impl Follower {
         self.position = transaction.end_lsn;
         stream.confirm(transaction.end_lsn).await?;
         let lag_micros = unix_micros().saturating_sub(transaction.commit_time_unix_micros).max(0) as u64;
-        self.status.applied(transaction.end_lsn.0, stream.lag_bytes(), lag_micros);
+        self.status.applied(transaction.end_lsn.0, lag_micros);
         Ok(())
+    }
+
+    /// Drops the changes of each table copied at a later snapshot than the
+    /// transaction's commit (a table newly followed at a restart: its copy's
+    /// consistent point is past the stored position). The copy already holds
+    /// them: a transaction that commits before a snapshot's consistent point
+    /// is in that snapshot, and one that commits after it is not. Returns
+    /// whether any change is left.
+    fn drop_changes_before_copies(&self, transaction: &mut Transaction) -> bool {
+        let in_copy =
+            |table: usize| self.followed[table].copied_at.is_some_and(|copied_at| transaction.end_lsn <= copied_at);
+        transaction.changes.retain_mut(|change| match change {
+            Change::Insert { layout, .. } | Change::Update { layout, .. } | Change::Delete { layout, .. } => {
+                !in_copy(layout.table)
+            }
+            Change::Truncate { tables } => {
+                tables.retain(|table| !in_copy(*table));
+                !tables.is_empty()
+            }
+        });
+        !transaction.changes.is_empty()
     }
 
     /// Brings each collection's fields in line with the layouts the

@@ -1,16 +1,20 @@
 //! `ordo serve --pg-table ...`: follows PostgreSQL tables by logical
 //! replication (through `ordo-pgsource`) and serves each as a collection.
 //!
-//! At start ([`start`]): the tables are described and checked, their
-//! collections created; on a first start (no position stored for the slot) the
-//! collections are emptied and the tables copied at the slot's snapshot. Then a
-//! task of its own ([`follow::Follower::run`]) applies the stream: one
-//! PostgreSQL transaction is one writer command, so one group commit (one log
-//! append, one sync) holding a batch per collection it touched and, last, the
-//! upsert of the position item — the transaction's end LSN — in the reserved
-//! collection [`POSITION_COLLECTION`]. The position is confirmed to PostgreSQL
-//! only once the writer acknowledged the group durable; a restart resumes from
-//! the stored position (docs/POSTGRES.md, docs/STORAGE.md).
+//! At start ([`start`]; in cluster mode each term of the lease holder,
+//! `takeover`): the tables are described and checked, their collections
+//! created; on a first start (no position stored for the slot) the collections
+//! are emptied and the tables copied at the slot's snapshot, and at a restart
+//! a table newly in `--pg-table` is copied at a temporary slot's snapshot
+//! (`tables` records which tables the position covers). Then a task of its own
+//! ([`follow::Follower::run`]) applies the stream: one PostgreSQL transaction
+//! is one writer command, so one group commit (one log append, one sync)
+//! holding a batch per collection it touched and, last, the upsert of the
+//! position item — the transaction's end LSN — in the reserved collection
+//! [`POSITION_COLLECTION`]. The position is confirmed to PostgreSQL only once
+//! the writer acknowledged the group durable; a restart resumes from the
+//! stored position (docs/POSTGRES.md, docs/STORAGE.md). In cluster mode the
+//! same writes go to the stream as follower entries (`sink`, `stream_entry`).
 
 pub mod apply;
 pub mod config;
@@ -21,14 +25,16 @@ pub mod mapping;
 mod sink;
 pub mod status;
 pub mod stream_entry;
+pub mod tables;
 mod takeover;
+mod watcher;
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
 use ordo_core::{Batch, CollectionId, OwnedValue, Schema};
-use ordo_pgsource::{Lsn, Table};
+use ordo_pgsource::{Error, Lsn, Table};
 use ordo_store::Database;
 use tokio::sync::{oneshot, watch};
 
@@ -38,6 +44,7 @@ use config::PostgresOptions;
 use mapping::{FieldChanges, TableMap};
 use sink::{Sink, SinkError};
 pub use status::FollowStatus;
+use tables::StoredTable;
 pub use takeover::start_clustered;
 
 /// The reserved collection that holds each slot's position: item `<slot>`,
@@ -54,6 +61,10 @@ struct Followed {
     table: Table,
     map: TableMap,
     collection: CollectionId,
+    /// For a table copied beside the running slot (newly followed at a
+    /// restart): its copy's consistent point, before which the stream's changes
+    /// of it are already in the copy.
+    copied_at: Option<Lsn>,
 }
 
 /// What [`start`] hands back: the status the HTTP side reports, and the names
@@ -64,12 +75,15 @@ pub struct Started {
 }
 
 /// What the data directory holds for the follower, read before the writer starts.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Stored {
     /// [`POSITION_COLLECTION`], if it exists (reserved collections are not routed by name).
     pub collection: Option<CollectionId>,
     /// The slot's position (none in a new data directory, or for a new slot).
     pub position: Option<Lsn>,
+    /// The tables followed at that position (item `<slot>/tables`); `None`
+    /// in a data directory written before it was kept.
+    tables: Option<Vec<StoredTable>>,
 }
 
 /// The position stored for `slot`.
@@ -78,16 +92,19 @@ pub fn stored_position(database: &Database, slot: &str) -> Result<Stored, String
     let Some(id) = engine.collection_id(POSITION_COLLECTION) else { return Ok(Stored::default()) };
     let collection = Some(id);
     let Some(item) = engine.collection(id).and_then(|items| items.get(slot)) else {
-        return Ok(Stored { collection, position: None });
+        return Ok(Stored { collection, position: None, tables: None });
     };
     let text = std::str::from_utf8(item.payload()).unwrap_or_default();
     let position = Lsn::parse(text)
         .ok_or_else(|| format!("the stored PostgreSQL position of slot `{slot}` does not parse: `{text}`"))?;
-    Ok(Stored { collection, position: Some(position) })
+    let tables = engine.collection(id).and_then(|items| items.get(&tables::item_id(slot)));
+    let tables = tables.map(|item| tables::parse(item.payload(), slot)).transpose()?;
+    Ok(Stored { collection, position: Some(position), tables })
 }
 
 /// Single-node mode: describes the tables, creates the collections, copies the
-/// tables on a first start, and spawns the task that follows the stream.
+/// tables on a first start (and, at a restart, the tables newly followed), and
+/// spawns the task that follows the stream.
 pub async fn start(
     options: &PostgresOptions,
     stored: Stored,
@@ -97,50 +114,95 @@ pub async fn start(
 ) -> Result<Started, String> {
     let status = Arc::new(FollowStatus::default());
     let sink = Sink::Writer(writer.clone());
-    let follower = prepare(options, stored, sink, routes, &status).await.map_err(SinkError::message)?;
-    tokio::spawn(follower.run(shutdown));
+    match prepare(options, stored, sink, routes, &status).await.map_err(SinkError::message)? {
+        Prepared::Follow(follower) => {
+            tokio::spawn(follower.run(shutdown));
+        }
+        Prepared::Gone(message) => not_following(&status, &message),
+    }
     Ok(Started { status, read_only: read_only_collections(options) })
 }
 
-/// The followed collections, which the API refuses to write (on every node of
-/// a cluster, whichever follows PostgreSQL).
+/// Cluster mode: the follower's status, shared with every apply of the
+/// follower's entries on this node. It knows this node's `--pg-table`, and
+/// compares it at once with the record of the followed tables that the data
+/// directory holds (then with each one the stream brings).
+pub fn clustered_status(options: &PostgresOptions, stored: &Stored) -> Arc<FollowStatus> {
+    let status = FollowStatus::default();
+    status.set_own_tables(tables::keys_of(&options.tables));
+    status.check_record(stored.tables.as_deref());
+    Arc::new(status)
+}
+
+/// The followed collections, which the API refuses to write: those of this
+/// node's `--pg-table` (in cluster mode every node must get the same list:
+/// `tables::differences` reports a node whose list differs from the record).
 pub fn read_only_collections(options: &PostgresOptions) -> ReadOnlyCollections {
     Arc::new(options.tables.iter().map(|mapping| mapping.collection.clone()).collect())
 }
 
+/// What [`prepare`] found.
+enum Prepared {
+    /// Ready to stream from the position.
+    Follow(Box<follow::Follower>),
+    /// A table followed at the stored position is gone from the publication
+    /// (or dropped) since: the collections serve what they hold, the follower
+    /// is `failed`, naming it.
+    Gone(String),
+}
+
+/// Reports a follower that does not start (`Prepared::Gone`).
+fn not_following(status: &FollowStatus, message: &str) {
+    eprintln!("ordo: ERROR: not following PostgreSQL: {message}");
+    tracing::error!(error = message, "not following PostgreSQL");
+    status.failed(message);
+}
+
 /// Describes and checks the tables, brings the collections in line (empty and
-/// copied again when `stored` has no position), and returns the follower ready
-/// to stream from the position.
+/// copied again when `stored` has no position; a table newly followed copied
+/// at a temporary slot), and returns the follower ready to stream from the
+/// position.
 async fn prepare(
     options: &PostgresOptions,
     stored: Stored,
     sink: Sink,
     routes: &Routes,
     status: &Arc<FollowStatus>,
-) -> Result<follow::Follower, SinkError> {
+) -> Result<Prepared, SinkError> {
     let mut connection = follow::connect(options).await.map_err(|error| format!("PostgreSQL: {error}"))?;
     let names: Vec<_> = options.tables.iter().map(|mapping| mapping.table.clone()).collect();
-    let tables = ordo_pgsource::catalog::describe_tables(
+    let described = ordo_pgsource::catalog::describe_tables(
         &mut connection,
         &options.publication,
         &names,
         options.unsupported_columns,
     )
-    .await
-    .map_err(|error| format!("PostgreSQL: {error}"))?;
+    .await;
+    let was_followed = |mapping: &config::TableMapping| tables::was_followed(&stored, mapping, routes);
+    let tables = match described {
+        Ok(tables) => tables,
+        Err(error) if stored.position.is_some() && gone_since_last_run(&error, options, &was_followed) => {
+            let _ = connection.terminate().await;
+            return Ok(Prepared::Gone(format!("PostgreSQL: {error}")));
+        }
+        Err(error) => return Err(format!("PostgreSQL: {error}").into()),
+    };
     let maps = options
         .tables
         .iter()
         .zip(&tables)
         .map(|(mapping, table)| mapping::map_table(mapping, table))
         .collect::<Result<Vec<_>, _>>()?;
-    if stored.position.is_none() {
-        empty_collections(&sink, routes, &maps).await?;
-    }
+    let is_new: Vec<bool> =
+        options.tables.iter().map(|mapping| stored.position.is_none() || !was_followed(mapping)).collect();
+    let new_maps: Vec<TableMap> =
+        maps.iter().zip(&is_new).filter(|(_, new)| **new).map(|(map, _)| map.clone()).collect();
+    empty_collections(&sink, routes, &new_maps).await?;
     let mut followed = Vec::with_capacity(tables.len());
-    for (table, map) in tables.into_iter().zip(maps) {
-        let (map, collection) = collection_of(&sink, routes, map, stored.position.is_some()).await?;
-        followed.push(Followed { table, map, collection });
+    for ((table, map), (mapping, new)) in tables.into_iter().zip(maps).zip(options.tables.iter().zip(&is_new)) {
+        let (map, collection) = collection_of(&sink, routes, map, !new).await?;
+        let copied_at = if *new { None } else { tables::copied_at(&stored, mapping) };
+        followed.push(Followed { table, map, collection, copied_at });
     }
     let position_collection = match stored.collection {
         Some(collection) => collection,
@@ -152,14 +214,16 @@ async fn prepare(
             collection
         }
     };
+    let copies = Copies { options, sink: &sink, position_collection };
     let position = match stored.position {
         Some(position) => {
             let _ = connection.terminate().await;
+            copies.copy_new_tables(&mut followed, &is_new, stored.tables.as_deref()).await?;
             position
         }
         None => {
             status.set_state(status::State::Copying);
-            copy::copy_tables(options, connection, &followed, position_collection, &sink).await?
+            copies.copy_all(connection, &followed).await?
         }
     };
     crate::logging::say!(
@@ -174,7 +238,105 @@ async fn prepare(
         "following PostgreSQL"
     );
     status.start_at(position.0);
-    Ok(follow::Follower::new(options.clone(), followed, position_collection, position, sink, status.clone()))
+    let follower =
+        follow::Follower::new(options.clone(), followed, position_collection, position, sink, status.clone());
+    Ok(Prepared::Follow(Box::new(follower)))
+}
+
+/// Whether a start's refusal is of a table followed at the stored position
+/// that is gone from the publication (or dropped) since: the follower then
+/// fails, the server serving what it holds. Of a table newly followed, or any
+/// other error, the start is refused.
+fn gone_since_last_run(
+    error: &Error,
+    options: &PostgresOptions,
+    was_followed: &dyn Fn(&config::TableMapping) -> bool,
+) -> bool {
+    let table = match error {
+        Error::TableNotFound { table } | Error::TableNotPublished { table, .. } => table,
+        Error::MissingPublication { .. } => return true,
+        _ => return false,
+    };
+    options.tables.iter().any(|mapping| mapping.table.to_string() == *table && was_followed(mapping))
+}
+
+/// The copies of a start, and the record of what is followed written with
+/// their last rows.
+struct Copies<'a> {
+    options: &'a PostgresOptions,
+    sink: &'a Sink,
+    position_collection: CollectionId,
+}
+
+impl Copies<'_> {
+    /// A first start: every table at the new slot's snapshot; the last rows,
+    /// the followed tables and the position in one group. Returns the position.
+    async fn copy_all(&self, connection: ordo_pgsource::Connection, followed: &[Followed]) -> Result<Lsn, SinkError> {
+        let all: Vec<&Followed> = followed.iter().collect();
+        let (consistent_point, rest) =
+            copy::copy_tables(copy::CopySlot::Main(&self.options.slot), connection, &all, self.sink).await?;
+        let record = tables::record(followed);
+        self.write_record(rest, record, Some(consistent_point)).await?;
+        Ok(consistent_point)
+    }
+
+    /// A restart: the tables newly followed (`is_new`) copied at a temporary
+    /// slot's snapshot, their `copied_at` set to its consistent point, and the
+    /// followed tables recorded with their last rows. Only the record when the
+    /// followed tables changed otherwise (some no longer followed).
+    async fn copy_new_tables(
+        &self,
+        followed: &mut [Followed],
+        is_new: &[bool],
+        stored: Option<&[StoredTable]>,
+    ) -> Result<(), SinkError> {
+        let mut rest = Vec::new();
+        if stored.is_none() && is_new.iter().any(|new| *new) {
+            // A data directory from before the record: it is written first,
+            // without the new tables, so that a copy cut short is not taken
+            // for a followed table (by its collection existing) at the next start.
+            let resumed: Vec<StoredTable> = tables::record(followed)
+                .into_iter()
+                .zip(is_new)
+                .filter(|(_, new)| !**new)
+                .map(|(table, _)| table)
+                .collect();
+            self.write_record(Vec::new(), resumed, None).await?;
+        }
+        if is_new.iter().any(|new| *new) {
+            let new: Vec<&Followed> =
+                followed.iter().zip(is_new).filter(|(_, new)| **new).map(|(table, _)| table).collect();
+            let connection = follow::connect(self.options).await.map_err(|error| format!("PostgreSQL: {error}"))?;
+            let (consistent_point, last_rows) =
+                copy::copy_tables(copy::CopySlot::Temporary, connection, &new, self.sink).await?;
+            rest = last_rows;
+            for (table, _) in followed.iter_mut().zip(is_new).filter(|(_, new)| **new) {
+                table.copied_at = Some(consistent_point);
+                println!(
+                    "ordo: {} newly followed: copied at {consistent_point}; the stream's older changes of it are skipped",
+                    table.table.name
+                );
+            }
+        }
+        let record = tables::record(followed);
+        if stored == Some(record.as_slice()) {
+            return Ok(());
+        }
+        self.write_record(rest, record, None).await
+    }
+
+    /// Writes `batches`, then the record of the followed tables and (on a
+    /// first start) the position: one group commit, or in cluster mode the
+    /// entries of one group. A copy cut short leaves neither, and is done again.
+    async fn write_record(
+        &self,
+        batches: Vec<(CollectionId, Batch)>,
+        record: Vec<StoredTable>,
+        position: Option<Lsn>,
+    ) -> Result<(), SinkError> {
+        let (slot, collection) = (self.options.slot.as_str(), self.position_collection);
+        self.sink.write_record(batches, slot, collection, record, position).await
+    }
 }
 
 /// A first start: whatever the followed collections hold (a copy cut short)

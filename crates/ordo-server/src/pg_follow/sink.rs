@@ -12,6 +12,7 @@ use ordo_pgsource::Lsn;
 
 use super::mapping::{self, FieldChanges};
 use super::stream_entry::{ops_of, split_ops, type_name, Applied, PgChange, PgEntry, WireValue};
+use super::tables::{self, StoredTable};
 use crate::cluster::entry::{Caller, Entry, Kind};
 use crate::cluster::{Cluster, Outcome};
 use crate::routing::Routes;
@@ -89,6 +90,29 @@ impl Sink {
         }
     }
 
+    /// Writes a copy's last batches, then the record of the followed tables
+    /// (item `<slot>/tables` of `position_collection`) and, on a first copy,
+    /// the position: one group commit, or entries in that order.
+    pub(super) async fn write_record(
+        &self,
+        mut batches: Vec<(CollectionId, Batch)>,
+        slot: &str,
+        position_collection: CollectionId,
+        record: Vec<StoredTable>,
+        position: Option<Lsn>,
+    ) -> Result<(), SinkError> {
+        match self {
+            Sink::Writer(writer) => {
+                let mut batch = Batch::new();
+                batch.upsert(&tables::item_id(slot)).payload(tables::render(&record).as_bytes());
+                batches.push((position_collection, batch));
+                let position = position.map(|lsn| (position_collection, slot, lsn));
+                Ok(super::write_group(writer, batches, position).await?)
+            }
+            Sink::Stream(stream) => stream.write_copy_end(&batches, record, position).await,
+        }
+    }
+
     pub(super) async fn change_fields(
         &self,
         collection: CollectionId,
@@ -152,11 +176,36 @@ impl StreamSink {
     }
 
     /// A transaction's entries: its batches' ops (split under the stream's
-    /// message size), then its position, published back to back with message
-    /// ids `pg/<slot>/<term>/<end LSN>/<index>`. For a part of the copy (no
-    /// position) the ids are numbered instead (no LSN names it).
+    /// message size), then its position. For a part of a copy (no position)
+    /// `copy_rows` entries.
     async fn write_transaction(&self, batches: &[(CollectionId, Batch)], end: Option<Lsn>) -> Result<(), SinkError> {
-        let end_lsn = end.map_or(0, |lsn| lsn.0);
+        let mut changes = self.rows_of(batches, end)?;
+        if let Some(lsn) = end {
+            changes.push(PgChange::Position { end_lsn: lsn.0 });
+        }
+        self.publish_group(changes, end).await
+    }
+
+    /// A copy's end: its last rows (`rows` at the consistent point on a first
+    /// copy, `copy_rows` for a table newly followed), the record of the
+    /// followed tables, and on a first copy the position.
+    async fn write_copy_end(
+        &self,
+        batches: &[(CollectionId, Batch)],
+        record: Vec<StoredTable>,
+        end: Option<Lsn>,
+    ) -> Result<(), SinkError> {
+        let mut changes = self.rows_of(batches, end)?;
+        changes.push(PgChange::Tables { tables: record });
+        if let Some(lsn) = end {
+            changes.push(PgChange::Position { end_lsn: lsn.0 });
+        }
+        self.publish_group(changes, end).await
+    }
+
+    /// The `rows` entries at `end` (or `copy_rows` without one) of `batches`,
+    /// each split under the stream's message size.
+    fn rows_of(&self, batches: &[(CollectionId, Batch)], end: Option<Lsn>) -> Result<Vec<PgChange>, SinkError> {
         let max_ops_bytes = self.cluster.max_payload().saturating_sub(ENTRY_ENVELOPE_BYTES).max(1024);
         let mut changes = Vec::new();
         for (collection, batch) in batches {
@@ -164,12 +213,20 @@ impl StreamSink {
                 SinkError::Refused(format!("a followed collection (id {}) has no name here", collection.index()))
             })?;
             for ops in split_ops(ops_of(batch)?, max_ops_bytes)? {
-                changes.push(PgChange::Rows { collection: name.clone(), end_lsn, ops });
+                let collection = name.clone();
+                changes.push(match end {
+                    Some(lsn) => PgChange::Rows { collection, end_lsn: lsn.0, ops },
+                    None => PgChange::CopyRows { collection, ops },
+                });
             }
         }
-        if end.is_some() {
-            changes.push(PgChange::Position { end_lsn });
-        }
+        Ok(changes)
+    }
+
+    /// Publishes `changes` back to back with message ids
+    /// `pg/<slot>/<term>/<end LSN>/<index>`, or numbered ones when no LSN
+    /// names them (a part of a copy).
+    async fn publish_group(&self, changes: Vec<PgChange>, end: Option<Lsn>) -> Result<(), SinkError> {
         let entries = changes
             .into_iter()
             .enumerate()

@@ -3,7 +3,11 @@
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use ordo_pgsource::stream::WalPositions;
+
+use super::tables::{self, StoredTable};
 
 /// The follower's state, as `/v1/health` names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,13 +41,22 @@ impl State {
 pub struct FollowStatus {
     state: AtomicU8,
     applied_lsn: AtomicU64,
-    lag_bytes: AtomicU64,
+    /// The current stream's positions: the lag in bytes is read from them
+    /// when asked, so it follows keepalives and the lag probe between
+    /// transactions too.
+    positions: Mutex<Option<Arc<WalPositions>>>,
     lag_micros: AtomicU64,
     transactions: AtomicU64,
     reconnects: AtomicU64,
     error: Mutex<Option<String>>,
     /// Cluster mode: the follower lease as this node last saw it.
     lease: Mutex<Option<LeaseView>>,
+    /// This node's `--pg-table`, as `tables::key`s, to compare with the
+    /// record of the followed tables that the lease holder writes.
+    own_tables: Mutex<Vec<String>>,
+    /// Cluster mode: how that record differs from this node's `--pg-table`
+    /// (`None`: it does not, or there is no record yet).
+    tables_differ: Mutex<Option<String>>,
 }
 
 /// Who holds the follower lease (cluster mode), for `/v1/health`.
@@ -71,12 +84,10 @@ impl FollowStatus {
         }
     }
 
-    /// A transaction (or the copy) is durable up to `lsn`; `lag_bytes` is the
-    /// WAL PostgreSQL wrote past it, `lag_micros` how long after its commit in
-    /// PostgreSQL it was applied here.
-    pub fn applied(&self, lsn: u64, lag_bytes: u64, lag_micros: u64) {
+    /// A transaction (or the copy) is durable up to `lsn`; `lag_micros` is how
+    /// long after its commit in PostgreSQL it was applied here.
+    pub fn applied(&self, lsn: u64, lag_micros: u64) {
         self.applied_lsn.store(lsn, Ordering::Relaxed);
-        self.lag_bytes.store(lag_bytes, Ordering::Relaxed);
         self.lag_micros.store(lag_micros, Ordering::Relaxed);
         if !self.is_clustered() {
             self.transactions.fetch_add(1, Ordering::Relaxed);
@@ -124,6 +135,50 @@ impl FollowStatus {
         *self.error.lock().expect("status lock") = None;
     }
 
+    /// This node's `--pg-table` (see `own_tables`).
+    pub fn set_own_tables(&self, keys: Vec<String>) {
+        *self.own_tables.lock().expect("status lock") = keys;
+    }
+
+    /// Compares the record of the followed tables (the one this node holds,
+    /// or one it applies from the stream) with this node's `--pg-table`; a
+    /// difference is logged once and reported until a record agrees.
+    pub fn check_record(&self, record: Option<&[StoredTable]>) {
+        let differs =
+            record.and_then(|record| tables::differences(&self.own_tables.lock().expect("status lock"), record));
+        let mut reported = self.tables_differ.lock().expect("status lock");
+        if differs.is_some() && *reported != differs {
+            let message = differs.as_deref().unwrap_or_default();
+            eprintln!("ordo: ERROR: {message}");
+            tracing::error!(error = message, "this node's --pg-table differs from the followed tables");
+        }
+        *reported = differs;
+    }
+
+    pub fn tables_differ(&self) -> Option<String> {
+        self.tables_differ.lock().expect("status lock").clone()
+    }
+
+    /// The stream ended for this node (cluster mode: the term is over): no lag
+    /// is read from it any more.
+    pub fn clear_positions(&self) {
+        *self.positions.lock().expect("status lock") = None;
+    }
+
+    /// The stream now running: its positions give the lag in bytes.
+    pub fn watch_positions(&self, positions: Arc<WalPositions>) {
+        *self.positions.lock().expect("status lock") = Some(positions);
+    }
+
+    pub fn positions(&self) -> Option<Arc<WalPositions>> {
+        self.positions.lock().expect("status lock").clone()
+    }
+
+    /// The WAL bytes PostgreSQL has past what Ordo holds durably (0 before the stream starts).
+    pub fn lag_bytes(&self) -> u64 {
+        self.positions().map_or(0, |positions| positions.lag_bytes())
+    }
+
     pub fn applied_lsn(&self) -> u64 {
         self.applied_lsn.load(Ordering::Relaxed)
     }
@@ -134,7 +189,7 @@ impl FollowStatus {
         serde_json::json!({
             "state": self.state().name(),
             "applied_lsn": format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF),
-            "lag_bytes": self.lag_bytes.load(Ordering::Relaxed),
+            "lag_bytes": self.lag_bytes(),
             "lag_seconds": self.lag_micros.load(Ordering::Relaxed) as f64 / 1e6,
             "transactions_applied": self.transactions.load(Ordering::Relaxed),
             "reconnects": self.reconnects.load(Ordering::Relaxed),
@@ -144,6 +199,7 @@ impl FollowStatus {
                 "held_here": lease.held_here,
                 "term": lease.term,
             })),
+            "tables_differ": self.tables_differ(),
         })
     }
 
@@ -154,7 +210,7 @@ impl FollowStatus {
                 "ordo_postgres_lag_bytes",
                 "gauge",
                 "WAL bytes PostgreSQL wrote past the position applied here",
-                self.lag_bytes.load(Ordering::Relaxed) as f64,
+                self.lag_bytes() as f64,
             ),
             (
                 "ordo_postgres_lag_seconds",

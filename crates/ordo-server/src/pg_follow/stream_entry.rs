@@ -19,18 +19,26 @@
 //! | `add_field`         | adds a field (`field`, `field_type`, `default`)              |
 //! | `remove_field`      | removes a field                                              |
 //! | `drop_collection`   | drops a followed collection (a copy started again)           |
-//! | `rows`              | one batch of a transaction (or of the copy), at `end_lsn`    |
+//! | `rows`              | one batch of a transaction (or of the copy's last rows), at `end_lsn` |
+//! | `copy_rows`         | one batch of a copy, at no LSN: written whatever the position |
+//! | `tables`            | stores `tables` as the slot's record of followed tables (`pg_follow::tables`) |
 //! | `position`          | stores `end_lsn` as the slot's position: the transaction ends |
 //!
 //! One PostgreSQL transaction is the `rows` entries of the collections it
 //! touched (a batch split in several when it passes the stream's message size)
 //! and, last, its `position` entry: an entry is one batch at one seq, and a
 //! transaction's batches are in several collections (docs/SCALING.md, "The
-//! PostgreSQL follower"). Values keep their type: a string, a bool, null, an
-//! integer (`i64`), `{"u64": n}`, `{"f64": "text"}` (so infinities cross too).
+//! PostgreSQL follower"). A copy is `copy_rows` entries, then its last rows,
+//! the `tables` record and (a first copy) the `position`: the copy of a table
+//! newly followed at a restart is written while a position is stored, so its
+//! rows cannot be `rows` (those at or before the position are skipped). Values
+//! keep their type: a string, a bool, null, an integer (`i64`), `{"u64": n}`,
+//! `{"f64": "text"}` (so infinities cross too).
 
 use ordo_core::{Batch, FieldType, OwnedValue, Value};
 use serde::{Deserialize, Serialize};
+
+use super::tables::StoredTable;
 
 /// The entry's `postgres` object.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -50,6 +58,8 @@ pub enum PgChange {
     RemoveField { collection: String, field: String },
     DropCollection { collection: String },
     Rows { collection: String, end_lsn: u64, ops: Vec<WireOp> },
+    CopyRows { collection: String, ops: Vec<WireOp> },
+    Tables { tables: Vec<StoredTable> },
     Position { end_lsn: u64 },
 }
 
@@ -83,9 +93,11 @@ pub enum WireValue {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Applied {
     /// The claim of a term: the slot's stored position (`None`: none, a copy
-    /// is due), and the reserved collection that holds it, on this node.
+    /// is due), the tables it covers (`None`: no record, or no position), and
+    /// the reserved collection that holds them, on this node.
     Claimed {
         position: Option<ordo_pgsource::Lsn>,
+        tables: Option<Vec<StoredTable>>,
         collection: ordo_core::CollectionId,
     },
     /// A collection created (or found with the same schema): its id here.
@@ -263,6 +275,24 @@ mod tests {
             ]
         );
         assert!(serde_json::from_str::<PgEntry>(r#"{"slot":"s","term":1,"change":{"op":"claim","x":1}}"#).is_err());
+    }
+
+    #[test]
+    fn a_copys_rows_and_the_record_of_the_followed_tables_cross_the_stream() {
+        let ops = vec![WireOp::Remove { id: "a".into() }];
+        let record = vec![StoredTable {
+            schema: "public".into(),
+            name: "items".into(),
+            collection: "items".into(),
+            copied_at: Some("0/16B3748".into()),
+        }];
+        for change in [PgChange::CopyRows { collection: "items".into(), ops }, PgChange::Tables { tables: record }] {
+            let entry = PgEntry { slot: "s".into(), term: 3, change };
+            let text = serde_json::to_string(&entry).unwrap();
+            assert_eq!(serde_json::from_str::<PgEntry>(&text).unwrap(), entry, "{text}");
+        }
+        let unknown = r#"{"slot":"s","term":1,"change":{"op":"tables","tables":[],"position":"0/1"}}"#;
+        assert!(serde_json::from_str::<PgEntry>(unknown).is_err());
     }
 
     #[test]

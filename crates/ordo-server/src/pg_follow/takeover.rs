@@ -23,7 +23,7 @@ use super::lease::{self, Attempt, Lease, LEASE_RENEW_EVERY};
 use super::sink::{Sink, SinkError};
 use super::status::{LeaseView, State};
 use super::stream_entry::Applied;
-use super::{prepare, read_only_collections, FollowStatus, Started, Stored};
+use super::{not_following, prepare, read_only_collections, FollowStatus, Prepared, Started, Stored};
 use crate::cluster::Cluster;
 use crate::routing::Routes;
 use crate::writer::WriterSender;
@@ -153,7 +153,11 @@ impl Candidate {
                 self.stand_by(term, &message);
                 Round::Again
             }
-            Ended::Failed | Ended::Stopped => Round::Over,
+            Ended::Failed | Ended::Stopped => {
+                self.status.set_lease(LeaseView { holder: None, held_here: false, term: 0 });
+                self.status.clear_positions();
+                Round::Over
+            }
         }
     }
 
@@ -161,6 +165,8 @@ impl Candidate {
         crate::logging::say!("ordo: gave up the PostgreSQL follower lease (term {term}): {why}");
         tracing::warn!(term, "gave up the PostgreSQL follower lease: {why}");
         self.status.set_lease(LeaseView { holder: None, held_here: false, term: 0 });
+        // The lag is the holder's to read (a standby has no stream).
+        self.status.clear_positions();
         if self.status.state() != State::Reconnecting {
             self.status.set_state(State::Standby);
         }
@@ -177,7 +183,9 @@ impl Candidate {
             _ = stopped.wait_for(|stop| *stop) => return Ended::Stopped,
         };
         let stored = match claimed {
-            Ok(Applied::Claimed { position, collection }) => Stored { collection: Some(collection), position },
+            Ok(Applied::Claimed { position, tables, collection }) => {
+                Stored { collection: Some(collection), position, tables }
+            }
             Ok(other) => return Ended::Lost(format!("the claim of the slot came back as {other:?}")),
             Err(error) => return Ended::Lost(error.message()),
         };
@@ -186,7 +194,13 @@ impl Candidate {
             _ = stopped.wait_for(|stop| *stop) => return Ended::Stopped,
         };
         match prepared {
-            Ok(follower) => follower.run(stopped).await,
+            Ok(Prepared::Follow(follower)) => follower.run(stopped).await,
+            Ok(Prepared::Gone(message)) => {
+                // For good, as in single-node mode: this node gives the lease
+                // up, and whichever node takes it next finds the same.
+                not_following(&self.status, &message);
+                Ended::Failed
+            }
             Err(SinkError::Lost(message)) => Ended::Lost(message),
             Err(SinkError::Refused(message)) => {
                 // PostgreSQL unreachable, a table that cannot be followed: the

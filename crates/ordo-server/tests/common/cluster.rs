@@ -87,6 +87,12 @@ impl OrdoCluster {
         self.nodes[i] = Some(server);
     }
 
+    /// The `ordo serve` arguments besides the cluster's for every node started
+    /// from now on (`restart`).
+    pub fn set_extra_args(&mut self, extra_args: &[&str]) {
+        self.extra_args = extra_args.iter().map(|arg| arg.to_string()).collect();
+    }
+
     pub fn signal(&self, i: usize, signal: i32) {
         // SAFETY: `kill` with the pid of a child we own and a valid signal number.
         unsafe { libc::kill(self.node(i).pid() as i32, signal) };

@@ -75,6 +75,7 @@ pub fn connect_config(server: &PostgresServer) -> ConnectConfig {
         password: Some(server.password.clone()),
         database: DATABASE.to_owned(),
         application_name: "pg-bench".to_owned(),
+        tls: None,
     }
 }
 
