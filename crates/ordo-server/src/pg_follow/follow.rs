@@ -182,8 +182,8 @@ impl Follower {
             let changes = followed.map.field_changes(&followed.table.name, &layout.columns).map_err(Stop::Refused)?;
             if !changes.is_empty() {
                 let defaults = self.missing_values(layout, &changes).await?;
-                let (collection, name) = (followed.collection, &followed.map.collection);
-                change_fields(&self.writer, collection, name, &changes, defaults).await.map_err(Stop::Refused)?;
+                let (collection, map) = (followed.collection, &followed.map);
+                change_fields(&self.writer, collection, map, &changes, defaults).await.map_err(Stop::Refused)?;
                 self.followed[layout.table].map.apply(&changes);
             }
             self.layouts[layout.table] = Some(layout.clone());

@@ -16,9 +16,10 @@ pub mod config;
 mod copy;
 mod follow;
 pub mod mapping;
+pub mod refs;
 pub mod status;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,7 +28,7 @@ use ordo_pgsource::{Lsn, Table};
 use ordo_store::Database;
 use tokio::sync::{oneshot, watch};
 
-use crate::routing::Routes;
+use crate::routing::{CollectionEntry, Routes};
 use crate::writer::{Command, FieldChange, WriteReply, WriterSender};
 use config::PostgresOptions;
 use mapping::{FieldChanges, TableMap};
@@ -99,20 +100,18 @@ pub async fn start(
     )
     .await
     .map_err(|error| format!("PostgreSQL: {error}"))?;
+    let order = refs::check_and_order(&options.tables, &tables)?;
+    refs::warn_without_foreign_key(&mut connection, &options.tables, &tables).await?;
     let maps = options
         .tables
         .iter()
         .zip(&tables)
-        .map(|(mapping, table)| mapping::map_table(mapping, table))
+        .map(|(mapping, table)| mapping::map_table(mapping, table, &options.tables))
         .collect::<Result<Vec<_>, _>>()?;
     if stored.position.is_none() {
         empty_collections(writer, routes, &maps).await?;
     }
-    let mut followed = Vec::with_capacity(tables.len());
-    for (table, map) in tables.into_iter().zip(maps) {
-        let (map, collection) = collection_of(writer, routes, map, stored.position.is_some()).await?;
-        followed.push(Followed { table, map, collection });
-    }
+    let followed = collections_in_order(writer, routes, tables, maps, &order, stored.position.is_some()).await?;
     let position_collection = match stored.collection {
         Some(collection) => collection,
         None => {
@@ -149,19 +148,52 @@ pub async fn start(
 }
 
 /// A first start: whatever the followed collections hold (a copy cut short)
-/// is dropped, so that the copy is every row once.
+/// is dropped, so that the copy is every row once. The engine refuses to drop
+/// a collection a `ref` field targets, so a collection goes once none of those
+/// left refers to it (by the references they have, whatever the configuration
+/// now says).
 async fn empty_collections(writer: &WriterSender, routes: &Routes, maps: &[TableMap]) -> Result<(), String> {
-    for map in maps {
-        let existing = routes.read().expect("routes lock").get(&map.collection).map(|entry| entry.id);
-        if let Some(collection) = existing {
-            let (reply, answer) = oneshot::channel();
-            send(writer, Command::DropCollection { collection, reply }).await?;
-            answer.await.map_err(|_| shutting_down())?.map_err(|error| {
-                format!("cannot empty the collection `{}` for the first copy: {}", map.collection, error.message)
-            })?;
-        }
+    let mut existing: Vec<Arc<CollectionEntry>> = {
+        let routes = routes.read().expect("routes lock");
+        maps.iter().filter_map(|map| routes.get(&map.collection).cloned()).collect()
+    };
+    while !existing.is_empty() {
+        let is_target = |name: &str, entries: &[Arc<CollectionEntry>]| {
+            entries.iter().any(|entry| entry.ref_targets.iter().any(|(_, target)| target == name))
+        };
+        // With none free (references outside the followed ones), the engine's refusal says which.
+        let next = existing.iter().position(|entry| !is_target(&entry.name, &existing)).unwrap_or(0);
+        let entry = existing.remove(next);
+        let (reply, answer) = oneshot::channel();
+        send(writer, Command::DropCollection { collection: entry.id, reply }).await?;
+        answer.await.map_err(|_| shutting_down())?.map_err(|error| {
+            format!("cannot empty the collection `{}` for the first copy: {}", entry.name, error.message)
+        })?;
     }
     Ok(())
+}
+
+/// The followed tables' collections (in the tables' order), created or found
+/// in `order`: a `ref` field's target first, so that its id is known.
+async fn collections_in_order(
+    writer: &WriterSender,
+    routes: &Routes,
+    tables: Vec<Table>,
+    maps: Vec<TableMap>,
+    order: &[usize],
+    resumed: bool,
+) -> Result<Vec<Followed>, String> {
+    let mut waiting: Vec<Option<(Table, TableMap)>> = tables.into_iter().zip(maps).map(Some).collect();
+    let mut created: Vec<Option<Followed>> = waiting.iter().map(|_| None).collect();
+    let mut ids: HashMap<String, CollectionId> = HashMap::new();
+    for &index in order {
+        let (table, mut map) = waiting[index].take().expect("the order names each table once");
+        map.resolve_refs(&ids)?;
+        let (map, collection) = collection_of(writer, routes, map, resumed).await?;
+        ids.insert(map.collection.clone(), collection);
+        created[index] = Some(Followed { table, map, collection });
+    }
+    Ok(created.into_iter().map(|followed| followed.expect("the order names every table")).collect())
 }
 
 /// The collection of a followed table. On a restart, the one that exists, its
@@ -176,7 +208,10 @@ async fn collection_of(
 ) -> Result<(TableMap, CollectionId), String> {
     let existing = routes.read().expect("routes lock").get(&map.collection).cloned();
     match existing.filter(|_| resumed) {
-        Some(entry) => Ok((map.adopt(&entry.schema), entry.id)),
+        Some(entry) => {
+            map.check_kept(&entry.schema)?;
+            Ok((map.adopt(&entry.schema), entry.id))
+        }
         None => {
             let collection = create_collection(writer, &map.collection, map.schema()?).await?;
             Ok((map, collection))
@@ -190,10 +225,11 @@ async fn collection_of(
 async fn change_fields(
     writer: &WriterSender,
     collection: CollectionId,
-    name: &str,
+    map: &TableMap,
     changes: &FieldChanges,
     defaults: Vec<OwnedValue>,
 ) -> Result<(), String> {
+    let name = map.collection.as_str();
     for field in &changes.removed {
         let change = FieldChange::Remove { name: field.clone() };
         ask_change_fields(writer, collection, change).await.map_err(|error| {
@@ -206,7 +242,7 @@ async fn change_fields(
         );
     }
     for ((field, column_type), default) in changes.added.iter().zip(defaults) {
-        let field_type = mapping::field_type(*column_type);
+        let field_type = map.added_field_type(field, *column_type);
         let change = FieldChange::Add { name: field.clone(), field_type, default };
         ask_change_fields(writer, collection, change).await.map_err(|error| {
             format!("cannot add the field `{field}` to `{name}` (a column added in PostgreSQL): {error}")
