@@ -42,11 +42,13 @@ ordo_pid=""
 writer_pid=""
 cleanup() {
     trap - EXIT INT TERM
+    # Every step runs, whatever the one before it gave.
+    set +e
     echo
     echo "pg-demo: stopping"
-    [ -n "$writer_pid" ] && kill "$writer_pid" 2>/dev/null && wait "$writer_pid" 2>/dev/null
-    [ -n "$ordo_pid" ] && kill -INT "$ordo_pid" 2>/dev/null && wait "$ordo_pid" 2>/dev/null
-    "${run_pg[@]}" "$bin_dir/pg_ctl" --pgdata "$work_dir/pg" --mode=fast --wait stop >/dev/null 2>&1 || true
+    if [ -n "$writer_pid" ]; then kill "$writer_pid" 2>/dev/null; wait "$writer_pid" 2>/dev/null; fi
+    if [ -n "$ordo_pid" ]; then kill -INT "$ordo_pid" 2>/dev/null; wait "$ordo_pid" 2>/dev/null; fi
+    [ -f "$work_dir/pg/postmaster.pid" ] && "${run_pg[@]}" "$bin_dir/pg_ctl" --pgdata "$work_dir/pg" --mode=fast --wait stop >/dev/null
     rm -rf "$work_dir"
     echo "pg-demo: stopped, $work_dir removed"
 }
@@ -54,6 +56,8 @@ trap cleanup EXIT INT TERM
 
 psql_cmd=("$bin_dir/psql" --host "$work_dir" --port 5432 --username "$pg_user" --dbname postgres
           --no-psqlrc --quiet --set ON_ERROR_STOP=1)
+# The command the user is shown, for a shell of their own.
+psql_shown="$bin_dir/psql -h $work_dir -U $pg_user postgres"
 
 echo "pg-demo: PostgreSQL in $work_dir ($bin_dir)"
 "${run_pg[@]}" "$bin_dir/initdb" --pgdata "$work_dir/pg" --username "$pg_user" --auth=trust \
@@ -86,9 +90,11 @@ done
 (
     while true; do
         "${psql_cmd[@]}" --command "INSERT INTO messages (room, author, text)
-            SELECT room, owner, (ARRAY['on my way', 'sounds good', 'see you there', 'who has the keys?',
-                                       'done ✓', 'one more thing…', 'ça marche', '了解です'])[1 + floor(random() * 8)::int]
-            FROM members ORDER BY random() LIMIT 1" >/dev/null || true
+            SELECT m.room, m.owner, t.line
+            FROM (SELECT room, owner FROM members ORDER BY random() LIMIT 1) m,
+                 (SELECT line FROM unnest(ARRAY['on my way', 'sounds good', 'see you there', 'who has the keys?',
+                                                'done ✓', 'one more thing…', 'ça marche', '了解です']) line
+                  ORDER BY random() LIMIT 1) t" >/dev/null || true
         sleep "$interval"
     done
 ) &
@@ -100,9 +106,9 @@ cat <<EOF
 pg-demo: the chat lives in PostgreSQL; Ordo follows it. Open $url
   (sign in as alice, bob, ...: each sees the rooms it is a member of, by latest message).
   A message every ${interval}s from the writer; write one yourself (it moves the room in its members' lists):
-    ${psql_cmd[*]} -c "INSERT INTO messages (room, author, text) VALUES ('hike', 'alice', 'hello from psql')"
+    $psql_shown -c "INSERT INTO messages (room, author, text) VALUES ('hike', 'alice', 'hello from psql')"
   Rename a room (every member's list re-sorts by name):
-    ${psql_cmd[*]} -c "UPDATE rooms SET name = 'Weekend hike ⛰' WHERE id = 'hike'"
+    $psql_shown -c "UPDATE rooms SET name = 'Weekend hike ⛰' WHERE id = 'hike'"
   Ctrl-C stops PostgreSQL, Ordo and the writer and removes $work_dir.
 EOF
 wait "$ordo_pid"

@@ -418,10 +418,11 @@ impl Network {
             } else {
                 "<the secret given with --auth-secret-file>".to_owned()
             };
-            println!(
-                "ordo: an admin token (to change the simulator's rate: POST /demo/simulator {{\"rate\":N}}): \
-                 ordo token --secret-file {secret_file} --role admin --sub ops"
-            );
+            let purpose = match demo.source {
+                demo::ChatSource::Generated => "to change the simulator's rate: POST /demo/simulator {\"rate\":N}",
+                demo::ChatSource::Postgres => "to read every collection",
+            };
+            println!("ordo: an admin token ({purpose}): ordo token --secret-file {secret_file} --role admin --sub ops");
         }
         println!(
             "ordo: at most {} connections at once (--max-connections; the descriptor limit is {})",

@@ -291,3 +291,43 @@ fn refused_start_or_started(dir: &Path, args: &[String]) -> String {
     assert!(!child.wait().unwrap().success(), "exited 0: {stdout}");
     format!("{stdout}{}", stderr_text.join().unwrap())
 }
+
+/// `make pg-demo`'s chat (scripts/pg-demo.sql) followed with `--demo`: the
+/// demo installs its rules on the followed collections and writes nothing; a
+/// user reads its rooms through its memberships, sorted by the rooms'
+/// activity; a message INSERTed in PostgreSQL moves its room; the demo's
+/// own writes are refused (`read_only_source`).
+#[test]
+fn the_demo_on_the_followed_chat_reads_it_under_its_rules() {
+    let pg = postgres();
+    let sql = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/pg-demo.sql")).unwrap();
+    pg.psql(&sql).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = follow_args(&pg, dir.path(), &["rooms", "members:::ref.room=rooms", "messages"]);
+    let publication_at = args.iter().position(|arg| arg == PUBLICATION).unwrap();
+    args[publication_at] = "ordo_chat".to_owned();
+    args.push("--demo".to_owned());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut server = Server::start(&dir.path().join("data"), &args).signed_in_as_demo_admin();
+    let status = server.ok("GET", "/demo/simulator", Value::Null);
+    assert_eq!(status, json!({"follows_postgres": true, "rate": 0, "sent": 0}));
+    let bob = server.ok("POST", "/demo/token", json!({"user": "bob"}))["token"].as_str().unwrap().to_owned();
+    let as_bob = |path: &str, body: Value| server.http_as(Some(&bob), "POST", path, Some(&body));
+    let by_activity = json!({"sort": [{"field": "room.recency", "dir": "desc"}], "fields": ["room.name"], "limit": 20});
+    let rooms_of_bob = || {
+        let (status, answer) = as_bob("/v1/collections/members/query", by_activity.clone());
+        assert_eq!(status, 200, "{answer}");
+        ids(answer["items"].as_array().unwrap())
+    };
+    let before = rooms_of_bob();
+    assert_eq!(before.len(), 6, "bob's memberships, and only his: {before:?}");
+    pg.psql("INSERT INTO messages (room, author, text) VALUES ('books', 'dave', 'chapter 3?')").unwrap();
+    wait_applied(&server, 1);
+    assert_eq!(rooms_of_bob()[0], "bob:books", "the room with the new message first");
+    let (status, answer) = as_bob("/demo/send", json!({"room": "books", "text": "hi"}));
+    assert_eq!((status, answer["error"]["code"].as_str()), (409, Some("read_only_source")), "{answer}");
+    // Another room's messages stay out of reach.
+    let tokyo = json!({"filter": {"field": "room", "op": "eq", "value": "tokyo"}, "limit": 5});
+    assert_eq!(as_bob("/v1/collections/messages/query", tokyo).0, 403, "bob is no member of tokyo");
+    kill_9(&mut server);
+}
