@@ -381,7 +381,9 @@ impl Network {
         let cluster = cluster.cloned();
         let started = demo::start(&self.writer, &self.routes, &self.gate, rate, shutdown, cluster, source).await?;
         if source == demo::ChatSource::Postgres {
-            println!("ordo: demo: the chat is PostgreSQL's (`rooms`, `members`, `messages` followed); its rules installed");
+            println!(
+                "ordo: demo: the chat is PostgreSQL's (`rooms`, `members`, `messages` followed); its rules installed"
+            );
         } else if started.n_rooms_written > 0 {
             println!(
                 "ordo: demo: wrote a chat of {} rooms into `rooms`, `members` and `messages`",

@@ -11,9 +11,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::postgres::{
-    follow_args, postgres, start_following, wait_applied, APPLY_TIMEOUT, PUBLICATION, SLOT,
-};
+use common::postgres::{follow_args, postgres, start_following, wait_applied, APPLY_TIMEOUT, PUBLICATION, SLOT};
 use common::{Client, Server, StartOptions};
 use ordo_test_kit::postgres::PostgresServer;
 use serde_json::{json, Value};
@@ -43,7 +41,8 @@ fn create_chat(pg: &PostgresServer) {
 
 /// The tables as followed: referencing tables listed before their targets,
 /// which must still be created first. `players.team` has no foreign key.
-const CHAT_TABLES: [&str; 4] = ["members:::ref.room=rooms,payload=note", "rooms", "players:::ref.team=teams,payload=body", "teams"];
+const CHAT_TABLES: [&str; 4] =
+    ["members:::ref.room=rooms,payload=note", "rooms", "players:::ref.team=teams,payload=body", "teams"];
 
 /// The ids of alice's members sorted by their room's name (then id), from PostgreSQL.
 fn postgres_by_room_name(pg: &PostgresServer) -> Vec<String> {
@@ -145,7 +144,12 @@ async fn refs_and_payloads_are_copied_and_streamed_and_views_follow_the_target()
     let team_title = |server: &Server| {
         let query = json!({"sort": [{"field": "team.title"}], "fields": ["team", "team.title"], "limit": 10});
         let answer = server.ok("POST", "/v1/collections/players/query", query);
-        answer["items"].as_array().unwrap().iter().map(|item| (item["id"].clone(), item["fields"]["team.title"].clone())).collect::<Vec<_>>()
+        answer["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|item| (item["id"].clone(), item["fields"]["team.title"].clone()))
+            .collect::<Vec<_>>()
     };
     assert_eq!(team_title(&server), [(json!("p1"), json!("Reds")), (json!("p2"), Value::Null)]);
     pg.psql("INSERT INTO teams VALUES (7, 'Blues')").unwrap();
@@ -162,7 +166,10 @@ async fn refs_and_payloads_are_copied_and_streamed_and_views_follow_the_target()
     pg.psql("UPDATE members SET owner = 'carol' WHERE id = 'm1'").unwrap();
     pg.psql("UPDATE members SET note = NULL WHERE id = 'm9'").unwrap();
     wait_applied(&server, 10);
-    assert_eq!(payload(&server, "players", "p2"), postgres_payload(&pg, "SELECT body::text FROM players WHERE id = 'p2'"));
+    assert_eq!(
+        payload(&server, "players", "p2"),
+        postgres_payload(&pg, "SELECT body::text FROM players WHERE id = 'p2'")
+    );
     let m1 = server.ok("GET", "/v1/collections/members/items/m1", Value::Null);
     assert_eq!(m1["fields"]["owner"], "carol");
     assert_eq!(m1["payload"], json!("b".repeat(BIG_BYTES)), "the unchanged TOASTed payload was kept");
@@ -235,8 +242,14 @@ fn bad_ref_and_payload_declarations_are_refused_at_start_naming_table_and_column
     ))
     .unwrap();
     let cases: [(&[&str], &str); 10] = [
-        (&["members:::ref.room=rooms"], "public.members: the ref column `room` points at `public.rooms`, which is not a followed table"),
-        (&["members:::ref.pair=pairs", "pairs"], "the ref column `pair` points at `public.pairs`, whose primary key has 2 columns"),
+        (
+            &["members:::ref.room=rooms"],
+            "public.members: the ref column `room` points at `public.rooms`, which is not a followed table",
+        ),
+        (
+            &["members:::ref.pair=pairs", "pairs"],
+            "the ref column `pair` points at `public.pairs`, whose primary key has 2 columns",
+        ),
         (&["members:::ref.count=rooms", "rooms"], "the ref column `count` cannot hold the ids of `public.rooms`"),
         (&["members:::ref.nope=rooms", "rooms"], "public.members: the ref column `nope` is not a column"),
         (&["tree:::ref.parent=tree"], "public.tree: the ref column `parent` points at its own table"),

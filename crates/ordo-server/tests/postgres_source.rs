@@ -9,8 +9,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::postgres::{
-    follow_args, follower_health, postgres, refused_start, restart_resumed, start_following, wait_applied,
-    wait_failed, APPLY_TIMEOUT, PUBLICATION, SLOT,
+    follow_args, follower_health, postgres, refused_start, restart_resumed, start_following, wait_applied, wait_failed,
+    APPLY_TIMEOUT, PUBLICATION, SLOT,
 };
 use common::{ordo_binary, Server};
 use ordo_test_kit::postgres::PostgresServer;

@@ -47,7 +47,8 @@ pub async fn prepare_collections(backend: &Backend) -> Result<bool, String> {
 /// fields, PostgreSQL's integers as `i64` where the demo has `u64`.
 pub fn check_followed_collections(backend: &Backend) -> Result<(), String> {
     for (name, fields) in COLLECTIONS {
-        let entry = backend.entry(name).ok_or_else(|| format!("--demo: the followed collection `{name}` is missing"))?;
+        let entry =
+            backend.entry(name).ok_or_else(|| format!("--demo: the followed collection `{name}` is missing"))?;
         check_schema(&entry, fields, Integers::Signed)?;
     }
     Ok(())

@@ -137,8 +137,9 @@ fn read_password(file: Option<&PathBuf>) -> Result<Option<String>, String> {
 /// The TOML file's `[[postgres.table]]` entries (`name`, optional `collection`,
 /// `columns`, `refs` and `payload`) as `--pg-table` values.
 pub fn toml_tables(value: &toml::Value, file: &str) -> Result<Vec<String>, String> {
-    let shape =
-        || format!("{file}: `postgres` takes `[[postgres.table]]` entries with `name`, `collection`, `columns`, `refs`, `payload`");
+    let shape = || {
+        format!("{file}: `postgres` takes `[[postgres.table]]` entries with `name`, `collection`, `columns`, `refs`, `payload`")
+    };
     let section = value.as_table().ok_or_else(shape)?;
     if section.keys().any(|key| key != "table") {
         return Err(shape());

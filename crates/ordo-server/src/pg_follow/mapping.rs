@@ -118,7 +118,10 @@ pub fn map_table(mapping: &TableMapping, table: &Table, followed: &[TableMapping
         .map(|reference| {
             let target = followed.iter().find(|other| other.table == reference.target);
             let target_collection = target.map(|other| other.collection.clone()).ok_or_else(|| {
-                format!("--pg-table {}: the ref column `{}` points at a table not followed", mapping.table, reference.column)
+                format!(
+                    "--pg-table {}: the ref column `{}` points at a table not followed",
+                    mapping.table, reference.column
+                )
             })?;
             Ok(MappedRef { column: reference.column.clone(), target_collection, target: None })
         })

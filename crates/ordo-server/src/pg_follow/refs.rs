@@ -23,7 +23,9 @@ pub struct RefColumn {
 pub fn parse_extras(spec: &str, text: &str) -> Result<(Vec<RefColumn>, Option<String>), String> {
     let mut refs: Vec<RefColumn> = Vec::new();
     let mut payload: Option<String> = None;
-    let shape = || format!("--pg-table `{spec}`: the fourth part takes `ref.COLUMN=TABLE` and `payload=COLUMN`, comma-separated");
+    let shape = || {
+        format!("--pg-table `{spec}`: the fourth part takes `ref.COLUMN=TABLE` and `payload=COLUMN`, comma-separated")
+    };
     for entry in text.split(',').map(str::trim).filter(|entry| !entry.is_empty()) {
         let (key, value) = entry.split_once('=').ok_or_else(shape)?;
         let value = value.trim();
@@ -143,7 +145,10 @@ fn same_id_form(column: ColumnType, key: ColumnType) -> bool {
 }
 
 fn type_words(column_type: Option<ColumnType>) -> String {
-    column_type.map_or_else(|| "a type Ordo does not follow".to_owned(), |t| format!("`{}`", super::mapping::postgres_types(t)))
+    column_type.map_or_else(
+        || "a type Ordo does not follow".to_owned(),
+        |t| format!("`{}`", super::mapping::postgres_types(t)),
+    )
 }
 
 /// Kahn's order over "`i` refers to `targets[i]`": targets first. The engine
@@ -217,7 +222,8 @@ mod tests {
         assert_eq!(refs[0], RefColumn { column: "room".into(), target: TableName::parse("chat.rooms") });
         assert_eq!(refs[1].target, TableName::parse("users"));
         assert_eq!(payload.as_deref(), Some("body"));
-        for bad in ["room=rooms", "ref.=rooms", "ref.room=", "payload=a,payload=b", "ref.a=x,ref.a=y", "ref.a=.x", "x"] {
+        for bad in ["room=rooms", "ref.=rooms", "ref.room=", "payload=a,payload=b", "ref.a=x,ref.a=y", "ref.a=.x", "x"]
+        {
             assert!(parse_extras("s", bad).is_err(), "{bad}");
         }
     }
