@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: run serve cluster nats-server postgres nats-sync test test-rust test-clients test-browser server-bin bench bench-quick bench-store loadgen server-micro lint fmt model-long crash-long vectors
+.PHONY: run serve cluster pg-demo nats-server postgres nats-sync test test-rust test-clients test-browser server-bin bench bench-quick bench-store loadgen server-micro lint fmt model-long crash-long vectors
 
 # The main job: the server on http://127.0.0.1:7070 with its data in ./ordo-data,
 # and the live chat demo at http://127.0.0.1:7070/demo (10 000 shared rooms, a
@@ -20,6 +20,14 @@ serve:
 # stops them all.
 cluster: nats-server server-bin
 	scripts/cluster.sh
+
+# The demo page on a chat kept in PostgreSQL (README, "Following PostgreSQL"): a
+# throw-away PostgreSQL in a temporary directory with rooms, members and messages,
+# `ordo serve --demo` following them, and a writer INSERTing a message a second;
+# prints the URL and the psql command to write one yourself. Ctrl-C stops it all
+# and removes the directory. `ARGS="--listen 127.0.0.1:8080"` for ordo serve.
+pg-demo: postgres server-bin
+	scripts/pg-demo.sh $(ARGS)
 
 # nats-server v2.15.2 into .tools/bin (built with `go install`; skipped when present):
 # the log of cluster mode, for `make cluster` and the cluster tests.

@@ -246,6 +246,27 @@ pub async fn missing_values(
     Ok(values)
 }
 
+/// Whether a foreign key of the table `table_oid` is exactly the one column
+/// `column` and points at the table `target_oid` (any of its unique keys).
+/// For `ordo serve`'s `ref` columns: a declared reference that PostgreSQL does
+/// not enforce is worth a warning, since nothing then keeps the ids in step.
+pub async fn has_foreign_key(
+    connection: &mut Connection,
+    table_oid: u32,
+    column: &str,
+    target_oid: u32,
+) -> Result<bool, Error> {
+    let rows = connection
+        .query_rows(&format!(
+            "SELECT 1 FROM pg_constraint c JOIN pg_attribute a ON a.attrelid = c.conrelid \
+             WHERE c.contype = 'f' AND c.conrelid = {table_oid} AND c.confrelid = {target_oid} \
+               AND a.attname = {} AND c.conkey = ARRAY[a.attnum]::int2[]",
+            escape_literal(column)
+        ))
+        .await?;
+    Ok(!rows.is_empty())
+}
+
 /// The primary key's column names in key order; empty when there is none.
 async fn primary_key(connection: &mut Connection, oid: u32) -> Result<Vec<String>, Error> {
     let rows = connection

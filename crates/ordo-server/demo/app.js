@@ -474,8 +474,9 @@ function openRoomOf(membershipId) {
   document.body.classList.add("room-open");
   elements.roomTitle.textContent = item?.fields?.["room.name"] ?? openRoom.id;
   elements.roomHint.hidden = true;
-  elements.composer.hidden = false;
-  elements.favourite.hidden = false;
+  // A chat followed from PostgreSQL is read-only here: messages are INSERTs there.
+  elements.composer.hidden = followsPostgres;
+  elements.favourite.hidden = followsPostgres;
   for (const row of rows.values()) row.element.classList.toggle("open", row.element.dataset.room === openRoom.id);
   // The room's messages: pinned to the room (the server lets only its members read them), the last ROOM_TAIL.
   const messages = client.subscribe({
@@ -520,7 +521,7 @@ function followOpenRoom(items) {
   elements.favourite.setAttribute("aria-pressed", String(!!fields.favourite));
   elements.favourite.textContent = fields.favourite ? "★" : "☆";
   const lastSeq = fields["room.last_seq"] ?? 0;
-  if (lastSeq > (fields.read_upto ?? 0) && lastSeq > openRoom.markedUpto) {
+  if (!followsPostgres && lastSeq > (fields.read_upto ?? 0) && lastSeq > openRoom.markedUpto) {
     openRoom.markedUpto = lastSeq;
     writeMembership({ set_max: { read_upto: lastSeq } });
   }
@@ -581,6 +582,8 @@ elements.composer.addEventListener("submit", async (event) => {
 // Read-only: `GET /demo/simulator` is public, setting the rate takes an admin token.
 let simulatorOn = true;
 let lastSent = null;
+// Whether the chat follows PostgreSQL (`make pg-demo`): then no simulator, no composer, no writes.
+let followsPostgres = false;
 
 async function refreshSimulator() {
   if (!simulatorOn) return;
@@ -593,7 +596,18 @@ async function refreshSimulator() {
       elements.simulatorStatus.textContent = "Off: start the server with `ordo serve --demo` for live traffic.";
       return;
     }
-    const { rate, sent } = await response.json();
+    const { rate, sent, follows_postgres: followed } = await response.json();
+    if (followed) {
+      followsPostgres = true;
+      simulatorOn = false;
+      elements.simulator.classList.add("off");
+      elements.rateHint.hidden = true;
+      elements.composer.hidden = true;
+      elements.favourite.hidden = true;
+      elements.simulatorStatus.textContent =
+        "Off: this chat follows PostgreSQL. A message is an INSERT there (`make pg-demo` prints the psql command).";
+      return;
+    }
     const perSecond = lastSent === null ? null : (sent - lastSent.sent) / ((performance.now() - lastSent.at) / 1000);
     lastSent = { sent, at: performance.now() };
     elements.rate.value = rate;

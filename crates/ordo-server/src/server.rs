@@ -343,7 +343,8 @@ impl Network {
         let postgres = self.start_postgres(cluster.as_ref(), shutdown_rx.clone()).await?;
         // The demo's rooms are written before the address is printed, so whoever
         // waits for that line finds them there.
-        let demo = self.start_demo(cluster.as_ref(), shutdown_rx.clone()).await?;
+        let followed = postgres.as_ref().map(|started| started.read_only.clone()).unwrap_or_default();
+        let demo = self.start_demo(cluster.as_ref(), shutdown_rx.clone(), &followed).await?;
         self.announce(address, demo.as_deref());
         let state = Arc::new(self.http_state(shutdown_rx.clone(), demo, cluster, postgres));
         tokio::spawn(expire_sessions(state.registry.clone(), state.writer.clone(), shutdown_rx.clone()));
@@ -392,13 +393,20 @@ impl Network {
         &self,
         cluster: Option<&Arc<crate::cluster::Cluster>>,
         shutdown: watch::Receiver<bool>,
+        followed: &std::collections::HashSet<String>,
     ) -> Result<Option<Arc<demo::Demo>>, String> {
         if !self.options.demo {
             return Ok(None);
         }
         let rate = self.options.demo_rate;
-        let started = demo::start(&self.writer, &self.routes, &self.gate, rate, shutdown, cluster.cloned()).await?;
-        if started.n_rooms_written > 0 {
+        let source = demo::chat_source(followed)?;
+        let cluster = cluster.cloned();
+        let started = demo::start(&self.writer, &self.routes, &self.gate, rate, shutdown, cluster, source).await?;
+        if source == demo::ChatSource::Postgres {
+            crate::logging::say!(
+                "ordo: demo: the chat is PostgreSQL's (`rooms`, `members`, `messages` followed); its rules installed"
+            );
+        } else if started.n_rooms_written > 0 {
             crate::logging::say!(
                 "ordo: demo: wrote a chat of {} rooms into `rooms`, `members` and `messages`",
                 started.n_rooms_written
@@ -424,18 +432,22 @@ impl Network {
             "started"
         );
         if let Some(demo) = demo {
-            crate::logging::say!(
-                "ordo: demo on http://{address}/demo (simulator: {} messages/s); demo users sign in there",
-                demo.simulator.rate()
-            );
+            let traffic = match demo.source {
+                demo::ChatSource::Generated => format!("simulator: {} messages/s", demo.simulator.rate()),
+                demo::ChatSource::Postgres => "messages: INSERTs in PostgreSQL".to_owned(),
+            };
+            crate::logging::say!("ordo: demo on http://{address}/demo ({traffic}); demo users sign in there");
             let secret_file = if self.demo.as_ref().is_some_and(|demo| demo.made_secret) {
                 options.data_dir.join(DEMO_SECRET_FILE).display().to_string()
             } else {
                 "<the secret given with --auth-secret-file>".to_owned()
             };
+            let purpose = match demo.source {
+                demo::ChatSource::Generated => "to change the simulator's rate: POST /demo/simulator {\"rate\":N}",
+                demo::ChatSource::Postgres => "to read every collection",
+            };
             crate::logging::say!(
-                "ordo: an admin token (to change the simulator's rate: POST /demo/simulator {{\"rate\":N}}): \
-                 ordo token --secret-file {secret_file} --role admin --sub ops"
+                "ordo: an admin token ({purpose}): ordo token --secret-file {secret_file} --role admin --sub ops"
             );
         }
         crate::logging::say!(

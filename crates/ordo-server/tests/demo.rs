@@ -203,7 +203,10 @@ fn demo_writes_searchable_rooms_and_checks_the_rate() {
     }
     assert!(!names_matching(&server, "東京").is_empty());
 
-    assert_eq!(server.ok("GET", "/demo/simulator", json!(null)), json!({"rate": 0, "sent": 0}));
+    assert_eq!(
+        server.ok("GET", "/demo/simulator", json!(null)),
+        json!({"rate": 0, "sent": 0, "follows_postgres": false})
+    );
     for bad in [json!({"rate": 5001}), json!({"rate": -1}), json!({"rate": 2.5}), json!({"rate": "9"}), json!({})] {
         let (status, answer) = server.http("POST", "/demo/simulator", Some(&bad));
         assert_eq!((status, answer["error"]["code"].as_str()), (400, Some("bad_request")), "{bad}: {answer}");

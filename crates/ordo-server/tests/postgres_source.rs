@@ -9,68 +9,14 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ordo_binary, Server, StartOptions};
-use ordo_test_kit::postgres::{PostgresServer, ServerOptions, TestCertificates, SOCKET_PORT};
+use common::postgres::{
+    follow_args, follower_health, postgres, refused_start, restart_resumed, start_following, wait_applied, wait_failed,
+    APPLY_TIMEOUT, PUBLICATION, SLOT,
+};
+use common::{ordo_binary, Server};
+use ordo_test_kit::postgres::{PostgresServer, ServerOptions, TestCertificates};
 use ordo_test_kit::rng::Rng;
 use serde_json::{json, Value};
-
-const PUBLICATION: &str = "ordo_pub";
-const SLOT: &str = "ordo_slot";
-/// How long a transaction may take to show in Ordo on a loaded machine; the
-/// waits end as soon as it shows.
-const APPLY_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn postgres() -> PostgresServer {
-    PostgresServer::start().unwrap_or_else(|error| panic!("starting PostgreSQL: {error}"))
-}
-
-/// The `--pg-*` arguments that follow `tables` of `pg`, its password in `dir/pg-password`.
-fn follow_args(pg: &PostgresServer, dir: &Path, tables: &[&str]) -> Vec<String> {
-    let password_file = dir.join("pg-password");
-    std::fs::write(&password_file, format!("{}\n", pg.password)).unwrap();
-    let mut args: Vec<String> = [
-        "--pg-host",
-        pg.socket_dir().to_str().unwrap(),
-        "--pg-port",
-        &SOCKET_PORT.to_string(),
-        "--pg-user",
-        &pg.user,
-        "--pg-database",
-        "postgres",
-        "--pg-publication",
-        PUBLICATION,
-        "--pg-slot",
-        SLOT,
-        "--pg-password-file",
-        password_file.to_str().unwrap(),
-    ]
-    .iter()
-    .map(|arg| arg.to_string())
-    .collect();
-    for table in tables {
-        args.extend(["--pg-table".to_owned(), table.to_string()]);
-    }
-    args
-}
-
-/// Starts the follower again on `dir`'s data and checks that it resumed from
-/// the position stored with the data, not from a new copy.
-fn restart_resumed(pg: &PostgresServer, dir: &Path, tables: &[&str]) -> Server {
-    let args = follow_args(pg, dir, tables);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let options = StartOptions { capture_stderr: true, ..StartOptions::default() };
-    let server = Server::start_with(&dir.join("data"), &args, options);
-    let lines = server.wait_for_stderr_line(|line| line.contains("following PostgreSQL"));
-    let started = lines.iter().find(|line| line.contains("following PostgreSQL")).unwrap();
-    assert!(started.contains("resumed=true"), "{started}");
-    server
-}
-
-fn start_following(pg: &PostgresServer, dir: &Path, tables: &[&str]) -> Server {
-    let args = follow_args(pg, dir, tables);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    Server::start(&dir.join("data"), &args)
-}
 
 fn create_items_table(pg: &PostgresServer) {
     pg.psql(&format!(
@@ -78,24 +24,6 @@ fn create_items_table(pg: &PostgresServer) {
          CREATE PUBLICATION {PUBLICATION} FOR TABLE items;"
     ))
     .unwrap();
-}
-
-/// The follower's `/v1/health` object.
-fn follower_health(server: &Server) -> Value {
-    server.ok("GET", "/v1/health", Value::Null)["postgres"].clone()
-}
-
-/// Waits until Ordo has applied `n` transactions since it started following.
-fn wait_applied(server: &Server, n: u64) {
-    let deadline = Instant::now() + APPLY_TIMEOUT;
-    loop {
-        let health = follower_health(server);
-        if health["transactions_applied"].as_u64().unwrap() >= n {
-            return;
-        }
-        assert!(Instant::now() < deadline, "transaction {n} not applied: {health}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// PostgreSQL's window: `(id, score, title)` by score, then id in byte order (Ordo's tie-break).
@@ -457,19 +385,6 @@ fn a_column_added_in_postgres_becomes_a_field_and_a_dropped_one_is_removed() {
     assert_eq!(follower_health(&server)["state"], "streaming");
 }
 
-/// Waits until the follower stopped for good; returns its error.
-fn wait_failed(server: &Server) -> String {
-    let deadline = Instant::now() + APPLY_TIMEOUT;
-    loop {
-        let health = follower_health(server);
-        if health["state"] == "failed" {
-            return health["error"].as_str().unwrap().to_owned();
-        }
-        assert!(Instant::now() < deadline, "the follower did not stop: {health}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn a_column_retyped_renamed_or_of_an_unsupported_type_stops_the_follower_naming_it() {
     let cases = [
@@ -596,21 +511,6 @@ fn writes_to_a_followed_collection_are_refused_with_read_only_source() {
     // Another collection is writable as ever.
     server.ok("PUT", "/v1/collections/notes", json!({"fields": [{"name": "score", "type": "i64"}]}));
     server.ok("POST", "/v1/collections/notes/batch", upsert);
-}
-
-/// Runs `ordo serve` expecting it to refuse to start; returns its output.
-fn refused_start(dir: &Path, args: &[String]) -> String {
-    let output = Command::new(ordo_binary())
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.join("data"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert!(!output.status.success(), "started: {text}");
-    assert!(!text.contains("listening on"), "{text}");
-    text
 }
 
 #[test]

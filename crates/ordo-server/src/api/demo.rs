@@ -39,7 +39,7 @@ pub(super) async fn token(call: Call<'_>) -> Result<Response<Body>, ApiError> {
 pub(super) async fn simulator_status(call: Call<'_>) -> Result<Response<Body>, ApiError> {
     let Call { state, .. } = call;
     let demo = state.demo.as_ref().expect("checked above");
-    Ok(json_response(200, demo.simulator.status_json().to_string().into_bytes()))
+    Ok(json_response(200, demo.status_json().to_string().into_bytes()))
 }
 
 /// POST /demo/simulator (admin): sets the simulator's rate.
@@ -47,6 +47,7 @@ pub(super) async fn set_simulator_rate(call: Call<'_>) -> Result<Response<Body>,
     let Call { state, request, path, token } = call;
     require_admin(&*caller(state, token, path)?, "changing the simulator's rate")?;
     let demo = state.demo.as_ref().expect("checked above");
+    demo.refuse_when_followed("no simulator runs; the messages come from PostgreSQL")?;
     let body = read_body(request).await?;
     let rate = crate::demo::parse_rate_request(&body)?;
     demo.simulator.set_rate(rate);

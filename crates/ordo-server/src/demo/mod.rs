@@ -12,7 +12,7 @@ pub mod chat;
 pub mod seed;
 pub mod simulator;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -49,8 +49,33 @@ pub fn asset(name: &str) -> Option<(&'static str, &'static str)> {
     })
 }
 
+/// Where the demo's chat comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChatSource {
+    /// Generated at start, moved by the simulator and `POST /demo/send`.
+    Generated,
+    /// `rooms`, `members` and `messages` follow PostgreSQL tables (`--pg-table`,
+    /// `make pg-demo`): read-only here, so the demo installs only its rules
+    /// and hands out tokens; a message is an INSERT in PostgreSQL.
+    Postgres,
+}
+
+/// The chat's source from the followed collections: all three of the demo's
+/// collections followed, or none.
+pub fn chat_source(followed: &HashSet<String>) -> Result<ChatSource, String> {
+    let n_followed = [ROOMS, MEMBERS, MESSAGES].iter().filter(|name| followed.contains(**name)).count();
+    match n_followed {
+        0 => Ok(ChatSource::Generated),
+        3 => Ok(ChatSource::Postgres),
+        _ => Err(format!(
+            "--demo with --pg-table follows `{ROOMS}`, `{MEMBERS}` and `{MESSAGES}` all three (the chat is then PostgreSQL's), or none of them"
+        )),
+    }
+}
+
 /// The demo's state, shared by the simulator and the HTTP handlers.
 pub struct Demo {
+    pub source: ChatSource,
     pub simulator: Simulator,
     backend: Backend,
     chat: Chat,
@@ -81,8 +106,12 @@ pub async fn start(
     rate: u32,
     shutdown: watch::Receiver<bool>,
     cluster: Option<Arc<Cluster>>,
+    source: ChatSource,
 ) -> Result<DemoStart, String> {
     let simulator = Simulator::new(rate).map_err(|error| format!("--demo-rate: {}", error.message))?;
+    if source == ChatSource::Postgres {
+        return start_on_followed(writer, routes, gate).await;
+    }
     if let Some(cluster) = &cluster {
         catch_up(cluster).await?;
     }
@@ -99,9 +128,23 @@ pub async fn start(
     backend.install_rules(gate, seed::flagship_rules()).await?;
     let last_seqs = seed::stored_last_seqs(&backend, &chat).await?;
     let room_index = chat.rooms.iter().enumerate().map(|(index, room)| (room.id.clone(), index)).collect();
-    let demo = Arc::new(Demo { simulator, backend, chat, room_index, last_seqs: Mutex::new(last_seqs) });
+    let last_seqs = Mutex::new(last_seqs);
+    let demo = Arc::new(Demo { source, simulator, backend, chat, room_index, last_seqs });
     tokio::spawn(simulator::run(demo.clone(), shutdown));
     Ok(DemoStart { n_rooms_written: if empty { demo.chat.rooms.len() } else { 0 }, demo })
+}
+
+/// The chat followed from PostgreSQL: the collections are checked, the rules
+/// installed; no chat is written and no simulator runs (its rate stays 0).
+async fn start_on_followed(writer: &WriterSender, routes: &Routes, gate: &Gate) -> Result<DemoStart, String> {
+    let backend = Backend::new(Submitter::Writer(writer.clone()), writer.clone(), routes.clone());
+    seed::check_followed_collections(&backend)?;
+    backend.install_rules(gate, seed::flagship_rules()).await?;
+    let simulator = Simulator::new(0).map_err(|error| error.message)?;
+    let chat = Chat { users: Vec::new(), rooms: Vec::new() };
+    let (room_index, last_seqs) = (HashMap::new(), Mutex::new(Vec::new()));
+    let demo = Arc::new(Demo { source: ChatSource::Postgres, simulator, backend, chat, room_index, last_seqs });
+    Ok(DemoStart { demo, n_rooms_written: 0 })
 }
 
 /// Cluster mode: waits (at most a minute) until this node applied the stream
@@ -162,6 +205,7 @@ impl Demo {
             room: String,
             text: String,
         }
+        self.refuse_when_followed("a message is an INSERT INTO messages (room, author, text) in PostgreSQL")?;
         let request: SendRequest = crate::strict_json::parse(body, "the body")?;
         let text = request.text.trim();
         if text.is_empty() || text.len() > limits::MAX_DEMO_TEXT_BYTES {
@@ -183,6 +227,28 @@ impl Demo {
         }
         let seqs = self.write_messages(&[(room, user, text)]).await?;
         Ok(seqs[0])
+    }
+}
+
+impl Demo {
+    /// The demo's writes are refused when the chat follows PostgreSQL: its
+    /// collections are read-only here (`read_only_source`).
+    pub fn refuse_when_followed(&self, instead: &str) -> Result<(), ApiError> {
+        if self.source == ChatSource::Postgres {
+            return Err(ApiError::new(
+                ErrorCode::ReadOnlySource,
+                format!("the demo's chat follows PostgreSQL and is read-only here: {instead}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `GET /demo/simulator`'s answer: the rate and messages sent, and whether
+    /// the chat follows PostgreSQL (the page then offers no composer).
+    pub fn status_json(&self) -> serde_json::Value {
+        let mut status = self.simulator.status_json();
+        status["follows_postgres"] = json!(self.source == ChatSource::Postgres);
+        status
     }
 }
 
@@ -213,6 +279,15 @@ mod tests {
         }
         assert!(asset("../Cargo.toml").is_none() && asset("simulator").is_none());
         assert!(asset("").unwrap().1.contains("/demo/app.js"), "the page loads its script by absolute path");
+    }
+
+    #[test]
+    fn the_chat_is_followed_whole_or_not_at_all() {
+        let followed = |names: &[&str]| names.iter().map(|name| (*name).to_owned()).collect::<HashSet<_>>();
+        assert_eq!(chat_source(&followed(&[])), Ok(ChatSource::Generated));
+        assert_eq!(chat_source(&followed(&["orders"])), Ok(ChatSource::Generated));
+        assert_eq!(chat_source(&followed(&[ROOMS, MEMBERS, MESSAGES, "orders"])), Ok(ChatSource::Postgres));
+        assert!(chat_source(&followed(&[ROOMS, MEMBERS])).unwrap_err().contains("all three"));
     }
 
     #[test]

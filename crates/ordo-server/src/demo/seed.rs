@@ -9,6 +9,7 @@ use super::chat::{membership_id, message_id, Chat, SEEDED_MESSAGES};
 use crate::demo_data::{self, COLLECTIONS, MEMBERS, MESSAGES, OPS_PER_WRITE, ROOMS};
 use crate::rng::Rng;
 use crate::routing::CollectionEntry;
+use ordo_core::FieldType;
 
 /// How far back a generated room's last message goes: 30 days, in ms.
 const HISTORY_MS: u64 = 30 * 24 * 3_600 * 1_000;
@@ -37,18 +38,37 @@ pub async fn prepare_collections(backend: &Backend) -> Result<bool, String> {
             Some(entry) => entry,
             None => backend.create_collection(name, demo_data::fields_json(fields)).await?,
         };
-        check_schema(&entry, fields)?;
+        check_schema(&entry, fields, Integers::Unsigned)?;
     }
     Ok(backend.page(ROOMS, 0, 1, &[]).await?.is_empty())
 }
 
+/// The collections as PostgreSQL tables made them (`make pg-demo`): the same
+/// fields, PostgreSQL's integers as `i64` where the demo has `u64`.
+pub fn check_followed_collections(backend: &Backend) -> Result<(), String> {
+    for (name, fields) in COLLECTIONS {
+        let entry =
+            backend.entry(name).ok_or_else(|| format!("--demo: the followed collection `{name}` is missing"))?;
+        check_schema(&entry, fields, Integers::Signed)?;
+    }
+    Ok(())
+}
+
+/// Whether the demo's `u64` fields may be `i64` (PostgreSQL has no unsigned integers).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Integers {
+    Unsigned,
+    Signed,
+}
+
 /// The page and the simulator need these fields; others may be there too.
-fn check_schema(entry: &CollectionEntry, fields: &[(&str, &str)]) -> Result<(), String> {
+fn check_schema(entry: &CollectionEntry, fields: &[(&str, &str)], integers: Integers) -> Result<(), String> {
     let fits = |&(name, field_type): &(&str, &str)| {
         entry.schema.field_id(name).is_some_and(|id| {
             let found = entry.schema.field(id).field_type;
             match field_type {
                 "ref" => entry.ref_targets.iter().any(|(field, target)| field == name && target == ROOMS),
+                "u64" if integers == Integers::Signed => found == FieldType::I64,
                 other => crate::wire::parse_field_type(other) == Some(found),
             }
         })

@@ -7,6 +7,7 @@ use std::time::Duration;
 use ordo_core::limits::MAX_COLLECTION_NAME_BYTES;
 use ordo_pgsource::{ConnectConfig, Host, TableName, Tls, UnsupportedColumns};
 
+use super::refs::{self, RefColumn};
 use crate::cli::ServeArgs;
 use crate::routing::is_reserved_name;
 
@@ -21,6 +22,10 @@ pub struct TableMapping {
     pub collection: String,
     /// The columns that become fields besides the key columns; `None`: all.
     pub columns: Option<Vec<String>>,
+    /// Columns that hold ids of another followed table's rows (`ref` fields,
+    /// always followed), and the column that is the payload (never a field).
+    pub refs: Vec<RefColumn>,
+    pub payload: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -85,15 +90,23 @@ pub fn from_args(args: &ServeArgs) -> Result<Option<PostgresOptions>, String> {
     }))
 }
 
-/// `TABLE`, `TABLE:COLLECTION` or `TABLE:COLLECTION:COL,COL` (an empty
-/// collection part keeps the table's name).
+/// `TABLE`, `TABLE:COLLECTION`, `TABLE:COLLECTION:COL,COL` or
+/// `TABLE:COLLECTION:COLUMNS:EXTRAS` (an empty collection part keeps the
+/// table's name, an empty columns part follows every column; EXTRAS: see
+/// [`refs::parse_extras`]).
 pub fn parse_table(spec: &str) -> Result<TableMapping, String> {
-    let mut parts = spec.splitn(3, ':');
+    let mut parts = spec.splitn(4, ':');
     let table_text = parts.next().unwrap_or_default().trim();
     let collection = parts.next().map(str::trim).filter(|name| !name.is_empty());
-    let columns = parts.next().map(|list| list.split(',').map(|column| column.trim().to_owned()).collect::<Vec<_>>());
+    let columns = parts
+        .next()
+        .filter(|list| !list.trim().is_empty())
+        .map(|list| list.split(',').map(|column| column.trim().to_owned()).collect::<Vec<_>>());
+    let (refs, payload) = refs::parse_extras(spec, parts.next().unwrap_or_default())?;
     if table_text.is_empty() || table_text.split('.').any(str::is_empty) {
-        return Err(format!("--pg-table `{spec}`: takes TABLE[:COLLECTION[:COLUMNS]], TABLE as name or schema.name"));
+        return Err(format!(
+            "--pg-table `{spec}`: takes TABLE[:COLLECTION[:COLUMNS[:EXTRAS]]], TABLE as name or schema.name"
+        ));
     }
     let table = TableName::parse(table_text);
     let collection = collection.unwrap_or(&table.name).to_owned();
@@ -105,7 +118,7 @@ pub fn parse_table(spec: &str) -> Result<TableMapping, String> {
     if columns.as_ref().is_some_and(|columns| columns.iter().any(String::is_empty)) {
         return Err(format!("--pg-table `{spec}`: an empty column name"));
     }
-    Ok(TableMapping { table, collection, columns })
+    Ok(TableMapping { table, collection, columns, refs, payload })
 }
 
 /// The password from `--pg-password-file`, else `ORDO_PG_PASSWORD`, else none.
@@ -156,11 +169,12 @@ pub fn is_loopback(host: &str) -> bool {
         || bracketless.parse::<std::net::IpAddr>().is_ok_and(|address| address.is_loopback())
 }
 
-/// The TOML file's `[[postgres.table]]` entries (`name`, optional `collection`
-/// and `columns`) as `--pg-table` values.
+/// The TOML file's `[[postgres.table]]` entries (`name`, optional `collection`,
+/// `columns`, `refs` and `payload`) as `--pg-table` values.
 pub fn toml_tables(value: &toml::Value, file: &str) -> Result<Vec<String>, String> {
-    let shape =
-        || format!("{file}: `postgres` takes `[[postgres.table]]` entries with `name`, `collection`, `columns`");
+    let shape = || {
+        format!("{file}: `postgres` takes `[[postgres.table]]` entries with `name`, `collection`, `columns`, `refs`, `payload`")
+    };
     let section = value.as_table().ok_or_else(shape)?;
     if section.keys().any(|key| key != "table") {
         return Err(shape());
@@ -170,7 +184,7 @@ pub fn toml_tables(value: &toml::Value, file: &str) -> Result<Vec<String>, Strin
     let mut specs = Vec::with_capacity(entries.len());
     for entry in entries {
         let entry = entry.as_table().ok_or_else(shape)?;
-        if entry.keys().any(|key| !matches!(key.as_str(), "name" | "collection" | "columns")) {
+        if entry.keys().any(|key| !matches!(key.as_str(), "name" | "collection" | "columns" | "refs" | "payload")) {
             return Err(shape());
         }
         let name = entry.get("name").and_then(toml::Value::as_str).ok_or_else(shape)?;
@@ -179,11 +193,18 @@ pub fn toml_tables(value: &toml::Value, file: &str) -> Result<Vec<String>, Strin
             None => "",
         };
         let mut spec = format!("{name}:{collection}");
+        let extras = refs::toml_extras(entry, &shape)?;
+        if entry.contains_key("columns") || extras.is_some() {
+            spec.push(':');
+        }
         if let Some(columns) = entry.get("columns") {
             let columns = columns.as_array().ok_or_else(shape)?;
             let names: Option<Vec<&str>> = columns.iter().map(toml::Value::as_str).collect();
-            spec.push(':');
             spec.push_str(&names.ok_or_else(shape)?.join(","));
+        }
+        if let Some(extras) = extras {
+            spec.push(':');
+            spec.push_str(&extras);
         }
         if name.contains(':') || collection.contains(':') || spec.contains(';') {
             return Err(format!("{file}: `[[postgres.table]]` names hold no `:` or `;`"));

@@ -245,8 +245,7 @@ impl Follower {
             let changes = followed.map.field_changes(&followed.table.name, &layout.columns).map_err(Stop::Refused)?;
             if !changes.is_empty() {
                 let defaults = self.missing_values(layout, &changes).await?;
-                let (collection, name) = (followed.collection, &followed.map.collection);
-                self.sink.change_fields(collection, name, &changes, defaults).await?;
+                self.sink.change_fields(followed.collection, &followed.map, &changes, defaults).await?;
                 self.followed[layout.table].map.apply(&changes);
             }
             self.layouts[layout.table] = Some(layout.clone());

@@ -2,12 +2,17 @@
 //! field per followed column, typed from the column), the item id (the primary
 //! key), and each value. No I/O: a row in, batch operations out.
 
-use ordo_core::limits::{MAX_FIELDS_PER_SCHEMA, MAX_ID_BYTES, MAX_STRING_FIELD_BYTES};
-use ordo_core::{Batch, FieldType, Schema, Value as OrdoValue};
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use ordo_core::limits::{MAX_FIELDS_PER_SCHEMA, MAX_ID_BYTES, MAX_PAYLOAD_BYTES, MAX_STRING_FIELD_BYTES};
+use ordo_core::{Batch, CollectionId, FieldType, Schema, Value as OrdoValue};
 use ordo_pgsource::stream::Layout;
 use ordo_pgsource::{ColumnType, Field, Table, TableName, Value};
 
 use super::config::TableMapping;
+use crate::limits::MAX_PAYLOAD_DEPTH;
+use crate::strict_json::{self, Integers::AsWritten, Refusal};
 
 /// Joins the parts of a composite primary key into an item id. Inside each part
 /// `\` is written `\\` and `/` is written `\/`, so two different keys never give
@@ -24,6 +29,19 @@ pub struct TableMap {
     /// they decide whether a column added in PostgreSQL becomes a field.
     pub wanted: Option<Vec<String>>,
     pub key_columns: Vec<String>,
+    /// The `ref` columns: each field's values are ids of the target's items.
+    pub refs: Vec<MappedRef>,
+    /// The column that is each item's payload (never a field).
+    pub payload: Option<String>,
+}
+
+/// A `ref` column and the collection it points at.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MappedRef {
+    pub column: String,
+    pub target_collection: String,
+    /// The target's id, once it exists (`TableMap::resolve_refs`).
+    pub target: Option<CollectionId>,
 }
 
 /// A field and the column it holds.
@@ -38,6 +56,7 @@ pub struct MappedField {
 }
 
 impl MappedField {
+    #[cfg(test)]
     fn of_column(name: &str, column_type: ColumnType) -> MappedField {
         MappedField { name: name.to_owned(), field_type: field_type(column_type), column_type: Some(column_type) }
     }
@@ -73,8 +92,11 @@ pub fn field_type(column_type: ColumnType) -> FieldType {
 }
 
 /// Checks the configured columns against the table and lists its fields: the
-/// key columns always, then the configured ones (all followed ones by default).
-pub fn map_table(mapping: &TableMapping, table: &Table) -> Result<TableMap, String> {
+/// key and `ref` columns always, then the configured ones (all followed ones
+/// by default), never the payload column. `followed` are every followed
+/// table's mappings, for the `ref` columns' targets (checked before by
+/// `refs::check_and_order`).
+pub fn map_table(mapping: &TableMapping, table: &Table, followed: &[TableMapping]) -> Result<TableMap, String> {
     if let Some(wanted) = &mapping.columns {
         for name in wanted {
             let column = table
@@ -90,22 +112,35 @@ pub fn map_table(mapping: &TableMapping, table: &Table) -> Result<TableMap, Stri
             }
         }
     }
-    let wanted = |name: &str, is_key: bool| {
-        is_key || mapping.columns.as_ref().is_none_or(|columns| columns.iter().any(|c| c == name))
-    };
-    let mut fields = Vec::new();
-    for column in &table.columns {
-        if let (Some(column_type), true) = (column.column_type, wanted(&column.name, column.key_position.is_some())) {
-            fields.push(MappedField::of_column(&column.name, column_type));
-        }
-    }
-    check_field_count(&mapping.table, fields.len())?;
-    Ok(TableMap {
+    let refs = mapping
+        .refs
+        .iter()
+        .map(|reference| {
+            let target = followed.iter().find(|other| other.table == reference.target);
+            let target_collection = target.map(|other| other.collection.clone()).ok_or_else(|| {
+                format!(
+                    "--pg-table {}: the ref column `{}` points at a table not followed",
+                    mapping.table, reference.column
+                )
+            })?;
+            Ok(MappedRef { column: reference.column.clone(), target_collection, target: None })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let mut map = TableMap {
         collection: mapping.collection.clone(),
-        fields,
+        fields: Vec::new(),
         wanted: mapping.columns.clone(),
         key_columns: table.key_columns.clone(),
-    })
+        refs,
+        payload: mapping.payload.clone(),
+    };
+    for column in &table.columns {
+        if let (Some(column_type), true) = (column.column_type, map.wants(&column.name)) {
+            map.fields.push(map.field_of(&column.name, column_type));
+        }
+    }
+    check_field_count(&mapping.table, map.fields.len())?;
+    Ok(map)
 }
 
 fn check_field_count(table: &impl std::fmt::Display, n_fields: usize) -> Result<(), String> {
@@ -124,7 +159,7 @@ fn keeps_values(field: &MappedField, new: ColumnType) -> bool {
     let is_integer = |column_type| matches!(column_type, ColumnType::Int | ColumnType::Numeric);
     match field.column_type {
         Some(old) => old == new || (is_integer(old) && is_integer(new)),
-        None => field_type(new) == field.field_type,
+        None => field_type(new) == field.field_type.value_type(),
     }
 }
 
@@ -160,6 +195,71 @@ pub fn postgres_types(column_type: ColumnType) -> &'static str {
 }
 
 impl TableMap {
+    /// The field that holds a column: a `ref` column's is a reference to its
+    /// target (a string until the target's id is known).
+    fn field_of(&self, name: &str, column_type: ColumnType) -> MappedField {
+        let field_type = match self.ref_of(name) {
+            Some(MappedRef { target: Some(target), .. }) => FieldType::Ref(*target),
+            _ => field_type(column_type),
+        };
+        MappedField { name: name.to_owned(), field_type, column_type: Some(column_type) }
+    }
+
+    fn ref_of(&self, name: &str) -> Option<&MappedRef> {
+        self.refs.iter().find(|reference| reference.column == name)
+    }
+
+    /// The field type of a column added to the table.
+    pub fn added_field_type(&self, name: &str, column_type: ColumnType) -> FieldType {
+        self.field_of(name, column_type).field_type
+    }
+
+    /// Makes each `ref` column's field a reference, once every target exists
+    /// (`ids`: collection ids by name).
+    pub fn resolve_refs(&mut self, ids: &HashMap<String, CollectionId>) -> Result<(), String> {
+        for reference in &mut self.refs {
+            let target = *ids.get(&reference.target_collection).ok_or_else(|| {
+                format!("the collection `{}` is not created before `{}`", reference.target_collection, self.collection)
+            })?;
+            reference.target = Some(target);
+            if let Some(field) = self.fields.iter_mut().find(|field| field.name == reference.column) {
+                field.field_type = FieldType::Ref(target);
+            }
+        }
+        Ok(())
+    }
+
+    /// At a restart: the collection as it exists must have the configured
+    /// `ref` fields (to the same targets) and no field of the payload column;
+    /// otherwise the configuration changed since the copy.
+    pub fn check_kept(&self, schema: &Schema) -> Result<(), String> {
+        let kept_type = |name: &str| schema.field_id(name).map(|id| schema.field(id).field_type);
+        let changed = |what: String| {
+            Err(format!(
+                "the collection `{}` was copied with {what}; a change of `ref` or payload columns needs a new copy (start with a new --pg-slot)",
+                self.collection
+            ))
+        };
+        for reference in &self.refs {
+            let wanted = reference.target.map(FieldType::Ref);
+            if kept_type(&reference.column).is_some_and(|kept| Some(kept) != wanted) {
+                return changed(format!("`{}` not a ref to `{}`", reference.column, reference.target_collection));
+            }
+        }
+        for field in schema.fields() {
+            if let Some(target) = field.field_type.ref_target() {
+                let configured = self.ref_of(&field.name).and_then(|reference| reference.target);
+                if configured != Some(target) {
+                    return changed(format!("`{}` a ref the configuration does not declare", field.name));
+                }
+            }
+        }
+        match &self.payload {
+            Some(payload) if kept_type(payload).is_some() => changed(format!("`{payload}` a field, not the payload")),
+            _ => Ok(()),
+        }
+    }
+
     pub fn schema(&self) -> Result<Schema, String> {
         let mut schema = Schema::new();
         for field in &self.fields {
@@ -240,12 +340,19 @@ impl TableMap {
                 field.column_type = Some(*column_type);
             }
         }
-        self.fields.extend(changes.added.iter().map(|(name, column_type)| MappedField::of_column(name, *column_type)));
+        let added: Vec<MappedField> =
+            changes.added.iter().map(|(name, column_type)| self.field_of(name, *column_type)).collect();
+        self.fields.extend(added);
     }
 
-    /// Whether a column is followed: a key column, or one configured (every one by default).
+    /// Whether a column is a field: a key or `ref` column, or one configured
+    /// (every one by default), never the payload column.
     fn wants(&self, name: &str) -> bool {
+        if self.payload.as_deref() == Some(name) {
+            return false;
+        }
         self.key_columns.iter().any(|key| key == name)
+            || self.ref_of(name).is_some()
             || self.wanted.as_ref().is_none_or(|columns| columns.iter().any(|column| column == name))
     }
 
@@ -296,8 +403,21 @@ impl TableMap {
     ) -> Result<(), String> {
         let mut upsert = batch.upsert(id);
         for (name, value) in cells {
+            // `None`: an unchanged TOASTed value, which the item keeps (its payload too).
+            let Some(value) = value else { continue };
+            if self.payload.as_deref() == Some(name) {
+                upsert = upsert.payload(&self.payload_bytes(name, value)?);
+                continue;
+            }
             // A column not followed, or one dropped in PostgreSQL since this row.
-            let Some(value) = value.filter(|_| self.is_field(name)) else { continue };
+            if !self.is_field(name) {
+                continue;
+            }
+            if let Some(reference) = self.ref_of(name) {
+                let id = ref_id(&self.collection, name, reference, value)?;
+                upsert = upsert.set(name, id.as_deref().map_or(OrdoValue::Null, OrdoValue::Str));
+                continue;
+            }
             let value = ordo_value(value);
             if let OrdoValue::Str(text) = value {
                 if text.len() > MAX_STRING_FIELD_BYTES {
@@ -312,6 +432,45 @@ impl TableMap {
         }
         Ok(())
     }
+}
+
+impl TableMap {
+    /// The payload column's value as the item's payload, which Ordo's API
+    /// sends as JSON: a json or jsonb document as PostgreSQL prints it (checked
+    /// as a payload written through the API is: one meaning, bounded depth), a
+    /// text as a JSON string; NULL is no payload (`"payload": null`).
+    fn payload_bytes<'a>(&self, name: &str, value: &'a Value) -> Result<Cow<'a, [u8]>, String> {
+        let refuse = |why: String| Err(format!("collection `{}`, payload column `{name}`: {why}", self.collection));
+        let bytes: Cow<'a, [u8]> = match value {
+            Value::Null => Cow::Borrowed(&[]),
+            Value::Json(document) => match strict_json::check(document.as_bytes(), MAX_PAYLOAD_DEPTH, AsWritten) {
+                Ok(()) => Cow::Borrowed(document.as_bytes()),
+                Err(Refusal::TooDeep) => return refuse(format!("a document nested over {MAX_PAYLOAD_DEPTH} deep")),
+                Err(refusal) => return refuse(refusal.to_api_error("a document").message),
+            },
+            Value::Text(text) => Cow::Owned(serde_json::Value::from(text.as_str()).to_string().into_bytes()),
+            _ => return refuse("its type changed in PostgreSQL to one that is not text, json or jsonb".to_owned()),
+        };
+        if bytes.len() > MAX_PAYLOAD_BYTES {
+            return refuse(format!("a value of {} bytes; a payload holds at most {MAX_PAYLOAD_BYTES}", bytes.len()));
+        }
+        Ok(bytes)
+    }
+}
+
+/// A `ref` column's value as the id of its target's item (`None`: null), the
+/// same text [`item_id`] makes of the target's one-column key.
+fn ref_id(collection: &str, column: &str, reference: &MappedRef, value: &Value) -> Result<Option<String>, String> {
+    if *value == Value::Null {
+        return Ok(None);
+    }
+    item_id(&reference.target_collection, &[value]).map(Some).map_err(|_| {
+        format!(
+            "collection `{collection}`, ref column `{column}`: a value of {} bytes as an id of `{}`; ids are 1..={MAX_ID_BYTES} bytes",
+            key_text(value).len(),
+            reference.target_collection
+        )
+    })
 }
 
 /// A PostgreSQL value as a field value (timestamps in µs, dates in days since 1970-01-01).
@@ -395,7 +554,14 @@ mod tests {
     fn items_map(wanted: Option<Vec<String>>) -> TableMap {
         let fields =
             vec![MappedField::of_column("id", ColumnType::Text), MappedField::of_column("score", ColumnType::Int)];
-        TableMap { collection: "items".into(), fields, wanted, key_columns: vec!["id".into()] }
+        TableMap {
+            collection: "items".into(),
+            fields,
+            wanted,
+            key_columns: vec!["id".into()],
+            refs: Vec::new(),
+            payload: None,
+        }
     }
 
     fn columns(list: &[(&str, ColumnType)]) -> Vec<(String, Option<ColumnType>)> {

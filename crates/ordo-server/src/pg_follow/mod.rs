@@ -22,6 +22,7 @@ mod copy;
 mod follow;
 pub mod lease;
 pub mod mapping;
+pub mod refs;
 mod sink;
 pub mod status;
 pub mod stream_entry;
@@ -29,7 +30,7 @@ pub mod tables;
 mod takeover;
 mod watcher;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -38,7 +39,7 @@ use ordo_pgsource::{Error, Lsn, Table};
 use ordo_store::Database;
 use tokio::sync::{oneshot, watch};
 
-use crate::routing::Routes;
+use crate::routing::{CollectionEntry, Routes};
 use crate::writer::{Command, FieldChange, WriteReply, WriterSender};
 use config::PostgresOptions;
 use mapping::{FieldChanges, TableMap};
@@ -187,22 +188,22 @@ async fn prepare(
         }
         Err(error) => return Err(format!("PostgreSQL: {error}").into()),
     };
+    let order = refs::check_and_order(&options.tables, &tables)?;
+    refs::warn_without_foreign_key(&mut connection, &options.tables, &tables).await?;
     let maps = options
         .tables
         .iter()
         .zip(&tables)
-        .map(|(mapping, table)| mapping::map_table(mapping, table))
+        .map(|(mapping, table)| mapping::map_table(mapping, table, &options.tables))
         .collect::<Result<Vec<_>, _>>()?;
     let is_new: Vec<bool> =
         options.tables.iter().map(|mapping| stored.position.is_none() || !was_followed(mapping)).collect();
     let new_maps: Vec<TableMap> =
         maps.iter().zip(&is_new).filter(|(_, new)| **new).map(|(map, _)| map.clone()).collect();
     empty_collections(&sink, routes, &new_maps).await?;
-    let mut followed = Vec::with_capacity(tables.len());
-    for ((table, map), (mapping, new)) in tables.into_iter().zip(maps).zip(options.tables.iter().zip(&is_new)) {
-        let (map, collection) = collection_of(&sink, routes, map, !new).await?;
-        let copied_at = if *new { None } else { tables::copied_at(&stored, mapping) };
-        followed.push(Followed { table, map, collection, copied_at });
+    let mut followed = collections_in_order(&sink, routes, tables, maps, &order, &is_new).await?;
+    for ((table, mapping), new) in followed.iter_mut().zip(&options.tables).zip(&is_new) {
+        table.copied_at = if *new { None } else { tables::copied_at(&stored, mapping) };
     }
     let position_collection = match stored.collection {
         Some(collection) => collection,
@@ -312,7 +313,7 @@ impl Copies<'_> {
             rest = last_rows;
             for (table, _) in followed.iter_mut().zip(is_new).filter(|(_, new)| **new) {
                 table.copied_at = Some(consistent_point);
-                println!(
+                crate::logging::say!(
                     "ordo: {} newly followed: copied at {consistent_point}; the stream's older changes of it are skipped",
                     table.table.name
                 );
@@ -340,13 +341,23 @@ impl Copies<'_> {
 }
 
 /// A first start: whatever the followed collections hold (a copy cut short)
-/// is dropped, so that the copy is every row once.
+/// is dropped, so that the copy is every row once. The engine refuses to drop
+/// a collection a `ref` field targets, so a collection goes once none of those
+/// left refers to it (by the references they have, whatever the configuration
+/// now says).
 async fn empty_collections(sink: &Sink, routes: &Routes, maps: &[TableMap]) -> Result<(), SinkError> {
-    for map in maps {
-        let existing = routes.read().expect("routes lock").get(&map.collection).map(|entry| entry.id);
-        if let Some(collection) = existing {
-            sink.drop_collection(collection, &map.collection).await?;
-        }
+    let mut existing: Vec<Arc<CollectionEntry>> = {
+        let routes = routes.read().expect("routes lock");
+        maps.iter().filter_map(|map| routes.get(&map.collection).cloned()).collect()
+    };
+    while !existing.is_empty() {
+        let is_target = |name: &str, entries: &[Arc<CollectionEntry>]| {
+            entries.iter().any(|entry| entry.ref_targets.iter().any(|(_, target)| target == name))
+        };
+        // With none free (references outside the followed ones), the engine's refusal says which.
+        let next = existing.iter().position(|entry| !is_target(&entry.name, &existing)).unwrap_or(0);
+        let entry = existing.remove(next);
+        sink.drop_collection(entry.id, &entry.name).await?;
     }
     Ok(())
 }
@@ -361,6 +372,30 @@ async fn drop_collection(writer: &WriterSender, collection: CollectionId, name: 
     Ok(())
 }
 
+/// The followed tables' collections (in the tables' order), created or found
+/// in `order`: a `ref` field's target first, so that its id is known. A table
+/// `is_new` gets a new collection; the others keep theirs.
+async fn collections_in_order(
+    sink: &Sink,
+    routes: &Routes,
+    tables: Vec<Table>,
+    maps: Vec<TableMap>,
+    order: &[usize],
+    is_new: &[bool],
+) -> Result<Vec<Followed>, SinkError> {
+    let mut waiting: Vec<Option<(Table, TableMap)>> = tables.into_iter().zip(maps).map(Some).collect();
+    let mut created: Vec<Option<Followed>> = waiting.iter().map(|_| None).collect();
+    let mut ids: HashMap<String, CollectionId> = HashMap::new();
+    for &index in order {
+        let (table, mut map) = waiting[index].take().expect("the order names each table once");
+        map.resolve_refs(&ids)?;
+        let (map, collection) = collection_of(sink, routes, map, !is_new[index]).await?;
+        ids.insert(map.collection.clone(), collection);
+        created[index] = Some(Followed { table, map, collection, copied_at: None });
+    }
+    Ok(created.into_iter().map(|followed| followed.expect("the order names every table")).collect())
+}
+
 /// The collection of a followed table. On a restart, the one that exists, its
 /// fields as they are: those of the table at the stored position, which the
 /// stream brings up to the table's (a column added or dropped meanwhile).
@@ -373,7 +408,10 @@ async fn collection_of(
 ) -> Result<(TableMap, CollectionId), SinkError> {
     let existing = routes.read().expect("routes lock").get(&map.collection).cloned();
     match existing.filter(|_| resumed) {
-        Some(entry) => Ok((map.adopt(&entry.schema), entry.id)),
+        Some(entry) => {
+            map.check_kept(&entry.schema)?;
+            Ok((map.adopt(&entry.schema), entry.id))
+        }
         None => {
             let collection = sink.create_collection(&map.collection, map.schema()?).await?;
             Ok((map, collection))
@@ -387,10 +425,11 @@ async fn collection_of(
 async fn change_fields(
     writer: &WriterSender,
     collection: CollectionId,
-    name: &str,
+    map: &TableMap,
     changes: &FieldChanges,
     defaults: Vec<OwnedValue>,
 ) -> Result<(), String> {
+    let name = map.collection.as_str();
     for field in &changes.removed {
         let change = FieldChange::Remove { name: field.clone() };
         ask_change_fields(writer, collection, change).await.map_err(|error| {
@@ -403,7 +442,7 @@ async fn change_fields(
         );
     }
     for ((field, column_type), default) in changes.added.iter().zip(defaults) {
-        let field_type = mapping::field_type(*column_type);
+        let field_type = map.added_field_type(field, *column_type);
         let change = FieldChange::Add { name: field.clone(), field_type, default };
         ask_change_fields(writer, collection, change).await.map_err(|error| {
             format!("cannot add the field `{field}` to `{name}` (a column added in PostgreSQL): {error}")

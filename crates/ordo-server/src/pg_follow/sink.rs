@@ -10,7 +10,7 @@ use std::sync::Arc;
 use ordo_core::{Batch, CollectionId, OwnedValue, Schema};
 use ordo_pgsource::Lsn;
 
-use super::mapping::{self, FieldChanges};
+use super::mapping::{FieldChanges, TableMap};
 use super::stream_entry::{ops_of, split_ops, type_name, Applied, PgChange, PgEntry, WireValue};
 use super::tables::{self, StoredTable};
 use crate::cluster::entry::{Caller, Entry, Kind};
@@ -116,12 +116,13 @@ impl Sink {
     pub(super) async fn change_fields(
         &self,
         collection: CollectionId,
-        name: &str,
+        map: &TableMap,
         changes: &FieldChanges,
         defaults: Vec<OwnedValue>,
     ) -> Result<(), SinkError> {
+        let name = map.collection.as_str();
         let stream = match self {
-            Sink::Writer(writer) => return Ok(super::change_fields(writer, collection, name, changes, defaults).await?),
+            Sink::Writer(writer) => return Ok(super::change_fields(writer, collection, map, changes, defaults).await?),
             Sink::Stream(stream) => stream,
         };
         for field in &changes.removed {
@@ -130,7 +131,7 @@ impl Sink {
             tracing::info!(collection = name, field = field.as_str(), "a column dropped in PostgreSQL: field removed");
         }
         for ((field, column_type), default) in changes.added.iter().zip(defaults) {
-            let field_type = type_name(mapping::field_type(*column_type), |target| stream.name_of(target));
+            let field_type = type_name(map.added_field_type(field, *column_type), |target| stream.name_of(target));
             let default = WireValue::of(default.as_value());
             let change = PgChange::AddField { collection: name.to_owned(), field: field.clone(), field_type, default };
             stream.publish(change).await?;

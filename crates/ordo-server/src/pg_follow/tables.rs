@@ -109,7 +109,13 @@ mod tests {
     use ordo_pgsource::TableName;
 
     fn mapping(table: &str, collection: &str) -> TableMapping {
-        TableMapping { table: TableName::parse(table), collection: collection.to_owned(), columns: None }
+        TableMapping {
+            table: TableName::parse(table),
+            collection: collection.to_owned(),
+            columns: None,
+            refs: Vec::new(),
+            payload: None,
+        }
     }
 
     fn stored(schema: &str, name: &str, collection: &str, copied_at: Option<&str>) -> StoredTable {

@@ -6,6 +6,7 @@
 pub mod cluster;
 pub mod nats;
 pub mod ports;
+pub mod postgres;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

@@ -1,0 +1,116 @@
+//! The tests' side of following PostgreSQL: a throw-away server, the
+//! `--pg-*` arguments that follow its tables, and waits on the follower's
+//! state as `/v1/health` reports it.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ordo_test_kit::postgres::{PostgresServer, SOCKET_PORT};
+use serde_json::Value;
+
+use super::{ordo_binary, Server, StartOptions};
+
+pub const PUBLICATION: &str = "ordo_pub";
+pub const SLOT: &str = "ordo_slot";
+/// How long a transaction may take to show in Ordo on a loaded machine; the
+/// waits end as soon as it shows.
+pub const APPLY_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub fn postgres() -> PostgresServer {
+    PostgresServer::start().unwrap_or_else(|error| panic!("starting PostgreSQL: {error}"))
+}
+
+/// The `--pg-*` arguments that follow `tables` of `pg`, its password in `dir/pg-password`.
+pub fn follow_args(pg: &PostgresServer, dir: &Path, tables: &[&str]) -> Vec<String> {
+    let password_file = dir.join("pg-password");
+    std::fs::write(&password_file, format!("{}\n", pg.password)).unwrap();
+    let mut args: Vec<String> = [
+        "--pg-host",
+        pg.socket_dir().to_str().unwrap(),
+        "--pg-port",
+        &SOCKET_PORT.to_string(),
+        "--pg-user",
+        &pg.user,
+        "--pg-database",
+        "postgres",
+        "--pg-publication",
+        PUBLICATION,
+        "--pg-slot",
+        SLOT,
+        "--pg-password-file",
+        password_file.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|arg| arg.to_string())
+    .collect();
+    for table in tables {
+        args.extend(["--pg-table".to_owned(), table.to_string()]);
+    }
+    args
+}
+
+/// Starts the follower again on `dir`'s data and checks that it resumed from
+/// the position stored with the data, not from a new copy.
+pub fn restart_resumed(pg: &PostgresServer, dir: &Path, tables: &[&str]) -> Server {
+    let args = follow_args(pg, dir, tables);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let options = StartOptions { capture_stderr: true, ..StartOptions::default() };
+    let server = Server::start_with(&dir.join("data"), &args, options);
+    let lines = server.wait_for_stderr_line(|line| line.contains("following PostgreSQL"));
+    let started = lines.iter().find(|line| line.contains("following PostgreSQL")).unwrap();
+    assert!(started.contains("resumed=true"), "{started}");
+    server
+}
+
+pub fn start_following(pg: &PostgresServer, dir: &Path, tables: &[&str]) -> Server {
+    let args = follow_args(pg, dir, tables);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Server::start(&dir.join("data"), &args)
+}
+
+/// The follower's `/v1/health` object.
+pub fn follower_health(server: &Server) -> Value {
+    server.ok("GET", "/v1/health", Value::Null)["postgres"].clone()
+}
+
+/// Waits until Ordo has applied `n` transactions since it started following.
+pub fn wait_applied(server: &Server, n: u64) {
+    let deadline = Instant::now() + APPLY_TIMEOUT;
+    loop {
+        let health = follower_health(server);
+        if health["transactions_applied"].as_u64().unwrap() >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "transaction {n} not applied: {health}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until the follower stopped for good; returns its error.
+pub fn wait_failed(server: &Server) -> String {
+    let deadline = Instant::now() + APPLY_TIMEOUT;
+    loop {
+        let health = follower_health(server);
+        if health["state"] == "failed" {
+            return health["error"].as_str().unwrap().to_owned();
+        }
+        assert!(Instant::now() < deadline, "the follower did not stop: {health}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs `ordo serve` expecting it to refuse to start; returns its output.
+pub fn refused_start(dir: &Path, args: &[String]) -> String {
+    let output = Command::new(ordo_binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join("data"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(!output.status.success(), "started: {text}");
+    assert!(!text.contains("listening on"), "{text}");
+    text
+}
