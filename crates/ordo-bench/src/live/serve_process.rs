@@ -54,21 +54,27 @@ impl ServeProcess {
 
 impl Drop for ServeProcess {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            // SAFETY: kill only sends a signal to our own child's pid.
-            unsafe {
-                libc::kill(self.child.id() as libc::pid_t, libc::SIGINT);
-            }
-            let deadline = Instant::now() + STOP_TIMEOUT;
-            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            if matches!(self.child.try_wait(), Ok(None)) {
-                eprintln!("`ordo serve` ignored SIGINT for {STOP_TIMEOUT:?}; killing it");
-                let _ = self.child.kill();
-            }
-        }
-        let _ = self.child.wait();
+        stop_gracefully(&mut self.child, STOP_TIMEOUT);
         let _ = std::fs::remove_dir_all(&self.data_dir);
     }
+}
+
+/// Stops a server child as an operator would: SIGINT (a graceful shutdown),
+/// then SIGKILL if it is still there after `patience`; reaps it either way.
+pub fn stop_gracefully(child: &mut Child, patience: Duration) {
+    if matches!(child.try_wait(), Ok(None)) {
+        // SAFETY: kill only sends a signal to our own child's pid.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, libc::SIGINT);
+        }
+        let deadline = Instant::now() + patience;
+        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if matches!(child.try_wait(), Ok(None)) {
+            eprintln!("`ordo serve` ignored SIGINT for {patience:?}; killing it");
+            let _ = child.kill();
+        }
+    }
+    let _ = child.wait();
 }

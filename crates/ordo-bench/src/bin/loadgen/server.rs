@@ -6,8 +6,9 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use ordo_bench::live::serve_process::stop_gracefully;
 use ordo_bench::live::Result;
 use ordo_server::auth::Role;
 
@@ -81,21 +82,7 @@ impl ServerProcess {
 
     /// SIGINT (a graceful shutdown), then SIGKILL if it is not gone in time.
     fn stop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            // SAFETY: kill only sends a signal to our own child's pid.
-            unsafe {
-                libc::kill(self.child.id() as libc::pid_t, libc::SIGINT);
-            }
-            let deadline = Instant::now() + SERVER_STOP_TIMEOUT;
-            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            if matches!(self.child.try_wait(), Ok(None)) {
-                eprintln!("loadgen: the server ignored SIGINT for {SERVER_STOP_TIMEOUT:?}; killing it");
-                let _ = self.child.kill();
-            }
-        }
-        let _ = self.child.wait();
+        stop_gracefully(&mut self.child, SERVER_STOP_TIMEOUT);
         let _ = std::fs::remove_dir_all(&self.data_dir);
         if let Some(secret_file) = &self.secret_file {
             let _ = std::fs::remove_file(secret_file);

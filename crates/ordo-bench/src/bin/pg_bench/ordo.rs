@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use hyper::Method;
 use ordo_bench::live::http::HttpConnection;
+use ordo_bench::live::serve_process::stop_gracefully;
 use ordo_bench::live::Result;
 use ordo_test_kit::postgres::{PostgresServer, SOCKET_PORT};
 
@@ -98,21 +99,7 @@ impl OrdoProcess {
 
 impl Drop for OrdoProcess {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            // SAFETY: kill only sends a signal to our own child's pid.
-            unsafe {
-                libc::kill(self.child.id() as libc::pid_t, libc::SIGINT);
-            }
-            let deadline = Instant::now() + STOP_TIMEOUT;
-            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            if matches!(self.child.try_wait(), Ok(None)) {
-                eprintln!("pg-bench: `ordo serve` ignored SIGINT for {STOP_TIMEOUT:?}; killing it");
-                let _ = self.child.kill();
-            }
-        }
-        let _ = self.child.wait();
+        stop_gracefully(&mut self.child, STOP_TIMEOUT);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
