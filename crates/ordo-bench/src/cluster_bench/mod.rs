@@ -38,6 +38,9 @@
 //! - **ceiling**: the stream's own entries/s ceiling: async-nats publishes
 //!   Ordo-sized entries straight to an R3 stream with many PubAcks in flight,
 //!   `sync_interval: always` against the default ([`ceiling`]).
+//! - **shapes**: the stream's cost per entry sent one per message, in atomic
+//!   batches of K, and K to a message (`--pack`), on `sync_interval: always`
+//!   servers ([`shapes`]).
 //!
 //! Benchmarks are not tests: nothing here asserts a time. Every figure is
 //! printed next to its peer from the same run.
@@ -47,6 +50,7 @@ pub mod ceiling;
 pub mod chat;
 pub mod latency;
 pub mod procs;
+pub mod shapes;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -71,10 +75,10 @@ struct Args {
     #[arg(long, default_value_t = 3, value_parser = clap::builder::PossibleValuesParser::new(["1", "3"]).map(|n| n.parse::<usize>().expect("a listed number")))]
     nats_nodes: usize,
     /// apply: the store's apply ceiling, no NATS
-    #[arg(long, default_value = "all", value_parser = ["latency", "apply", "catchup", "chat", "ceiling", "all"])]
+    #[arg(long, default_value = "all", value_parser = ["latency", "apply", "catchup", "chat", "ceiling", "shapes", "all"])]
     phase: String,
     /// Runs of the latency, apply, chat and ceiling phases
-    #[arg(long, default_value_t = 3, value_parser = in_range(1, 50))]
+    #[arg(long, default_value_t = 3, value_parser = in_range(1usize, 50))]
     runs: usize,
     /// Length of each latency run and of each chat write phase, in seconds
     #[arg(long, default_value_t = 10.0, value_parser = in_range(0.5, 600.0))]
@@ -83,47 +87,50 @@ struct Args {
     #[arg(long, default_value_t = 500.0, value_parser = in_range(1.0, 100_000.0))]
     rate: f64,
     /// Keep-alive HTTP connections writing at once (chat: per node)
-    #[arg(long, default_value_t = 8, value_parser = in_range(1, 256))]
+    #[arg(long, default_value_t = 8, value_parser = in_range(1usize, 256))]
     connections: usize,
     /// Entries in the stream before the new node starts
-    #[arg(long, default_value_t = 100_000, value_parser = in_range(1, 10_000_000))]
+    #[arg(long, default_value_t = 100_000, value_parser = in_range(1u64, 10_000_000))]
     catchup_entries: u64,
     /// New nodes started one after another on the same stream, each from an empty data
     /// directory: one fill, N catch-up figures and their median
-    #[arg(long, default_value_t = 3, value_parser = in_range(1, 50))]
+    #[arg(long, default_value_t = 3, value_parser = in_range(1usize, 50))]
     catchup_nodes: usize,
     /// Runs each new node under CMD (split on spaces; `{n}` is the node's number), e.g.
     /// `perf record -g -o /tmp/catchup-{n}.data --` (CPU is then read from its child)
     #[arg(long, value_name = "CMD", allow_hyphen_values = true)]
     catchup_wrap: Option<String>,
     /// chat: users = collections, over all nodes (collection names are `user-NNNN`)
-    #[arg(long, default_value_t = 1_000, value_parser = in_range(1, 9_999))]
+    #[arg(long, default_value_t = 1_000, value_parser = in_range(1usize, 9_999))]
     users: usize,
     /// chat: WebSockets watching each user's list, so that each update reaches N
     /// subscribers and serving them outweighs taking the write
-    #[arg(long, default_value_t = 1, value_parser = in_range(1, 1_000))]
+    #[arg(long, default_value_t = 1, value_parser = in_range(1usize, 1_000))]
     subscribers_per_user: usize,
     /// chat: rooms per user (room ids are `!rNNNN:...`)
-    #[arg(long, default_value_t = 200, value_parser = in_range(1, 9_999))]
+    #[arg(long, default_value_t = 200, value_parser = in_range(1usize, 9_999))]
     rooms: usize,
     /// chat: window length of every subscription (PROTOCOL.md: at most 1 000 items)
-    #[arg(long, default_value_t = 20, value_parser = in_range(1, 1_000))]
+    #[arg(long, default_value_t = 20, value_parser = in_range(1usize, 1_000))]
     window: usize,
     /// chat: updates per second written through the nodes together
     #[arg(long, default_value_t = 1_000.0, value_parser = in_range(1.0, 100_000.0))]
     chat_rate: f64,
     /// chat: cluster sizes to measure
-    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "1,2,3", value_parser = in_range(1, 8))]
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "1,2,3", value_parser = in_range(1usize, 8))]
     nodes: Vec<usize>,
     /// ceiling: PubAcks outstanding
-    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "256,1024", value_parser = in_range(1, 65_536))]
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "256,1024", value_parser = in_range(1usize, 65_536))]
     in_flight: Vec<usize>,
+    /// shapes: entries per atomic batch and per message
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "16,64", value_parser = in_range(2usize, 1_000))]
+    pack: Vec<usize>,
     /// ceiling: payload bytes per entry (about a one-update chat entry; NATS' default
     /// max_payload is 1 MiB)
-    #[arg(long, default_value_t = 150, value_parser = in_range(1, 1 << 20))]
+    #[arg(long, default_value_t = 150, value_parser = in_range(1usize, 1 << 20))]
     entry_bytes: usize,
     /// ceiling: entries published per measurement
-    #[arg(long, default_value_t = 20_000, value_parser = in_range(1, 10_000_000))]
+    #[arg(long, default_value_t = 20_000, value_parser = in_range(1u64, 10_000_000))]
     ceiling_entries: u64,
 }
 
@@ -147,6 +154,7 @@ pub struct Options {
     pub nodes: Vec<usize>,
     pub tick: Duration,
     pub in_flight: Vec<usize>,
+    pub pack: Vec<usize>,
     pub entry_bytes: usize,
     pub ceiling_entries: u64,
 }
@@ -182,10 +190,11 @@ impl Options {
             nodes: args.nodes,
             tick: Duration::from_millis(4),
             in_flight: args.in_flight,
+            pack: args.pack,
             entry_bytes: args.entry_bytes,
             ceiling_entries: args.ceiling_entries,
         };
-        let needs_ordo = options.phase != "ceiling";
+        let needs_ordo = options.phase != "ceiling" && options.phase != "shapes";
         for (what, path) in [("ordo", &options.ordo_bin), ("nats-server", &options.nats_bin)] {
             if (what == "ordo" && !needs_ordo) || path.is_file() {
                 continue;
@@ -245,6 +254,9 @@ pub fn main() {
         if all || options.phase == "ceiling" {
             ceiling::ceiling_phase(&options)?;
         }
+        if all || options.phase == "shapes" {
+            shapes::shapes_phase(&options)?;
+        }
         if all || options.phase == "chat" {
             chat::chat_phase(&options)?;
         }
@@ -253,5 +265,22 @@ pub fn main() {
     if let Err(error) = result {
         eprintln!("cluster-bench: {error}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, FromArgMatches};
+
+    /// Every option is read back as its field's type: a range parser whose
+    /// literal bounds default to `i32` would panic here, as the binary did at start.
+    #[test]
+    fn the_command_line_reads_back_every_option() {
+        super::Args::command().debug_assert();
+        for line in [vec!["cluster-bench"], vec!["cluster-bench", "--runs", "2", "--pack", "4,8", "--nodes", "1,3"]] {
+            let matches = super::Args::command().try_get_matches_from(line).expect("parses");
+            let args = super::Args::from_arg_matches(&matches).expect("reads back");
+            assert!(args.runs >= 2 && !args.pack.is_empty());
+        }
     }
 }
