@@ -213,6 +213,24 @@ pub struct ServeArgs {
     /// Write a snapshot into --snapshot-dir every N entries applied (0: this node writes none).
     #[arg(long, env = "ORDO_SNAPSHOT_EVERY", value_name = "ENTRIES", default_value_t = 0, help_heading = "Cluster")]
     pub snapshot_every: u64,
+    /// Most entries this node publishes as one atomic batch, sharing one Raft round and fsync
+    /// (1: one entry per message). Entries of requests arriving together are grouped (docs/SCALING.md).
+    #[arg(long, env = "ORDO_COALESCE_ENTRIES", requires = "cluster", value_name = "N", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(1..=1_000), help_heading = "Cluster")]
+    pub coalesce_entries: u64,
+    /// Most payload bytes in one such batch.
+    #[arg(long, env = "ORDO_COALESCE_BYTES", requires = "cluster", value_name = "BYTES", default_value_t = 1 << 20,
+          value_parser = clap::value_parser!(u64).range(1_024..=(8 << 20)), help_heading = "Cluster")]
+    pub coalesce_bytes: u64,
+    /// How long a batch waits for more entries after its first (0: it takes only those already waiting;
+    /// the busier the node, the larger its batches).
+    #[arg(long, env = "ORDO_COALESCE_WAIT_US", requires = "cluster", value_name = "MICROSECONDS", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=100_000), help_heading = "Cluster")]
+    pub coalesce_wait_us: u64,
+    /// Batches this node publishes at once; entries arriving meanwhile wait for the next batch.
+    #[arg(long, env = "ORDO_COALESCE_IN_FLIGHT", requires = "cluster", value_name = "N", default_value_t = 4,
+          value_parser = clap::value_parser!(u64).range(1..=32), help_heading = "Cluster")]
+    pub coalesce_in_flight: u64,
     /// Retention of the stream when this node creates it: at most N entries, oldest dropped first
     /// (0: unlimited). At least two snapshot intervals plus the entries written while one is copied.
     #[arg(long, env = "ORDO_STREAM_MAX_MSGS", value_name = "N", default_value_t = 0, help_heading = "Cluster")]
@@ -479,6 +497,12 @@ impl ServeArgs {
             cluster.snapshot_every = self.snapshot_every;
             cluster.stream_max_msgs = self.stream_max_msgs;
             cluster.stream_max_age = std::time::Duration::from_secs(self.stream_max_age);
+            cluster.coalesce = crate::cluster::coalesce::CoalesceOptions {
+                max_entries: self.coalesce_entries as usize,
+                max_bytes: self.coalesce_bytes as usize,
+                wait: std::time::Duration::from_micros(self.coalesce_wait_us),
+                in_flight: self.coalesce_in_flight as usize,
+            };
         } else if self.snapshot_dir.is_some()
             || self.snapshot_every > 0
             || self.stream_max_msgs > 0
@@ -549,5 +573,42 @@ impl TokenArgs {
             None => secret_from_env()?.ok_or("no secret: pass --secret-file FILE or set ORDO_AUTH_SECRET")?,
         };
         Ok(auth::mint(&secret, &self.role_claim, &self.sub, role, self.ttl, &extra))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    fn serve(args: &[&str]) -> Result<super::ServeArgs, clap::Error> {
+        let line = ["ordo", "serve"].iter().chain(args);
+        match super::Cli::try_parse_from(line)?.command {
+            super::Command::Serve(args) => Ok(*args),
+            other => panic!("not serve: {other:?}"),
+        }
+    }
+
+    /// The coalescing options shape cluster mode's publishes: without
+    /// `--cluster` they would be silently ignored, so they are refused.
+    #[test]
+    fn the_coalescing_options_need_cluster_mode_and_reach_it() {
+        let error = serve(&["--coalesce-entries", "8"]).expect_err("refused without --cluster");
+        assert_eq!(error.kind(), clap::error::ErrorKind::MissingRequiredArgument, "{error}");
+        let args = serve(&[
+            "--cluster",
+            "nats://127.0.0.1:4222",
+            "--coalesce-entries",
+            "8",
+            "--coalesce-wait-us",
+            "250",
+            "--coalesce-in-flight",
+            "2",
+        ])
+        .unwrap();
+        let cluster = args.into_options().unwrap().cluster.expect("cluster mode");
+        assert_eq!(cluster.coalesce.max_entries, 8);
+        assert_eq!(cluster.coalesce.wait, std::time::Duration::from_micros(250));
+        assert_eq!(cluster.coalesce.in_flight, 2);
+        assert!(serve(&["--cluster", "nats://x:4222", "--coalesce-entries", "1001"]).is_err(), "at most 1 000");
     }
 }

@@ -63,6 +63,7 @@ impl HttpState {
     pub(crate) fn render_cluster_metrics(&self, text: &mut String) {
         if let Some(cluster) = &self.cluster {
             cluster.shared.status.render_metrics(text);
+            cluster.coalescer.render_metrics(text);
         }
     }
 

@@ -15,6 +15,10 @@
 //! - every client's list, built by applying every frame (whose `seq` must step
 //!   by one), equals a one-shot query of its view on its node.
 //!
+//! The three nodes group their publishes differently (`--coalesce-*`): one
+//! entry per message, atomic batches of what is waiting, and batches that wait
+//! for more, so steps whose writes go out at once share batches.
+//!
 //! `ORDO_CLUSTER_MODEL_SEEDS` and `ORDO_CLUSTER_MODEL_STEPS` run it longer;
 //! `ORDO_CLUSTER_MODEL_SEED=n` replays seed `n` (printed when a run fails).
 
@@ -626,7 +630,12 @@ async fn run_seed(cluster: &OrdoCluster, seed: u64, n_steps: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_node_and_every_client_list_equal_the_single_node_model() {
-    let cluster = OrdoCluster::start(3, 3);
+    // The nodes publish differently: one entry per message; atomic batches of
+    // whatever is waiting; batches that wait 5 ms for more, one at a time.
+    let cluster = OrdoCluster::start_each(
+        3,
+        &[&["--coalesce-entries", "1"], &[], &["--coalesce-wait-us", "5000", "--coalesce-in-flight", "1"]],
+    );
     let n_steps = env_number("ORDO_CLUSTER_MODEL_STEPS", 40) as usize;
     if let Ok(seed) = std::env::var("ORDO_CLUSTER_MODEL_SEED") {
         run_seed(&cluster, seed.parse().unwrap(), n_steps).await;

@@ -256,9 +256,18 @@ fn an_existing_stream_is_checked_before_a_node_binds_to_it() {
         (ordo_config("R1"), "3", "1 replica(s) where this node asks for 3"),
         (Config { storage: StorageType::Memory, ..ordo_config("MEMORY") }, "1", "storage is memory"),
     ];
+    // The server frees the subject of a deleted stream a moment later, now and
+    // then ("error creating store for stream"): each creation retries a while.
+    let create = |config: Config| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while let Err(error) = runtime.block_on(js.create_stream(config.clone())) {
+            assert!(Instant::now() < deadline, "creating {}: {error}", config.name);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
     for (index, (config, replicas, expected)) in cases.into_iter().enumerate() {
         let name = config.name.clone();
-        runtime.block_on(js.create_stream(config)).unwrap();
+        create(config);
         let dir = root.path().join(format!("refused-{index}"));
         let stderr = refused_start(&dir, &node_args(&name, replicas));
         assert!(
@@ -271,12 +280,7 @@ fn an_existing_stream_is_checked_before_a_node_binds_to_it() {
     }
 
     // A retention of its own: the stream's stands, with a warning, and the node serves.
-    // The server frees the subject of a deleted stream a moment later, now and then: retry a while.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while let Err(error) = runtime.block_on(js.create_stream(Config { max_messages: 1000, ..ordo_config("KEEPS") })) {
-        assert!(Instant::now() < deadline, "creating KEEPS: {error}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    create(Config { max_messages: 1000, ..ordo_config("KEEPS") });
     let args = node_args("KEEPS", "1");
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let node = Server::start_with(

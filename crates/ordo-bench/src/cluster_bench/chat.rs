@@ -115,9 +115,14 @@ fn run_setup(
             let nats = Nats::start(&options.nats_bin, 3, Sync::Always)?;
             let mut started = Vec::new();
             for i in 0..nodes {
-                started.push(Ordo::start(&options.ordo_bin, &format!("node-{i}"), Some((&nats, 3)), &[])?);
+                started.push(Ordo::start(
+                    &options.ordo_bin,
+                    &format!("node-{i}"),
+                    Some((&nats, 3)),
+                    &options.node_args,
+                )?);
             }
-            let observer = Ordo::start(&options.ordo_bin, "observer", Some((&nats, 3)), &[])?;
+            let observer = Ordo::start(&options.ordo_bin, "observer", Some((&nats, 3)), &options.node_args)?;
             (Some(nats), started, Some(observer))
         }
     };

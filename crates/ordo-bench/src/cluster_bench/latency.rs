@@ -63,7 +63,7 @@ pub fn latency_phase(options: &Options) -> Result<()> {
         let single_latencies = measure_writes(single.port, options.connections, options.rate, options.seconds)?;
         drop(single);
         let nats = Nats::start(&options.nats_bin, options.nats_nodes, Sync::Default)?;
-        let node = Ordo::start(&options.ordo_bin, "node-a", Some((&nats, options.nats_nodes)), &[])?;
+        let node = Ordo::start(&options.ordo_bin, "node-a", Some((&nats, options.nats_nodes)), &options.node_args)?;
         create_collection(node.port)?;
         let cluster_latencies = measure_writes(node.port, options.connections, options.rate, options.seconds)?;
         drop(node);

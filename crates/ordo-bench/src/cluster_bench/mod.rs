@@ -122,6 +122,10 @@ struct Args {
     /// ceiling: PubAcks outstanding
     #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "256,1024", value_parser = in_range(1usize, 65_536))]
     in_flight: Vec<usize>,
+    /// chat, latency: more `ordo serve` arguments for every cluster node, split on spaces
+    /// (e.g. `--coalesce-entries 1` to publish one entry per message)
+    #[arg(long, value_name = "ARGS", allow_hyphen_values = true, default_value = "")]
+    node_args: String,
     /// shapes: entries per atomic batch and per message
     #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "16,64", value_parser = in_range(2usize, 1_000))]
     pack: Vec<usize>,
@@ -155,6 +159,7 @@ pub struct Options {
     pub tick: Duration,
     pub in_flight: Vec<usize>,
     pub pack: Vec<usize>,
+    pub node_args: Vec<String>,
     pub entry_bytes: usize,
     pub ceiling_entries: u64,
 }
@@ -191,6 +196,7 @@ impl Options {
             tick: Duration::from_millis(4),
             in_flight: args.in_flight,
             pack: args.pack,
+            node_args: args.node_args.split_whitespace().map(str::to_owned).collect(),
             entry_bytes: args.entry_bytes,
             ceiling_entries: args.ceiling_entries,
         };

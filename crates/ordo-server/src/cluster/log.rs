@@ -1,6 +1,8 @@
 //! The NATS side (async-nats): the connection, the stream (created by the first
-//! node if absent) and publishing entries with `Nats-Msg-Id`. The consumer that
-//! hands the stream, in order, to the writer thread is in `consume`.
+//! node if absent, `allow_atomic` turned on), submitting entries (grouped into
+//! atomic batches by `coalesce`) and publishing one entry with `Nats-Msg-Id`.
+//! The consumer that hands the stream, in order, to the writer thread is in
+//! `consume`.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -9,6 +11,7 @@ use async_nats::jetstream::{self, context::Publish, stream};
 use bytes::Bytes;
 use tokio::sync::{oneshot, watch};
 
+use super::coalesce::Coalescer;
 use super::retry::{Next, Refusal, Retry};
 use super::{unavailable, ClusterOptions, Outcome, Shared};
 use super::{APPLY_TIMEOUT, DUPLICATE_WINDOW, PUBLISH_TIMEOUT, SUBJECT};
@@ -23,6 +26,8 @@ pub struct Cluster {
     pub shared: Arc<Shared>,
     /// When this node last started replacing its NATS connection (`reconnect_after_timeout`).
     last_reconnect: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Groups the entries requests hand this node into atomic batches (`coalesce`).
+    pub(crate) coalescer: Coalescer,
 }
 
 /// One NATS connection and the stream as seen through it.
@@ -118,8 +123,10 @@ impl Cluster {
         for warning in super::stream_check::check(&stream.cached_info().config, &options)? {
             tracing::warn!("{warning}");
         }
+        let atomic = options.coalesce.max_entries > 1 && super::batch::allow_atomic(&client, &options.stream).await;
+        let coalescer = Coalescer::new(options.coalesce, atomic);
         let conn = Arc::new(std::sync::RwLock::new(Arc::new(Conn { client, js, stream })));
-        Ok(Cluster { options, conn, shared, last_reconnect: std::sync::Mutex::new(None) })
+        Ok(Cluster { options, conn, shared, last_reconnect: std::sync::Mutex::new(None), coalescer })
     }
 
     pub(super) fn conn(&self) -> Arc<Conn> {
@@ -139,7 +146,7 @@ impl Cluster {
     /// `force_reconnect` would wait forever for a frozen server's handshake if
     /// it picked that server again.) Requests in flight on the old connection
     /// time out and are sent again on the new one, with the same message id.
-    fn reconnect_after_timeout(&self, what: &str) {
+    pub(super) fn reconnect_after_timeout(&self, what: &str) {
         {
             let mut last = self.last_reconnect.lock().expect("reconnect lock");
             if last.is_some_and(|at| at.elapsed() < RECONNECT_SPACING) {
@@ -197,24 +204,71 @@ impl Cluster {
 
     /// [`Cluster::submit_all`], each entry with the message id suffix it names
     /// (`None`: a number of this process's): the PostgreSQL follower derives its
-    /// own from the slot, its term and the transaction's end LSN.
+    /// own from the slot, its term and the transaction's end LSN. The entries
+    /// go to the stream together, in this order (`coalesce`), perhaps with
+    /// other requests' entries in the same atomic batch.
     pub async fn submit_all_as(&self, entries: Vec<(Option<String>, Vec<u8>)>) -> Vec<Result<Outcome, ApiError>> {
         if let Some(fatal) = self.shared.status.fatal() {
             return entries.iter().map(|_| Err(unavailable(format!("this node stopped applying: {fatal}")))).collect();
         }
-        let mut waiting = Vec::with_capacity(entries.len());
-        // Sent back to back, so the stream takes them in this order.
+        let mut outcomes = Vec::with_capacity(entries.len());
+        let mut publish = Vec::with_capacity(entries.len());
         for (suffix, payload) in entries {
             let (id, outcome) = self.shared.register(suffix.as_deref());
-            let payload = Bytes::from(payload);
-            let ack = self.send(&id, payload.clone()).await;
-            waiting.push((id, payload, ack, outcome));
+            publish.push((id.clone(), Bytes::from(payload)));
+            outcomes.push((id, outcome));
         }
-        let mut results = Vec::with_capacity(waiting.len());
-        for (id, payload, ack, outcome) in waiting {
-            results.push(self.finish(&id, payload, ack, outcome).await);
+        let mut stored = self.coalescer.submit(publish).await;
+        let mut published = None;
+        let mut results = Vec::with_capacity(outcomes.len());
+        for (id, outcome) in outcomes {
+            results.push(self.outcome_of(&id, outcome, &mut stored, &mut published).await);
         }
         results
+    }
+
+    /// One entry's outcome: its apply here, once the stream stored it. An entry
+    /// applied before the stream's answer came (lost with a dead connection, or
+    /// a retry still waiting) answers at once; one the stream did not store
+    /// answers with the publish's error (it may still be applied).
+    async fn outcome_of(
+        &self,
+        id: &str,
+        mut outcome: oneshot::Receiver<Outcome>,
+        stored: &mut oneshot::Receiver<Result<(), ApiError>>,
+        published: &mut Option<Result<(), ApiError>>,
+    ) -> Result<Outcome, ApiError> {
+        loop {
+            match published {
+                Some(Ok(())) => return self.applied(id, outcome).await,
+                Some(Err(error)) => {
+                    return outcome.try_recv().map_err(|_| {
+                        self.shared.forget(id);
+                        error.clone()
+                    })
+                }
+                None => {}
+            }
+            tokio::select! {
+                applied = &mut outcome => return applied.map_err(|_| ApiError::shutting_down()),
+                result = &mut *stored => *published = Some(result.unwrap_or_else(|_| Err(ApiError::shutting_down()))),
+            }
+        }
+    }
+
+    /// Waits for this node's apply of an entry the stream holds.
+    async fn applied(&self, id: &str, outcome: oneshot::Receiver<Outcome>) -> Result<Outcome, ApiError> {
+        match tokio::time::timeout(APPLY_TIMEOUT, outcome).await {
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(_)) => Err(ApiError::shutting_down()),
+            Err(_) => {
+                self.shared.forget(id);
+                Err(unavailable(format!(
+                    "the write is in the stream but this node did not apply it within {} s",
+                    APPLY_TIMEOUT.as_secs()
+                )))
+            }
+        }
     }
 
     /// The JetStream context of the current connection (the follower's lease bucket).
@@ -233,7 +287,7 @@ impl Cluster {
 
     /// Hands one publish to the connection, bounded: behind a frozen server
     /// the client's command queue can fill, and the send would wait for it.
-    async fn send(
+    pub(super) async fn send(
         &self,
         id: &str,
         payload: Bytes,
@@ -246,31 +300,22 @@ impl Cluster {
         }
     }
 
-    /// Waits for the stream's acknowledgement of one publish (sending it again
-    /// as `Retry` says), then for this node's apply of it. An entry applied
-    /// here meanwhile (its acknowledgement lost with a dead connection, or a
-    /// retry still waiting on the stream) answers with its outcome at once.
-    async fn finish(
+    /// Waits for the stream's acknowledgement of one publish, sending it again
+    /// as `Retry` says (always with the same message id, so at most one lands).
+    pub(super) async fn acknowledged(
         &self,
         id: &str,
         payload: Bytes,
         mut ack: Result<jetstream::context::PublishAckFuture, jetstream::context::PublishError>,
-        mut outcome: oneshot::Receiver<Outcome>,
-    ) -> Result<Outcome, ApiError> {
+    ) -> Result<u64, ApiError> {
         let mut retry = Retry::new(tokio::time::Instant::now());
-        let seq = loop {
-            let acknowledged = async {
-                match ack {
-                    Ok(future) => future.await,
-                    Err(error) => Err(error),
-                }
-            };
-            let error = tokio::select! {
-                applied = &mut outcome => return applied.map_err(|_| ApiError::shutting_down()),
-                acknowledged = acknowledged => match acknowledged {
-                    Ok(ack) => break ack.sequence,
+        loop {
+            let error = match ack {
+                Ok(future) => match future.await {
+                    Ok(ack) => return Ok(ack.sequence),
                     Err(error) => error,
                 },
+                Err(error) => error,
             };
             let refusal = Refusal::of(&error);
             if refusal == Refusal::TimedOut {
@@ -279,40 +324,24 @@ impl Cluster {
             let delay = match retry.next(refusal, tokio::time::Instant::now()) {
                 Next::SendAfter(delay) => delay,
                 Next::GiveUp => {
-                    // Maybe in the stream after all: the entry is then applied, but
-                    // nobody waits for it any more.
-                    self.shared.forget(id);
                     return Err(unavailable(format!(
                         "the stream did not acknowledge the write ({error}); it may still be applied"
-                    )));
+                    )))
                 }
             };
             tracing::debug!(msg_id = id, %error, ?delay, "publishing again with the same message id");
             if !delay.is_zero() {
-                tokio::select! {
-                    applied = &mut outcome => return applied.map_err(|_| ApiError::shutting_down()),
-                    _ = tokio::time::sleep(delay) => {}
-                }
+                tokio::time::sleep(delay).await;
             }
             // The same id: if an earlier attempt landed, JetStream drops this one
             // and acknowledges the first one's sequence.
             ack = self.send(id, payload.clone()).await;
-        };
-        match tokio::time::timeout(APPLY_TIMEOUT, outcome).await {
-            Ok(Ok(outcome)) => Ok(outcome),
-            Ok(Err(_)) => Err(ApiError::shutting_down()),
-            Err(_) => {
-                self.shared.forget(id);
-                Err(unavailable(format!(
-                    "the write is in the stream at seq {seq} but this node did not apply it within {} s",
-                    APPLY_TIMEOUT.as_secs()
-                )))
-            }
         }
     }
 
     /// Runs the consumer and the stream poller until shutdown (`consume`).
     pub fn spawn(self: &Arc<Cluster>, writer: WriterSender, shutdown: watch::Receiver<bool>) {
+        super::coalesce::Coalescer::spawn(self);
         tokio::spawn(super::consume::consume(self.clone(), writer, shutdown.clone()));
         tokio::spawn(super::consume::poll_stream(self.clone(), shutdown));
     }

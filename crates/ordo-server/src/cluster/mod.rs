@@ -17,6 +17,8 @@
 //!   applied.
 
 pub mod apply;
+pub mod batch;
+pub mod coalesce;
 pub mod consume;
 pub mod entry;
 pub mod gap;
@@ -81,6 +83,8 @@ pub struct ClusterOptions {
     pub snapshot_dir: Option<std::path::PathBuf>,
     /// `--snapshot-every`: entries between two snapshots this node writes (0: it writes none).
     pub snapshot_every: u64,
+    /// `--coalesce-*`: how the entries of requests arriving together are grouped.
+    pub coalesce: coalesce::CoalesceOptions,
 }
 
 impl ClusterOptions {
@@ -122,6 +126,7 @@ impl ClusterOptions {
             stream_max_age: Duration::ZERO,
             snapshot_dir: None,
             snapshot_every: 0,
+            coalesce: coalesce::CoalesceOptions::default(),
         })
     }
 }

@@ -69,7 +69,14 @@ pub(crate) struct Bench {
 
 impl Bench {
     pub(crate) fn start(seed: u64) -> Bench {
-        let cluster = OrdoCluster::start_with(3, 3, &["--cluster-max-lag", "100"]);
+        // The nodes publish differently, so faults hit atomic batches too: one
+        // entry per message; batches of what is waiting; batches that wait 2 ms
+        // for more, one at a time.
+        let cluster = OrdoCluster::start_each_with(
+            3,
+            &["--cluster-max-lag", "100"],
+            &[&["--coalesce-entries", "1"], &[], &["--coalesce-wait-us", "2000", "--coalesce-in-flight", "1"]],
+        );
         let fields = json!({"fields": [{"name": "writer", "type": "u64"}, {"name": "k", "type": "u64"},
                                        {"name": "count", "type": "u64"}]});
         let (status, answer) = request(
@@ -293,6 +300,27 @@ impl Bench {
         }
     }
 
+    /// Each node's `ordo_cluster_publish_groups_total` and `..._group_entries_total`.
+    fn groups(&self) -> String {
+        let read = |port: u16| -> Option<String> {
+            let text = crate::common::cluster::metrics_text(port)?;
+            let value = |name: &str| {
+                text.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ').map(str::to_owned))
+            };
+            Some(format!(
+                "{} / {}",
+                value("ordo_cluster_publish_groups_total")?,
+                value("ordo_cluster_publish_group_entries_total")?
+            ))
+        };
+        let ports = self.cluster.ports();
+        let nodes = ports
+            .iter()
+            .enumerate()
+            .map(|(i, port)| format!("o{i} {}", port.and_then(read).unwrap_or_else(|| "down".to_owned())));
+        nodes.collect::<Vec<_>>().join(", ")
+    }
+
     /// Prints what the run did: per fault kind, the trials and what was seen;
     /// the writes and their outcomes; the failover gaps.
     pub(crate) fn report(&self, what: &str) -> String {
@@ -325,6 +353,7 @@ impl Bench {
             sum(|log| log.plain_acked),
             sum(|log| log.plain_unknown),
         );
+        out += &format!("  publish groups since each node's last start (groups / entries): {}\n", self.groups());
         let mut failures: BTreeMap<&str, u64> = BTreeMap::new();
         for log in &self.logs {
             for (kind, n) in &log.failures {

@@ -22,6 +22,8 @@ pub struct OrdoCluster {
     replicas: usize,
     /// More `ordo serve` arguments for every node.
     extra_args: Vec<String>,
+    /// More `ordo serve` arguments for one node each (`start_each`).
+    node_args: Vec<Vec<String>>,
 }
 
 impl OrdoCluster {
@@ -33,10 +35,23 @@ impl OrdoCluster {
 
     /// `start`, with `extra_args` for every `ordo serve`.
     pub fn start_with(n_nats: usize, n_ordo: usize, extra_args: &[&str]) -> OrdoCluster {
+        OrdoCluster::start_each_with(n_nats, extra_args, &vec![&[][..]; n_ordo])
+    }
+
+    /// `start`, node `i` with `node_args[i]` (so nodes may differ in how they publish, say).
+    pub fn start_each(n_nats: usize, node_args: &[&[&str]]) -> OrdoCluster {
+        OrdoCluster::start_each_with(n_nats, &[], node_args)
+    }
+
+    /// `start`, with `extra_args` for every node and `node_args[i]` for node `i` besides.
+    pub fn start_each_with(n_nats: usize, extra_args: &[&str], node_args: &[&[&str]]) -> OrdoCluster {
         let nats = NatsCluster::start(n_nats);
+        let n_ordo = node_args.len();
         let dirs = (0..n_ordo).map(|_| tempfile::tempdir().unwrap()).collect();
-        let extra_args = extra_args.iter().map(|arg| arg.to_string()).collect();
-        let mut cluster = OrdoCluster { nats, nodes: Vec::new(), dirs, replicas: n_nats.min(3), extra_args };
+        let owned = |args: &[&str]| args.iter().map(|arg| arg.to_string()).collect::<Vec<_>>();
+        let node_args = node_args.iter().map(|args| owned(args)).collect();
+        let (replicas, extra_args) = (n_nats.min(3), owned(extra_args));
+        let mut cluster = OrdoCluster { nats, nodes: Vec::new(), dirs, replicas, extra_args, node_args };
         for i in 0..n_ordo {
             let server = cluster.spawn(i);
             cluster.nodes.push(Some(server));
@@ -50,6 +65,7 @@ impl OrdoCluster {
         let replicas = self.replicas.to_string();
         let mut args = vec!["--cluster", &urls, "--node-name", &name, "--stream-replicas", &replicas];
         args.extend(self.extra_args.iter().map(String::as_str));
+        args.extend(self.node_args[i].iter().map(String::as_str));
         // Their logs go to the test's captured output (shown when it fails).
         Server::start_with(self.dirs[i].path(), &args, StartOptions { capture_stderr: true, ..Default::default() })
     }
@@ -173,6 +189,14 @@ pub fn request(
     }
     let value = serde_json::from_slice(&bytes).unwrap_or_else(|_| json!(String::from_utf8_lossy(&bytes)));
     Ok((status, value))
+}
+
+/// The node's `/metrics` text (None when it does not answer in time).
+pub fn metrics_text(port: u16) -> Option<String> {
+    match request(port, "GET", "/metrics", None, Duration::from_secs(2)) {
+        Ok((200, Value::String(text))) => Some(text),
+        _ => None,
+    }
 }
 
 /// Every item of `collection` on the node at `port`, once it has applied

@@ -1,0 +1,264 @@
+//! Group commit on the stream: the entries that requests hand this node at
+//! about the same time are published together, as one JetStream atomic batch
+//! (`batch`), so that they share one Raft round and one fsync per replica,
+//! as the single node's log shares one fsync among the writes that arrive
+//! together. Every entry keeps its own message id and stream seq, and each
+//! request still gets its own entries' outcomes (`log::Cluster::submit_all_as`).
+//!
+//! The coalescing task takes submissions (one request's entries, in order,
+//! never split) from a bounded queue. It starts a group with the first one,
+//! adds what is already queued (and, with a `wait`, what arrives within it)
+//! up to `max_entries` and `max_bytes`, and publishes the group on a task of
+//! its own while it gathers the next: at most `in_flight` groups are being
+//! published at once. While they are, new submissions queue up and make the
+//! next group larger: no wait is added when the node is idle, and the busier
+//! it is the more entries share a round. A group of one entry is an ordinary
+//! publish. A stream that does not take atomic batches (`allow_atomic` off,
+//! or a nats-server before 2.12) gets its entries one message each, as before.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use super::batch::{self, BatchAnswer, MAX_BATCH_ENTRIES};
+use super::retry::{Next, Refusal, Retry};
+use super::{unavailable, Cluster, PUBLISH_TIMEOUT};
+use crate::error::ApiError;
+
+/// How entries are grouped (`--coalesce-*`; docs/SCALING.md, "Group commit").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoalesceOptions {
+    /// Most entries in one group (1: every entry its own publish).
+    pub max_entries: usize,
+    /// Most payload bytes in one group.
+    pub max_bytes: usize,
+    /// How long a group waits for more entries once it has its first (zero:
+    /// it takes only what is already queued).
+    pub wait: Duration,
+    /// Groups being published at once.
+    pub in_flight: usize,
+}
+
+impl Default for CoalesceOptions {
+    fn default() -> CoalesceOptions {
+        CoalesceOptions { max_entries: 256, max_bytes: 1 << 20, wait: Duration::ZERO, in_flight: 4 }
+    }
+}
+
+/// Submissions queued for the coalescing task at most.
+const QUEUE_CAPACITY: usize = 4_096;
+
+/// One request's entries: message id and payload, in the order they must
+/// take in the stream; told when all of them are stored (or not).
+pub struct Submission {
+    pub entries: Vec<(String, Bytes)>,
+    pub stored: oneshot::Sender<Result<(), ApiError>>,
+}
+
+impl Submission {
+    fn bytes(&self) -> usize {
+        self.entries.iter().map(|(_, payload)| payload.len()).sum()
+    }
+}
+
+/// The queue into the coalescing task, and whether the stream takes atomic batches.
+pub struct Coalescer {
+    queue: mpsc::Sender<Submission>,
+    receiver: std::sync::Mutex<Option<mpsc::Receiver<Submission>>>,
+    pub options: CoalesceOptions,
+    /// Cleared for good when the stream refuses an atomic batch as disabled.
+    atomic: AtomicBool,
+    /// Groups published, and the entries in them (`render_metrics`).
+    groups: AtomicU64,
+    group_entries: AtomicU64,
+}
+
+impl Coalescer {
+    pub fn new(options: CoalesceOptions, atomic: bool) -> Coalescer {
+        let (queue, receiver) = mpsc::channel(QUEUE_CAPACITY);
+        Coalescer {
+            queue,
+            receiver: std::sync::Mutex::new(Some(receiver)),
+            options,
+            atomic: AtomicBool::new(atomic),
+            groups: AtomicU64::new(0),
+            group_entries: AtomicU64::new(0),
+        }
+    }
+
+    /// Queues one request's entries; the answer says whether they are stored.
+    pub async fn submit(&self, entries: Vec<(String, Bytes)>) -> oneshot::Receiver<Result<(), ApiError>> {
+        let (stored, receiver) = oneshot::channel();
+        if let Err(refused) = self.queue.send(Submission { entries, stored }).await {
+            let _ = refused.0.stored.send(Err(ApiError::shutting_down()));
+        }
+        receiver
+    }
+
+    /// Starts the coalescing task (once).
+    pub fn spawn(cluster: &Arc<Cluster>) {
+        let receiver = cluster.coalescer.receiver.lock().expect("coalescer lock").take();
+        if let Some(receiver) = receiver {
+            tokio::spawn(run(cluster.clone(), receiver));
+        }
+    }
+
+    pub fn takes_atomic_batches(&self) -> bool {
+        self.atomic.load(Ordering::Relaxed)
+    }
+
+    /// `ordo_cluster_publish_groups_total` and `..._group_entries_total`.
+    pub fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write;
+        for (name, help, value) in [
+            ("groups", "Groups of entries this node published: one atomic batch, or one entry.", &self.groups),
+            (
+                "group_entries",
+                "Entries in those groups (over the groups: entries per Raft round).",
+                &self.group_entries,
+            ),
+        ] {
+            let name = format!("ordo_cluster_publish_{name}_total");
+            let _ =
+                writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Ordering::Relaxed));
+        }
+    }
+}
+
+async fn run(cluster: Arc<Cluster>, mut receiver: mpsc::Receiver<Submission>) {
+    let options = cluster.coalescer.options;
+    let in_flight = Arc::new(Semaphore::new(options.in_flight.max(1)));
+    let mut carried = None;
+    loop {
+        let first = match carried.take() {
+            Some(first) => first,
+            None => match receiver.recv().await {
+                Some(first) => first,
+                None => return,
+            },
+        };
+        let permit = in_flight.clone().acquire_owned().await.expect("the semaphore is never closed");
+        let (group, next) = gather(&mut receiver, first, &options).await;
+        carried = next;
+        let cluster = cluster.clone();
+        tokio::spawn(async move {
+            publish_group(&cluster, group).await;
+            drop(permit);
+        });
+    }
+}
+
+/// The group that starts with `first`: what is queued (or arrives within
+/// `options.wait`) while it fits; the submission that did not fit starts the next.
+async fn gather(
+    receiver: &mut mpsc::Receiver<Submission>,
+    first: Submission,
+    options: &CoalesceOptions,
+) -> (Vec<Submission>, Option<Submission>) {
+    let max_entries = options.max_entries.clamp(1, MAX_BATCH_ENTRIES);
+    let (mut entries, mut bytes) = (first.entries.len(), first.bytes());
+    let mut group = vec![first];
+    let deadline = tokio::time::Instant::now() + options.wait;
+    while entries < max_entries && bytes < options.max_bytes {
+        let next = match receiver.try_recv() {
+            Ok(next) => next,
+            Err(_) if options.wait.is_zero() => break,
+            Err(_) => match tokio::time::timeout_at(deadline, receiver.recv()).await {
+                Ok(Some(next)) => next,
+                _ => break,
+            },
+        };
+        if entries + next.entries.len() > max_entries || bytes + next.bytes() > options.max_bytes {
+            return (group, Some(next));
+        }
+        entries += next.entries.len();
+        bytes += next.bytes();
+        group.push(next);
+    }
+    (group, None)
+}
+
+/// Publishes a group's entries, in order, and tells each submission the outcome.
+async fn publish_group(cluster: &Cluster, group: Vec<Submission>) {
+    let mut entries = Vec::with_capacity(group.iter().map(|submission| submission.entries.len()).sum());
+    let mut told = Vec::with_capacity(group.len());
+    for submission in group {
+        entries.extend(submission.entries);
+        told.push(submission.stored);
+    }
+    let result = publish_in_order(cluster, &entries).await;
+    cluster.coalescer.groups.fetch_add(1, Ordering::Relaxed);
+    cluster.coalescer.group_entries.fetch_add(entries.len() as u64, Ordering::Relaxed);
+    for stored in told {
+        let _ = stored.send(result.clone());
+    }
+}
+
+/// Publishes `entries` in order: as atomic batches of at most `max_entries`
+/// (one request's entries beyond that, a copy's say, take several batches),
+/// or one message each when batches are off or the stream takes none.
+async fn publish_in_order(cluster: &Cluster, entries: &[(String, Bytes)]) -> Result<(), ApiError> {
+    let batch_entries = cluster.coalescer.options.max_entries.clamp(1, MAX_BATCH_ENTRIES);
+    for chunk in entries.chunks(batch_entries) {
+        let atomic = match chunk.len() > 1 && cluster.coalescer.takes_atomic_batches() {
+            true => publish_atomic(cluster, chunk).await,
+            false => None,
+        };
+        match atomic {
+            Some(result) => result?,
+            None => publish_one_by_one(cluster, chunk).await?,
+        }
+    }
+    Ok(())
+}
+
+/// Sends `entries` as one atomic batch until the stream stores them or the
+/// retry policy gives up; `None` when the stream does not take atomic batches.
+async fn publish_atomic(cluster: &Cluster, entries: &[(String, Bytes)]) -> Option<Result<(), ApiError>> {
+    let mut retry = Retry::new(tokio::time::Instant::now());
+    for attempt in 1.. {
+        // A new batch id per attempt; the message ids stay, so the stream stores the entries once.
+        let batch_id = format!("{}-{attempt}", entries[0].0.replace('/', "-"));
+        let client = cluster.conn().client.clone();
+        let (refusal, said) = match batch::send(&client, &batch_id, entries, PUBLISH_TIMEOUT).await {
+            BatchAnswer::Stored => return Some(Ok(())),
+            BatchAnswer::Unsupported(said) => {
+                tracing::warn!("the stream takes no atomic batches ({said}): publishing one entry per message");
+                cluster.coalescer.atomic.store(false, Ordering::Relaxed);
+                return None;
+            }
+            BatchAnswer::Refused(refusal, said) => (refusal, said),
+        };
+        if refusal == Refusal::TimedOut {
+            cluster.reconnect_after_timeout("an atomic batch");
+        }
+        match retry.next(refusal, tokio::time::Instant::now()) {
+            Next::SendAfter(delay) => {
+                tracing::debug!(batch_id, said, ?delay, "publishing the batch again with the same message ids");
+                tokio::time::sleep(delay).await;
+            }
+            Next::GiveUp => {
+                return Some(Err(unavailable(format!(
+                    "the stream did not acknowledge the write ({said}); it may still be applied"
+                ))))
+            }
+        }
+    }
+    unreachable!("the retry policy gives up within PUBLISH_ATTEMPTS")
+}
+
+/// Sends each entry as its own message, back to back (so the stream takes
+/// them in this order), then waits for each one's acknowledgement.
+async fn publish_one_by_one(cluster: &Cluster, entries: &[(String, Bytes)]) -> Result<(), ApiError> {
+    let mut sent = Vec::with_capacity(entries.len());
+    for (id, payload) in entries {
+        sent.push(cluster.send(id, payload.clone()).await);
+    }
+    for ((id, payload), ack) in entries.iter().zip(sent) {
+        cluster.acknowledged(id, payload.clone(), ack).await?;
+    }
+    Ok(())
+}
