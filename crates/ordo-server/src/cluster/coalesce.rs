@@ -71,6 +71,10 @@ pub struct Coalescer {
     pub options: CoalesceOptions,
     /// Cleared for good when the stream refuses an atomic batch as disabled.
     atomic: AtomicBool,
+    /// Batch ids are this process's random prefix and a number: unique among
+    /// every node's batches in flight, and within JetStream's 64 characters.
+    batch_prefix: String,
+    next_batch: AtomicU64,
     /// Groups published, and the entries in them (`render_metrics`).
     groups: AtomicU64,
     group_entries: AtomicU64,
@@ -84,6 +88,8 @@ impl Coalescer {
             receiver: std::sync::Mutex::new(Some(receiver)),
             options,
             atomic: AtomicBool::new(atomic),
+            batch_prefix: random_hex(),
+            next_batch: AtomicU64::new(0),
             groups: AtomicU64::new(0),
             group_entries: AtomicU64::new(0),
         }
@@ -106,6 +112,10 @@ impl Coalescer {
         }
     }
 
+    fn batch_id(&self, attempt: u32) -> String {
+        format!("{}-{}-{attempt}", self.batch_prefix, self.next_batch.fetch_add(1, Ordering::Relaxed))
+    }
+
     pub fn takes_atomic_batches(&self) -> bool {
         self.atomic.load(Ordering::Relaxed)
     }
@@ -126,6 +136,12 @@ impl Coalescer {
                 writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", value.load(Ordering::Relaxed));
         }
     }
+}
+
+fn random_hex() -> String {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).expect("the OS's random numbers");
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 async fn run(cluster: Arc<Cluster>, mut receiver: mpsc::Receiver<Submission>) {
@@ -219,9 +235,9 @@ async fn publish_in_order(cluster: &Cluster, entries: &[(String, Bytes)]) -> Res
 /// retry policy gives up; `None` when the stream does not take atomic batches.
 async fn publish_atomic(cluster: &Cluster, entries: &[(String, Bytes)]) -> Option<Result<(), ApiError>> {
     let mut retry = Retry::new(tokio::time::Instant::now());
-    for attempt in 1.. {
+    for attempt in 1u32.. {
         // A new batch id per attempt; the message ids stay, so the stream stores the entries once.
-        let batch_id = format!("{}-{attempt}", entries[0].0.replace('/', "-"));
+        let batch_id = cluster.coalescer.batch_id(attempt);
         let client = cluster.conn().client.clone();
         let (refusal, said) = match batch::send(&client, &batch_id, entries, PUBLISH_TIMEOUT).await {
             BatchAnswer::Stored => return Some(Ok(())),
