@@ -10,8 +10,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::postgres::{
-    follow_args, follower_health, postgres, refused_start, restart_resumed, start_following, wait_applied, wait_failed,
-    APPLY_TIMEOUT, PUBLICATION, SLOT,
+    follow_args, follower_health, model_seed, ordo_json_rows, postgres, postgres_json_rows, refused_start,
+    restart_resumed, start_following, wait_applied, wait_failed, APPLY_TIMEOUT, PUBLICATION, SLOT,
 };
 use common::{ordo_binary, Server};
 use ordo_test_kit::postgres::{PostgresServer, ServerOptions, TestCertificates};
@@ -28,13 +28,13 @@ fn create_items_table(pg: &PostgresServer) {
 
 /// PostgreSQL's window: `(id, score, title)` by score, then id in byte order (Ordo's tie-break).
 fn postgres_window(pg: &PostgresServer, limit: usize) -> Vec<Value> {
-    let rows = pg
-        .psql(&format!(
+    postgres_json_rows(
+        pg,
+        &format!(
             "SELECT json_build_object('id', id, 'score', score, 'title', title)
              FROM items ORDER BY score, id COLLATE \"C\" LIMIT {limit}"
-        ))
-        .unwrap();
-    rows.lines().filter(|line| !line.is_empty()).map(|line| serde_json::from_str(line).unwrap()).collect()
+        ),
+    )
 }
 
 /// Ordo's window of `items` in the same shape.
@@ -80,10 +80,7 @@ fn random_transaction(rng: &mut Rng, ids: &mut Vec<String>, next_id: &mut u64) -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_followed_table_equals_postgres_after_random_transactions_one_frame_each() {
-    let seed = std::env::var("ORDO_SEED").ok().and_then(|seed| seed.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-    });
-    println!("seed {seed} (ORDO_SEED={seed} replays it)");
+    let seed = model_seed();
     let mut rng = Rng::new(seed);
     let pg = postgres();
     create_items_table(&pg);
@@ -306,27 +303,15 @@ fn ordo_fields(server: &Server, collection: &str) -> Vec<String> {
 /// Every row of `items` as `{"id", COLUMN...}`, by id.
 fn postgres_rows(pg: &PostgresServer, columns: &[&str]) -> Vec<Value> {
     let pairs: Vec<String> = columns.iter().map(|column| format!("'{column}', {column}")).collect();
-    let rows = pg
-        .psql(&format!("SELECT json_build_object('id', id, {}) FROM items ORDER BY id COLLATE \"C\"", pairs.join(", ")))
-        .unwrap();
-    rows.lines().filter(|line| !line.is_empty()).map(|line| serde_json::from_str(line).unwrap()).collect()
+    postgres_json_rows(
+        pg,
+        &format!("SELECT json_build_object('id', id, {}) FROM items ORDER BY id COLLATE \"C\"", pairs.join(", ")),
+    )
 }
 
 /// Every item of `items` in the same shape (a field Ordo does not have reads as null).
 fn ordo_rows(server: &Server, columns: &[&str]) -> Vec<Value> {
-    let answer = server.ok("POST", "/v1/collections/items/query", json!({"limit": 1000}));
-    let mut rows: Vec<Value> = answer["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|item| {
-            let mut row = json!({"id": item["id"]});
-            for column in columns {
-                row[*column] = item["fields"][*column].clone();
-            }
-            row
-        })
-        .collect();
+    let mut rows = ordo_json_rows(server, "items", json!({"limit": 1000}), columns);
     rows.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
     rows
 }
@@ -784,14 +769,14 @@ impl RandomWindow {
     fn in_postgres(&self, pg: &PostgresServer) -> Vec<Value> {
         let filter = self.min_score.map_or(String::new(), |min| format!("WHERE score >= {min}"));
         let dir = if self.descending { "DESC" } else { "ASC" };
-        let rows = pg
-            .psql(&format!(
+        postgres_json_rows(
+            pg,
+            &format!(
                 "SELECT json_build_object('id', id, 'score', score, 'title', title) FROM items {filter}
                  ORDER BY score {dir}, id COLLATE \"C\" LIMIT {} OFFSET {}",
                 self.limit, self.offset
-            ))
-            .unwrap();
-        rows.lines().filter(|line| !line.is_empty()).map(|line| serde_json::from_str(line).unwrap()).collect()
+            ),
+        )
     }
 
     fn in_ordo(&self, server: &Server) -> Vec<Value> {
@@ -856,10 +841,7 @@ fn rich_transaction(rng: &mut Rng, ids: &mut Vec<String>, next_id: &mut u64) -> 
 /// TOASTed values left unchanged by updates, and a column added midway.
 #[test]
 fn random_windows_equal_postgres_through_truncates_toasted_values_and_a_column_added() {
-    let seed = std::env::var("ORDO_SEED").ok().and_then(|seed| seed.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-    });
-    println!("seed {seed} (ORDO_SEED={seed} replays it)");
+    let seed = model_seed();
     let mut rng = Rng::new(seed);
     let pg = postgres();
     create_items_table(&pg);

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ordo_test_kit::postgres::{PostgresServer, SOCKET_PORT};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::{ordo_binary, Server, StartOptions};
 
@@ -113,4 +113,42 @@ pub fn refused_start(dir: &Path, args: &[String]) -> String {
     assert!(!output.status.success(), "started: {text}");
     assert!(!text.contains("listening on"), "{text}");
     text
+}
+
+/// The seed of a model test: `ORDO_SEED` when set (to replay a run), else the
+/// clock's nanoseconds. Printed, so that a failing run can be replayed.
+pub fn model_seed() -> u64 {
+    let seed = std::env::var("ORDO_SEED").ok().and_then(|seed| seed.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    });
+    println!("seed {seed} (ORDO_SEED={seed} replays it)");
+    seed
+}
+
+/// The rows of `sql`, a query that selects one JSON object per row
+/// (`json_build_object(...)`), in PostgreSQL's order.
+pub fn postgres_json_rows(pg: &PostgresServer, sql: &str) -> Vec<Value> {
+    let rows = pg.psql(sql).unwrap_or_else(|error| panic!("{error}\nin {sql}"));
+    rows.lines()
+        .filter(|line| !line.is_empty())
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|error| panic!("{error}: {line}")))
+        .collect()
+}
+
+/// Ordo's answer to `query` on `collection` in the shape of
+/// [`postgres_json_rows`]: each item's id and its `fields` (dotted names
+/// included), a field the item does not carry read as null; in Ordo's order.
+pub fn ordo_json_rows(server: &Server, collection: &str, query: Value, fields: &[&str]) -> Vec<Value> {
+    let answer = server.ok("POST", &format!("/v1/collections/{collection}/query"), query);
+    let items = answer["items"].as_array().unwrap_or_else(|| panic!("no items in {answer}"));
+    items
+        .iter()
+        .map(|item| {
+            let mut row = json!({"id": item["id"]});
+            for field in fields {
+                row[*field] = item["fields"][*field].clone();
+            }
+            row
+        })
+        .collect()
 }
