@@ -4,7 +4,8 @@
 //!
 //! A term, on the node that took the lease: claim the slot (a `claim` entry;
 //! its apply here means every entry before it, the last holder's, is applied
-//! here too, and answers the position they left); then as in single-node mode
+//! here too, and answers the position they left); end the walsender that still
+//! holds the slot, if any (a holder frozen past its lease); then as in single-node mode
 //! (`prepare`: a copy when there is no position, else the collections as they
 //! are) and follow, every change through the stream (`sink::Sink::Stream`),
 //! each transaction confirmed to PostgreSQL once the stream's quorum holds it
@@ -14,6 +15,8 @@
 
 use std::sync::Arc;
 
+use ordo_pgsource::slot::HolderEnded;
+use ordo_pgsource::{Connection, Mode};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -172,6 +175,42 @@ impl Candidate {
         }
     }
 
+    /// Ends the walsender that still holds the slot, if one does: a holder
+    /// frozen past its lease (`SIGSTOP`) keeps it until PostgreSQL's
+    /// `wal_sender_timeout` (60 s by default), and this term could neither
+    /// stream from the slot nor create it again until then. Only once the
+    /// claim is applied: whatever that holder publishes is fenced by then.
+    /// On failure (a role that may not end it) the stream retries until
+    /// PostgreSQL ends it itself.
+    async fn take_slot(&self) {
+        let slot = self.options.slot.as_str();
+        let ended = async {
+            let mut connection = Connection::connect(&self.options.connect, Mode::Sql).await?;
+            let ended = ordo_pgsource::slot::terminate_slot_holder(&mut connection, slot).await;
+            let _ = connection.terminate().await;
+            ended
+        }
+        .await;
+        match ended {
+            Ok(None) => {}
+            Ok(Some(HolderEnded { pid, signals, released: true })) => {
+                crate::logging::say!("ordo: ended the PostgreSQL backend {pid}, which still held slot `{slot}`");
+                tracing::info!(slot, pid, signals, "ended the PostgreSQL backend that still held the slot");
+            }
+            Ok(Some(HolderEnded { pid, signals, .. })) => {
+                tracing::warn!(slot, pid, signals, "the PostgreSQL backend that holds the slot did not end yet");
+            }
+            Err(error) => {
+                eprintln!(
+                    "ordo: WARNING: cannot end the PostgreSQL backend that holds slot `{slot}` (streaming waits until \
+                     PostgreSQL's wal_sender_timeout ends it; the follower's role needs to be that backend's, or a \
+                     member of pg_signal_backend): {error}"
+                );
+                tracing::warn!(slot, %error, "cannot end the PostgreSQL backend that holds the slot");
+            }
+        }
+    }
+
     /// Claims the slot for `term`, prepares (copies if no position is
     /// stored) and follows, until `stopped` or the term ends.
     async fn follow_term(&self, term: u64, mut stopped: watch::Receiver<bool>) -> Ended {
@@ -190,7 +229,10 @@ impl Candidate {
             Err(error) => return Ended::Lost(error.message()),
         };
         let prepared = tokio::select! {
-            prepared = prepare(&self.options, stored, sink, &self.routes, &self.status) => prepared,
+            prepared = async {
+                self.take_slot().await;
+                prepare(&self.options, stored, sink, &self.routes, &self.status).await
+            } => prepared,
             _ = stopped.wait_for(|stop| *stop) => return Ended::Stopped,
         };
         match prepared {
