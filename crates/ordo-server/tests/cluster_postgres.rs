@@ -304,13 +304,18 @@ fn kill_9_of_the_lease_holder_mid_stream_loses_and_doubles_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = start_cluster(&pg, dir.path());
     let holder = wait_for_holder(&cluster, CONVERGE_TIMEOUT);
-    let (new_holder, n_transactions) = while_committing(&pg, N_COUNTERS, |_| String::new(), |commits| {
-        commits.wait_more(N_BEFORE_KILL);
-        cluster.kill(holder);
-        let new_holder = wait_for_holder(&cluster, CONVERGE_TIMEOUT);
-        commits.wait_more(N_BEFORE_KILL);
-        new_holder
-    });
+    let (new_holder, n_transactions) = while_committing(
+        &pg,
+        N_COUNTERS,
+        |_| String::new(),
+        |commits| {
+            commits.wait_more(N_BEFORE_KILL);
+            cluster.kill(holder);
+            let new_holder = wait_for_holder(&cluster, CONVERGE_TIMEOUT);
+            commits.wait_more(N_BEFORE_KILL);
+            new_holder
+        },
+    );
     assert_ne!(new_holder, holder);
     wait_equal_to_postgres(&cluster, &pg);
     let total: i64 = postgres_rows(&pg, "counters").iter().map(|row| row["n"].as_i64().unwrap()).sum();
@@ -326,19 +331,20 @@ fn kill_9_of_the_lease_holder_mid_stream_loses_and_doubles_nothing() {
     assert_eq!(wait_for_holder(&cluster, CONVERGE_TIMEOUT), new_holder, "the restarted node stands by");
 }
 
-/// Rows in `bulk`, the table whose copy a test cuts short: enough that
-/// copying them through the stream takes seconds, not milliseconds.
-const N_BULK_ROWS: u64 = 300_000;
+/// Rows in `bulk`, the table whose copy a test cuts short: six batches of
+/// the copy (`COPY_BATCH_ROWS`), so that the copy through the stream takes
+/// seconds and is caught after its first batch.
+const N_BULK_ROWS: u64 = 60_000;
 
 fn bulk_id(n: u64) -> String {
     format!("b{n:07}")
 }
 
-/// `bulk (id, pad)`: `n_rows` rows of about 100 bytes each, published.
+/// `bulk (id, pad)`: `n_rows` small rows, published.
 fn create_bulk_table(pg: &PostgresServer, n_rows: u64) {
     pg.psql(&format!(
         "CREATE TABLE bulk (id text PRIMARY KEY, pad text NOT NULL);
-         INSERT INTO bulk SELECT 'b' || lpad(i::text, 7, '0'), repeat('x', 100) FROM generate_series(0, {}) AS i;
+         INSERT INTO bulk SELECT 'b' || lpad(i::text, 7, '0'), repeat('x', 20) FROM generate_series(0, {}) AS i;
          ALTER PUBLICATION {PUBLICATION} ADD TABLE bulk;",
         n_rows - 1
     ))
@@ -449,15 +455,20 @@ fn sigstop_of_the_lease_holder_frees_the_slot_before_wal_sender_timeout_and_fenc
     let args = follow_args_as(&pg, dir.path(), ("ordo_follower", "follower-password"), &TABLES);
     let cluster = OrdoCluster::start_with(3, 3, &args.iter().map(String::as_str).collect::<Vec<_>>());
     let holder = wait_for_holder(&cluster, CONVERGE_TIMEOUT);
-    let (new_holder, n_transactions) = while_committing(&pg, N_COUNTERS, |_| String::new(), |commits| {
-        commits.wait_more(N_EACH_PHASE);
-        cluster.signal(holder, libc::SIGSTOP);
-        let stopped_at = Instant::now();
-        let new_holder = wait_for_holder_except(&cluster, Some(holder), FROZEN_TAKEOVER_TIMEOUT);
-        eprintln!("o{new_holder} streams {:?} after o{holder} was frozen", stopped_at.elapsed());
-        commits.wait_more(N_EACH_PHASE);
-        new_holder
-    });
+    let (new_holder, n_transactions) = while_committing(
+        &pg,
+        N_COUNTERS,
+        |_| String::new(),
+        |commits| {
+            commits.wait_more(N_EACH_PHASE);
+            cluster.signal(holder, libc::SIGSTOP);
+            let stopped_at = Instant::now();
+            let new_holder = wait_for_holder_except(&cluster, Some(holder), FROZEN_TAKEOVER_TIMEOUT);
+            eprintln!("o{new_holder} streams {:?} after o{holder} was frozen", stopped_at.elapsed());
+            commits.wait_more(N_EACH_PHASE);
+            new_holder
+        },
+    );
     let ports = cluster.ports();
     let others: Vec<u16> = (0..3).filter(|&i| i != holder).filter_map(|i| ports[i]).collect();
     wait_equal_on(&others, &pg, &TABLES);

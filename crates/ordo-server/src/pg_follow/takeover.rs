@@ -9,7 +9,8 @@
 //! (`prepare`: a copy when there is no position, else the collections as they
 //! are) and follow, every change through the stream (`sink::Sink::Stream`),
 //! each transaction confirmed to PostgreSQL once the stream's quorum holds it
-//! and it is applied here. The lease is renewed every `LEASE_RENEW_EVERY`; a
+//! and it is applied here. The lease is renewed every `LEASE_RENEW_EVERY` (in a
+//! task of its own, which a busy term cannot hold up); a
 //! renewal that fails (or is late) ends the term at once, as does an entry
 //! fenced by a newer term. The node then stands by and looks for the lease again.
 
@@ -17,8 +18,7 @@ use std::sync::Arc;
 
 use ordo_pgsource::slot::HolderEnded;
 use ordo_pgsource::{Connection, Mode};
-use tokio::sync::watch;
-use tokio::time::Instant;
+use tokio::sync::{oneshot, watch};
 
 use super::config::PostgresOptions;
 use super::follow::Ended;
@@ -61,11 +61,37 @@ struct Candidate {
     routes: Routes,
 }
 
-/// What a term's loop woke up for.
+/// What ended a term.
 enum Event {
     Ended(Ended),
-    RenewDue,
+    /// A renewal failed (or was late): why.
+    Lost(String),
     Shutdown,
+}
+
+/// Renews `lease` every `LEASE_RENEW_EVERY` until `stopped`, in a task of its
+/// own: a term keeps its task busy for seconds at a time (a copy reads rows
+/// as fast as PostgreSQL sends them and waits for each batch's apply in
+/// place), which must not delay a renewal past the lease's TTL. A renewal
+/// that fails is sent to `lost` and ends the renewals.
+async fn keep_renewed(mut lease: Lease, lost: oneshot::Sender<String>, mut stopped: watch::Receiver<bool>) -> Lease {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(LEASE_RENEW_EVERY) => {}
+            _ = stopped.wait_for(|stop| *stop) => return lease,
+        }
+        if let Err(error) = lease.renew().await {
+            let _ = lost.send(error);
+            return lease;
+        }
+    }
+}
+
+/// Gives the lease up once the renewals stopped.
+async fn release(renewals: tokio::task::JoinHandle<Lease>) {
+    if let Ok(lease) = renewals.await {
+        lease.release().await;
+    }
 }
 
 /// How one look for the lease ended.
@@ -114,43 +140,39 @@ impl Candidate {
         }
     }
 
-    /// One term: follows while renewing the lease; ends when either stops.
-    async fn hold(&self, mut lease: Lease, shutdown: &mut watch::Receiver<bool>) -> Round {
+    /// One term: follows while the lease is renewed; ends when either stops.
+    async fn hold(&self, lease: Lease, shutdown: &mut watch::Receiver<bool>) -> Round {
         let term = lease.term;
         self.status.set_lease(LeaseView { holder: Some(self.node().to_owned()), held_here: true, term });
         crate::logging::say!("ordo: took the PostgreSQL follower lease (slot `{}`, term {term})", self.options.slot);
         tracing::info!(slot = %self.options.slot, term, "took the PostgreSQL follower lease");
         let (stop, stopped) = watch::channel(false);
+        let (lost_tx, mut lost) = oneshot::channel();
+        let renewals = tokio::spawn(keep_renewed(lease, lost_tx, stopped.clone()));
         let follow = self.follow_term(term, stopped);
         tokio::pin!(follow);
-        let mut renew_at = Instant::now() + LEASE_RENEW_EVERY;
-        let ended = loop {
-            let event = tokio::select! {
-                ended = &mut follow => Event::Ended(ended),
-                _ = tokio::time::sleep_until(renew_at) => Event::RenewDue,
-                _ = shutdown.wait_for(|stopping| *stopping) => Event::Shutdown,
-            };
-            match event {
-                Event::Ended(ended) => break ended,
-                Event::RenewDue => {
-                    if let Err(error) = lease.renew().await {
-                        // Stop at once: the lease may be another node's by now.
-                        let _ = stop.send(true);
-                        let _ = (&mut follow).await;
-                        self.stand_by(term, &error);
-                        return Round::Again;
-                    }
-                    renew_at = Instant::now() + LEASE_RENEW_EVERY;
-                }
-                Event::Shutdown => {
-                    let _ = stop.send(true);
-                    let _ = (&mut follow).await;
-                    lease.release().await;
-                    return Round::Over;
-                }
+        let event = tokio::select! {
+            ended = &mut follow => Event::Ended(ended),
+            Ok(error) = &mut lost => Event::Lost(error),
+            _ = shutdown.wait_for(|stopping| *stopping) => Event::Shutdown,
+        };
+        // Stops the renewals, and the term unless it ended.
+        let _ = stop.send(true);
+        let ended = match event {
+            Event::Ended(ended) => ended,
+            Event::Lost(error) => {
+                // Stop at once: the lease may be another node's by now.
+                let _ = (&mut follow).await;
+                self.stand_by(term, &error);
+                return Round::Again;
+            }
+            Event::Shutdown => {
+                let _ = (&mut follow).await;
+                release(renewals).await;
+                return Round::Over;
             }
         };
-        lease.release().await;
+        release(renewals).await;
         match ended {
             Ended::Lost(message) => {
                 self.stand_by(term, &message);
