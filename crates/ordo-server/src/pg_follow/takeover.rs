@@ -223,10 +223,15 @@ impl Candidate {
                 tracing::warn!(slot, pid, signals, "the PostgreSQL backend that holds the slot did not end yet");
             }
             Err(error) => {
+                let refused = matches!(&error, ordo_pgsource::Error::Server(server) if server.code == "42501");
+                let hint = if refused {
+                    "; the follower's role must be that backend's, or a member of pg_signal_backend"
+                } else {
+                    ""
+                };
                 eprintln!(
-                    "ordo: WARNING: cannot end the PostgreSQL backend that holds slot `{slot}` (streaming waits until \
-                     PostgreSQL's wal_sender_timeout ends it; the follower's role needs to be that backend's, or a \
-                     member of pg_signal_backend): {error}"
+                    "ordo: WARNING: cannot end the PostgreSQL backend that holds slot `{slot}` (streaming from it \
+                     waits until PostgreSQL's wal_sender_timeout ends it{hint}): {error}"
                 );
                 tracing::warn!(slot, %error, "cannot end the PostgreSQL backend that holds the slot");
             }
