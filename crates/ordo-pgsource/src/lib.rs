@@ -21,6 +21,7 @@ pub mod copy;
 pub mod error;
 pub mod lsn;
 pub mod pgoutput;
+pub mod slot;
 pub mod stream;
 pub mod tls;
 pub mod value;

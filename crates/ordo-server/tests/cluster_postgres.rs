@@ -49,15 +49,20 @@ fn follow_args(pg: &PostgresServer, dir: &Path) -> Vec<String> {
 
 /// `follow_args` with `tables` as the `--pg-table`s.
 fn follow_tables_args(pg: &PostgresServer, dir: &Path, tables: &[&str]) -> Vec<String> {
+    follow_args_as(pg, dir, (&pg.user, &pg.password), tables)
+}
+
+/// `follow_tables_args` as the role `user` (its name and password).
+fn follow_args_as(pg: &PostgresServer, dir: &Path, user: (&str, &str), tables: &[&str]) -> Vec<String> {
     let password_file = dir.join("pg-password");
-    std::fs::write(&password_file, format!("{}\n", pg.password)).unwrap();
+    std::fs::write(&password_file, format!("{}\n", user.1)).unwrap();
     [
         "--pg-host",
         pg.socket_dir().to_str().unwrap(),
         "--pg-port",
         &SOCKET_PORT.to_string(),
         "--pg-user",
-        &pg.user,
+        user.0,
         "--pg-database",
         "postgres",
         "--pg-publication",
@@ -91,16 +96,24 @@ fn pg_health(cluster: &OrdoCluster, i: usize) -> Option<Value> {
 /// The node that holds the lease, once exactly one says it does and every
 /// node that is up names it.
 fn wait_for_holder(cluster: &OrdoCluster, timeout: Duration) -> usize {
+    wait_for_holder_except(cluster, None, timeout)
+}
+
+/// `wait_for_holder` among the nodes that are up but `frozen` (`SIGSTOP`: it
+/// answers nothing, and may still believe it holds the lease).
+fn wait_for_holder_except(cluster: &OrdoCluster, frozen: Option<usize>, timeout: Duration) -> usize {
     let deadline = Instant::now() + timeout;
+    let answering = |i: usize| cluster.is_up(i) && Some(i) != frozen;
     loop {
-        let healths: Vec<Option<Value>> = (0..cluster.len()).map(|i| pg_health(cluster, i)).collect();
+        let healths: Vec<Option<Value>> =
+            (0..cluster.len()).map(|i| if answering(i) { pg_health(cluster, i) } else { None }).collect();
         let holders: Vec<usize> = (0..cluster.len())
             .filter(|&i| healths[i].as_ref().is_some_and(|h| h["lease"]["held_here"] == true))
             .collect();
         if let [holder] = holders[..] {
             let name = format!("o{holder}");
             let named = (0..cluster.len())
-                .filter(|&i| cluster.is_up(i))
+                .filter(|&i| answering(i))
                 .all(|i| healths[i].as_ref().is_some_and(|h| h["lease"]["holder"] == name.as_str()));
             if named && healths[holder].as_ref().is_some_and(|h| h["state"] == "streaming") {
                 return holder;
@@ -138,9 +151,15 @@ fn wait_equal_to_postgres(cluster: &OrdoCluster, pg: &PostgresServer) {
 
 /// `wait_equal_to_postgres` for `tables`.
 fn wait_tables_equal_to_postgres(cluster: &OrdoCluster, pg: &PostgresServer, tables: &[&str]) {
+    let ports: Vec<u16> = cluster.ports().into_iter().flatten().collect();
+    wait_equal_on(&ports, pg, tables);
+}
+
+/// Waits until the nodes on `ports` hold exactly PostgreSQL's rows of `tables`.
+fn wait_equal_on(ports: &[u16], pg: &PostgresServer, tables: &[&str]) {
     let expected: Vec<(&str, Vec<Value>)> = tables.iter().map(|table| (*table, postgres_rows(pg, table))).collect();
     let deadline = Instant::now() + CONVERGE_TIMEOUT;
-    for port in cluster.ports().into_iter().flatten() {
+    for &port in ports {
         for (table, rows) in &expected {
             loop {
                 let (status, _) =
@@ -166,12 +185,71 @@ fn wait_tables_equal_to_postgres(cluster: &OrdoCluster, pg: &PostgresServer, tab
 /// One transaction in PostgreSQL: a counter incremented and an event
 /// inserted (two collections, one transaction).
 fn increment(pg: &PostgresServer, n: u64, n_counters: u64) {
+    increment_and(pg, n, n_counters, "");
+}
+
+/// `increment`, with the statements `also` in the same transaction.
+fn increment_and(pg: &PostgresServer, n: u64, n_counters: u64, also: &str) {
     let counter = format!("c{}", n % n_counters);
     pg.psql(&format!(
         "BEGIN; UPDATE counters SET n = n + 1 WHERE id = '{counter}';
-         INSERT INTO events VALUES ('e{n:06}', '{counter}'); COMMIT;"
+         INSERT INTO events VALUES ('e{n:06}', '{counter}'); {also} COMMIT;"
     ))
     .unwrap();
+}
+
+/// How many transactions the writer thread of `while_committing` committed.
+struct Commits(AtomicU64);
+
+impl Commits {
+    fn count(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `n` more are committed than when called.
+    fn wait_more(&self, n: u64) {
+        let target = self.count() + n;
+        let deadline = Instant::now() + CONVERGE_TIMEOUT;
+        while self.count() < target {
+            assert!(Instant::now() < deadline, "the writer committed {} of {target} transactions", self.count());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// Stops the writer thread when `body` returns or panics.
+struct StopWriting<'a>(&'a AtomicBool);
+
+impl Drop for StopWriting<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Runs `body` while a thread commits `increment`s one after another (each
+/// with `also(n)` in its transaction); returns `body`'s result and how many
+/// transactions were committed in all.
+fn while_committing<T>(
+    pg: &PostgresServer,
+    n_counters: u64,
+    also: impl Fn(u64) -> String + Sync,
+    body: impl FnOnce(&Commits) -> T,
+) -> (T, u64) {
+    let commits = Commits(AtomicU64::new(0));
+    let writing = AtomicBool::new(true);
+    let result = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut n = 0;
+            while writing.load(Ordering::SeqCst) {
+                increment_and(pg, n, n_counters, &also(n));
+                n += 1;
+                commits.0.store(n, Ordering::SeqCst);
+            }
+        });
+        let _stop = StopWriting(&writing);
+        body(&commits)
+    });
+    (result, commits.count())
 }
 
 #[test]
@@ -226,30 +304,18 @@ fn kill_9_of_the_lease_holder_mid_stream_loses_and_doubles_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = start_cluster(&pg, dir.path());
     let holder = wait_for_holder(&cluster, CONVERGE_TIMEOUT);
-    let committed = AtomicU64::new(0);
-    let writing = AtomicBool::new(true);
-    let wait_committed = |n: u64| {
-        while committed.load(Ordering::SeqCst) < n {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    };
-    let new_holder = std::thread::scope(|scope| {
-        scope.spawn(|| {
-            let mut n = 0;
-            while writing.load(Ordering::SeqCst) {
-                increment(&pg, n, N_COUNTERS);
-                n += 1;
-                committed.store(n, Ordering::SeqCst);
-            }
-        });
-        wait_committed(N_BEFORE_KILL);
-        cluster.kill(holder);
-        let new_holder = wait_for_holder(&cluster, CONVERGE_TIMEOUT);
-        wait_committed(committed.load(Ordering::SeqCst) + N_BEFORE_KILL);
-        writing.store(false, Ordering::SeqCst);
-        new_holder
-    });
-    let n_transactions = committed.load(Ordering::SeqCst);
+    let (new_holder, n_transactions) = while_committing(
+        &pg,
+        N_COUNTERS,
+        |_| String::new(),
+        |commits| {
+            commits.wait_more(N_BEFORE_KILL);
+            cluster.kill(holder);
+            let new_holder = wait_for_holder(&cluster, CONVERGE_TIMEOUT);
+            commits.wait_more(N_BEFORE_KILL);
+            new_holder
+        },
+    );
     assert_ne!(new_holder, holder);
     wait_equal_to_postgres(&cluster, &pg);
     let total: i64 = postgres_rows(&pg, "counters").iter().map(|row| row["n"].as_i64().unwrap()).sum();
@@ -263,6 +329,220 @@ fn kill_9_of_the_lease_holder_mid_stream_loses_and_doubles_nothing() {
     cluster.restart(holder);
     wait_equal_to_postgres(&cluster, &pg);
     assert_eq!(wait_for_holder(&cluster, CONVERGE_TIMEOUT), new_holder, "the restarted node stands by");
+}
+
+/// Rows in `bulk`, the table whose copy a test cuts short: six batches of
+/// the copy (`COPY_BATCH_ROWS`), so that the copy through the stream takes
+/// seconds and is caught after its first batch.
+const N_BULK_ROWS: u64 = 60_000;
+
+fn bulk_id(n: u64) -> String {
+    format!("b{n:07}")
+}
+
+/// `bulk (id, pad)`: `n_rows` small rows, published.
+fn create_bulk_table(pg: &PostgresServer, n_rows: u64) {
+    pg.psql(&format!(
+        "CREATE TABLE bulk (id text PRIMARY KEY, pad text NOT NULL);
+         INSERT INTO bulk SELECT 'b' || lpad(i::text, 7, '0'), repeat('x', 20) FROM generate_series(0, {}) AS i;
+         ALTER PUBLICATION {PUBLICATION} ADD TABLE bulk;",
+        n_rows - 1
+    ))
+    .unwrap();
+}
+
+/// The lease holder, once it says it is copying and some of `bulk`'s rows
+/// are on another node (applied from the stream): the copy is under way.
+fn wait_for_copy_under_way(cluster: &OrdoCluster) -> usize {
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let copying = |i: &usize| {
+            pg_health(cluster, *i).is_some_and(|h| h["lease"]["held_here"] == true && h["state"] == "copying")
+        };
+        if let Some(holder) = (0..cluster.len()).find(copying) {
+            let port = cluster.ports()[(holder + 1) % cluster.len()].unwrap();
+            let query = json!({"limit": 1});
+            let answer = request(port, "POST", "/v1/collections/bulk/query", Some(&query), Duration::from_secs(5));
+            if let Ok((200, answer)) = answer {
+                if answer["items"].as_array().is_some_and(|items| !items.is_empty()) {
+                    return holder;
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "no copy under way within {CONVERGE_TIMEOUT:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How many rows of `table` (`schema.name`) node `i` copied in its last copy,
+/// from its log's `copied a table` line.
+fn rows_copied(cluster: &OrdoCluster, i: usize, table: &str) -> u64 {
+    let marker = format!("table={table} ");
+    let is_it = |line: &str| line.contains("copied a table") && line.contains(&marker);
+    let lines = cluster.node(i).wait_for_stderr_line(is_it);
+    let line = lines.iter().rev().find(|line| is_it(line)).unwrap();
+    let rows = line.split("rows=").nth(1).unwrap();
+    rows.chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap()
+}
+
+/// The lease holder killed (`kill -9`) in the middle of the first copy, while
+/// transactions keep committing (each also deleting a row of `bulk` the cut
+/// copy may hold): the next holder finds no position, drops the collections,
+/// creates the slot again and copies through the stream. Every node then
+/// equals PostgreSQL (no row of the cut copy left over), and the nodes that
+/// stayed up applied each transaction after the new copy's snapshot once.
+#[test]
+fn kill_9_of_the_lease_holder_mid_copy_copies_again_losing_and_doubling_nothing() {
+    const N_COUNTERS: u64 = 7;
+    const N_AFTER_TAKEOVER: u64 = 40;
+    let pg = postgres();
+    create_tables(&pg, N_COUNTERS as usize);
+    create_bulk_table(&pg, N_BULK_ROWS);
+    let dir = tempfile::tempdir().unwrap();
+    let tables = ["counters", "events", "bulk"];
+    let args = follow_tables_args(&pg, dir.path(), &tables);
+    let mut cluster = OrdoCluster::start_with(3, 3, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let delete_bulk_row = |n: u64| format!("DELETE FROM bulk WHERE id = '{}';", bulk_id(n));
+    let ((holder, new_holder), n_transactions) = while_committing(&pg, N_COUNTERS, delete_bulk_row, |commits| {
+        let holder = wait_for_copy_under_way(&cluster);
+        cluster.kill(holder);
+        let new_holder = wait_for_holder(&cluster, CONVERGE_TIMEOUT);
+        commits.wait_more(N_AFTER_TAKEOVER);
+        (holder, new_holder)
+    });
+    assert_ne!(new_holder, holder);
+    wait_tables_equal_to_postgres(&cluster, &pg, &tables);
+    let total: i64 = postgres_rows(&pg, "counters").iter().map(|row| row["n"].as_i64().unwrap()).sum();
+    assert_eq!(total, n_transactions as i64);
+    // The new copy holds the transactions before its snapshot (an event each);
+    // the stream, the others.
+    let in_copy = rows_copied(&cluster, new_holder, "public.events");
+    cluster.wait_converged(CONVERGE_TIMEOUT);
+    for i in (0..3).filter(|&i| i != holder) {
+        let health = pg_health(&cluster, i).unwrap();
+        assert_eq!(health["transactions_applied"], 1 + n_transactions - in_copy, "node o{i}: {health}");
+    }
+    cluster.restart(holder);
+    wait_tables_equal_to_postgres(&cluster, &pg, &tables);
+    // One holder still (on a loaded machine a late renewal may hand the lease on).
+    wait_for_holder(&cluster, CONVERGE_TIMEOUT);
+}
+
+/// How long a takeover from a frozen holder may take until the new holder
+/// streams: its lease lapses 10 s after its last renewal, a node looks every
+/// 3 s. PostgreSQL's `wal_sender_timeout` (60 s) would end the frozen holder's
+/// walsender, and free the slot, only later.
+const FROZEN_TAKEOVER_TIMEOUT: Duration = Duration::from_secs(40);
+
+/// The lease holder frozen (`SIGSTOP`) while transactions keep committing:
+/// its lease lapses and another node takes it; its walsender still holds the
+/// slot, and the new holder ends it (as the same role, not a superuser)
+/// instead of waiting for `wal_sender_timeout`. Once continued (`SIGCONT`) the
+/// old holder gives up at its first renewal and follows no more; whatever it
+/// published late is fenced. Every node equals PostgreSQL, every transaction
+/// applied once on every node.
+#[test]
+fn sigstop_of_the_lease_holder_frees_the_slot_before_wal_sender_timeout_and_fences_it_after() {
+    const N_COUNTERS: u64 = 7;
+    const N_EACH_PHASE: u64 = 40;
+    let pg = postgres();
+    create_tables(&pg, N_COUNTERS as usize);
+    pg.psql(
+        "CREATE ROLE ordo_follower LOGIN REPLICATION PASSWORD 'follower-password';
+         GRANT SELECT ON counters, events TO ordo_follower;",
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let args = follow_args_as(&pg, dir.path(), ("ordo_follower", "follower-password"), &TABLES);
+    let cluster = OrdoCluster::start_with(3, 3, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let holder = wait_for_holder(&cluster, CONVERGE_TIMEOUT);
+    let (new_holder, n_transactions) = while_committing(
+        &pg,
+        N_COUNTERS,
+        |_| String::new(),
+        |commits| {
+            commits.wait_more(N_EACH_PHASE);
+            cluster.signal(holder, libc::SIGSTOP);
+            let stopped_at = Instant::now();
+            let new_holder = wait_for_holder_except(&cluster, Some(holder), FROZEN_TAKEOVER_TIMEOUT);
+            eprintln!("o{new_holder} streams {:?} after o{holder} was frozen", stopped_at.elapsed());
+            commits.wait_more(N_EACH_PHASE);
+            new_holder
+        },
+    );
+    let ports = cluster.ports();
+    let others: Vec<u16> = (0..3).filter(|&i| i != holder).filter_map(|i| ports[i]).collect();
+    wait_equal_on(&others, &pg, &TABLES);
+    let ended = cluster.node(new_holder).wait_for_stderr_line(|line| line.contains("still held the slot"));
+    assert!(ended.iter().any(|line| line.contains("ended the PostgreSQL backend")), "{ended:#?}");
+    cluster.signal(holder, libc::SIGCONT);
+    // It stops following at its first renewal (on a loaded machine a late
+    // renewal may hand the lease on again later: which node holds it is not checked).
+    cluster.node(holder).wait_for_stderr_line(|line| line.contains("gave up the PostgreSQL follower lease"));
+    wait_for_holder(&cluster, CONVERGE_TIMEOUT);
+    wait_equal_to_postgres(&cluster, &pg);
+    let total: i64 = postgres_rows(&pg, "counters").iter().map(|row| row["n"].as_i64().unwrap()).sum();
+    assert_eq!(total, n_transactions as i64);
+    cluster.wait_converged(CONVERGE_TIMEOUT);
+    for i in 0..3 {
+        // Up all along (one of them frozen a while): the copy and every transaction, each once.
+        let health = pg_health(&cluster, i).unwrap();
+        assert_eq!(health["transactions_applied"], 1 + n_transactions, "node o{i}: {health}");
+    }
+}
+
+/// Waits until node `i`'s follower is `failed`; returns its health.
+fn wait_node_failed(cluster: &OrdoCluster, i: usize) -> Value {
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let health = pg_health(cluster, i).unwrap_or(Value::Null);
+        if health["state"] == "failed" {
+            return health;
+        }
+        assert!(Instant::now() < deadline, "node o{i} did not stop following: {health}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// How many of node `i`'s log lines contain `text`.
+fn log_lines_with(cluster: &OrdoCluster, i: usize, text: &str) -> usize {
+    cluster.node(i).stderr_lines().iter().filter(|line| line.contains(text)).count()
+}
+
+/// A followed table removed from the publication in cluster mode: the holder's
+/// check finds it, it stops following and gives the lease up; each other node
+/// takes the lease once, finds the same at its start and stops too. Every node
+/// ends `failed` naming the table, no node holds the lease, each took it once
+/// (no loop of takeovers), and each serves what it holds. A node restarted
+/// then takes the lease once more and stops the same way.
+#[test]
+fn a_followed_table_leaving_the_publication_stops_every_node_once_naming_it() {
+    let pg = postgres();
+    create_tables(&pg, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = start_cluster(&pg, dir.path());
+    wait_for_holder(&cluster, CONVERGE_TIMEOUT);
+    increment(&pg, 0, 3);
+    wait_equal_to_postgres(&cluster, &pg);
+    pg.psql(&format!("ALTER PUBLICATION {PUBLICATION} DROP TABLE events;")).unwrap();
+    for i in 0..3 {
+        let health = wait_node_failed(&cluster, i);
+        assert!(health["error"].as_str().is_some_and(|error| error.contains("public.events")), "o{i}: {health}");
+    }
+    for i in 0..3 {
+        let health = pg_health(&cluster, i).unwrap();
+        assert_eq!(health["lease"]["holder"], Value::Null, "o{i}: {health}");
+        assert_eq!(log_lines_with(&cluster, i, "took the PostgreSQL follower lease"), 1, "o{i} took it once");
+        let errors = cluster.node(i).stderr_lines();
+        let named = errors.iter().filter(|line| line.contains("ERROR") && line.contains("public.events")).count();
+        assert!(named >= 1, "o{i}'s log names the table: {errors:#?}");
+    }
+    wait_equal_to_postgres(&cluster, &pg);
+    cluster.kill(0);
+    cluster.restart(0);
+    let health = wait_node_failed(&cluster, 0);
+    assert!(health["error"].as_str().is_some_and(|error| error.contains("public.events")), "{health}");
+    assert_eq!(log_lines_with(&cluster, 0, "took the PostgreSQL follower lease"), 1, "once since its restart");
 }
 
 /// `X/Y` (hexadecimal halves) as the LSN's number.

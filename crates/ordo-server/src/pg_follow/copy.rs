@@ -78,6 +78,7 @@ pub(super) async fn copy_tables(
     let rest: Vec<_> = followed.iter().zip(batches).map(|(table, batch)| (table.collection, batch)).collect();
     for (table, n_rows) in followed.iter().zip(&rows) {
         crate::logging::say!("ordo: copied {n_rows} rows of {} into `{}`", table.table.name, table.map.collection);
+        tracing::info!(table = %table.table.name, collection = %table.map.collection, rows = n_rows, "copied a table");
     }
     Ok((consistent_point, rest))
 }

@@ -4,18 +4,21 @@
 //!
 //! A term, on the node that took the lease: claim the slot (a `claim` entry;
 //! its apply here means every entry before it, the last holder's, is applied
-//! here too, and answers the position they left); then as in single-node mode
+//! here too, and answers the position they left); end the walsender that still
+//! holds the slot, if any (a holder frozen past its lease); then as in single-node mode
 //! (`prepare`: a copy when there is no position, else the collections as they
 //! are) and follow, every change through the stream (`sink::Sink::Stream`),
 //! each transaction confirmed to PostgreSQL once the stream's quorum holds it
-//! and it is applied here. The lease is renewed every `LEASE_RENEW_EVERY`; a
+//! and it is applied here. The lease is renewed every `LEASE_RENEW_EVERY` (in a
+//! task of its own, which a busy term cannot hold up); a
 //! renewal that fails (or is late) ends the term at once, as does an entry
 //! fenced by a newer term. The node then stands by and looks for the lease again.
 
 use std::sync::Arc;
 
-use tokio::sync::watch;
-use tokio::time::Instant;
+use ordo_pgsource::slot::HolderEnded;
+use ordo_pgsource::{Connection, Mode};
+use tokio::sync::{oneshot, watch};
 
 use super::config::PostgresOptions;
 use super::follow::Ended;
@@ -58,11 +61,37 @@ struct Candidate {
     routes: Routes,
 }
 
-/// What a term's loop woke up for.
+/// What ended a term.
 enum Event {
     Ended(Ended),
-    RenewDue,
+    /// A renewal failed (or was late): why.
+    Lost(String),
     Shutdown,
+}
+
+/// Renews `lease` every `LEASE_RENEW_EVERY` until `stopped`, in a task of its
+/// own: a term keeps its task busy for seconds at a time (a copy reads rows
+/// as fast as PostgreSQL sends them and waits for each batch's apply in
+/// place), which must not delay a renewal past the lease's TTL. A renewal
+/// that fails is sent to `lost` and ends the renewals.
+async fn keep_renewed(mut lease: Lease, lost: oneshot::Sender<String>, mut stopped: watch::Receiver<bool>) -> Lease {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(LEASE_RENEW_EVERY) => {}
+            _ = stopped.wait_for(|stop| *stop) => return lease,
+        }
+        if let Err(error) = lease.renew().await {
+            let _ = lost.send(error);
+            return lease;
+        }
+    }
+}
+
+/// Gives the lease up once the renewals stopped.
+async fn release(renewals: tokio::task::JoinHandle<Lease>) {
+    if let Ok(lease) = renewals.await {
+        lease.release().await;
+    }
 }
 
 /// How one look for the lease ended.
@@ -111,43 +140,39 @@ impl Candidate {
         }
     }
 
-    /// One term: follows while renewing the lease; ends when either stops.
-    async fn hold(&self, mut lease: Lease, shutdown: &mut watch::Receiver<bool>) -> Round {
+    /// One term: follows while the lease is renewed; ends when either stops.
+    async fn hold(&self, lease: Lease, shutdown: &mut watch::Receiver<bool>) -> Round {
         let term = lease.term;
         self.status.set_lease(LeaseView { holder: Some(self.node().to_owned()), held_here: true, term });
         crate::logging::say!("ordo: took the PostgreSQL follower lease (slot `{}`, term {term})", self.options.slot);
         tracing::info!(slot = %self.options.slot, term, "took the PostgreSQL follower lease");
         let (stop, stopped) = watch::channel(false);
+        let (lost_tx, mut lost) = oneshot::channel();
+        let renewals = tokio::spawn(keep_renewed(lease, lost_tx, stopped.clone()));
         let follow = self.follow_term(term, stopped);
         tokio::pin!(follow);
-        let mut renew_at = Instant::now() + LEASE_RENEW_EVERY;
-        let ended = loop {
-            let event = tokio::select! {
-                ended = &mut follow => Event::Ended(ended),
-                _ = tokio::time::sleep_until(renew_at) => Event::RenewDue,
-                _ = shutdown.wait_for(|stopping| *stopping) => Event::Shutdown,
-            };
-            match event {
-                Event::Ended(ended) => break ended,
-                Event::RenewDue => {
-                    if let Err(error) = lease.renew().await {
-                        // Stop at once: the lease may be another node's by now.
-                        let _ = stop.send(true);
-                        let _ = (&mut follow).await;
-                        self.stand_by(term, &error);
-                        return Round::Again;
-                    }
-                    renew_at = Instant::now() + LEASE_RENEW_EVERY;
-                }
-                Event::Shutdown => {
-                    let _ = stop.send(true);
-                    let _ = (&mut follow).await;
-                    lease.release().await;
-                    return Round::Over;
-                }
+        let event = tokio::select! {
+            ended = &mut follow => Event::Ended(ended),
+            Ok(error) = &mut lost => Event::Lost(error),
+            _ = shutdown.wait_for(|stopping| *stopping) => Event::Shutdown,
+        };
+        // Stops the renewals, and the term unless it ended.
+        let _ = stop.send(true);
+        let ended = match event {
+            Event::Ended(ended) => ended,
+            Event::Lost(error) => {
+                // Stop at once: the lease may be another node's by now.
+                let _ = (&mut follow).await;
+                self.stand_by(term, &error);
+                return Round::Again;
+            }
+            Event::Shutdown => {
+                let _ = (&mut follow).await;
+                release(renewals).await;
+                return Round::Over;
             }
         };
-        lease.release().await;
+        release(renewals).await;
         match ended {
             Ended::Lost(message) => {
                 self.stand_by(term, &message);
@@ -172,6 +197,47 @@ impl Candidate {
         }
     }
 
+    /// Ends the walsender that still holds the slot, if one does: a holder
+    /// frozen past its lease (`SIGSTOP`) keeps it until PostgreSQL's
+    /// `wal_sender_timeout` (60 s by default), and this term could neither
+    /// stream from the slot nor create it again until then. Only once the
+    /// claim is applied: whatever that holder publishes is fenced by then.
+    /// On failure (a role that may not end it) the stream retries until
+    /// PostgreSQL ends it itself.
+    async fn take_slot(&self) {
+        let slot = self.options.slot.as_str();
+        let ended = async {
+            let mut connection = Connection::connect(&self.options.connect, Mode::Sql).await?;
+            let ended = ordo_pgsource::slot::terminate_slot_holder(&mut connection, slot).await;
+            let _ = connection.terminate().await;
+            ended
+        }
+        .await;
+        match ended {
+            Ok(None) => {}
+            Ok(Some(HolderEnded { pid, signals, released: true })) => {
+                crate::logging::say!("ordo: ended the PostgreSQL backend {pid}, which still held slot `{slot}`");
+                tracing::info!(slot, pid, signals, "ended the PostgreSQL backend that still held the slot");
+            }
+            Ok(Some(HolderEnded { pid, signals, .. })) => {
+                tracing::warn!(slot, pid, signals, "the PostgreSQL backend that holds the slot did not end yet");
+            }
+            Err(error) => {
+                let refused = matches!(&error, ordo_pgsource::Error::Server(server) if server.code == "42501");
+                let hint = if refused {
+                    "; the follower's role must be that backend's, or a member of pg_signal_backend"
+                } else {
+                    ""
+                };
+                eprintln!(
+                    "ordo: WARNING: cannot end the PostgreSQL backend that holds slot `{slot}` (streaming from it \
+                     waits until PostgreSQL's wal_sender_timeout ends it{hint}): {error}"
+                );
+                tracing::warn!(slot, %error, "cannot end the PostgreSQL backend that holds the slot");
+            }
+        }
+    }
+
     /// Claims the slot for `term`, prepares (copies if no position is
     /// stored) and follows, until `stopped` or the term ends.
     async fn follow_term(&self, term: u64, mut stopped: watch::Receiver<bool>) -> Ended {
@@ -190,7 +256,10 @@ impl Candidate {
             Err(error) => return Ended::Lost(error.message()),
         };
         let prepared = tokio::select! {
-            prepared = prepare(&self.options, stored, sink, &self.routes, &self.status) => prepared,
+            prepared = async {
+                self.take_slot().await;
+                prepare(&self.options, stored, sink, &self.routes, &self.status).await
+            } => prepared,
             _ = stopped.wait_for(|stop| *stop) => return Ended::Stopped,
         };
         match prepared {
