@@ -69,8 +69,8 @@ impl View {
         let is_member = self.is_member(collection, slot, filter_scratch);
         // The entry as the index holds it (for a member) or would (for the others):
         // both read the item's current data, which the index agrees with.
-        let entry = Entry { prefix: self.plan.sort.encode_prefix(collection, slot), slot };
-        let sort = &self.plan.sort;
+        let entry = Entry { prefix: self.moves.sort.encode_prefix(collection, slot), slot };
+        let sort = &self.moves.sort;
         let tree = self.index.tree_mut();
         let rank = tree.position_of(entry, |left, right| compare_entries(sort, collection, left, right));
         Ok(ItemPosition { rank, is_member })

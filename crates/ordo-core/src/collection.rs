@@ -17,6 +17,7 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 use thin_vec::ThinVec;
 
 use crate::ids::Slot;
+use crate::prefetch::prefetch;
 use crate::schema::{FieldId, FieldType, Schema};
 use crate::slot_id::{IdIndexEntry, SlotId};
 use crate::value::{OwnedValue, Value};
@@ -209,6 +210,18 @@ impl Collection {
     #[inline]
     pub(crate) fn prefetch_value(&self, slot: Slot, field_id: FieldId) {
         self.column(field_id).prefetch_slot(slot as usize);
+    }
+
+    /// Asks the cache for what every sink reads of `slot`'s item in a diff: its
+    /// id, payload pointer and version (each in its own per-slot vector).
+    #[inline]
+    pub(crate) fn prefetch_item(&self, slot: Slot) {
+        let slot = slot as usize;
+        if slot < self.ids.len() {
+            prefetch(&self.ids[slot]);
+            prefetch(&self.payloads[slot]);
+            prefetch(&self.versions[slot]);
+        }
     }
 
     /// For an interned string field, once `slot`'s entry is in cache: asks for its string.

@@ -261,6 +261,17 @@ pub(crate) enum PendingDiff {
 }
 
 impl PendingDiff {
+    /// The item the diff carries, if any.
+    pub(crate) fn slot(self) -> Option<Slot> {
+        match self {
+            PendingDiff::PushFront(slot)
+            | PendingDiff::PushBack(slot)
+            | PendingDiff::Insert(_, slot)
+            | PendingDiff::Set(_, slot) => Some(slot),
+            PendingDiff::PopFront | PendingDiff::PopBack | PendingDiff::Remove(_) => None,
+        }
+    }
+
     pub(crate) fn resolve(self, collection: &Collection) -> DiffRef<'_> {
         match self {
             PendingDiff::PushFront(slot) => DiffRef::PushFront { value: collection.item(slot) },

@@ -28,6 +28,7 @@
 //! value would grow each time a value reached a new high).
 
 use hashbrown::{DefaultHashBuilder, HashTable};
+use smallvec::SmallVec;
 use std::hash::BuildHasher;
 use thin_vec::ThinVec;
 
@@ -57,7 +58,9 @@ const NO_SLOT: Slot = Slot::MAX;
 /// One value (hash) of a keyed field: the views keyed by it and the slots holding it.
 struct KeyEntry {
     hash: u64,
-    views: Vec<u32>,
+    /// Usually one (a user's list): inline, so that finding the entry finds its
+    /// views without a dependent miss on an allocation of their own.
+    views: SmallVec<[u32; 2]>,
     /// Head of the list of slots holding the value, linked by `KeyedField::next`.
     first_slot: Slot,
     n_slots: u32,
@@ -251,7 +254,12 @@ fn thin_vec_heap_bytes<T>(vec: &ThinVec<T>) -> usize {
 impl KeyedField {
     fn heap_bytes(&self) -> usize {
         self.entries.allocation_size()
-            + self.entries.iter().map(|entry| entry.views.capacity() * std::mem::size_of::<u32>()).sum::<usize>()
+            + self
+                .entries
+                .iter()
+                .filter(|entry| entry.views.spilled())
+                .map(|entry| entry.views.capacity() * std::mem::size_of::<u32>())
+                .sum::<usize>()
             + (self.next.capacity() + self.previous.capacity()) * std::mem::size_of::<Slot>()
     }
 
@@ -266,7 +274,7 @@ impl KeyedField {
     fn entry_or_insert(&mut self, hash: u64) -> &mut KeyEntry {
         self.entries
             .entry(hash, |entry| entry.hash == hash, |entry| entry.hash)
-            .or_insert_with(|| KeyEntry { hash, views: Vec::new(), first_slot: NO_SLOT, n_slots: 0 })
+            .or_insert_with(|| KeyEntry { hash, views: SmallVec::new(), first_slot: NO_SLOT, n_slots: 0 })
             .into_mut()
     }
 

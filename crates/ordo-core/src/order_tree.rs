@@ -92,6 +92,15 @@ impl OrderTree {
         }
     }
 
+    /// Once [`OrderTree::prefetch`]'s lines are in cache: asks for what a move of
+    /// `slot` to the front shifts (a run's entries up to its place).
+    #[inline]
+    pub(crate) fn prefetch_shift_of(&self, slot: Slot) {
+        if let Form::Run(run) = &self.form {
+            run.prefetch_shift_of(slot);
+        }
+    }
+
     /// Whether `slot` is in the index, when that costs less than evaluating a
     /// filter: a run's scan, or a large tree's slot → leaf map; `None` otherwise.
     #[inline]

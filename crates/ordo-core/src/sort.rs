@@ -65,6 +65,16 @@ fn place(component: u128, width: u32, bit_offset: u32) -> u128 {
 }
 
 impl CompiledSort {
+    /// Hashes what tells sorts apart (equal sorts hash alike; a table of shared
+    /// sorts compares what the hash finds).
+    pub(crate) fn hash_shape(&self, state: &mut impl std::hash::Hasher) {
+        use std::hash::Hash;
+        self.n_prefix_keys.hash(state);
+        for key in &self.keys {
+            (key.field_id, key.descending, key.case_insensitive, key.bit_offset).hash(state);
+        }
+    }
+
     pub fn compile(sort: &[SortKey], schema: &Schema) -> Result<CompiledSort, ViewError> {
         if sort.len() > MAX_SORT_KEYS {
             return Err(ViewError::TooManySortKeys { n_keys_max: MAX_SORT_KEYS });

@@ -4,13 +4,15 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use crate::collection::Collection;
 use crate::filter::{CompiledFilter, FilterScratch};
 use crate::ids::Slot;
 use crate::key_index::ViewKey;
 use crate::order_tree::{Entry, OrderTree, PackedEntry};
 use crate::prefetch::prefetch_lines;
-use crate::schema::Schema;
+use crate::schema::{FieldId, Schema};
 use crate::sort::CompiledSort;
 use crate::view_def::ViewDef;
 
@@ -40,7 +42,8 @@ impl ViewIndex {
 pub(crate) struct ViewPlan {
     pub(crate) def: ViewDef,
     pub(crate) filter: CompiledFilter,
-    pub(crate) sort: CompiledSort,
+    /// Shared further than the plan: see [`MovePlan`].
+    pub(crate) moves: Arc<MovePlan>,
     /// The schema the filter and sort were compiled against: held, so that its
     /// address names it for as long as the plan lives.
     pub(crate) schema: Arc<Schema>,
@@ -48,28 +51,45 @@ pub(crate) struct ViewPlan {
 
 impl ViewPlan {
     pub(crate) fn compile(def: &ViewDef, schema: &Arc<Schema>) -> Result<ViewPlan, crate::error::ViewError> {
-        Ok(ViewPlan {
-            def: def.clone(),
-            filter: CompiledFilter::compile(&def.filter, schema)?,
-            sort: CompiledSort::compile(&def.sort, schema)?,
-            schema: Arc::clone(schema),
-        })
+        let filter = CompiledFilter::compile(&def.filter, schema)?;
+        let moves = Arc::new(MovePlan::new(CompiledSort::compile(&def.sort, schema)?, &filter));
+        Ok(ViewPlan { def: def.clone(), filter, moves, schema: Arc::clone(schema) })
     }
 }
 
-/// Lines of a `ViewPlan` a move's prefetch asks for: what the sort and the
-/// filter keep inline (the definition's text, after them, is not read).
-const VIEW_PLAN_PREFETCH_LINES: usize = 4;
+/// What moving an item within a view reads of its plan: the compiled sort and
+/// which fields the filter reads. Views whose definitions differ only in their
+/// filter's literals share one (every user's room list, `owner == <user>`, has a
+/// plan of its own), so that a message moving a room in every member's list
+/// reads it from cache: each list's own plan would be lines missed per list.
+#[derive(PartialEq)]
+pub(crate) struct MovePlan {
+    pub(crate) sort: CompiledSort,
+    /// Every field the filter reads (see [`CompiledFilter::reads_fields`]).
+    pub(crate) filter_fields: Box<[FieldId]>,
+}
+
+impl MovePlan {
+    pub(crate) fn new(sort: CompiledSort, filter: &CompiledFilter) -> MovePlan {
+        MovePlan { sort, filter_fields: filter.reads_fields().into() }
+    }
+}
+
+/// Lines of a `MovePlan` a move's prefetch asks for: all of it (its sort keys,
+/// behind a pointer, are the next step's).
+const MOVE_PLAN_PREFETCH_LINES: usize = 1;
 
 pub(crate) struct View {
     pub(crate) collection: u32,
     pub(crate) plan: Arc<ViewPlan>,
+    /// The plan's, held here too so that a move reads it without the plan.
+    pub(crate) moves: Arc<MovePlan>,
     pub(crate) index: ViewIndex,
     /// The key the view is registered under in its collection's `KeyIndex`, if any.
     pub(crate) key: Option<ViewKey>,
     membership: Membership,
-    /// Windows open on this view.
-    pub(crate) windows: Vec<u32>,
+    /// Windows open on this view (a user's list has one: inline, no line of its own).
+    pub(crate) windows: SmallVec<[u32; 2]>,
 }
 
 /// How a view knows whether an item is in it before the item changes.
@@ -97,7 +117,7 @@ impl View {
         filter_scratch: &mut FilterScratch,
         n_first: usize,
     ) -> View {
-        let (filter, sort) = (&plan.filter, &plan.sort);
+        let (filter, sort) = (&plan.filter, &plan.moves.sort);
         let (slots, membership) = match keyed {
             Some((_, candidates)) => {
                 // Every candidate is tested: a hash collision may have mixed in other values.
@@ -124,11 +144,12 @@ impl View {
         let entries = prefixes.iter().zip(&slots).map(|(&prefix, &slot)| PackedEntry::new(prefix, slot)).collect();
         let mut view = View {
             collection: collection_index,
+            moves: Arc::clone(&plan.moves),
             plan,
             index: ViewIndex::Partial { entries, n_sorted: 0 },
             key: keyed.map(|(key, _)| key),
             membership,
-            windows: Vec::new(),
+            windows: SmallVec::new(),
         };
         view.sort_first(collection, n_first);
         view
@@ -167,17 +188,26 @@ impl View {
     /// view itself is in cache: its plan, its index's entries, its windows' list.
     #[inline]
     pub(crate) fn prefetch_for_move(&self) {
-        prefetch_lines(std::slice::from_ref(&*self.plan), VIEW_PLAN_PREFETCH_LINES);
+        prefetch_lines(std::slice::from_ref(&*self.moves), MOVE_PLAN_PREFETCH_LINES);
         if let ViewIndex::Ready(tree) = &self.index {
             tree.prefetch();
         }
         prefetch_lines(&self.windows, 1);
     }
 
+    /// Once [`View::prefetch_for_move`]'s lines are in cache: what a move of
+    /// `slot` to the front shifts.
+    #[inline]
+    pub(crate) fn prefetch_shift_of(&self, slot: Slot) {
+        if let ViewIndex::Ready(tree) = &self.index {
+            tree.prefetch_shift_of(slot);
+        }
+    }
+
     /// The next step, once the plan is in cache: the sort keys it points to.
     #[inline]
     pub(crate) fn prefetch_plan_parts(&self) {
-        self.plan.sort.prefetch();
+        self.moves.sort.prefetch();
     }
 
     pub(crate) fn remove_if_member(&mut self, slot: Slot) -> Option<Option<(usize, crate::sort::Prefix)>> {
@@ -215,7 +245,7 @@ impl View {
 
     /// Makes sure the first `n_first` entries of a partial index are sorted.
     fn sort_first(&mut self, collection: &Collection, n_first: usize) {
-        let sort = &self.plan.sort;
+        let sort = &self.moves.sort;
         let ViewIndex::Partial { entries, n_sorted } = &mut self.index else {
             return;
         };
@@ -277,7 +307,8 @@ impl View {
             Membership::Bits(bits) => bits.capacity() * 8,
             Membership::Filter => 0,
         };
-        index_bytes + membership_bytes + self.windows.capacity() * 4
+        let windows_bytes = if self.windows.spilled() { self.windows.capacity() * 4 } else { 0 };
+        index_bytes + membership_bytes + windows_bytes
     }
 }
 

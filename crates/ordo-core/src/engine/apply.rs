@@ -12,6 +12,7 @@ use crate::error::BatchError;
 use crate::ids::{CollectionId, Slot, WindowId};
 use crate::key_index::KeyMove;
 use crate::order_tree::Entry;
+use crate::prefetch::{prefetch, prefetch_lines};
 use crate::schema::FieldId;
 use crate::view::{compare_entries, View};
 use crate::window::ViewChange;
@@ -172,8 +173,8 @@ pub(super) fn remove_from_views(
         let (touches_sort, touches_filter) = match changed_fields {
             None => (true, true),
             Some(fields) => (
-                fields.iter().any(|&field_id| view.plan.sort.reads_field(field_id)),
-                fields.iter().any(|&field_id| view.plan.filter.reads_fields().contains(&field_id)),
+                fields.iter().any(|&field_id| view.moves.sort.reads_field(field_id)),
+                fields.iter().any(|&field_id| view.moves.filter_fields.contains(&field_id)),
             ),
         };
         let still_member = !touches_filter;
@@ -186,7 +187,7 @@ pub(super) fn remove_from_views(
                     Some((rank, _prefix)) => {
                         debug_assert_eq!(
                             _prefix,
-                            view.plan.sort.encode_prefix(&state.collection, slot),
+                            view.moves.sort.encode_prefix(&state.collection, slot),
                             "index out of sync with item data"
                         );
                         OldRank::Removed { rank, still_member }
@@ -199,7 +200,7 @@ pub(super) fn remove_from_views(
             old_ranks.push(OldRank::NotMember);
             continue;
         }
-        let (sort, collection) = (&view.plan.sort, &state.collection);
+        let (sort, collection) = (&view.moves.sort, &state.collection);
         let compare = |left, right| compare_entries(sort, collection, left, right);
         let tree = view.index.tree_mut();
         old_ranks.push(if !touches_sort && !touches_filter {
@@ -275,8 +276,8 @@ pub(super) fn insert_into_views(
 pub(super) fn insert_entry(view: &mut View, collection: &Collection, slot: Slot, is_member: bool) -> Option<usize> {
     view.set_member(slot, is_member);
     if is_member {
-        let entry = Entry { prefix: view.plan.sort.encode_prefix(collection, slot), slot };
-        let sort = &view.plan.sort;
+        let entry = Entry { prefix: view.moves.sort.encode_prefix(collection, slot), slot };
+        let sort = &view.moves.sort;
         let tree = view.index.tree_mut();
         Some(tree.insert(entry, |left, right| compare_entries(sort, collection, left, right)))
     } else {
@@ -370,6 +371,41 @@ pub(super) fn apply_remove(
     true
 }
 
+/// How many windows ahead of the one being delivered the delivery asks for the
+/// next level of their state. A message to a room touches every member's window,
+/// each cold again by the time the batch's diffs go out: the window, then its
+/// pending diffs and view, then the items those diffs carry, each level asked
+/// for this many windows before it is read, so that the misses of several
+/// windows are in flight while one is delivered.
+const DELIVERY_LOOKAHEAD: usize = 4;
+
+/// Asks the cache for the state of the windows `DELIVERY_LOOKAHEAD`, twice and
+/// three times that, ahead of `touched[position]`, one level each.
+fn prefetch_delivery_ahead(
+    collection: &Collection,
+    views: &[Option<View>],
+    windows: &[WindowSlot],
+    touched: &[u32],
+    position: usize,
+) {
+    let window_at =
+        |distance: usize| touched.get(position + distance).and_then(|&index| windows[index as usize].window.as_ref());
+    if let Some(&far) = touched.get(position + 3 * DELIVERY_LOOKAHEAD) {
+        prefetch(&windows[far as usize]);
+    }
+    if let Some(window) = window_at(2 * DELIVERY_LOOKAHEAD) {
+        prefetch_lines(&window.pending, 1);
+        if let Some(view) = &views[window.view as usize] {
+            prefetch(view);
+        }
+    }
+    if let Some(window) = window_at(DELIVERY_LOOKAHEAD) {
+        for slot in window.pending.iter().filter_map(|pending| pending.slot()) {
+            collection.prefetch_item(slot);
+        }
+    }
+}
+
 /// Hands every touched window's diffs to the sink; returns how many windows changed.
 pub(super) fn deliver_pending(
     collection: &Collection,
@@ -379,7 +415,8 @@ pub(super) fn deliver_pending(
     sink: &mut dyn DiffSink,
 ) -> usize {
     let n_windows = scratch.touched_windows.len();
-    for &window_index in &scratch.touched_windows {
+    for (position, &window_index) in scratch.touched_windows.iter().enumerate() {
+        prefetch_delivery_ahead(collection, views, windows, &scratch.touched_windows, position);
         let slot = &mut windows[window_index as usize];
         let window_id = WindowId { index: window_index, generation: slot.generation };
         let window = slot.window.as_mut().expect("live window");

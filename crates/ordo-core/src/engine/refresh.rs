@@ -9,11 +9,22 @@
 //! chunk in steps that each run over the whole chunk:
 //! 1. ask the cache for every item's reference, key and derived values;
 //! 2. ask for every item's key string (interned: its handle is in cache now);
-//! 3. gather: keep the items whose derived values change, list the views each
-//!    moves in (hashing its key), and ask for those views;
-//! 4. ask for each view's plan, entries and windows' list; then for the plan's
-//!    keys and for each window; then for each window's pending diffs;
+//! 3. gather: keep the items whose derived values change, hashing their key;
+//!    then list the views each moves in, one equality-index lookup per item and
+//!    little else per turn (so that the lookups' misses overlap), asking for
+//!    each view and what it reads; then keep the views reading a derived field
+//!    that changed;
+//! 4. ask for each view's move plan, run of slots and windows' list; then for
+//!    the plan's keys and for each window; then for each window's pending
+//!    diffs; then, the slots being in cache, for the prefixes each move shifts;
 //! 5. apply: move each item as `refresh_item` did, on state now in cache.
+//!
+//! Once the chain of dependent misses is broken this way, what bounds the cost
+//! is the number of distinct lines per item: the memory system has only so many
+//! misses in flight, and a prefetch waits for room like a load. So what a move
+//! reads is kept in few lines: the move plan is shared by every user's list
+//! (see `view::MovePlan`), a key's views and a view's windows are inline, and a
+//! run's prefixes are asked for exactly up to the moving entry's place.
 //!
 //! Within a step the items are independent, so their misses are in flight
 //! together; the chunk is small enough that what the steps bring in (some 30
@@ -50,6 +61,10 @@ pub(super) struct GatheredItem {
     /// One bit per derived field of the link whose value changes.
     changed_mask: u64,
     views_end: u32,
+    /// Where the item is in its chunk.
+    chunk_index: u32,
+    /// The hash of its value of the collection's first keyed field.
+    key_hash: Option<u64>,
 }
 
 /// A changed target, as every referencing item of one link reads it.
@@ -95,8 +110,11 @@ pub(super) fn refresh_referencing(
         prefetch_item_values(state, change, chunk);
         gathered.clear();
         gathered_views.clear();
-        start += gather(state, change, context, chunk, &mut gathered, &mut gathered_views);
+        select_changed(state, change, chunk, &mut gathered);
+        start += list_views(state, context, chunk.len(), &mut gathered, &mut gathered_views);
+        keep_views_reading_changes(context.view_links, &mut gathered, &mut gathered_views);
         prefetch_views_and_windows(context.views, context.windows, &gathered_views);
+        prefetch_shifts(context.views, &gathered, &gathered_views);
         apply_gathered(state, change, context, &gathered, &gathered_views);
     }
     context.scratch.gathered_items = gathered;
@@ -123,20 +141,18 @@ fn prefetch_item_values(state: &CollectionState, change: &TargetChange<'_>, chun
     }
 }
 
-/// Step 3: the items of `chunk` whose derived values change, with the views each
-/// moves in, and a hint for each of those views. Returns how many items of the
-/// chunk it went through: all, unless the views buffer filled first.
-fn gather(
+/// Step 3a: the items of `chunk` whose derived values change, each with its
+/// first keyed field's hash (its key string is in cache by now).
+fn select_changed(
     state: &CollectionState,
     change: &TargetChange<'_>,
-    context: &RefreshContext<'_>,
     chunk: &[Slot],
     gathered: &mut Vec<GatheredItem>,
-    gathered_views: &mut Vec<u32>,
-) -> usize {
+) {
     let collection = &state.collection;
     let link = &state.refs.links[change.link_index];
-    for (index, &slot) in chunk.iter().enumerate() {
+    let first_keyed = state.keys.fields().first();
+    for (chunk_index, &slot) in chunk.iter().enumerate() {
         // A colliding hash lists other ids too.
         if collection.handle_at(slot, link.ref_field) != change.handle {
             continue;
@@ -151,29 +167,74 @@ fn gather(
             // Nothing a view reads or shows changed: no view is visited.
             continue;
         }
-        let reads_changed = |view_index: &u32| {
-            context.view_links.get(*view_index as usize).is_some_and(|reads| reads.reads_any_derived(changed_mask))
+        let key_hash = first_keyed.and_then(|field| state.keys.hash_value(collection.value(slot, field.field_id)));
+        gathered.push(GatheredItem { slot, changed_mask, views_end: 0, chunk_index: chunk_index as u32, key_hash });
+    }
+}
+
+/// Step 3b: the views that hold or may hold each selected item, unkeyed ones
+/// and those of its key values (which a refresh does not change), asking for
+/// each view and its reads. One equality-index lookup per item and little else
+/// per turn, so that the lookups' misses overlap. Returns how many items of the
+/// chunk the step went through: all, unless the views buffer filled first (it
+/// never grows for a chunk), in which case the selected items not listed are
+/// dropped and go first in the next chunk.
+fn list_views(
+    state: &CollectionState,
+    context: &RefreshContext<'_>,
+    chunk_len: usize,
+    gathered: &mut Vec<GatheredItem>,
+    gathered_views: &mut Vec<u32>,
+) -> usize {
+    let keyed_fields = state.keys.fields();
+    for index in 0..gathered.len() {
+        let item = gathered[index];
+        let first_views = match (keyed_fields.first(), item.key_hash) {
+            (Some(field), Some(hash)) => field.views_of_hash(hash),
+            _ => &[],
         };
-        // The views that hold or may hold the item: unkeyed ones and those of its
-        // key values (which a refresh does not change), narrowed below to those
-        // reading or showing a derived field that changed.
-        let n_views_max = state.unkeyed_views.len()
-            + state.keys.fields().iter().map(|field| keyed_views(state, field, slot).len()).sum::<usize>();
-        if gathered_views.len() + n_views_max > gathered_views.capacity() && !gathered.is_empty() {
-            // The buffer is full (it never grows for a chunk): the item goes first in the next one.
-            return index;
+        let other_views = |field| keyed_views(state, field, item.slot);
+        let n_views = state.unkeyed_views.len()
+            + first_views.len()
+            + keyed_fields.iter().skip(1).map(|field| other_views(field).len()).sum::<usize>();
+        if gathered_views.len() + n_views > gathered_views.capacity() && index > 0 {
+            gathered.truncate(index);
+            return item.chunk_index as usize;
         }
         let n_views_before = gathered_views.len();
-        gathered_views.extend(state.unkeyed_views.iter().copied().filter(reads_changed));
-        for field in state.keys.fields() {
-            gathered_views.extend(keyed_views(state, field, slot).iter().copied().filter(reads_changed));
+        gathered_views.extend_from_slice(&state.unkeyed_views);
+        gathered_views.extend_from_slice(first_views);
+        for field in keyed_fields.iter().skip(1) {
+            gathered_views.extend_from_slice(other_views(field));
         }
         for &view_index in &gathered_views[n_views_before..] {
+            if let Some(reads) = context.view_links.get(view_index as usize) {
+                prefetch(reads);
+            }
             prefetch_lines(std::slice::from_ref(&context.views[view_index as usize]), 2);
         }
-        gathered.push(GatheredItem { slot, changed_mask, views_end: gathered_views.len() as u32 });
+        gathered[index].views_end = gathered_views.len() as u32;
     }
-    chunk.len()
+    chunk_len
+}
+
+/// Step 3, second half, once the views' reads are in cache: keeps of each
+/// gathered item's views those reading or showing a derived field that changed.
+fn keep_views_reading_changes(view_links: &[ViewReads], gathered: &mut [GatheredItem], gathered_views: &mut Vec<u32>) {
+    let (mut n_kept, mut views_start) = (0, 0);
+    for item in gathered.iter_mut() {
+        for index in views_start..item.views_end as usize {
+            let view_index = gathered_views[index];
+            let reads = view_links.get(view_index as usize);
+            if reads.is_some_and(|reads| reads.reads_any_derived(item.changed_mask)) {
+                gathered_views[n_kept] = view_index;
+                n_kept += 1;
+            }
+        }
+        views_start = item.views_end as usize;
+        item.views_end = n_kept as u32;
+    }
+    gathered_views.truncate(n_kept);
 }
 
 /// The views keyed by `slot`'s value of `field`.
@@ -200,6 +261,21 @@ fn prefetch_views_and_windows(views: &[Option<View>], windows: &[WindowSlot], ga
                 prefetch_lines(&window.pending, 1);
             }
         }
+    }
+}
+
+/// Step 4, last level: for each gathered item, what its move shifts in each of
+/// its views (a run's prefixes between the front and its place).
+fn prefetch_shifts(views: &[Option<View>], gathered: &[GatheredItem], gathered_views: &[u32]) {
+    let mut views_start = 0;
+    for item in gathered {
+        let views_end = item.views_end as usize;
+        for &view_index in &gathered_views[views_start..views_end] {
+            if let Some(view) = &views[view_index as usize] {
+                view.prefetch_shift_of(item.slot);
+            }
+        }
+        views_start = views_end;
     }
 }
 

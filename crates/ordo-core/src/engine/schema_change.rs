@@ -28,7 +28,7 @@ use crate::limits;
 use crate::schema::{FieldId, FieldType, Schema, SchemaError};
 use crate::sort::CompiledSort;
 use crate::value::{OwnedValue, Value};
-use crate::view::ViewPlan;
+use crate::view::{MovePlan, ViewPlan};
 
 /// Why a schema change or a drop was refused. A refused change changes nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -196,12 +196,14 @@ impl Engine {
                 }
             }
             // Not shared: the collection's schema is its own from now on.
+            let moves = Arc::new(MovePlan::new(sort, &filter));
             let plan = ViewPlan {
                 def: view.plan.def.clone(),
                 filter,
-                sort,
+                moves: Arc::clone(&moves),
                 schema: Arc::clone(state.collection.shared_schema()),
             };
+            view.moves = moves;
             let old_plan = std::mem::replace(&mut view.plan, Arc::new(plan));
             self.shared.release_plan(old_plan);
         }

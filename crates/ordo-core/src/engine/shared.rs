@@ -20,7 +20,7 @@ use std::sync::{Arc, Weak};
 use hashbrown::{DefaultHashBuilder, HashTable};
 
 use crate::schema::Schema;
-use crate::view::ViewPlan;
+use crate::view::{MovePlan, ViewPlan};
 use crate::view_def::ViewDef;
 
 /// A set of live shared values, found by hash and an equality test.
@@ -82,6 +82,9 @@ pub(crate) struct Shared {
     hasher: DefaultHashBuilder,
     schemas: Interner<Schema>,
     plans: Interner<ViewPlan>,
+    /// The plans' move parts, shared by plans that differ only in their filter's
+    /// literals (see [`MovePlan`]).
+    move_plans: Interner<MovePlan>,
 }
 
 impl Shared {
@@ -115,13 +118,39 @@ impl Shared {
         if let Some(plan) = self.plans.find(hash, is_same) {
             return Ok(plan);
         }
-        Ok(self.plans.insert(hash, compile()?))
+        let ViewPlan { def, filter, moves, schema } = compile()?;
+        let moves = self.move_plan(moves);
+        Ok(self.plans.insert(hash, ViewPlan { def, filter, moves, schema }))
     }
 
-    /// Lets go of a dropped view's plan.
+    /// A move plan equal to `moves` (just compiled, held only here), shared.
+    fn move_plan(&mut self, moves: Arc<MovePlan>) -> Arc<MovePlan> {
+        let hash = self.move_plan_hash(&moves);
+        if let Some(shared) = self.move_plans.find(hash, |candidate| *candidate == *moves) {
+            return shared;
+        }
+        match Arc::try_unwrap(moves) {
+            Ok(moves) => self.move_plans.insert(hash, moves),
+            // Held elsewhere too: not shared, which is correct and merely less shared.
+            Err(moves) => moves,
+        }
+    }
+
+    /// Lets go of a dropped view's plan (the view's own hold on the plan's
+    /// move plan dropped first).
     pub(crate) fn release_plan(&mut self, plan: Arc<ViewPlan>) {
+        let moves = Arc::clone(&plan.moves);
         let hash = self.plan_hash(&plan.schema, &plan.def);
         self.plans.release(plan, hash);
+        let hash = self.move_plan_hash(&moves);
+        self.move_plans.release(moves, hash);
+    }
+
+    fn move_plan_hash(&self, moves: &MovePlan) -> u64 {
+        let mut hasher = self.hasher.build_hasher();
+        moves.sort.hash_shape(&mut hasher);
+        moves.filter_fields.hash(&mut hasher);
+        hasher.finish()
     }
 
     fn schema_hash(&self, schema: &Schema) -> u64 {
@@ -142,6 +171,42 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{CollectingSink, Engine, FieldType, Filter, OwnedValue, SortKey, Value, WindowId};
+
+    #[test]
+    fn lists_differing_only_in_their_filter_literal_share_one_move_plan() {
+        let mut engine = Engine::new();
+        let mut sink = CollectingSink::new();
+        let schema = Schema::new().with_field("owner", FieldType::String).with_field("recency", FieldType::U64);
+        let members = engine.create_collection("members", schema).unwrap();
+        let mut batch = crate::Batch::new();
+        for (id, owner) in [("m1", "a"), ("m2", "b")] {
+            batch.upsert(id).set("owner", Value::Str(owner)).set("recency", Value::U64(1));
+        }
+        engine.apply_batch(members, &batch, &mut sink).unwrap();
+        let list =
+            |owner: &str, sort: SortKey| ViewDef::new(Filter::eq("owner", OwnedValue::Str(owner.into())), vec![sort]);
+        let mut open = |def: ViewDef| engine.open_window(members, &def, 0, 10, &mut sink).unwrap();
+        let windows: Vec<WindowId> = vec![
+            open(list("a", SortKey::desc("recency"))),
+            open(list("b", SortKey::desc("recency"))),
+            open(list("a", SortKey::asc("recency"))),
+        ];
+        let view_of = |window: WindowId| {
+            let view_index = engine.windows[window.index as usize].window.as_ref().unwrap().view;
+            engine.views[view_index as usize].as_ref().unwrap()
+        };
+        let (a, b, a_ascending) = (view_of(windows[0]), view_of(windows[1]), view_of(windows[2]));
+        assert!(!Arc::ptr_eq(&a.plan, &b.plan), "a plan per owner: the literal differs");
+        assert!(Arc::ptr_eq(&a.moves, &b.moves), "one move plan for both owners' lists");
+        assert!(Arc::ptr_eq(&a.moves, &a.plan.moves), "a view holds its plan's move plan");
+        assert!(!Arc::ptr_eq(&a.moves, &a_ascending.moves), "another sort, another move plan");
+        assert_eq!(engine.shared.move_plans.len(), 2);
+        for window in windows {
+            engine.close_window(window).unwrap();
+        }
+        assert_eq!(engine.shared.move_plans.len(), 0, "the last view gone, its move plan goes");
+    }
 
     #[test]
     fn equal_values_are_one_and_dead_entries_go() {

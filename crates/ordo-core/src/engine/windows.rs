@@ -361,7 +361,7 @@ impl Engine {
     /// Removes a window from its view, dropping the view when no window is left.
     fn detach_window(&mut self, view_index: u32, window_index: u32) {
         let view = self.views[view_index as usize].as_mut().expect("live view");
-        view.windows.retain(|&index| index != window_index);
+        view.windows.retain(|index| *index != window_index);
         self.drop_view_if_unused(view_index);
     }
 
@@ -370,8 +370,10 @@ impl Engine {
         let view = self.views[view_index as usize].as_mut().expect("live view");
         if view.windows.is_empty() {
             let (collection, key) = (view.collection, view.key);
-            let view = self.views[view_index as usize].take().expect("live view");
-            self.shared.release_plan(view.plan);
+            let View { plan, moves, .. } = self.views[view_index as usize].take().expect("live view");
+            // The view's own hold first, so that the plan's release finds the last.
+            drop(moves);
+            self.shared.release_plan(plan);
             self.free_views.push(view_index);
             let state = &mut self.collections[collection];
             match key {

@@ -17,7 +17,7 @@
 use std::cmp::Ordering;
 
 use crate::ids::Slot;
-use crate::prefetch::prefetch_lines;
+use crate::prefetch::{prefetch, prefetch_lines};
 use crate::sort::Prefix;
 
 use super::{Entry, PackedEntry};
@@ -51,9 +51,13 @@ pub(crate) struct Run {
 
 const NO_GAP: usize = usize::MAX;
 
-/// Lines of each array a move's prefetch asks for: all the slots of a run of up
-/// to 128 entries (a user's 100 rooms), and the prefixes of its first 32 places.
-const RUN_PREFETCH_LINES: usize = 8;
+/// Lines of slots a move's first prefetch asks for: all the slots of a run of up
+/// to 128 entries (a user's 100 rooms), which the scan for the moving entry reads.
+/// The prefixes are asked for once the scan has found the place
+/// ([`Run::prefetch_shift_of`]): exactly the lines the move shifts, where a fixed
+/// guess missed some and asked for others in vain (a line asked for in vain
+/// costs as much as one missed while the memory system is saturated).
+const RUN_SLOT_PREFETCH_LINES: usize = 8;
 
 impl Run {
     /// A run of entries already in order, with a sixteenth more places (at least
@@ -95,12 +99,27 @@ impl Run {
         }
     }
 
-    /// Asks the cache for what a move reads first: the slots (scanned for the
-    /// one that moves) and the front of the prefixes (where a new message puts it).
+    /// Asks the cache for what a move reads first: the slots, scanned for the
+    /// one that moves.
     #[inline]
     pub(crate) fn prefetch(&self) {
-        prefetch_lines(&self.slots, RUN_PREFETCH_LINES);
-        prefetch_lines(&self.prefixes, RUN_PREFETCH_LINES);
+        prefetch_lines(&self.slots, RUN_SLOT_PREFETCH_LINES);
+    }
+
+    /// Once the slots are in cache (after [`Run::prefetch`]): asks for the
+    /// prefixes between the front and `slot`'s place, which a move of `slot` to
+    /// the top (the chat case) reads and shifts.
+    #[inline]
+    pub(crate) fn prefetch_shift_of(&self, slot: Slot) {
+        let Some(place) = self.position_of_slot(slot) else {
+            return;
+        };
+        let prefixes_per_line = 64 / std::mem::size_of::<Prefix>();
+        for prefix in self.prefixes[..=place].iter().step_by(prefixes_per_line) {
+            prefetch(prefix);
+        }
+        // The last line, when the first prefix does not start one.
+        prefetch(&self.prefixes[place]);
     }
 
     /// Where `slot` is, by a scan (a run is small and its slots contiguous), 16
