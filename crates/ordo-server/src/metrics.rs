@@ -92,6 +92,8 @@ metrics! {
     bytes_sent: counter "ordo_bytes_sent_total" "WebSocket bytes written.";
     diffs_sent: counter "ordo_diffs_sent_total" "Diffs in the frames written.";
     frames_encoded: counter "ordo_frames_encoded_total" "Frame bodies encoded (once per window change).";
+    frame_body_pool_misses: counter "ordo_frame_body_pool_misses_total"
+        "Frame bodies allocated because no recycled one of their size was idle (warm-up, bursts, bodies over 64 KiB).";
     resets_slow: counter "ordo_resets_slow_total" "Resets sent because a connection fell behind.";
     resume_replayed: counter "ordo_resume_replayed_total" "Subscriptions resumed by replay.";
     resume_reset: counter "ordo_resume_reset_total" "Subscriptions resumed by a reset.";
