@@ -88,7 +88,7 @@ impl Submitter {
             }
         };
         let WriteParts { batches, guards } = parts;
-        let results = write_buffers::take_results();
+        let results = write_buffers::take_results(batches.len());
         let reply =
             ask(writer, |reply| Command::Write { batches, reply, queued_at: Instant::now(), guards, results }).await?;
         write_buffers::give_list(reply.batches);

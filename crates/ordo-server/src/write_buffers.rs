@@ -58,9 +58,14 @@ pub fn give_list(mut list: Vec<(CollectionId, Batch)>) {
     });
 }
 
-/// An empty list for the writer thread to answer a write in (a result per part).
-pub fn take_results() -> WriteResults {
-    POOL.with(|pool| pool.borrow_mut().results.pop()).unwrap_or_default()
+/// An empty list with room for `n_parts` results, for the writer thread to answer
+/// a write in. Sized here, so that the writer thread never grows it: a list given
+/// back on another network thread (a task moves between them) leaves this one's
+/// pool short, and then this thread allocates, not the writer.
+pub fn take_results(n_parts: usize) -> WriteResults {
+    let mut results = POOL.with(|pool| pool.borrow_mut().results.pop()).unwrap_or_default();
+    results.reserve(n_parts);
+    results
 }
 
 /// Takes back a write's results once they are answered, as long as a list of parts.

@@ -484,7 +484,8 @@ async fn write_group(
         batches.push((collection, batch));
     }
     let (reply, answer) = oneshot::channel();
-    let command = Command::Write { batches, reply, queued_at: Instant::now(), guards: Vec::new(), results: Vec::new() };
+    let results = Vec::with_capacity(batches.len());
+    let command = Command::Write { batches, reply, queued_at: Instant::now(), guards: Vec::new(), results };
     send(writer, command).await?;
     let WriteReply { results, .. } = answer.await.map_err(|_| shutting_down())?;
     for result in results {

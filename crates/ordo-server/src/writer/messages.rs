@@ -131,8 +131,9 @@ pub enum Command {
         /// the items as they are before the part is written (empty for most writes,
         /// which then allocates nothing).
         guards: Vec<(usize, Arc<WriteGuard>)>,
-        /// An empty list the answer's results go into: the network thread's, kept
-        /// from an earlier write, so answering allocates nothing on this thread.
+        /// An empty list the answer's results go into, with room for one per part:
+        /// the sender's (a network thread's, kept from an earlier write), so that
+        /// answering allocates nothing on this thread.
         results: WriteResults,
     },
     /// Admin schema changes (`POST /v1/collections/{name}/fields`,

@@ -88,7 +88,7 @@ impl Writer {
         for (reply, mut parts) in replies.drain(..) {
             let mut results = std::mem::take(&mut parts.results);
             results.clear();
-            // Allocates only when the list is new or shorter than this request.
+            // A no-op: the network thread sized the list (`write_buffers::take_results`).
             results.reserve(parts.n_parts);
             for write in done.by_ref().take(parts.n_parts) {
                 let result = write.result.expect("every write gets a result");
