@@ -16,6 +16,7 @@ pub mod digest;
 pub mod encode;
 pub mod error;
 pub mod frame;
+pub mod frame_body;
 pub mod http;
 pub mod http_state;
 pub mod idempotency;

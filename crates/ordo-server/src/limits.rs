@@ -82,7 +82,8 @@ pub const MAX_NETWORK_THREADS: usize = 64;
 /// Requests waiting for the writer thread; network tasks wait when it is full.
 pub const WRITER_QUEUE_CAPACITY: usize = 4_096;
 /// Per network thread: write batches kept for reuse, the largest one kept (in
-/// bytes held), lists of parts kept, and the longest list kept (in parts).
+/// bytes held), lists of parts kept, and the longest list kept (in parts); the
+/// lists of a write's results are kept by the same two bounds as lists of parts.
 /// Beyond these, buffers are freed.
 pub const MAX_POOLED_BATCHES: usize = 4_096;
 pub const MAX_POOLED_BATCH_BYTES: usize = 64 * 1024;

@@ -92,6 +92,8 @@ metrics! {
     bytes_sent: counter "ordo_bytes_sent_total" "WebSocket bytes written.";
     diffs_sent: counter "ordo_diffs_sent_total" "Diffs in the frames written.";
     frames_encoded: counter "ordo_frames_encoded_total" "Frame bodies encoded (once per window change).";
+    frame_body_pool_misses: counter "ordo_frame_body_pool_misses_total"
+        "Frame bodies allocated because no recycled one of their size was idle (warm-up, bursts, bodies over 64 KiB).";
     resets_slow: counter "ordo_resets_slow_total" "Resets sent because a connection fell behind.";
     resume_replayed: counter "ordo_resume_replayed_total" "Subscriptions resumed by replay.";
     resume_reset: counter "ordo_resume_reset_total" "Subscriptions resumed by a reset.";
@@ -277,6 +279,11 @@ pub fn render(gauges: &WriterGauges, writer_queue_depth: usize) -> String {
             ALLOCATIONS[kind as usize].load(Relaxed)
         );
     }
+    let _ = writeln!(
+        out,
+        "# HELP ordo_frame_delivery_allocations_total Heap allocations of network threads while delivering frames to connections (from the writer's queue to the socket).\n# TYPE ordo_frame_delivery_allocations_total counter\nordo_frame_delivery_allocations_total {}",
+        FRAME_DELIVERY_ALLOCATIONS.load(Relaxed)
+    );
     out
 }
 
@@ -303,11 +310,31 @@ impl ThreadKind {
 
 static ALLOCATED_BYTES: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
 static ALLOCATIONS: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
+/// Allocations made while a network thread delivered frames (see `delivering_frames`).
+static FRAME_DELIVERY_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
     // A const-initialised `Cell` has no destructor, so the allocator may read it
     // at any point of a thread's life, even while thread-locals are torn down.
     static THREAD_KIND: Cell<ThreadKind> = const { Cell::new(ThreadKind::Other) };
+    /// Set while this thread polls a connection's delivery of frames.
+    static DELIVERING_FRAMES: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `delivery` (a connection's handling of what the writer thread queued for
+/// it, up to the socket write) counting the allocations made while it is polled
+/// in `ordo_frame_delivery_allocations_total`. Only its own polls count: other
+/// tasks the thread runs between them do not. This separates the frames' cost
+/// on the network threads from the HTTP requests' that share them.
+pub async fn delivering_frames<F: std::future::Future>(delivery: F) -> F::Output {
+    let mut delivery = std::pin::pin!(delivery);
+    std::future::poll_fn(|context| {
+        let was_delivering = DELIVERING_FRAMES.with(|flag| flag.replace(true));
+        let poll = delivery.as_mut().poll(context);
+        DELIVERING_FRAMES.with(|flag| flag.set(was_delivering));
+        poll
+    })
+    .await
 }
 
 /// Marks the calling thread's allocations as `kind`'s.
@@ -323,6 +350,9 @@ fn count_allocation(size: usize) {
     let kind = THREAD_KIND.try_with(Cell::get).unwrap_or(ThreadKind::Other) as usize;
     ALLOCATED_BYTES[kind].fetch_add(size as u64, Relaxed);
     ALLOCATIONS[kind].fetch_add(1, Relaxed);
+    if DELIVERING_FRAMES.try_with(Cell::get).unwrap_or(false) {
+        FRAME_DELIVERY_ALLOCATIONS.fetch_add(1, Relaxed);
+    }
 }
 
 // SAFETY: every method forwards to `System` with the caller's arguments

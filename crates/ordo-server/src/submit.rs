@@ -70,7 +70,8 @@ impl Submitter {
     }
 
     /// Writes the parts; a result per part submitted, in order. Their batches'
-    /// buffers come back to this thread's pool.
+    /// buffers come back to this thread's pool, and so should the results once
+    /// answered (`write_buffers::give_results`).
     pub async fn write(
         &self,
         identity: &Identity,
@@ -87,7 +88,9 @@ impl Submitter {
             }
         };
         let WriteParts { batches, guards } = parts;
-        let reply = ask(writer, |reply| Command::Write { batches, reply, queued_at: Instant::now(), guards }).await?;
+        let results = write_buffers::take_results(batches.len());
+        let reply =
+            ask(writer, |reply| Command::Write { batches, reply, queued_at: Instant::now(), guards, results }).await?;
         write_buffers::give_list(reply.batches);
         Ok(reply.results)
     }

@@ -282,19 +282,7 @@ impl Connection {
             match event {
                 Event::Inbound(Some(message)) => Box::pin(self.on_inbound(message)).await,
                 Event::Inbound(None) => self.closed = true,
-                Event::Outgoing(Some(outgoing)) => {
-                    self.on_outgoing(outgoing).await;
-                    // Whatever else is ready joins the same write: under load, one
-                    // syscall carries many frames.
-                    while self.out.len() < WRITE_BATCH_BYTES {
-                        match self.session.outbox.try_recv() {
-                            Ok(outgoing) => self.on_outgoing(outgoing).await,
-                            Err(_) => break,
-                        }
-                    }
-                    self.flush().await;
-                    self.maybe_report_drained().await;
-                }
+                Event::Outgoing(Some(outgoing)) => metrics::delivering_frames(self.deliver(outgoing)).await,
                 Event::Outgoing(None) => self.close(CLOSE_GOING_AWAY, "server stopping").await,
                 Event::Shutdown => self.close(CLOSE_GOING_AWAY, "server stopping").await,
                 Event::AuthDeadline => Box::pin(self.on_auth_deadline()).await,
@@ -305,6 +293,20 @@ impl Connection {
                 Event::Unpark => Box::pin(self.unpark()).await,
             }
         }
+    }
+
+    /// Handles what the writer thread queued, `first` and whatever else is ready
+    /// (under load, one syscall carries many frames), and writes it.
+    async fn deliver(&mut self, first: Outgoing) {
+        self.on_outgoing(first).await;
+        while self.out.len() < WRITE_BATCH_BYTES {
+            match self.session.outbox.try_recv() {
+                Ok(outgoing) => self.on_outgoing(outgoing).await,
+                Err(_) => break,
+            }
+        }
+        self.flush().await;
+        self.maybe_report_drained().await;
     }
 
     /// One line per ended connection. A close the server chose for this client

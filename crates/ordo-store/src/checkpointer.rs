@@ -32,6 +32,12 @@ const FIRST_RETRY_DELAY: Duration = Duration::from_millis(500);
 
 /// Jobs queued for the checkpointer; a full queue makes the writer wait.
 const JOB_QUEUE_CAPACITY: usize = 1024;
+/// Record buffers made when the checkpointer starts, and the room each has. The
+/// checkpointer runs at a lower priority and pauses for its commits while the
+/// writer goes on, one buffer per group commit: with these stocked, such a lag
+/// of up to this many groups costs the writer no allocation (256 KiB up front).
+const RECORD_BUFFERS_STOCKED: usize = 64;
+const RECORD_BUFFER_BYTES: usize = 4 * 1024;
 
 type StoreJob = Box<dyn FnOnce(&Store, Result<u64, StoreError>) + Send>;
 
@@ -121,6 +127,9 @@ impl Checkpointer {
     ) -> Checkpointer {
         let (jobs, receiver) = mpsc::sync_channel(JOB_QUEUE_CAPACITY);
         let (recycle, recycled) = mpsc::channel();
+        for _ in 0..RECORD_BUFFERS_STOCKED {
+            let _ = recycle.send(Vec::with_capacity(RECORD_BUFFER_BYTES));
+        }
         let shared = Arc::new(Shared {
             checkpointed_seq: AtomicU64::new(store.last_seq()),
             stall: Mutex::new(None),

@@ -37,8 +37,10 @@ pub(super) async fn batch(
     if let Some(error) = granted.as_ref().err().filter(|error| state.submit.submits_despite(error)) {
         check_op_count(parse_write::<BatchRequest>(&body)?.ops.len())?;
         let source = WriteSource::Batch { collection: name, body: &body };
-        let results = state.submit.write(&identity, WriteParts::default(), source).await;
-        let ack = results.map_err(|_| error.clone())?.pop().expect("one result");
+        let mut results =
+            state.submit.write(&identity, WriteParts::default(), source).await.map_err(|_| error.clone())?;
+        let ack = results.pop().expect("one result");
+        write_buffers::give_results(results);
         let ack = ack.map_err(|error| shown_to(state, &identity, name, error))?;
         let mut body = Vec::with_capacity(64);
         write_ack(&mut body, &ack);
@@ -57,7 +59,9 @@ pub(super) async fn batch(
     let parts = WriteParts { batches: parts, guards };
     let mut results =
         state.submit.write(&identity, parts, WriteSource::Batch { collection: name, body: &body }).await?;
-    let ack = results.pop().expect("one result per part").map_err(|error| shown_to(state, &identity, name, error))?;
+    let ack = results.pop().expect("one result per part");
+    write_buffers::give_results(results);
+    let ack = ack.map_err(|error| shown_to(state, &identity, name, error))?;
     let mut body = Vec::with_capacity(64);
     write_ack(&mut body, &ack);
     Ok(json_response(200, body))
@@ -136,9 +140,9 @@ fn multi_answer(
     identity: &Identity,
     multi: &MultiBatchRequest<'_>,
     refused: Vec<(usize, ApiError)>,
-    written: WriteResults,
+    mut written_list: WriteResults,
 ) -> Response<Body> {
-    let mut written = written.into_iter();
+    let mut written = written_list.drain(..);
     let mut refused = refused.into_iter().peekable();
     let mut status = 200;
     // `{"results":[...]}`, written directly: one allocation for the whole answer.
@@ -169,6 +173,8 @@ fn multi_answer(
         }
     }
     body.extend_from_slice(b"]}");
+    drop(written);
+    write_buffers::give_results(written_list);
     json_response(status, body)
 }
 
@@ -195,7 +201,9 @@ pub(super) async fn remove_item(
     check_shape(&guards, 0, &batch)?;
     let parts = WriteParts { batches: vec![(entry.id, batch)], guards };
     let mut results = state.submit.write(&identity, parts, WriteSource::Remove { collection: name, id }).await?;
-    let ack = results.pop().expect("one result per part").map_err(|error| shown_to(state, &identity, name, error))?;
+    let ack = results.pop().expect("one result per part");
+    write_buffers::give_results(results);
+    let ack = ack.map_err(|error| shown_to(state, &identity, name, error))?;
     let body = serde_json::json!({"seq": ack.seq, "removed": ack.summary.n_removed == 1});
     Ok(json_response(200, body.to_string().into_bytes()))
 }

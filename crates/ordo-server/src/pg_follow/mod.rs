@@ -484,7 +484,9 @@ async fn write_group(
         batches.push((collection, batch));
     }
     let (reply, answer) = oneshot::channel();
-    send(writer, Command::Write { batches, reply, queued_at: Instant::now(), guards: Vec::new() }).await?;
+    let results = Vec::with_capacity(batches.len());
+    let command = Command::Write { batches, reply, queued_at: Instant::now(), guards: Vec::new(), results };
+    send(writer, command).await?;
     let WriteReply { results, .. } = answer.await.map_err(|_| shutting_down())?;
     for result in results {
         result.map_err(|error| format!("Ordo refused a PostgreSQL change: {}", error.message))?;

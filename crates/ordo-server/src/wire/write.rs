@@ -4,6 +4,7 @@ use std::borrow::Cow;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use smallvec::SmallVec;
 
 use ordo_core::{AtomicOp, Batch, FieldType, Precondition, Schema, UpsertBuilder, Value};
 
@@ -18,8 +19,12 @@ use crate::strict_json;
 #[serde(deny_unknown_fields)]
 pub struct BatchRequest<'a> {
     #[serde(borrow)]
-    pub ops: Vec<OpRequest<'a>>,
+    pub ops: InlineOps<'a>,
 }
+
+/// A write's ops: one, the usual case (a message, a read marker), is held
+/// inline, so decoding it allocates nothing; more spill to the heap.
+pub type InlineOps<'a> = SmallVec<[OpRequest<'a>; 1]>;
 
 /// `POST /v1/batch`
 #[derive(Deserialize)]
@@ -35,7 +40,7 @@ pub struct CollectionWrite<'a> {
     #[serde(borrow)]
     pub collection: Cow<'a, str>,
     #[serde(borrow)]
-    pub ops: Vec<OpRequest<'a>>,
+    pub ops: InlineOps<'a>,
 }
 
 #[derive(Deserialize)]

@@ -180,8 +180,8 @@ impl DiffSink for Fanout {
         }
         self.current = None;
         self.body.push(b']');
-        // The one copy per window change: every subscriber shares these bytes.
-        let body: FrameBody = Arc::from(&self.body[..]);
+        // The one copy per window change, into a recycled body: every subscriber shares it.
+        let body = FrameBody::copy_from(&self.body);
         metrics::add(&METRICS.frames_encoded, 1);
         let frame = FrameMeta {
             n_diffs: self.n_diffs,
@@ -305,7 +305,7 @@ impl Fanout {
     /// that changed nothing but must say where the window is, or its new total),
     /// with `digest` (the caller computed it when due for this subscription).
     pub(super) fn push_empty(&mut self, session: SessionId, handle: SubHandle, view_len: usize, digest: Option<u64>) {
-        let body: FrameBody = Arc::from(&b"[]"[..]);
+        let body = FrameBody::copy_from(b"[]");
         let write_seq = self.write_seq;
         let frame = FrameMeta {
             n_diffs: 0,

@@ -39,10 +39,7 @@ pub struct ConnShared {
     pub want_drain_notice: AtomicBool,
 }
 
-/// The JSON array of diffs of one window change, shared by every subscriber of
-/// the window and by each one's resume retention. One allocation holds the
-/// count and the bytes, so encoding a frame allocates once and sharing it never.
-pub type FrameBody = Arc<[u8]>;
+pub use crate::frame_body::FrameBody;
 
 /// A client request on one subscription (`set_range`, `set_view`) that the
 /// writer thread answers: with the frame of its diffs, or, when it has none
@@ -134,6 +131,10 @@ pub enum Command {
         /// the items as they are before the part is written (empty for most writes,
         /// which then allocates nothing).
         guards: Vec<(usize, Arc<WriteGuard>)>,
+        /// An empty list the answer's results go into, with room for one per part:
+        /// the sender's (a network thread's, kept from an earlier write), so that
+        /// answering allocates nothing on this thread.
+        results: WriteResults,
     },
     /// Admin schema changes (`POST /v1/collections/{name}/fields`,
     /// `DELETE .../fields/{field}`): the answer is the new entry and the `seq`.

@@ -174,15 +174,15 @@ impl Writer {
                     None => return self.database,
                 },
             };
-            let Command::Write { batches, reply, queued_at, guards } = command else {
+            let Command::Write { batches, reply, queued_at, guards, results } = command else {
                 self.handle(command);
                 self.end_lost_relations();
                 continue;
             };
             if guards.is_empty() {
-                waiting = self.write_group(&mut buffers, &mut commands, (batches, reply, queued_at));
+                waiting = self.write_group(&mut buffers, &mut commands, (batches, reply, queued_at, results));
             } else {
-                self.guarded_write(batches, guards, reply, queued_at);
+                self.guarded_write(batches, guards, (reply, queued_at, results));
             }
             self.end_lost_relations();
         }

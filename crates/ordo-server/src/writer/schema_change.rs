@@ -288,9 +288,10 @@ mod tests {
             reply,
             queued_at: std::time::Instant::now(),
             guards: vec![(0, guard)],
+            results: Vec::new(),
         };
-        let Command::Write { batches, reply, queued_at, guards } = command else { unreachable!() };
-        writer.guarded_write(batches, guards, reply, queued_at);
+        let Command::Write { batches, reply, queued_at, guards, results } = command else { unreachable!() };
+        writer.guarded_write(batches, guards, (reply, queued_at, results));
         let results = answer.try_recv().expect("answered at once").results;
         let refused = results[0].as_ref().expect_err("a stale guard");
         assert_eq!(refused.code, ErrorCode::InvalidBatch, "{refused}");

@@ -29,21 +29,25 @@ struct WriteParts {
     list: Vec<(CollectionId, Batch)>,
     /// How many of the group's writes are this request's.
     n_parts: usize,
+    /// The list its results go into (the request's own, see `Command::Write`).
+    results: WriteResults,
 }
+
+/// An unguarded write as `Command::Write` brings it: its parts, where its answer
+/// goes, when it was queued, and the list for its results.
+pub(super) type WriteRequest = (Vec<(CollectionId, Batch)>, oneshot::Sender<WriteReply>, Instant, WriteResults);
 
 /// Moves a request's batches into the group; returns their bytes.
 fn add_to_group(
     group: &mut Vec<PendingWrite>,
     replies: &mut Vec<(oneshot::Sender<WriteReply>, WriteParts)>,
-    mut batches: Vec<(CollectionId, Batch)>,
-    reply: oneshot::Sender<WriteReply>,
-    queued_at: Instant,
+    (mut batches, reply, queued_at, results): WriteRequest,
 ) -> usize {
     metrics::record_stage(Stage::WriteQueue, queued_at.elapsed());
     let n_bytes = batches.iter().map(|(_, batch)| batch.n_bytes()).sum();
     let n_parts = batches.len();
     group.extend(batches.drain(..).map(|(collection, batch)| PendingWrite::new(collection, batch)));
-    replies.push((reply, WriteParts { list: batches, n_parts }));
+    replies.push((reply, WriteParts { list: batches, n_parts, results }));
     n_bytes
 }
 
@@ -55,16 +59,16 @@ impl Writer {
         &mut self,
         buffers: &mut GroupBuffers,
         commands: &mut mpsc::Receiver<Command>,
-        (batches, reply, queued_at): (Vec<(CollectionId, Batch)>, oneshot::Sender<WriteReply>, Instant),
+        first: WriteRequest,
     ) -> Option<Command> {
         let GroupBuffers { group, replies } = buffers;
         let mut waiting = None;
-        let mut n_bytes = add_to_group(group, replies, batches, reply, queued_at);
+        let mut n_bytes = add_to_group(group, replies, first);
         while group.len() < MAX_BATCHES_PER_COMMIT && n_bytes < MAX_BYTES_PER_COMMIT {
             match commands.try_recv() {
                 // A guarded write checks the items as committed, so it starts a group of its own.
-                Ok(Command::Write { batches, reply, queued_at, guards }) if guards.is_empty() => {
-                    n_bytes += add_to_group(group, replies, batches, reply, queued_at);
+                Ok(Command::Write { batches, reply, queued_at, guards, results }) if guards.is_empty() => {
+                    n_bytes += add_to_group(group, replies, (batches, reply, queued_at, results));
                 }
                 Ok(other) => {
                     waiting = Some(other);
@@ -82,7 +86,10 @@ impl Writer {
         self.publish_seq();
         let mut done = group.drain(..);
         for (reply, mut parts) in replies.drain(..) {
-            let mut results: WriteResults = Vec::with_capacity(parts.n_parts);
+            let mut results = std::mem::take(&mut parts.results);
+            results.clear();
+            // A no-op: the network thread sized the list (`write_buffers::take_results`).
+            results.reserve(parts.n_parts);
             for write in done.by_ref().take(parts.n_parts) {
                 let result = write.result.expect("every write gets a result");
                 // A refusal is counted where it is answered (`api::refused`), with
@@ -107,8 +114,7 @@ impl Writer {
         &mut self,
         batches: Vec<(CollectionId, Batch)>,
         guards: Vec<(usize, Arc<WriteGuard>)>,
-        reply: oneshot::Sender<WriteReply>,
-        queued_at: Instant,
+        (reply, queued_at, mut results): (oneshot::Sender<WriteReply>, Instant, WriteResults),
     ) {
         metrics::record_stage(Stage::WriteQueue, queued_at.elapsed());
         let mut refusals: Vec<Option<ApiError>> = (0..batches.len()).map(|_| None).collect();
@@ -128,7 +134,8 @@ impl Writer {
         self.database.write_group(&mut group, &mut self.fanout);
         self.publish_seq();
         let mut written = group.into_iter();
-        let mut results: WriteResults = Vec::with_capacity(refusals.len());
+        results.clear();
+        results.reserve(refusals.len());
         for refusal in refusals {
             let result = match refusal {
                 Some(error) => Err(error),

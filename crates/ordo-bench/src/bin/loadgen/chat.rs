@@ -213,6 +213,8 @@ impl Scenario for Chat {
             "ordo_batches_total",
             "ordo_thread_allocations_total{thread=\"network\"}",
             "ordo_thread_allocations_total{thread=\"writer\"}",
+            "ordo_frame_delivery_allocations_total",
+            "ordo_frame_body_pool_misses_total",
         ]
     }
 
