@@ -216,10 +216,19 @@ impl Collection {
     /// id, payload pointer and version (each in its own per-slot vector).
     #[inline]
     pub(crate) fn prefetch_item(&self, slot: Slot) {
+        self.prefetch_id_and_version(slot);
+        if let Some(payload) = self.payloads.get(slot as usize) {
+            prefetch(payload);
+        }
+    }
+
+    /// Asks the cache for what names `slot`'s item and its state: its id and
+    /// version (what a window digest reads of each row).
+    #[inline]
+    pub(crate) fn prefetch_id_and_version(&self, slot: Slot) {
         let slot = slot as usize;
         if slot < self.ids.len() {
             prefetch(&self.ids[slot]);
-            prefetch(&self.payloads[slot]);
             prefetch(&self.versions[slot]);
         }
     }

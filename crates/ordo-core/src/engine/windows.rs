@@ -495,6 +495,12 @@ pub(super) fn finish_window(
                 slots
             }
         };
+        // A sink reading the contents (a window digest) reads every row's id and
+        // version, cold in a large collection: asked for all at once, their
+        // misses overlap instead of coming one row after another.
+        for &slot in slots {
+            collection.prefetch_id_and_version(slot);
+        }
         sink.window_contents(window_id, ItemList::new(collection, slots));
     }
     sink.view_len(window_id, view_len);
