@@ -63,8 +63,19 @@ pub(super) struct GatheredItem {
     views_end: u32,
     /// Where the item is in its chunk.
     chunk_index: u32,
-    /// The hash of its value of the collection's first keyed field.
+    /// The hash of its value of the collection's first keyed field, taken
+    /// while its key string is in cache, so that the lookup loop does little
+    /// else than look up (hashing there measured slower).
     key_hash: Option<u64>,
+}
+
+/// Each gathered item with its views in `gathered_views`.
+fn items_with_views<'a>(
+    gathered: &'a [GatheredItem],
+    gathered_views: &'a [u32],
+) -> impl Iterator<Item = (&'a GatheredItem, &'a [u32])> {
+    let starts = std::iter::once(0).chain(gathered.iter().map(|item| item.views_end as usize));
+    gathered.iter().zip(starts).map(|(item, start)| (item, &gathered_views[start..item.views_end as usize]))
 }
 
 /// A changed target, as every referencing item of one link reads it.
@@ -267,15 +278,12 @@ fn prefetch_views_and_windows(views: &[Option<View>], windows: &[WindowSlot], ga
 /// Step 4, last level: for each gathered item, what its move shifts in each of
 /// its views (a run's prefixes between the front and its place).
 fn prefetch_shifts(views: &[Option<View>], gathered: &[GatheredItem], gathered_views: &[u32]) {
-    let mut views_start = 0;
-    for item in gathered {
-        let views_end = item.views_end as usize;
-        for &view_index in &gathered_views[views_start..views_end] {
+    for (item, item_views) in items_with_views(gathered, gathered_views) {
+        for &view_index in item_views {
             if let Some(view) = &views[view_index as usize] {
                 view.prefetch_shift_of(item.slot);
             }
         }
-        views_start = views_end;
     }
 }
 
@@ -289,13 +297,10 @@ fn apply_gathered(
     gathered_views: &[u32],
 ) {
     let mut changed = std::mem::take(&mut context.scratch.changed_fields);
-    let mut views_start = 0;
-    for item in gathered {
-        let views_end = item.views_end as usize;
+    for (item, item_views) in items_with_views(gathered, gathered_views) {
         let scratch = &mut *context.scratch;
         scratch.visited_views.clear();
-        scratch.visited_views.extend_from_slice(&gathered_views[views_start..views_end]);
-        views_start = views_end;
+        scratch.visited_views.extend_from_slice(item_views);
         changed.clear();
         let link = &state.refs.links[change.link_index];
         changed.extend(
