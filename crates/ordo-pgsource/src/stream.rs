@@ -189,6 +189,13 @@ impl WalPositions {
     }
 }
 
+/// Whether reading the stream waits for data to come.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    ForData,
+    No,
+}
+
 /// A running stream of the slot's changes.
 pub struct ChangeStream {
     /// Transactions that end at or before it were applied before this start.
@@ -206,6 +213,10 @@ pub struct ChangeStream {
     positions: Arc<WalPositions>,
     last_status: Instant,
     last_commit_time_unix_micros: Option<i64>,
+    /// The transaction being gathered: kept here, not in a call's locals, so
+    /// that [`ChangeStream::next_transaction_now`] can stop in the middle of
+    /// one and the next call go on with it.
+    current: Option<Transaction>,
 }
 
 impl ChangeStream {
@@ -238,6 +249,7 @@ impl ChangeStream {
             positions: Arc::new(WalPositions::starting_at(start_lsn)),
             last_status: Instant::now(),
             last_commit_time_unix_micros: None,
+            current: None,
         })
     }
 
@@ -284,8 +296,9 @@ impl ChangeStream {
     }
 
     /// The next committed transaction that touched a followed table. Not
-    /// cancel-safe: a transaction being gathered is lost if the future is dropped
-    /// (the caller then restarts the stream from its stored position).
+    /// cancel-safe: a status update being written when the future is dropped
+    /// may be cut short (the caller then restarts the stream from its stored
+    /// position).
     ///
     /// While it waits between transactions, with every transaction handed over
     /// confirmed, a keepalive's WAL position is confirmed too: nothing before
@@ -294,13 +307,26 @@ impl ChangeStream {
     /// change. The caller's stored position may then be behind the slot's;
     /// PostgreSQL starts a stream asked for an older position at the slot's.
     pub async fn next_transaction(&mut self) -> Result<Transaction, Error> {
-        let mut current: Option<Transaction> = None;
+        Ok(self.gather_transaction(Wait::ForData).await?.expect("a wait for data ends with a transaction"))
+    }
+
+    /// The next transaction if all of it is already received (buffered, or
+    /// readable from the socket at once); `None` otherwise, the part received
+    /// kept for the next call. A caller that just got a transaction takes
+    /// those that came behind it with this, to store them together.
+    pub async fn next_transaction_now(&mut self) -> Result<Option<Transaction>, Error> {
+        self.gather_transaction(Wait::No).await
+    }
+
+    async fn gather_transaction(&mut self, wait: Wait) -> Result<Option<Transaction>, Error> {
         loop {
-            let payload = self.next_change_payload(current.is_none()).await?;
+            let Some(payload) = self.next_change_payload(self.current.is_none(), wait).await? else {
+                return Ok(None);
+            };
             let message = pgoutput::decode(&payload)?;
             match message {
                 Message::Begin { xid, commit_time_unix_micros, final_lsn } => {
-                    current = Some(Transaction {
+                    self.current = Some(Transaction {
                         xid,
                         commit_lsn: final_lsn,
                         end_lsn: final_lsn,
@@ -310,7 +336,7 @@ impl ChangeStream {
                 }
                 Message::Commit { commit_lsn, end_lsn, commit_time_unix_micros } => {
                     let mut transaction =
-                        current.take().ok_or_else(|| Error::Protocol("a commit without a begin".into()))?;
+                        self.current.take().ok_or_else(|| Error::Protocol("a commit without a begin".into()))?;
                     transaction.commit_lsn = commit_lsn;
                     transaction.end_lsn = end_lsn;
                     transaction.commit_time_unix_micros = commit_time_unix_micros;
@@ -320,19 +346,21 @@ impl ChangeStream {
                         self.last_commit_time_unix_micros = Some(commit_time_unix_micros);
                         self.handed_over_end = self.handed_over_end.max(transaction.end_lsn);
                         self.positions.transactions_handed_over.fetch_add(1, Ordering::Relaxed);
-                        return Ok(transaction);
+                        return Ok(Some(transaction));
                     }
                 }
                 Message::Relation(relation) => self.learn_relation(relation)?,
                 Message::Insert { .. } | Message::Update { .. } | Message::Delete { .. } | Message::Truncate { .. } => {
-                    let transaction =
-                        current.as_mut().ok_or_else(|| Error::Protocol("a change outside a transaction".into()))?;
-                    if let Some(change) = self.change_of(message)? {
-                        if transaction.changes.len() >= self.config.max_transaction_changes {
-                            return Err(Error::TransactionTooLarge { limit: self.config.max_transaction_changes });
-                        }
-                        transaction.changes.push(change);
+                    if self.current.is_none() {
+                        return Err(Error::Protocol("a change outside a transaction".into()));
                     }
+                    let Some(change) = self.change_of(message)? else { continue };
+                    let limit = self.config.max_transaction_changes;
+                    let transaction = self.current.as_mut().expect("checked above");
+                    if transaction.changes.len() >= limit {
+                        return Err(Error::TransactionTooLarge { limit });
+                    }
+                    transaction.changes.push(change);
                 }
                 Message::Origin { .. } | Message::Type { .. } | Message::LogicalMessage => {}
             }
@@ -448,15 +476,22 @@ impl ChangeStream {
     /// sending a status update every `status_interval` meanwhile;
     /// `between_transactions`: no transaction is being gathered (see
     /// [`ChangeStream::next_transaction`] for what a keepalive confirms then).
-    async fn next_change_payload(&mut self, between_transactions: bool) -> Result<Bytes, Error> {
+    async fn next_change_payload(&mut self, between_transactions: bool, wait: Wait) -> Result<Option<Bytes>, Error> {
         loop {
             let until_status = self.config.status_interval.saturating_sub(self.last_status.elapsed());
             if until_status.is_zero() {
                 self.send_status().await?;
                 continue;
             }
-            let Ok(read) = tokio::time::timeout(until_status, self.connection.read_copy_data()).await else {
-                continue;
+            let read = match wait {
+                Wait::ForData => match tokio::time::timeout(until_status, self.connection.read_copy_data()).await {
+                    Ok(read) => read,
+                    Err(_) => continue,
+                },
+                Wait::No => match self.connection.read_copy_data_now() {
+                    Some(read) => read,
+                    None => return Ok(None),
+                },
             };
             let Some(mut frame) = read.map_err(|error| slot_lost_or(error, &self.config.slot))? else {
                 return Err(Error::Io(std::io::Error::new(
@@ -471,7 +506,7 @@ impl ChangeStream {
                     // The record's own position for logical replication: see `WalPositions`.
                     self.positions.raise_wal_end(Lsn(frame.get_u64()));
                     let _send_time = frame.get_i64();
-                    return Ok(frame);
+                    return Ok(Some(frame));
                 }
                 Some(b'k') if frame.len() >= 18 => {
                     frame.advance(1);

@@ -328,6 +328,14 @@ impl Connection {
         }
     }
 
+    /// [`Connection::read_copy_data`] without waiting: `None` when no whole
+    /// message is buffered or readable from the socket at once.
+    pub fn read_copy_data_now(&mut self) -> Option<Result<Option<Bytes>, Error>> {
+        use futures_util::FutureExt;
+        // Cancel-safe (see `read_copy_data`), so a pending read loses nothing.
+        self.read_copy_data().now_or_never()
+    }
+
     /// Sends one `CopyData` message in copy-both mode.
     pub async fn write_copy_data(&mut self, payload: &[u8]) -> Result<(), Error> {
         frontend::CopyData::new(payload)?.write(&mut self.write_buffer);

@@ -133,6 +133,52 @@ async fn a_followed_table_equals_postgres_after_random_transactions_one_frame_ea
     }
 }
 
+/// Transactions that reach Ordo together (here: committed while it was
+/// stopped) are stored in fewer group commits than there are transactions,
+/// and each is still its own batch: its own frame, its own `write_seq`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_received_together_share_a_group_commit_and_keep_a_frame_each() {
+    let pg = postgres();
+    create_items_table(&pg);
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_following(&pg, dir.path(), &["items"]);
+    let mut client = server.connect().await;
+    client
+        .send(json!({"op": "subscribe", "sub": "all", "collection": "items", "sort": [{"field": "score"}], "limit": 1000}))
+        .await;
+    assert!(client.read_until(APPLY_TIMEOUT, |client| client.lists.contains_key("all")).await, "no first frame");
+    let n_frames_before = client.diffs_seen.len();
+    let stores_before = server.metric("ordo_postgres_transaction_stores_total");
+    let n_transactions = 40;
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGSTOP) };
+    for n in 0..n_transactions {
+        pg.psql(&format!("INSERT INTO items VALUES ('i{n}', {n}, 'title {n}');")).unwrap();
+    }
+    // The walsender sends each commit at once; let it reach Ordo's socket.
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: as above.
+    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGCONT) };
+    wait_applied(&server, n_transactions);
+    let expected = postgres_window(&pg, 1000);
+    assert_eq!(ordo_window(&server, 1000), expected);
+    let caught_up = client
+        .read_until(APPLY_TIMEOUT, |client| {
+            client.lists["all"].items.iter().map(row_of).collect::<Vec<_>>() == expected
+        })
+        .await;
+    assert!(caught_up, "the subscription does not equal PostgreSQL");
+    let frames = &client.diffs_seen[n_frames_before..];
+    assert_eq!(frames.len(), n_transactions as usize, "one frame per transaction");
+    let seqs: Vec<u64> = frames.iter().map(|frame| frame["write_seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|pair| pair[0] < pair[1]), "a write_seq per transaction: {seqs:?}");
+    let stores = server.metric("ordo_postgres_transaction_stores_total") - stores_before;
+    assert!(
+        stores >= 1.0 && stores < (n_transactions / 2) as f64,
+        "{stores} stores for {n_transactions} transactions received together"
+    );
+}
+
 #[test]
 fn kill_9_mid_stream_and_a_postgres_restart_then_every_row_exactly_once() {
     let pg = postgres();
@@ -711,9 +757,13 @@ fn lag_bytes_reads_above_zero_while_behind_and_zero_once_caught_up() {
     // Ordo held (SIGSTOP) while PostgreSQL commits a burst of single-row
     // transactions: once it runs again it has all of them to apply, and the
     // walsender, its socket full, sends no keepalive meanwhile.
-    let n_transactions: u64 = 20_000;
-    let burst: String =
-        (0..n_transactions).map(|n| format!("INSERT INTO items VALUES ('b{n}', {n}, NULL);\n")).collect();
+    // Enough that applying them, many per group commit, takes longer than the
+    // lag probe's period.
+    let n_transactions: u64 = 200_000;
+    let burst = format!(
+        "DO $$ BEGIN FOR n IN 0..{} LOOP INSERT INTO items VALUES ('b' || n, n, NULL); COMMIT; END LOOP; END $$;",
+        n_transactions - 1
+    );
     // SAFETY: kill has no memory preconditions; the pid is our child's.
     unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGSTOP) };
     let committed = pg.psql(&burst);

@@ -1,5 +1,8 @@
 //! The follower's task: streams the slot from the stored position and applies
-//! each transaction as one group commit, then confirms its end LSN. A
+//! each transaction, then confirms its end LSN. The transactions already
+//! received behind the one it waited for are stored with it, in one group
+//! commit (one sync of the log), each still its own batches: a busy source
+//! would otherwise wait for one sync per transaction. A
 //! `TRUNCATE` is the removal of every item its collections hold, in the same
 //! group as the rest of its transaction. A lost connection (PostgreSQL
 //! restarted, the walsender terminated) is retried with `Backoff`; anything
@@ -17,7 +20,7 @@ use tokio::sync::{oneshot, watch};
 
 use super::config::PostgresOptions;
 use super::mapping::{ordo_value, FieldChanges};
-use super::sink::{Sink, SinkError};
+use super::sink::{Sink, SinkError, TransactionWrites};
 use super::status::FollowStatus;
 use super::watcher::Watcher;
 use super::{send, shutting_down, Followed};
@@ -185,24 +188,72 @@ impl Follower {
         }
     }
 
-    /// Applies the next transaction, durably with its end LSN, then confirms it.
+    /// Applies the next transaction, and those received behind it, durably
+    /// with the last one's end LSN, then confirms it.
     async fn next(&mut self, stream: &mut ChangeStream) -> Result<(), Stop> {
-        let mut transaction = stream.next_transaction().await?;
+        let mut gathered = Gathered::default();
+        let first = stream.next_transaction().await?;
+        self.gather(first, &mut gathered, stream).await?;
+        while gathered.has_room() {
+            let Some(transaction) = stream.next_transaction_now().await? else { break };
+            self.gather(transaction, &mut gathered, stream).await?;
+        }
+        self.store(&mut gathered, stream).await
+    }
+
+    /// Adds one transaction's batches to `gathered`. One that changes a
+    /// collection's fields or truncates one reads and changes the writer's
+    /// state first, so what was gathered before it is stored before.
+    async fn gather(
+        &mut self,
+        mut transaction: Transaction,
+        gathered: &mut Gathered,
+        stream: &mut ChangeStream,
+    ) -> Result<(), Stop> {
         if !self.drop_changes_before_copies(&mut transaction) {
             // Only changes already in a table's copy: nothing to store, and
             // confirming skips only what the copy holds.
-            stream.confirm(transaction.end_lsn).await?;
+            gathered.confirm_end = Some(transaction.end_lsn);
             return Ok(());
         }
-        self.follow_layouts(&transaction).await?;
+        if self.needs_the_writer_first(&transaction) {
+            self.store(gathered, stream).await?;
+            self.follow_layouts(&transaction).await?;
+        }
         let truncated = self.ids_of_truncated(&transaction).await.map_err(Stop::Refused)?;
         let batches = self.batches_of(&transaction, &truncated).map_err(Stop::Refused)?;
-        let position = Some((self.position_collection, self.options.slot.as_str(), transaction.end_lsn));
-        self.sink.write_group(batches, position).await?;
-        self.position = transaction.end_lsn;
-        stream.confirm(transaction.end_lsn).await?;
-        let lag_micros = unix_micros().saturating_sub(transaction.commit_time_unix_micros).max(0) as u64;
-        self.status.applied(transaction.end_lsn.0, lag_micros);
+        gathered.changes += transaction.changes.len();
+        gathered.confirm_end = Some(transaction.end_lsn);
+        gathered.last_commit_time_unix_micros = transaction.commit_time_unix_micros;
+        gathered.transactions.push(TransactionWrites { batches, end_lsn: transaction.end_lsn });
+        Ok(())
+    }
+
+    /// Whether the transaction truncates a table or brings a new layout (its
+    /// fields change before its rows are written).
+    fn needs_the_writer_first(&self, transaction: &Transaction) -> bool {
+        transaction.changes.iter().any(|change| match change {
+            Change::Insert { layout, .. } | Change::Update { layout, .. } | Change::Delete { layout, .. } => {
+                !self.layouts[layout.table].as_ref().is_some_and(|seen| Arc::ptr_eq(seen, layout))
+            }
+            Change::Truncate { .. } => true,
+        })
+    }
+
+    /// Stores what was gathered (one group commit), then confirms the last end
+    /// LSN gathered; empties `gathered`.
+    async fn store(&mut self, gathered: &mut Gathered, stream: &mut ChangeStream) -> Result<(), Stop> {
+        let Some(confirm_end) = gathered.confirm_end.take() else { return Ok(()) };
+        let transactions = std::mem::take(&mut gathered.transactions);
+        gathered.changes = 0;
+        if let Some(last) = transactions.last() {
+            let (end_lsn, count) = (last.end_lsn, transactions.len() as u64);
+            self.sink.write_transactions(transactions, self.position_collection, &self.options.slot).await?;
+            self.position = end_lsn;
+            let lag_micros = unix_micros().saturating_sub(gathered.last_commit_time_unix_micros).max(0) as u64;
+            self.status.applied(end_lsn.0, lag_micros, count);
+        }
+        stream.confirm(confirm_end).await?;
         Ok(())
     }
 
@@ -336,6 +387,29 @@ impl Follower {
             .flat_map(|(table, writes)| writes.batches.into_iter().map(move |batch| (table.collection, batch)))
             .filter(|(_, batch)| !batch.is_empty())
             .collect())
+    }
+}
+
+/// Most transactions stored in one group commit, and most changes in them
+/// past the first transaction's: bounds on the memory and the writer's time
+/// one group takes.
+const MAX_GATHERED_TRANSACTIONS: usize = 256;
+const MAX_GATHERED_CHANGES: usize = 64 * 1024;
+
+/// Transactions received together, waiting for their one group commit.
+#[derive(Default)]
+struct Gathered {
+    transactions: Vec<TransactionWrites>,
+    changes: usize,
+    /// The end LSN to confirm once they are stored: the last transaction's,
+    /// stored or not (one with nothing to store is confirmed with the rest).
+    confirm_end: Option<Lsn>,
+    last_commit_time_unix_micros: i64,
+}
+
+impl Gathered {
+    fn has_room(&self) -> bool {
+        self.transactions.len() < MAX_GATHERED_TRANSACTIONS && self.changes < MAX_GATHERED_CHANGES
     }
 }
 

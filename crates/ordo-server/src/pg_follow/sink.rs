@@ -46,6 +46,12 @@ impl From<String> for SinkError {
     }
 }
 
+/// One transaction's batches, in table order, and its end LSN.
+pub(super) struct TransactionWrites {
+    pub(super) batches: Vec<(CollectionId, Batch)>,
+    pub(super) end_lsn: Lsn,
+}
+
 #[derive(Clone)]
 pub(super) enum Sink {
     Writer(WriterSender),
@@ -87,6 +93,25 @@ impl Sink {
         match self {
             Sink::Writer(writer) => Ok(super::write_group(writer, batches, position).await?),
             Sink::Stream(stream) => stream.write_transaction(&batches, position.map(|(_, _, lsn)| lsn)).await,
+        }
+    }
+
+    /// Writes the batches of transactions received together, in order: one
+    /// group commit with the last one's position, or each transaction's
+    /// entries (its rows, then its position) in one submission to the stream.
+    pub(super) async fn write_transactions(
+        &self,
+        transactions: Vec<TransactionWrites>,
+        position_collection: CollectionId,
+        slot: &str,
+    ) -> Result<(), SinkError> {
+        let Some(end) = transactions.last().map(|transaction| transaction.end_lsn) else { return Ok(()) };
+        match self {
+            Sink::Writer(writer) => {
+                let batches = transactions.into_iter().flat_map(|transaction| transaction.batches).collect();
+                Ok(super::write_group(writer, batches, Some((position_collection, slot, end))).await?)
+            }
+            Sink::Stream(stream) => stream.write_transactions(&transactions).await,
         }
     }
 
@@ -187,6 +212,20 @@ impl StreamSink {
         self.publish_group(changes, end).await
     }
 
+    /// Each transaction's `rows` entries and its `position`, all in one
+    /// submission (so in the same atomic batches), each entry named by its
+    /// own transaction's end LSN.
+    async fn write_transactions(&self, transactions: &[TransactionWrites]) -> Result<(), SinkError> {
+        let mut entries = Vec::new();
+        for transaction in transactions {
+            let end = transaction.end_lsn;
+            let mut changes = self.rows_of(&transaction.batches, Some(end))?;
+            changes.push(PgChange::Position { end_lsn: end.0 });
+            entries.extend(self.named_entries(changes, Some(end)));
+        }
+        self.submit(entries).await
+    }
+
     /// A copy's end: its last rows (`rows` at the consistent point on a first
     /// copy, `copy_rows` for a table newly followed), the record of the
     /// followed tables, and on a first copy the position.
@@ -228,7 +267,13 @@ impl StreamSink {
     /// `pg/<slot>/<term>/<end LSN>/<index>`, or numbered ones when no LSN
     /// names them (a part of a copy).
     async fn publish_group(&self, changes: Vec<PgChange>, end: Option<Lsn>) -> Result<(), SinkError> {
-        let entries = changes
+        let entries = self.named_entries(changes, end);
+        self.submit(entries).await
+    }
+
+    /// `changes` encoded, with the message ids `publish_group` names.
+    fn named_entries(&self, changes: Vec<PgChange>, end: Option<Lsn>) -> Vec<(Option<String>, Vec<u8>)> {
+        changes
             .into_iter()
             .enumerate()
             .map(|(index, change)| {
@@ -238,7 +283,11 @@ impl StreamSink {
                 };
                 (Some(id), self.encode(change))
             })
-            .collect();
+            .collect()
+    }
+
+    /// Publishes `entries` in order and waits for each one's apply here.
+    async fn submit(&self, entries: Vec<(Option<String>, Vec<u8>)>) -> Result<(), SinkError> {
         for result in self.cluster.submit_all_as(entries).await {
             applied(result)?;
         }

@@ -47,6 +47,10 @@ pub struct FollowStatus {
     positions: Mutex<Option<Arc<WalPositions>>>,
     lag_micros: AtomicU64,
     transactions: AtomicU64,
+    /// The stores of transactions this node's follower made (each one group
+    /// commit, or one submission to the stream, of the transactions received
+    /// together).
+    stores: AtomicU64,
     reconnects: AtomicU64,
     error: Mutex<Option<String>>,
     /// Cluster mode: the follower lease as this node last saw it.
@@ -84,14 +88,15 @@ impl FollowStatus {
         }
     }
 
-    /// A transaction (or the copy) is durable up to `lsn`; `lag_micros` is how
-    /// long after its commit in PostgreSQL it was applied here.
-    pub fn applied(&self, lsn: u64, lag_micros: u64) {
+    /// `transactions` transactions are durable up to `lsn`; `lag_micros` is
+    /// how long after the last one's commit in PostgreSQL it was applied here.
+    pub fn applied(&self, lsn: u64, lag_micros: u64, transactions: u64) {
         self.applied_lsn.store(lsn, Ordering::Relaxed);
         self.lag_micros.store(lag_micros, Ordering::Relaxed);
         if !self.is_clustered() {
-            self.transactions.fetch_add(1, Ordering::Relaxed);
+            self.transactions.fetch_add(transactions, Ordering::Relaxed);
         }
+        self.stores.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Cluster mode: every node's apply of a transaction's position entry (the
@@ -229,6 +234,12 @@ impl FollowStatus {
                 "counter",
                 "PostgreSQL transactions applied",
                 self.transactions.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "ordo_postgres_transaction_stores_total",
+                "counter",
+                "stores of the transactions received together by this node's follower (one group commit each)",
+                self.stores.load(Ordering::Relaxed) as f64,
             ),
             (
                 "ordo_postgres_reconnects_total",
