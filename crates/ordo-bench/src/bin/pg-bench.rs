@@ -7,6 +7,7 @@
 //! cargo build --release -p ordo-server --bin ordo
 //! cargo run --release -p ordo-bench --bin pg-bench -- --quick --ordo-bin target/release/ordo   # CI smoke run
 //! cargo run --release -p ordo-bench --bin pg-bench                                             # the full run
+//! cargo run --release -p ordo-bench --bin pg-bench -- --cluster nats://127.0.0.1:14222       # in cluster mode
 //! ```
 //!
 //! Three figures, in one run (docs/POSTGRES.md, "Figures"):
@@ -52,7 +53,7 @@ mod stream;
 mod updates;
 
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ordo_bench::live::procfs::raise_open_files_limit;
 use ordo_bench::live::stats::Clock;
@@ -81,11 +82,15 @@ async fn run(options: Options, subscriber_runtime: tokio::runtime::Handle) -> Re
     let pg = postgres::start()?;
     postgres::create_and_fill(&pg, options.rows, options.subscribers)?;
     println!("ordo: {} serve --pg-table rooms (a first start: the slot, then the copy)", options.ordo_bin.display());
-    let ordo = OrdoProcess::start(&options.ordo_bin, &pg, options.rows)?;
+    let mut ordo = OrdoProcess::start(&options.ordo_bin, &pg, options.rows, options.cluster.as_deref())?;
+    let mut health = Health::connect(&ordo.authority).await?;
+    if options.cluster.is_some() {
+        let streaming_at = health.wait_streaming(Duration::from_secs(60 + options.rows / 10_000)).await?;
+        ordo.copy_seconds = streaming_at.duration_since(ordo.started).as_secs_f64();
+    }
     report::copy(&options, ordo.copy_seconds);
 
     let config = postgres::connect_config(&pg);
-    let mut health = Health::connect(&ordo.authority).await?;
     let pid = ordo.pid();
     let cpu = PhaseCpu::start(&pid);
     let streamed = stream::run(&options, &config, &mut health, clock).await?;

@@ -29,6 +29,7 @@ pub mod stream_entry;
 pub mod tables;
 mod takeover;
 mod watcher;
+mod wire_decode;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

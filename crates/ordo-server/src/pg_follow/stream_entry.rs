@@ -46,6 +46,7 @@ use super::tables::StoredTable;
 pub struct PgEntry {
     pub slot: String,
     pub term: u64,
+    #[serde(deserialize_with = "super::wire_decode::change")]
     pub change: PgChange,
 }
 
@@ -63,8 +64,9 @@ pub enum PgChange {
     Position { end_lsn: u64 },
 }
 
-#[derive(Debug, Serialize, Deserialize, PartialEq)]
-#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+/// Read by `wire_decode`'s own visitor (in the same JSON).
+#[derive(Debug, Serialize, PartialEq)]
+#[serde(tag = "op", rename_all = "snake_case")]
 pub enum WireOp {
     Upsert {
         id: String,
@@ -77,8 +79,9 @@ pub enum WireOp {
     },
 }
 
-/// A field value with its type (see the module doc).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+/// A field value with its type (see the module doc); read by `wire_decode`'s
+/// own visitor.
+#[derive(Clone, Debug, Serialize, PartialEq)]
 #[serde(untagged)]
 pub enum WireValue {
     Null(()),

@@ -70,6 +70,12 @@ struct Args {
     /// The `ordo` binary to start
     #[arg(long, value_name = "PATH", default_value = "target/release/ordo")]
     ordo_bin: PathBuf,
+    /// Runs `ordo serve` in cluster mode on the NATS server at this URL (one
+    /// running JetStream server, e.g. `.tools/bin/nats-server -js`), on a
+    /// stream of one replica made for this run: the follower then publishes
+    /// every transaction to the stream and applies it from there
+    #[arg(long, value_name = "NATS_URL")]
+    cluster: Option<String>,
 }
 
 /// Whose lists the subscribers watch (`--lists`).
@@ -96,6 +102,7 @@ pub struct Options {
     pub lists: Lists,
     pub seed: u64,
     pub ordo_bin: PathBuf,
+    pub cluster: Option<String>,
 }
 
 impl Options {
@@ -121,6 +128,7 @@ impl Options {
             lists: args.lists,
             seed: args.seed,
             ordo_bin: args.ordo_bin,
+            cluster: args.cluster,
         };
         // Each writer updates only its own rows (no two transactions wait on
         // each other's row locks), and a transaction's rows are distinct.

@@ -56,14 +56,16 @@ pub struct OrdoProcess {
     child: Child,
     dir: PathBuf,
     pub authority: String,
-    /// From the start of the process to the following line: the first start's copy.
+    /// From the start of the process to the following line: the first start's
+    /// copy (in cluster mode, to the follower streaming: `Health::wait_streaming`).
     pub copy_seconds: f64,
+    pub started: Instant,
 }
 
 impl OrdoProcess {
     /// Starts `binary` following the room table of `pg` and waits until it
     /// listens (after the copy); `rows` sizes the wait.
-    pub fn start(binary: &Path, pg: &PostgresServer, rows: u64) -> Result<OrdoProcess> {
+    pub fn start(binary: &Path, pg: &PostgresServer, rows: u64, cluster: Option<&str>) -> Result<OrdoProcess> {
         check_binary(binary)?;
         let dir = std::env::temp_dir().join(format!("ordo-pg-bench-{}", std::process::id()));
         if dir.exists() {
@@ -78,17 +80,26 @@ impl OrdoProcess {
         command.arg("--pg-host").arg(pg.socket_dir()).args(["--pg-port", &SOCKET_PORT.to_string()]);
         command.args(["--pg-user", &pg.user, "--pg-database", DATABASE, "--pg-publication", PUBLICATION]);
         command.args(["--pg-slot", SLOT, "--pg-table", TABLE]).arg("--pg-password-file").arg(&password_file);
+        if let Some(url) = cluster {
+            // A stream of its own per run, so that no earlier run's entries are applied.
+            let stream = format!("PG_BENCH_{}", std::process::id());
+            command.args(["--cluster", url, "--stream", &stream, "--stream-replicas", "1", "--node-name", "pg-bench"]);
+        }
         command.stdin(Stdio::null()).stderr(Stdio::inherit());
         let started = Instant::now();
         let spawned = command.stdout(Stdio::piped()).spawn();
         let child = spawned.map_err(|error| format!("cannot start {}: {error}", binary.display()))?;
-        let mut server = OrdoProcess { child, dir, authority: String::new(), copy_seconds: 0.0 };
+        let mut server = OrdoProcess { child, dir, authority: String::new(), copy_seconds: 0.0, started };
         // A copy below 10 000 rows/s on the slowest machine is a failure worth seeing.
         let timeout = Duration::from_secs(60 + rows / 10_000);
         server.authority = ordo_test_kit::server::wait_for_address(&mut server.child, timeout, on_server_line)
             .map_err(|error| format!("`{} serve`: {error}", binary.display()))?;
-        let following_at = FOLLOWING_AT.get().ok_or("`ordo serve` listens without a `following PostgreSQL` line")?;
-        server.copy_seconds = following_at.duration_since(started).as_secs_f64();
+        if cluster.is_none() {
+            // In cluster mode the node listens first, then takes the follower lease and copies.
+            let following_at =
+                FOLLOWING_AT.get().ok_or("`ordo serve` listens without a `following PostgreSQL` line")?;
+            server.copy_seconds = following_at.duration_since(started).as_secs_f64();
+        }
         Ok(server)
     }
 
@@ -143,6 +154,25 @@ impl Health {
             lag_bytes: number("lag_bytes")?,
             lag_seconds: postgres["lag_seconds"].as_f64().unwrap_or(0.0),
         })
+    }
+
+    /// Polls until the follower streams (its copy done), at most `timeout`;
+    /// returns when it saw it.
+    pub async fn wait_streaming(&mut self, timeout: Duration) -> Result<Instant> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let reply = self.connection.request(Method::GET, "/v1/health", Vec::new(), None).await?;
+            let at = Instant::now();
+            let health: serde_json::Value = serde_json::from_slice(&reply.body)?;
+            match health["postgres"]["state"].as_str() {
+                Some("streaming") => return Ok(at),
+                Some("failed") => return Err(format!("the follower stopped: {}", health["postgres"]["error"]).into()),
+                _ if at > deadline => {
+                    return Err(format!("the follower does not stream after {timeout:?}: {health}").into())
+                }
+                _ => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
     }
 
     /// Polls until the follower has applied `transactions` in all, at most `timeout`.
