@@ -49,6 +49,17 @@ fn row_of(item: &Value) -> Value {
     json!({"id": item["id"], "score": fields["score"], "title": fields["title"]})
 }
 
+/// A client with one subscription, `all`, over every item of `items` by score,
+/// its first frame read.
+async fn subscribed_to_every_item(server: &Server) -> common::Client {
+    let mut client = server.connect().await;
+    client
+        .send(json!({"op": "subscribe", "sub": "all", "collection": "items", "sort": [{"field": "score"}], "limit": 1000}))
+        .await;
+    assert!(client.read_until(APPLY_TIMEOUT, |client| client.lists.contains_key("all")).await, "no first frame");
+    client
+}
+
 /// One random transaction of 1..=4 statements over the ids in `ids` (kept in step).
 fn random_transaction(rng: &mut Rng, ids: &mut Vec<String>, next_id: &mut u64) -> String {
     let mut sql = String::from("BEGIN;\n");
@@ -90,11 +101,7 @@ async fn a_followed_table_equals_postgres_after_random_transactions_one_frame_ea
     let server = start_following(&pg, dir.path(), &["items"]);
     assert_eq!(ordo_window(&server, 1000), postgres_window(&pg, 1000), "after the copy (seed {seed})");
     // One subscription over every row: each transaction changes it, so each is one frame.
-    let mut client = server.connect().await;
-    client
-        .send(json!({"op": "subscribe", "sub": "all", "collection": "items", "sort": [{"field": "score"}], "limit": 1000}))
-        .await;
-    assert!(client.read_until(APPLY_TIMEOUT, |client| client.lists.contains_key("all")).await, "no first frame");
+    let mut client = subscribed_to_every_item(&server).await;
     let n_frames_before = client.diffs_seen.len();
     let mut next_id = 0;
     let n_transactions = 25;
@@ -142,11 +149,7 @@ async fn transactions_received_together_share_a_group_commit_and_keep_a_frame_ea
     create_items_table(&pg);
     let dir = tempfile::tempdir().unwrap();
     let server = start_following(&pg, dir.path(), &["items"]);
-    let mut client = server.connect().await;
-    client
-        .send(json!({"op": "subscribe", "sub": "all", "collection": "items", "sort": [{"field": "score"}], "limit": 1000}))
-        .await;
-    assert!(client.read_until(APPLY_TIMEOUT, |client| client.lists.contains_key("all")).await, "no first frame");
+    let mut client = subscribed_to_every_item(&server).await;
     let n_frames_before = client.diffs_seen.len();
     let stores_before = server.metric("ordo_postgres_transaction_stores_total");
     let n_transactions = 40;
