@@ -16,9 +16,10 @@ use ordo_pgsource::catalog::{check_still_followed, describe_tables};
 use ordo_pgsource::stream::{Backoff, Layout, StreamConfig, DEFAULT_STATUS_INTERVAL};
 use ordo_pgsource::value::parse_value;
 use ordo_pgsource::{Change, ChangeStream, Connection, Error, Lsn, Mode, Transaction, UnsupportedColumns};
+use ordo_store::MAX_BATCHES_PER_COMMIT;
 use tokio::sync::{oneshot, watch};
 
-use super::config::PostgresOptions;
+use super::config::{PostgresOptions, MAX_FOLLOWED_TABLES};
 use super::mapping::{ordo_value, FieldChanges};
 use super::sink::{Sink, SinkError, TransactionWrites};
 use super::status::FollowStatus;
@@ -223,6 +224,7 @@ impl Follower {
         let truncated = self.ids_of_truncated(&transaction).await.map_err(Stop::Refused)?;
         let batches = self.batches_of(&transaction, &truncated).map_err(Stop::Refused)?;
         gathered.changes += transaction.changes.len();
+        gathered.batches += batches.len();
         gathered.confirm_end = Some(transaction.end_lsn);
         gathered.last_commit_time_unix_micros = transaction.commit_time_unix_micros;
         gathered.transactions.push(TransactionWrites { batches, end_lsn: transaction.end_lsn });
@@ -246,6 +248,7 @@ impl Follower {
         let Some(confirm_end) = gathered.confirm_end.take() else { return Ok(()) };
         let transactions = std::mem::take(&mut gathered.transactions);
         gathered.changes = 0;
+        gathered.batches = 0;
         if let Some(last) = transactions.last() {
             let (end_lsn, count) = (last.end_lsn, transactions.len() as u64);
             self.sink.write_transactions(transactions, self.position_collection, &self.options.slot).await?;
@@ -390,16 +393,18 @@ impl Follower {
     }
 }
 
-/// Most transactions stored in one group commit, and most changes in them
-/// past the first transaction's: bounds on the memory and the writer's time
-/// one group takes.
-const MAX_GATHERED_TRANSACTIONS: usize = 256;
+/// Most changes of the transactions stored in one group commit past the
+/// first one's: a bound on the memory and the writer's time one group takes.
+/// Its batches are bounded too: another transaction is taken only while all
+/// the batches it may add (one per followed table, and the position) still
+/// fit in the writer's group bound.
 const MAX_GATHERED_CHANGES: usize = 64 * 1024;
 
 /// Transactions received together, waiting for their one group commit.
 #[derive(Default)]
 struct Gathered {
     transactions: Vec<TransactionWrites>,
+    batches: usize,
     changes: usize,
     /// The end LSN to confirm once they are stored: the last transaction's,
     /// stored or not (one with nothing to store is confirmed with the rest).
@@ -409,7 +414,7 @@ struct Gathered {
 
 impl Gathered {
     fn has_room(&self) -> bool {
-        self.transactions.len() < MAX_GATHERED_TRANSACTIONS && self.changes < MAX_GATHERED_CHANGES
+        self.batches + MAX_FOLLOWED_TABLES < MAX_BATCHES_PER_COMMIT && self.changes < MAX_GATHERED_CHANGES
     }
 }
 
