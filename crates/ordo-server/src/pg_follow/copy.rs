@@ -92,7 +92,7 @@ fn write_blocking(
     kept: &mut Option<SinkError>,
 ) -> Result<(), SinkError> {
     let written =
-        tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(sink.write_group(batches, None)));
+        tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(sink.write_copy_part(batches)));
     match written {
         Err(SinkError::Lost(message)) => {
             *kept = Some(SinkError::Lost(message.clone()));

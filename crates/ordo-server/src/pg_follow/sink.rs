@@ -83,16 +83,12 @@ impl Sink {
         }
     }
 
-    /// Writes one transaction's batches (or a part of the copy), the position
-    /// last when given: one group commit, or the entries of one transaction.
-    pub(super) async fn write_group(
-        &self,
-        batches: Vec<(CollectionId, Batch)>,
-        position: Option<(CollectionId, &str, Lsn)>,
-    ) -> Result<(), SinkError> {
+    /// Writes a part of the copy (no position: the copy's end writes it):
+    /// one group commit, or `copy_rows` entries in one submission.
+    pub(super) async fn write_copy_part(&self, batches: Vec<(CollectionId, Batch)>) -> Result<(), SinkError> {
         match self {
-            Sink::Writer(writer) => Ok(super::write_group(writer, batches, position).await?),
-            Sink::Stream(stream) => stream.write_transaction(&batches, position.map(|(_, _, lsn)| lsn)).await,
+            Sink::Writer(writer) => Ok(super::write_group(writer, batches, None).await?),
+            Sink::Stream(stream) => stream.write_copy_part(&batches).await,
         }
     }
 
@@ -201,15 +197,11 @@ impl StreamSink {
         self.publish(PgChange::Claim {}).await
     }
 
-    /// A transaction's entries: its batches' ops (split under the stream's
-    /// message size), then its position. For a part of a copy (no position)
-    /// `copy_rows` entries.
-    async fn write_transaction(&self, batches: &[(CollectionId, Batch)], end: Option<Lsn>) -> Result<(), SinkError> {
-        let mut changes = self.rows_of(batches, end)?;
-        if let Some(lsn) = end {
-            changes.push(PgChange::Position { end_lsn: lsn.0 });
-        }
-        self.publish_group(changes, end).await
+    /// A part of a copy: its batches' ops (split under the stream's message
+    /// size) as `copy_rows` entries.
+    async fn write_copy_part(&self, batches: &[(CollectionId, Batch)]) -> Result<(), SinkError> {
+        let changes = self.rows_of(batches, None)?;
+        self.publish_group(changes, None).await
     }
 
     /// Each transaction's `rows` entries and its `position`, all in one
