@@ -287,12 +287,12 @@ struct Adder<'a> {
 impl Adder<'_> {
     fn add(&mut self, open: &mut OpenCheckpoint<'_>, record: &wal::RawRecord<'_>) -> heed::Result<()> {
         let corrupt = |expected: &'static str| heed::Error::Decoding(expected.into());
-        if record.seq != open.next_seq() {
+        if record.first_seq != open.next_seq() {
             return Err(corrupt("log records in sequence"));
         }
         if record.collection_number == wal::MARKER_COLLECTION {
-            // Uses its sequence number and changes no item (`wal::encode_marker`).
-            open.add_marker();
+            // Uses its sequence numbers and changes no item (`wal::encode_marker`).
+            open.add_marker(record.seq - record.first_seq + 1);
             return Ok(());
         }
         let schema =

@@ -35,12 +35,21 @@ pub struct Ack {
 pub struct PendingWrite {
     pub collection: CollectionId,
     pub batch: Batch,
+    /// In a run ([`Database::write_run`]), the seq this write must use; `None`:
+    /// the one after the write before it. Ignored by [`Database::write_group`].
+    pub seq: Option<u64>,
     pub result: Option<Result<Ack, StoreError>>,
 }
 
 impl PendingWrite {
     pub fn new(collection: CollectionId, batch: Batch) -> PendingWrite {
-        PendingWrite { collection, batch, result: None }
+        PendingWrite { collection, batch, seq: None, result: None }
+    }
+
+    /// A write of a run that must use `seq` (the seqs between the write before
+    /// it and this one are used by a seq marker).
+    pub fn at(collection: CollectionId, batch: Batch, seq: u64) -> PendingWrite {
+        PendingWrite { collection, batch, seq: Some(seq), result: None }
     }
 }
 
@@ -320,19 +329,36 @@ impl Database {
 
     /// Cluster mode's group commit (a run of stream entries): like
     /// [`Database::write_group`], but every write of `run` uses exactly one
-    /// sequence number, `last_seq() + 1 + its index`, whether accepted or not:
-    /// a refused write (by validation, a precondition) gets a seq marker at its
-    /// seq (see [`Database::advance_seq`]), in the same log append. If the append
-    /// fails (`result` an error on every accepted write), nothing is written:
+    /// sequence number, whether accepted or not: its own `seq` if it has one,
+    /// else the one after the write before it (`last_seq() + 1` for the first).
+    /// A refused write (by validation, a precondition) gets a seq marker at its
+    /// seq, and the seqs skipped before a write one marker (see
+    /// [`Database::advance_seq`]), in the same log append. If the append fails
+    /// (`result` an error on every accepted write), nothing is written:
     /// `last_seq()` is unchanged.
+    ///
+    /// Panics if a write's `seq` is not above the seq before it.
     pub fn write_run(&mut self, run: &mut [PendingWrite], sink: &mut dyn DiffSink) {
         self.write_group_with(run, true, sink);
     }
 
     fn write_group_with(&mut self, group: &mut [PendingWrite], keep_seqs: bool, sink: &mut dyn DiffSink) {
         let mut scratch = std::mem::take(&mut self.group_scratch);
-        self.validate_group(group, keep_seqs, &mut scratch);
-        self.write_accepted(group, &scratch.accepted, keep_seqs, sink);
+        scratch.run_seqs.clear();
+        if keep_seqs {
+            let mut next = self.wal.last_seq() + 1;
+            for write in group.iter() {
+                let seq = write.seq.unwrap_or(next);
+                assert!(seq >= next, "a run's seqs rise: {seq} after {}", next - 1);
+                scratch.run_seqs.push(seq);
+                next = seq + 1;
+            }
+        }
+        let run_seqs = std::mem::take(&mut scratch.run_seqs);
+        let run_seqs_or_none = keep_seqs.then_some(&run_seqs[..]);
+        self.validate_group(group, run_seqs_or_none, &mut scratch);
+        self.write_accepted(group, &scratch.accepted, run_seqs_or_none, sink);
+        scratch.run_seqs = run_seqs;
         // The callers get their own batches back, not the resolved copies.
         for (index, mut original) in scratch.resolved_writes.drain(..) {
             std::mem::swap(&mut group[index].batch, &mut original);
@@ -350,14 +376,17 @@ impl Database {
     /// on, the engine stages every accepted batch (see `Engine::resolve_batch`).
     /// A group of plain batches stages nothing, so their path is as before.
     ///
-    /// With `keep_seqs` (`write_run`), write `i` gets seq `first + i`.
-    fn validate_group(&mut self, group: &mut [PendingWrite], keep_seqs: bool, scratch: &mut GroupScratch) {
-        let GroupScratch { accepted, pending_items, resolved_writes, spare_batches } = scratch;
+    /// With `run_seqs` (`write_run`), write `i` gets seq `run_seqs[i]`.
+    fn validate_group(&mut self, group: &mut [PendingWrite], run_seqs: Option<&[u64]>, scratch: &mut GroupScratch) {
+        let GroupScratch { accepted, pending_items, resolved_writes, spare_batches, .. } = scratch;
         accepted.clear();
         debug_assert!(resolved_writes.is_empty());
         // Accepted writes get consecutive sequence numbers from here (see `write_accepted`).
         let first_seq = self.wal.last_seq() + 1;
-        let seq_of = |position: usize, index: usize| first_seq + if keep_seqs { index } else { position } as u64;
+        let seq_of = |position: usize, index: usize| match run_seqs {
+            Some(seqs) => seqs[index],
+            None => first_seq + position as u64,
+        };
         let mut is_staging = false;
         for index in 0..group.len() {
             if group[index].batch.needs_state() && !is_staging {
@@ -404,17 +433,18 @@ impl Database {
 
     /// Appends the accepted writes of `group` to the log, then applies them.
     ///
-    /// With `keep_seqs`, every write of the group uses its seq (`first + index`):
-    /// those not accepted get a seq marker there.
+    /// With `run_seqs`, every write of the group uses its seq (`run_seqs[index]`):
+    /// those not accepted get a seq marker there, as do the seqs skipped before
+    /// a write.
     fn write_accepted(
         &mut self,
         group: &mut [PendingWrite],
         accepted: &[usize],
-        keep_seqs: bool,
+        run_seqs: Option<&[u64]>,
         sink: &mut dyn DiffSink,
     ) {
         // A run of refused writes still writes their markers.
-        if accepted.is_empty() && (!keep_seqs || group.is_empty()) {
+        if accepted.is_empty() && run_seqs.is_none_or(|seqs| seqs.is_empty()) {
             return;
         }
         if let Some(stall) = self.checkpointer.stall() {
@@ -426,24 +456,36 @@ impl Database {
             return;
         }
         let first_seq = self.wal.last_seq() + 1;
-        let seq_of = |offset: usize, index: usize| first_seq + if keep_seqs { index } else { offset } as u64;
+        let seq_of = |offset: usize, index: usize| match run_seqs {
+            Some(seqs) => seqs[index],
+            None => first_seq + offset as u64,
+        };
         self.records.clear();
         let mut next_accepted = accepted.iter().copied().peekable();
+        // The first seq no record of this append uses yet.
+        let mut unused_from = first_seq;
         for (index, write) in group.iter().enumerate() {
-            if next_accepted.peek() != Some(&index) {
-                if keep_seqs {
-                    wal::encode_marker(&mut self.records, first_seq + index as u64);
+            let is_accepted = next_accepted.peek() == Some(&index);
+            let offset = accepted.len() - next_accepted.len();
+            let seq = seq_of(offset, index);
+            if !is_accepted {
+                if run_seqs.is_some() {
+                    // The seqs skipped before it and its own, in one marker.
+                    wal::encode_marker(&mut self.records, unused_from, seq);
+                    unused_from = seq + 1;
                 }
                 continue;
             }
-            let offset = accepted.len() - next_accepted.len();
             next_accepted.next();
+            if seq > unused_from {
+                wal::encode_marker(&mut self.records, unused_from, seq - 1);
+            }
             let number = self.collection_numbers[write.collection.index()].expect("validated: a live collection");
             let schema = self.engine.collection(write.collection).expect("validated").schema();
-            wal::encode_record(&mut self.records, seq_of(offset, index), number, schema, &write.batch);
+            wal::encode_record(&mut self.records, seq, number, schema, &write.batch);
+            unused_from = seq + 1;
         }
-        let n_seqs = if keep_seqs { group.len() } else { accepted.len() };
-        let last_seq = first_seq + n_seqs as u64 - 1;
+        let last_seq = unused_from - 1;
         let append_started = Instant::now();
         let appended = self.wal.append(&self.records, last_seq);
         self.last_log_append = append_started.elapsed();
@@ -473,21 +515,23 @@ impl Database {
         }
     }
 
-    /// Uses sequence number `seq` (which must be `last_seq() + 1`) without
-    /// changing any item: appends a seq marker to the log (`docs/STORAGE.md`,
-    /// "Seq markers"). Cluster mode calls it for each stream entry that wrote no
-    /// batch, so that `last_seq()` is the last entry applied, also after a restart.
+    /// Uses the sequence numbers after `last_seq()` up to `seq` (which must be
+    /// above it) without changing any item: appends one seq marker to the log
+    /// (`docs/STORAGE.md`, "Seq markers"). Cluster mode calls it for each stream
+    /// entry that wrote no batch, so that `last_seq()` is the last entry
+    /// applied, also after a restart.
     pub fn advance_seq(&mut self, seq: u64) -> Result<(), StoreError> {
-        assert_eq!(seq, self.wal.last_seq() + 1, "sequence numbers are consecutive");
+        let first_seq = self.wal.last_seq() + 1;
+        assert!(seq >= first_seq, "sequence numbers rise: {seq} after {}", first_seq - 1);
         if let Some(stall) = self.checkpointer.stall() {
             return Err(stall.to_error(&self.dir));
         }
         self.records.clear();
-        wal::encode_marker(&mut self.records, seq);
+        wal::encode_marker(&mut self.records, first_seq, seq);
         self.wal.append(&self.records, seq)?;
         self.n_log_bytes_appended += self.records.len() as u64;
         let records = std::mem::replace(&mut self.records, self.checkpointer.take_buffer());
-        self.checkpointer.send_records(records, seq, seq);
+        self.checkpointer.send_records(records, first_seq, seq);
         self.wal.remove_checkpointed_in_background(self.checkpointer.checkpointed_seq());
         Ok(())
     }
@@ -619,4 +663,6 @@ struct GroupScratch {
     resolved_writes: Vec<(usize, Batch)>,
     /// Batches to resolve into, reused.
     spare_batches: Vec<Batch>,
+    /// A run's seqs, write by write (`write_run`).
+    run_seqs: Vec<u64>,
 }

@@ -571,9 +571,9 @@ impl OpenCheckpoint<'_> {
         self.first_seq + self.n_batches
     }
 
-    /// Adds a seq marker: the next sequence number, with no item changed.
-    pub(crate) fn add_marker(&mut self) {
-        self.n_batches += 1;
+    /// Adds a seq marker: the next `n_seqs` sequence numbers, with no item changed.
+    pub(crate) fn add_marker(&mut self, n_seqs: u64) {
+        self.n_batches += n_seqs;
     }
 
     /// Adds the next batch (already validated and logged) of the collection

@@ -198,12 +198,12 @@ pub(crate) fn read_records(
         // The writer may be appending to the last segment: a record cut short at
         // its end is one that was never handed over, past `through_seq`.
         while let Some((record, len)) = next_record(&bytes[offset..]) {
-            if record.seq == next_seq {
+            if (record.first_seq..=record.seq).contains(&next_seq) {
                 each(&record)?;
-                if next_seq == through_seq {
+                if record.seq >= through_seq {
                     return Ok(());
                 }
-                next_seq += 1;
+                next_seq = record.seq + 1;
             }
             offset += len;
         }
@@ -335,7 +335,7 @@ impl Wal {
             let mut offset = 0;
             let mut expected_seq = *first_seq;
             while let Some((record, len)) = next_record(&bytes[offset..]) {
-                if record.seq != expected_seq {
+                if record.first_seq != expected_seq {
                     break;
                 }
                 if record.seq > last_seq {
@@ -343,7 +343,7 @@ impl Wal {
                     recovery.n_records_replayed += 1;
                     last_seq = record.seq;
                 }
-                expected_seq += 1;
+                expected_seq = record.seq + 1;
                 offset += len;
             }
             // Zeros after the records are preallocated space, not damage.

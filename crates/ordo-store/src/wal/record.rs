@@ -23,20 +23,26 @@ const VALUE_F64: u8 = 4;
 const VALUE_STR: u8 = 5;
 
 /// The collection number of a *seq marker*: a record with no operations that
-/// only says "this sequence number was used, and changed no item". Cluster mode
-/// writes one for every stream entry that wrote no batch (refused at apply time,
-/// a collection creation), so that the log's sequence numbers stay consecutive
-/// and equal to the stream's, and a restart resumes right after the entry (see
+/// only says "these sequence numbers were used, and changed no item". Cluster
+/// mode writes one for every stream entry that wrote no batch (refused at apply
+/// time, a collection creation) and for the seqs a stream message leaves
+/// unused, so that the log's sequence numbers stay consecutive and follow the
+/// stream's, and a restart resumes right after the entry (see
 /// `docs/STORAGE.md`, "Seq markers"). No collection ever gets this number.
+///
+/// A marker's body is a batch's fixed part: its seq is the *last* seq it uses
+/// and its op count how many it uses before that one (0: the seq alone), so a
+/// run of unused seqs of any length is one record.
 pub(crate) const MARKER_COLLECTION: u32 = u32::MAX;
 
-/// Appends one framed seq marker for `seq` to `buffer`.
-pub(crate) fn encode_marker(buffer: &mut Vec<u8>, seq: u64) {
+/// Appends one framed seq marker using `first_seq..=last_seq` to `buffer`.
+pub(crate) fn encode_marker(buffer: &mut Vec<u8>, first_seq: u64, last_seq: u64) {
+    debug_assert!(first_seq <= last_seq && last_seq - first_seq <= u64::from(u32::MAX));
     let start = buffer.len();
     buffer.extend_from_slice(&[0; HEADER_BYTES]);
-    buffer.extend_from_slice(&seq.to_le_bytes());
+    buffer.extend_from_slice(&last_seq.to_le_bytes());
     buffer.extend_from_slice(&MARKER_COLLECTION.to_le_bytes());
-    buffer.extend_from_slice(&0u32.to_le_bytes());
+    buffer.extend_from_slice(&((last_seq - first_seq) as u32).to_le_bytes());
     let body_len = (buffer.len() - start - HEADER_BYTES) as u32;
     let crc = crc32fast::hash(&buffer[start + HEADER_BYTES..]);
     buffer[start..start + 4].copy_from_slice(&body_len.to_le_bytes());
@@ -107,6 +113,10 @@ pub(crate) fn encode_record(buffer: &mut Vec<u8>, seq: u64, collection_number: u
 
 /// A record's body whose CRC matched, split from what follows it.
 pub(crate) struct RawRecord<'a> {
+    /// The first sequence number the record uses: `seq` but for a marker of
+    /// several (`MARKER_COLLECTION`).
+    pub(crate) first_seq: u64,
+    /// The last sequence number it uses: a batch's own.
     pub(crate) seq: u64,
     pub(crate) collection_number: u32,
     pub(crate) body: &'a [u8],
@@ -129,8 +139,15 @@ pub(crate) fn next_record(bytes: &[u8]) -> Option<(RawRecord<'_>, usize)> {
     }
     let seq = u64::from_le_bytes(body[..8].try_into().expect("8 bytes"));
     let collection_number = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes"));
+    let first_seq = match collection_number {
+        MARKER_COLLECTION => {
+            let n_before = u32::from_le_bytes(body[12..16].try_into().expect("4 bytes"));
+            seq.checked_sub(u64::from(n_before)).filter(|&first| first >= 1)?
+        }
+        _ => seq,
+    };
     Some((
-        RawRecord { seq, collection_number, body, framed: &bytes[..HEADER_BYTES + body_len] },
+        RawRecord { first_seq, seq, collection_number, body, framed: &bytes[..HEADER_BYTES + body_len] },
         HEADER_BYTES + body_len,
     ))
 }
