@@ -540,9 +540,11 @@ async fn start_cluster(
     let cluster = crate::cluster::Cluster::connect(options, shared).await?;
     let state = cluster.stream_state().await?;
     let bounds = crate::cluster::snapshot::StreamBounds { first_seq: state.first_seq, last_seq: state.last_seq };
-    // The stream must still hold `applied + 1` (an empty stream whose entries
-    // were all dropped included), and `applied` must be within it.
-    crate::cluster::snapshot::check_resume(applied, bounds)
+    // The stream must still hold the message after the last one applied whole
+    // (an empty stream whose entries were all dropped included), and that one
+    // must be within it.
+    let applied_message = cluster.shared.status.applied_stream_seq();
+    crate::cluster::snapshot::check_resume(applied_message, bounds)
         .map_err(|error| format!("stream `{}`: {error}", cluster.options.stream))?;
     cluster.shared.status.stream_said_last_seq(state.last_seq);
     crate::logging::say!(

@@ -159,7 +159,7 @@ fn a_node_catching_up_in_runs_reaches_the_state_of_one_applying_each_entry_alone
             let publish = async_nats::jetstream::context::Publish::build()
                 .message_id(format!("test/catchup/{index}"))
                 .payload(entry.to_string().into_bytes().into());
-            js.send_publish("ordo.log", publish).await.unwrap().await.unwrap().sequence
+            common::cluster::seq_of_message(js.send_publish("ordo.log", publish).await.unwrap().await.unwrap().sequence)
         });
         // Node a applies each entry in a run of its own.
         wait_applied(&a, last);
@@ -217,7 +217,7 @@ fn the_consumer_of_an_earlier_generation_is_deleted() {
         let publish = async_nats::jetstream::context::Publish::build()
             .message_id("test/generations/1")
             .payload(entry.to_string().into_bytes().into());
-        js.send_publish("ordo.log", publish).await.unwrap().await.unwrap().sequence
+        common::cluster::seq_of_message(js.send_publish("ordo.log", publish).await.unwrap().await.unwrap().sequence)
     });
     // The node restarts its consumer once it has lagged, applying nothing, for 2 s.
     wait_applied(&a, seq);

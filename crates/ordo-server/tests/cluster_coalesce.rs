@@ -1,7 +1,9 @@
-//! Group commit on the stream (`cluster::coalesce`, `cluster::batch`), over
-//! real `nats-server` processes: requests that arrive together are published
-//! as one JetStream atomic batch, each entry still at its own seq with its own
-//! outcome; a batch sent again after it was stored is stored once.
+//! Group commit on the stream (`cluster::coalesce`, `cluster::pack`,
+//! `cluster::batch`), over real `nats-server` processes: requests that arrive
+//! together are published as one message, a pack of their entries (or, on a
+//! stream created before packs, one JetStream atomic batch), each entry still
+//! at its own seq with its own outcome; a pack or a batch sent again after it
+//! was stored is stored once.
 
 mod common;
 
@@ -57,14 +59,39 @@ fn increment_entry(id: &str) -> Bytes {
     Bytes::from(entry.to_string())
 }
 
+/// The stream `ORDO` as a build before packs created it: no `ordo_seq_shift`
+/// in its metadata, so nodes keep one entry per message and atomic batches.
+fn create_stream_without_packs(runtime: &tokio::runtime::Runtime, url: &str) {
+    runtime.block_on(async {
+        let client = async_nats::connect(url).await.unwrap();
+        let config = async_nats::jetstream::stream::Config {
+            name: "ORDO".to_owned(),
+            subjects: vec![ordo_server::cluster::SUBJECT.to_owned()],
+            storage: async_nats::jetstream::stream::StorageType::File,
+            duplicate_window: ordo_server::cluster::DUPLICATE_WINDOW,
+            ..Default::default()
+        };
+        async_nats::jetstream::new(client).create_stream(config).await.unwrap();
+    });
+}
+
+fn stream_last_seq(runtime: &tokio::runtime::Runtime, url: &str) -> u64 {
+    runtime.block_on(async {
+        let client = async_nats::connect(url).await.unwrap();
+        let mut stream = async_nats::jetstream::new(client).get_stream("ORDO").await.unwrap();
+        stream.info().await.unwrap().state.last_sequence
+    })
+}
+
 #[test]
 fn an_atomic_batch_sent_again_after_it_was_stored_is_stored_once() {
     let nats = NatsCluster::start(1);
     let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    create_stream_without_packs(&runtime, &nats.url(0));
     let server = node(dir.path(), &nats.urls(), "solo", &[]);
     assert_eq!(server.http("PUT", "/v1/collections/things", Some(&schema())).0, 201);
     let entries: Vec<(String, Bytes)> = (0..3).map(|n| (format!("test/batch/{n}"), increment_entry("dup"))).collect();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let answers = runtime.block_on(async {
         let client = async_nats::connect(nats.url(0)).await.unwrap();
         let mut answers = Vec::new();
@@ -80,6 +107,42 @@ fn an_atomic_batch_sent_again_after_it_was_stored_is_stored_once() {
     let stream_last = 1 + entries.len() as u64; // the collection's entry, then the batch
     assert_eq!(counter(&server, "dup", stream_last), Some(3), "three entries, the second attempt dropped whole");
     assert_eq!(applied_seq(&server), stream_last);
+}
+
+/// A pack published twice with the same message id (an attempt whose answer
+/// was lost, sent again) is stored once: its three increments apply once,
+/// each at a seq of its own within the message's.
+#[test]
+fn a_pack_sent_again_after_it_was_stored_is_stored_once() {
+    let nats = NatsCluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let server = node(dir.path(), &nats.urls(), "solo", &[]);
+    assert_eq!(server.http("PUT", "/v1/collections/things", Some(&schema())).0, 201);
+    let entries: Vec<(String, Bytes)> = (0..3).map(|n| (format!("test/pack/{n}"), increment_entry("dup"))).collect();
+    let mut pack = bytes::BytesMut::new();
+    ordo_server::cluster::pack::encode(&entries, &mut pack);
+    let pack = pack.freeze();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let acked: Vec<u64> = runtime.block_on(async {
+        let js = async_nats::jetstream::new(async_nats::connect(nats.url(0)).await.unwrap());
+        let mut acked = Vec::new();
+        for _ in 0..2 {
+            let publish =
+                async_nats::jetstream::context::Publish::build().message_id("test/pack").payload(pack.clone());
+            let ack = js.send_publish(ordo_server::cluster::SUBJECT, publish).await.unwrap().await.unwrap();
+            acked.push(ack.sequence);
+        }
+        acked
+    });
+    assert_eq!(acked, [2, 2], "the second publish is the first one's message");
+    assert_eq!(stream_last_seq(&runtime, &nats.url(0)), 2, "the collection's entry, then the pack");
+    let scheme = ordo_server::cluster::pack::SeqScheme::PACKED;
+    let last_entry_seq = scheme.entry_seq(2, 3, 2);
+    assert_eq!(counter(&server, "dup", last_entry_seq), Some(3), "three increments, applied once");
+    assert_eq!(applied_seq(&server), last_entry_seq);
+    let (_, health) = server.http("GET", "/v1/health", None);
+    assert_eq!(health["cluster"]["applied_stream_seq"], 2, "{health}");
+    assert_eq!(health["cluster"]["lag_entries"], 0, "{health}");
 }
 
 /// A request's answer: its status and the seq it was given.

@@ -213,7 +213,7 @@ fn a_restarted_node_resumes_at_the_next_entry_and_applies_nothing_twice() {
     let b = node(dir_b.path(), &nats.urls(), "b", 1);
     assert_eq!(applied_seq(&b), last, "the store's last seq is the last entry applied");
     let next = increment(&b, "counter");
-    assert_eq!(next, last + 1);
+    assert_eq!(next, common::cluster::next_message_seq(last));
     assert_eq!(counter(&a, "counter", next), expected + 1);
 }
 
@@ -247,7 +247,7 @@ fn a_duplicate_publish_is_applied_once() {
     });
     assert!(!acks[0].1 && acks[1].1 && !acks[2].1, "{acks:?}");
     assert_eq!(acks[0].0, acks[1].0, "a duplicate is acknowledged with the original's seq");
-    let last = acks[2].0;
+    let last = common::cluster::seq_of_message(acks[2].0);
     assert_eq!(counter(&server, "dup", last), 2, "two distinct entries, the retry dropped");
     assert_eq!(applied_seq(&server), last);
 }
@@ -437,7 +437,7 @@ fn a_node_catching_up_in_runs_gets_the_seqs_and_outcomes_of_one_by_one() {
             let conflict = json!({"ops": [{"op": "upsert", "id": id, "if": {"exists": false}}]});
             let (status, body) = a.http("POST", "/v1/collections/things/batch", Some(&conflict));
             assert_eq!(status, 409, "{body}");
-            refused.push(seq + 1);
+            refused.push(common::cluster::next_message_seq(seq));
         }
         if round % 11 == 5 {
             // Two parts: two entries, back to back, in one run on the catching-up node.
@@ -464,11 +464,11 @@ fn a_node_catching_up_in_runs_gets_the_seqs_and_outcomes_of_one_by_one() {
     // A conflict on a version the item no longer has, at the very end.
     let stale = json!({"ops": [{"op": "upsert", "id": "w0", "if": {"version": 1}}]});
     assert_eq!(a.http("POST", "/v1/collections/things/batch", Some(&stale)).0, 409);
-    let tail = last + 1;
+    let tail = common::cluster::next_message_seq(last);
     refused.push(tail);
     let last = increment(&a, "counter");
     written.push(("counter".to_owned(), last));
-    assert_eq!(last, tail + 1, "the refused entry used its own seq");
+    assert_eq!(last, common::cluster::next_message_seq(tail), "the refused entry used its own seq");
 
     // A new node: the whole stream is there at once, so its consumer hands it runs.
     let b = node(dir_b.path(), &nats.urls(), "b", 1);
@@ -490,7 +490,7 @@ fn a_node_catching_up_in_runs_gets_the_seqs_and_outcomes_of_one_by_one() {
         "refused entries wrote nothing"
     );
     // After the run, a write on the caught-up node gets the next seq.
-    assert_eq!(increment(&b, "counter"), last + 1);
+    assert_eq!(increment(&b, "counter"), common::cluster::next_message_seq(last));
 }
 
 /// The rules are checked where an entry applies, not only by the node that
@@ -525,7 +525,9 @@ fn entries_are_checked_against_the_callers_rules_where_they_apply() {
             let publish = async_nats::jetstream::context::Publish::build()
                 .message_id(format!("test/rules/{index}"))
                 .payload(entry.to_string().into_bytes().into());
-            last = js.send_publish("ordo.log", publish).await.unwrap().await.unwrap().sequence;
+            last = common::cluster::seq_of_message(
+                js.send_publish("ordo.log", publish).await.unwrap().await.unwrap().sequence,
+            );
         }
         last
     });
@@ -588,7 +590,7 @@ fn a_guarded_write_in_a_catch_up_run_gets_the_outcome_it_gets_alone() {
             let publish = async_nats::jetstream::context::Publish::build()
                 .message_id(format!("test/guarded/{index}"))
                 .payload(entry.to_string().into_bytes().into());
-            js.send_publish("ordo.log", publish).await.unwrap().await.unwrap().sequence
+            common::cluster::seq_of_message(js.send_publish("ordo.log", publish).await.unwrap().await.unwrap().sequence)
         });
         wait_applied(&[&a], seq);
         seqs.push(seq);
@@ -652,7 +654,7 @@ fn a_node_that_cannot_read_the_stream_says_so_and_never_reads_caught_up() {
         }
     };
     let stale = wait_for("stale", &|cluster| cluster["stream_state_stale"] == true);
-    assert_eq!(stale["stream_last_seq"], seq, "the last known seq is kept: {stale}");
+    assert_eq!(stale["stream_last_seq"], common::cluster::message_of(seq), "the last known seq is kept: {stale}");
     assert!(stale["lag_seconds"].as_f64().unwrap() > 3.0, "a node that cannot tell is not 0 s behind: {stale}");
     assert_eq!(stale["lagging"], false, "{stale}");
     let lagging = wait_for("lagging", &|cluster| cluster["lagging"] == true);
@@ -662,7 +664,7 @@ fn a_node_that_cannot_read_the_stream_says_so_and_never_reads_caught_up() {
     nats.restart(0);
     let fresh = wait_for("fresh", &|cluster| cluster["stream_state_stale"] == false && cluster["lagging"] == false);
     assert_eq!(fresh["lag_seconds"], 0.0, "{fresh}");
-    assert_eq!(increment(&a, "c"), seq + 1);
+    assert_eq!(increment(&a, "c"), common::cluster::next_message_seq(seq));
 }
 
 /// A `through` read rule travels as any rules document does (one `set_rules`
@@ -737,7 +739,9 @@ fn a_through_rule_travels_as_set_rules_and_every_node_checks_it() {
             let publish = async_nats::jetstream::context::Publish::build()
                 .message_id(format!("test/through/{index}"))
                 .payload(entry.to_string().into_bytes().into());
-            last = js.send_publish("ordo.log", publish).await.unwrap().await.unwrap().sequence;
+            last = common::cluster::seq_of_message(
+                js.send_publish("ordo.log", publish).await.unwrap().await.unwrap().sequence,
+            );
         }
         last
     });

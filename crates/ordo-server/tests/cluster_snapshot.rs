@@ -37,6 +37,8 @@ fn start(dir: &Path, args: &[String]) -> Server {
     Server::start(dir, &args)
 }
 
+use common::cluster::message_of;
+
 fn applied_seq(server: &Server) -> u64 {
     let (status, body) = server.http("GET", "/v1/health", None);
     assert_eq!(status, 200, "{body}");
@@ -118,9 +120,9 @@ fn a_new_node_joins_from_a_snapshot_after_retention_and_refuses_without_one() {
     let (status, body) = a.http("PUT", "/v1/collections/things", Some(&schema));
     assert_eq!(status, 201, "{body}");
 
-    // 200 entries: the stream keeps the last 60, so seq 1 is long gone.
+    // 200 entries, one message each: the stream keeps the last 60, so seq 1 is long gone.
     let last_seq = write(&a, 0, 200);
-    let first_kept = last_seq + 1 - RETENTION;
+    let first_kept = message_of(last_seq) + 1 - RETENTION;
     let newest = wait_snapshot_at_least(&snapshots, first_kept - 1);
     // The newest three are kept: a new snapshot is renamed into place before
     // the oldest is removed, so a listing between the two may see four.
@@ -137,7 +139,7 @@ fn a_new_node_joins_from_a_snapshot_after_retention_and_refuses_without_one() {
     assert_eq!(items(&b, last_seq), items(&a, last_seq));
     assert_eq!(items(&b, last_seq).as_array().unwrap().len(), 17);
     // It took the snapshot's directory (and so its log segment name) as its own.
-    assert!(newest > 1 && newest <= last_seq);
+    assert!(newest > 1 && newest <= message_of(last_seq));
 
     // More writes after it joined reach both.
     let last_seq = write(&b, 200, 30);
@@ -158,7 +160,7 @@ fn a_new_node_joins_from_a_snapshot_after_retention_and_refuses_without_one() {
     let oldest = list_snapshots(&snapshots).unwrap()[0].clone();
     ordo_server::cluster::snapshot::restore(&oldest, &stale.join(format!("snapshot-{}", oldest.seq))).unwrap();
     let last_seq = write(&a, 300, RETENTION + 10);
-    let first_kept = last_seq + 1 - RETENTION;
+    let first_kept = message_of(last_seq) + 1 - RETENTION;
     assert!(oldest.seq + 1 < first_kept);
     let d_dir = root.path().join("d");
     let stderr = refused_start(&d_dir, &cluster_args(&nats.urls(), "node-d", &stale, &[]));
@@ -180,7 +182,9 @@ fn a_running_node_that_falls_past_retention_stops_instead_of_filling_the_gap() {
     let nats = NatsCluster::start(1);
     let root = tempfile::tempdir().unwrap();
     let snapshots = root.path().join("snapshots");
-    let a = start(&root.path().join("a"), &cluster_args(&nats.urls(), "node-a", &snapshots, &[]));
+    // One entry per message, so that a's requests of 50 writes run far past the retention of 60 messages.
+    let a_args = cluster_args(&nats.urls(), "node-a", &snapshots, &["--coalesce-entries", "1"]);
+    let a = start(&root.path().join("a"), &a_args);
     let (status, body) =
         a.http("PUT", "/v1/collections/things", Some(&json!({"fields": [{"name": "n", "type": "u64"}]})));
     assert_eq!(status, 201, "{body}");
@@ -207,7 +211,7 @@ fn a_running_node_that_falls_past_retention_stops_instead_of_filling_the_gap() {
         let answer = a.ok("POST", "/v1/batch", json!({"writes": writes}));
         last = answer["results"].as_array().unwrap().last().unwrap()["seq"].as_u64().unwrap();
     }
-    assert!(last > before + 1536 + RETENTION);
+    assert!(message_of(last) > message_of(before) + 1536 + RETENTION);
     // SAFETY: as above.
     unsafe { libc::kill(b.pid() as i32, libc::SIGCONT) };
 
@@ -220,7 +224,8 @@ fn a_running_node_that_falls_past_retention_stops_instead_of_filling_the_gap() {
     // Its data directory stops before the gap: a start refuses it, naming it.
     let stderr = refused_start(&b_dir, &b_args);
     assert!(stderr.contains("cannot start without a gap"), "{stderr}");
-    assert!(stderr.contains(&format!("holds entries {}..={last}", last + 1 - RETENTION)), "{stderr}");
+    let last_message = message_of(last);
+    assert!(stderr.contains(&format!("holds entries {}..={last_message}", last_message + 1 - RETENTION)), "{stderr}");
     // The node that kept up is untouched.
     assert_eq!(items(&a, last).as_array().unwrap().len(), 17);
 }

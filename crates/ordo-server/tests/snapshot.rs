@@ -79,7 +79,7 @@ fn snapshots_under_writes_restore_to_exactly_their_seq_and_a_gap_is_refused() {
         batch = returned;
         assert_eq!(result.expect("write").seq, seq_next);
         writes.push((seq_next, id));
-        if scheduler.after_apply(&database) {
+        if scheduler.after_apply(&database, ordo_server::cluster::pack::SeqScheme::ONE_PER_MESSAGE) {
             n_started += 1;
         }
         if step == 450 {

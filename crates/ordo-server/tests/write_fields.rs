@@ -352,7 +352,9 @@ fn publish(nats: &NatsCluster, entries: &[Value]) -> u64 {
             let publish = async_nats::jetstream::context::Publish::build()
                 .message_id(format!("test/write-fields/{index}"))
                 .payload(entry.to_string().into_bytes().into());
-            last = js.send_publish("ordo.log", publish).await.unwrap().await.unwrap().sequence;
+            last = common::cluster::seq_of_message(
+                js.send_publish("ordo.log", publish).await.unwrap().await.unwrap().sequence,
+            );
         }
         last
     })

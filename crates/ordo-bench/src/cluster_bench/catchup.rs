@@ -6,8 +6,10 @@ use super::procs::{create_collection, temp_dir, write_body, Http, Nats, Ordo, Sy
 use super::{median, Options};
 use crate::live::Result;
 
-/// Fills the stream through `node` as fast as `connections` writers go; returns the last seq.
-pub fn fill(node: &Ordo, entries: u64, connections: usize) -> Result<u64> {
+/// Fills the stream through `node` as fast as `connections` writers go;
+/// returns the entries written and the last stream message (the node packs
+/// the entries of writes that arrive together into one message).
+pub fn fill(node: &Ordo, entries: u64, connections: usize) -> Result<(u64, u64)> {
     let port = node.port;
     let per_thread = entries.div_ceil(connections as u64);
     let threads: Vec<_> = (0..connections as u64)
@@ -28,7 +30,7 @@ pub fn fill(node: &Ordo, entries: u64, connections: usize) -> Result<u64> {
     for thread in threads {
         thread.join().map_err(|_| "a writer thread panicked")??;
     }
-    node.applied_seq()
+    Ok((per_thread * connections as u64, node.applied_stream_seq()?))
 }
 
 pub fn catchup_phase(options: &Options) -> Result<()> {
@@ -37,20 +39,20 @@ pub fn catchup_phase(options: &Options) -> Result<()> {
     let node_a = Ordo::start(&options.ordo_bin, "node-a", Some((&nats, options.nats_nodes)), &[])?;
     create_collection(node_a.port)?;
     let filled = Instant::now();
-    let target = fill(&node_a, options.catchup_entries, options.connections.max(16))?;
+    let (entries, target) = fill(&node_a, options.catchup_entries, options.connections.max(16))?;
     let fill_seconds = filled.elapsed().as_secs_f64();
     println!(
-        "filled: {target} entries through node-a in {fill_seconds:.1} s ({:.0} entries/s: the write path's \
-         throughput with {} connections)",
-        target as f64 / fill_seconds,
+        "filled: {entries} entries in {target} stream messages through node-a in {fill_seconds:.1} s ({:.0} \
+         entries/s: the write path's throughput with {} connections)",
+        entries as f64 / fill_seconds,
         options.connections.max(16)
     );
     let (mut from_start, mut while_applying, mut cpu_per_100k) = (Vec::new(), Vec::new(), Vec::new());
     for n in 1..=options.catchup_nodes {
-        let caught_up = catch_up_once(options, &nats, n, target)?;
+        let caught_up = catch_up_once(options, &nats, n, target, entries)?;
         from_start.push(caught_up.from_start);
         while_applying.extend(caught_up.while_applying);
-        cpu_per_100k.push(caught_up.cpu_seconds * 100_000.0 / target as f64);
+        cpu_per_100k.push(caught_up.cpu_seconds * 100_000.0 / entries as f64);
     }
     println!(
         "median of {} new nodes: {:.0} entries/s from process start, {:.0} entries/s while applying, {:.3} CPU-s \
@@ -71,8 +73,11 @@ struct CaughtUp {
 }
 
 /// Starts new node `n` with an empty data directory and waits until it applied
-/// the stream up to `target`; prints its rates and its CPU time by thread.
-fn catch_up_once(options: &Options, nats: &Nats, n: usize, target: u64) -> Result<CaughtUp> {
+/// the stream up to message `target` (`entries` in all); prints its rates (in
+/// entries, the messages applied scaled by the entries per message) and its
+/// CPU time by thread.
+fn catch_up_once(options: &Options, nats: &Nats, n: usize, target: u64, entries: u64) -> Result<CaughtUp> {
+    let entries_per_message = entries as f64 / target.max(1) as f64;
     let wrap: Vec<String> = options
         .catchup_wrap
         .as_deref()
@@ -82,11 +87,11 @@ fn catch_up_once(options: &Options, nats: &Nats, n: usize, target: u64) -> Resul
     let spawned = Instant::now();
     let node_b = Ordo::start_wrapped(&wrap, &options.ordo_bin, &name, Some((nats, options.nats_nodes)), &[])?;
     let listening = spawned.elapsed();
-    let at_listening = node_b.applied_seq()?;
+    let at_listening = node_b.applied_stream_seq()?;
     let mut first_progress: Option<(Instant, u64)> = None;
     let deadline = Instant::now() + Duration::from_secs(600);
     let done = loop {
-        let applied = node_b.applied_seq()?;
+        let applied = node_b.applied_stream_seq()?;
         if first_progress.is_none() && applied > at_listening {
             first_progress = Some((Instant::now(), applied));
         }
@@ -94,7 +99,7 @@ fn catch_up_once(options: &Options, nats: &Nats, n: usize, target: u64) -> Resul
             break Instant::now();
         }
         if Instant::now() > deadline {
-            return Err(format!("{name} applied {applied} of {target} entries in 600 s").into());
+            return Err(format!("{name} applied {applied} of {target} stream messages in 600 s").into());
         }
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -102,19 +107,19 @@ fn catch_up_once(options: &Options, nats: &Nats, n: usize, target: u64) -> Resul
     let pid = if wrap.is_empty() { node_b.process.pid() } else { child_of(node_b.process.pid())? };
     let (cpu_seconds, by_thread) = cpu_of(pid)?;
     let total = done - spawned;
-    let from_start = target as f64 / total.as_secs_f64();
+    let from_start = entries as f64 / total.as_secs_f64();
     println!(
-        "{name}: listening after {:.2} s (applied {at_listening} by then), all {target} applied {:.2} s after \
-         start: {from_start:.0} entries/s from process start",
+        "{name}: listening after {:.2} s (applied {at_listening} messages by then), all {entries} entries applied \
+         {:.2} s after start: {from_start:.0} entries/s from process start",
         listening.as_secs_f64(),
         total.as_secs_f64(),
     );
     let while_applying = first_progress.map(|(at, applied)| {
-        let rate = (target - applied) as f64 / (done - at).as_secs_f64().max(1e-3);
+        let rate = (target - applied) as f64 * entries_per_message / (done - at).as_secs_f64().max(1e-3);
         println!("{name}: {rate:.0} entries/s while applying (from the first progress seen by /v1/health)");
         rate
     });
-    let per_100k = |seconds: f64| seconds * 100_000.0 / target as f64;
+    let per_100k = |seconds: f64| seconds * 100_000.0 / entries as f64;
     let threads: Vec<String> =
         by_thread.iter().map(|(thread, seconds)| format!("{thread} {:.3}", per_100k(*seconds))).collect();
     println!(

@@ -245,6 +245,13 @@ impl Ordo {
         let health = self.health()?;
         Ok(health["cluster"]["applied_seq"].as_u64().or(health["last_seq"].as_u64()).unwrap_or(0))
     }
+
+    /// The last stream message the node applied whole (a message may hold many entries).
+    pub fn applied_stream_seq(&self) -> Result<u64> {
+        let health = self.health()?;
+        let cluster = &health["cluster"];
+        Ok(cluster["applied_stream_seq"].as_u64().or(cluster["applied_seq"].as_u64()).unwrap_or(0))
+    }
 }
 
 /// One keep-alive HTTP/1.1 connection (bodies with Content-Length only, as `ordo serve` sends them).

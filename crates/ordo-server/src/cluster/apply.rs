@@ -1,9 +1,11 @@
-//! The writer thread's side of cluster mode: applies one stream entry at
-//! exactly its sequence number, through the same code paths as the commands of
-//! single-node mode (writes with their rules and guards, collection creation,
-//! field changes, drops, rules), and hands the outcome to the request waiting
-//! for it on this node. The consumer hands it runs of consecutive entries;
-//! consecutive writes of a run share one group commit (see `apply_run`).
+//! The writer thread's side of cluster mode: applies each entry of the stream's
+//! messages at exactly its seq (`pack::SeqScheme`: derived from the message's
+//! stream seq and the entry's place in it), through the same code paths as the
+//! commands of single-node mode (writes with their rules and guards, collection
+//! creation, field changes, drops, rules), and hands the outcome to the request
+//! waiting for it on this node. The consumer hands it runs of consecutive
+//! messages; consecutive writes of a run share one group commit (see
+//! `apply_run`).
 //!
 //! Which refusals are *outcomes* (the same on every node, so the entry is done
 //! and its seq used, by a seq marker if nothing was written) and which are
@@ -84,8 +86,9 @@ impl Applier {
 
     /// A snapshot's copy ended: start the next one if it came due meanwhile.
     pub fn after_snapshot(&mut self, writer: &Writer) {
+        let scheme = self.shared.status.scheme();
         if let Some(snapshots) = &mut self.snapshots {
-            snapshots.after_apply(writer.database());
+            snapshots.after_apply(writer.database(), scheme);
         }
     }
 
@@ -108,9 +111,9 @@ impl Applier {
 /// for reuse: at most `MAX_RUN_ENTRIES` of them are kept, a few MiB at most.
 const MAX_SPARE_BATCH_BYTES: usize = 16 * 1024;
 
-/// One entry as the consumer delivered it.
+/// One stream message as the consumer delivered it: one entry, or a pack of them.
 pub struct Delivered {
-    pub seq: u64,
+    pub stream_seq: u64,
     pub generation: u64,
     pub msg_id: Option<String>,
     pub published_ns: u64,
@@ -138,6 +141,15 @@ struct Group {
     entries: Vec<Waiting>,
 }
 
+/// One entry of a delivered message, at its seq.
+struct Entry {
+    seq: u64,
+    generation: u64,
+    msg_id: Option<String>,
+    published_ns: u64,
+    payload: Bytes,
+}
+
 /// What an entry's answer needs once it is applied.
 struct Waiting {
     seq: u64,
@@ -146,52 +158,65 @@ struct Waiting {
     published_ns: u64,
 }
 
-/// Applies a run of consecutive entries, each at its seq (see the module doc).
+/// Applies a run of consecutive messages, each entry at its seq (see the module doc).
 ///
 /// Consecutive write entries share one group commit (`Database::write_run`:
-/// each still at its own seq, a refused one with a seq marker there). Anything
-/// that must see the group written first ends it: a schema change, a creation,
-/// a drop, rules, an entry refused before the store (a marker of its own), a
-/// write under a filtered write rule (its guard checks the committed items),
-/// a gap in the stream's seqs. So every entry gets the seq and the outcome it
-/// gets applied one by one.
+/// each still at its own seq, a refused one with a seq marker there, and the
+/// seqs a message leaves unused one marker). Anything that must see the group
+/// written first ends it: a schema change, a creation, a drop, rules, an entry
+/// refused before the store (a marker of its own), a write under a filtered
+/// write rule (its guard checks the committed items). So every entry gets the
+/// seq and the outcome it gets applied one by one.
 pub fn apply_run(writer: &mut Writer, applier: &mut Applier, run: Vec<Delivered>) {
+    let scheme = applier.shared.status.scheme();
     let mut group = Group::default();
-    for delivered in run {
-        if !apply_next(writer, applier, &mut group, delivered) {
+    'messages: for delivered in run {
+        if delivered.generation <= applier.halted_generation {
             break;
+        }
+        let entries = entries_of(&delivered, scheme.max_entries());
+        let n_entries = entries.len();
+        for (index, (msg_id, payload)) in entries.into_iter().enumerate() {
+            let entry = Entry {
+                seq: scheme.entry_seq(delivered.stream_seq, n_entries, index),
+                generation: delivered.generation,
+                msg_id,
+                published_ns: delivered.published_ns,
+                payload,
+            };
+            if !apply_next(writer, applier, &mut group, entry) {
+                break 'messages;
+            }
         }
     }
     flush(writer, applier, &mut group);
 }
 
-/// Applies one entry, or adds it to `group`; false when this node halted.
-fn apply_next(writer: &mut Writer, applier: &mut Applier, group: &mut Group, delivered: Delivered) -> bool {
-    let Delivered { seq, generation, msg_id, published_ns, payload } = delivered;
-    if generation <= applier.halted_generation {
-        return false;
+/// A message's entries, each with its message id: a pack's, or the message
+/// itself. A pack that does not decode, or holds no entry or more than a
+/// message may, counts as one entry, refused as malformed where it applies.
+fn entries_of(delivered: &Delivered, max_entries: usize) -> Vec<(Option<String>, Bytes)> {
+    if !super::pack::is_pack(&delivered.payload) {
+        return vec![(delivered.msg_id.clone(), delivered.payload.clone())];
     }
-    let next_seq = writer.database().last_seq() + 1 + group.writes.len() as u64;
-    if seq < next_seq {
+    match super::pack::decode(&delivered.payload) {
+        Ok(entries) if (1..=max_entries).contains(&entries.len()) => {
+            entries.into_iter().map(|(id, payload)| (Some(id), payload)).collect()
+        }
+        _ => vec![(delivered.msg_id.clone(), delivered.payload.clone())],
+    }
+}
+
+/// Applies one entry, or adds it to `group`; false when this node halted.
+fn apply_next(writer: &mut Writer, applier: &mut Applier, group: &mut Group, entry: Entry) -> bool {
+    let Entry { seq, generation, msg_id, published_ns, payload } = entry;
+    let last_seq = group.entries.last().map_or_else(|| writer.database().last_seq(), |last| last.seq);
+    if seq <= last_seq {
         // Applied already: a new consumer generation delivers again what an
-        // older one had queued.
+        // older one had queued, or the message this node stopped inside.
         return true;
     }
     let waiting = Waiting { seq, generation, msg_id, published_ns };
-    if seq > next_seq {
-        if !flush(writer, applier, group) {
-            return false;
-        }
-        // The stream holds no message between (deleted from it): their seqs are
-        // used by markers, so every node's seqs stay the stream's.
-        for missing in next_seq..seq {
-            tracing::warn!(seq = missing, "the stream has no entry at this seq; recording it as empty");
-            if let Err(error) = writer.database_mut().advance_seq(missing) {
-                halt(writer, applier, generation, seq, &ApiError::from(error));
-                return false;
-            }
-        }
-    }
     let entry = match Decoded::decode(&payload) {
         Ok(entry) => entry,
         Err(error) => {
@@ -201,7 +226,7 @@ fn apply_next(writer: &mut Writer, applier: &mut Applier, group: &mut Group, del
         }
     };
     if entry.kind != Kind::Write {
-        if !flush(writer, applier, group) {
+        if !flush(writer, applier, group) || !use_seqs_before(writer, applier, &waiting) {
             return false;
         }
         let outcome = apply_decoded(writer, applier, &entry);
@@ -229,19 +254,34 @@ fn apply_next(writer: &mut Writer, applier: &mut Applier, group: &mut Group, del
             return finish(writer, applier, waiting, Outcome::Write(Err(refusal)));
         }
     }
-    group.writes.push(PendingWrite::new(collection, batch));
+    group.writes.push(PendingWrite::at(collection, batch, seq));
     group.entries.push(waiting);
     true
+}
+
+/// Uses the seqs before `waiting`'s with a marker, so that a change the store
+/// numbers itself (a schema change, rules: `last_seq() + 1`) takes exactly
+/// the entry's seq; false when this node halted.
+fn use_seqs_before(writer: &mut Writer, applier: &mut Applier, waiting: &Waiting) -> bool {
+    if writer.database().last_seq() + 1 >= waiting.seq {
+        return true;
+    }
+    match writer.database_mut().advance_seq(waiting.seq - 1) {
+        Ok(()) => true,
+        Err(error) => {
+            halt(writer, applier, waiting.generation, waiting.seq, &ApiError::from(error));
+            false
+        }
+    }
 }
 
 /// Commits `group` (one log append), then answers each entry; false when this
 /// node halted (the append failed: nothing of the group was written).
 fn flush(writer: &mut Writer, applier: &mut Applier, group: &mut Group) -> bool {
-    let Some(first) = group.entries.first() else { return true };
-    let (first_seq, generation) = (first.seq, first.generation);
-    assert_eq!(writer.database().last_seq() + 1, first_seq, "a group starts at the next seq");
+    let (Some(first), Some(last)) = (group.entries.first(), group.entries.last()) else { return true };
+    let (first_seq, last_seq, generation) = (first.seq, last.seq, first.generation);
+    assert!(writer.database().last_seq() < first_seq, "a group starts after the last seq");
     writer.write_run(&mut group.writes);
-    let last_seq = first_seq + group.writes.len() as u64 - 1;
     if writer.database().last_seq() != last_seq {
         // The append's error (the refusals of single writes are outcomes).
         let error = group
@@ -266,7 +306,7 @@ fn flush(writer: &mut Writer, applier: &mut Applier, group: &mut Group) -> bool 
         applier.shared.deliver(waiting.msg_id.as_deref(), Outcome::Write(result));
     }
     if let Some(snapshots) = &mut applier.snapshots {
-        snapshots.after_apply(writer.database());
+        snapshots.after_apply(writer.database(), applier.shared.status.scheme());
     }
     true
 }
@@ -279,7 +319,8 @@ fn finish(writer: &mut Writer, applier: &mut Applier, waiting: Waiting, outcome:
         return false;
     }
     if writer.database().last_seq() < seq {
-        // Nothing written (refused, or a collection created): a marker uses the seq.
+        // Nothing written (refused, or a collection created): a marker uses the
+        // seq (and those before it the message left unused).
         if let Err(error) = writer.database_mut().advance_seq(seq) {
             halt(writer, applier, generation, seq, &ApiError::from(error));
             return false;
@@ -292,7 +333,7 @@ fn finish(writer: &mut Writer, applier: &mut Applier, waiting: Waiting, outcome:
     applier.shared.deliver(msg_id.as_deref(), outcome);
     if let Some(snapshots) = &mut applier.snapshots {
         // One comparison unless a snapshot is due; the copy runs on its own thread.
-        snapshots.after_apply(writer.database());
+        snapshots.after_apply(writer.database(), applier.shared.status.scheme());
     }
     true
 }

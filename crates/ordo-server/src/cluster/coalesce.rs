@@ -1,9 +1,12 @@
 //! Group commit on the stream: the entries that requests hand this node at
-//! about the same time are published together, as one JetStream atomic batch
-//! (`batch`), so that they share one Raft round and one fsync per replica,
-//! as the single node's log shares one fsync among the writes that arrive
-//! together. Every entry keeps its own message id and stream seq, and each
-//! request still gets its own entries' outcomes (`log::Cluster::submit_all_as`).
+//! about the same time are published together, so that they share one Raft
+//! round and one fsync per replica, as the single node's log shares one fsync
+//! among the writes that arrive together. On a stream that takes packs
+//! (`pack::SeqScheme`) a group is one message, a pack of its entries, so the
+//! stream's work per message is paid once per group; on an older stream it is
+//! one JetStream atomic batch (`batch`) of one message per entry. Every entry
+//! keeps its own message id (inside the pack) and seq, and each request still
+//! gets its own entries' outcomes (`log::Cluster::submit_all_as`).
 //!
 //! The coalescing task takes submissions (one request's entries, in order,
 //! never split) from a bounded queue. It starts a group with the first one,
@@ -13,17 +16,18 @@
 //! published at once. While they are, new submissions queue up and make the
 //! next group larger: no wait is added when the node is idle, and the busier
 //! it is the more entries share a round. A group of one entry is an ordinary
-//! publish. A stream that does not take atomic batches (`allow_atomic` off,
-//! or a nats-server before 2.12) gets its entries one message each, as before.
+//! publish. An older stream that does not take atomic batches (`allow_atomic`
+//! off, or a nats-server before 2.12) gets its entries one message each.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::batch::{self, BatchAnswer, MAX_BATCH_ENTRIES};
+use super::pack::{self, SeqScheme};
 use super::retry::{Next, Refusal, Retry};
 use super::{unavailable, Cluster, PUBLISH_TIMEOUT};
 use crate::error::ApiError;
@@ -71,6 +75,8 @@ pub struct Coalescer {
     pub options: CoalesceOptions,
     /// Cleared for good when the stream refuses an atomic batch as disabled.
     atomic: AtomicBool,
+    /// How the stream numbers a message's entries: whether groups are packs.
+    scheme: SeqScheme,
     /// Batch ids are this process's random prefix and a number: unique among
     /// every node's batches in flight, and within JetStream's 64 characters.
     batch_prefix: String,
@@ -81,13 +87,14 @@ pub struct Coalescer {
 }
 
 impl Coalescer {
-    pub fn new(options: CoalesceOptions, atomic: bool) -> Coalescer {
+    pub fn new(options: CoalesceOptions, atomic: bool, scheme: SeqScheme) -> Coalescer {
         let (queue, receiver) = mpsc::channel(QUEUE_CAPACITY);
         Coalescer {
             queue,
             receiver: std::sync::Mutex::new(Some(receiver)),
             options,
             atomic: AtomicBool::new(atomic),
+            scheme,
             batch_prefix: random_hex(),
             next_batch: AtomicU64::new(0),
             groups: AtomicU64::new(0),
@@ -114,6 +121,11 @@ impl Coalescer {
 
     fn batch_id(&self, attempt: u32) -> String {
         format!("{}-{}-{attempt}", self.batch_prefix, self.next_batch.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// A pack's message id: kept by every attempt to publish it, so the stream stores it once.
+    fn pack_id(&self) -> String {
+        format!("{}-p{}", self.batch_prefix, self.next_batch.fetch_add(1, Ordering::Relaxed))
     }
 
     pub fn takes_atomic_batches(&self) -> bool {
@@ -213,10 +225,14 @@ async fn publish_group(cluster: &Cluster, group: Vec<Submission>) {
     }
 }
 
-/// Publishes `entries` in order: as atomic batches of at most `max_entries`
-/// (one request's entries beyond that, a copy's say, take several batches),
-/// or one message each when batches are off or the stream takes none.
+/// Publishes `entries` in order: as packs on a stream that takes them, else
+/// as atomic batches of at most `max_entries` (one request's entries beyond
+/// that, a copy's say, take several batches), or one message each when
+/// batches are off or the stream takes none.
 async fn publish_in_order(cluster: &Cluster, entries: &[(String, Bytes)]) -> Result<(), ApiError> {
+    if cluster.coalescer.scheme.packs() {
+        return publish_packs(cluster, entries).await;
+    }
     let batch_entries = cluster.coalescer.options.max_entries.clamp(1, MAX_BATCH_ENTRIES);
     for chunk in entries.chunks(batch_entries) {
         let atomic = match chunk.len() > 1 && cluster.coalescer.takes_atomic_batches() {
@@ -264,6 +280,51 @@ async fn publish_atomic(cluster: &Cluster, entries: &[(String, Bytes)]) -> Optio
         }
     }
     unreachable!("the retry policy gives up within PUBLISH_ATTEMPTS")
+}
+
+/// Publishes `entries` in order as packs, each within the stream's entries per
+/// message and the NATS server's largest message (an entry that fills one
+/// alone is published as it is), one after another: a pack is sent only once
+/// the one before it is stored, so they land in this order.
+async fn publish_packs(cluster: &Cluster, entries: &[(String, Bytes)]) -> Result<(), ApiError> {
+    let max_entries = cluster.coalescer.options.max_entries.clamp(1, cluster.coalescer.scheme.max_entries());
+    // The NATS limit counts the message's headers (its id) too.
+    let max_bytes =
+        cluster.max_payload().saturating_sub(PACK_HEADERS_ROOM).min(cluster.coalescer.options.max_bytes.max(1));
+    let mut rest = entries;
+    while !rest.is_empty() {
+        let n = pack_len(rest, max_entries, max_bytes);
+        let (chunk, after) = rest.split_at(n);
+        rest = after;
+        let (id, payload) = match chunk {
+            [(id, payload)] => (id.clone(), payload.clone()),
+            _ => {
+                let mut out = BytesMut::new();
+                pack::encode(chunk, &mut out);
+                (cluster.coalescer.pack_id(), out.freeze())
+            }
+        };
+        let ack = cluster.send(&id, payload.clone()).await;
+        cluster.acknowledged(&id, payload, ack).await?;
+    }
+    Ok(())
+}
+
+/// Bytes of a pack's message left for its headers under the server's largest message.
+const PACK_HEADERS_ROOM: usize = 1024;
+
+/// How many of `entries` (at least one) the next pack takes.
+fn pack_len(entries: &[(String, Bytes)], max_entries: usize, max_bytes: usize) -> usize {
+    let mut bytes = pack::PACK_HEADER_BYTES;
+    let mut n = 0;
+    for (id, payload) in entries.iter().take(max_entries) {
+        bytes += pack::PACK_ENTRY_OVERHEAD_BYTES + id.len() + payload.len();
+        if bytes > max_bytes {
+            break;
+        }
+        n += 1;
+    }
+    n.max(1)
 }
 
 /// Sends each entry as its own message, back to back (so the stream takes

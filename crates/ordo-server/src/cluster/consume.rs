@@ -40,7 +40,7 @@ pub async fn consume(cluster: Arc<Cluster>, writer: WriterSender, mut shutdown: 
     let mut generation = 0u64;
     loop {
         generation += 1;
-        let start_seq = cluster.shared.status.applied_seq() + 1;
+        let start_seq = cluster.shared.status.resume_stream_seq();
         if generation > 1 {
             // Where this generation really starts: the entry after the last one applied.
             tracing::info!(start_seq, generation, "consuming the stream again");
@@ -130,10 +130,10 @@ async fn consume_from(
                 delivered(cluster, &mut order, message, generation)?
             }
         };
-        if first.seq > expected {
-            super::gap::check(cluster, expected, first.seq).await?;
+        if first.stream_seq > expected {
+            super::gap::check(cluster, expected, first.stream_seq).await?;
         }
-        expected = first.seq + 1;
+        expected = first.stream_seq + 1;
         // A run: this entry and those the consumer already holds (never waiting
         // for more), applied by the writer in one command and one group commit
         // (`apply::apply_run`). A node that keeps up gets runs of one.
@@ -143,7 +143,7 @@ async fn consume_from(
             match messages.next().now_or_never() {
                 Some(Some(message)) => {
                     let entry = delivered(cluster, &mut order, message, generation)?;
-                    if entry.seq != expected {
+                    if entry.stream_seq != expected {
                         // A gap: the run so far goes to the writer, then the check.
                         after_gap = Some(entry);
                         break;
@@ -288,7 +288,7 @@ fn delivered(
         .as_ref()
         .and_then(|headers| headers.get(async_nats::header::NATS_MESSAGE_ID))
         .map(|value| value.as_str().to_owned());
-    Ok(Delivered { seq, generation, msg_id, published_ns, payload: message.message.payload.clone() })
+    Ok(Delivered { stream_seq: seq, generation, msg_id, published_ns, payload: message.message.payload.clone() })
 }
 
 /// What a delivered message's ack subject says.

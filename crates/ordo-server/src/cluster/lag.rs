@@ -8,17 +8,21 @@
 //! least that age (it is never 0 for a node that cannot tell), and past
 //! `STALE_LAGGING_AFTER` the node counts as lagging.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::pack::SeqScheme;
 use crate::error::{ApiError, ErrorCode};
 
 pub struct Status {
     pub node: String,
     max_lag: u64,
-    /// The last entry applied (the writer thread stores it after each entry).
+    /// The seq of the last entry applied (the writer thread stores it after each entry).
     applied_seq: AtomicU64,
+    /// How the stream's messages number their entries (`SeqScheme`'s shift),
+    /// set once the stream is opened, before anything is applied.
+    seq_shift: AtomicU32,
     /// The stream's last sequence as last seen (a delivered message's info, or
     /// the stream's state, polled every second).
     stream_last_seq: AtomicU64,
@@ -49,6 +53,7 @@ impl Status {
             node,
             max_lag,
             applied_seq: AtomicU64::new(applied_seq),
+            seq_shift: AtomicU32::new(0),
             // Unknown until the stream is asked, before the node serves.
             stream_last_seq: AtomicU64::new(applied_seq),
             applied_published_ns: AtomicU64::new(0),
@@ -62,8 +67,28 @@ impl Status {
         self.applied_seq.load(Ordering::Acquire)
     }
 
+    pub(crate) fn set_scheme(&self, scheme: SeqScheme) {
+        self.seq_shift.store(scheme.shift(), Ordering::Release);
+        // Until the stream says its last seq, it holds what this node applied.
+        self.stream_last_seq.store(self.applied_stream_seq(), Ordering::Release);
+    }
+
+    pub fn scheme(&self) -> SeqScheme {
+        SeqScheme::with_shift(self.seq_shift.load(Ordering::Acquire))
+    }
+
+    /// The last stream message applied whole.
+    pub fn applied_stream_seq(&self) -> u64 {
+        self.scheme().applied_stream_seq(self.applied_seq())
+    }
+
+    /// The first stream message this node still needs (`SeqScheme::resume_stream_seq`).
+    pub fn resume_stream_seq(&self) -> u64 {
+        self.scheme().resume_stream_seq(self.applied_seq())
+    }
+
     pub fn stream_last_seq(&self) -> u64 {
-        self.stream_last_seq.load(Ordering::Acquire).max(self.applied_seq())
+        self.stream_last_seq.load(Ordering::Acquire).max(self.applied_stream_seq())
     }
 
     pub(crate) fn set_applied(&self, seq: u64, published_ns: u64) {
@@ -118,8 +143,9 @@ impl Status {
         self.fatal.lock().expect("fatal lock").clone()
     }
 
+    /// Stream messages not yet applied whole (entries, in a stream of one entry per message).
     pub fn lag_entries(&self) -> u64 {
-        self.stream_last_seq() - self.applied_seq()
+        self.stream_last_seq() - self.applied_stream_seq()
     }
 
     /// Zero when caught up; else how long ago the stream received the last
@@ -173,6 +199,7 @@ impl Status {
         serde_json::json!({
             "node": self.node,
             "applied_seq": self.applied_seq(),
+            "applied_stream_seq": self.applied_stream_seq(),
             "stream_last_seq": self.stream_last_seq(),
             "lag_entries": self.lag_entries(),
             "lag_seconds": self.lag_seconds(),
@@ -187,9 +214,13 @@ impl Status {
     pub fn render_metrics(&self, out: &mut String) {
         use std::fmt::Write;
         // No `node` label: one process is one node, like every other series here.
-        let _ = writeln!(out, "# HELP ordo_cluster_applied_seq The last stream entry this node applied.");
+        let _ = writeln!(out, "# HELP ordo_cluster_applied_seq The seq of the last entry this node applied.");
         let _ = writeln!(out, "# TYPE ordo_cluster_applied_seq gauge");
         let _ = writeln!(out, "ordo_cluster_applied_seq {}", self.applied_seq());
+        let _ =
+            writeln!(out, "# HELP ordo_cluster_applied_stream_seq The last stream message this node applied whole.");
+        let _ = writeln!(out, "# TYPE ordo_cluster_applied_stream_seq gauge");
+        let _ = writeln!(out, "ordo_cluster_applied_stream_seq {}", self.applied_stream_seq());
         let _ = writeln!(out, "# HELP ordo_cluster_lag_entries Stream entries not yet applied by this node.");
         let _ = writeln!(out, "# TYPE ordo_cluster_lag_entries gauge");
         let _ = writeln!(out, "ordo_cluster_lag_entries {}", self.lag_entries());

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use tokio::sync::{oneshot, watch};
 
 use super::coalesce::Coalescer;
+use super::pack::{SeqScheme, SEQ_SHIFT_METADATA};
 use super::retry::{Next, Refusal, Retry};
 use super::{unavailable, ClusterOptions, Outcome, Shared};
 use super::{APPLY_TIMEOUT, DUPLICATE_WINDOW, PUBLISH_TIMEOUT, SUBJECT};
@@ -104,6 +105,8 @@ impl Cluster {
             // was dropped start from a snapshot (cluster::snapshot).
             max_messages: if options.stream_max_msgs == 0 { -1 } else { options.stream_max_msgs as i64 },
             max_age: options.stream_max_age,
+            // A stream this node creates takes many entries per message (`pack`).
+            metadata: [(SEQ_SHIFT_METADATA.to_owned(), SeqScheme::PACKED.metadata_value())].into(),
             ..Default::default()
         };
         // A cluster just started may still be electing its meta leader: retry a while.
@@ -123,8 +126,15 @@ impl Cluster {
         for warning in super::stream_check::check(&stream.cached_info().config, &options)? {
             tracing::warn!("{warning}");
         }
-        let atomic = options.coalesce.max_entries > 1 && super::batch::allow_atomic(&client, &options.stream).await;
-        let coalescer = Coalescer::new(options.coalesce, atomic);
+        let scheme =
+            SeqScheme::from_metadata(stream.cached_info().config.metadata.get(SEQ_SHIFT_METADATA).map(String::as_str))
+                .map_err(|error| format!("stream `{}`: {error}", options.stream))?;
+        shared.status.set_scheme(scheme);
+        // Packs replace atomic batches; a stream of one entry per message still groups that way.
+        let atomic = !scheme.packs()
+            && options.coalesce.max_entries > 1
+            && super::batch::allow_atomic(&client, &options.stream).await;
+        let coalescer = Coalescer::new(options.coalesce, atomic, scheme);
         let conn = Arc::new(std::sync::RwLock::new(Arc::new(Conn { client, js, stream })));
         Ok(Cluster { options, conn, shared, last_reconnect: std::sync::Mutex::new(None), coalescer })
     }

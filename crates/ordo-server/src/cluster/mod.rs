@@ -24,6 +24,7 @@ pub mod entry;
 pub mod gap;
 pub mod lag;
 pub mod log;
+pub mod pack;
 mod retry;
 pub mod routes;
 pub mod snapshot;

@@ -188,8 +188,9 @@ fn parse_snapshot_name(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// Writes `backup` into `dir` as `snapshot-<seq>` and prunes to the newest
-/// `keep`. Runs on the caller's thread (never the writer's): the copy takes as
+/// Writes `backup` into `dir` as `snapshot-<N>`, N the last stream message it
+/// holds whole (`scheme`; it may hold entries of the next one too, which the
+/// node that restores it skips), and prunes to the newest `keep`. Runs on the caller's thread (never the writer's): the copy takes as
 /// long as the data directory takes to read. `node` names the staging
 /// directory, so nodes sharing `dir` never write into each other's.
 pub fn write_snapshot(
@@ -197,6 +198,7 @@ pub fn write_snapshot(
     dir: &Path,
     node: &str,
     keep: usize,
+    scheme: super::pack::SeqScheme,
 ) -> Result<SnapshotInfo, SnapshotError> {
     std::fs::create_dir_all(dir).map_err(io_error(dir, "creating the snapshot directory"))?;
     let dir = std::fs::canonicalize(dir).map_err(io_error(dir, "resolving the snapshot directory"))?;
@@ -206,18 +208,20 @@ pub fn write_snapshot(
     // A staging directory of this node and process is a snapshot that failed half way.
     let _ = std::fs::remove_dir_all(&staging);
     let report = backup.write_to(&staging)?;
-    let published = dir.join(format!("{SNAPSHOT_PREFIX}{}", report.seq));
+    let message = scheme.applied_stream_seq(report.seq);
+    let published = dir.join(format!("{SNAPSHOT_PREFIX}{message}"));
     if let Err(source) = std::fs::rename(&staging, &published) {
         let _ = std::fs::remove_dir_all(&staging);
-        // Another node published the same seq first: the same entries, so the
-        // same state; theirs stands.
+        // Another node published the same message first: the same entries (or
+        // some of the next message's more or less, which a restore skips or
+        // applies), so a state as good; theirs stands.
         if !published.is_dir() {
             return Err(SnapshotError::Io { path: published, doing: "publishing the snapshot", source });
         }
     }
     sync_dir(&dir).map_err(io_error(&dir, "syncing the snapshot directory"))?;
     prune(&dir, keep)?;
-    Ok(SnapshotInfo { seq: report.seq, path: published })
+    Ok(SnapshotInfo { seq: message, path: published })
 }
 
 /// Removes all but the newest `keep` snapshots (at least one is always kept).
@@ -385,9 +389,8 @@ pub fn bootstrap(options: &super::ClusterOptions, data_dir: &Path) -> Result<Opt
         .map_err(|error| format!("stream `{}`: {error}", options.stream))?;
     if let Some(Prepared { plan: StartPlan::Restore { snapshot }, n_bytes_copied, copy_time }) = &prepared {
         crate::logging::say!(
-            "ordo: restored snapshot {} (seq {}, {} bytes in {:.2} s) into {}; replaying the stream from seq {}",
+            "ordo: restored snapshot {} ({} bytes in {:.2} s) into {}; replaying the stream from seq {}",
             snapshot.path.display(),
-            snapshot.seq,
             n_bytes_copied,
             copy_time.as_secs_f64(),
             data_dir.display(),
@@ -397,8 +400,9 @@ pub fn bootstrap(options: &super::ClusterOptions, data_dir: &Path) -> Result<Opt
     Ok(prepared)
 }
 
-/// After the store opened with `local_seq`: whether the stream still holds
-/// `local_seq + 1` (the next entry to apply).
+/// After the store opened: whether the stream still holds the message after
+/// `local_seq`, the last stream message the store holds whole (the next one to
+/// apply).
 pub fn check_resume(local_seq: u64, stream: StreamBounds) -> Result<u64, SnapshotError> {
     plan_start(Some(local_seq), stream, &[], None).map(|plan| plan.from_seq())
 }
@@ -472,7 +476,7 @@ pub struct SnapshotStats {
 #[derive(Clone, Debug)]
 pub struct SnapshotConfig {
     pub dir: PathBuf,
-    /// Entries between two snapshots (by seq).
+    /// Stream messages between two snapshots.
     pub every: u64,
     pub keep: usize,
     pub node: String,
@@ -520,12 +524,14 @@ impl SnapshotScheduler {
         self.running.load(Ordering::Acquire)
     }
 
-    /// Starts a snapshot when `every` entries were applied since the last one
-    /// started and none runs. The writer only pins the log (`start_backup`);
-    /// the copy runs on a thread of its own. Returns whether one started.
-    pub fn after_apply(&mut self, database: &Database) -> bool {
+    /// Starts a snapshot when `every` stream messages were applied since the
+    /// last one started and none runs (`scheme` numbers the messages' entries).
+    /// The writer only pins the log (`start_backup`); the copy runs on a thread
+    /// of its own. Returns whether one started.
+    pub fn after_apply(&mut self, database: &Database, scheme: super::pack::SeqScheme) -> bool {
         let seq = database.last_seq();
-        if seq < self.last_started_seq.saturating_add(self.config.every) || self.running.load(Ordering::Acquire) {
+        let due_at = scheme.applied_stream_seq(self.last_started_seq).saturating_add(self.config.every);
+        if scheme.applied_stream_seq(seq) < due_at || self.running.load(Ordering::Acquire) {
             return false;
         }
         let backup = match database.start_backup() {
@@ -547,7 +553,7 @@ impl SnapshotScheduler {
         let wake_writer = self.wake_writer.clone();
         let spawned = std::thread::Builder::new().name("ordo-snapshot".into()).spawn(move || {
             let started = Instant::now();
-            match write_snapshot(backup, &config.dir, &config.node, config.keep) {
+            match write_snapshot(backup, &config.dir, &config.node, config.keep, scheme) {
                 Ok(snapshot) => {
                     stats.last_seq.fetch_max(snapshot.seq, Ordering::Relaxed);
                     stats.n_written.fetch_add(1, Ordering::Relaxed);

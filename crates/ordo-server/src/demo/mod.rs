@@ -152,7 +152,7 @@ async fn start_on_followed(writer: &WriterSender, routes: &Routes, gate: &Gate) 
 async fn catch_up(cluster: &Cluster) -> Result<(), String> {
     let target = cluster.shared.status.stream_last_seq();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while cluster.shared.status.applied_seq() < target {
+    while cluster.shared.status.applied_stream_seq() < target {
         if Instant::now() > deadline {
             return Err(format!("--demo: this node did not catch up with the stream (seq {target}) within a minute"));
         }

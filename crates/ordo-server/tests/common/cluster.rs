@@ -248,3 +248,21 @@ impl Drop for SeedGuard {
 pub fn env_number(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().map_or(default, |value| value.parse().unwrap_or_else(|_| panic!("{name}={value}")))
 }
+
+/// The seq of the one entry of stream message `stream_seq` (a JSON entry
+/// published alone, on a stream a node created: `SeqScheme::PACKED`).
+pub fn seq_of_message(stream_seq: u64) -> u64 {
+    ordo_server::cluster::pack::SeqScheme::PACKED.entry_seq(stream_seq, 1, 0)
+}
+
+/// The seq of the one entry of the stream message after the one holding `seq`
+/// (the next write published alone).
+pub fn next_message_seq(seq: u64) -> u64 {
+    let scheme = ordo_server::cluster::pack::SeqScheme::PACKED;
+    seq_of_message(scheme.applied_stream_seq(seq) + 1)
+}
+
+/// The stream message holding `seq` (applied whole once `seq` is the last of its entries).
+pub fn message_of(seq: u64) -> u64 {
+    ordo_server::cluster::pack::SeqScheme::PACKED.applied_stream_seq(seq)
+}
