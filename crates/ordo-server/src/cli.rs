@@ -197,11 +197,11 @@ pub struct ServeArgs {
     /// Replicas of the stream when this node creates it (1 with a single NATS server).
     #[arg(long, env = "ORDO_STREAM_REPLICAS", value_name = "N", default_value_t = 3, help_heading = "Cluster")]
     pub stream_replicas: usize,
-    /// Entries behind the stream above which the node says it lags and refuses new subscribers.
+    /// Stream messages behind the stream's end above which the node says it lags and refuses new subscribers.
     #[arg(
         long,
         env = "ORDO_CLUSTER_MAX_LAG",
-        value_name = "ENTRIES",
+        value_name = "MESSAGES",
         default_value_t = 10_000,
         help_heading = "Cluster"
     )]
@@ -210,8 +210,8 @@ pub struct ServeArgs {
     /// node can read. A node with an empty data directory starts from the newest (docs/SCALING.md).
     #[arg(long, env = "ORDO_SNAPSHOT_DIR", value_name = "DIR", help_heading = "Cluster")]
     pub snapshot_dir: Option<PathBuf>,
-    /// Write a snapshot into --snapshot-dir every N entries applied (0: this node writes none).
-    #[arg(long, env = "ORDO_SNAPSHOT_EVERY", value_name = "ENTRIES", default_value_t = 0, help_heading = "Cluster")]
+    /// Write a snapshot into --snapshot-dir every N stream messages applied (0: this node writes none).
+    #[arg(long, env = "ORDO_SNAPSHOT_EVERY", value_name = "MESSAGES", default_value_t = 0, help_heading = "Cluster")]
     pub snapshot_every: u64,
     /// Most entries this node publishes as one atomic batch, sharing one Raft round and fsync
     /// (1: one entry per message). Entries of requests arriving together are grouped (docs/SCALING.md).

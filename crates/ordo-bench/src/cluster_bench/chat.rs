@@ -70,7 +70,19 @@ struct Figures {
     rate: f64,
     latency_p50_ms: f64,
     latency_p99_ms: f64,
+    /// Entries per stream message the nodes published during the write phase (cluster only).
+    entries_per_message: Option<f64>,
     load: String,
+}
+
+/// The stream messages (groups) the nodes published so far, and the entries in them.
+fn published_groups(nodes: &[Ordo]) -> Result<(f64, f64)> {
+    let (mut groups, mut entries) = (0.0, 0.0);
+    for node in nodes {
+        groups += node.metric("ordo_cluster_publish_groups_total")?;
+        entries += node.metric("ordo_cluster_publish_group_entries_total")?;
+    }
+    Ok((groups, entries))
 }
 
 impl Figures {
@@ -132,7 +144,7 @@ fn run_setup(
     let (users, rooms, window) = (options.users, options.rooms, options.window);
     let per_user = options.subscribers_per_user;
 
-    let live: LiveResult = runtime.block_on(async {
+    let live: (LiveResult, (f64, f64)) = runtime.block_on(async {
         // Set-up through the first node; in a cluster every node (and the
         // observer) must have applied it before its subscribers ask for it.
         let mut admin = HttpPool::connect(&authorities[0], 8, None).await?;
@@ -178,8 +190,13 @@ fn run_setup(
         };
         let mut writers = HttpPool::connect_spread(&authorities, options.connections, None).await?;
         let mut source = ChatUpdates::new(SEED, users, rooms, ChatLayout::PerUser);
-        run_live_phase(plan, &mut source, &mut writers, options.tick, None, subscriber_runtime, clock).await
+        let before = published_groups(&nodes)?;
+        let live =
+            run_live_phase(plan, &mut source, &mut writers, options.tick, None, subscriber_runtime, clock).await?;
+        let after = published_groups(&nodes)?;
+        Ok::<_, crate::live::BoxError>((live, (after.0 - before.0, after.1 - before.1)))
     })?;
+    let (live, (groups, group_entries)) = live;
 
     let write_seconds = live.write.write_seconds;
     let acked = live.stats.acked.load(Ordering::Relaxed);
@@ -194,6 +211,7 @@ fn run_setup(
         rate: acked as f64 / write_seconds,
         latency_p50_ms: live.counters.latency_us.quantile(0.5) as f64 / 1000.0,
         latency_p99_ms: live.counters.latency_us.quantile(0.99) as f64 / 1000.0,
+        entries_per_message: (nats.is_some() && groups > 0.0).then(|| group_entries / groups),
         load: load_average(),
     };
     drop(nodes);
@@ -291,6 +309,9 @@ fn print_figures(figures: &Figures, options: &Options) {
     }
     if let Some(nats) = figures.nats {
         line += &format!("; NATS ×3 {nats:.3} cores ({:.3} per 1 000 updates/s)", nats / (figures.rate / 1000.0));
+    }
+    if let Some(entries) = figures.entries_per_message {
+        line += &format!("; {entries:.1} entries per stream message");
     }
     if figures.nodes[0].0 > 0 {
         line += &format!("; end-to-end p50 {:.2} ms p99 {:.2} ms", figures.latency_p50_ms, figures.latency_p99_ms);

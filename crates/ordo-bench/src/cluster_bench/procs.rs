@@ -246,6 +246,16 @@ impl Ordo {
         Ok(health["cluster"]["applied_seq"].as_u64().or(health["last_seq"].as_u64()).unwrap_or(0))
     }
 
+    /// The value of one unlabelled counter or gauge of `/metrics` (0 when absent).
+    pub fn metric(&self, name: &str) -> Result<f64> {
+        let (status, text) = http_once(self.port, "GET", "/metrics", "")?;
+        if status != 200 {
+            return Err(format!("/metrics answered {status}").into());
+        }
+        let prefix = format!("{name} ");
+        Ok(text.lines().find_map(|line| line.strip_prefix(&prefix)?.trim().parse().ok()).unwrap_or(0.0))
+    }
+
     /// The last stream message the node applied whole (a message may hold many entries).
     pub fn applied_stream_seq(&self) -> Result<u64> {
         let health = self.health()?;

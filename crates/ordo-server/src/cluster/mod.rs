@@ -1,15 +1,18 @@
 //! Cluster mode (`ordo serve --cluster <nats urls>`): many nodes over one
 //! NATS JetStream stream. Every change of state is an entry of the stream
-//! (`entry`); every node applies the stream in order on its writer thread
-//! (`apply`), each entry at exactly its stream sequence, which is the global
-//! `seq` (item versions, write answers, frames' `write_seq`); a node that takes
+//! (`entry`), alone in a stream message or in a pack of them (`pack`); every
+//! node applies the stream in order on its writer thread (`apply`), each entry
+//! at exactly the seq its message's stream sequence and its place in the
+//! message give it (`pack::SeqScheme`), which is the global `seq` (item
+//! versions, write answers, frames' `write_seq`); a node that takes
 //! a request publishes it (`log`), waits for JetStream's acknowledgement and for
 //! its own writer to apply it, and answers with that apply's outcome.
 //!
 //! Invariants (see ARCHITECTURE.md, "Cluster mode"):
 //! - the store's `last_seq()` is the last entry applied: each entry uses exactly
 //!   its sequence number, with a seq marker when it wrote no batch (refused,
-//!   a collection created), so a restart resumes at `last_seq() + 1`;
+//!   a collection created) and for the seqs its message leaves unused, so a
+//!   restart resumes at the message after the last one applied whole;
 //! - the outcome of an entry depends only on the state before it (the same on
 //!   every node), never on the node: rules, schema and preconditions are checked
 //!   at apply time; a local failure (a full disk) stops applying instead of
