@@ -86,7 +86,7 @@ pub fn latency_phase(options: &Options) -> Result<()> {
     }
     println!(
         "median: single p50 {:.2} ms p99 {:.2} ms | cluster p50 {:.2} ms p99 {:.2} ms | cluster/single p99 {:.2}x \
-         (goal: at most 4x)",
+         (goal: at most 2x)",
         median(&mut single_p50),
         median(&mut single_p99),
         median(&mut cluster_p50),

@@ -199,11 +199,9 @@ fn entries_of(delivered: &Delivered, max_entries: usize) -> Vec<(Option<String>,
     if !super::pack::is_pack(&delivered.payload) {
         return vec![(delivered.msg_id.clone(), delivered.payload.clone())];
     }
-    match super::pack::decode(&delivered.payload) {
-        Ok(entries) if (1..=max_entries).contains(&entries.len()) => {
-            entries.into_iter().map(|(id, payload)| (Some(id), payload)).collect()
-        }
-        _ => vec![(delivered.msg_id.clone(), delivered.payload.clone())],
+    match super::pack::decode(&delivered.payload, max_entries) {
+        Ok(entries) => entries.into_iter().map(|(id, payload)| (Some(id), payload)).collect(),
+        Err(_) => vec![(delivered.msg_id.clone(), delivered.payload.clone())],
     }
 }
 

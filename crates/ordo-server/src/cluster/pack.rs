@@ -130,27 +130,33 @@ pub fn packed_bytes(entries: &[(String, Bytes)]) -> usize {
         + entries.iter().map(|(id, payload)| PACK_ENTRY_OVERHEAD_BYTES + id.len() + payload.len()).sum::<usize>()
 }
 
+/// Whether `message` is a pack (else it is one entry's JSON).
 pub fn is_pack(message: &[u8]) -> bool {
     message.first() == Some(&PACK_TAG)
 }
 
 /// A pack's entries: message id and payload (slices of `message`, no copy).
-pub fn decode(message: &Bytes) -> Result<Vec<(String, Bytes)>, String> {
-    let mut entries = Vec::new();
-    let mut at = PACK_HEADER_BYTES;
-    let header = message.get(..PACK_HEADER_BYTES).ok_or("a pack shorter than its header")?;
+/// `Err` for a message that is not a pack, one cut short or followed by
+/// bytes, and one that holds no entry or more than `max_entries`.
+pub fn decode(message: &Bytes, max_entries: usize) -> Result<Vec<(String, Bytes)>, String> {
+    let header = message.get(..PACK_HEADER_BYTES).ok_or("a message shorter than a pack's header")?;
     if header[0] != PACK_TAG {
         return Err("not a pack".to_owned());
     }
     let count = u16::from_le_bytes([header[1], header[2]]);
+    if count == 0 || usize::from(count) > max_entries {
+        return Err(format!("a pack of {count} entries (a message holds 1 to {max_entries})"));
+    }
+    let mut entries = Vec::with_capacity(usize::from(count));
+    let mut at = PACK_HEADER_BYTES;
     for index in 0..count {
         let truncated = || format!("a pack cut short in entry {index} of {count}");
-        let id_len = usize::from(u16::from_le_bytes(read(message, at)?.ok_or_else(truncated)?));
+        let id_len = usize::from(u16::from_le_bytes(read(message, at).ok_or_else(truncated)?));
         at += 2;
         let id = message.get(at..at + id_len).ok_or_else(truncated)?;
         let id = std::str::from_utf8(id).map_err(|_| format!("entry {index} of a pack has an id that is not UTF-8"))?;
         at += id_len;
-        let payload_len = u32::from_le_bytes(read(message, at)?.ok_or_else(truncated)?) as usize;
+        let payload_len = u32::from_le_bytes(read(message, at).ok_or_else(truncated)?) as usize;
         at += 4;
         if message.len() < at + payload_len {
             return Err(truncated());
@@ -164,8 +170,8 @@ pub fn decode(message: &Bytes) -> Result<Vec<(String, Bytes)>, String> {
     Ok(entries)
 }
 
-fn read<const N: usize>(message: &[u8], at: usize) -> Result<Option<[u8; N]>, String> {
-    Ok(message.get(at..at + N).map(|bytes| bytes.try_into().expect("N bytes")))
+fn read<const N: usize>(message: &[u8], at: usize) -> Option<[u8; N]> {
+    message.get(at..at + N).map(|bytes| bytes.try_into().expect("N bytes"))
 }
 
 #[cfg(test)]
@@ -184,16 +190,29 @@ mod tests {
             assert_eq!(out.len(), packed_bytes(&entries(n)));
             let message = out.freeze();
             assert!(is_pack(&message));
-            assert_eq!(decode(&message).unwrap(), entries(n));
+            assert_eq!(decode(&message, 256).unwrap(), entries(n));
             for cut in [1, 3, message.len() / 2, message.len() - 1] {
-                assert!(decode(&message.slice(..cut)).is_err(), "cut at {cut} of {}", message.len());
+                assert!(decode(&message.slice(..cut), 256).is_err(), "cut at {cut} of {}", message.len());
             }
             let mut longer = BytesMut::from(&message[..]);
             longer.put_u8(0);
-            assert!(decode(&longer.freeze()).is_err(), "a byte after the entries");
+            assert!(decode(&longer.freeze(), 256).is_err(), "a byte after the entries");
         }
         assert!(!is_pack(b"{\"kind\":\"write\"}"));
-        assert!(decode(&Bytes::from_static(b"{}")).is_err());
+        assert!(decode(&Bytes::from_static(b"{\"kind\":\"write\"}"), 256).is_err());
+        assert!(decode(&Bytes::from_static(b"{}"), 256).is_err());
+    }
+
+    /// A message's entries must fit the seqs it owns: an empty pack, or one of
+    /// more entries than the scheme numbers, does not decode.
+    #[test]
+    fn a_pack_holds_one_to_max_entries() {
+        let max = SeqScheme::PACKED.max_entries();
+        for (n, fits) in [(0, false), (1, true), (max, true), (max + 1, false)] {
+            let mut out = BytesMut::new();
+            encode(&entries(n), &mut out);
+            assert_eq!(decode(&out.freeze(), max).is_ok(), fits, "a pack of {n} entries");
+        }
     }
 
     #[test]
