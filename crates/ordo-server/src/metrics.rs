@@ -326,8 +326,11 @@ thread_local! {
 /// in `ordo_frame_delivery_allocations_total`. Only its own polls count: other
 /// tasks the thread runs between them do not. This separates the frames' cost
 /// on the network threads from the HTTP requests' that share them.
-pub async fn delivering_frames<F: std::future::Future>(delivery: F) -> F::Output {
-    let mut delivery = std::pin::pin!(delivery);
+///
+/// It takes the future pinned where the caller keeps it: taken by value, it
+/// would be stored twice in the caller's state (the argument and the pinned
+/// copy), and a connection's task is as large as its largest state.
+pub async fn delivering_frames<F: std::future::Future>(mut delivery: std::pin::Pin<&mut F>) -> F::Output {
     std::future::poll_fn(|context| {
         let was_delivering = DELIVERING_FRAMES.with(|flag| flag.replace(true));
         let poll = delivery.as_mut().poll(context);

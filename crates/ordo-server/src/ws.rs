@@ -187,7 +187,7 @@ impl Connection {
     async fn open(writer: WriteHalf<Stream>, context: ConnectionContext, slot: ConnectionSlot) -> Option<Connection> {
         let id = new_session_id();
         let shared = Arc::new(ConnShared::default());
-        let (outbox_tx, outbox) = mpsc::unbounded_channel();
+        let (outbox_tx, outbox) = crate::writer::outbox();
         let command = Command::OpenSession { session: id, shared: shared.clone(), outbox: outbox_tx };
         context.writer.send(command).await.ok()?;
         let identity = context.identity.clone();
@@ -282,7 +282,10 @@ impl Connection {
             match event {
                 Event::Inbound(Some(message)) => Box::pin(self.on_inbound(message)).await,
                 Event::Inbound(None) => self.closed = true,
-                Event::Outgoing(Some(outgoing)) => metrics::delivering_frames(self.deliver(outgoing)).await,
+                Event::Outgoing(Some(outgoing)) => {
+                    let delivery = std::pin::pin!(self.deliver(outgoing));
+                    metrics::delivering_frames(delivery).await
+                }
                 Event::Outgoing(None) => self.close(CLOSE_GOING_AWAY, "server stopping").await,
                 Event::Shutdown => self.close(CLOSE_GOING_AWAY, "server stopping").await,
                 Event::AuthDeadline => Box::pin(self.on_auth_deadline()).await,
@@ -301,8 +304,8 @@ impl Connection {
         self.on_outgoing(first).await;
         while self.out.len() < WRITE_BATCH_BYTES {
             match self.session.outbox.try_recv() {
-                Ok(outgoing) => self.on_outgoing(outgoing).await,
-                Err(_) => break,
+                Some(outgoing) => self.on_outgoing(outgoing).await,
+                None => break,
             }
         }
         self.flush().await;

@@ -10,6 +10,8 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::Outbox;
+
 use ordo_core::{Batch, CollectionId, Schema};
 use ordo_store::Ack;
 
@@ -103,8 +105,6 @@ pub enum Outgoing {
     /// Wakes the task so it checks `want_drain_notice` (carries no frame).
     Wake,
 }
-
-pub type Outbox = mpsc::UnboundedSender<Outgoing>;
 
 pub type WriteResults = Vec<Result<Ack, ApiError>>;
 

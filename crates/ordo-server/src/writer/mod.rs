@@ -31,6 +31,7 @@ use crate::routing::{is_reserved_name, CollectionEntry, Routes};
 
 mod fanout;
 mod messages;
+mod outbox_queue;
 mod queries;
 mod relations;
 mod schema_change;
@@ -40,9 +41,10 @@ mod writes;
 
 pub use fanout::share_key;
 pub use messages::{
-    Answer, Command, ConnShared, FrameBody, Outbox, Outgoing, SessionId, SubHandle, WriteReply, WriteResults,
-    WriterSender, FRAME_OVERHEAD_BYTES,
+    Answer, Command, ConnShared, FrameBody, Outgoing, SessionId, SubHandle, WriteReply, WriteResults, WriterSender,
+    FRAME_OVERHEAD_BYTES,
 };
+pub use outbox_queue::{outbox, Outbox, OutboxReceiver};
 pub use schema_change::{EndReason, FieldChange};
 
 use fanout::Fanout;

@@ -17,7 +17,8 @@ impl Connection {
     /// connection that fell behind gets its due resets only once it has caught up.
     pub(super) async fn maybe_report_drained(&mut self) {
         if self.session.outbox.is_empty() && self.session.shared.want_drain_notice.swap(false, Ordering::AcqRel) {
-            let _ = self.context.writer.send(Command::Drained { session: self.session.id }).await;
+            // Boxed: rare, and its state would otherwise be part of every connection's task.
+            let _ = Box::pin(self.context.writer.send(Command::Drained { session: self.session.id })).await;
         }
     }
 
@@ -81,6 +82,16 @@ impl Connection {
                     self.queue_ack(&sub, req.as_deref());
                 }
             }
+            Outgoing::Wake => {}
+            rare => Box::pin(self.on_rare_outgoing(rare)).await,
+        }
+    }
+
+    /// Refusals, unsubscribes and ends: they write a frame of their own at once.
+    /// Boxed where they run, so that every connection's task is not as large as
+    /// their state (the frames of diffs above need none).
+    async fn on_rare_outgoing(&mut self, outgoing: Outgoing) {
+        match outgoing {
             Outgoing::SubscribeFailed { handle, error } => {
                 if let Some(entry) = self.session.table.remove(handle) {
                     self.session.by_client_id.remove(&entry.client_id);
@@ -114,7 +125,9 @@ impl Connection {
                     self.send_ended(&entry.client_id, reason, &message).await;
                 }
             }
-            Outgoing::Wake => {}
+            Outgoing::Diffs { .. } | Outgoing::Ack { .. } | Outgoing::Wake => {
+                unreachable!("handled by on_outgoing")
+            }
         }
     }
 }

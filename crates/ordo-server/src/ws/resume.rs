@@ -156,7 +156,7 @@ impl Connection {
     /// after the `resumed` answer, where the connection would have handled it.
     async fn end_subscriptions_ended_while_parked(&mut self) -> Vec<Outgoing> {
         let mut rest = Vec::new();
-        while let Ok(outgoing) = self.session.outbox.try_recv() {
+        while let Some(outgoing) = self.session.outbox.try_recv() {
             match outgoing {
                 Outgoing::Ended { .. } => self.on_outgoing(outgoing).await,
                 other => rest.push(other),

@@ -8,13 +8,11 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
-
 use crate::frame::DiffsExtra;
 use crate::limits;
 use crate::sub_table::SubTable;
 use crate::wire::WindowSpec;
-use crate::writer::{ConnShared, FrameBody, Outgoing, SessionId, SubHandle, FRAME_OVERHEAD_BYTES};
+use crate::writer::{ConnShared, FrameBody, OutboxReceiver, SessionId, SubHandle, FRAME_OVERHEAD_BYTES};
 
 /// A subscription as its connection knows it.
 pub(super) struct SubEntry {
@@ -73,7 +71,7 @@ pub struct Session {
     /// owner, and only the same owner may resume one.
     pub(super) owner: Arc<str>,
     pub(super) shared: Arc<ConnShared>,
-    pub(super) outbox: mpsc::UnboundedReceiver<Outgoing>,
+    pub(super) outbox: OutboxReceiver,
     pub(super) table: SubTable<SubEntry>,
     pub(super) by_client_id: HashMap<String, SubHandle>,
     pub(super) next_handle: SubHandle,

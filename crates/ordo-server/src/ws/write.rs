@@ -17,8 +17,9 @@ use crate::metrics::{self, Stage, METRICS};
 /// frames (a diff, an ack) fit, so a busy connection reuses its buffers without
 /// allocating, while one large frame (a big snapshot) or a burst does not stay
 /// resident for the rest of an idle connection's life: with a hundred thousand
-/// connections held, each kilobyte kept is a hundred megabytes.
-pub(super) const RETAINED_BUFFER_BYTES: usize = 4096;
+/// connections held, each kilobyte kept is a hundred megabytes. A window's
+/// first frame (its rows) is usually larger and is given back after it.
+pub(super) const RETAINED_BUFFER_BYTES: usize = 2048;
 
 /// Gives back what `buffer` holds beyond [`RETAINED_BUFFER_BYTES`] once it is empty again.
 fn release_excess(buffer: &mut Vec<u8>) {
