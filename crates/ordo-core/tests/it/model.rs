@@ -621,17 +621,14 @@ fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
 }
 
-#[test]
-fn windows_rebuilt_from_diffs_equal_the_reference() {
-    let n_seeds = env_usize("ORDO_MODEL_SEEDS", 24) as u64;
-    let n_steps = env_usize("ORDO_MODEL_STEPS", 400);
-    let seeds: Vec<u64> = match std::env::var("ORDO_MODEL_SEED") {
-        Ok(seed) => vec![seed.parse().expect("ORDO_MODEL_SEED is a number")],
-        Err(_) => (0..n_seeds).collect(),
-    };
+/// Seeds run on this many threads: the run is the longest of the engine's tests.
+const SEED_THREADS: usize = 2;
+
+/// Diff counts by kind over `seeds`, and the most views keyed at once in any.
+fn run_seeds(seeds: &[u64], n_steps: usize) -> (std::collections::BTreeMap<String, usize>, usize) {
     let mut diff_counts = std::collections::BTreeMap::<String, usize>::new();
     let mut max_keyed_views = 0;
-    for seed in seeds {
+    for &seed in seeds {
         match std::panic::catch_unwind(|| run_seed(seed, n_steps)) {
             Ok(mut counts) => {
                 max_keyed_views = max_keyed_views.max(counts.remove("(max keyed views at once)").unwrap_or(0));
@@ -645,6 +642,31 @@ fn windows_rebuilt_from_diffs_equal_the_reference() {
             }
         }
     }
+    (diff_counts, max_keyed_views)
+}
+
+#[test]
+fn windows_rebuilt_from_diffs_equal_the_reference() {
+    let n_seeds = env_usize("ORDO_MODEL_SEEDS", 24) as u64;
+    let n_steps = env_usize("ORDO_MODEL_STEPS", 400);
+    let seeds: Vec<u64> = match std::env::var("ORDO_MODEL_SEED") {
+        Ok(seed) => vec![seed.parse().expect("ORDO_MODEL_SEED is a number")],
+        Err(_) => (0..n_seeds).collect(),
+    };
+    let chunk_len = seeds.len().div_ceil(SEED_THREADS).max(1);
+    let (diff_counts, max_keyed_views) = std::thread::scope(|scope| {
+        let runs: Vec<_> =
+            seeds.chunks(chunk_len).map(|chunk| scope.spawn(move || run_seeds(chunk, n_steps))).collect();
+        let mut total = (std::collections::BTreeMap::<String, usize>::new(), 0);
+        for run in runs {
+            let (counts, max_keyed) = run.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            for (kind, count) in counts {
+                *total.0.entry(kind).or_default() += count;
+            }
+            total.1 = total.1.max(max_keyed);
+        }
+        total
+    });
     eprintln!("diffs checked, by kind: {diff_counts:?}; at most {max_keyed_views} keyed views at once");
     if n_steps >= 100 {
         assert!(max_keyed_views >= 5, "the run hardly keyed any view: {max_keyed_views} at most");
