@@ -108,8 +108,6 @@ pub const MAX_PARKED_BYTES_PER_OWNER: usize = 64 * 1024 * 1024;
 pub const PARKED_SESSION_OVERHEAD_BYTES: usize = 4 * 1024;
 pub const PARKED_SUBSCRIPTION_OVERHEAD_BYTES: usize = 1024;
 pub const PARKED_WINDOW_ITEM_BYTES: usize = 64;
-/// Client messages read ahead of the connection task.
-pub const INBOUND_QUEUE_CAPACITY: usize = 16;
 
 /// Largest bearer token accepted, in bytes (a JWT with a few claims is well under 1 KiB).
 pub const MAX_TOKEN_BYTES: usize = 8 * 1024;

@@ -1,8 +1,8 @@
 //! One WebSocket connection: its task, which opens the session, waits on every
-//! source of work at once and routes each event, and closes it. A reader task
-//! turns client frames into messages; the connection task owns the session (its
-//! subscription table, sequence numbers and retained frames) and the write half,
-//! and is the only one that writes.
+//! source of work at once (the client's frames among them, read in place: no
+//! reader task, no inbound queue) and routes each event, and closes it. The
+//! task owns the session (its subscription table, sequence numbers and retained
+//! frames) and both halves of the socket, and is the only one that writes.
 //!
 //! Frames of diffs arrive from the writer thread as shared bodies; the task wraps
 //! each in its envelope (`sub`, `seq`) in one reused buffer, so sending a frame
@@ -19,14 +19,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fastwebsockets::{Role, WebSocket};
+use fastwebsockets::WebSocket;
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
-use tokio::io::WriteHalf;
-use tokio::sync::{mpsc, watch};
+use tokio::io::{ReadHalf, WriteHalf};
+use tokio::sync::watch;
 
 use crate::access::{ConnectionSlot, Gate};
-use crate::auth::{self, Identity, Role as AuthRole};
+use crate::auth::{self, Identity, Role};
 use crate::limits;
 use crate::metrics::{self, METRICS};
 use crate::min_seq::SeqWatch;
@@ -47,7 +47,7 @@ mod write;
 
 use identity::expiry_deadline;
 use park::ParkedRequest;
-use read::{read_frames, Inbound, MaskCheck};
+use read::{FrameReader, Inbound};
 pub use session::{Registry, Session, ANONYMOUS_OWNER};
 use session::{RetainedFrame, SubEntry};
 
@@ -115,19 +115,14 @@ fn new_session_id() -> SessionId {
 /// Runs one upgraded connection to its end.
 pub async fn serve_connection(ws: WebSocket<Stream>, context: ConnectionContext, slot: ConnectionSlot) {
     metrics::add(&METRICS.connections, 1);
-    // fastwebsockets parses what the client sends; frames to the client are written
-    // here (see `queue_frame`), so that several can share one write.
+    // Both directions are framed here (`read`, `write`): fastwebsockets does the
+    // upgrade only, so that a held connection keeps no fixed-size buffers.
     let (read_half, writer) = tokio::io::split(ws.into_inner());
-    let read_half = MaskCheck::new(read_half);
-    let (reader, _unused_writer) = fastwebsockets::after_handshake_split(read_half, tokio::io::sink(), Role::Server);
-    let (inbound_tx, inbound_rx) = mpsc::channel(limits::INBOUND_QUEUE_CAPACITY);
-    let reader_task = tokio::spawn(read_frames(reader, inbound_tx));
     let mut connection = Box::pin(Connection::open(writer, context, slot)).await;
     if let Some(connection) = connection.as_mut() {
         tracing::debug!(session = connection.session.id, "websocket opened");
-        connection.run(inbound_rx).await;
+        connection.run(read_half).await;
     }
-    reader_task.abort();
     METRICS.connections.fetch_sub(1, Ordering::Relaxed);
     if let Some(connection) = connection {
         connection.log_close();
@@ -173,7 +168,8 @@ struct Connection {
 }
 
 enum Event {
-    Inbound(Option<Inbound>),
+    /// What one client frame meant (at most two events: a close's echo, then the end).
+    Inbound([Option<Inbound>; 2]),
     Outgoing(Option<Outgoing>),
     Shutdown,
     AuthDeadline,
@@ -253,13 +249,14 @@ impl Connection {
     /// unpark) are boxed when they run: their state machines are large, and
     /// inline they would make every idle connection's task as large as the
     /// largest of them. Frames to the client (`on_outgoing`) stay inline.
-    async fn run(&mut self, mut inbound: mpsc::Receiver<Inbound>) {
+    async fn run(&mut self, mut read_half: ReadHalf<Stream>) {
+        let mut reader = FrameReader::default();
         let mut shutdown = self.context.shutdown.clone();
         while !self.closed {
             let timed = self.auth_deadline.is_some();
             let parked = self.parked.as_ref().map(|parked| parked.min_seq);
             let event = tokio::select! {
-                message = inbound.recv(), if parked.is_none() => Event::Inbound(message),
+                messages = reader.next_events(&mut read_half), if parked.is_none() => Event::Inbound(messages),
                 outgoing = self.session.outbox.recv() => Event::Outgoing(outgoing),
                 _ = shutdown.wait_for(|stopping| *stopping) => Event::Shutdown,
                 _ = &mut self.auth_timer, if timed => Event::AuthDeadline,
@@ -274,14 +271,17 @@ impl Connection {
             // Nothing is handled under rules that changed meanwhile (an admin's
             // views never depended on them).
             if self.context.gate.rules_version() != self.rules_version
-                && self.identity.as_ref().is_some_and(|identity| identity.role != AuthRole::Admin)
+                && self.identity.as_ref().is_some_and(|identity| identity.role != Role::Admin)
             {
                 self.close(CLOSE_RULES_CHANGED, "access rules changed; reconnect and resume").await;
                 break;
             }
             match event {
-                Event::Inbound(Some(message)) => Box::pin(self.on_inbound(message)).await,
-                Event::Inbound(None) => self.closed = true,
+                Event::Inbound(messages) => {
+                    for message in messages.into_iter().flatten() {
+                        Box::pin(self.on_inbound(message)).await;
+                    }
+                }
                 Event::Outgoing(Some(outgoing)) => {
                     let delivery = std::pin::pin!(self.deliver(outgoing));
                     metrics::delivering_frames(delivery).await

@@ -1,13 +1,28 @@
-//! The reading side of a connection: client frames reassembled and size-checked
-//! (fastwebsockets), and what RFC 6455 forbids refused with close 1002, among it
-//! unmasked frames, which fastwebsockets lets through (`MaskCheck`).
+//! The reading side of a connection: client frames parsed (RFC 6455 §5.2),
+//! unmasked, reassembled and size-checked, and what the RFC forbids refused
+//! with the close code it names.
+//!
+//! The reader keeps only what the frame being read needs: its buffer grows to
+//! a frame's size while that frame arrives and goes back to
+//! [`RETAINED_READ_BYTES`] once it is handled. A held connection is mostly
+//! idle, and with a hundred thousand of them a fixed 8 KiB read buffer (what
+//! fastwebsockets keeps) would be 800 MB.
 
-use fastwebsockets::{Frame, OpCode, WebSocketError, WebSocketRead};
-use tokio::io::ReadHalf;
-use tokio::sync::mpsc;
+use fastwebsockets::OpCode;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
-use super::{Stream, CLOSE_NOT_UTF8, CLOSE_PROTOCOL_ERROR, CLOSE_TOO_BIG};
+use super::{CLOSE_NOT_UTF8, CLOSE_PROTOCOL_ERROR, CLOSE_TOO_BIG};
 use crate::limits;
+
+/// What the read buffer keeps between frames, and the least it asks the socket
+/// for: a client's usual message (a `subscribe`, a `set_range`) fits.
+pub(super) const RETAINED_READ_BYTES: usize = 512;
+
+/// A control frame's payload limit (RFC 6455 §5.5).
+const MAX_CONTROL_PAYLOAD: usize = 125;
+
+/// The longest frame header: 2 bytes, an 8-byte length, a 4-byte mask.
+const MAX_HEADER_BYTES: usize = 14;
 
 pub(super) enum Inbound {
     Text(Vec<u8>),
@@ -20,187 +35,234 @@ pub(super) enum Inbound {
     Fatal(u16, &'static str),
 }
 
-pub(super) async fn read_frames(
-    mut reader: WebSocketRead<MaskCheck<ReadHalf<Stream>>>,
-    inbound: mpsc::Sender<Inbound>,
-) {
-    reader.set_max_message_size(limits::MAX_INBOUND_FRAME_BYTES + 1);
-    // A fragmented message is reassembled here, within the same limit.
-    let mut message: Vec<u8> = Vec::new();
-    let mut message_is_text = false;
-    // Whether a fragmented message has begun and not ended (RFC 6455 §5.4: a
-    // continuation belongs inside one, a new text or binary frame outside).
-    let mut in_message = false;
-    loop {
-        let reply_to = inbound.clone();
-        let mut send = move |frame: Frame<'_>| {
-            let reply = Inbound::Reply(frame.opcode, frame.payload.to_vec());
-            let reply_to = reply_to.clone();
-            async move { reply_to.send(reply).await.map_err(|_| std::io::Error::other("connection gone")) }
+/// A client frame's header, parsed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FrameHeader {
+    fin: bool,
+    opcode: OpCode,
+    mask: [u8; 4],
+    /// Bytes of the header itself.
+    header_len: usize,
+    payload_len: usize,
+}
+
+/// Why a header is refused: the close code and the reason sent with it.
+type Violation = (u16, &'static str);
+
+const MALFORMED: Violation = (CLOSE_PROTOCOL_ERROR, "protocol error: a malformed frame");
+const UNMASKED: Violation = (CLOSE_PROTOCOL_ERROR, "protocol error: an unmasked client frame");
+const TOO_BIG: Violation = (CLOSE_TOO_BIG, "message too big");
+
+/// Parses the header at the start of `bytes`: `Ok(None)` while it is incomplete.
+/// Refuses what RFC 6455 forbids a client (§5.1–§5.5: reserved bits, unknown
+/// opcodes, an unmasked frame, a fragmented or long control frame) and any
+/// payload over [`limits::MAX_INBOUND_FRAME_BYTES`], before it is read.
+fn parse_header(bytes: &[u8]) -> Result<Option<FrameHeader>, Violation> {
+    let [first, second, ..] = *bytes else { return Ok(None) };
+    if first & 0x70 != 0 {
+        return Err(MALFORMED);
+    }
+    let opcode = match first & 0x0F {
+        0x0 => OpCode::Continuation,
+        0x1 => OpCode::Text,
+        0x2 => OpCode::Binary,
+        0x8 => OpCode::Close,
+        0x9 => OpCode::Ping,
+        0xA => OpCode::Pong,
+        _ => return Err(MALFORMED),
+    };
+    let fin = first & 0x80 != 0;
+    if second & 0x80 == 0 {
+        return Err(UNMASKED);
+    }
+    let n_length_bytes = match second & 0x7F {
+        126 => 2,
+        127 => 8,
+        _ => 0,
+    };
+    let header_len = 2 + n_length_bytes + 4;
+    if bytes.len() < header_len {
+        return Ok(None);
+    }
+    let length = match n_length_bytes {
+        0 => u64::from(second & 0x7F),
+        2 => u64::from(u16::from_be_bytes([bytes[2], bytes[3]])),
+        _ => u64::from_be_bytes(bytes[2..10].try_into().expect("8 bytes")),
+    };
+    let is_control = matches!(opcode, OpCode::Close | OpCode::Ping | OpCode::Pong);
+    if is_control && (!fin || length > MAX_CONTROL_PAYLOAD as u64) {
+        return Err(MALFORMED);
+    }
+    if length > limits::MAX_INBOUND_FRAME_BYTES as u64 {
+        return Err(TOO_BIG);
+    }
+    let mask = bytes[header_len - 4..header_len].try_into().expect("4 bytes");
+    Ok(Some(FrameHeader { fin, opcode, mask, header_len, payload_len: length as usize }))
+}
+
+/// Applies (and so removes) a client frame's mask, the payload's byte `i`
+/// XORed with the key's byte `i mod 4`.
+fn unmask(payload: &mut [u8], mask: [u8; 4]) {
+    let word = u32::from_ne_bytes(mask);
+    let mut chunks = payload.chunks_exact_mut(4);
+    for chunk in &mut chunks {
+        let value = u32::from_ne_bytes(chunk.try_into().expect("4 bytes")) ^ word;
+        chunk.copy_from_slice(&value.to_ne_bytes());
+    }
+    for (byte, key) in chunks.into_remainder().iter_mut().zip(mask) {
+        *byte ^= key;
+    }
+}
+
+/// Whether a close frame may carry `code` (RFC 6455 §7.4: the registered codes
+/// an endpoint may send, and the ranges for libraries and applications).
+fn close_code_allowed(code: u16) -> bool {
+    matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999)
+}
+
+/// A fragmented message being reassembled (RFC 6455 §5.4).
+#[derive(Default)]
+struct Message {
+    bytes: Vec<u8>,
+    is_text: bool,
+    /// A first fragment arrived and the final one has not: a continuation
+    /// belongs inside one, a new text or binary frame outside.
+    open: bool,
+}
+
+impl Message {
+    /// The event for one data frame with its payload unmasked, or `None` while
+    /// the message is not complete.
+    fn on_data_frame(&mut self, header: &FrameHeader, payload: &[u8]) -> Option<Inbound> {
+        match header.opcode {
+            OpCode::Continuation if !self.open => {
+                return Some(Inbound::Fatal(
+                    CLOSE_PROTOCOL_ERROR,
+                    "protocol error: a continuation frame outside a message",
+                ))
+            }
+            OpCode::Text | OpCode::Binary if self.open => {
+                return Some(Inbound::Fatal(
+                    CLOSE_PROTOCOL_ERROR,
+                    "protocol error: a new message inside a fragmented one",
+                ))
+            }
+            OpCode::Continuation => {}
+            _ if header.fin => return Some(complete(header.opcode == OpCode::Text, payload.to_vec())),
+            _ => {
+                self.bytes.clear();
+                self.is_text = header.opcode == OpCode::Text;
+            }
+        }
+        if self.bytes.len() + payload.len() > limits::MAX_INBOUND_FRAME_BYTES {
+            return Some(Inbound::Fatal(TOO_BIG.0, TOO_BIG.1));
+        }
+        self.bytes.extend_from_slice(payload);
+        self.open = !header.fin;
+        (!self.open).then(|| complete(self.is_text, std::mem::take(&mut self.bytes)))
+    }
+}
+
+/// A whole message: text must be UTF-8 (RFC 6455 §8.1); binary is refused
+/// by the protocol, so its bytes are not kept.
+fn complete(is_text: bool, bytes: Vec<u8>) -> Inbound {
+    if !is_text {
+        Inbound::Binary
+    } else if std::str::from_utf8(&bytes).is_err() {
+        Inbound::Fatal(CLOSE_NOT_UTF8, "text frame is not UTF-8")
+    } else {
+        Inbound::Text(bytes)
+    }
+}
+
+/// The events for a close frame: the echo the RFC asks for, then the end; or a
+/// refusal of a malformed one (a one-byte payload, a code no endpoint may send,
+/// a reason that is not UTF-8).
+fn on_close_frame(payload: &[u8]) -> [Option<Inbound>; 2] {
+    let refuse = |violation: Violation| [Some(Inbound::Fatal(violation.0, violation.1)), None];
+    if payload.len() == 1 {
+        return refuse(MALFORMED);
+    }
+    if let [high, low, reason @ ..] = payload {
+        if std::str::from_utf8(reason).is_err() {
+            return refuse((CLOSE_NOT_UTF8, "close reason is not UTF-8"));
+        }
+        if !close_code_allowed(u16::from_be_bytes([*high, *low])) {
+            return refuse(MALFORMED);
+        }
+    }
+    [Some(Inbound::Reply(OpCode::Close, payload.to_vec())), Some(Inbound::Closed)]
+}
+
+/// A connection's reading state: the bytes read and not yet handled, and the
+/// message being reassembled. The connection task polls it beside its other
+/// sources of work, so a connection needs no reader task or inbound queue.
+#[derive(Default)]
+pub(super) struct FrameReader {
+    buffer: Vec<u8>,
+    message: Message,
+}
+
+impl FrameReader {
+    /// Reads the next frame and returns what it means (at most two events; a
+    /// pong gives none). After `Closed` or `Fatal` the connection is over: the
+    /// reader is not asked again.
+    ///
+    /// Cancel-safe, as `tokio::select!` needs: every byte read is kept in the
+    /// buffer until its frame is whole, and nothing changes after the last await.
+    pub(super) async fn next_events(&mut self, stream: &mut (impl AsyncRead + Unpin)) -> [Option<Inbound>; 2] {
+        let header = match next_frame(stream, &mut self.buffer).await {
+            Err(violation) => return [Some(Inbound::Fatal(violation.0, violation.1)), None],
+            Ok(None) => return [Some(Inbound::Closed), None],
+            Ok(Some(header)) => header,
         };
-        let event = match reader.read_frame(&mut send).await {
-            Ok(frame) => match frame.opcode {
-                OpCode::Close => Inbound::Closed,
-                OpCode::Ping | OpCode::Pong => continue,
-                OpCode::Continuation if !in_message => {
-                    Inbound::Fatal(CLOSE_PROTOCOL_ERROR, "protocol error: a continuation frame outside a message")
-                }
-                OpCode::Text | OpCode::Binary if in_message => {
-                    Inbound::Fatal(CLOSE_PROTOCOL_ERROR, "protocol error: a new message inside a fragmented one")
-                }
-                OpCode::Text | OpCode::Binary | OpCode::Continuation => {
-                    if frame.opcode != OpCode::Continuation {
-                        message.clear();
-                        message_is_text = frame.opcode == OpCode::Text;
-                    }
-                    in_message = !frame.fin;
-                    if message.len() + frame.payload.len() > limits::MAX_INBOUND_FRAME_BYTES {
-                        Inbound::Fatal(CLOSE_TOO_BIG, "message too big")
-                    } else {
-                        message.extend_from_slice(&frame.payload);
-                        if !frame.fin {
-                            continue;
-                        }
-                        if !message_is_text {
-                            Inbound::Binary
-                        } else if std::str::from_utf8(&message).is_err() {
-                            Inbound::Fatal(CLOSE_NOT_UTF8, "text frame is not UTF-8")
-                        } else {
-                            Inbound::Text(std::mem::take(&mut message))
-                        }
-                    }
-                }
-            },
-            Err(WebSocketError::FrameTooLarge) => Inbound::Fatal(CLOSE_TOO_BIG, "message too big"),
-            Err(WebSocketError::InvalidUTF8) => Inbound::Fatal(CLOSE_NOT_UTF8, "text frame is not UTF-8"),
-            Err(WebSocketError::IoError(error)) if UnmaskedFrame::is(&error) => {
-                Inbound::Fatal(CLOSE_PROTOCOL_ERROR, "protocol error: an unmasked client frame")
-            }
-            // fastwebsockets found the frame malformed: RFC 6455 asks for 1002, not
-            // a silent drop. (An invalid close code got its 1002 reply already.)
-            Err(
-                WebSocketError::ReservedBitsNotZero
-                | WebSocketError::InvalidValue
-                | WebSocketError::ControlFrameFragmented
-                | WebSocketError::PingFrameTooLarge
-                | WebSocketError::InvalidFragment
-                | WebSocketError::InvalidContinuationFrame
-                | WebSocketError::InvalidCloseFrame
-                | WebSocketError::InvalidCloseCode,
-            ) => Inbound::Fatal(CLOSE_PROTOCOL_ERROR, "protocol error: a malformed frame"),
-            Err(_) => Inbound::Closed,
+        let frame_len = header.header_len + header.payload_len;
+        let payload = &mut self.buffer[header.header_len..frame_len];
+        unmask(payload, header.mask);
+        let events = match header.opcode {
+            OpCode::Close => on_close_frame(payload),
+            OpCode::Ping => [Some(Inbound::Reply(OpCode::Pong, payload.to_vec())), None],
+            OpCode::Pong => [None, None],
+            _ => [self.message.on_data_frame(&header, payload), None],
         };
-        let last = !matches!(event, Inbound::Text(_) | Inbound::Binary);
-        if inbound.send(event).await.is_err() || last {
-            return;
+        self.buffer.drain(..frame_len);
+        if self.buffer.is_empty() && self.buffer.capacity() > RETAINED_READ_BYTES {
+            self.buffer.shrink_to(RETAINED_READ_BYTES);
+        }
+        events
+    }
+}
+
+/// Reads until `buffer` starts with a whole frame and returns its header;
+/// `Ok(None)` when the stream ends or fails first.
+async fn next_frame(
+    stream: &mut (impl AsyncRead + Unpin),
+    buffer: &mut Vec<u8>,
+) -> Result<Option<FrameHeader>, Violation> {
+    let header = loop {
+        if let Some(header) = parse_header(buffer)? {
+            break header;
+        }
+        if !read_more(stream, buffer, MAX_HEADER_BYTES).await {
+            return Ok(None);
+        }
+    };
+    let frame_len = header.header_len + header.payload_len;
+    while buffer.len() < frame_len {
+        // Room for the rest of the frame and the next one's header, in one read when it has arrived.
+        if !read_more(stream, buffer, frame_len - buffer.len() + MAX_HEADER_BYTES).await {
+            return Ok(None);
         }
     }
+    Ok(Some(header))
 }
 
-/// The error `MaskCheck` reads fail with after an unmasked frame.
-#[derive(Debug)]
-struct UnmaskedFrame;
-
-impl std::fmt::Display for UnmaskedFrame {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.write_str("an unmasked client frame")
-    }
+/// Reads what the socket has (at least one byte) into `buffer` with room for
+/// `wanted` more bytes; `false` when the stream ended or failed.
+async fn read_more(stream: &mut (impl AsyncRead + Unpin), buffer: &mut Vec<u8>, wanted: usize) -> bool {
+    buffer.reserve(wanted.max(RETAINED_READ_BYTES.saturating_sub(buffer.len())));
+    matches!(stream.read_buf(buffer).await, Ok(n) if n > 0)
 }
 
-impl std::error::Error for UnmaskedFrame {}
-
-impl UnmaskedFrame {
-    fn is(error: &std::io::Error) -> bool {
-        error.get_ref().is_some_and(|inner| inner.is::<UnmaskedFrame>())
-    }
-}
-
-/// The client's byte stream on its way to fastwebsockets, which unmasks masked
-/// frames but passes unmasked ones through, and whose `Frame` does not say which
-/// it was. RFC 6455 §5.1 obliges a server to close on an unmasked client frame,
-/// so this follows the frame headers in the stream (skipping payloads, so the
-/// cost is per frame, not per byte) and, at the first unmasked header, holds
-/// back everything from its mask bit on: fastwebsockets decodes the frames
-/// before it, then its next read fails with `UnmaskedFrame`.
-pub(super) struct MaskCheck<R> {
-    inner: R,
-    /// Payload bytes of the current frame still to pass.
-    payload_left: u64,
-    /// The frame header being read (at most 14 bytes), and how much of it arrived.
-    header: [u8; 14],
-    n_header: usize,
-    /// An unmasked frame was seen: every read fails from now on.
-    unmasked: bool,
-}
-
-impl<R> MaskCheck<R> {
-    pub(super) fn new(inner: R) -> MaskCheck<R> {
-        MaskCheck { inner, payload_left: 0, header: [0; 14], n_header: 0, unmasked: false }
-    }
-
-    /// Follows the frames through `data`, the bytes just read; returns the index
-    /// of the first byte to hold back when a header says "unmasked".
-    fn scan(&mut self, data: &[u8]) -> Option<usize> {
-        let mut index = 0;
-        while index < data.len() {
-            if self.payload_left > 0 {
-                let n_skipped = self.payload_left.min((data.len() - index) as u64);
-                self.payload_left -= n_skipped;
-                index += n_skipped as usize;
-                continue;
-            }
-            self.header[self.n_header] = data[index];
-            self.n_header += 1;
-            if self.n_header == 2 && self.header[1] & 0x80 == 0 {
-                return Some(index);
-            }
-            if self.n_header >= 2 {
-                let length_code = self.header[1] & 0x7F;
-                let n_length_bytes = match length_code {
-                    126 => 2,
-                    127 => 8,
-                    _ => 0,
-                };
-                if self.n_header == 2 + n_length_bytes + 4 {
-                    self.payload_left = match n_length_bytes {
-                        0 => u64::from(length_code),
-                        2 => u64::from(u16::from_be_bytes([self.header[2], self.header[3]])),
-                        _ => u64::from_be_bytes(self.header[2..10].try_into().expect("8 bytes")),
-                    };
-                    self.n_header = 0;
-                }
-            }
-            index += 1;
-        }
-        None
-    }
-}
-
-impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for MaskCheck<R> {
-    fn poll_read(
-        self: std::pin::Pin<&mut Self>,
-        context: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        use std::task::Poll;
-        let this = self.get_mut();
-        let unmasked = || std::io::Error::new(std::io::ErrorKind::InvalidData, UnmaskedFrame);
-        if this.unmasked {
-            return Poll::Ready(Err(unmasked()));
-        }
-        let n_before = buf.filled().len();
-        match std::pin::Pin::new(&mut this.inner).poll_read(context, buf) {
-            Poll::Ready(Ok(())) => {}
-            other => return other,
-        }
-        if let Some(n_passed) = this.scan(&buf.filled()[n_before..]) {
-            this.unmasked = true;
-            if n_passed == 0 {
-                // Nothing to pass: an empty read would mean end of stream.
-                return Poll::Ready(Err(unmasked()));
-            }
-            buf.set_filled(n_before + n_passed);
-        }
-        Poll::Ready(Ok(()))
-    }
-}
+#[cfg(test)]
+mod tests;
