@@ -26,7 +26,7 @@ use crate::rate_limit::TokenBucket;
 use crate::silent_sockets::SilentSockets;
 
 /// Accepts connections until `shutdown` turns true, then waits (at most
-/// `grace`) for the requests in flight.
+/// `grace`) for the requests in flight and the WebSockets' closing.
 ///
 /// Every accepted socket holds a `ConnectionSlot` under the cap
 /// (`state.max_connections`, below the descriptor limit), so a flood of idle
@@ -118,7 +118,16 @@ pub async fn serve(listener: TcpListener, state: Arc<HttpState>, mut shutdown: w
         });
     }
     drop(listener);
-    let _ = tokio::time::timeout(grace, graceful.shutdown()).await;
+    // The requests in flight, then the WebSockets' close frames: each connection
+    // task saw `shutdown` and closes with 1001, and the runtime's end would
+    // otherwise drop those it has not run yet, closing their sockets bare.
+    let websockets = state.websockets.clone();
+    websockets.close();
+    let _ = tokio::time::timeout(grace, async {
+        graceful.shutdown().await;
+        websockets.wait().await;
+    })
+    .await;
 }
 
 /// Why a socket that sent no whole request head yet was closed.

@@ -51,6 +51,10 @@ pub struct HttpState {
     pub postgres: Option<Arc<crate::pg_follow::FollowStatus>>,
     /// The collections that follow a PostgreSQL table: read-only here.
     pub read_only: crate::pg_follow::ReadOnlyCollections,
+    /// The upgraded WebSocket connections' tasks: at a stop the server waits
+    /// for them to send their close frames (an upgraded connection has left
+    /// hyper's graceful shutdown).
+    pub websockets: tokio_util::task::TaskTracker,
 }
 
 impl HttpState {

@@ -500,6 +500,7 @@ impl Network {
             idempotency: crate::idempotency::Idempotency::new(Default::default()),
             postgres,
             read_only,
+            websockets: tokio_util::task::TaskTracker::new(),
         }
     }
 }

@@ -297,6 +297,40 @@ async fn a_client_that_never_reads_is_closed_as_slow_and_others_carry_on() {
     server.stop();
 }
 
+/// A stop closes every WebSocket with 1001 (going away), so that clients know to
+/// reconnect and resume: none is left to the runtime's end, which would close
+/// its socket without a close frame (1006 to the client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_closes_every_websocket_with_going_away() {
+    const N_CONNECTIONS: usize = 64;
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path(), &[]);
+    server.ok("PUT", "/v1/collections/rooms", room_schema());
+    let ops: Vec<Value> = (0..20)
+        .map(|n| json!({"op": "upsert", "id": format!("!r{n:03}:example.org"), "fields": {"recency": n}}))
+        .collect();
+    server.ok("POST", "/v1/collections/rooms/batch", json!({"ops": ops}));
+    let mut clients = Vec::new();
+    for n in 0..N_CONNECTIONS {
+        let mut client = server.connect().await;
+        let sub = json!({"op": "subscribe", "sub": format!("s{n}"), "collection": "rooms",
+            "sort": [{"field": "recency", "dir": "desc"}], "limit": 5});
+        client.send(sub).await;
+        assert!(client.read_until(SETTLE, |client| !client.lists.is_empty()).await, "no snapshot on {n}");
+        clients.push(client);
+    }
+    // SAFETY: `kill` with the pid of a child we own and a valid signal number.
+    unsafe { libc::kill(server.pid() as i32, libc::SIGTERM) };
+    let mut codes = Vec::new();
+    for client in &mut clients {
+        client.read_until(SETTLE, |client| client.frames.iter().any(|frame| frame["type"] == "close")).await;
+        let close = client.frames.iter().find(|frame| frame["type"] == "close");
+        codes.push(close.map(|close| close["code"].clone()).unwrap_or(Value::Null));
+    }
+    assert!(codes.iter().all(|code| *code == json!(1001)), "close codes (null: none): {codes:?}");
+    assert!(server.wait().success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_session_is_dropped_after_its_retention_and_frees_its_windows() {
     let dir = tempfile::tempdir().unwrap();

@@ -36,7 +36,7 @@ pub(super) fn upgrade(call: Call<'_>, slot: Arc<ConnectionSlot>) -> Result<Respo
     let (response, upgrade) = fastwebsockets::upgrade::upgrade(&mut request)
         .map_err(|error| ApiError::bad_request(format!("WebSocket upgrade refused: {error}")))?;
     let context = state.connection_context(identity);
-    tokio::spawn(async move {
+    state.websockets.spawn(async move {
         let _slot = slot;
         if let Ok(ws) = upgrade.await {
             ws::serve_connection(ws, context, identity_slot).await;
