@@ -1,7 +1,7 @@
 //! A driver for profiling `shared-rooms` (one target update moving a room in
 //! every member's list), without the peers in the profile.
 //!
-//! `cargo run --release -p ordo-bench --example shared_rooms_profile -- USERS ROOMS MESSAGES [fan-out]`
+//! `cargo run --release -p ordo-bench --example shared_rooms_layouts_profile -- USERS ROOMS MESSAGES [fan-out]`
 //! prints the median per message; under `perf record` the messages dominate
 //! once MESSAGES is a few thousand.
 
