@@ -539,12 +539,12 @@ async fn start_cluster(
 ) -> Result<Arc<crate::cluster::Cluster>, String> {
     let applied = shared.status.applied_seq();
     let cluster = crate::cluster::Cluster::connect(options, shared).await?;
-    let state = cluster.stream_state().await?;
-    let bounds = crate::cluster::snapshot::StreamBounds { first_seq: state.first_seq, last_seq: state.last_seq };
     // The stream must still hold the message after the last one applied whole
     // (an empty stream whose entries were all dropped included), and that one
     // must be within it.
     let applied_message = cluster.shared.status.applied_stream_seq();
+    let state = read_stream_reaching(&cluster, applied_message).await?;
+    let bounds = crate::cluster::snapshot::StreamBounds { first_seq: state.first_seq, last_seq: state.last_seq };
     crate::cluster::snapshot::check_resume(applied_message, bounds)
         .map_err(|error| format!("stream `{}`: {error}", cluster.options.stream))?;
     cluster.shared.status.stream_said_last_seq(state.last_seq);
@@ -562,6 +562,31 @@ async fn start_cluster(
         "cluster mode"
     );
     Ok(Arc::new(cluster))
+}
+
+/// The stream's state, read again a few times while it ends before
+/// `applied_message`: a NATS server that was frozen while it led the stream
+/// answers for a moment with the stream as it was then (see `cluster::gap`).
+/// A stream that still ends there after the last reading is refused by the caller.
+async fn read_stream_reaching(
+    cluster: &crate::cluster::Cluster,
+    applied_message: u64,
+) -> Result<crate::cluster::log::StreamState, String> {
+    const READINGS: u32 = 5;
+    let mut reading = 1;
+    loop {
+        let state = cluster.stream_state().await?;
+        if state.last_seq >= applied_message || reading == READINGS {
+            return Ok(state);
+        }
+        tracing::warn!(
+            stream_last_seq = state.last_seq,
+            applied_message,
+            "the stream's state as a NATS server answered ends before this node's data; reading again"
+        );
+        reading += 1;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 /// How callers are checked, for the start line of the log.

@@ -78,11 +78,10 @@ async fn consume_from(
 ) -> Result<(), String> {
     let setup_started = std::time::Instant::now();
     let state = cluster.stream_state().await?;
-    cluster.shared.status.stream_said_last_seq(state.last_seq);
     // Entries this node needs removed from the stream (retention): applying what
     // is left would skip them silently. The node stops for good (`gap`).
-    let bounds = super::snapshot::StreamBounds { first_seq: state.first_seq, last_seq: state.last_seq };
-    super::gap::check_start(cluster, start_seq, bounds)?;
+    super::gap::check_start(cluster, start_seq, &state)?;
+    cluster.shared.status.stream_said_last_seq(state.last_seq);
     let conn = cluster.conn();
     let consumer = conn.stream.create_consumer(consumer_config(start_seq)).await.map_err(|error| error.to_string())?;
     // Dropped after `messages` (declared first), however this generation ends.

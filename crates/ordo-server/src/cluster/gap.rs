@@ -20,8 +20,17 @@
 //! seen: retention only ever raises the first seq, so a first seq ≤ E then
 //! means E..S−1 were not dropped by retention.
 //!
+//! A reading can also be stale. A NATS server frozen while it led the stream
+//! (SIGSTOP, a partition) answers as that leader for a moment once it runs
+//! again, with the stream as it was: its last seq can be below what this node
+//! applied since. A stream's last seq never goes down, so a reading of the
+//! bound stream (same creation time) that ends before this node's seq is such
+//! an answer, and the consumer reads again instead of stopping; only a stream
+//! created again under the same name stops the node.
+//!
 //! [`Shared::stop_for_good`]: super::Shared::stop_for_good
 
+use super::log::StreamState;
 use super::snapshot::{check_resume, StreamBounds};
 use super::Cluster;
 
@@ -34,10 +43,32 @@ pub async fn check(cluster: &Cluster, expected: u64, delivered: u64) -> Result<(
     let state = cluster.stream_state().await.map_err(|error| {
         format!("seq {delivered} delivered where {expected} was expected, and then {error}; consuming again")
     })?;
+    refuse_stale(cluster, &state, expected - 1)?;
     cluster.shared.status.stream_said_last_seq(state.last_seq);
     let bounds = StreamBounds { first_seq: state.first_seq, last_seq: state.last_seq };
     verdict(&cluster.options.stream, expected, delivered, bounds)
         .inspect_err(|message| cluster.shared.stop_for_good(message.clone()))
+}
+
+/// `Err` (read again) when `state`, a reading of the stream this node bound
+/// to, ends before `local_seq`, which this node applied from that stream: the
+/// answer of a server that has not caught up (see the module doc).
+fn refuse_stale(cluster: &Cluster, state: &StreamState, local_seq: u64) -> Result<(), String> {
+    if !is_stale(cluster.is_bound_stream(state), state.last_seq, local_seq) {
+        return Ok(());
+    }
+    let message = format!(
+        "the stream's state as a NATS server answered ends at seq {}, before this node's seq {local_seq}: a \
+         server that has not caught up answered (one just thawed after a freeze, say); reading again",
+        state.last_seq
+    );
+    tracing::warn!(stream_last_seq = state.last_seq, local_seq, "{message}");
+    Err(message)
+}
+
+/// Whether a reading that ends at `last_seq` is stale for a node at `local_seq`.
+fn is_stale(is_bound_stream: bool, last_seq: u64, local_seq: u64) -> bool {
+    is_bound_stream && last_seq < local_seq
 }
 
 /// What the stream's bounds, read after the jump from `expected` to `delivered`,
@@ -65,8 +96,11 @@ pub fn verdict(stream: &str, expected: u64, delivered: u64, bounds: StreamBounds
 }
 
 /// Whether a consumer that starts at `start_seq` can: `Err` (after stopping the
-/// node for good) when the stream no longer holds it.
-pub fn check_start(cluster: &Cluster, start_seq: u64, bounds: StreamBounds) -> Result<(), String> {
+/// node for good) when the stream no longer holds it; `Err` alone (read again)
+/// when the reading is stale.
+pub fn check_start(cluster: &Cluster, start_seq: u64, state: &StreamState) -> Result<(), String> {
+    refuse_stale(cluster, state, start_seq - 1)?;
+    let bounds = StreamBounds { first_seq: state.first_seq, last_seq: state.last_seq };
     check_resume(start_seq - 1, bounds).map(|_| ()).map_err(|error| {
         let message = format!(
             "stream `{}`: the consumer must start at seq {start_seq}, which the stream no longer holds: this node \
@@ -97,5 +131,15 @@ mod tests {
         // 11..=40 deleted by hand while 5.. are still there: markers, no stop.
         assert!(verdict("ORDO", 11, 41, bounds(5, 90)).is_ok());
         assert!(verdict("ORDO", 11, 41, bounds(11, 90)).is_ok());
+    }
+
+    #[test]
+    fn a_reading_behind_this_node_is_stale_only_for_the_bound_stream() {
+        // The bound stream, read behind seq 13 this node applied: a stale answer.
+        assert!(is_stale(true, 5, 13));
+        assert!(!is_stale(true, 13, 13));
+        assert!(!is_stale(true, 20, 13));
+        // A stream created again under the name: not stale, the node stops.
+        assert!(!is_stale(false, 5, 13));
     }
 }

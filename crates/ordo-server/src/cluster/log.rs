@@ -29,6 +29,9 @@ pub struct Cluster {
     last_reconnect: std::sync::Mutex<Option<std::time::Instant>>,
     /// Groups the entries requests hand this node into atomic batches (`coalesce`).
     pub(crate) coalescer: Coalescer,
+    /// When the stream this node bound to was created (Unix ns): a stream
+    /// deleted and created again under the same name has another.
+    stream_created_ns: i128,
 }
 
 /// One NATS connection and the stream as seen through it.
@@ -71,11 +74,13 @@ fn jetstream_of(client: async_nats::Client) -> jetstream::Context {
 /// times requests out, and a reconnection restarts the consumer).
 const RECONNECT_SPACING: Duration = Duration::from_secs(10);
 
-/// Where the stream stands at start.
+/// Where the stream stands, as the server that answered sees it.
 pub struct StreamState {
     pub first_seq: u64,
     pub last_seq: u64,
     pub messages: u64,
+    /// When the stream was created (Unix ns).
+    pub created_ns: i128,
 }
 
 impl Cluster {
@@ -135,8 +140,9 @@ impl Cluster {
             && options.coalesce.max_entries > 1
             && super::batch::allow_atomic(&client, &options.stream).await;
         let coalescer = Coalescer::new(options.coalesce, atomic, scheme);
+        let stream_created_ns = stream.cached_info().created.unix_timestamp_nanos();
         let conn = Arc::new(std::sync::RwLock::new(Arc::new(Conn { client, js, stream })));
-        Ok(Cluster { options, conn, shared, last_reconnect: std::sync::Mutex::new(None), coalescer })
+        Ok(Cluster { options, conn, shared, last_reconnect: std::sync::Mutex::new(None), coalescer, stream_created_ns })
     }
 
     pub(super) fn conn(&self) -> Arc<Conn> {
@@ -203,7 +209,14 @@ impl Cluster {
             first_seq: info.state.first_sequence,
             last_seq: info.state.last_sequence,
             messages: info.state.messages,
+            created_ns: info.created.unix_timestamp_nanos(),
         })
+    }
+
+    /// Whether `state` is of the stream this node bound to, not of one created
+    /// again under its name since.
+    pub fn is_bound_stream(&self, state: &StreamState) -> bool {
+        state.created_ns == self.stream_created_ns
     }
 
     /// Publishes `entries` (encoded, in order) and waits for each one's outcome
