@@ -20,6 +20,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::entry::{Decoded, Kind};
+use super::pack::{MsgId, Pack};
 use super::{Outcome, Shared};
 use crate::access::Gate;
 use crate::auth::{Identity, Role};
@@ -145,7 +146,7 @@ struct Group {
 struct Entry {
     seq: u64,
     generation: u64,
-    msg_id: Option<String>,
+    msg_id: Option<MsgId>,
     published_ns: u64,
     payload: Bytes,
 }
@@ -154,7 +155,7 @@ struct Entry {
 struct Waiting {
     seq: u64,
     generation: u64,
-    msg_id: Option<String>,
+    msg_id: Option<MsgId>,
     published_ns: u64,
 }
 
@@ -170,13 +171,23 @@ struct Waiting {
 pub fn apply_run(writer: &mut Writer, applier: &mut Applier, run: Vec<Delivered>) {
     let scheme = applier.shared.status.scheme();
     let mut group = Group::default();
-    'messages: for delivered in run {
+    'messages: for mut delivered in run {
         if delivered.generation <= applier.halted_generation {
             break;
         }
-        let entries = entries_of(&delivered, scheme.max_entries());
-        let n_entries = entries.len();
-        for (index, (msg_id, payload)) in entries.into_iter().enumerate() {
+        let pack = match super::pack::is_pack(&delivered.payload) {
+            true => super::pack::decode(&delivered.payload, scheme.max_entries()).ok(),
+            false => None,
+        };
+        // A message that is not a pack, or a pack that does not decode, is one
+        // entry (refused as malformed where it applies).
+        let single = match &pack {
+            None => Some((delivered.msg_id.take().map(MsgId::from), std::mem::take(&mut delivered.payload))),
+            Some(_) => None,
+        };
+        let n_entries = pack.as_ref().map_or(1, Pack::n_entries);
+        let packed = pack.iter().flat_map(Pack::entries).map(|(msg_id, payload)| (Some(msg_id), payload));
+        for (index, (msg_id, payload)) in single.into_iter().chain(packed).enumerate() {
             let entry = Entry {
                 seq: scheme.entry_seq(delivered.stream_seq, n_entries, index),
                 generation: delivered.generation,
@@ -190,19 +201,6 @@ pub fn apply_run(writer: &mut Writer, applier: &mut Applier, run: Vec<Delivered>
         }
     }
     flush(writer, applier, &mut group);
-}
-
-/// A message's entries, each with its message id: a pack's, or the message
-/// itself. A pack that does not decode, or holds no entry or more than a
-/// message may, counts as one entry, refused as malformed where it applies.
-fn entries_of(delivered: &Delivered, max_entries: usize) -> Vec<(Option<String>, Bytes)> {
-    if !super::pack::is_pack(&delivered.payload) {
-        return vec![(delivered.msg_id.clone(), delivered.payload.clone())];
-    }
-    match super::pack::decode(&delivered.payload, max_entries) {
-        Ok(entries) => entries.into_iter().map(|(id, payload)| (Some(id), payload)).collect(),
-        Err(_) => vec![(delivered.msg_id.clone(), delivered.payload.clone())],
-    }
 }
 
 /// Applies one entry, or adds it to `group`; false when this node halted.
@@ -301,7 +299,7 @@ fn flush(writer: &mut Writer, applier: &mut Applier, group: &mut Group) -> bool 
         debug_assert!(result.as_ref().map_or(true, |ack| ack.seq == waiting.seq), "an entry uses exactly its seq");
         applier.recycle(batch);
         applier.shared.status.set_applied(waiting.seq, waiting.published_ns);
-        applier.shared.deliver(waiting.msg_id.as_deref(), Outcome::Write(result));
+        applier.shared.deliver(waiting.msg_id.as_ref().map(MsgId::as_str), Outcome::Write(result));
     }
     if let Some(snapshots) = &mut applier.snapshots {
         snapshots.after_apply(writer.database(), applier.shared.status.scheme());
@@ -328,7 +326,7 @@ fn finish(writer: &mut Writer, applier: &mut Applier, waiting: Waiting, outcome:
     applier.shared.status.set_applied(seq, published_ns);
     // Before the answer: a client that got this seq never waits for it here.
     writer.publish_seq();
-    applier.shared.deliver(msg_id.as_deref(), outcome);
+    applier.shared.deliver(msg_id.as_ref().map(MsgId::as_str), outcome);
     if let Some(snapshots) = &mut applier.snapshots {
         // One comparison unless a snapshot is due; the copy runs on its own thread.
         snapshots.after_apply(writer.database(), applier.shared.status.scheme());

@@ -135,39 +135,84 @@ pub fn is_pack(message: &[u8]) -> bool {
     message.first() == Some(&PACK_TAG)
 }
 
-/// A pack's entries: message id and payload (slices of `message`, no copy).
-/// `Err` for a message that is not a pack, one cut short or followed by
-/// bytes, and one that holds no entry or more than `max_entries`.
-pub fn decode(message: &Bytes, max_entries: usize) -> Result<Vec<(String, Bytes)>, String> {
+/// An entry's message id: a slice of its message (no copy), checked UTF-8.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MsgId(Bytes);
+
+impl MsgId {
+    pub fn as_str(&self) -> &str {
+        // Checked when made (`decode`, `From<String>`); a few ns for an id.
+        std::str::from_utf8(&self.0).expect("a message id is UTF-8")
+    }
+}
+
+impl From<String> for MsgId {
+    fn from(id: String) -> MsgId {
+        MsgId(Bytes::from(id))
+    }
+}
+
+/// A pack whose layout `decode` checked: its entries, each message id and
+/// payload a slice of the message, read without allocating (a follower reads
+/// every entry of every message).
+#[derive(Debug)]
+pub struct Pack {
+    message: Bytes,
+    count: usize,
+}
+
+impl Pack {
+    /// Its entries: 1 to the scheme's `max_entries` (`decode` refuses an empty pack).
+    pub fn n_entries(&self) -> usize {
+        self.count
+    }
+
+    /// The entries in order.
+    pub fn entries(&self) -> impl Iterator<Item = (MsgId, Bytes)> + '_ {
+        let mut at = PACK_HEADER_BYTES;
+        (0..self.count).map(move |_| {
+            let (id, payload) = entry_at(&self.message, at).expect("checked by `decode`");
+            at = payload.end;
+            (MsgId(self.message.slice(id)), self.message.slice(payload))
+        })
+    }
+}
+
+/// A pack's entries, checked: `Err` for a message that is not a pack, one cut
+/// short or followed by bytes, one with an id that is not UTF-8, and one that
+/// holds no entry or more than `max_entries`.
+pub fn decode(message: &Bytes, max_entries: usize) -> Result<Pack, String> {
     let header = message.get(..PACK_HEADER_BYTES).ok_or("a message shorter than a pack's header")?;
     if header[0] != PACK_TAG {
         return Err("not a pack".to_owned());
     }
-    let count = u16::from_le_bytes([header[1], header[2]]);
-    if count == 0 || usize::from(count) > max_entries {
+    let count = usize::from(u16::from_le_bytes([header[1], header[2]]));
+    if count == 0 || count > max_entries {
         return Err(format!("a pack of {count} entries (a message holds 1 to {max_entries})"));
     }
-    let mut entries = Vec::with_capacity(usize::from(count));
     let mut at = PACK_HEADER_BYTES;
     for index in 0..count {
-        let truncated = || format!("a pack cut short in entry {index} of {count}");
-        let id_len = usize::from(u16::from_le_bytes(read(message, at).ok_or_else(truncated)?));
-        at += 2;
-        let id = message.get(at..at + id_len).ok_or_else(truncated)?;
-        let id = std::str::from_utf8(id).map_err(|_| format!("entry {index} of a pack has an id that is not UTF-8"))?;
-        at += id_len;
-        let payload_len = u32::from_le_bytes(read(message, at).ok_or_else(truncated)?) as usize;
-        at += 4;
-        if message.len() < at + payload_len {
-            return Err(truncated());
+        let (id, payload) =
+            entry_at(message, at).ok_or_else(|| format!("a pack cut short in entry {index} of {count}"))?;
+        if std::str::from_utf8(&message[id]).is_err() {
+            return Err(format!("entry {index} of a pack has an id that is not UTF-8"));
         }
-        entries.push((id.to_owned(), message.slice(at..at + payload_len)));
-        at += payload_len;
+        at = payload.end;
     }
     if at != message.len() {
         return Err(format!("{} bytes after a pack's {count} entries", message.len() - at));
     }
-    Ok(entries)
+    Ok(Pack { message: message.clone(), count })
+}
+
+/// The byte ranges of the id and the payload of the entry that starts at
+/// `at`; `None` when the message ends first.
+fn entry_at(message: &[u8], at: usize) -> Option<(std::ops::Range<usize>, std::ops::Range<usize>)> {
+    let id_len = usize::from(u16::from_le_bytes(read(message, at)?));
+    let id = at + 2..at + 2 + id_len;
+    let payload_len = u32::from_le_bytes(read(message, id.end)?) as usize;
+    let payload = id.end + 4..id.end + 4 + payload_len;
+    (payload.end <= message.len()).then_some((id, payload))
 }
 
 fn read<const N: usize>(message: &[u8], at: usize) -> Option<[u8; N]> {
@@ -190,7 +235,12 @@ mod tests {
             assert_eq!(out.len(), packed_bytes(&entries(n)));
             let message = out.freeze();
             assert!(is_pack(&message));
-            assert_eq!(decode(&message, 256).unwrap(), entries(n));
+            let decoded: Vec<(String, Bytes)> = decode(&message, 256)
+                .unwrap()
+                .entries()
+                .map(|(id, payload)| (id.as_str().to_owned(), payload))
+                .collect();
+            assert_eq!(decoded, entries(n));
             for cut in [1, 3, message.len() / 2, message.len() - 1] {
                 assert!(decode(&message.slice(..cut), 256).is_err(), "cut at {cut} of {}", message.len());
             }
@@ -198,6 +248,11 @@ mod tests {
             longer.put_u8(0);
             assert!(decode(&longer.freeze(), 256).is_err(), "a byte after the entries");
         }
+        // An id that is not UTF-8 (entry 0's id starts after the header and its length).
+        let mut bad_id = BytesMut::new();
+        encode(&entries(2), &mut bad_id);
+        bad_id[PACK_HEADER_BYTES + 2] = 0xFF;
+        assert!(decode(&bad_id.freeze(), 256).unwrap_err().contains("not UTF-8"));
         assert!(!is_pack(b"{\"kind\":\"write\"}"));
         assert!(decode(&Bytes::from_static(b"{\"kind\":\"write\"}"), 256).is_err());
         assert!(decode(&Bytes::from_static(b"{}"), 256).is_err());
