@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::auth::{identity_key, Identity, Role};
-use crate::wire::OpRequest;
+use crate::wire::InlineOps;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -50,6 +50,8 @@ pub enum Kind {
 pub struct Caller<'a> {
     #[serde(borrow)]
     pub sub: Cow<'a, str>,
+    /// Borrowed too: a `Cow` field without `borrow` is decoded into a `String`.
+    #[serde(borrow)]
     pub role: Cow<'a, str>,
     /// A claim named twice has no one value for the rules of every node to read.
     #[serde(default, deserialize_with = "crate::strict_json::unique_keys_map")]
@@ -153,10 +155,12 @@ impl<'a> Entry<'a> {
 #[serde(deny_unknown_fields)]
 pub struct Decoded<'a> {
     pub kind: Kind,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "borrowed_str")]
     pub collection: Option<Cow<'a, str>>,
+    /// One op (a message, a read marker: nearly every entry) is held inline, so
+    /// decoding it allocates nothing.
     #[serde(borrow, default)]
-    pub ops: Option<Vec<OpRequest<'a>>>,
+    pub ops: Option<InlineOps<'a>>,
     #[serde(borrow, default)]
     pub schema: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -167,6 +171,15 @@ pub struct Decoded<'a> {
     pub postgres: Option<&'a RawValue>,
     #[serde(borrow)]
     pub caller: Caller<'a>,
+}
+
+/// An optional string borrowed from the message unless it has escapes: serde's
+/// `borrow` reaches a `Cow` field, not one inside an `Option`, which it would
+/// decode into a `String` (an allocation per entry).
+fn borrowed_str<'de: 'a, 'a, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Cow<'a, str>>, D::Error> {
+    #[derive(Deserialize)]
+    struct Borrowed<'a>(#[serde(borrow)] Cow<'a, str>);
+    Ok(Option::<Borrowed<'a>>::deserialize(deserializer)?.map(|Borrowed(text)| text))
 }
 
 impl<'a> Decoded<'a> {

@@ -1,9 +1,12 @@
-//! A write grant is built for every write part (an admin's too): the usual
-//! single group of limits is held inline, so building one allocates nothing.
+//! What every write builds on its way, counted: a write grant (built for every
+//! write part, an admin's too: the usual single group of limits is held inline)
+//! and, in cluster mode, the stream entry each node decodes (its one op inline,
+//! its strings borrowed from the message). Neither allocates.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
+use ordo_server::cluster::entry::{Decoded, Kind};
 use ordo_server::rules::Grant;
 use ordo_server::write_rules::{parse_write, WriteDoc, WriteGrant, WriteLimits};
 
@@ -57,4 +60,22 @@ fn an_admins_grant_and_a_one_rule_grant_allocate_nothing() {
     });
     assert_eq!(limits_of_two, 2);
     assert!(two > 0, "the second group is on the heap");
+}
+
+#[test]
+fn a_one_op_stream_entry_decodes_without_allocating() {
+    let one_op = br#"{"kind":"write","collection":"rooms","ops":[{"op":"upsert","id":"r1","fields":{"recency":7}}],"caller":{"sub":"anonymous","role":"admin","claims":{}}}"#;
+    let mut n_ops = 0;
+    let allocations = allocations_in(|| {
+        let entry = Decoded::decode(one_op).unwrap();
+        assert_eq!(entry.kind, Kind::Write);
+        n_ops = entry.ops.as_deref().map_or(0, <[_]>::len);
+    });
+    assert_eq!(n_ops, 1);
+    assert_eq!(allocations, 0, "a one-op entry is decoded in place");
+    // Two ops spill to the heap, and both are there.
+    let two_ops = br#"{"kind":"write","collection":"rooms","ops":[{"op":"upsert","id":"r1"},{"op":"remove","id":"r2"}],"caller":{"sub":"anonymous","role":"admin","claims":{}}}"#;
+    let entry = Decoded::decode(two_ops).unwrap();
+    let ids: Vec<&str> = entry.ops.as_deref().unwrap().iter().map(|op| &*op.id).collect();
+    assert_eq!(ids, ["r1", "r2"]);
 }
