@@ -267,10 +267,9 @@ impl Run {
         self.n_gaps = 0;
     }
 
-    /// Takes the gap right before `next` for a new entry of prefix `prefix`,
-    /// and gives the other gaps between it and the entry before their places
-    /// (they stay gaps) this prefix, so the prefixes stay in order. Returns the
-    /// place taken.
+    /// Takes the gap right before `next` for a new entry of prefix `prefix`;
+    /// the gaps between it and the entry before stay gaps but take this prefix,
+    /// so the prefixes stay in order. Returns the place taken.
     fn take_gaps_before(&mut self, next: usize, prefix: Prefix) -> usize {
         let taken = next - 1;
         let index = self.gap_index(taken).expect("a free place after the head is a gap");
