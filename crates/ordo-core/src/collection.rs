@@ -27,6 +27,7 @@ mod interned;
 mod string_head;
 
 pub(crate) use column::Column;
+use interned::NULL_HANDLE;
 use string_head::StringHead;
 
 /// As a long string's copy (`string_head::copy_reusing_capacity_str`), for a payload
@@ -194,6 +195,16 @@ impl Collection {
         match self.column(field_id) {
             Column::Interned(column) => column.find(text),
             _ => unreachable!("reference columns stay interned"),
+        }
+    }
+
+    /// A slot's handle when `field_id`'s column is interned (any string column
+    /// may be, until it converts to heads) and the slot is not null.
+    #[inline]
+    pub(crate) fn handle_of(&self, slot: Slot, field_id: FieldId) -> Option<u32> {
+        match self.column(field_id) {
+            Column::Interned(column) => Some(column.handle(slot as usize)).filter(|&handle| handle != NULL_HANDLE),
+            _ => None,
         }
     }
 

@@ -26,6 +26,21 @@
 //! per-slot arrays: an item changing value is unlinked and linked in O(1), and
 //! never allocates, however the number of items per value drifts (a `Vec` per
 //! value would grow each time a value reached a new high).
+//!
+//! A keyed field stored interned (a membership's `owner`: a 4-byte handle per
+//! slot, see `collection::interned`) also keeps, per handle, its value's views
+//! when they are none or one (a user's list): the *lone-view table*. Finding a
+//! slot's views through it reads the slot's handle and one 4-byte cell, where
+//! the hash needs the string's head, the table's control bytes and its bucket:
+//! three dependent misses per member when a room's message moves every
+//! member's list. Invariant (checked by `KeyIndex::check`): for every handle a
+//! live slot holds, the cell is exact, `NO_VIEW`, the one view, or `SEVERAL`.
+//! It is kept so by every slot that takes a handle (`apply_moves`, which also
+//! sees a handle freed and reused for another string under the same hash) and
+//! by every view added or removed (which rewrites the cells of its value's
+//! slots). A freed handle's cell is stale and never read: no slot holds it. A
+//! column that leaves the interned layout has no handles, and its slots are
+//! looked up by hash again.
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 use smallvec::SmallVec;
@@ -34,6 +49,7 @@ use thin_vec::ThinVec;
 
 use crate::collection::Collection;
 use crate::ids::Slot;
+use crate::prefetch::prefetch;
 use crate::schema::FieldId;
 use crate::value::Value;
 
@@ -45,15 +61,23 @@ pub(crate) struct ViewKey {
 }
 
 /// A slot's key hash for one keyed field before and after the operation being
-/// applied (`None`: null, or no item).
+/// applied (`None`: null, or no item), and its handle before it when the field
+/// is stored interned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct KeyMove {
     pub(crate) old: Option<u64>,
     pub(crate) new: Option<u64>,
+    pub(crate) old_handle: Option<u32>,
 }
 
 /// The end of a slot list.
 const NO_SLOT: Slot = Slot::MAX;
+
+/// A lone-view cell: no view is keyed by the handle's value.
+const NO_VIEW: u32 = u32::MAX;
+/// A lone-view cell: several views are keyed by the handle's value (look them
+/// up by hash). Also what a cell the table has not grown to yet reads as.
+const SEVERAL: u32 = u32::MAX - 1;
 
 /// One value (hash) of a keyed field: the views keyed by it and the slots holding it.
 struct KeyEntry {
@@ -66,6 +90,17 @@ struct KeyEntry {
     n_slots: u32,
 }
 
+impl KeyEntry {
+    /// The entry's lone-view cell.
+    fn lone_view(&self) -> u32 {
+        match self.views[..] {
+            [] => NO_VIEW,
+            [view] => view,
+            _ => SEVERAL,
+        }
+    }
+}
+
 /// A field that keys at least one view, with its equality index.
 pub(crate) struct KeyedField {
     pub(crate) field_id: FieldId,
@@ -76,6 +111,9 @@ pub(crate) struct KeyedField {
     /// ends, and for slots in no list: null values, free slots).
     next: Vec<Slot>,
     previous: Vec<Slot>,
+    /// Per handle of the field's interned column: its value's views when none
+    /// or one (see the module's doc). Grows with the handles.
+    lone_view_by_handle: Vec<u32>,
 }
 
 /// The keyed views and equality indexes of one collection.
@@ -148,10 +186,14 @@ impl KeyIndex {
             entries: HashTable::new(),
             next: vec![NO_SLOT; collection.slot_capacity()],
             previous: vec![NO_SLOT; collection.slot_capacity()],
+            lone_view_by_handle: Vec::new(),
         };
         for slot in collection.live_slots() {
             if let Some(hash) = self.hash_value(collection.value(slot, field_id)) {
                 field.add_slot(slot, hash);
+                if let Some(handle) = collection.handle_of(slot, field_id) {
+                    field.set_lone_view(handle, NO_VIEW);
+                }
             }
         }
         // Usually the only keyed field: room for one (a `KeyedField` is 96 bytes, and
@@ -161,20 +203,22 @@ impl KeyIndex {
     }
 
     /// Registers a view under `key`; the field's index must exist (`ensure_field`).
-    pub(crate) fn add_view(&mut self, key: ViewKey, view_index: u32) {
+    pub(crate) fn add_view(&mut self, collection: &Collection, key: ViewKey, view_index: u32) {
         let field = self.fields.iter_mut().find(|field| field.field_id == key.field_id).expect("ensure_field ran");
         field.n_views += 1;
         field.entry_or_insert(key.hash).views.push(view_index);
+        field.rewrite_lone_views(collection, key.hash);
     }
 
     /// Unregisters a view; drops the field's index with its last keyed view.
-    pub(crate) fn remove_view(&mut self, key: ViewKey, view_index: u32) {
+    pub(crate) fn remove_view(&mut self, collection: &Collection, key: ViewKey, view_index: u32) {
         let field_position =
             self.fields.iter().position(|field| field.field_id == key.field_id).expect("a keyed view's field");
         let field = &mut self.fields[field_position];
         let entry = field.entry_mut(key.hash).expect("a keyed view's entry");
         let view_position = entry.views.iter().position(|&index| index == view_index).expect("registered");
         entry.views.swap_remove(view_position);
+        field.rewrite_lone_views(collection, key.hash);
         field.remove_entry_if_empty(key.hash);
         field.n_views -= 1;
         if field.n_views == 0 {
@@ -183,11 +227,20 @@ impl KeyIndex {
         }
     }
 
-    /// Moves `slot` between entries as `moves` (one per field, in `fields()` order) says.
-    pub(crate) fn apply_moves(&mut self, slot: Slot, moves: &[KeyMove]) {
+    /// Moves `slot` between entries as `moves` (one per field, in `fields()` order)
+    /// says, once `collection` holds the slot's new values.
+    pub(crate) fn apply_moves(&mut self, collection: &Collection, slot: Slot, moves: &[KeyMove]) {
         debug_assert_eq!(moves.len(), self.fields.len());
         for (field, key_move) in self.fields.iter_mut().zip(moves) {
+            let new_handle = key_move.new.and(collection.handle_of(slot, field.field_id));
             if key_move.old == key_move.new {
+                // Another string under the same hash may have taken a freed handle
+                // whose cell still names the views of the string it held before.
+                if let (Some(hash), Some(handle), false) = (key_move.new, new_handle, new_handle == key_move.old_handle)
+                {
+                    let lone_view = field.entry(hash).expect("the slot's entry").lone_view();
+                    field.set_lone_view(handle, lone_view);
+                }
                 continue;
             }
             if let Some(hash) = key_move.old {
@@ -195,7 +248,39 @@ impl KeyIndex {
             }
             if let Some(hash) = key_move.new {
                 field.add_slot(slot, hash);
+                if let Some(handle) = new_handle {
+                    let lone_view = field.entry(hash).expect("just linked").lone_view();
+                    field.set_lone_view(handle, lone_view);
+                }
             }
+        }
+    }
+
+    /// The views keyed by `slot`'s value of `field`: through the lone-view
+    /// table when the field is stored interned and the value has at most one.
+    #[inline]
+    pub(crate) fn views_of_slot<'a>(&self, field: &'a KeyedField, collection: &Collection, slot: Slot) -> &'a [u32] {
+        if let Some(handle) = collection.handle_of(slot, field.field_id) {
+            match field.lone_view_by_handle.get(handle as usize) {
+                Some(&NO_VIEW) => return &[],
+                Some(&SEVERAL) | None => {}
+                Some(view) => return std::slice::from_ref(view),
+            }
+        }
+        self.hash_value(collection.value(slot, field.field_id)).map_or(&[], |hash| field.views_of_hash(hash))
+    }
+
+    /// Asks the cache for what [`KeyIndex::views_of_slot`] reads past the slot's
+    /// value, once that is in cache: its lone-view cell, or its string.
+    #[inline]
+    pub(crate) fn prefetch_views_of_slot(&self, field: &KeyedField, collection: &Collection, slot: Slot) {
+        match collection.handle_of(slot, field.field_id) {
+            Some(handle) => {
+                if let Some(cell) = field.lone_view_by_handle.get(handle as usize) {
+                    prefetch(cell);
+                }
+            }
+            None => collection.prefetch_text(slot, field.field_id),
         }
     }
 
@@ -232,6 +317,7 @@ impl KeyIndex {
                 }
                 assert_eq!(n_slots, entry.n_slots);
                 n_indexed += n_slots as usize;
+                field.check_lone_views(collection, entry);
             }
             let n_live_with_value = collection
                 .live_slots()
@@ -252,6 +338,43 @@ fn thin_vec_heap_bytes<T>(vec: &ThinVec<T>) -> usize {
 }
 
 impl KeyedField {
+    /// Every cell of the entry's handles is exact (see the module's doc).
+    fn check_lone_views(&self, collection: &Collection, entry: &KeyEntry) {
+        let mut slot = entry.first_slot;
+        while slot != NO_SLOT {
+            if let Some(handle) = collection.handle_of(slot, self.field_id) {
+                let cell = self.lone_view_by_handle.get(handle as usize).copied().unwrap_or(SEVERAL);
+                assert_eq!(cell, entry.lone_view(), "the lone-view cell of slot {slot}'s handle {handle}");
+            }
+            slot = self.next[slot as usize];
+        }
+    }
+
+    fn set_lone_view(&mut self, handle: u32, lone_view: u32) {
+        let handle = handle as usize;
+        if handle >= self.lone_view_by_handle.len() {
+            // Grows with the column's handles; amortised like a Vec push.
+            self.lone_view_by_handle.resize(handle + 1, SEVERAL);
+        }
+        self.lone_view_by_handle[handle] = lone_view;
+    }
+
+    /// Rewrites the lone-view cells of the handles held by the slots of the
+    /// value hashing to `hash`, after its views changed. Usually one handle
+    /// (several only on a collision), so the walk over the value's slots (a
+    /// user's memberships, as many as building the view read) writes one cell
+    /// over and over.
+    fn rewrite_lone_views(&mut self, collection: &Collection, hash: u64) {
+        let Some(entry) = self.entry(hash) else { return };
+        let (lone_view, mut slot) = (entry.lone_view(), entry.first_slot);
+        while slot != NO_SLOT {
+            if let Some(handle) = collection.handle_of(slot, self.field_id) {
+                self.set_lone_view(handle, lone_view);
+            }
+            slot = self.next[slot as usize];
+        }
+    }
+
     fn heap_bytes(&self) -> usize {
         self.entries.allocation_size()
             + self
@@ -261,6 +384,7 @@ impl KeyedField {
                 .map(|entry| entry.views.capacity() * std::mem::size_of::<u32>())
                 .sum::<usize>()
             + (self.next.capacity() + self.previous.capacity()) * std::mem::size_of::<Slot>()
+            + self.lone_view_by_handle.capacity() * std::mem::size_of::<u32>()
     }
 
     fn entry(&self, hash: u64) -> Option<&KeyEntry> {
@@ -339,6 +463,51 @@ mod tests {
         format!("@user{}", index % n_owners)
     }
 
+    /// A handle freed by one string and taken by another can keep its cell only
+    /// if the new string's views are the old one's. When the new string hashes
+    /// like the slot's string before it (a collision, forged here: no two short
+    /// strings are known to collide), the slot stays in its entry, and only the
+    /// handle's change says that the cell must be rewritten.
+    #[test]
+    fn a_handle_reused_under_an_unchanged_hash_names_its_new_strings_views() {
+        let owner = FieldId(0);
+        let mut collection = Collection::new("members", Schema::new().with_field("owner", FieldType::String));
+        let (slot_a, slot_b) = (collection.insert_slot("a"), collection.insert_slot("b"));
+        collection.set_value(slot_a, owner, Value::Str("x"));
+        collection.set_value(slot_b, owner, Value::Str("c"));
+        let mut index = KeyIndex::default();
+        index.ensure_field(&collection, owner);
+        let hash = |index: &KeyIndex, text| index.hash_value(Value::Str(text)).expect("a string");
+        let (hash_x, hash_c, hash_w) = (hash(&index, "x"), hash(&index, "c"), hash(&index, "w"));
+        index.add_view(&collection, ViewKey { field_id: owner, hash: hash_x }, 5);
+        index.add_view(&collection, ViewKey { field_id: owner, hash: hash_c }, 6);
+        let views_of = |index: &KeyIndex, collection: &Collection, slot| {
+            index.views_of_slot(&index.fields()[0], collection, slot).to_vec()
+        };
+        assert_eq!(views_of(&index, &collection, slot_a), [5]);
+
+        // "x" leaves its handle free.
+        let handle_of_x = collection.handle_of(slot_a, owner);
+        collection.set_value(slot_a, owner, Value::Str("w"));
+        index.apply_moves(
+            &collection,
+            slot_a,
+            &[KeyMove { old: Some(hash_x), new: Some(hash_w), old_handle: handle_of_x }],
+        );
+        assert_eq!(views_of(&index, &collection, slot_a), [] as [u32; 0]);
+
+        // "y" takes it, under "c"'s hash.
+        let handle_of_c = collection.handle_of(slot_b, owner);
+        collection.set_value(slot_b, owner, Value::Str("y"));
+        assert_eq!(collection.handle_of(slot_b, owner), handle_of_x, "the freed handle is reused");
+        index.apply_moves(
+            &collection,
+            slot_b,
+            &[KeyMove { old: Some(hash_c), new: Some(hash_c), old_handle: handle_of_c }],
+        );
+        assert_eq!(views_of(&index, &collection, slot_b), [6], "not the views of the handle's string before");
+    }
+
     /// `heap_bytes` is what the index holds, counted by the allocator (which
     /// `lib.rs` installs for the unit tests): after its build, after views come
     /// and go, after slots change value, and after the collection grows. A count
@@ -348,9 +517,16 @@ mod tests {
         const N_OWNERS: usize = 300;
         let owner = FieldId(0);
         let mut collection = Collection::new("members", Schema::new().with_field("owner", FieldType::String));
+        collection.reserve(6_000);
         for index in 0..5_000 {
             let slot = collection.insert_slot(&format!("m{index}"));
             collection.set_value(slot, owner, Value::Str(&owner_of(index, N_OWNERS)));
+        }
+        // Slots whose owner is set later: null, outside the index when it is built.
+        // Setting values every owner already holds allocates nothing in the
+        // collection, so that what is counted below is the index's.
+        for index in 5_000..6_000 {
+            collection.insert_slot(&format!("m{index}"));
         }
         let bytes_before = heap_bytes_on_this_thread();
         let held = |_: &KeyIndex| heap_bytes_on_this_thread() - bytes_before;
@@ -361,20 +537,24 @@ mod tests {
             hash: index.hash_value(Value::Str(&owner_of(user, N_OWNERS))).expect("a string"),
         };
         for user in 0..N_OWNERS {
-            index.add_view(key(&index, user), user as u32);
+            index.add_view(&collection, key(&index, user), user as u32);
         }
         assert_eq!(held(&index), index.heap_bytes() as i64, "after the build");
         for user in (0..N_OWNERS).step_by(3) {
-            index.remove_view(key(&index, user), user as u32);
+            index.remove_view(&collection, key(&index, user), user as u32);
         }
         assert_eq!(held(&index), index.heap_bytes() as i64, "after views went");
         for slot in (0..5_000).step_by(7) {
             let old = key(&index, slot).hash;
             let new = key(&index, slot + 1).hash;
-            index.apply_moves(slot as Slot, &[KeyMove { old: Some(old), new: Some(new) }]);
+            let old_handle = collection.handle_of(slot as Slot, owner);
+            collection.set_value(slot as Slot, owner, Value::Str(&owner_of(slot + 1, N_OWNERS)));
+            index.apply_moves(&collection, slot as Slot, &[KeyMove { old: Some(old), new: Some(new), old_handle }]);
         }
         for slot in 5_000..6_000 {
-            index.apply_moves(slot, &[KeyMove { old: None, new: Some(key(&index, slot as usize).hash) }]);
+            collection.set_value(slot, owner, Value::Str(&owner_of(slot as usize, N_OWNERS)));
+            let new = Some(key(&index, slot as usize).hash);
+            index.apply_moves(&collection, slot, &[KeyMove { old: None, new, old_handle: None }]);
         }
         assert_eq!(held(&index), index.heap_bytes() as i64, "after moves and new slots");
         assert!(index.heap_bytes() >= 6_000 * 2 * std::mem::size_of::<Slot>(), "the links count");

@@ -135,13 +135,14 @@ pub(super) fn plan_visits(
                 }
             }
         };
-        if let Some(hash) = old {
-            visited_views.extend_from_slice(field.views_of_hash(hash));
+        if let Some(slot) = slot {
+            visited_views.extend_from_slice(state.keys.views_of_slot(field, &state.collection, slot));
         }
         if let (Some(hash), true) = (new, new != old) {
             visited_views.extend_from_slice(field.views_of_hash(hash));
         }
-        key_moves.push(KeyMove { old, new });
+        let old_handle = slot.and_then(|slot| state.collection.handle_of(slot, field.field_id));
+        key_moves.push(KeyMove { old, new, old_handle });
     }
 }
 
@@ -342,7 +343,7 @@ pub(super) fn apply_upsert(
         let written = &scratch.resolved_fields[op.fields_start as usize..(op.fields_start + op.fields_len) as usize];
         references::after_upsert(state, others, slot, existing.is_none(), written, &scratch.ref_hashes);
     }
-    state.keys.apply_moves(slot, &scratch.key_moves);
+    state.keys.apply_moves(&state.collection, slot, &scratch.key_moves);
     insert_into_views(state, views, windows, scratch, slot, true);
 }
 
@@ -362,7 +363,7 @@ pub(super) fn apply_remove(
     plan_visits(state, scratch, Some(slot), None);
     remove_from_views(state, views, scratch, Some(slot), None);
     insert_into_views(state, views, windows, scratch, slot, false);
-    state.keys.apply_moves(slot, &scratch.key_moves);
+    state.keys.apply_moves(&state.collection, slot, &scratch.key_moves);
     if !state.refs.links.is_empty() {
         references::hashes_before(state, Some(slot), &mut scratch.ref_hashes);
         references::before_remove(state, &scratch.ref_hashes, slot);

@@ -8,12 +8,11 @@
 //! each in turn. So items go through in chunks of [`REFRESH_CHUNK_ITEMS`], each
 //! chunk in steps that each run over the whole chunk:
 //! 1. ask the cache for every item's reference, key and derived values;
-//! 2. ask for every item's key string (interned: its handle is in cache now);
-//! 3. gather: keep the items whose derived values change, hashing their key;
-//!    then list the views each moves in, one equality-index lookup per item and
-//!    little else per turn (so that the lookups' misses overlap), asking for
-//!    each view and what it reads; then keep the views reading a derived field
-//!    that changed;
+//! 2. ask for every item's key views: its key handle's cell in the lone-view
+//!    table (see `key_index`), or its key string when the key is not interned;
+//! 3. gather: keep the items whose derived values change; then list the views
+//!    each moves in, asking for each view and what it reads; then keep the
+//!    views reading a derived field that changed;
 //! 4. ask for each view's move plan, run of slots and windows' list; then for
 //!    the plan's keys and for each window; then for each window's pending
 //!    diffs; then, the slots being in cache, for the prefixes each move shifts;
@@ -33,7 +32,6 @@
 //! diffs, their order and the views visited are as before.
 
 use crate::ids::Slot;
-use crate::key_index::KeyedField;
 use crate::prefetch::{prefetch, prefetch_lines};
 use crate::schema::FieldId;
 use crate::value::Value;
@@ -63,10 +61,6 @@ pub(super) struct GatheredItem {
     views_end: u32,
     /// Where the item is in its chunk.
     chunk_index: u32,
-    /// The hash of its value of the collection's first keyed field, taken
-    /// while its key string is in cache, so that the lookup loop does little
-    /// else than look up (hashing there measured slower).
-    key_hash: Option<u64>,
 }
 
 /// Each gathered item with its views in `gathered_views`.
@@ -147,13 +141,12 @@ fn prefetch_item_values(state: &CollectionState, change: &TargetChange<'_>, chun
     }
     for &slot in chunk {
         for field in state.keys.fields() {
-            collection.prefetch_text(slot, field.field_id);
+            state.keys.prefetch_views_of_slot(field, collection, slot);
         }
     }
 }
 
-/// Step 3a: the items of `chunk` whose derived values change, each with its
-/// first keyed field's hash (its key string is in cache by now).
+/// Step 3a: the items of `chunk` whose derived values change.
 fn select_changed(
     state: &CollectionState,
     change: &TargetChange<'_>,
@@ -162,7 +155,6 @@ fn select_changed(
 ) {
     let collection = &state.collection;
     let link = &state.refs.links[change.link_index];
-    let first_keyed = state.keys.fields().first();
     for (chunk_index, &slot) in chunk.iter().enumerate() {
         // A colliding hash lists other ids too.
         if collection.handle_at(slot, link.ref_field) != change.handle {
@@ -178,15 +170,13 @@ fn select_changed(
             // Nothing a view reads or shows changed: no view is visited.
             continue;
         }
-        let key_hash = first_keyed.and_then(|field| state.keys.hash_value(collection.value(slot, field.field_id)));
-        gathered.push(GatheredItem { slot, changed_mask, views_end: 0, chunk_index: chunk_index as u32, key_hash });
+        gathered.push(GatheredItem { slot, changed_mask, views_end: 0, chunk_index: chunk_index as u32 });
     }
 }
 
 /// Step 3b: the views that hold or may hold each selected item, unkeyed ones
 /// and those of its key values (which a refresh does not change), asking for
-/// each view and its reads. One equality-index lookup per item and little else
-/// per turn, so that the lookups' misses overlap. Returns how many items of the
+/// each view and its reads. Returns how many items of the
 /// chunk the step went through: all, unless the views buffer filled first (it
 /// never grows for a chunk), in which case the selected items not listed are
 /// dropped and go first in the next chunk.
@@ -200,23 +190,17 @@ fn list_views(
     let keyed_fields = state.keys.fields();
     for index in 0..gathered.len() {
         let item = gathered[index];
-        let first_views = match (keyed_fields.first(), item.key_hash) {
-            (Some(field), Some(hash)) => field.views_of_hash(hash),
-            _ => &[],
-        };
-        let other_views = |field| keyed_views(state, field, item.slot);
-        let n_views = state.unkeyed_views.len()
-            + first_views.len()
-            + keyed_fields.iter().skip(1).map(|field| other_views(field).len()).sum::<usize>();
+        let keyed_views = |field| state.keys.views_of_slot(field, &state.collection, item.slot);
+        let n_views =
+            state.unkeyed_views.len() + keyed_fields.iter().map(|field| keyed_views(field).len()).sum::<usize>();
         if gathered_views.len() + n_views > gathered_views.capacity() && index > 0 {
             gathered.truncate(index);
             return item.chunk_index as usize;
         }
         let n_views_before = gathered_views.len();
         gathered_views.extend_from_slice(&state.unkeyed_views);
-        gathered_views.extend_from_slice(first_views);
-        for field in keyed_fields.iter().skip(1) {
-            gathered_views.extend_from_slice(other_views(field));
+        for field in keyed_fields {
+            gathered_views.extend_from_slice(keyed_views(field));
         }
         for &view_index in &gathered_views[n_views_before..] {
             if let Some(reads) = context.view_links.get(view_index as usize) {
@@ -246,11 +230,6 @@ fn keep_views_reading_changes(view_links: &[ViewReads], gathered: &mut [Gathered
         item.views_end = n_kept as u32;
     }
     gathered_views.truncate(n_kept);
-}
-
-/// The views keyed by `slot`'s value of `field`.
-fn keyed_views<'a>(state: &'a CollectionState, field: &'a KeyedField, slot: Slot) -> &'a [u32] {
-    state.keys.hash_value(state.collection.value(slot, field.field_id)).map_or(&[], |hash| field.views_of_hash(hash))
 }
 
 /// Step 4: each gathered view's plan, entries and windows, level by level.

@@ -95,9 +95,7 @@ pub(super) fn try_apply(
         if field_ids.contains(&field.field_id) {
             return false;
         }
-        if let Some(hash) = state.keys.hash_value(state.collection.value(slot, field.field_id)) {
-            scratch.visited_views.extend_from_slice(field.views_of_hash(hash));
-        }
+        scratch.visited_views.extend_from_slice(state.keys.views_of_slot(field, &state.collection, slot));
     }
 
     remove_from_views(state, views, scratch, Some(slot), Some(field_ids));

@@ -351,7 +351,7 @@ impl Engine {
             }
         };
         match key {
-            Some(key) => state.keys.add_view(key, view_index),
+            Some(key) => state.keys.add_view(&state.collection, key, view_index),
             None => state.unkeyed_views.push(view_index),
         }
         self.register_view_links(collection_id, view_index, link_mask);
@@ -377,7 +377,7 @@ impl Engine {
             self.free_views.push(view_index);
             let state = &mut self.collections[collection];
             match key {
-                Some(key) => state.keys.remove_view(key, view_index),
+                Some(key) => state.keys.remove_view(&state.collection, key, view_index),
                 None => state.unkeyed_views.retain(|&index| index != view_index),
             }
             self.unregister_view_links(collection, view_index);
@@ -398,7 +398,7 @@ fn key_lone_view(state: &mut CollectionState, views: &mut [Option<View>]) {
     let Some((field_id, value)) = view.plan.filter.equality_key() else { return };
     let key = ViewKey { field_id, hash: state.keys.hash_value(value).expect("keys are never null or floats") };
     state.keys.ensure_field(&state.collection, field_id);
-    state.keys.add_view(key, view_index);
+    state.keys.add_view(&state.collection, key, view_index);
     state.unkeyed_views.clear();
     view.become_keyed(key);
 }
