@@ -252,6 +252,36 @@ fn a_duplicate_publish_is_applied_once() {
     assert_eq!(applied_seq(&server), last);
 }
 
+/// A node that keeps up with the live log gets it in runs of one entry. What
+/// applying a run needs besides the entry's own batch (its group of pending
+/// writes) is kept from one run to the next, so following a write allocates
+/// next to nothing on the writer thread: a group made for each run allocated
+/// its two lists, two allocations per followed entry.
+#[test]
+fn a_node_following_single_writes_allocates_next_to_nothing_per_entry() {
+    const WARM_UP_WRITES: u64 = 200;
+    const MEASURED_WRITES: u64 = 400;
+    const WRITER_ALLOCATIONS: &str = "ordo_thread_allocations_total{thread=\"writer\"}";
+    let nats = NatsCluster::start(1);
+    let (taker_dir, follower_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let taker = node(taker_dir.path(), &nats.urls(), "taker", 1);
+    let follower = node(follower_dir.path(), &nats.urls(), "follower", 1);
+    let (status, _) = taker.http("PUT", "/v1/collections/things", Some(&schema()));
+    assert_eq!(status, 201);
+    // One write at a time: each is its own stream message, and the follower's own run.
+    let write = |index: u64| {
+        let op = json!({"op": "upsert", "id": format!("t{}", index % 50), "fields": {"n": index, "owner": "o"}});
+        taker.ok("POST", "/v1/collections/things/batch", json!({"ops": [op]}))["seq"].as_u64().unwrap()
+    };
+    let write_all = |indices: std::ops::Range<u64>| indices.fold(0, |_, index| write(index));
+    wait_applied(&[&follower], write_all(0..WARM_UP_WRITES));
+    let before = follower.metric(WRITER_ALLOCATIONS);
+    wait_applied(&[&follower], write_all(WARM_UP_WRITES..WARM_UP_WRITES + MEASURED_WRITES));
+    let per_entry = (follower.metric(WRITER_ALLOCATIONS) - before) / MEASURED_WRITES as f64;
+    println!("the follower's writer thread: {per_entry:.2} allocations per followed entry");
+    assert!(per_entry < 0.5, "{per_entry:.2} allocations per followed entry on the follower's writer thread");
+}
+
 #[test]
 fn single_node_mode_has_no_cluster_fields() {
     let dir = tempfile::tempdir().unwrap();

@@ -46,6 +46,10 @@ pub struct Applier {
     /// write entries: a catching-up node would otherwise allocate every
     /// entry's buffers afresh (docs/bench-history/2026-11-24-cluster-mode.md, "Catch-up, third pass").
     spare_batches: Vec<ordo_core::Batch>,
+    /// The group of the run being applied, empty between runs and kept for its
+    /// capacity: a node following the live log gets runs of one entry, and a
+    /// group made afresh for each would allocate twice per entry.
+    group: Group,
     /// The identity the last write entry applied for, reused by the next ones
     /// while their caller is the same (`Caller::is`).
     last_identity: Option<Identity>,
@@ -63,6 +67,7 @@ impl Applier {
             halted_generation: 0,
             snapshots: None,
             spare_batches: Vec::new(),
+            group: Group::default(),
             last_identity: None,
             postgres: None,
         }
@@ -170,7 +175,7 @@ struct Waiting {
 /// seq and the outcome it gets applied one by one.
 pub fn apply_run(writer: &mut Writer, applier: &mut Applier, run: Vec<Delivered>) {
     let scheme = applier.shared.status.scheme();
-    let mut group = Group::default();
+    let mut group = std::mem::take(&mut applier.group);
     'messages: for mut delivered in run {
         if delivered.generation <= applier.halted_generation {
             break;
@@ -201,6 +206,8 @@ pub fn apply_run(writer: &mut Writer, applier: &mut Applier, run: Vec<Delivered>
         }
     }
     flush(writer, applier, &mut group);
+    debug_assert!(group.writes.is_empty() && group.entries.is_empty(), "a flush empties its group");
+    applier.group = group;
 }
 
 /// Applies one entry, or adds it to `group`; false when this node halted.
