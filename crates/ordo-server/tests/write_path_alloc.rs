@@ -1,7 +1,8 @@
 //! What every write builds on its way, counted: a write grant (built for every
 //! write part, an admin's too: the usual single group of limits is held inline)
 //! and, in cluster mode, the stream entry each node decodes (its one op inline,
-//! its strings borrowed from the message). Neither allocates.
+//! its strings borrowed from the message, its caller's claims read only when
+//! the caller is not the last one's). Neither allocates.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -78,4 +79,31 @@ fn a_one_op_stream_entry_decodes_without_allocating() {
     let entry = Decoded::decode(two_ops).unwrap();
     let ids: Vec<&str> = entry.ops.as_deref().unwrap().iter().map(|op| &*op.id).collect();
     assert_eq!(ids, ["r1", "r2"]);
+}
+
+/// A token's claims (auth on) are read into the identity once, for the first
+/// entry of their caller; each next entry of that caller is told apart from
+/// the identity kept by its claims' text, which it does not copy. (A claim
+/// holding an array or an object costs one allocation: serde_json skips a
+/// nested value with a stack it grows on the heap.)
+#[test]
+fn an_entry_of_the_last_caller_with_claims_decodes_without_allocating() {
+    let entry_of = |recency: u64| {
+        format!(
+            r#"{{"kind":"write","collection":"rooms","ops":[{{"op":"upsert","id":"r1","fields":{{"recency":{recency}}}}}],"caller":{{"sub":"u7","role":"writer","claims":{{"sub":"u7","team":"blue","exp":1800000000}}}}}}"#
+        )
+    };
+    let first = entry_of(1);
+    let first = Decoded::decode(first.as_bytes()).unwrap();
+    let identity = first.caller.identity().unwrap();
+    assert_eq!(identity.claims["team"], "blue");
+    let claims_text = first.caller.claims_text().to_owned();
+    let next = entry_of(2);
+    let mut is_the_same_caller = false;
+    let allocations = allocations_in(|| {
+        let entry = Decoded::decode(next.as_bytes()).unwrap();
+        is_the_same_caller = entry.caller.is(&identity, &claims_text);
+    });
+    assert!(is_the_same_caller);
+    assert_eq!(allocations, 0, "the next entry of the same caller reads no claims");
 }

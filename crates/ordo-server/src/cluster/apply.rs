@@ -51,8 +51,10 @@ pub struct Applier {
     /// group made afresh for each would allocate twice per entry.
     group: Group,
     /// The identity the last write entry applied for, reused by the next ones
-    /// while their caller is the same (`Caller::is`).
+    /// while their caller is the same (`DecodedCaller::is`).
     last_identity: Option<Identity>,
+    /// The claims `last_identity` was built from, as their entry wrote them.
+    last_claims: String,
     /// `--pg-table`: the follower's status, which every node's apply of a
     /// position entry moves on (a node that does not hold the lease reports
     /// the position it applied from the stream).
@@ -69,6 +71,7 @@ impl Applier {
             spare_batches: Vec::new(),
             group: Group::default(),
             last_identity: None,
+            last_claims: String::new(),
             postgres: None,
         }
     }
@@ -222,21 +225,29 @@ fn apply_next(writer: &mut Writer, applier: &mut Applier, group: &mut Group, ent
     let waiting = Waiting { seq, generation, msg_id, published_ns };
     let entry = match Decoded::decode(&payload) {
         Ok(entry) => entry,
-        Err(error) => {
-            let outcome =
-                Outcome::Malformed(ApiError::bad_request(format!("entry at seq {seq} does not decode: {error}")));
-            return flush(writer, applier, group) && finish(writer, applier, waiting, outcome);
-        }
+        Err(error) => return flush(writer, applier, group) && finish(writer, applier, waiting, malformed(seq, &error)),
     };
     if entry.kind != Kind::Write {
         if !flush(writer, applier, group) || !use_seqs_before(writer, applier, &waiting) {
             return false;
         }
-        let outcome = apply_decoded(writer, applier, &entry);
+        let outcome = match entry.caller.identity() {
+            Ok(identity) => apply_decoded(writer, applier, &entry, &identity),
+            Err(error) => malformed(seq, &error),
+        };
         return finish(writer, applier, waiting, outcome);
     }
-    if !applier.last_identity.as_ref().is_some_and(|identity| entry.caller.is(identity)) {
-        applier.last_identity = Some(entry.caller.identity());
+    if !applier.last_identity.as_ref().is_some_and(|identity| entry.caller.is(identity, &applier.last_claims)) {
+        match entry.caller.identity() {
+            Ok(identity) => {
+                applier.last_identity = Some(identity);
+                applier.last_claims.clear();
+                applier.last_claims.push_str(entry.caller.claims_text());
+            }
+            Err(error) => {
+                return flush(writer, applier, group) && finish(writer, applier, waiting, malformed(seq, &error));
+            }
+        }
     }
     let mut batch = applier.take_batch();
     let identity = applier.last_identity.as_ref().expect("set just above");
@@ -348,15 +359,19 @@ fn halt(writer: &mut Writer, applier: &mut Applier, generation: u64, seq: u64, e
     applier.shared.restart.notify_one();
 }
 
-fn apply_decoded(writer: &mut Writer, applier: &Applier, entry: &Decoded<'_>) -> Outcome {
-    let identity = entry.caller.identity();
+/// The outcome of an entry that does not decode, or whose caller's claims do not.
+fn malformed(seq: u64, error: &serde_json::Error) -> Outcome {
+    Outcome::Malformed(ApiError::bad_request(format!("entry at seq {seq} does not decode: {error}")))
+}
+
+fn apply_decoded(writer: &mut Writer, applier: &Applier, entry: &Decoded<'_>, identity: &Identity) -> Outcome {
     match entry.kind {
         Kind::Write => unreachable!("write entries are applied by `apply_next`"),
-        Kind::CreateCollection => Outcome::Create(create_collection(writer, applier, entry, &identity)),
-        Kind::AddField => Outcome::Fields(add_field(writer, entry, &identity)),
-        Kind::RemoveField => Outcome::Fields(remove_field(writer, entry, &identity)),
-        Kind::DropCollection => Outcome::Drop(drop_collection(writer, entry, &identity)),
-        Kind::SetRules => Outcome::Rules(set_rules(writer, applier, entry, &identity)),
+        Kind::CreateCollection => Outcome::Create(create_collection(writer, applier, entry, identity)),
+        Kind::AddField => Outcome::Fields(add_field(writer, entry, identity)),
+        Kind::RemoveField => Outcome::Fields(remove_field(writer, entry, identity)),
+        Kind::DropCollection => Outcome::Drop(drop_collection(writer, entry, identity)),
+        Kind::SetRules => Outcome::Rules(set_rules(writer, applier, entry, identity)),
         Kind::Postgres => Outcome::Postgres(crate::pg_follow::apply::apply(
             writer,
             applier.postgres.as_deref(),

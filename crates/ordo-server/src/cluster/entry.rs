@@ -86,19 +86,6 @@ impl Caller<'_> {
     fn role(&self) -> Role {
         Role::parse(&self.role).unwrap_or(Role::Reader)
     }
-
-    /// Whether `identity` is the one [`Caller::identity`] gives, every part of
-    /// it compared (the key is a function of the subject and the claims, so
-    /// equal ones give an equal key): the writer keeps the last one and reuses
-    /// it for the next entry of the same caller (its two copies were a
-    /// catching-up node's allocations per entry: docs/bench-history/2026-11-24-cluster-mode.md,
-    /// "Catch-up, third pass").
-    pub fn is(&self, identity: &Identity) -> bool {
-        identity.sub == *self.sub
-            && identity.role == self.role()
-            && identity.claims == self.claims
-            && identity.expires_at == u64::MAX
-    }
 }
 
 /// One entry (see the module's table). Borrowed from the message's bytes when
@@ -170,7 +157,64 @@ pub struct Decoded<'a> {
     #[serde(borrow, default)]
     pub postgres: Option<&'a RawValue>,
     #[serde(borrow)]
-    pub caller: Caller<'a>,
+    pub caller: DecodedCaller<'a>,
+}
+
+/// The caller of a [`Decoded`] entry, its claims kept as the message's text:
+/// a node keeps the identity it applied the last write entry for and reuses it
+/// while the next entries name the same caller (`DecodedCaller::is`), so the
+/// claims are read, into a map of their own, only when the caller changes.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecodedCaller<'a> {
+    #[serde(borrow)]
+    pub sub: Cow<'a, str>,
+    #[serde(borrow)]
+    pub role: Cow<'a, str>,
+    /// Read by [`DecodedCaller::identity`]: an object naming each claim once
+    /// (`null`, another value or a repeated key make the entry malformed).
+    #[serde(borrow, default, deserialize_with = "raw_claims")]
+    claims: Option<&'a RawValue>,
+}
+
+/// The claims as written, `null` included (which `Option` would read as absent).
+fn raw_claims<'de: 'a, 'a, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<&'a RawValue>, D::Error> {
+    <&'a RawValue>::deserialize(deserializer).map(Some)
+}
+
+impl DecodedCaller<'_> {
+    /// The claims' text as the entry carries them (`{}` for none, as published).
+    pub fn claims_text(&self) -> &str {
+        self.claims.map_or("{}", RawValue::get)
+    }
+
+    /// The identity the rules see at apply time ([`Caller::identity`]); an error
+    /// when the claims are not an object naming each claim once (a claim named
+    /// twice has no one value for the rules of every node to read).
+    pub fn identity(&self) -> Result<Identity, serde_json::Error> {
+        #[derive(Deserialize)]
+        struct Claims(
+            #[serde(deserialize_with = "crate::strict_json::unique_keys_map")]
+            serde_json::Map<String, serde_json::Value>,
+        );
+        let claims = match self.claims {
+            None => serde_json::Map::new(),
+            Some(raw) => serde_json::from_str::<Claims>(raw.get())?.0,
+        };
+        Ok(Caller { sub: Cow::Borrowed(&self.sub), role: Cow::Borrowed(&self.role), claims }.identity())
+    }
+
+    /// Whether `identity`, built by [`DecodedCaller::identity`] for a caller
+    /// whose claims read `claims_text`, is this caller's: the same subject and
+    /// role, and the same claims written alike (claims written otherwise but
+    /// equal only cost an identity built again; the key is a function of the
+    /// subject and the claims, so it is equal too).
+    pub fn is(&self, identity: &Identity, claims_text: &str) -> bool {
+        identity.sub == *self.sub
+            && identity.role == Role::parse(&self.role).unwrap_or(Role::Reader)
+            && self.claims_text() == claims_text
+            && identity.expires_at == u64::MAX
+    }
 }
 
 /// An optional string borrowed from the message unless it has escapes: serde's
@@ -266,6 +310,36 @@ mod tests {
             assert_eq!(applied.key, identity.key, "{}", String::from_utf8_lossy(&bytes));
             assert_eq!((applied.sub, applied.role, applied.claims), (identity.sub, identity.role, identity.claims));
         }
+    }
+
+    /// A followed entry's claims are read when its caller's identity is built:
+    /// a claim named twice, `null` or claims that are no object make that
+    /// identity, and so the entry, malformed on every node alike. Claims are
+    /// compared with the last caller's as written.
+    #[test]
+    fn a_followed_callers_claims_name_each_claim_once_and_are_compared_as_written() {
+        let caller_of = |claims: &str| {
+            format!(r#"{{"kind":"drop_collection","collection":"x","caller":{{"sub":"s","role":"writer"{claims}}}}}"#)
+        };
+        for claims in [
+            r#","claims":{"team":"red","team":"blue"}"#,
+            r#","claims":{"a":[{"b":1,"b":2}]}"#,
+            r#","claims":null"#,
+            r#","claims":[1]"#,
+        ] {
+            let text = caller_of(claims);
+            let entry = Decoded::decode(text.as_bytes()).unwrap();
+            assert!(entry.caller.identity().is_err(), "{text}");
+        }
+        let red = caller_of(r#","claims":{"team":"red"}"#);
+        let red = Decoded::decode(red.as_bytes()).unwrap();
+        let identity = red.caller.identity().unwrap();
+        assert_eq!((identity.claims["team"].as_str(), identity.role), (Some("red"), Role::Writer));
+        assert!(red.caller.is(&identity, red.caller.claims_text()));
+        assert!(!red.caller.is(&identity, r#"{"team":"blue"}"#));
+        let none = caller_of("");
+        let none = Decoded::decode(none.as_bytes()).unwrap();
+        assert_eq!((none.caller.claims_text(), none.caller.identity().unwrap().claims.len()), ("{}", 0));
     }
 
     #[test]
