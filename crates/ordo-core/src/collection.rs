@@ -67,7 +67,10 @@ pub struct Collection {
     derived_columns: ThinVec<Column>,
     /// Per slot, the item's id (held only here: the id index refers to it).
     ids: Vec<SlotId>,
-    /// One pointer per slot; an empty payload allocates nothing (see `Cargo.toml`).
+    /// One pointer per slot up to the last slot that was given a payload; the
+    /// slots after it have an empty one. A collection whose items carry no
+    /// payload (memberships) holds none, and an empty payload allocates nothing
+    /// (see `Cargo.toml`).
     payloads: Vec<ThinVec<u8>>,
     /// Per slot: the version of the item, the sequence number of the last batch that changed it.
     versions: Vec<u64>,
@@ -286,7 +289,6 @@ impl Collection {
         let (ids, hasher) = (&self.ids, &self.hasher);
         self.id_index.reserve(n_items, |entry| hasher.hash_one(ids[entry.slot as usize].as_bytes()));
         self.ids.reserve(n_items);
-        self.payloads.reserve(n_items);
         self.versions.reserve(n_items);
         self.alive.reserve(n_items);
         let n_slots = self.ids.len();
@@ -303,7 +305,9 @@ impl Collection {
             Some(slot) => {
                 let index = slot as usize;
                 self.ids[index].set(id);
-                self.payloads[index].clear();
+                if let Some(payload) = self.payloads.get_mut(index) {
+                    payload.clear();
+                }
                 self.versions[index] = 0;
                 for column in self.columns.iter_mut().chain(&mut self.derived_columns) {
                     column.set_null(index);
@@ -313,7 +317,6 @@ impl Collection {
             None => {
                 let slot = self.ids.len() as Slot;
                 self.ids.push(SlotId::new(id));
-                self.payloads.push(ThinVec::new());
                 self.versions.push(0);
                 self.alive.push(false);
                 for column in self.columns.iter_mut().chain(&mut self.derived_columns) {
@@ -344,7 +347,10 @@ impl Collection {
         // Exactly the payload's size: a bulk load keeps memory at what the data needs
         // (a million ~200-byte previews would take 256 bytes each if rounded up). The
         // first update that brings a longer payload rounds the buffer up, once.
-        self.payloads.push(ThinVec::from(payload));
+        if !payload.is_empty() {
+            self.payloads.resize_with(slot as usize, ThinVec::new);
+            self.payloads.push(ThinVec::from(payload));
+        }
         self.versions.push(version);
         self.alive.push(true);
         for ((column, field), &value) in self.columns.iter_mut().zip(schema.fields()).zip(values) {
@@ -457,7 +463,15 @@ impl Collection {
     }
 
     pub(crate) fn set_payload(&mut self, slot: Slot, payload: &[u8]) {
-        copy_reusing_capacity_payload(&mut self.payloads[slot as usize], payload);
+        let index = slot as usize;
+        if index >= self.payloads.len() {
+            if payload.is_empty() {
+                return;
+            }
+            // Grows with the slots given a payload; amortised like a Vec push.
+            self.payloads.resize_with(index + 1, ThinVec::new);
+        }
+        copy_reusing_capacity_payload(&mut self.payloads[index], payload);
     }
 
     /// Unlinks an item from the id index. Its data stays readable until
@@ -570,7 +584,7 @@ impl<'a> ItemRef<'a> {
     }
 
     pub fn payload(&self) -> &'a [u8] {
-        &self.collection.payloads[self.slot as usize]
+        self.collection.payloads.get(self.slot as usize).map_or(&[], |payload| payload)
     }
 
     /// The item's version: the sequence number of the last batch that upserted
@@ -767,9 +781,10 @@ mod tests {
         }
     }
 
-    /// An item without a payload costs its slot's pointer and nothing on the heap
-    /// (the memory figure per membership counts on it); payloads read back whole
-    /// through every change, and a slot reused after a remove starts empty.
+    /// Items without a payload cost nothing for it, not even a pointer (the
+    /// memory figure per membership counts on it); payloads read back whole
+    /// through every change, on slots before and after the last one given a
+    /// payload, and a slot reused after a remove starts empty.
     #[test]
     fn empty_payloads_take_no_heap_and_payloads_read_back() {
         let mut collection = Collection::new("c", Schema::new());
@@ -777,7 +792,14 @@ mod tests {
         let payload_bytes = |collection: &Collection| {
             collection.heap_parts().into_iter().find(|(part, _)| part == "payloads").expect("payloads part").1
         };
-        assert_eq!(payload_bytes(&collection), collection.payloads.capacity() * 8, "empty payloads on the heap");
+        collection.set_payload(slots[900], b"");
+        assert_eq!(payload_bytes(&collection), 0, "no payload, no pointers");
+        collection.set_payload(slots[500], b"late");
+        assert_eq!(collection.item(slots[500]).payload(), b"late");
+        assert_eq!(
+            (collection.item(slots[499]).payload(), collection.item(slots[501]).payload()),
+            (&b""[..], &b""[..])
+        );
         let slot = slots[7];
         let long = vec![b'p'; 300];
         for payload in [&b"preview"[..], &long, b"", b"short again", b""] {
