@@ -61,10 +61,12 @@ fn message(text: &[u8]) -> Result<(), ApiError> {
     crate::strict_json::parse::<ClientMessage>(text, "the message").map(drop)
 }
 
-/// A cluster entry as every node applies it: decoded, then its ops typed and its
-/// raw documents read.
+/// A cluster entry as every node applies it: decoded, then its caller's claims
+/// read (a node reads them when the caller is not the last one's), its ops
+/// typed and its raw documents read.
 fn entry(bytes: &[u8]) -> Result<(), ApiError> {
     let decoded = Decoded::decode(bytes).map_err(|error| ApiError::from_json(&error))?;
+    decoded.caller.identity().map_err(|error| ApiError::from_json(&error))?;
     wire::fill_batch(&mut Batch::new(), &schema(), decoded.ops.as_deref().unwrap_or(&[]), 0)?;
     if let Some(rules) = decoded.rules {
         crate::strict_json::parse::<RulesDoc>(rules.get().as_bytes(), "the entry")?;
