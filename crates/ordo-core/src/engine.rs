@@ -72,10 +72,16 @@ impl CollectionState {
     }
 }
 
+/// Aligned to cache lines: a message moves every member's list, and each list's
+/// window is cold. What a move and its delivery read (`Window`'s first fields,
+/// its first diffs) is in the first line, one miss.
+#[repr(C, align(64))]
 struct WindowSlot {
     generation: u32,
     window: Option<Window>,
 }
+
+const _: () = assert!(std::mem::size_of::<WindowSlot>() == 128);
 
 /// Buffers reused by every batch and window change.
 #[derive(Default)]
@@ -430,4 +436,36 @@ pub(crate) fn push_with_slack_of_an_eighth<T>(table: &mut Vec<T>, value: T) {
         table.reserve_exact((table.len() / 8).max(16));
     }
     table.push(value);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::window::{PendingDiffs, FIRST_DIFFS_END};
+
+    /// A member's move and its delivery read a window's range, flags, diff count
+    /// and first two diffs: one line, the slot's first (see `WindowSlot`).
+    #[test]
+    fn a_windows_range_and_first_diffs_are_in_its_slots_first_line() {
+        let slots: Vec<WindowSlot> = (0..4)
+            .map(|generation| WindowSlot {
+                generation,
+                window: Some(Window {
+                    view: 0,
+                    is_tail: false,
+                    needs_reset: false,
+                    offset: 0,
+                    limit: 20,
+                    pending: PendingDiffs::new(),
+                }),
+            })
+            .collect();
+        for slot in &slots {
+            let slot_start = slot as *const WindowSlot as usize;
+            assert_eq!(slot_start % 64, 0, "a slot starts a line");
+            let window = slot.window.as_ref().expect("live window");
+            let window_start = window as *const Window as usize;
+            assert!(window_start - slot_start + FIRST_DIFFS_END <= 64, "the first diffs end past the first line");
+        }
+    }
 }

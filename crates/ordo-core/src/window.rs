@@ -3,6 +3,13 @@
 
 use crate::diff::PendingDiff;
 use crate::ids::Slot;
+use crate::prefetch::prefetch_lines;
+
+/// Diffs a window holds in its own struct: a batch's diffs of one window are
+/// nearly always fewer (a move within the window or into it is two). Held
+/// there, a member's move records them in the window's own cache line and the
+/// delivery reads them from it: no heap line per window (see `WindowSlot`).
+const INLINE_PENDING_DIFFS: usize = 5;
 
 /// Where one item went in a view, with the view's final state to read from.
 /// `old_rank` is in the view before the change, `new_rank` in the view after it.
@@ -15,17 +22,20 @@ pub(crate) struct ViewChange {
     pub(crate) len_after: usize,
 }
 
+// Field order is the cache layout (see `WindowSlot`): the range, the flags, the
+// count and the first diffs, what every move and delivery reads, come first.
+#[repr(C)]
 pub(crate) struct Window {
     pub(crate) view: u32,
-    pub(crate) offset: usize,
-    pub(crate) limit: usize,
     /// A tail window: the last `limit` rows of the view. Its `offset` follows the
     /// view's end (`len - limit`, at least 0) as rows enter and leave; see `record`.
     pub(crate) is_tail: bool,
-    /// Diffs of the batch being applied, resolved when it ends.
-    pub(crate) pending: Vec<PendingDiff>,
     /// More diffs than a reset would cost: stop recording, send a reset.
     pub(crate) needs_reset: bool,
+    pub(crate) offset: usize,
+    pub(crate) limit: usize,
+    /// Diffs of the batch being applied, resolved when it ends.
+    pub(crate) pending: PendingDiffs,
 }
 
 impl Window {
@@ -169,6 +179,65 @@ impl Window {
     }
 }
 
+/// A window's diffs of the batch being applied: the first
+/// `INLINE_PENDING_DIFFS` in the window itself, the rest (a batch that moves
+/// many of its rows) in `spill`, which keeps its capacity between batches, so
+/// a window allocates only when a batch gives it more diffs than any before.
+#[repr(C)]
+pub(crate) struct PendingDiffs {
+    len: u32,
+    inline: [PendingDiff; INLINE_PENDING_DIFFS],
+    spill: Vec<PendingDiff>,
+}
+
+impl PendingDiffs {
+    pub(crate) fn new() -> PendingDiffs {
+        PendingDiffs { len: 0, inline: [PendingDiff::PopFront; INLINE_PENDING_DIFFS], spill: Vec::new() }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bounded by the window's `pending_max` (its limit + 1), so the count fits.
+    fn push(&mut self, diff: PendingDiff) {
+        let index = self.len as usize;
+        if index < INLINE_PENDING_DIFFS {
+            self.inline[index] = diff;
+        } else {
+            self.spill.push(diff);
+        }
+        self.len += 1;
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.len = 0;
+        self.spill.clear();
+    }
+
+    /// The diffs in the order recorded.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = PendingDiff> + '_ {
+        self.inline[..self.len().min(INLINE_PENDING_DIFFS)].iter().chain(&self.spill).copied()
+    }
+
+    /// Asks the cache for the diffs held outside the window, if any.
+    #[inline]
+    pub(crate) fn prefetch_spill(&self) {
+        prefetch_lines(&self.spill, 1);
+    }
+}
+
+/// Bytes from a `Window`'s start to the end of its first two pending diffs
+/// (what a move within the window records): `WindowSlot` keeps them in its first line.
+#[cfg(test)]
+pub(crate) const FIRST_DIFFS_END: usize = std::mem::offset_of!(Window, pending)
+    + std::mem::offset_of!(PendingDiffs, inline)
+    + 2 * std::mem::size_of::<PendingDiff>();
+
 struct DiffRecorder<'a> {
     window: &'a mut Window,
 }
@@ -184,5 +253,35 @@ impl DiffRecorder<'_> {
             return;
         }
         self.window.pending.push(diff);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ordo_test_kit::rng::Rng;
+
+    /// Against a `Vec`: pushes across the inline places into the spill and back
+    /// after a clear, in the order recorded.
+    #[test]
+    fn pending_diffs_hold_what_a_vec_holds() {
+        let mut rng = Rng(7);
+        let mut pending = PendingDiffs::new();
+        let mut model: Vec<PendingDiff> = Vec::new();
+        for step in 0..5_000u32 {
+            if rng.below(12) == 0 {
+                pending.clear();
+                model.clear();
+            } else {
+                let diff = PendingDiff::Insert(step, rng.below(1_000) as Slot);
+                pending.push(diff);
+                model.push(diff);
+            }
+            assert_eq!(pending.len(), model.len());
+            assert_eq!(pending.is_empty(), model.is_empty());
+            let held: Vec<String> = pending.iter().map(|diff| format!("{diff:?}")).collect();
+            let expected: Vec<String> = model.iter().map(|diff| format!("{diff:?}")).collect();
+            assert_eq!(held, expected, "step {step}");
+        }
     }
 }

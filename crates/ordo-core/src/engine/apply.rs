@@ -12,7 +12,7 @@ use crate::error::BatchError;
 use crate::ids::{CollectionId, Slot, WindowId};
 use crate::key_index::KeyMove;
 use crate::order_tree::Entry;
-use crate::prefetch::{prefetch, prefetch_lines};
+use crate::prefetch::prefetch;
 use crate::schema::FieldId;
 use crate::view::{compare_entries, View};
 use crate::window::ViewChange;
@@ -395,10 +395,10 @@ fn prefetch_delivery_ahead(
         prefetch(&windows[far as usize]);
     }
     if let Some(window) = window_at(2 * DELIVERY_LOOKAHEAD) {
-        prefetch_lines(&window.pending, 1);
-        if let Some(view) = &views[window.view as usize] {
-            prefetch(view);
-        }
+        window.pending.prefetch_spill();
+        // By address: reading the `Option`'s tag first would wait for the very
+        // line this asks for.
+        prefetch(&views[window.view as usize]);
     }
     if let Some(window) = window_at(DELIVERY_LOOKAHEAD) {
         for slot in window.pending.iter().filter_map(|pending| pending.slot()) {
@@ -437,7 +437,7 @@ pub(super) fn deliver_pending(
                 Contents::Collected(slots)
             }
         } else {
-            for &pending in &window.pending {
+            for pending in window.pending.iter() {
                 sink.diff(window_id, pending.resolve(collection));
             }
             Contents::Range { view, offset, limit, slots }

@@ -248,7 +248,7 @@ fn prefetch_views_and_windows(views: &[Option<View>], windows: &[WindowSlot], ga
     for &view_index in gathered_views {
         for &window_index in &view_of(view_index).windows {
             if let Some(window) = &windows[window_index as usize].window {
-                prefetch_lines(&window.pending, 1);
+                window.pending.prefetch_spill();
             }
         }
     }

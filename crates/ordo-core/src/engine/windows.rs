@@ -13,7 +13,7 @@ use crate::limits;
 use crate::list_diff::emit_list_diff;
 use crate::view::{View, ViewPlan};
 use crate::view_def::ViewDef;
-use crate::window::Window;
+use crate::window::{PendingDiffs, Window};
 use crate::OwnedItem;
 
 use super::{push_with_slack_of_an_eighth, CollectionState, Engine, Scratch, WindowSlot};
@@ -77,8 +77,7 @@ impl Engine {
             offset: range.offset,
             limit: range.limit,
             is_tail: range.is_tail,
-            // Room for a typical batch's diffs, so that a window's first updates do not allocate.
-            pending: Vec::with_capacity(range.limit.min(4) + 1),
+            pending: PendingDiffs::new(),
             needs_reset: false,
         });
         let window_id = WindowId { index: window_index, generation: slot.generation };
