@@ -3,7 +3,8 @@
 //! profile.
 //!
 //! `cargo run --release -p ordo-core --example shared_rooms_profile -- USERS ROOMS MESSAGES [WAIT]`
-//! prints the mean time per message and per member list. The data mirror
+//! prints what the memberships take (by part, and the process's resident set)
+//! and the mean time per message and per member list. The data mirror
 //! `ordo-bench`'s `shared-rooms`: 100 rooms per user drawn by a Zipf law, one
 //! shared membership collection (`owner`, `room` a reference, `unread`), each
 //! user's top 20 by `room.recency`, messages in uniformly drawn rooms with a new
@@ -68,7 +69,18 @@ fn user_rooms(n_users: usize, n_rooms: usize, rng: &mut Rng) -> Vec<u32> {
     rooms
 }
 
-fn build(n_users: usize, n_rooms: usize, rng: &mut Rng) -> (Engine, CollectionId, Vec<String>, Vec<usize>) {
+/// What `build` made: the engine, its two collections, the rooms' ids, each room's member count.
+struct Built {
+    engine: Engine,
+    rooms: CollectionId,
+    members: CollectionId,
+    room_ids: Vec<String>,
+    room_sizes: Vec<usize>,
+    /// The users' views (their sorted indexes), summed.
+    view_bytes: usize,
+}
+
+fn build(n_users: usize, n_rooms: usize, rng: &mut Rng) -> Built {
     let mut engine = Engine::new();
     let mut batch = Batch::new();
     let mut sink = CountingSink::default();
@@ -105,6 +117,7 @@ fn build(n_users: usize, n_rooms: usize, rng: &mut Rng) -> (Engine, CollectionId
         }
     }
     engine.apply_batch(members, &batch, &mut sink).expect("valid memberships");
+    let mut view_bytes = 0;
     for user in 0..n_users {
         let def = ViewDef::new(
             Filter::eq("owner", OwnedValue::Str(format!("u{user:07}"))),
@@ -112,8 +125,33 @@ fn build(n_users: usize, n_rooms: usize, rng: &mut Rng) -> (Engine, CollectionId
         );
         let window = engine.open_window(members, &def, 0, WINDOW_LIMIT, &mut sink).expect("valid view");
         engine.prepare_window(window).expect("open window");
+        view_bytes += engine.view_heap_bytes(window).expect("open window");
     }
-    (engine, rooms, room_ids, room_sizes)
+    Built { engine, rooms, members, room_ids, room_sizes, view_bytes }
+}
+
+/// Prints the engine's own count of the membership collection's bytes by part
+/// (capacities, so growth slack included), then what the process holds resident.
+fn print_memory(built: &Built, n_memberships: usize) {
+    let (engine, members) = (&built.engine, built.members);
+    let per = |bytes: usize| bytes as f64 / n_memberships as f64;
+    let collection = engine.collection(members).expect("the members");
+    for (part, bytes) in collection.heap_parts() {
+        eprintln!("  {part}: {:.1} B per membership", per(bytes));
+    }
+    eprintln!(
+        "  reverse index: {:.1} B, equality index (owner): {:.1} B, views: {:.1} B per membership",
+        per(engine.reference_heap_bytes(members)),
+        per(engine.equality_index_heap_bytes(members)),
+        per(built.view_bytes),
+    );
+    let resident_kib = std::fs::read_to_string("/proc/self/status").ok().and_then(|status| {
+        let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+        line.split_whitespace().nth(1)?.parse::<usize>().ok()
+    });
+    if let Some(kib) = resident_kib {
+        eprintln!("  resident set of the process: {:.1} B per membership", per(kib * 1024));
+    }
 }
 
 /// The messages counted (callgrind: `--toggle-collect='*run_messages*'`).
@@ -150,8 +188,10 @@ fn main() {
     let wait = args.get(3).copied().unwrap_or(0) == 1;
     let mut rng = Rng(7);
     let start = Instant::now();
-    let (mut engine, rooms, room_ids, room_sizes) = build(n_users, n_rooms, &mut rng);
+    let built = build(n_users, n_rooms, &mut rng);
     eprintln!("built in {:.1} s", start.elapsed().as_secs_f64());
+    print_memory(&built, n_users * ROOMS_PER_USER);
+    let Built { mut engine, rooms, room_ids, room_sizes, .. } = built;
     let mut recency = n_rooms as u64;
     let mut draw = |count: usize| -> Vec<(usize, u64)> {
         (0..count)
