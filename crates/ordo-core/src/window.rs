@@ -183,6 +183,9 @@ impl Window {
 /// `INLINE_PENDING_DIFFS` in the window itself, the rest (a batch that moves
 /// many of its rows) in `spill`, which keeps its capacity between batches, so
 /// a window allocates only when a batch gives it more diffs than any before.
+/// Not a `SmallVec`: once spilled, it keeps every element on the heap until
+/// dropped, so one large batch would move all of a window's later diffs out of
+/// its line.
 #[repr(C)]
 pub(crate) struct PendingDiffs {
     len: u32,
