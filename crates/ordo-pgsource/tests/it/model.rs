@@ -7,7 +7,11 @@
 //! table. Meanwhile the follower "crashes" (its unconfirmed work is lost and it
 //! resumes from the last position it made durable), its walsender is
 //! terminated, and PostgreSQL restarts: every transaction is applied exactly
-//! once (the marker's step moves by one each time, positions only grow).
+//! once (the marker's step moves by one each time, positions only grow), and
+//! the slot never passes the commit of a transaction the follower did not
+//! make durable.
+
+use std::collections::BTreeMap;
 
 use ordo_pgsource::{ChangeStream, Lsn, Table, Value};
 use ordo_test_kit::postgres::PostgresServer;
@@ -120,26 +124,33 @@ fn marker_step(mirror: &Mirror) -> i64 {
     }
 }
 
-/// Applies transactions until the mirror holds step `step`; each moves the
-/// marker by exactly one.
-async fn catch_up(stream: &mut ChangeStream, mirror: &mut Mirror, step: i64) -> Result<(), ordo_pgsource::Error> {
-    while marker_step(mirror) < step {
-        let transaction = stream.next_transaction().await?;
-        let before = marker_step(mirror);
-        mirror.apply(&transaction);
-        assert_eq!(marker_step(mirror), before + 1, "a transaction skipped or applied twice");
-    }
-    Ok(())
-}
-
 struct Follower {
     /// `None` only while the follower is down.
     stream: Option<ChangeStream>,
     mirror: Mirror,
     durable: Mirror,
+    /// Where each step's commit record starts, as the stream handed it over:
+    /// the slot must never pass the commit of a step that is not durable.
+    commit_lsns: BTreeMap<i64, Lsn>,
 }
 
 impl Follower {
+    /// Applies transactions until the mirror holds step `step`; each moves the
+    /// marker by exactly one, and a step handed over again (after a resume)
+    /// is the same commit.
+    async fn catch_up(&mut self, step: i64) -> Result<(), ordo_pgsource::Error> {
+        while marker_step(&self.mirror) < step {
+            let transaction = self.stream().next_transaction().await?;
+            let before = marker_step(&self.mirror);
+            self.mirror.apply(&transaction);
+            let after = marker_step(&self.mirror);
+            assert_eq!(after, before + 1, "a transaction skipped or applied twice");
+            let first_seen = *self.commit_lsns.entry(after).or_insert(transaction.commit_lsn);
+            assert_eq!(first_seen, transaction.commit_lsn, "step {after} handed over again as another commit");
+        }
+        Ok(())
+    }
+
     /// Loses what was not made durable and resumes from the durable position.
     async fn crash_and_resume(&mut self, server: &PostgresServer, tables: &[Table]) {
         self.mirror = self.durable.clone();
@@ -159,6 +170,15 @@ impl Follower {
         }
     }
 
+    /// [`Follower::catch_up`], resuming once if the connection is lost.
+    async fn catch_up_resuming_once(&mut self, server: &PostgresServer, tables: &[Table], step: i64, seed: u64) {
+        if let Err(error) = self.catch_up(step).await {
+            assert!(error.is_transient(), "seed {seed} step {step}: {error}");
+            self.crash_and_resume(server, tables).await;
+            self.catch_up(step).await.unwrap();
+        }
+    }
+
     fn stream(&mut self) -> &mut ChangeStream {
         self.stream.as_mut().expect("a running follower")
     }
@@ -174,7 +194,7 @@ async fn run_model(seed: u64, steps: u64) {
         &postgres_lines(&server, &schema.query()),
     );
     assert!(difference.is_none(), "the initial copy: {}", difference.unwrap());
-    let mut follower = Follower { stream: Some(stream), durable: mirror.clone(), mirror };
+    let mut follower = Follower { stream: Some(stream), durable: mirror.clone(), mirror, commit_lsns: BTreeMap::new() };
     let mut rng = Rng::new(seed);
     for step in 1..=steps {
         let mut statements: Vec<String> = schema.random_change(&mut rng, step).into_iter().collect();
@@ -182,13 +202,7 @@ async fn run_model(seed: u64, steps: u64) {
         let sql = format!("BEGIN; {}; UPDATE marker SET step = {step}; COMMIT;", statements.join("; "));
         server.psql(&sql).unwrap_or_else(|error| panic!("seed {seed} step {step}: {sql}: {error}"));
         inject_fault(&mut rng, &server, &mut follower, &tables).await;
-        let Follower { stream, mirror, .. } = &mut follower;
-        if let Err(error) = catch_up(stream.as_mut().unwrap(), mirror, step as i64).await {
-            assert!(error.is_transient(), "seed {seed} step {step}: {error}");
-            follower.crash_and_resume(&server, &tables).await;
-            let Follower { stream, mirror, .. } = &mut follower;
-            catch_up(stream.as_mut().unwrap(), mirror, step as i64).await.unwrap();
-        }
+        follower.catch_up_resuming_once(&server, &tables, step as i64, seed).await;
         let difference = first_difference(
             &mirror_lines(&follower.mirror, ITEMS, &schema.column_names()),
             &postgres_lines(&server, &schema.query()),
@@ -198,9 +212,23 @@ async fn run_model(seed: u64, steps: u64) {
             follower.make_durable(&server, &tables).await;
         }
     }
+    // A last step, applied but never made durable, so that there is always
+    // a first step that is not durable.
+    let last = steps as i64 + 1;
+    server.psql(&format!("UPDATE marker SET step = {last}")).unwrap();
+    follower.catch_up_resuming_once(&server, &tables, last, seed).await;
+    // The stream may confirm a keepalive's position past the durable one
+    // (only other tables' WAL lies between), never the next step's commit:
+    // PostgreSQL would skip that step on the next resume.
+    let first_not_durable = marker_step(&follower.durable) + 1;
+    let its_commit = follower.commit_lsns[&first_not_durable];
     let slot_position = server.psql("SELECT confirmed_flush_lsn FROM pg_replication_slots").unwrap();
     let slot_position = Lsn::parse(&slot_position).unwrap();
-    assert!(slot_position <= follower.durable.applied, "PostgreSQL holds a position the follower never made durable");
+    assert!(
+        slot_position <= its_commit,
+        "seed {seed}: the slot is at {slot_position}, past the commit of step {first_not_durable} ({its_commit}), which the \
+         follower never made durable"
+    );
 }
 
 /// The first row where the mirror and PostgreSQL differ, shortened to be read.
