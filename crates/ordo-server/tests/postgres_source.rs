@@ -134,8 +134,8 @@ async fn a_followed_table_equals_postgres_after_random_transactions_one_frame_ea
     assert_eq!(server.metric("ordo_postgres_streaming"), 1.0);
     // PostgreSQL reads the confirmation on its own time: wait for it, bounded.
     // The slot may go further than Ordo's last transaction: between
-    // transactions, a keepalive's position is confirmed too (only other WAL
-    // lies past that transaction).
+    // transactions, a keepalive's position is confirmed too (no followed
+    // commit lies between).
     let slot_query = format!("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{SLOT}'");
     let applied = Lsn::parse(health["applied_lsn"].as_str().unwrap()).unwrap();
     let deadline = Instant::now() + APPLY_TIMEOUT;

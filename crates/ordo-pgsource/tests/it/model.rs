@@ -217,9 +217,9 @@ async fn run_model(seed: u64, steps: u64) {
     let last = steps as i64 + 1;
     server.psql(&format!("UPDATE marker SET step = {last}")).unwrap();
     follower.catch_up_resuming_once(&server, &tables, last, seed).await;
-    // The stream may confirm a keepalive's position past the durable one
-    // (only other tables' WAL lies between), never the next step's commit:
-    // PostgreSQL would skip that step on the next resume.
+    // The stream may confirm a keepalive's position past the durable one (no
+    // followed commit lies between), never the next step's commit: PostgreSQL
+    // would skip that step on the next resume.
     let first_not_durable = marker_step(&follower.durable) + 1;
     let its_commit = follower.commit_lsns[&first_not_durable];
     let slot_position = server.psql("SELECT confirmed_flush_lsn FROM pg_replication_slots").unwrap();
