@@ -630,8 +630,8 @@ async fn run_seed(cluster: &OrdoCluster, seed: u64, n_steps: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_node_and_every_client_list_equal_the_single_node_model() {
-    // The nodes publish differently: one entry per message; atomic batches of
-    // whatever is waiting; batches that wait 5 ms for more, one at a time.
+    // The nodes publish differently: one entry per message; packs of whatever
+    // is waiting; batches that wait 5 ms for more, one at a time.
     let cluster = OrdoCluster::start_each(
         3,
         &[&["--coalesce-entries", "1"], &[], &["--coalesce-wait-us", "5000", "--coalesce-in-flight", "1"]],
