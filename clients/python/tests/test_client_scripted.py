@@ -1,5 +1,5 @@
 """OrdoClient against a scripted WebSocket server on loopback: what the client
-sends after a gap, on reconnect (one `resume` first), on refusal."""
+sends after a gap or a digest mismatch, on reconnect (one `resume` first), on refusal."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from scripted_server import TIMEOUT, Conn, ScriptedServer, item, subscribed_list
 
-from ordo_client import OrdoClient, OrdoError, apply_diffs
+from ordo_client import OrdoClient, OrdoError, apply_diffs, window_digest
 
 async def subscribed(server: ScriptedServer, client: OrdoClient, conn: Conn, **options: Any) -> Any:
     return await subscribed_list(client, conn, "a", [item(1), item(2)], **options)
@@ -119,6 +119,36 @@ async def test_gap_errors_go_to_on_error_when_given(scripted: ScriptedServer) ->
         update = await asyncio.wait_for(anext(updates), TIMEOUT)
         assert update.reset and rooms.items == []
         assert [error.code for error in errors] == ["invalid_diffs"]
+
+
+async def test_a_digest_mismatch_is_reported_and_the_list_resubscribed(scripted: ScriptedServer) -> None:
+    async with OrdoClient(scripted.url) as client:
+        conn = await scripted.next_connection()
+        rooms = await subscribed(scripted, client, conn)
+        updates = aiter(rooms)
+        # Diffs that apply, but a digest that is not the list's after them (the
+        # rows' digest in the reverse order): not applied, reported, counted.
+        swapped = window_digest([item(3), item(2), item(1)])
+        assert swapped != window_digest([item(1), item(2), item(3)])
+        await conn.send({"type": "diffs", "sub": "a", "seq": 2, "digest": swapped,
+                         "diffs": [{"PushBack": {"value": item(3)}}]})  # fmt: skip
+        with pytest.raises(OrdoError) as raised:
+            await asyncio.wait_for(anext(updates), TIMEOUT)
+        assert raised.value.code == "digest_mismatch" and raised.value.sub == "a"
+        assert rooms.digest_mismatches == 1
+        assert rooms.items == [item(1), item(2)] and rooms.seq == 1, "the frame was not applied"
+        # Subscribed again; the fresh snapshot (with its own digest) replaces the list.
+        assert await conn.recv() == {"op": "unsubscribe", "sub": "a"}
+        resubscribe = await conn.recv()
+        assert resubscribe["op"] == "subscribe" and resubscribe["sub"] == "a"
+        await conn.send({"type": "unsubscribed", "sub": "a"})
+        fresh = [{**item(7), "version": 7}, {**item(8), "version": 8}]
+        await conn.send({"type": "diffs", "sub": "a", "seq": 1, "digest": window_digest(fresh),
+                         "diffs": [{"Reset": {"values": fresh}}]})  # fmt: skip
+        update = await asyncio.wait_for(anext(updates), TIMEOUT)
+        assert update.reset and update.seq == 1
+        assert rooms.items == fresh == update.items
+        assert rooms.digest_mismatches == 1 and not rooms.closed
 
 
 async def test_reconnect_sends_one_resume_first(scripted: ScriptedServer) -> None:

@@ -1,13 +1,14 @@
 // The client's side of auth and its robustness against unreadable frames, against a
 // scripted server (each frame written by the test): the `auth` handshake after
 // `welcome`, refresh before expiry and on `auth_expired`, reconnection after close
-// code 4401, the session of every `resumed`, and recovery from frames it cannot read.
+// code 4401, the session of every `resumed`, and recovery from frames it cannot read
+// or whose window digest is not the list's.
 
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import WebSocket from "ws";
 
 import { jwtClaims, jwtTimes, refreshDelayMs } from "../src/auth.js";
-import { OrdoClient, OrdoError, type AuthIdentity, type ConnectionState, type Item } from "../src/index.js";
+import { OrdoClient, OrdoError, windowDigest, type AuthIdentity, type ConnectionState, type Item } from "../src/index.js";
 import { fakeJwt, ScriptedServer, waitFor, type ScriptedConnection } from "./helpers.js";
 
 let server: ScriptedServer;
@@ -383,6 +384,42 @@ describe("OrdoClient and frames it cannot read", () => {
       () => `a holds ${ids(a)}, b holds ${ids(b)}`,
     );
     expect(errors.map((error) => error.code)).toEqual(["protocol"]);
+    expect(client.state).toBe("open");
+    expect(server.connections).toHaveLength(1);
+  });
+
+  it("a frame whose digest is not the list's after it: reported, not applied, and the list re-subscribed", async () => {
+    const { a, b, connection, client, errors } = await twoLists();
+    const listErrors: OrdoError[] = [];
+    a.on("error", (error) => listErrors.push(error));
+    // Diffs that apply, but the digest of the rows in the other order.
+    const swapped = windowDigest([item("a2"), item("a1")]);
+    expect(swapped).not.toBe(windowDigest([item("a1"), item("a2")]));
+    connection.send({ type: "diffs", sub: "a", seq: 2, digest: swapped, diffs: [{ PushBack: { value: item("a2") } }] });
+    expect(await connection.next()).toMatchObject({ op: "unsubscribe", sub: "a" });
+    expect(await connection.next()).toMatchObject({ op: "subscribe", sub: "a", collection: "rooms", limit: 5 });
+    expect(listErrors.map((error) => [error.code, error.sub])).toEqual([["digest_mismatch", "a"]]);
+    expect(a.error?.code).toBe("digest_mismatch");
+    expect(a.digestMismatches).toBe(1);
+    expect(ids(a).join()).toBe("a1");
+    expect(a.seq).toBe(1);
+    // The new subscription's snapshot (with its own digest) replaces the list.
+    const fresh: Item[] = [
+      { ...item("a7"), version: 7 },
+      { ...item("a8"), version: 8 },
+    ];
+    connection.send({ type: "unsubscribed", sub: "a" });
+    connection.send({ type: "diffs", sub: "a", seq: 1, digest: windowDigest(fresh), diffs: [{ Reset: { values: fresh } }] });
+    await waitFor(
+      () => ids(a).join() === "a7,a8",
+      () => `a holds ${ids(a)}`,
+    );
+    expect(a.items).toEqual(fresh);
+    expect(a.seq).toBe(1);
+    expect(a.status).toBe("live");
+    expect(a.digestMismatches).toBe(1);
+    expect(ids(b).join()).toBe("b1");
+    expect(errors).toEqual([]);
     expect(client.state).toBe("open");
     expect(server.connections).toHaveLength(1);
   });
