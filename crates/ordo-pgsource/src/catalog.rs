@@ -5,7 +5,7 @@
 
 use postgres_protocol::escape::escape_literal;
 
-use crate::error::Error;
+use crate::error::{Error, SQLSTATE_DUPLICATE_OBJECT};
 use crate::value::ColumnType;
 use crate::wire::Connection;
 
@@ -82,10 +82,7 @@ pub async fn describe_tables(
     tables: &[TableName],
     unsupported: UnsupportedColumns,
 ) -> Result<Vec<Table>, Error> {
-    let exists = connection
-        .query_rows(&format!("SELECT 1 FROM pg_publication WHERE pubname = {}", escape_literal(publication)))
-        .await?;
-    if exists.is_empty() {
+    if !publication_exists(connection, publication).await? {
         return Err(Error::MissingPublication { publication: publication.into() });
     }
     let mut described = Vec::with_capacity(tables.len());
@@ -93,6 +90,35 @@ pub async fn describe_tables(
         described.push(describe_table(connection, publication, table, unsupported).await?);
     }
     Ok(described)
+}
+
+/// Whether a publication of that name exists in the connection's database.
+pub async fn publication_exists(connection: &mut Connection, publication: &str) -> Result<bool, Error> {
+    let rows = connection
+        .query_rows(&format!("SELECT 1 FROM pg_publication WHERE pubname = {}", escape_literal(publication)))
+        .await?;
+    Ok(!rows.is_empty())
+}
+
+/// `CREATE PUBLICATION <publication> FOR TABLE <tables>`, every name quoted.
+/// PostgreSQL allows it to a role with CREATE on the database that owns every
+/// table; its refusal is [`Error::CannotCreatePublication`]. A publication of
+/// that name created meanwhile by someone else counts as created: the tables
+/// it covers are checked afterwards as for any existing publication.
+pub async fn create_publication(
+    connection: &mut Connection,
+    publication: &str,
+    tables: &[TableName],
+) -> Result<(), Error> {
+    let table_list = tables.iter().map(TableName::quoted).collect::<Vec<_>>().join(", ");
+    let sql = format!("CREATE PUBLICATION {} FOR TABLE {table_list}", quote_identifier(publication));
+    match connection.execute(&sql).await {
+        Err(Error::Server(error)) if error.code == SQLSTATE_DUPLICATE_OBJECT => Ok(()),
+        Err(Error::Server(error)) => {
+            Err(Error::CannotCreatePublication { publication: publication.into(), cause: error })
+        }
+        other => other,
+    }
 }
 
 async fn describe_table(

@@ -20,6 +20,10 @@ pub struct ServerError {
 pub const SQLSTATE_INVALID_PASSWORD: &str = "28P01";
 /// The SQLSTATE of an object that does not exist (a slot or publication, say).
 pub const SQLSTATE_UNDEFINED_OBJECT: &str = "42704";
+/// The SQLSTATE of an object that exists already (a publication, say).
+pub const SQLSTATE_DUPLICATE_OBJECT: &str = "42710";
+/// The SQLSTATE of a statement the role may not run (not the owner, no grant).
+pub const SQLSTATE_INSUFFICIENT_PRIVILEGE: &str = "42501";
 
 #[derive(Debug)]
 pub enum Error {
@@ -36,6 +40,12 @@ pub enum Error {
     Tls(String),
     MissingPublication {
         publication: String,
+    },
+    /// PostgreSQL refused to create the publication (asked for by the caller
+    /// when it was missing).
+    CannotCreatePublication {
+        publication: String,
+        cause: ServerError,
     },
     TableNotFound {
         table: String,
@@ -114,6 +124,16 @@ impl fmt::Display for Error {
                 f,
                 "the publication `{publication}` does not exist: create it (`CREATE PUBLICATION {publication} FOR TABLE ...`) or name an existing one"
             ),
+            Error::CannotCreatePublication { publication, cause } if cause.code == SQLSTATE_INSUFFICIENT_PRIVILEGE => {
+                write!(
+                    f,
+                    "cannot create the publication `{publication}`: {}. Creating it needs the CREATE privilege on the database and ownership of every followed table: create it as the tables' owner (`CREATE PUBLICATION {publication} FOR TABLE ...`), or log in as a role that has both",
+                    cause.message
+                )
+            }
+            Error::CannotCreatePublication { publication, cause } => {
+                write!(f, "cannot create the publication `{publication}`: PostgreSQL {} {}", cause.code, cause.message)
+            }
             Error::TableNotFound { table } => write!(f, "the followed table `{table}` does not exist"),
             Error::TableNotPublished { table, publication } => write!(
                 f,

@@ -277,6 +277,11 @@ pub struct ServeArgs {
     /// The publication that holds the followed tables.
     #[arg(long, env = "ORDO_PG_PUBLICATION", value_name = "NAME", default_value = "ordo", help_heading = "PostgreSQL")]
     pub pg_publication: String,
+    /// Create the publication when it does not exist, at the first start (`CREATE PUBLICATION ... FOR
+    /// TABLE` of the followed tables); off: a missing publication stops the start. The role then needs
+    /// CREATE on the database and ownership of the tables.
+    #[arg(long, env = "ORDO_PG_CREATE_PUBLICATION", help_heading = "PostgreSQL")]
+    pub pg_create_publication: bool,
     /// The logical replication slot (created by Ordo; one per follower, keep the name).
     #[arg(long, env = "ORDO_PG_SLOT", value_name = "NAME", default_value = "ordo", help_heading = "PostgreSQL")]
     pub pg_slot: String,

@@ -13,7 +13,7 @@ use common::postgres::{
     follow_args, follower_health, model_seed, ordo_json_rows, postgres, postgres_json_rows, refused_start,
     restart_resumed, start_following, wait_applied, wait_failed, APPLY_TIMEOUT, PUBLICATION, SLOT,
 };
-use common::{ordo_binary, Server};
+use common::{ordo_binary, Server, StartOptions};
 use ordo_pgsource::Lsn;
 use ordo_test_kit::postgres::{PostgresServer, ServerOptions, TestCertificates};
 use ordo_test_kit::rng::Rng;
@@ -583,6 +583,80 @@ fn bad_configs_are_refused_at_start_with_the_reason() {
     let mut args = follow_args(&pg, dir.path(), &["items"]);
     args[9] = "no_such_pub".to_owned();
     assert!(refused_start(dir.path(), &args).contains("publication `no_such_pub` does not exist"));
+}
+
+/// `follow_args` logging in as `role` with `password` instead of the superuser.
+fn follow_args_as(pg: &PostgresServer, dir: &Path, (role, password): (&str, &str), tables: &[&str]) -> Vec<String> {
+    let mut args = follow_args(pg, dir, tables);
+    args[5] = role.to_owned();
+    std::fs::write(dir.join("pg-password"), password).unwrap();
+    args
+}
+
+/// A first start with `--pg-create-publication` and no publication creates it
+/// for the followed tables, quoting its name (this one holds a quote, a
+/// semicolon and a space), says so, and follows what is written afterwards.
+#[test]
+fn a_missing_publication_is_created_when_allowed_and_its_table_followed() {
+    let pg = postgres();
+    pg.psql(
+        "CREATE TABLE items (id text PRIMARY KEY, score int8 NOT NULL, title text);
+         INSERT INTO items VALUES ('a', 1, 'copied');",
+    )
+    .unwrap();
+    let publication = "new \"pub\"; DROP TABLE items";
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = follow_args(&pg, dir.path(), &["items"]);
+    args[9] = publication.to_owned();
+    args.push("--pg-create-publication".to_owned());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let options = StartOptions { capture_stderr: true, ..StartOptions::default() };
+    let server = Server::start_with(&dir.path().join("data"), &args, options);
+    let lines = server.wait_for_stderr_line(|line| line.contains("following PostgreSQL"));
+    assert!(lines.iter().any(|line| line.contains("created the PostgreSQL publication")), "{lines:#?}");
+    let published =
+        pg.psql("SELECT pubname || '=' || schemaname || '.' || tablename FROM pg_publication_tables").unwrap();
+    assert_eq!(published, format!("{publication}=public.items"));
+    assert_eq!(ordo_window(&server, 10), postgres_window(&pg, 10), "after the copy");
+    pg.psql("INSERT INTO items VALUES ('b', 2, 'streamed'); UPDATE items SET score = 3 WHERE id = 'a';").unwrap();
+    wait_applied(&server, 1);
+    assert_eq!(ordo_window(&server, 10), postgres_window(&pg, 10), "after a transaction");
+    assert_eq!(ordo_window(&server, 10).len(), 2);
+}
+
+/// `--pg-create-publication` with a role PostgreSQL does not let create it:
+/// refused at start, naming the publication and the privileges it takes. An
+/// existing publication is used as it is, never altered: a followed table it
+/// lacks is refused as without the option.
+#[test]
+fn creating_the_publication_without_the_privilege_is_refused_naming_it_and_an_existing_one_is_not_altered() {
+    let pg = postgres();
+    pg.psql(
+        "CREATE TABLE items (id text PRIMARY KEY, score int8 NOT NULL, title text);
+         CREATE ROLE ordo_follower LOGIN REPLICATION PASSWORD 'follower-password';
+         GRANT SELECT ON items TO ordo_follower;",
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = follow_args_as(&pg, dir.path(), ("ordo_follower", "follower-password"), &["items"]);
+    args.push("--pg-create-publication".to_owned());
+    let needs = "needs the CREATE privilege on the database and ownership of every followed table";
+    // PostgreSQL checks the database privilege first, then each table's owner.
+    let refused = refused_start(dir.path(), &args);
+    assert!(refused.contains("cannot create the publication `ordo_pub`: permission denied for database"), "{refused}");
+    assert!(refused.contains(needs), "{refused}");
+    pg.psql("GRANT CREATE ON DATABASE postgres TO ordo_follower;").unwrap();
+    let refused = refused_start(dir.path(), &args);
+    assert!(refused.contains("cannot create the publication `ordo_pub`: must be owner of table items"), "{refused}");
+    assert!(refused.contains(needs), "{refused}");
+    assert_eq!(pg.psql("SELECT count(*) FROM pg_publication").unwrap(), "0");
+
+    pg.psql("CREATE TABLE other (id int4 PRIMARY KEY); CREATE PUBLICATION ordo_pub FOR TABLE other;").unwrap();
+    let mut args = follow_args(&pg, dir.path(), &["items"]);
+    args.push("--pg-create-publication".to_owned());
+    let refused = refused_start(dir.path(), &args);
+    assert!(refused.contains("the table `public.items` is not in the publication `ordo_pub`"), "{refused}");
+    assert_eq!(pg.psql("SELECT tablename FROM pg_publication_tables").unwrap(), "other");
 }
 
 /// `follow_args` over TCP to `host` on `pg`'s port, TLS verified with `ca_pem`.

@@ -32,6 +32,8 @@ pub struct TableMapping {
 pub struct PostgresOptions {
     pub connect: ConnectConfig,
     pub publication: String,
+    /// Whether a first start creates the publication when it does not exist.
+    pub create_publication: bool,
     pub slot: String,
     pub tables: Vec<TableMapping>,
     /// What a column of a type Ordo does not follow makes the follower do.
@@ -79,6 +81,7 @@ pub fn from_args(args: &ServeArgs) -> Result<Option<PostgresOptions>, String> {
     Ok(Some(PostgresOptions {
         connect,
         publication: args.pg_publication.clone(),
+        create_publication: args.pg_create_publication,
         slot: args.pg_slot.clone(),
         tables,
         unsupported_columns: match args.pg_unsupported_columns.as_str() {
@@ -269,6 +272,21 @@ mod tests {
         // A flag wins over the file.
         let options = serve_options(&["--config", config.to_str().unwrap(), "--pg-table", "other"]).unwrap();
         assert_eq!(options.postgres.unwrap().tables.len(), 1);
+    }
+
+    #[test]
+    fn the_publication_is_created_only_when_asked_by_flag_or_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("ordo.toml");
+        std::fs::write(&config, "pg-create-publication = true\n").unwrap();
+        let create_publication = |args: &[&str]| {
+            let mut all = vec!["--pg-table", "t"];
+            all.extend(args);
+            serve_options(&all).unwrap().postgres.unwrap().create_publication
+        };
+        assert!(!create_publication(&[]));
+        assert!(create_publication(&["--pg-create-publication"]));
+        assert!(create_publication(&["--config", config.to_str().unwrap()]));
     }
 
     #[test]

@@ -36,7 +36,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ordo_core::{Batch, CollectionId, OwnedValue, Schema};
-use ordo_pgsource::{Error, Lsn, Table};
+use ordo_pgsource::catalog::{create_publication, publication_exists};
+use ordo_pgsource::{Connection, Error, Lsn, Table, TableName};
 use ordo_store::Database;
 use tokio::sync::{oneshot, watch};
 
@@ -173,6 +174,13 @@ async fn prepare(
 ) -> Result<Prepared, SinkError> {
     let mut connection = follow::connect(options).await.map_err(|error| format!("PostgreSQL: {error}"))?;
     let names: Vec<_> = options.tables.iter().map(|mapping| mapping.table.clone()).collect();
+    // Only before the slot exists: a publication created after the slot's
+    // position is unknown to pgoutput's view of the catalog at that position.
+    if options.create_publication && stored.position.is_none() {
+        create_missing_publication(&mut connection, &options.publication, &names)
+            .await
+            .map_err(|error| format!("PostgreSQL: {error}"))?;
+    }
     let described = ordo_pgsource::catalog::describe_tables(
         &mut connection,
         &options.publication,
@@ -243,6 +251,22 @@ async fn prepare(
     let follower =
         follow::Follower::new(options.clone(), followed, position_collection, position, sink, status.clone());
     Ok(Prepared::Follow(Box::new(follower)))
+}
+
+/// Creates the publication of `tables` if it does not exist, and says so.
+async fn create_missing_publication(
+    connection: &mut Connection,
+    publication: &str,
+    tables: &[TableName],
+) -> Result<(), Error> {
+    if publication_exists(connection, publication).await? {
+        return Ok(());
+    }
+    create_publication(connection, publication, tables).await?;
+    let table_list = tables.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+    crate::logging::say!("ordo: created the PostgreSQL publication `{publication}` for {table_list}");
+    tracing::info!(publication, tables = %table_list, "created the PostgreSQL publication");
+    Ok(())
 }
 
 /// Whether a start's refusal is of a table followed at the stored position
