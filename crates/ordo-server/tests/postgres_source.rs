@@ -187,40 +187,27 @@ async fn transactions_received_together_share_a_group_commit_and_keep_a_frame_ea
     );
 }
 
-#[test]
-fn kill_9_mid_stream_and_a_postgres_restart_then_every_row_exactly_once() {
-    let pg = postgres();
+fn create_counters_table(pg: &PostgresServer) {
     pg.psql(&format!(
         "CREATE TABLE counters (room int4, n int4, hits int8 NOT NULL, PRIMARY KEY (room, n));
          CREATE PUBLICATION {PUBLICATION} FOR TABLE counters;"
     ))
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut server = start_following(&pg, dir.path(), &["counters"]);
-    // Each transaction inserts a row and increments every row of its room: a
-    // transaction applied twice or skipped leaves a row or a count wrong.
-    let transaction = |k: usize| {
-        format!(
-            "BEGIN; INSERT INTO counters VALUES ({room}, {k}, 0); UPDATE counters SET hits = hits + 1 WHERE room = {room}; COMMIT;",
-            room = k % 3
-        )
-    };
-    for k in 0..30 {
-        pg.psql(&transaction(k)).unwrap();
-    }
-    wait_applied(&server, 10);
-    // SAFETY: kill has no memory preconditions; the pid is our child's.
-    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGKILL) };
-    server.wait();
-    for k in 30..45 {
-        pg.psql(&transaction(k)).unwrap();
-    }
-    let server = restart_resumed(&pg, dir.path(), &["counters"]);
-    pg.stop().unwrap();
-    pg.start_again().unwrap();
-    for k in 45..60 {
-        pg.psql(&transaction(k)).unwrap();
-    }
+}
+
+/// The `k`th transaction on `counters`: it inserts a row and increments every
+/// row of its room, so a transaction applied twice or skipped leaves a row or
+/// a count wrong.
+fn counters_transaction(k: usize) -> String {
+    format!(
+        "BEGIN; INSERT INTO counters VALUES ({room}, {k}, 0); UPDATE counters SET hits = hits + 1 WHERE room = {room}; COMMIT;",
+        room = k % 3
+    )
+}
+
+/// Waits (bounded) until Ordo's `counters` equal PostgreSQL's, row for row and
+/// count for count.
+fn wait_counters_equal(server: &Server, pg: &PostgresServer) {
     let expected =
         pg.psql("SELECT string_agg(room || '/' || n || '=' || hits, ',' ORDER BY room, n) FROM counters").unwrap();
     let deadline = Instant::now() + APPLY_TIMEOUT;
@@ -240,14 +227,86 @@ fn kill_9_mid_stream_and_a_postgres_restart_then_every_row_exactly_once() {
         rows.sort();
         let got = rows.into_iter().map(|row| row.2).collect::<Vec<_>>().join(",");
         if got == expected {
-            break;
+            return;
         }
         assert!(Instant::now() < deadline, "Ordo holds {got}\nPostgreSQL holds {expected}");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn kill_9_mid_stream_and_a_postgres_restart_then_every_row_exactly_once() {
+    let pg = postgres();
+    create_counters_table(&pg);
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start_following(&pg, dir.path(), &["counters"]);
+    for k in 0..30 {
+        pg.psql(&counters_transaction(k)).unwrap();
+    }
+    wait_applied(&server, 10);
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGKILL) };
+    server.wait();
+    for k in 30..45 {
+        pg.psql(&counters_transaction(k)).unwrap();
+    }
+    let server = restart_resumed(&pg, dir.path(), &["counters"]);
+    pg.stop().unwrap();
+    pg.start_again().unwrap();
+    for k in 45..60 {
+        pg.psql(&counters_transaction(k)).unwrap();
+    }
+    wait_counters_equal(&server, &pg);
     let health = follower_health(&server);
     assert_eq!(health["state"], "streaming", "{health}");
     assert!(health["reconnects"].as_u64().unwrap() >= 1, "the PostgreSQL restart was lived through: {health}");
+}
+
+/// The process id of the walsender that streams the slot to Ordo, once there is one.
+fn wait_walsender(pg: &PostgresServer) -> String {
+    let holder = format!("SELECT active_pid FROM pg_replication_slots WHERE slot_name = '{SLOT}' AND active");
+    let deadline = Instant::now() + APPLY_TIMEOUT;
+    loop {
+        let pid = pg.psql(&holder).unwrap();
+        if !pid.is_empty() {
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "no walsender holds the slot");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `pg_terminate_backend` of the walsender while transactions are committed:
+/// the follower reconnects (a new walsender holds the slot) and resumes from
+/// its stored position, every transaction applied once. The transactions
+/// committed after the termination reach Ordo only through a new connection.
+#[test]
+fn the_walsender_terminated_mid_stream_then_a_reconnection_and_every_row_exactly_once() {
+    let pg = postgres();
+    create_counters_table(&pg);
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_following(&pg, dir.path(), &["counters"]);
+    let terminated_pid = wait_walsender(&pg);
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            for k in 0..40 {
+                pg.psql(&counters_transaction(k)).unwrap();
+            }
+        });
+        wait_applied(&server, 10);
+        let terminate = format!("SELECT pg_terminate_backend({terminated_pid})");
+        assert_eq!(pg.psql(&terminate).unwrap(), "t", "the walsender was there to terminate");
+        writer.join().unwrap();
+    });
+    for k in 40..60 {
+        pg.psql(&counters_transaction(k)).unwrap();
+    }
+    wait_counters_equal(&server, &pg);
+    let health = follower_health(&server);
+    assert_eq!(health["state"], "streaming", "{health}");
+    assert!(health["reconnects"].as_u64().unwrap() >= 1, "{health}");
+    assert!(server.metric("ordo_postgres_reconnects_total") >= 1.0);
+    assert_ne!(wait_walsender(&pg), terminated_pid, "another walsender streams the slot");
 }
 
 /// Ordo's `items` equal PostgreSQL's, waiting (bounded) for the last transaction to show.
