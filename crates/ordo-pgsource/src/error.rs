@@ -106,6 +106,10 @@ impl Error {
     }
 }
 
+/// What recovers from a position the follower cannot go on from (a lost
+/// slot, a transaction past the bound): a new copy, taken after it.
+const RECOVERY_BY_A_NEW_COPY: &str = "copy the tables anew: with `ordo serve`, restart with a new --pg-slot name (a first start: the followed collections are emptied and copied again) and drop the old slot in PostgreSQL if it is still there";
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -153,12 +157,13 @@ impl fmt::Display for Error {
             ),
             Error::Value { table, column, error } => write!(f, "in `{table}.{column}`: {error}"),
             Error::Decode(error) => error.fmt(f),
-            Error::TransactionTooLarge { limit } => {
-                write!(f, "a transaction has more than {limit} changes, the bound of one Ordo batch")
-            }
+            Error::TransactionTooLarge { limit } => write!(
+                f,
+                "a transaction has more than {limit} changes, the bound of one Ordo batch: it is not applied, and resuming from the same slot meets it again. Recovery: {RECOVERY_BY_A_NEW_COPY}; keep the transactions on followed tables under the bound (a bulk load in several transactions)"
+            ),
             Error::SlotLost { slot, reason } => write!(
                 f,
-                "the replication slot `{slot}` is lost ({reason}): changes since the last applied position cannot be had; drop the followed collections' data to copy the tables anew"
+                "the replication slot `{slot}` is lost ({reason}): the changes since the last applied position cannot be had. Recovery: {RECOVERY_BY_A_NEW_COPY}"
             ),
         }
     }

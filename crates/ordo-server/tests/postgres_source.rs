@@ -309,6 +309,50 @@ fn the_walsender_terminated_mid_stream_then_a_reconnection_and_every_row_exactly
     assert_ne!(wait_walsender(&pg), terminated_pid, "another walsender streams the slot");
 }
 
+/// Drops the slot, retried (bounded) while the walsender of a connection that
+/// just ended still holds it.
+fn drop_slot(pg: &PostgresServer) {
+    let deadline = Instant::now() + APPLY_TIMEOUT;
+    while let Err(error) = pg.psql(&format!("SELECT pg_drop_replication_slot('{SLOT}')")) {
+        assert!(Instant::now() < deadline, "the slot could not be dropped: {error}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The slot dropped while `ordo serve` was down: at the restart the follower
+/// fails naming the recovery, the collection serving what it holds; that
+/// recovery (a new `--pg-slot`) copies the table anew and follows it.
+#[test]
+fn a_dropped_slot_fails_the_follower_naming_the_recovery_which_copies_anew() {
+    let pg = postgres();
+    create_items_table(&pg);
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start_following(&pg, dir.path(), &["items"]);
+    pg.psql("INSERT INTO items VALUES ('a', 1, 'streamed');").unwrap();
+    wait_applied(&server, 1);
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGKILL) };
+    server.wait();
+    drop_slot(&pg);
+    pg.psql("INSERT INTO items VALUES ('b', 2, 'lost with the slot'); UPDATE items SET score = 5 WHERE id = 'a';")
+        .unwrap();
+    let server = start_following(&pg, dir.path(), &["items"]);
+    let error = wait_failed_with(&server, &format!("the replication slot `{SLOT}` is lost"));
+    assert!(error.contains("restart with a new --pg-slot name"), "{error}");
+    let held = ordo_window(&server, 10);
+    assert_eq!(held, vec![json!({"id": "a", "score": 1, "title": "streamed"})], "the collection serves what it held");
+    drop(server);
+
+    let mut args = follow_args(&pg, dir.path(), &["items"]);
+    args[11] = format!("{SLOT}_2");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Server::start(&dir.path().join("data"), &args);
+    wait_equal(&server, &pg, "after the new slot's copy");
+    pg.psql("INSERT INTO items VALUES ('c', 3, 'streamed again');").unwrap();
+    wait_equal(&server, &pg, "after a transaction on the new slot");
+    assert_eq!(follower_health(&server)["state"], "streaming");
+}
+
 /// Ordo's `items` equal PostgreSQL's, waiting (bounded) for the last transaction to show.
 fn wait_equal(server: &Server, pg: &PostgresServer, context: &str) {
     let deadline = Instant::now() + APPLY_TIMEOUT;

@@ -100,6 +100,8 @@ async fn a_transaction_past_the_bound_is_refused_and_one_at_the_bound_is_whole()
     assert_eq!(stream.next_transaction().await.unwrap().changes.len(), 5);
     let error = stream.next_transaction().await.unwrap_err();
     assert!(matches!(error, Error::TransactionTooLarge { limit: 5 }), "{error}");
+    // The recovery docs/POSTGRES.md gives, as for a lost slot.
+    assert!(error.to_string().contains("restart with a new --pg-slot name"), "{error}");
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -177,7 +179,10 @@ async fn a_dropped_slot_is_a_loud_error() {
     dropped.unwrap();
     let error = resume(&server, &tables, mirror.applied).await.err().expect("a stream from a dropped slot");
     assert!(matches!(&error, Error::SlotLost { slot, .. } if slot == SLOT), "{error}");
-    assert!(error.to_string().contains("copy the tables anew"), "{error}");
+    assert!(
+        error.to_string().contains("copy the tables anew: with `ordo serve`, restart with a new --pg-slot name"),
+        "{error}"
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]
