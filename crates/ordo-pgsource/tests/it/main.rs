@@ -5,3 +5,4 @@ mod harness;
 mod model;
 mod refusals;
 mod tls;
+mod types;
