@@ -20,6 +20,9 @@ pub struct ServerError {
 pub const SQLSTATE_INVALID_PASSWORD: &str = "28P01";
 /// The SQLSTATE of an object that does not exist (a slot or publication, say).
 pub const SQLSTATE_UNDEFINED_OBJECT: &str = "42704";
+/// The SQLSTATE of an object in the wrong state (a replication slot PostgreSQL
+/// invalidated, say).
+pub const SQLSTATE_OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
 /// The SQLSTATE of an object that exists already (a publication, say).
 pub const SQLSTATE_DUPLICATE_OBJECT: &str = "42710";
 /// The SQLSTATE of a statement the role may not run (not the owner, no grant).

@@ -16,7 +16,7 @@ use bytes::{Buf, Bytes};
 use postgres_protocol::escape::escape_literal;
 
 use crate::catalog::{quote_identifier, Table, UnsupportedColumns};
-use crate::error::{Error, SQLSTATE_UNDEFINED_OBJECT};
+use crate::error::{Error, ServerError, SQLSTATE_OBJECT_NOT_IN_PREREQUISITE_STATE, SQLSTATE_UNDEFINED_OBJECT};
 use crate::lsn::Lsn;
 use crate::pgoutput::{self, Cell, Message, Relation, POSTGRES_EPOCH_UNIX_MICROS};
 use crate::value::{parse_value, ColumnType, Value};
@@ -549,6 +549,15 @@ impl ChangeStream {
     }
 }
 
+/// Whether PostgreSQL refused the slot because it invalidated it.
+fn is_invalidated_slot(server: &ServerError) -> bool {
+    let detail = server.detail.as_deref().unwrap_or("");
+    server.message.contains("can no longer get changes")
+        || (server.code == SQLSTATE_OBJECT_NOT_IN_PREREQUISITE_STATE
+            && server.message.contains("replication slot")
+            && detail.contains("invalidated"))
+}
+
 /// A missing or invalidated slot as [`Error::SlotLost`]; other errors as they are.
 fn slot_lost_or(error: Error, slot: &str) -> Error {
     match &error {
@@ -557,9 +566,15 @@ fn slot_lost_or(error: Error, slot: &str) -> Error {
         {
             Error::SlotLost { slot: slot.into(), reason: server.message.clone() }
         }
-        // `can no longer get changes from replication slot` (invalidated by max_slot_wal_keep_size).
-        Error::Server(server) if server.message.contains("can no longer get changes") => {
-            Error::SlotLost { slot: slot.into(), reason: server.message.clone() }
+        // A slot PostgreSQL invalidated (it held more WAL than max_slot_wal_keep_size):
+        // PostgreSQL 15 refuses it with `cannot read from logical replication slot`
+        // and says why in the detail; other versions say `can no longer get changes`.
+        Error::Server(server) if is_invalidated_slot(server) => {
+            let reason = match &server.detail {
+                Some(detail) => format!("{} ({detail})", server.message),
+                None => server.message.clone(),
+            };
+            Error::SlotLost { slot: slot.into(), reason }
         }
         _ => error,
     }
