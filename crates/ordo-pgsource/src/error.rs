@@ -16,6 +16,16 @@ pub struct ServerError {
     pub detail: Option<String>,
 }
 
+impl ServerError {
+    /// The message, and the detail after it in brackets when PostgreSQL sent one.
+    pub fn explained(&self) -> String {
+        match &self.detail {
+            Some(detail) => format!("{} ({detail})", self.message),
+            None => self.message.clone(),
+        }
+    }
+}
+
 /// The SQLSTATE of a failed password check.
 pub const SQLSTATE_INVALID_PASSWORD: &str = "28P01";
 /// The SQLSTATE of an object that does not exist (a slot or publication, say).
@@ -118,11 +128,7 @@ impl fmt::Display for Error {
         match self {
             Error::Io(error) => write!(f, "connection to PostgreSQL failed: {error}"),
             Error::Server(error) => {
-                write!(f, "PostgreSQL {} {}: {}", error.severity, error.code, error.message)?;
-                if let Some(detail) = &error.detail {
-                    write!(f, " ({detail})")?;
-                }
-                Ok(())
+                write!(f, "PostgreSQL {} {}: {}", error.severity, error.code, error.explained())
             }
             Error::Protocol(what) => write!(f, "unexpected message from PostgreSQL: {what}"),
             Error::Authentication(what) => write!(f, "authentication with PostgreSQL failed: {what}"),

@@ -570,11 +570,7 @@ fn slot_lost_or(error: Error, slot: &str) -> Error {
         // PostgreSQL 15 refuses it with `cannot read from logical replication slot`
         // and says why in the detail; other versions say `can no longer get changes`.
         Error::Server(server) if is_invalidated_slot(server) => {
-            let reason = match &server.detail {
-                Some(detail) => format!("{} ({detail})", server.message),
-                None => server.message.clone(),
-            };
-            Error::SlotLost { slot: slot.into(), reason }
+            Error::SlotLost { slot: slot.into(), reason: server.explained() }
         }
         _ => error,
     }
