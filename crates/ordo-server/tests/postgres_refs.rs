@@ -7,11 +7,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
-use std::path::Path;
-use std::process::{Command, Stdio};
-
-use common::postgres::{follow_args, postgres, start_following, wait_applied, APPLY_TIMEOUT, PUBLICATION, SLOT};
+use common::postgres::{
+    follow_args, postgres, refused_start_or_started, start_following, wait_applied, APPLY_TIMEOUT, PUBLICATION, SLOT,
+};
 use common::{Client, Server, StartOptions};
 use ordo_test_kit::postgres::PostgresServer;
 use serde_json::{json, Value};
@@ -271,38 +269,6 @@ fn bad_ref_and_payload_declarations_are_refused_at_start_naming_table_and_column
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
-}
-
-/// `ordo serve`'s output when it refuses to start; `started` when it prints
-/// its listening line instead (then it is stopped).
-fn refused_start_or_started(dir: &Path, args: &[String]) -> String {
-    let mut child = Command::new(common::ordo_binary())
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.join("data"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let stderr_text = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    });
-    let mut stdout = String::new();
-    for line in BufReader::new(child.stdout.take().unwrap()).lines().map_while(Result::ok) {
-        if line.contains("listening on") {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            return format!("started: {stdout}{line}");
-        }
-        stdout.push_str(&line);
-        stdout.push('\n');
-    }
-    assert!(!child.wait().unwrap().success(), "exited 0: {stdout}");
-    format!("{stdout}{}", stderr_text.join().unwrap())
 }
 
 /// `make pg-demo`'s chat (scripts/pg-demo.sql) followed with `--demo`: the

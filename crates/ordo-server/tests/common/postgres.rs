@@ -2,6 +2,7 @@
 //! `--pg-*` arguments that follow its tables, and waits on the follower's
 //! state as `/v1/health` reports it.
 
+use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -100,18 +101,43 @@ pub fn wait_failed(server: &Server) -> String {
     }
 }
 
-/// Runs `ordo serve` expecting it to refuse to start; returns its output.
-pub fn refused_start(dir: &Path, args: &[String]) -> String {
-    let output = Command::new(ordo_binary())
+/// `ordo serve`'s output when it refuses to start; `started` when it prints
+/// its listening line instead (then it is stopped).
+pub fn refused_start_or_started(dir: &Path, args: &[String]) -> String {
+    let mut child = Command::new(ordo_binary())
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir.join("data"))
         .args(args)
         .stdin(Stdio::null())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert!(!output.status.success(), "started: {text}");
-    assert!(!text.contains("listening on"), "{text}");
+    let mut stderr = child.stderr.take().unwrap();
+    let stderr_text = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let mut stdout = String::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines().map_while(Result::ok) {
+        if line.contains("listening on") {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return format!("started: {stdout}{line}");
+        }
+        stdout.push_str(&line);
+        stdout.push('\n');
+    }
+    assert!(!child.wait().unwrap().success(), "exited 0: {stdout}");
+    format!("{stdout}{}", stderr_text.join().unwrap())
+}
+
+/// `ordo serve`'s output when it refuses to start. One that starts instead
+/// fails the test (it is stopped at its listening line, not waited for).
+pub fn refused_start(dir: &Path, args: &[String]) -> String {
+    let text = refused_start_or_started(dir, args);
+    assert!(!text.starts_with("started: "), "{text}");
     text
 }
 
