@@ -39,6 +39,7 @@ mod identity;
 mod outbox;
 mod park;
 mod read;
+mod registry;
 mod requests;
 mod resume;
 mod session;
@@ -48,8 +49,9 @@ mod write;
 use identity::expiry_deadline;
 use park::ParkedRequest;
 use read::{FrameReader, Inbound};
-pub use session::{Registry, Session, ANONYMOUS_OWNER};
+pub use registry::Registry;
 use session::{RetainedFrame, SubEntry};
+pub use session::{Session, ANONYMOUS_OWNER};
 
 type Stream = TokioIo<Upgraded>;
 

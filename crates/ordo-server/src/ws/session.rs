@@ -1,12 +1,8 @@
 //! A connection's subscription state (`Session`), which outlives the connection
-//! for resume, and the `Registry` of parked sessions: each belongs to the identity
-//! that opened it, and all of them stay within a server-wide and a per-identity
-//! memory budget (the oldest go first).
+//! for resume (held meanwhile by `registry::Registry`).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use crate::frame::DiffsExtra;
 use crate::limits;
@@ -94,120 +90,5 @@ impl Session {
             })
             .sum();
         limits::PARKED_SESSION_OVERHEAD_BYTES + subs
-    }
-}
-
-/// A session held for resume.
-struct ParkedSession {
-    session: Session,
-    expires: Instant,
-    /// Its place in `RegistryInner::by_age`.
-    parked_index: u64,
-    /// `Session::parked_cost_bytes` when it was parked (its table does not change while parked).
-    cost_bytes: usize,
-}
-
-impl ParkedSession {
-    pub(super) fn cost_bytes(&self) -> usize {
-        self.cost_bytes + self.session.shared.queued_bytes.load(Ordering::Acquire)
-    }
-}
-
-/// Sessions whose connection is gone, held for resume until they expire or
-/// the parked budgets (`limits::MAX_PARKED_BYTES`, `MAX_PARKED_BYTES_PER_OWNER`)
-/// push them out, oldest first.
-#[derive(Default)]
-pub struct Registry {
-    inner: Mutex<RegistryInner>,
-}
-
-#[derive(Default)]
-struct RegistryInner {
-    by_token: HashMap<String, ParkedSession>,
-    /// Tokens by the order they were parked in, oldest first.
-    by_age: std::collections::BTreeMap<u64, String>,
-    next_parked_index: u64,
-}
-
-impl RegistryInner {
-    pub(super) fn remove(&mut self, token: &str) -> Option<ParkedSession> {
-        let parked = self.by_token.remove(token)?;
-        self.by_age.remove(&parked.parked_index);
-        Some(parked)
-    }
-
-    /// Drops the oldest sessions until both budgets hold; returns their ids.
-    /// One pass, oldest first: a session goes while the total, or its owner's
-    /// total, is over budget.
-    pub(super) fn evict_over_budget(&mut self) -> Vec<SessionId> {
-        let mut total_bytes = 0usize;
-        let mut owner_bytes: HashMap<Arc<str>, usize> = HashMap::new();
-        for parked in self.by_token.values() {
-            let cost = parked.cost_bytes();
-            total_bytes += cost;
-            *owner_bytes.entry(parked.session.owner.clone()).or_default() += cost;
-        }
-        let over =
-            |total: usize, owner: usize| total > limits::MAX_PARKED_BYTES || owner > limits::MAX_PARKED_BYTES_PER_OWNER;
-        if !owner_bytes.values().any(|&owner| over(total_bytes, owner)) {
-            return Vec::new();
-        }
-        let mut evicted = Vec::new();
-        let mut evicted_tokens = Vec::new();
-        for token in self.by_age.values() {
-            let parked = &self.by_token[token];
-            let owner = owner_bytes.get_mut(&parked.session.owner).expect("counted above");
-            if over(total_bytes, *owner) {
-                let cost = parked.cost_bytes();
-                total_bytes = total_bytes.saturating_sub(cost);
-                *owner = owner.saturating_sub(cost);
-                evicted_tokens.push(token.clone());
-            }
-        }
-        for token in evicted_tokens {
-            let parked = self.remove(&token).expect("listed");
-            evicted.push(parked.session.id);
-        }
-        evicted
-    }
-}
-
-impl Registry {
-    /// Holds `session` for resume; returns the sessions pushed out to stay
-    /// within the budgets (maybe this one), whose windows must be closed.
-    pub(super) fn park(&self, session: Session, retention: Duration) -> Vec<SessionId> {
-        let mut inner = self.inner.lock().expect("registry lock");
-        let parked_index = inner.next_parked_index;
-        inner.next_parked_index += 1;
-        let token = session.token.clone();
-        let cost_bytes = session.parked_cost_bytes();
-        let parked = ParkedSession { session, expires: Instant::now() + retention, parked_index, cost_bytes };
-        if let Some(replaced) = inner.by_token.insert(token.clone(), parked) {
-            inner.by_age.remove(&replaced.parked_index);
-        }
-        inner.by_age.insert(parked_index, token);
-        inner.evict_over_budget()
-    }
-
-    /// The parked session `token` names, if `owner` opened it.
-    pub(super) fn take(&self, token: &str, owner: &str) -> Option<Session> {
-        let mut inner = self.inner.lock().expect("registry lock");
-        if &*inner.by_token.get(token)?.session.owner != owner {
-            return None;
-        }
-        inner.remove(token).map(|parked| parked.session)
-    }
-
-    /// Drops expired sessions, and the oldest while over the budgets (frames
-    /// queued for parked sessions grow their cost); returns their ids so their
-    /// windows can be closed.
-    pub fn expire(&self, now: Instant) -> Vec<SessionId> {
-        let mut inner = self.inner.lock().expect("registry lock");
-        let expired: Vec<String> =
-            inner.by_token.iter().filter(|(_, parked)| parked.expires <= now).map(|(token, _)| token.clone()).collect();
-        let mut dropped: Vec<SessionId> =
-            expired.iter().filter_map(|token| inner.remove(token)).map(|parked| parked.session.id).collect();
-        dropped.extend(inner.evict_over_budget());
-        dropped
     }
 }
