@@ -3,7 +3,8 @@
 //! PostgreSQL) and views that sort and filter by fields read through a
 //! reference (a `LEFT JOIN` in PostgreSQL). After each random transaction,
 //! once Ordo applied it, random windows equal PostgreSQL's answer to the same
-//! query: the id in byte order (`COLLATE "C"`) breaks ties in both directions
+//! query, both one-shot queries and live subscriptions kept by their diffs
+//! since the copy: the id in byte order (`COLLATE "C"`) breaks ties in both directions
 //! and nulls sort last in both, as Ordo orders them (docs/PROTOCOL.md, "Views
 //! and windows").
 
@@ -12,7 +13,7 @@ mod common;
 use std::fmt;
 
 use common::postgres::{
-    model_seed, ordo_json_rows, postgres, postgres_json_rows, start_following, wait_applied, PUBLICATION,
+    model_seed, postgres, postgres_json_rows, start_following, wait_applied, LiveWindows, OrdoWindow, PUBLICATION,
 };
 use common::Server;
 
@@ -23,6 +24,8 @@ use serde_json::{json, Value};
 /// Random transactions per test, and random windows checked after each.
 const N_TRANSACTIONS: u64 = 40;
 const N_WINDOWS_PER_TRANSACTION: usize = 4;
+/// Windows subscribed after the copy and checked after every transaction.
+const N_LIVE_WINDOWS: usize = 4;
 
 /// The locales of collated windows, as Ordo is given them.
 const LOCALES: [&str; 7] = ["root", "und", "fr", "de", "sv", "es", "de-u-co-phonebk"];
@@ -128,11 +131,13 @@ fn postgres_direction(descending: bool) -> &'static str {
 trait RandomWindow: fmt::Debug {
     fn random(rng: &mut Rng) -> Self;
     fn in_postgres(&self, pg: &PostgresServer) -> Vec<Value>;
-    fn in_ordo(&self, server: &Server) -> Vec<Value>;
+    fn in_ordo(&self) -> OrdoWindow;
 }
 
 /// Checks random windows `W` after the copy of `copied`, then after each of
-/// [`N_TRANSACTIONS`] transactions made by `transaction`, once Ordo applied it.
+/// [`N_TRANSACTIONS`] transactions made by `transaction`, once Ordo applied it:
+/// [`N_WINDOWS_PER_TRANSACTION`] new one-shot queries, and the
+/// [`N_LIVE_WINDOWS`] subscribed after the copy.
 fn windows_equal_postgres_after_each_transaction<W: RandomWindow>(
     pg: &PostgresServer,
     server: &Server,
@@ -143,16 +148,24 @@ fn windows_equal_postgres_after_each_transaction<W: RandomWindow>(
 ) {
     let mut sql = copied.to_owned();
     let (mut n_windows_empty, mut n_rows) = (0, 0);
+    let live: Vec<W> = (0..N_LIVE_WINDOWS).map(|_| W::random(rng)).collect();
+    let mut subscribed = LiveWindows::subscribe(server, live.iter().map(W::in_ordo).collect());
     for n in 0..=N_TRANSACTIONS {
         if n > 0 {
             sql = transaction(rng);
             pg.psql(&sql).unwrap();
             wait_applied(server, n);
         }
+        subscribed.settle();
+        for (window, (_, rows)) in live.iter().zip(subscribed.rows()) {
+            let context = format!("live {window:?} after {sql} (seed {seed})");
+            assert_rows_equal(&rows, &window.in_postgres(pg), &context);
+        }
         for _ in 0..N_WINDOWS_PER_TRANSACTION {
             let window = W::random(rng);
             let rows = window.in_postgres(pg);
-            assert_rows_equal(&window.in_ordo(server), &rows, &format!("{window:?} after {sql} (seed {seed})"));
+            let context = format!("{window:?} after {sql} (seed {seed})");
+            assert_rows_equal(&window.in_ordo().query_rows(server), &rows, &context);
             n_windows_empty += usize::from(rows.is_empty());
             n_rows += rows.len();
         }
@@ -323,7 +336,7 @@ impl RandomWindow for CollatedWindow {
         )
     }
 
-    fn in_ordo(&self, server: &Server) -> Vec<Value> {
+    fn in_ordo(&self) -> OrdoWindow {
         let mut sort = vec![self.collated.ordo_sort_key("name", self.descending)];
         if let Some(descending) = self.then_by_n_descending {
             sort.push(json!({"field": "n", "dir": direction(descending)}));
@@ -332,7 +345,7 @@ impl RandomWindow for CollatedWindow {
         if let Some(min) = self.min_n {
             query["filter"] = json!({"field": "n", "op": "ge", "value": min});
         }
-        ordo_json_rows(server, "people", query, &["name", "n"])
+        OrdoWindow { collection: "people", query, fields: &["name", "n"] }
     }
 }
 
@@ -379,7 +392,7 @@ fn every_string_of_up_to_two_characters_of_the_alphabet_sorts_as_postgres_by_eve
                     offset,
                     limit: MAX_WINDOW_ROWS,
                 };
-                let (ordo, postgres) = (window.in_ordo(&server), window.in_postgres(&pg));
+                let (ordo, postgres) = (window.in_ordo().query_rows(&server), window.in_postgres(&pg));
                 assert_rows_equal(&ordo, &postgres, &format!("{window:?}"));
             }
         }
@@ -647,7 +660,7 @@ impl RandomWindow for ReferenceWindow {
         )
     }
 
-    fn in_ordo(&self, server: &Server) -> Vec<Value> {
+    fn in_ordo(&self) -> OrdoWindow {
         let mut sort = vec![match self.key {
             RoomKey::LastSeq => json!({"field": "room.last_seq", "dir": direction(self.descending)}),
             RoomKey::Name => json!({"field": "room.name", "dir": direction(self.descending)}),
@@ -658,7 +671,7 @@ impl RandomWindow for ReferenceWindow {
         }
         let query = json!({"sort": sort, "filter": self.filter.in_ordo(), "fields": MEMBER_FIELDS,
                            "offset": self.offset, "limit": self.limit});
-        ordo_json_rows(server, "members", query, &MEMBER_FIELDS)
+        OrdoWindow { collection: "members", query, fields: &MEMBER_FIELDS }
     }
 }
 

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::postgres::{
     follow_args, follower_health, model_seed, ordo_json_rows, postgres, postgres_json_rows, refused_start,
-    restart_resumed, start_following, wait_applied, wait_failed, APPLY_TIMEOUT, PUBLICATION, SLOT,
+    restart_resumed, start_following, wait_applied, wait_failed, LiveWindows, OrdoWindow, APPLY_TIMEOUT, PUBLICATION,
+    SLOT,
 };
 use common::{ordo_binary, Server, StartOptions};
 use ordo_pgsource::Lsn;
@@ -983,6 +984,7 @@ fn lag_bytes_reads_above_zero_while_behind_and_zero_once_caught_up() {
 }
 
 /// A random window of `items`: its direction, a lowest score (or none), offset and limit.
+#[derive(Debug)]
 struct RandomWindow {
     descending: bool,
     min_score: Option<i64>,
@@ -1014,7 +1016,7 @@ impl RandomWindow {
         )
     }
 
-    fn in_ordo(&self, server: &Server) -> Vec<Value> {
+    fn in_ordo(&self) -> OrdoWindow {
         let mut query = json!({
             "sort": [{"field": "score", "dir": if self.descending { "desc" } else { "asc" }}],
             "offset": self.offset,
@@ -1023,8 +1025,7 @@ impl RandomWindow {
         if let Some(min) = self.min_score {
             query["filter"] = json!({"field": "score", "op": "ge", "value": min});
         }
-        let answer = server.ok("POST", "/v1/collections/items/query", query);
-        answer["items"].as_array().unwrap().iter().map(row_of).collect()
+        OrdoWindow { collection: "items", query, fields: &["score", "title"] }
     }
 }
 
@@ -1073,7 +1074,9 @@ fn rich_transaction(rng: &mut Rng, ids: &mut Vec<String>, next_id: &mut u64) -> 
 
 /// PostgreSQL is the reference for random windows (direction, a filter, an
 /// offset, a limit) through random transactions that include TRUNCATEs,
-/// TOASTed values left unchanged by updates, and a column added midway.
+/// TOASTed values left unchanged by updates, and a column added midway: new
+/// one-shot queries after each transaction, and windows subscribed after the
+/// copy, kept by their diffs (and the Reset the added column brings).
 #[test]
 fn random_windows_equal_postgres_through_truncates_toasted_values_and_a_column_added() {
     let seed = model_seed();
@@ -1085,6 +1088,8 @@ fn random_windows_equal_postgres_through_truncates_toasted_values_and_a_column_a
     let mut ids: Vec<String> = (0..30).map(|n| format!("c{n}")).collect();
     let dir = tempfile::tempdir().unwrap();
     let server = start_following(&pg, dir.path(), &["items"]);
+    let live: Vec<RandomWindow> = (0..3).map(|_| RandomWindow::new(&mut rng)).collect();
+    let mut subscribed = LiveWindows::subscribe(&server, live.iter().map(RandomWindow::in_ordo).collect());
     let mut next_id = 0;
     let n_transactions = 40;
     for n in 1..=n_transactions {
@@ -1094,10 +1099,14 @@ fn random_windows_equal_postgres_through_truncates_toasted_values_and_a_column_a
         }
         pg.psql(&sql).unwrap();
         wait_applied(&server, n);
+        subscribed.settle();
+        for (window, (_, rows)) in live.iter().zip(subscribed.rows()) {
+            assert_eq!(rows, window.in_postgres(&pg), "live {window:?} after {sql} (seed {seed})");
+        }
         for _ in 0..3 {
             let window = RandomWindow::new(&mut rng);
             assert_eq!(
-                window.in_ordo(&server),
+                window.in_ordo().query_rows(&server),
                 window.in_postgres(&pg),
                 "desc {} min {:?} offset {} limit {} after {sql} (seed {seed})",
                 window.descending,

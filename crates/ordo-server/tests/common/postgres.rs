@@ -167,6 +167,14 @@ pub fn postgres_json_rows(pg: &PostgresServer, sql: &str) -> Vec<Value> {
 pub fn ordo_json_rows(server: &Server, collection: &str, query: Value, fields: &[&str]) -> Vec<Value> {
     let answer = server.ok("POST", &format!("/v1/collections/{collection}/query"), query);
     let items = answer["items"].as_array().unwrap_or_else(|| panic!("no items in {answer}"));
+    item_rows(items, fields)
+}
+
+/// The rows of `items` (a query answer's or a subscription's, which show items
+/// alike) in the shape of [`postgres_json_rows`]: each item's id and its
+/// `fields` (dotted names included), a field the item does not carry read as
+/// null.
+pub fn item_rows(items: &[Value], fields: &[&str]) -> Vec<Value> {
     items
         .iter()
         .map(|item| {
@@ -177,4 +185,83 @@ pub fn ordo_json_rows(server: &Server, collection: &str, query: Value, fields: &
             row
         })
         .collect()
+}
+
+/// A window as Ordo is asked for it: the collection, the query (`filter`,
+/// `sort`, `offset`, `limit`, maybe `fields`) and the fields its rows show.
+#[derive(Clone, Debug)]
+pub struct OrdoWindow {
+    pub collection: &'static str,
+    pub query: Value,
+    pub fields: &'static [&'static str],
+}
+
+impl OrdoWindow {
+    /// Ordo's one-shot answer, as rows.
+    pub fn query_rows(&self, server: &Server) -> Vec<Value> {
+        ordo_json_rows(server, self.collection, self.query.clone(), self.fields)
+    }
+}
+
+/// Windows subscribed over one WebSocket while a model test changes
+/// PostgreSQL: each kept by its diffs alone (and its digest checked on every
+/// frame), as a client application keeps its list.
+pub struct LiveWindows {
+    runtime: tokio::runtime::Runtime,
+    client: super::Client,
+    windows: Vec<OrdoWindow>,
+    n_settled: u64,
+}
+
+impl LiveWindows {
+    /// Subscribes every window (subscription `live<i>`) and reads each one's first frame.
+    pub fn subscribe(server: &Server, windows: Vec<OrdoWindow>) -> LiveWindows {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let mut client = runtime.block_on(server.connect());
+        for (index, window) in windows.iter().enumerate() {
+            let mut subscribe = window.query.clone();
+            subscribe["op"] = json!("subscribe");
+            subscribe["sub"] = json!(format!("live{index}"));
+            subscribe["collection"] = json!(window.collection);
+            runtime.block_on(client.send(subscribe));
+        }
+        let n_windows = windows.len();
+        let all_first =
+            |client: &super::Client| (0..n_windows).all(|index| client.lists.contains_key(&format!("live{index}")));
+        assert!(runtime.block_on(client.read_until(APPLY_TIMEOUT, all_first)), "first frames: {:?}", client.frames);
+        LiveWindows { runtime, client, windows, n_settled: 0 }
+    }
+
+    /// Reads until every window has every frame of what the server applied
+    /// so far: each is sent a `set_range` to its own range, which the writer
+    /// thread answers (an `ack`, or a frame) after every frame it made before.
+    pub fn settle(&mut self) {
+        self.n_settled += 1;
+        let reqs: Vec<String> =
+            (0..self.windows.len()).map(|index| format!("settle{}-{index}", self.n_settled)).collect();
+        for (index, window) in self.windows.iter().enumerate() {
+            let set_range = json!({"op": "set_range", "sub": format!("live{index}"), "req": reqs[index],
+                                   "offset": window.query["offset"], "limit": window.query["limit"]});
+            self.runtime.block_on(self.client.send(set_range));
+        }
+        let answered = |client: &super::Client| {
+            reqs.iter().all(|req| client.frames.iter().chain(&client.diffs_seen).any(|frame| frame["req"] == **req))
+        };
+        assert!(
+            self.runtime.block_on(self.client.read_until(APPLY_TIMEOUT, answered)),
+            "frames: {:?}",
+            self.client.frames
+        );
+        let errors: Vec<&Value> = self.client.frames.iter().filter(|frame| frame["type"] == "error").collect();
+        assert!(errors.is_empty(), "a live window was refused: {errors:?}");
+        self.client.diffs_seen.clear();
+        self.client.frames.clear();
+    }
+
+    /// The windows and each one's rows as its subscription holds them.
+    pub fn rows(&self) -> impl Iterator<Item = (&OrdoWindow, Vec<Value>)> {
+        self.windows.iter().enumerate().map(|(index, window)| {
+            (window, item_rows(&self.client.lists[&format!("live{index}")].items, window.fields))
+        })
+    }
 }
