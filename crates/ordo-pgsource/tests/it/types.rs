@@ -1,7 +1,9 @@
 //! Every followed column type through a real PostgreSQL: the initial copy and
 //! the stream read the same value, and that value is the one PostgreSQL itself
 //! computes (epoch microseconds and days by `extract` and date arithmetic, not
-//! by the source's parser), with nothing rounded.
+//! by the source's parser), with nothing rounded. The infinities PostgreSQL
+//! allows (floats, dates, timestamps) cross too: a float as itself, a date or
+//! timestamp as the documented bound of its integer.
 
 use ordo_pgsource::Value;
 use ordo_test_kit::postgres::PostgresServer;
@@ -9,14 +11,18 @@ use ordo_test_kit::postgres::PostgresServer;
 use crate::harness::{follow, Row, PUBLICATION};
 
 /// One row's values in SQL; the copied row has id `n`, the streamed one `n + 100`.
-const ROWS: [&str; 3] = [
+const ROWS: [&str; 4] = [
     "1.5, 0.1, 'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11', '2026-12-07', '2026-12-07 23:59:59.123456', \
      '2026-12-07 12:00:00.000001+05:30', 'ab', 'héllo', '{\"b\": 1,  \"a\": [1, 2]}', '{\"b\": 1,  \"a\": [1, 2]}', \
      true, -42.000, -9223372036854775808",
     "-2.25, -1e300, '00000000-0000-0000-0000-000000000000', '0044-03-15 BC', '1900-01-01 00:00:00', \
      '1970-01-01 00:00:00+00', 'abcd', '', '[]', 'null', false, 0, 9223372036854775807",
     "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL",
+    "'Infinity', '-Infinity', NULL, 'infinity', '-infinity', 'infinity', NULL, NULL, NULL, NULL, NULL, NULL, NULL",
 ];
+
+/// The row of `ROWS` that is all NULLs.
+const NULL_ROW: i32 = 3;
 
 const COLUMNS: [&str; 13] = ["f4", "f8", "u", "d", "ts", "tz", "c", "vc", "j", "jb", "b", "n", "big"];
 
@@ -29,25 +35,36 @@ fn insert(id: i32, values: &str) -> String {
 fn expected_row(server: &PostgresServer, id: i32) -> Row {
     let line = server
         .psql(&format!(
-            "SELECT f4::float8::text, f8::text, u::text, (d - DATE '1970-01-01')::text, \
-             (extract(epoch FROM ts) * 1000000)::int8::text, (extract(epoch FROM tz) * 1000000)::int8::text, \
-             c::text, vc, j::text, jb::text, b::text, n::int8::text, big::text FROM typed WHERE id = {id}"
+            "SELECT f4::float8::text, f8::text, u::text, \
+             CASE WHEN isfinite(d) THEN (d - DATE '1970-01-01')::text ELSE d::text END, \
+             CASE WHEN isfinite(ts) THEN (extract(epoch FROM ts) * 1000000)::int8::text ELSE ts::text END, \
+             CASE WHEN isfinite(tz) THEN (extract(epoch FROM tz) * 1000000)::int8::text ELSE tz::text END, \
+             c::text, coalesce(vc, '<null>'), j::text, jb::text, b::text, n::int8::text, big::text FROM typed WHERE id = {id}"
         ))
         .unwrap();
     let fields: Vec<&str> = line.split('|').collect();
     let text = |index: usize| fields[index].to_owned();
-    let is_null = id % 100 == 3;
+    let is_null = id % 100 == NULL_ROW;
     let mut row = Row::new();
     row.insert("id".into(), Value::Int(i64::from(id)));
     for (field, column) in COLUMNS.iter().enumerate() {
-        let value = if is_null {
+        // psql prints NULL as nothing, so varchar's NULL is told from '' by a marker.
+        let value = if is_null || (fields[field].is_empty() && *column != "vc") || fields[field] == "<null>" {
             Value::Null
         } else {
             match *column {
                 "f4" | "f8" => Value::Float(fields[field].parse().unwrap()),
                 "u" | "vc" => Value::Text(text(field)),
-                "d" => Value::DateDays(fields[field].parse().unwrap()),
-                "ts" | "tz" => Value::TimestampMicros(fields[field].parse().unwrap()),
+                "d" => Value::DateDays(match fields[field] {
+                    "infinity" => i32::MAX,
+                    "-infinity" => i32::MIN,
+                    days => days.parse().unwrap(),
+                }),
+                "ts" | "tz" => Value::TimestampMicros(match fields[field] {
+                    "infinity" => i64::MAX,
+                    "-infinity" => i64::MIN,
+                    micros => micros.parse().unwrap(),
+                }),
                 // `c::text` drops char(4)'s padding, which the column's value has.
                 "c" => Value::Text(format!("{:<4}", fields[field])),
                 "j" | "jb" => Value::Json(text(field)),
@@ -94,4 +111,11 @@ async fn every_followed_type_is_copied_and_streamed_as_the_value_postgres_holds(
     assert_eq!(first["j"], Value::Json("{\"b\": 1,  \"a\": [1, 2]}".into()));
     assert_eq!(first["jb"], Value::Json("{\"a\": [1, 2], \"b\": 1}".into()));
     assert_eq!(first["tz"], Value::TimestampMicros(1_796_625_000_000_001));
+    let infinities = &mirror.tables[0]["104"];
+    assert_eq!(
+        (&infinities["f4"], &infinities["f8"]),
+        (&Value::Float(f64::INFINITY), &Value::Float(f64::NEG_INFINITY))
+    );
+    assert_eq!((&infinities["d"], &infinities["tz"]), (&Value::DateDays(i32::MAX), &Value::TimestampMicros(i64::MAX)));
+    assert_eq!(infinities["ts"], Value::TimestampMicros(i64::MIN));
 }
