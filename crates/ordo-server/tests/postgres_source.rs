@@ -354,6 +354,30 @@ fn a_dropped_slot_fails_the_follower_naming_the_recovery_which_copies_anew() {
     assert_eq!(follower_health(&server)["state"], "streaming");
 }
 
+/// The most changes of one transaction the follower applies (`follow::MAX_TRANSACTION_CHANGES`).
+const MAX_TRANSACTION_CHANGES: u64 = 524_288;
+
+/// One transaction past the bound fails the follower with the documented
+/// recovery, applying none of it (the recovery itself, a new slot and so a new
+/// copy, is `a_dropped_slot_fails_the_follower_naming_the_recovery_which_copies_anew`).
+#[test]
+fn a_transaction_past_the_bound_fails_the_follower_naming_the_recovery_which_copies_anew() {
+    let pg = postgres();
+    create_items_table(&pg);
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_following(&pg, dir.path(), &["items"]);
+    pg.psql("INSERT INTO items VALUES ('a', 1, 'streamed');").unwrap();
+    wait_applied(&server, 1);
+    let n_rows = MAX_TRANSACTION_CHANGES + 1;
+    pg.psql(&format!("INSERT INTO items SELECT 'big' || n, n % 100, NULL FROM generate_series(1, {n_rows}) n;"))
+        .unwrap();
+    let error = wait_failed(&server);
+    assert!(error.contains(&format!("more than {MAX_TRANSACTION_CHANGES} changes")), "{error}");
+    assert!(error.contains("restart with a new --pg-slot name"), "{error}");
+    let held = ordo_window(&server, 10);
+    assert_eq!(held, vec![json!({"id": "a", "score": 1, "title": "streamed"})], "none of it is applied");
+}
+
 /// Ordo's `items` equal PostgreSQL's, waiting (bounded) for the last transaction to show.
 fn wait_equal(server: &Server, pg: &PostgresServer, context: &str) {
     let deadline = Instant::now() + APPLY_TIMEOUT;
