@@ -361,7 +361,7 @@ const MAX_TRANSACTION_CHANGES: u64 = 524_288;
 /// recovery, applying none of it (the recovery itself, a new slot and so a new
 /// copy, is `a_dropped_slot_fails_the_follower_naming_the_recovery_which_copies_anew`).
 #[test]
-fn a_transaction_past_the_bound_fails_the_follower_naming_the_recovery_which_copies_anew() {
+fn a_transaction_past_the_bound_fails_the_follower_naming_the_recovery_and_applies_none_of_it() {
     let pg = postgres();
     create_items_table(&pg);
     let dir = tempfile::tempdir().unwrap();
