@@ -354,6 +354,51 @@ fn a_dropped_slot_fails_the_follower_naming_the_recovery_which_copies_anew() {
     assert_eq!(follower_health(&server)["state"], "streaming");
 }
 
+/// Rounds of WAL written before the slot must be lost (two or three suffice).
+const MAX_WAL_ROUNDS: usize = 20;
+
+/// A slot PostgreSQL invalidated while Ordo was down (`max_slot_wal_keep_size`
+/// passed) fails the follower at the restart with the documented recovery,
+/// and the collection serves what it held.
+#[test]
+fn a_slot_invalidated_while_ordo_was_down_fails_the_follower_naming_the_recovery() {
+    let pg = postgres();
+    create_items_table(&pg);
+    pg.psql("CREATE TABLE filler (id int PRIMARY KEY, v text);").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start_following(&pg, dir.path(), &["items"]);
+    pg.psql("INSERT INTO items VALUES ('a', 1, 'streamed');").unwrap();
+    wait_applied(&server, 1);
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGKILL) };
+    server.wait();
+    // Each a statement of its own: `ALTER SYSTEM` runs outside a transaction.
+    pg.psql("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'").unwrap();
+    pg.psql("SELECT pg_reload_conf()").unwrap();
+    let wal_status = format!("SELECT wal_status FROM pg_replication_slots WHERE slot_name = '{SLOT}'");
+    // A segment of WAL per round (the switch), then a checkpoint, which is
+    // where PostgreSQL invalidates the slots past the bound.
+    for round in 0..MAX_WAL_ROUNDS {
+        if pg.psql(&wal_status).unwrap() == "lost" {
+            break;
+        }
+        assert!(round + 1 < MAX_WAL_ROUNDS, "the slot was never invalidated");
+        pg.psql(&format!(
+            "INSERT INTO filler SELECT g, repeat('{round}', 1000) FROM generate_series(1, 3000) g \
+             ON CONFLICT (id) DO UPDATE SET v = excluded.v"
+        ))
+        .unwrap();
+        pg.psql("SELECT pg_switch_wal()").unwrap();
+        pg.psql("CHECKPOINT").unwrap();
+    }
+    let server = start_following(&pg, dir.path(), &["items"]);
+    let error = wait_failed_with(&server, &format!("the replication slot `{SLOT}` is lost"));
+    assert!(error.contains("invalidated"), "{error}");
+    assert!(error.contains("restart with a new --pg-slot name"), "{error}");
+    let held = ordo_window(&server, 10);
+    assert_eq!(held, vec![json!({"id": "a", "score": 1, "title": "streamed"})], "the collection serves what it held");
+}
+
 /// The most changes of one transaction the follower applies (`follow::MAX_TRANSACTION_CHANGES`).
 const MAX_TRANSACTION_CHANGES: u64 = 524_288;
 
