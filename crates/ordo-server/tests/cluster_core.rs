@@ -252,6 +252,56 @@ fn a_duplicate_publish_is_applied_once() {
     assert_eq!(applied_seq(&server), last);
 }
 
+/// A pack (several entries in one stream message) published again under its
+/// message id is stored once, and each of its entries applied once.
+#[test]
+fn a_duplicate_publish_of_a_pack_is_applied_once() {
+    const N_PACKED: usize = 3;
+    let nats = NatsCluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let server = node(dir.path(), &nats.urls(), "solo", 1);
+    let (status, _) = server.http("PUT", "/v1/collections/things", Some(&schema()));
+    assert_eq!(status, 201);
+    let entry = |id: &str| {
+        let entry = json!({
+            "kind": "write", "collection": "things",
+            "ops": [{"op": "upsert", "id": id, "increment": {"n": 1}}],
+            "caller": {"sub": "test", "role": "admin"},
+        });
+        bytes::Bytes::from(entry.to_string().into_bytes())
+    };
+    let packed: Vec<(String, bytes::Bytes)> =
+        (0..N_PACKED).map(|index| (format!("test/pack/entry{index}"), entry("dup"))).collect();
+    let mut pack = bytes::BytesMut::new();
+    ordo_server::cluster::pack::encode(&packed, &mut pack);
+    let pack = pack.freeze();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let acks = runtime.block_on(async {
+        let client = async_nats::connect(nats.url(0)).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let mut acks = Vec::new();
+        // The same pack twice (a retry after a timeout), then one entry alone.
+        for (id, payload) in
+            [("test/pack/1", pack.clone()), ("test/pack/1", pack.clone()), ("test/single/2", entry("dup"))]
+        {
+            let publish = async_nats::jetstream::context::Publish::build().message_id(id).payload(payload);
+            let ack = js.send_publish("ordo.log", publish).await.unwrap().await.unwrap();
+            acks.push((ack.sequence, ack.duplicate));
+        }
+        acks
+    });
+    assert!(!acks[0].1 && acks[1].1 && !acks[2].1, "{acks:?}");
+    assert_eq!(acks[0].0, acks[1].0, "a duplicate is acknowledged with the original's seq");
+    let last = common::cluster::seq_of_message(acks[2].0);
+    let expected = N_PACKED as u64 + 1;
+    assert_eq!(
+        counter(&server, "dup", last),
+        expected,
+        "each packed entry once, the retry dropped, then the single one"
+    );
+    assert_eq!(applied_seq(&server), last);
+}
+
 /// A node that keeps up with the live log gets it in runs of one entry. What
 /// applying a run needs besides the entry's own batch (its group of pending
 /// writes) is kept from one run to the next, so following a write allocates
