@@ -193,6 +193,37 @@ impl KeyList {
 /// deeper than `max_depth` (at most `MAX_DEPTH`), a key repeated in one object at
 /// any depth, and, with `Integers::Exact64`, an integer too wide for 64 bits.
 pub fn check(text: &[u8], max_depth: usize, integers: Integers) -> Result<(), Refusal> {
+    // A text without arrays or objects (a write's field value, a number or a
+    // string) has no key and no depth: scanning it for numbers alone spares
+    // setting up the containers' stack, which costs more than such a text.
+    if !text.iter().any(|byte| matches!(byte, b'{' | b'[')) {
+        return check_scalars(text, integers);
+    }
+    check_nested(text, max_depth, integers)
+}
+
+/// `check` of a text with no `{` or `[` (in a string or not): its integers.
+fn check_scalars(text: &[u8], integers: Integers) -> Result<(), Refusal> {
+    if integers == Integers::AsWritten {
+        return Ok(());
+    }
+    let mut index = 0;
+    while index < text.len() {
+        match text[index] {
+            b'"' => index = string_end(text, index + 1).0 + 1,
+            b'-' | b'0'..=b'9' => {
+                let end = number_end(text, index);
+                check_integer(&text[index..end])?;
+                index = end;
+            }
+            _ => index += 1,
+        }
+    }
+    Ok(())
+}
+
+/// `check` of any text: one pass keeping the open containers and their keys.
+fn check_nested(text: &[u8], max_depth: usize, integers: Integers) -> Result<(), Refusal> {
     let max_depth = max_depth.min(MAX_DEPTH);
     let mut stack = [Container::default(); MAX_DEPTH];
     let mut depth = 0usize;
@@ -421,6 +452,45 @@ mod tests {
             let error = read(text).expect_err(text);
             assert!(error.to_string().starts_with("duplicate field"), "{error}");
         }
+    }
+
+    #[test]
+    fn a_text_without_containers_is_checked_as_the_full_pass_checks_it() {
+        let texts = [
+            "0",
+            "-0",
+            "12",
+            "-9223372036854775808",
+            "-9223372036854775809",
+            "18446744073709551615",
+            "18446744073709551616",
+            "1e400",
+            "1.5",
+            "-",
+            "--1",
+            "1-2",
+            "12 99999999999999999999",
+            "\"99999999999999999999\"",
+            "\"a\\\"99999999999999999999\"",
+            "\"\\",
+            "true",
+            "null",
+            "\"x\", 99999999999999999999",
+            ",,1",
+            "}99999999999999999999",
+            "",
+            "\"",
+            "\"unterminated 99999999999999999999",
+        ];
+        for text in texts {
+            for integers in [Integers::Exact64, Integers::AsWritten] {
+                for max_depth in [0, MAX_DEPTH] {
+                    let full = check_nested(text.as_bytes(), max_depth, integers);
+                    assert_eq!(check(text.as_bytes(), max_depth, integers), full, "{text:?} {integers:?} {max_depth}");
+                }
+            }
+        }
+        assert!(matches!(checked("-9223372036854775809"), Err(Refusal::WideInteger(_))));
     }
 
     #[test]
