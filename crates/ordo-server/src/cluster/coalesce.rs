@@ -59,6 +59,10 @@ const QUEUE_CAPACITY: usize = 4_096;
 /// take in the stream; told when all of them are stored (or not).
 pub struct Submission {
     pub entries: Vec<(String, Bytes)>,
+    /// The lengths of the units the entries make, in order (empty: one unit,
+    /// all of them): a pack is cut between units, and inside one only when it
+    /// alone is larger than a pack (`pack_len`).
+    pub units: Vec<usize>,
     pub stored: oneshot::Sender<Result<(), ApiError>>,
 }
 
@@ -102,10 +106,16 @@ impl Coalescer {
         }
     }
 
-    /// Queues one request's entries; the answer says whether they are stored.
-    pub async fn submit(&self, entries: Vec<(String, Bytes)>) -> oneshot::Receiver<Result<(), ApiError>> {
+    /// Queues one request's entries, in `units` (their lengths; empty: one
+    /// unit); the answer says whether they are stored.
+    pub async fn submit(
+        &self,
+        entries: Vec<(String, Bytes)>,
+        units: Vec<usize>,
+    ) -> oneshot::Receiver<Result<(), ApiError>> {
+        debug_assert!(units.is_empty() || units.iter().sum::<usize>() == entries.len(), "units cover the entries");
         let (stored, receiver) = oneshot::channel();
-        if let Err(refused) = self.queue.send(Submission { entries, stored }).await {
+        if let Err(refused) = self.queue.send(Submission { entries, units, stored }).await {
             let _ = refused.0.stored.send(Err(ApiError::shutting_down()));
         }
         receiver
@@ -212,12 +222,14 @@ async fn gather(
 /// Publishes a group's entries, in order, and tells each submission the outcome.
 async fn publish_group(cluster: &Cluster, group: Vec<Submission>) {
     let mut entries = Vec::with_capacity(group.iter().map(|submission| submission.entries.len()).sum());
+    let mut unit_ends = Vec::with_capacity(group.len());
     let mut told = Vec::with_capacity(group.len());
     for submission in group {
+        add_unit_ends(&mut unit_ends, entries.len(), &submission);
         entries.extend(submission.entries);
         told.push(submission.stored);
     }
-    let result = publish_in_order(cluster, &entries).await;
+    let result = publish_in_order(cluster, &entries, &unit_ends).await;
     cluster.coalescer.groups.fetch_add(1, Ordering::Relaxed);
     cluster.coalescer.group_entries.fetch_add(entries.len() as u64, Ordering::Relaxed);
     for stored in told {
@@ -225,13 +237,28 @@ async fn publish_group(cluster: &Cluster, group: Vec<Submission>) {
     }
 }
 
+/// Appends to `unit_ends` where each unit of `submission` ends in the group,
+/// its entries starting at `start`.
+fn add_unit_ends(unit_ends: &mut Vec<usize>, start: usize, submission: &Submission) {
+    if submission.units.is_empty() {
+        unit_ends.push(start + submission.entries.len());
+        return;
+    }
+    let mut end = start;
+    for &len in &submission.units {
+        end += len;
+        unit_ends.push(end);
+    }
+}
+
 /// Publishes `entries` in order: as packs on a stream that takes them, else
 /// as atomic batches of at most `max_entries` (one request's entries beyond
 /// that, a copy's say, take several batches), or one message each when
-/// batches are off or the stream takes none.
-async fn publish_in_order(cluster: &Cluster, entries: &[(String, Bytes)]) -> Result<(), ApiError> {
+/// batches are off or the stream takes none. `unit_ends`: where each unit of
+/// the entries ends (`Submission::units`).
+async fn publish_in_order(cluster: &Cluster, entries: &[(String, Bytes)], unit_ends: &[usize]) -> Result<(), ApiError> {
     if cluster.coalescer.scheme.packs() {
-        return publish_packs(cluster, entries).await;
+        return publish_packs(cluster, entries, unit_ends).await;
     }
     let batch_entries = cluster.coalescer.options.max_entries.clamp(1, MAX_BATCH_ENTRIES);
     for chunk in entries.chunks(batch_entries) {
@@ -285,17 +312,18 @@ async fn publish_atomic(cluster: &Cluster, entries: &[(String, Bytes)]) -> Optio
 /// Publishes `entries` in order as packs, each within the stream's entries per
 /// message and the NATS server's largest message (an entry that fills one
 /// alone is published as it is), one after another: a pack is sent only once
-/// the one before it is stored, so they land in this order.
-async fn publish_packs(cluster: &Cluster, entries: &[(String, Bytes)]) -> Result<(), ApiError> {
+/// the one before it is stored, so they land in this order. A pack ends
+/// where a unit does (`unit_ends`) unless a unit alone is larger than a pack.
+async fn publish_packs(cluster: &Cluster, entries: &[(String, Bytes)], unit_ends: &[usize]) -> Result<(), ApiError> {
     let max_entries = cluster.coalescer.options.max_entries.clamp(1, cluster.coalescer.scheme.max_entries());
     // The NATS limit counts the message's headers (its id) too.
     let max_bytes =
         cluster.max_payload().saturating_sub(PACK_HEADERS_ROOM).min(cluster.coalescer.options.max_bytes.max(1));
-    let mut rest = entries;
-    while !rest.is_empty() {
-        let n = pack_len(rest, max_entries, max_bytes);
-        let (chunk, after) = rest.split_at(n);
-        rest = after;
+    let mut start = 0;
+    while start < entries.len() {
+        let n = pack_len(&entries[start..], ends_after(unit_ends, start), max_entries, max_bytes);
+        let chunk = &entries[start..start + n];
+        start += n;
         let (id, payload) = match chunk {
             [(id, payload)] => (id.clone(), payload.clone()),
             _ => {
@@ -313,8 +341,20 @@ async fn publish_packs(cluster: &Cluster, entries: &[(String, Bytes)]) -> Result
 /// Bytes of a pack's message left for its headers under the server's largest message.
 const PACK_HEADERS_ROOM: usize = 1024;
 
-/// How many of `entries` (at least one) the next pack takes.
-fn pack_len(entries: &[(String, Bytes)], max_entries: usize, max_bytes: usize) -> usize {
+/// The units' ends past `start`, as offsets from it.
+fn ends_after(unit_ends: &[usize], start: usize) -> impl Iterator<Item = usize> + '_ {
+    unit_ends.iter().filter(move |&&end| end > start).map(move |&end| end - start)
+}
+
+/// How many of `entries` (at least one) the next pack takes: the whole units
+/// that fit (`unit_ends`: where they end, rising), or as many entries as fit
+/// when the first unit alone does not.
+fn pack_len(
+    entries: &[(String, Bytes)],
+    unit_ends: impl Iterator<Item = usize>,
+    max_entries: usize,
+    max_bytes: usize,
+) -> usize {
     let mut bytes = pack::PACK_HEADER_BYTES;
     let mut n = 0;
     for (id, payload) in entries.iter().take(max_entries) {
@@ -324,7 +364,8 @@ fn pack_len(entries: &[(String, Bytes)], max_entries: usize, max_bytes: usize) -
         }
         n += 1;
     }
-    n.max(1)
+    let fit = n.max(1);
+    unit_ends.take_while(|&end| end <= fit).last().unwrap_or(fit)
 }
 
 /// Sends each entry as its own message, back to back (so the stream takes
@@ -338,4 +379,42 @@ async fn publish_one_by_one(cluster: &Cluster, entries: &[(String, Bytes)]) -> R
         cluster.acknowledged(id, payload.clone(), ack).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries(n: usize, payload_bytes: usize) -> Vec<(String, Bytes)> {
+        (0..n).map(|i| (format!("e{i}"), Bytes::from(vec![b'x'; payload_bytes]))).collect()
+    }
+
+    /// The lengths of the packs `publish_packs` cuts `entries` into.
+    fn packs(entries: &[(String, Bytes)], unit_ends: &[usize], max_entries: usize, max_bytes: usize) -> Vec<usize> {
+        let mut lens = Vec::new();
+        let mut start = 0;
+        while start < entries.len() {
+            let n = pack_len(&entries[start..], ends_after(unit_ends, start), max_entries, max_bytes);
+            lens.push(n);
+            start += n;
+        }
+        lens
+    }
+
+    #[test]
+    fn a_pack_ends_between_units_unless_one_alone_is_larger_than_a_pack() {
+        let ten = entries(10, 10);
+        // Units of 3 (and a last of 1): a pack of 4 entries takes whole units, never a part of one.
+        assert_eq!(packs(&ten, &[3, 6, 9, 10], 4, usize::MAX), [3, 3, 4]);
+        // One unit per entry (what a submission of single entries makes): packs are full.
+        assert_eq!(packs(&ten, &(1..=10).collect::<Vec<_>>(), 4, usize::MAX), [4, 4, 2]);
+        // A unit of 6 is larger than a pack: cut where the pack is full, and
+        // its rest shares the next pack with the unit after it, which fits.
+        assert_eq!(packs(&ten, &[2, 8, 10], 4, usize::MAX), [2, 4, 4]);
+        // By bytes: each entry takes 6 + 2 + 10 bytes; a pack of 3 + 3 × 18 fits three.
+        let max_bytes = pack::PACK_HEADER_BYTES + 3 * (pack::PACK_ENTRY_OVERHEAD_BYTES + 2 + 10);
+        assert_eq!(packs(&ten, &[2, 4, 7, 10], 256, max_bytes), [2, 2, 3, 3]);
+        // A single entry larger than a pack still goes, alone.
+        assert_eq!(packs(&entries(2, 100), &[2], 256, 50), [1, 1]);
+    }
 }

@@ -229,8 +229,20 @@ impl Cluster {
     /// (`None`: a number of this process's): the PostgreSQL follower derives its
     /// own from the slot, its term and the transaction's end LSN. The entries
     /// go to the stream together, in this order (`coalesce`), perhaps with
-    /// other requests' entries in the same atomic batch.
+    /// other requests' entries in the same pack or atomic batch.
     pub async fn submit_all_as(&self, entries: Vec<(Option<String>, Vec<u8>)>) -> Vec<Result<Outcome, ApiError>> {
+        self.submit_units_as(entries, Vec::new()).await
+    }
+
+    /// [`Cluster::submit_all_as`] for entries in units (`units`: their
+    /// lengths, in order): a unit is never cut between two stream messages
+    /// unless it alone is larger than one (`coalesce::Submission::units`).
+    /// The PostgreSQL follower's units are its transactions.
+    pub async fn submit_units_as(
+        &self,
+        entries: Vec<(Option<String>, Vec<u8>)>,
+        units: Vec<usize>,
+    ) -> Vec<Result<Outcome, ApiError>> {
         if let Some(fatal) = self.shared.status.fatal() {
             return entries.iter().map(|_| Err(unavailable(format!("this node stopped applying: {fatal}")))).collect();
         }
@@ -241,7 +253,7 @@ impl Cluster {
             publish.push((id.clone(), Bytes::from(payload)));
             outcomes.push((id, outcome));
         }
-        let mut stored = self.coalescer.submit(publish).await;
+        let mut stored = self.coalescer.submit(publish, units).await;
         let mut published = None;
         let mut results = Vec::with_capacity(outcomes.len());
         for (id, outcome) in outcomes {

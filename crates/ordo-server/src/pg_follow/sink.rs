@@ -205,17 +205,24 @@ impl StreamSink {
     }
 
     /// Each transaction's `rows` entries and its `position`, all in one
-    /// submission (so in the same atomic batches), each entry named by its
-    /// own transaction's end LSN.
+    /// submission (so in order, in one group), each entry named by its own
+    /// transaction's end LSN. Each transaction is a unit of the submission:
+    /// it goes whole into one stream message unless it alone is larger than
+    /// one, so every node applies it as one group commit (`cluster::apply`).
     async fn write_transactions(&self, transactions: &[TransactionWrites]) -> Result<(), SinkError> {
         let mut entries = Vec::new();
+        let mut units = Vec::with_capacity(transactions.len());
         for transaction in transactions {
             let end = transaction.end_lsn;
             let mut changes = self.rows_of(&transaction.batches, Some(end))?;
             changes.push(PgChange::Position { end_lsn: end.0 });
+            units.push(changes.len());
             entries.extend(self.named_entries(changes, Some(end)));
         }
-        self.submit(entries).await
+        for result in self.cluster.submit_units_as(entries, units).await {
+            applied(result)?;
+        }
+        Ok(())
     }
 
     /// A copy's end: its last rows (`rows` at the consistent point on a first
