@@ -5,7 +5,12 @@
 //! creation, field changes, drops, rules), and hands the outcome to the request
 //! waiting for it on this node. The consumer hands it runs of consecutive
 //! messages; consecutive writes of a run share one group commit (see
-//! `apply_run`).
+//! `apply_run`), and so do the batches of the PostgreSQL follower's entries:
+//! a transaction's `rows` entries and its `position` entry are one group
+//! commit with one published seq on every node, as the transaction is one
+//! group commit in single-node mode, whenever its entries come in one run
+//! (always when they are in one stream message: `coalesce` cuts packs between
+//! transactions, and only a transaction larger than a pack is cut).
 //!
 //! Which refusals are *outcomes* (the same on every node, so the entry is done
 //! and its seq used, by a seq marker if nothing was written) and which are
@@ -101,6 +106,16 @@ impl Applier {
         }
     }
 
+    /// A follower batch's outcome once its group is written; the position of
+    /// a transaction moves this node's follower status on.
+    fn follower_outcome(&self, result: Result<ordo_store::Ack, ApiError>, ends_transaction: Option<u64>) -> Outcome {
+        let applied = result.map(|_| crate::pg_follow::stream_entry::Applied::Done);
+        if let (Ok(_), Some(end_lsn), Some(status)) = (&applied, ends_transaction, &self.postgres) {
+            status.applied_from_stream(end_lsn);
+        }
+        Outcome::Postgres(applied)
+    }
+
     /// An empty batch, with the buffers of an earlier entry's if one is spare.
     fn take_batch(&mut self) -> ordo_core::Batch {
         self.spare_batches.pop().unwrap_or_default()
@@ -165,6 +180,17 @@ struct Waiting {
     generation: u64,
     msg_id: Option<MsgId>,
     published_ns: u64,
+    outcome_of: OutcomeOf,
+}
+
+/// Which outcome a written entry of a group is told.
+#[derive(Clone, Copy)]
+enum OutcomeOf {
+    /// A write entry: its write's result.
+    Write,
+    /// A PostgreSQL follower's batch (`pg_follow::apply::group`); the
+    /// position item of a transaction carries its end LSN.
+    Follower { ends_transaction: Option<u64> },
 }
 
 /// Applies a run of consecutive messages, each entry at its seq (see the module doc).
@@ -176,6 +202,18 @@ struct Waiting {
 /// refused before the store (a marker of its own), a write under a filtered
 /// write rule (its guard checks the committed items). So every entry gets the
 /// seq and the outcome it gets applied one by one.
+///
+/// A follower entry's batch joins the group too (`apply_follower`), and a
+/// transaction's `position` entry ends it: the transaction's batches are one
+/// log append, and the requests waiting for a seq are told one, its end. Its
+/// fencing (the term, and whether its end LSN is past the stored position)
+/// reads the state as committed, which is the state just before the
+/// transaction, since the group before it ended with the previous
+/// transaction's position and a claim is applied alone. A group never
+/// outlives its run, so that no entry waits on a message still to come: a
+/// transaction whose entries are in messages of two runs (one larger than a
+/// pack, `coalesce::pack_len`) is two group commits, the second with its
+/// position, and may be seen in those two parts.
 pub fn apply_run(writer: &mut Writer, applier: &mut Applier, run: Vec<Delivered>) {
     let scheme = applier.shared.status.scheme();
     let mut group = std::mem::take(&mut applier.group);
@@ -222,21 +260,45 @@ fn apply_next(writer: &mut Writer, applier: &mut Applier, group: &mut Group, ent
         // older one had queued, or the message this node stopped inside.
         return true;
     }
-    let waiting = Waiting { seq, generation, msg_id, published_ns };
+    let waiting = Waiting { seq, generation, msg_id, published_ns, outcome_of: OutcomeOf::Write };
     let entry = match Decoded::decode(&payload) {
         Ok(entry) => entry,
         Err(error) => return flush(writer, applier, group) && finish(writer, applier, waiting, malformed(seq, &error)),
     };
-    if entry.kind != Kind::Write {
-        if !flush(writer, applier, group) || !use_seqs_before(writer, applier, &waiting) {
-            return false;
-        }
-        let outcome = match entry.caller.identity() {
-            Ok(identity) => apply_decoded(writer, applier, &entry, &identity),
-            Err(error) => malformed(seq, &error),
-        };
-        return finish(writer, applier, waiting, outcome);
+    match entry.kind {
+        Kind::Write => add_write(writer, applier, group, waiting, &entry),
+        Kind::Postgres => apply_follower(writer, applier, group, waiting, &entry),
+        _ => apply_alone(writer, applier, group, waiting, &entry),
     }
+}
+
+/// Applies an entry that is no batch of a group (a schema change, a
+/// creation, a drop, rules) once the group before it is written.
+fn apply_alone(
+    writer: &mut Writer,
+    applier: &mut Applier,
+    group: &mut Group,
+    waiting: Waiting,
+    entry: &Decoded<'_>,
+) -> bool {
+    if !flush(writer, applier, group) || !use_seqs_before(writer, applier, &waiting) {
+        return false;
+    }
+    let outcome = match entry.caller.identity() {
+        Ok(identity) => apply_decoded(writer, applier, entry, &identity),
+        Err(error) => malformed(waiting.seq, &error),
+    };
+    finish(writer, applier, waiting, outcome)
+}
+
+/// Adds a write entry to `group`, or refuses it (after the group before it).
+fn add_write(
+    writer: &mut Writer,
+    applier: &mut Applier,
+    group: &mut Group,
+    waiting: Waiting,
+    entry: &Decoded<'_>,
+) -> bool {
     if !applier.last_identity.as_ref().is_some_and(|identity| entry.caller.is(identity, &applier.last_claims)) {
         match entry.caller.identity() {
             Ok(identity) => {
@@ -245,13 +307,14 @@ fn apply_next(writer: &mut Writer, applier: &mut Applier, group: &mut Group, ent
                 applier.last_claims.push_str(entry.caller.claims_text());
             }
             Err(error) => {
-                return flush(writer, applier, group) && finish(writer, applier, waiting, malformed(seq, &error));
+                let outcome = malformed(waiting.seq, &error);
+                return flush(writer, applier, group) && finish(writer, applier, waiting, outcome);
             }
         }
     }
     let mut batch = applier.take_batch();
     let identity = applier.last_identity.as_ref().expect("set just above");
-    let (collection, guard) = match prepare_write(writer, &applier.gate, &entry, identity, &mut batch) {
+    let (collection, guard) = match prepare_write(writer, &applier.gate, entry, identity, &mut batch) {
         Ok(prepared) => prepared,
         Err(error) => {
             applier.recycle(batch);
@@ -268,9 +331,53 @@ fn apply_next(writer: &mut Writer, applier: &mut Applier, group: &mut Group, ent
             return finish(writer, applier, waiting, Outcome::Write(Err(refusal)));
         }
     }
-    group.writes.push(PendingWrite::at(collection, batch, seq));
+    group.writes.push(PendingWrite::at(collection, batch, waiting.seq));
     group.entries.push(waiting);
     true
+}
+
+/// A PostgreSQL follower entry: its batch (a transaction's rows, a copy's, the
+/// position) joins `group` as a write entry's does, and the position of a
+/// transaction ends the group, so that on every node a transaction whose
+/// entries came in one run is one group commit and one published seq, and the
+/// next transaction's fencing reads the position it stored. The other follower
+/// entries are applied alone (`pg_follow::apply`).
+fn apply_follower(
+    writer: &mut Writer,
+    applier: &mut Applier,
+    group: &mut Group,
+    mut waiting: Waiting,
+    entry: &Decoded<'_>,
+) -> bool {
+    use crate::pg_follow::apply::{self as follower, Grouped};
+    // The follower's caller is not checked against rules, but a malformed one
+    // makes the entry malformed, as any entry's.
+    if let Err(error) = entry.caller.identity() {
+        let outcome = malformed(waiting.seq, &error);
+        return flush(writer, applier, group) && finish(writer, applier, waiting, outcome);
+    }
+    let grouped = match follower::decode(required(entry.postgres, "postgres")) {
+        Ok(decoded) => follower::group(writer, decoded),
+        Err(error) => Grouped::Decided(Err(error)),
+    };
+    match grouped {
+        Grouped::Write { collection, batch, ends_transaction } => {
+            waiting.outcome_of = OutcomeOf::Follower { ends_transaction };
+            group.writes.push(PendingWrite::at(collection, batch, waiting.seq));
+            group.entries.push(waiting);
+            ends_transaction.is_none() || flush(writer, applier, group)
+        }
+        Grouped::Decided(outcome) => {
+            flush(writer, applier, group) && finish(writer, applier, waiting, Outcome::Postgres(outcome))
+        }
+        Grouped::Alone(decoded) => {
+            if !flush(writer, applier, group) || !use_seqs_before(writer, applier, &waiting) {
+                return false;
+            }
+            let outcome = follower::apply(writer, applier.postgres.as_deref(), decoded);
+            finish(writer, applier, waiting, Outcome::Postgres(outcome))
+        }
+    }
 }
 
 /// Uses the seqs before `waiting`'s with a marker, so that a change the store
@@ -317,7 +424,11 @@ fn flush(writer: &mut Writer, applier: &mut Applier, group: &mut Group) -> bool 
         debug_assert!(result.as_ref().map_or(true, |ack| ack.seq == waiting.seq), "an entry uses exactly its seq");
         applier.recycle(batch);
         applier.shared.status.set_applied(waiting.seq, waiting.published_ns);
-        applier.shared.deliver(waiting.msg_id.as_ref().map(MsgId::as_str), Outcome::Write(result));
+        let outcome = match waiting.outcome_of {
+            OutcomeOf::Write => Outcome::Write(result),
+            OutcomeOf::Follower { ends_transaction } => applier.follower_outcome(result, ends_transaction),
+        };
+        applier.shared.deliver(waiting.msg_id.as_ref().map(MsgId::as_str), outcome);
     }
     if let Some(snapshots) = &mut applier.snapshots {
         snapshots.after_apply(writer.database(), applier.shared.status.scheme());
@@ -327,7 +438,7 @@ fn flush(writer: &mut Writer, applier: &mut Applier, group: &mut Group) -> bool 
 
 /// Ends one entry applied alone at `waiting.seq`; false when this node halted.
 fn finish(writer: &mut Writer, applier: &mut Applier, waiting: Waiting, outcome: Outcome) -> bool {
-    let Waiting { seq, generation, msg_id, published_ns } = waiting;
+    let Waiting { seq, generation, msg_id, published_ns, .. } = waiting;
     if let Some(error) = outcome.error().filter(|error| is_local_failure(error)) {
         halt(writer, applier, generation, seq, error);
         return false;
@@ -366,17 +477,13 @@ fn malformed(seq: u64, error: &serde_json::Error) -> Outcome {
 
 fn apply_decoded(writer: &mut Writer, applier: &Applier, entry: &Decoded<'_>, identity: &Identity) -> Outcome {
     match entry.kind {
-        Kind::Write => unreachable!("write entries are applied by `apply_next`"),
+        Kind::Write => unreachable!("write entries are applied by `add_write`"),
         Kind::CreateCollection => Outcome::Create(create_collection(writer, applier, entry, identity)),
         Kind::AddField => Outcome::Fields(add_field(writer, entry, identity)),
         Kind::RemoveField => Outcome::Fields(remove_field(writer, entry, identity)),
         Kind::DropCollection => Outcome::Drop(drop_collection(writer, entry, identity)),
         Kind::SetRules => Outcome::Rules(set_rules(writer, applier, entry, identity)),
-        Kind::Postgres => Outcome::Postgres(crate::pg_follow::apply::apply(
-            writer,
-            applier.postgres.as_deref(),
-            required(entry.postgres, "postgres"),
-        )),
+        Kind::Postgres => unreachable!("follower entries are applied by `apply_follower`"),
     }
 }
 

@@ -14,6 +14,16 @@
 //!   they write is the same however often it is written.
 //!
 //! Either way the entry's seq is used by a seq marker (`cluster::apply::finish`).
+//!
+//! The batches of `rows`, `copy_rows` and `position` entries are not written
+//! here but handed to the group commit of `cluster::apply` ([`group`]), as
+//! write entries' are: a transaction's `rows` entries and its `position` are
+//! one log append and one published seq on every node, as its batches are one
+//! group commit in single-node mode. Their fencing reads the term and position
+//! as committed, which is the state just before their transaction: the group
+//! ends with each `position` it takes (so the next transaction's entries read
+//! it), and the entries that change the term or the record are applied alone
+//! ([`apply`]), after the group before them is written.
 
 use ordo_core::{Batch, CollectionId, Schema};
 use ordo_pgsource::Lsn;
@@ -62,14 +72,84 @@ fn slot_state(writer: &Writer, slot: &str) -> Result<SlotState, ApiError> {
     Ok(SlotState { collection: Some(id), term, position })
 }
 
-/// Applies one follower entry (see the module doc).
-pub fn apply(
-    writer: &mut Writer,
-    status: Option<&FollowStatus>,
-    raw: Result<&RawValue, ApiError>,
-) -> Result<Applied, ApiError> {
-    let entry: PgEntry = serde_json::from_str(raw?.get())
-        .map_err(|error| ApiError::bad_request(format!("a PostgreSQL follower entry does not decode: {error}")))?;
+/// Decodes a follower entry (the entry's `postgres` object).
+pub fn decode(raw: Result<&RawValue, ApiError>) -> Result<PgEntry, ApiError> {
+    serde_json::from_str(raw?.get())
+        .map_err(|error| ApiError::bad_request(format!("a PostgreSQL follower entry does not decode: {error}")))
+}
+
+/// A follower entry as the group commit of `cluster::apply` takes it.
+pub enum Grouped {
+    /// A batch that joins the group: a `rows` or `copy_rows` batch of a
+    /// followed collection, or the slot's position item (`ends_transaction`:
+    /// the end LSN it stores).
+    Write { collection: CollectionId, batch: Batch, ends_transaction: Option<u64> },
+    /// Decided without a write (fenced, applied already, refused before the
+    /// store): a seq marker uses the entry's seq.
+    Decided(Result<Applied, ApiError>),
+    /// Applied alone by [`apply`], once the group before it is written: a
+    /// claim, the record of the followed tables, a collection or a field change.
+    Alone(PgEntry),
+}
+
+/// How `entry` joins the group commit, fenced against the slot's term and
+/// position as committed. So the group must hold no change of either, which
+/// holds because a claim and a record are applied alone and the group ends
+/// with each position it takes.
+pub fn group(writer: &Writer, entry: PgEntry) -> Grouped {
+    let (collection, ops, end_lsn) = match &entry.change {
+        PgChange::Rows { collection, end_lsn, ops } => (collection, ops, Some(*end_lsn)),
+        PgChange::CopyRows { collection, ops } => (collection, ops, None),
+        PgChange::Position { end_lsn } => return group_position(writer, &entry, *end_lsn),
+        _ => return Grouped::Alone(entry),
+    };
+    let state = match slot_state(writer, &entry.slot) {
+        Ok(state) => state,
+        Err(error) => return Grouped::Decided(Err(error)),
+    };
+    if let Some(decided) = fencing(&entry, &state, end_lsn) {
+        return Grouped::Decided(Ok(decided));
+    }
+    let written = followed(writer, collection).and_then(|id| {
+        let mut batch = Batch::new();
+        fill_batch(&mut batch, ops).map_err(ApiError::bad_request)?;
+        Ok((id, batch))
+    });
+    match written {
+        Ok((collection, batch)) => Grouped::Write { collection, batch, ends_transaction: None },
+        Err(error) => Grouped::Decided(Err(error)),
+    }
+}
+
+/// A `position` entry: the upsert of the slot's item with its end LSN.
+fn group_position(writer: &Writer, entry: &PgEntry, end_lsn: u64) -> Grouped {
+    let state = match slot_state(writer, &entry.slot) {
+        Ok(state) => state,
+        Err(error) => return Grouped::Decided(Err(error)),
+    };
+    if let Some(decided) = fencing(entry, &state, Some(end_lsn)) {
+        return Grouped::Decided(Ok(decided));
+    }
+    let collection = state.collection.expect("a term is stored, so is its collection");
+    let mut batch = Batch::new();
+    batch.upsert(&entry.slot).payload(Lsn(end_lsn).to_string().as_bytes());
+    Grouped::Write { collection, batch, ends_transaction: Some(end_lsn) }
+}
+
+/// What an entry of another term than the stored one, or of a transaction at
+/// or before the stored position (`end_lsn`: none for a copy's rows), decides
+/// instead of writing.
+fn fencing(entry: &PgEntry, state: &SlotState, end_lsn: Option<u64>) -> Option<Applied> {
+    if entry.term != state.term {
+        return Some(Applied::Fenced { current_term: state.term });
+    }
+    let applied = state.position.zip(end_lsn).is_some_and(|(position, end_lsn)| end_lsn <= position.0);
+    applied.then_some(Applied::AlreadyApplied)
+}
+
+/// Applies one follower entry that is not a batch of the group commit (see
+/// the module doc and [`group`]).
+pub fn apply(writer: &mut Writer, status: Option<&FollowStatus>, entry: PgEntry) -> Result<Applied, ApiError> {
     let state = slot_state(writer, &entry.slot)?;
     if entry.change == (PgChange::Claim {}) {
         return claim(writer, status, &entry, state);
@@ -79,22 +159,8 @@ pub fn apply(
     }
     match entry.change {
         PgChange::Claim {} => unreachable!("applied above"),
-        PgChange::Rows { collection, end_lsn, ops } => {
-            if state.position.is_some_and(|position| end_lsn <= position.0) {
-                return Ok(Applied::AlreadyApplied);
-            }
-            let id = followed(writer, &collection)?;
-            let mut batch = Batch::new();
-            fill_batch(&mut batch, &ops).map_err(ApiError::bad_request)?;
-            write_one(writer, id, batch)?;
-            Ok(Applied::Done)
-        }
-        PgChange::CopyRows { collection, ops } => {
-            let id = followed(writer, &collection)?;
-            let mut batch = Batch::new();
-            fill_batch(&mut batch, &ops).map_err(ApiError::bad_request)?;
-            write_one(writer, id, batch)?;
-            Ok(Applied::Done)
+        PgChange::Rows { .. } | PgChange::CopyRows { .. } | PgChange::Position { .. } => {
+            unreachable!("a follower batch is written by the group commit (`group`)")
         }
         PgChange::Tables { tables: record } => {
             let collection = state.collection.expect("a term is stored, so is its collection");
@@ -104,30 +170,7 @@ pub fn apply(
             }
             Ok(Applied::Done)
         }
-        PgChange::Position { end_lsn } => {
-            if state.position.is_some_and(|position| end_lsn <= position.0) {
-                return Ok(Applied::AlreadyApplied);
-            }
-            let collection = state.collection.expect("a term is stored, so is its collection");
-            write_item(writer, collection, &entry.slot, &Lsn(end_lsn).to_string())?;
-            if let Some(status) = status {
-                status.applied_from_stream(end_lsn);
-            }
-            Ok(Applied::Done)
-        }
-        PgChange::CreateCollection { collection, fields } => {
-            check_followed_name(&collection)?;
-            let mut schema = Schema::new();
-            for (name, type_text) in &fields {
-                let field_type =
-                    parse_type(type_text, |target| route_id(writer, target)).map_err(ApiError::bad_request)?;
-                schema = schema
-                    .try_with_field(name, field_type)
-                    .map_err(|error| ApiError::bad_request(error.to_string()))?;
-            }
-            let (_, entry) = writer.create_collection(&collection, schema)?;
-            Ok(Applied::Created(entry.id))
-        }
+        PgChange::CreateCollection { collection, fields } => create_collection(writer, &collection, &fields),
         PgChange::AddField { collection, field, field_type, default } => {
             let id = followed(writer, &collection)?;
             let field_type =
@@ -150,6 +193,19 @@ pub fn apply(
             Ok(Applied::Done)
         }
     }
+}
+
+/// Creates a followed collection with `fields` (name and type), or finds it
+/// with the same schema.
+fn create_collection(writer: &mut Writer, collection: &str, fields: &[(String, String)]) -> Result<Applied, ApiError> {
+    check_followed_name(collection)?;
+    let mut schema = Schema::new();
+    for (name, type_text) in fields {
+        let field_type = parse_type(type_text, |target| route_id(writer, target)).map_err(ApiError::bad_request)?;
+        schema = schema.try_with_field(name, field_type).map_err(|error| ApiError::bad_request(error.to_string()))?;
+    }
+    let (_, entry) = writer.create_collection(collection, schema)?;
+    Ok(Applied::Created(entry.id))
 }
 
 /// A claim of a higher term than the stored one stores it (creating the
