@@ -746,3 +746,104 @@ fn a_table_newly_followed_by_every_node_is_copied_through_the_stream_and_one_tak
         assert_eq!(ids, [json!("e000000"), json!("w0"), json!("w1"), json!("w2")], "port {port}");
     }
 }
+
+/// `tallies (id, n)`, one row `t` at 0, and `marks (id, tally, n)`, each
+/// mark referencing a tally (`tally_transactions`), both published.
+fn create_tally_tables(pg: &PostgresServer) {
+    pg.psql(&format!(
+        "CREATE TABLE tallies (id text PRIMARY KEY, n int8 NOT NULL);
+         CREATE TABLE marks (id text PRIMARY KEY, tally text NOT NULL REFERENCES tallies, n int8 NOT NULL);
+         INSERT INTO tallies VALUES ('t', 0);
+         CREATE PUBLICATION {PUBLICATION} FOR TABLE tallies, marks;"
+    ))
+    .unwrap();
+}
+
+/// The tally tables as followed: `marks.tally` a `ref` to `tallies`' items,
+/// so a view of `marks` reads `tally.n`.
+const TALLY_TABLES: [&str; 2] = ["marks:::ref.tally=tallies", "tallies"];
+
+/// `n` transactions committed back to back in one session, each touching
+/// both tables: the tally goes up by one and a mark holding its new value is
+/// inserted. So in every state PostgreSQL had, the newest mark's `n` is the
+/// tally's `n`.
+fn tally_transactions(pg: &PostgresServer, n: usize) {
+    let one = "BEGIN; UPDATE tallies SET n = n + 1 WHERE id = 't';
+               INSERT INTO marks SELECT 'm' || lpad(n::text, 7, '0'), id, n FROM tallies WHERE id = 't'; COMMIT;\n";
+    pg.psql(&one.repeat(n)).unwrap();
+}
+
+/// Asks node `port` for the newest mark with its tally's `n` read through the
+/// reference, in one query (answered between two of the node's applies), until
+/// `stop`: the number of answers, or the first that shows a state between two
+/// transactions.
+fn check_newest_mark_until(port: u16, stop: &AtomicBool) -> Result<u64, String> {
+    let query = json!({"sort": [{"field": "n", "dir": "desc"}], "limit": 1, "fields": ["n", "tally.n"]});
+    let mut n_answers = 0;
+    while !stop.load(Ordering::SeqCst) {
+        let answer = request(port, "POST", "/v1/collections/marks/query", Some(&query), Duration::from_secs(10));
+        let (status, answer) = answer.map_err(|error| format!("port {port}: {error}"))?;
+        if status != 200 {
+            return Err(format!("port {port} answered {status}: {answer}"));
+        }
+        n_answers += 1;
+        let Some(newest) = answer["items"].get(0) else { continue };
+        let (mark, tally) = (&newest["fields"]["n"], &newest["fields"]["tally.n"]);
+        if mark != tally {
+            return Err(format!(
+                "port {port} answered a state between two transactions (write_seq {}): the newest mark holds \
+                 {mark} but its tally reads {tally}",
+                answer["write_seq"]
+            ));
+        }
+    }
+    Ok(n_answers)
+}
+
+/// Bursts of PostgreSQL transactions, each touching two followed
+/// collections; the holder takes those received together as one submission
+/// (more entries than a stream message holds). Every node must apply each
+/// transaction whole: queries on a node that does not hold the lease, and on
+/// the holder, answered while the transactions stream, never show one in part
+/// (the newest mark and its tally's value read through its `ref`, in one
+/// answer, always agree). Queries, not a subscription's diff frames: frames
+/// are per batch in both modes, so a view reading through the `ref` gets one
+/// for each of a transaction's two batches (docs/POSTGRES.md, "Streaming").
+#[test]
+fn a_transaction_over_two_collections_is_never_seen_in_part_on_any_node() {
+    const N_BURSTS: usize = 10;
+    const N_PER_BURST: usize = 200;
+    let pg = postgres();
+    create_tally_tables(&pg);
+    let dir = tempfile::tempdir().unwrap();
+    let args = follow_tables_args(&pg, dir.path(), &TALLY_TABLES);
+    let cluster = OrdoCluster::start_with(3, 3, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let holder = wait_for_holder(&cluster, CONVERGE_TIMEOUT);
+    let tables = ["tallies", "marks"];
+    wait_tables_equal_to_postgres(&cluster, &pg, &tables);
+    let ports = cluster.ports();
+    let (standby, holder_port) = (ports[(holder + 1) % 3].unwrap(), ports[holder].unwrap());
+    let stop = AtomicBool::new(false);
+    let answers: Vec<Result<u64, String>> = std::thread::scope(|scope| {
+        let checkers: Vec<_> = [standby, standby, holder_port]
+            .into_iter()
+            .map(|port| {
+                let stop = &stop;
+                scope.spawn(move || check_newest_mark_until(port, stop))
+            })
+            .collect();
+        for _ in 0..N_BURSTS {
+            tally_transactions(&pg, N_PER_BURST);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        wait_tables_equal_to_postgres(&cluster, &pg, &tables);
+        stop.store(true, Ordering::SeqCst);
+        checkers.into_iter().map(|checker| checker.join().unwrap()).collect()
+    });
+    for answered in answers {
+        let n_answers = answered.unwrap_or_else(|error| panic!("{error}"));
+        assert!(n_answers >= 100, "only {n_answers} answers while the transactions streamed");
+    }
+    let tally = &postgres_rows(&pg, "tallies")[0];
+    assert_eq!(tally["n"], json!(N_BURSTS * N_PER_BURST), "{tally}");
+}
