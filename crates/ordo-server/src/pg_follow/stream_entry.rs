@@ -28,7 +28,17 @@
 //! touched (a batch split in several when it passes the stream's message size)
 //! and, last, its `position` entry: an entry is one batch at one seq, and a
 //! transaction's batches are in several collections (docs/SCALING.md, "The
-//! PostgreSQL follower"). A copy is `copy_rows` entries, then its last rows,
+//! PostgreSQL follower"). The holder submits each transaction as a unit
+//! (`Cluster::submit_units_as`), so it goes whole into one stream message
+//! unless it alone is larger than one, and every node applies a transaction's
+//! entries that came in one run as one group commit with one published seq
+//! (`cluster::apply`), as a single node does: a transaction larger than a
+//! message may be seen in the parts its messages make. Each entry's message id
+//! is `pg/<slot>/<term>/<end LSN>/<index>` behind the node's own prefix
+//! (`Shared::register`): it names the request waiting for the entry's outcome,
+//! and JetStream dedupes on it only for an entry published alone (a pack has an
+//! id of its own); a transaction published again, by this holder or a later
+//! one, is applied once by the apply's fencing (`pg_follow::apply`). A copy is `copy_rows` entries, then its last rows,
 //! the `tables` record and (a first copy) the `position`: the copy of a table
 //! newly followed at a restart is written while a position is stored, so its
 //! rows cannot be `rows` (those at or before the position are skipped). Values
