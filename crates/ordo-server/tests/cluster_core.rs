@@ -231,25 +231,29 @@ fn a_duplicate_publish_is_applied_once() {
         "caller": {"sub": "test", "role": "admin"},
     })
     .to_string();
-    let acks = runtime.block_on(async {
-        let client = async_nats::connect(nats.url(0)).await.unwrap();
-        let js = async_nats::jetstream::new(client);
-        let mut acks = Vec::new();
-        // The same request twice (a retry after a timeout), then a new one.
-        for id in ["test/retry/1", "test/retry/1", "test/retry/2"] {
-            let publish = async_nats::jetstream::context::Publish::build()
-                .message_id(id)
-                .payload(entry.clone().into_bytes().into());
-            let ack = js.send_publish("ordo.log", publish).await.unwrap().await.unwrap();
-            acks.push((ack.sequence, ack.duplicate));
-        }
-        acks
-    });
+    // The same request twice (a retry after a timeout), then a new one.
+    let payload = bytes::Bytes::from(entry.into_bytes());
+    let messages = ["test/retry/1", "test/retry/1", "test/retry/2"].map(|id| (id, payload.clone()));
+    let acks = runtime.block_on(publish_with_ids(&nats, &messages));
     assert!(!acks[0].1 && acks[1].1 && !acks[2].1, "{acks:?}");
     assert_eq!(acks[0].0, acks[1].0, "a duplicate is acknowledged with the original's seq");
     let last = common::cluster::seq_of_message(acks[2].0);
     assert_eq!(counter(&server, "dup", last), 2, "two distinct entries, the retry dropped");
     assert_eq!(applied_seq(&server), last);
+}
+
+/// Publishes each payload to the log under its message id, as a node would;
+/// each one's stream seq and whether JetStream took it as a duplicate.
+async fn publish_with_ids(nats: &NatsCluster, messages: &[(&str, bytes::Bytes)]) -> Vec<(u64, bool)> {
+    let client = async_nats::connect(nats.url(0)).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mut acks = Vec::new();
+    for (id, payload) in messages {
+        let publish = async_nats::jetstream::context::Publish::build().message_id(*id).payload(payload.clone());
+        let ack = js.send_publish("ordo.log", publish).await.unwrap().await.unwrap();
+        acks.push((ack.sequence, ack.duplicate));
+    }
+    acks
 }
 
 /// A pack (several entries in one stream message) published again under its
@@ -276,20 +280,9 @@ fn a_duplicate_publish_of_a_pack_is_applied_once() {
     ordo_server::cluster::pack::encode(&packed, &mut pack);
     let pack = pack.freeze();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let acks = runtime.block_on(async {
-        let client = async_nats::connect(nats.url(0)).await.unwrap();
-        let js = async_nats::jetstream::new(client);
-        let mut acks = Vec::new();
-        // The same pack twice (a retry after a timeout), then one entry alone.
-        for (id, payload) in
-            [("test/pack/1", pack.clone()), ("test/pack/1", pack.clone()), ("test/single/2", entry("dup"))]
-        {
-            let publish = async_nats::jetstream::context::Publish::build().message_id(id).payload(payload);
-            let ack = js.send_publish("ordo.log", publish).await.unwrap().await.unwrap();
-            acks.push((ack.sequence, ack.duplicate));
-        }
-        acks
-    });
+    // The same pack twice (a retry after a timeout), then one entry alone.
+    let messages = [("test/pack/1", pack.clone()), ("test/pack/1", pack), ("test/single/2", entry("dup"))];
+    let acks = runtime.block_on(publish_with_ids(&nats, &messages));
     assert!(!acks[0].1 && acks[1].1 && !acks[2].1, "{acks:?}");
     assert_eq!(acks[0].0, acks[1].0, "a duplicate is acknowledged with the original's seq");
     let last = common::cluster::seq_of_message(acks[2].0);

@@ -328,20 +328,14 @@ fn a_dropped_slot_fails_the_follower_naming_the_recovery_which_copies_anew() {
     let pg = postgres();
     create_items_table(&pg);
     let dir = tempfile::tempdir().unwrap();
-    let mut server = start_following(&pg, dir.path(), &["items"]);
-    pg.psql("INSERT INTO items VALUES ('a', 1, 'streamed');").unwrap();
-    wait_applied(&server, 1);
-    // SAFETY: kill has no memory preconditions; the pid is our child's.
-    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGKILL) };
-    server.wait();
+    killed_after_streaming_one_row(&pg, dir.path());
     drop_slot(&pg);
     pg.psql("INSERT INTO items VALUES ('b', 2, 'lost with the slot'); UPDATE items SET score = 5 WHERE id = 'a';")
         .unwrap();
     let server = start_following(&pg, dir.path(), &["items"]);
     let error = wait_failed_with(&server, &format!("the replication slot `{SLOT}` is lost"));
     assert!(error.contains("restart with a new --pg-slot name"), "{error}");
-    let held = ordo_window(&server, 10);
-    assert_eq!(held, vec![json!({"id": "a", "score": 1, "title": "streamed"})], "the collection serves what it held");
+    assert_holds_the_streamed_row_alone(&server);
     drop(server);
 
     let mut args = follow_args(&pg, dir.path(), &["items"]);
@@ -364,14 +358,9 @@ const MAX_WAL_ROUNDS: usize = 20;
 fn a_slot_invalidated_while_ordo_was_down_fails_the_follower_naming_the_recovery() {
     let pg = postgres();
     create_items_table(&pg);
-    pg.psql("CREATE TABLE filler (id int PRIMARY KEY, v text);").unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut server = start_following(&pg, dir.path(), &["items"]);
-    pg.psql("INSERT INTO items VALUES ('a', 1, 'streamed');").unwrap();
-    wait_applied(&server, 1);
-    // SAFETY: kill has no memory preconditions; the pid is our child's.
-    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGKILL) };
-    server.wait();
+    killed_after_streaming_one_row(&pg, dir.path());
+    pg.psql("CREATE TABLE filler (id int PRIMARY KEY, v text);").unwrap();
     // Each a statement of its own: `ALTER SYSTEM` runs outside a transaction.
     pg.psql("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'").unwrap();
     pg.psql("SELECT pg_reload_conf()").unwrap();
@@ -395,7 +384,22 @@ fn a_slot_invalidated_while_ordo_was_down_fails_the_follower_naming_the_recovery
     let error = wait_failed_with(&server, &format!("the replication slot `{SLOT}` is lost"));
     assert!(error.contains("invalidated"), "{error}");
     assert!(error.contains("restart with a new --pg-slot name"), "{error}");
-    let held = ordo_window(&server, 10);
+    assert_holds_the_streamed_row_alone(&server);
+}
+
+/// Follows `items` into `dir`, streams the row `a`, then kills Ordo (-9).
+fn killed_after_streaming_one_row(pg: &PostgresServer, dir: &std::path::Path) {
+    let mut server = start_following(pg, dir, &["items"]);
+    pg.psql("INSERT INTO items VALUES ('a', 1, 'streamed');").unwrap();
+    wait_applied(&server, 1);
+    // SAFETY: kill has no memory preconditions; the pid is our child's.
+    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGKILL) };
+    server.wait();
+}
+
+/// The collection serves the row `killed_after_streaming_one_row` streamed, and nothing else.
+fn assert_holds_the_streamed_row_alone(server: &Server) {
+    let held = ordo_window(server, 10);
     assert_eq!(held, vec![json!({"id": "a", "score": 1, "title": "streamed"})], "the collection serves what it held");
 }
 
@@ -419,8 +423,7 @@ fn a_transaction_past_the_bound_fails_the_follower_naming_the_recovery_and_appli
     let error = wait_failed(&server);
     assert!(error.contains(&format!("more than {MAX_TRANSACTION_CHANGES} changes")), "{error}");
     assert!(error.contains("restart with a new --pg-slot name"), "{error}");
-    let held = ordo_window(&server, 10);
-    assert_eq!(held, vec![json!({"id": "a", "score": 1, "title": "streamed"})], "none of it is applied");
+    assert_holds_the_streamed_row_alone(&server);
 }
 
 /// Ordo's `items` equal PostgreSQL's, waiting (bounded) for the last transaction to show.
