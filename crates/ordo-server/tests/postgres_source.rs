@@ -348,9 +348,6 @@ fn a_dropped_slot_fails_the_follower_naming_the_recovery_which_copies_anew() {
     assert_eq!(follower_health(&server)["state"], "streaming");
 }
 
-/// Rounds of WAL written before the slot must be lost (two or three suffice).
-const MAX_WAL_ROUNDS: usize = 20;
-
 /// A slot PostgreSQL invalidated while Ordo was down (`max_slot_wal_keep_size`
 /// passed) fails the follower at the restart with the documented recovery,
 /// and the collection serves what it held.
@@ -360,26 +357,7 @@ fn a_slot_invalidated_while_ordo_was_down_fails_the_follower_naming_the_recovery
     create_items_table(&pg);
     let dir = tempfile::tempdir().unwrap();
     killed_after_streaming_one_row(&pg, dir.path());
-    pg.psql("CREATE TABLE filler (id int PRIMARY KEY, v text);").unwrap();
-    // Each a statement of its own: `ALTER SYSTEM` runs outside a transaction.
-    pg.psql("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'").unwrap();
-    pg.psql("SELECT pg_reload_conf()").unwrap();
-    let wal_status = format!("SELECT wal_status FROM pg_replication_slots WHERE slot_name = '{SLOT}'");
-    // A segment of WAL per round (the switch), then a checkpoint, which is
-    // where PostgreSQL invalidates the slots past the bound.
-    for round in 0..MAX_WAL_ROUNDS {
-        if pg.psql(&wal_status).unwrap() == "lost" {
-            break;
-        }
-        assert!(round + 1 < MAX_WAL_ROUNDS, "the slot was never invalidated");
-        pg.psql(&format!(
-            "INSERT INTO filler SELECT g, repeat('{round}', 1000) FROM generate_series(1, 3000) g \
-             ON CONFLICT (id) DO UPDATE SET v = excluded.v"
-        ))
-        .unwrap();
-        pg.psql("SELECT pg_switch_wal()").unwrap();
-        pg.psql("CHECKPOINT").unwrap();
-    }
+    pg.invalidate_slot(SLOT).unwrap();
     let server = start_following(&pg, dir.path(), &["items"]);
     let error = wait_failed_with(&server, &format!("the replication slot `{SLOT}` is lost"));
     assert!(error.contains("invalidated"), "{error}");

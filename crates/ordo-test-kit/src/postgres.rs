@@ -212,6 +212,32 @@ impl PostgresServer {
         checked(output).map(|stdout| stdout.trim_end().to_owned())
     }
 
+    /// Makes PostgreSQL invalidate replication slot `slot`, as it does with a
+    /// follower down too long: `max_slot_wal_keep_size` set to 1 MB, then rounds
+    /// of WAL (a segment each, in a table of its own) each ended by a
+    /// checkpoint, which is where slots past the bound are invalidated, until
+    /// the slot's `wal_status` is `lost` (two or three rounds suffice).
+    pub fn invalidate_slot(&self, slot: &str) -> Result<(), String> {
+        const MAX_WAL_ROUNDS: usize = 20;
+        // Each a statement of its own: `ALTER SYSTEM` runs outside a transaction.
+        self.psql("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")?;
+        self.psql("SELECT pg_reload_conf()")?;
+        self.psql("CREATE TABLE IF NOT EXISTS wal_filler (id int PRIMARY KEY, v text)")?;
+        let wal_status = format!("SELECT wal_status FROM pg_replication_slots WHERE slot_name = '{slot}'");
+        for round in 0..MAX_WAL_ROUNDS {
+            if self.psql(&wal_status)? == "lost" {
+                return Ok(());
+            }
+            self.psql(&format!(
+                "INSERT INTO wal_filler SELECT g, repeat('{round}', 1000) FROM generate_series(1, 3000) g \
+                 ON CONFLICT (id) DO UPDATE SET v = excluded.v"
+            ))?;
+            self.psql("SELECT pg_switch_wal()")?;
+            self.psql("CHECKPOINT")?;
+        }
+        Err(format!("the slot `{slot}` was not invalidated after {MAX_WAL_ROUNDS} rounds of WAL"))
+    }
+
     /// A command for one of the server's binaries, run as the server's user.
     fn command(&self, binary: &str) -> Command {
         let program = self.bin_dir.join(binary);

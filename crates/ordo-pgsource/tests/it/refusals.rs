@@ -195,26 +195,7 @@ async fn a_slot_invalidated_by_max_slot_wal_keep_size_is_a_loud_error() {
     ));
     let (stream, mirror, tables) = follow(&server, &["t"], 1000).await;
     drop(stream);
-    // Each a statement of its own: `ALTER SYSTEM` runs outside a transaction.
-    server.psql("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'").unwrap();
-    server.psql("SELECT pg_reload_conf()").unwrap();
-    let wal_status = format!("SELECT wal_status FROM pg_replication_slots WHERE slot_name = '{SLOT}'");
-    // A segment of WAL per round (the switch), then a checkpoint, which is
-    // where PostgreSQL invalidates the slots past the bound.
-    for round in 0..MAX_WAL_ROUNDS {
-        if server.psql(&wal_status).unwrap() == "lost" {
-            break;
-        }
-        assert!(round + 1 < MAX_WAL_ROUNDS, "the slot was never invalidated");
-        server
-            .psql(&format!(
-                "INSERT INTO t SELECT g, repeat('{round}', 1000) FROM generate_series(1, 3000) g \
-                 ON CONFLICT (id) DO UPDATE SET v = excluded.v"
-            ))
-            .unwrap();
-        server.psql("SELECT pg_switch_wal()").unwrap();
-        server.psql("CHECKPOINT").unwrap();
-    }
+    server.invalidate_slot(SLOT).unwrap();
     let error = resume(&server, &tables, mirror.applied).await.err().expect("a stream from an invalidated slot");
     assert!(
         matches!(&error, Error::SlotLost { slot, reason } if slot == SLOT && reason.contains("invalidated")),
@@ -222,9 +203,6 @@ async fn a_slot_invalidated_by_max_slot_wal_keep_size_is_a_loud_error() {
     );
     assert!(error.to_string().contains("restart with a new --pg-slot name"), "{error}");
 }
-
-/// Rounds of WAL written before the slot must be lost (two or three suffice).
-const MAX_WAL_ROUNDS: usize = 20;
 
 #[tokio::test(flavor = "current_thread")]
 async fn the_lag_is_what_the_caller_has_not_confirmed() {
