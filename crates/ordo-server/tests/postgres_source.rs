@@ -159,13 +159,14 @@ async fn transactions_received_together_share_a_group_commit_and_keep_a_frame_ea
     let n_frames_before = client.diffs_seen.len();
     let stores_before = server.metric("ordo_postgres_transaction_stores_total");
     let n_transactions = 40;
+    // The walsender is there to send while Ordo is stopped.
+    wait_true(&pg, &slot_walsender("true"), "the follower's walsender streams");
     // SAFETY: kill has no memory preconditions; the pid is our child's.
     unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGSTOP) };
     for n in 0..n_transactions {
         pg.psql(&format!("INSERT INTO items VALUES ('i{n}', {n}, 'title {n}');")).unwrap();
     }
-    // The walsender sends each commit at once; let it reach Ordo's socket.
-    std::thread::sleep(Duration::from_millis(300));
+    wait_sent(&pg);
     // SAFETY: as above.
     unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGCONT) };
     wait_applied(&server, n_transactions);
@@ -186,6 +187,33 @@ async fn transactions_received_together_share_a_group_commit_and_keep_a_frame_ea
         stores >= 1.0 && stores < (n_transactions / 2) as f64,
         "{stores} stores for {n_transactions} transactions received together"
     );
+}
+
+/// The query over the walsender that streams the slot to Ordo (none before
+/// the follower starts streaming): `what` of `pg_stat_replication`, as `r`.
+fn slot_walsender(what: &str) -> String {
+    format!(
+        "SELECT {what} FROM pg_stat_replication r \
+         JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = '{SLOT}'"
+    )
+}
+
+/// Waits (bounded) until `sql` answers `t`.
+fn wait_true(pg: &PostgresServer, sql: &str, what: &str) {
+    let deadline = Instant::now() + APPLY_TIMEOUT;
+    while pg.psql(sql).unwrap() != "t" {
+        assert!(Instant::now() < deadline, "{what}: never");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until the slot's walsender has sent everything committed so far
+/// (its `sent_lsn`, as PostgreSQL reports it), so that it sits in Ordo's
+/// socket even while Ordo is stopped.
+fn wait_sent(pg: &PostgresServer) {
+    let committed = pg.psql("SELECT pg_current_wal_lsn()").unwrap();
+    let sent = slot_walsender(&format!("r.sent_lsn >= '{committed}'"));
+    wait_true(pg, &sent, &format!("the walsender sent up to {committed}"));
 }
 
 fn create_counters_table(pg: &PostgresServer) {
