@@ -90,7 +90,12 @@ pub fn wait_applied(server: &Server, n: u64) {
 
 /// Waits until the follower stopped for good; returns its error.
 pub fn wait_failed(server: &Server) -> String {
-    let deadline = Instant::now() + APPLY_TIMEOUT;
+    wait_failed_within(server, APPLY_TIMEOUT)
+}
+
+/// [`wait_failed`] with its own bound, for a failure that takes long work to reach.
+pub fn wait_failed_within(server: &Server, timeout: Duration) -> String {
+    let deadline = Instant::now() + timeout;
     loop {
         let health = follower_health(server);
         if health["state"] == "failed" {
